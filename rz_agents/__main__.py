@@ -1,0 +1,5 @@
+import sys
+
+from rz_agents.cli import main
+
+sys.exit(main())
