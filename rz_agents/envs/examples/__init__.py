@@ -1,0 +1,1 @@
+"""Small example envs showing how to write a custom :class:`~rz_agents.envs.MultiTurnTextEnv`."""
