@@ -1,0 +1,39 @@
+"""Log-probabilities of the distribution a sampler actually draws from.
+
+One function for the engine's sampler and for the learner: the engine samples from
+exp(sampling_logprobs(logits, ...)) and records the value at the sampled token; the learner calls
+the same function on its own logits. Everything is fp32 and row-wise, so in aligned mode the two
+agree bitwise at lag 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sampling_logprobs(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """[n, V] fp32 log-probs after temperature, top-k and top-p (-inf outside the support).
+
+    temperature <= 0 means greedy decoding; the recorded log-prob is then that of the
+    untempered distribution (a point mass has log-prob 0 and carries no information).
+    """
+    x = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        x = x / temperature
+    if top_k and 0 < top_k < x.shape[-1]:
+        kth = torch.topk(x, top_k, dim=-1).values[:, -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_x, sorted_idx = torch.sort(x, dim=-1, descending=True, stable=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly before each token
+        drop_sorted = before >= top_p  # keeps the smallest prefix reaching top_p (never empty)
+        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(x, dim=-1)
+
+
+def gather_logprobs(logprobs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return logprobs.gather(-1, targets.view(-1, 1)).squeeze(-1)

@@ -1,0 +1,237 @@
+"""Llama / Qwen3 / Qwen3-MoE decoder in plain PyTorch, on a switchable op set.
+
+One model code serves the rollout engine (cached inference) and the trainer (packed forward).
+Tokens travel as one flat stream with absolute positions and a sequence id per token; attention
+reads keys/values from a buffer addressed by (sequence, position): a temporary one built from the
+batch itself in training, the engine's KVCache in inference. With `kernels="aligned"` both paths
+run the same arithmetic per token, so their log-probs agree bitwise.
+
+Parameter names are the HF checkpoint names (model.layers.N.self_attn.q_proj.weight, ...), so
+checkpoints and weight updates are copies by name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from rz_kernels import RopeTable, get_ops, rms_norm, route, silu_mul
+from rz_kernels.attention import KEY_BLOCK
+from torch import nn
+
+from rz_agents.model.config import ModelConfig
+from rz_agents.model.kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def _linear(n_in: int, n_out: int, bias: bool = False) -> nn.Linear:
+    # nn.Linear only holds the parameters (names .weight/.bias); the op set does the math.
+    return nn.Linear(n_in, n_out, bias=bias)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        d = cfg.head_dim
+        self.q_proj = _linear(cfg.hidden_size, self.num_heads * d, cfg.attention_bias)
+        self.k_proj = _linear(cfg.hidden_size, self.num_kv_heads * d, cfg.attention_bias)
+        self.v_proj = _linear(cfg.hidden_size, self.num_kv_heads * d, cfg.attention_bias)
+        self.o_proj = _linear(self.num_heads * d, cfg.hidden_size, False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+
+    def forward(self, x: torch.Tensor, ctx: _Context, layer: int) -> torch.Tensor:
+        ops = ctx.ops
+        t = x.shape[0]
+        q = ops.linear(x, self.q_proj.weight, self.q_proj.bias).view(t, self.num_heads, self.head_dim)
+        k = ops.linear(x, self.k_proj.weight, self.k_proj.bias).view(t, self.num_kv_heads, self.head_dim)
+        v = ops.linear(x, self.v_proj.weight, self.v_proj.bias).view(t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = ctx.rope.apply(q, ctx.positions)
+        k = ctx.rope.apply(k, ctx.positions)
+        k_buf, v_buf = ctx.store(layer, k, v)
+        out = ops.attention(q, k_buf, v_buf, ctx.buf_seq, ctx.positions, 1.0 / math.sqrt(self.head_dim))
+        return ops.linear(out.reshape(t, -1), self.o_proj.weight)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = _linear(hidden, intermediate)
+        self.up_proj = _linear(hidden, intermediate)
+        self.down_proj = _linear(intermediate, hidden)
+
+    def run(self, x: torch.Tensor, linear) -> torch.Tensor:
+        return linear(
+            silu_mul(linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight)), self.down_proj.weight
+        )
+
+    def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
+        return self.run(x, ctx.ops.linear)
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.top_k = cfg.num_experts_per_tok
+        self.normalize = cfg.norm_topk_prob
+        self.num_experts = cfg.num_experts
+        self.gate = _linear(cfg.hidden_size, cfg.num_experts)
+        self.experts = nn.ModuleList(
+            MLP(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)
+        )
+
+    def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
+        linear = ctx.ops.linear
+        weights, experts = route(linear(x, self.gate.weight), self.top_k, self.normalize)
+        return ctx.ops.moe(
+            x, weights, experts, self.num_experts, lambda e, xe: self.experts[e].run(xe, linear)
+        )
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SparseMoE(cfg) if cfg.is_moe_layer(index) else MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx, self.index)
+        return x + self.mlp(self.post_attention_layernorm(x), ctx)
+
+
+class DecoderStack(nn.Module):
+    """The HF `model.` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class _Context:
+    """Per-forward state shared by the layers: op set, positions, and where K/V live."""
+
+    def __init__(self, model: Transformer, positions, seq_ids, kv_cache: KVCache | None, dtype) -> None:
+        self.ops = model.ops
+        self.rope = model.rope
+        self.positions = positions
+        self.kv_cache = kv_cache
+        cfg = model.config
+        if kv_cache is not None:
+            if positions.numel() and int(positions.max()) >= kv_cache.max_len:
+                raise ValueError(
+                    f"position {int(positions.max())} exceeds KV cache length {kv_cache.max_len}"
+                )
+            self.buf_seq = seq_ids
+        else:
+            uniq, self.buf_seq = torch.unique(seq_ids, return_inverse=True)
+            span = -(-(int(positions.max()) + 1) // KEY_BLOCK) * KEY_BLOCK if positions.numel() else KEY_BLOCK
+            self.buf_shape = (uniq.numel(), cfg.num_key_value_heads, span, cfg.head_dim)
+            self.dtype = dtype
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kv_cache is not None:
+            k_buf, v_buf = self.kv_cache.k[layer], self.kv_cache.v[layer]
+            with torch.no_grad():
+                k_buf[self.buf_seq, :, self.positions] = k.detach()
+                v_buf[self.buf_seq, :, self.positions] = v.detach()
+            return k_buf, v_buf
+        k_buf = torch.zeros(self.buf_shape, dtype=k.dtype)
+        v_buf = torch.zeros(self.buf_shape, dtype=v.dtype)
+        k_buf[self.buf_seq, :, self.positions] = k
+        v_buf[self.buf_seq, :, self.positions] = v
+        return k_buf, v_buf
+
+
+class Transformer(nn.Module):
+    """Causal LM. `forward` returns final hidden states; `logits` applies the LM head in fp32."""
+
+    def __init__(self, config: ModelConfig, kernels: str = "aligned") -> None:
+        super().__init__()
+        self.config = config
+        self.kernels = kernels
+        self.ops = get_ops(kernels)
+        self.model = DecoderStack(config)
+        self.lm_head = _linear(config.hidden_size, config.vocab_size)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rope = RopeTable(config.head_dim, config.rope_theta, config.max_position_embeddings)
+        self.reset_parameters()
+        self.to(config.torch_dtype)
+
+    def set_kernels(self, kernels: str) -> None:
+        """Switch op set in place (same weights)."""
+        self.ops = get_ops(kernels)
+        self.kernels = kernels
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, seed: int | None = None) -> None:
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        seq_ids: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states for a flat token stream [T] (or a padded batch [B, S]).
+
+        positions: absolute positions, same shape as tokens. seq_ids: sequence index per token (cache
+        slot when kv_cache is given); None means a new sequence starts wherever positions == 0, and
+        for a [B, S] batch each row is a sequence. Without kv_cache, each sequence attends to its own
+        tokens in this call; with it, to its cached positions 0..position (the prefix must be cached).
+        """
+        shape = tokens.shape
+        if tokens.dim() == 2:
+            if seq_ids is None:
+                seq_ids = torch.arange(shape[0]).view(-1, 1).expand(shape).reshape(-1)
+            tokens, positions = tokens.reshape(-1), positions.reshape(-1)
+            seq_ids = seq_ids.reshape(-1)
+        if positions.shape != tokens.shape:
+            raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(tokens.shape)}")
+        if seq_ids is None:
+            if tokens.numel() and int(positions[0]) != 0:
+                raise ValueError("without seq_ids the stream must start a sequence at position 0")
+            seq_ids = torch.cumsum((positions == 0).long(), 0) - 1
+        ctx = _Context(self, positions, seq_ids, kv_cache, self.config.torch_dtype)
+        x = self.model.embed_tokens(tokens)
+        for layer in self.model.layers:
+            x = layer(x, ctx)
+        x = self.model.norm(x)
+        return x.view(*shape, -1)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head in the op set's GEMM, returned as fp32 [..., vocab]."""
+        return self.ops.linear(hidden, self.lm_head.weight).float()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
