@@ -1,0 +1,254 @@
+"""The learner step: packed forward -> log-probs -> REINFORCE Zero loss -> guarded AdamW step.
+
+One call of ``Learner.step`` consumes a batch of trajectories (whole groups), accumulates gradients over
+micro-batches bounded by a token budget, and applies one optimizer step unless the loss or the gradient is
+non-finite (then the step is skipped, logged, and the weights and version stay as they were).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rz_agents.trainer.advantages import BASELINES, group_advantages
+from rz_agents.trainer.loss import LossConfig, sequence_loss, token_scales
+from rz_agents.trainer.metrics import (
+    DeviationTracker,
+    Lag0MismatchError,
+    importance_metrics,
+    lag_histogram,
+    reward_and_advantage_metrics,
+)
+from rz_agents.trainer.optim import OptimConfig, build_optimizer
+from rz_agents.trajectory import Trajectory, TrajectoryError
+
+
+@dataclass
+class LearnerConfig:
+    """Everything the learner step needs besides the model."""
+
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    baseline: str = "mean"  # or "leave_one_out"
+    micro_batch_tokens: int = 4096  # token budget of one packed forward/backward
+    max_lag: int | None = 64  # tokens older than this are not trained (dropped and counted); None: no bound
+    assert_lag0_exact: bool = False  # raise if a lag-0 token has logp_learner != behavior logprob
+    # The sampling distribution the engine used; the learner scores tokens under the same one.
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad field."""
+        self.loss.validate()
+        self.optim.validate()
+        if self.baseline not in BASELINES:
+            raise ValueError(f"learner.baseline must be one of {BASELINES}, got {self.baseline!r}")
+        if self.micro_batch_tokens < 2:
+            raise ValueError(f"learner.micro_batch_tokens must be >= 2, got {self.micro_batch_tokens}")
+        if self.max_lag is not None and self.max_lag < 0:
+            raise ValueError(f"learner.max_lag must be >= 0 or None, got {self.max_lag}")
+
+
+def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Split indices 0..n-1, in order, into runs whose total length fits the budget.
+
+    A sequence longer than the budget gets a micro-batch of its own (a packed forward cannot split it).
+    """
+    out: list[list[int]] = []
+    cur: list[int] = []
+    used = 0
+    for i, n in enumerate(lengths):
+        if cur and used + n > token_budget:
+            out.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _default_logprob_fn():
+    # Imported lazily so that the loss and metrics can be used (and tested) without the model package.
+    from rz_agents.model.logprobs import packed_token_logprobs
+
+    return packed_token_logprobs
+
+
+class Learner:
+    """Owns the trained model, its optimizer and schedule, and the policy version."""
+
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, version: int = 0, logprob_fn=None) -> None:
+        cfg.validate()
+        self.model = model
+        self.cfg = cfg
+        self.version = version
+        self.optimizer, self.scheduler = build_optimizer(model.parameters(), cfg.optim)
+        self.deviation = DeviationTracker()
+        self.skipped_steps = 0
+        self.dropped_over_lag = 0
+        self._logprob_fn = logprob_fn or _default_logprob_fn()
+
+    # ---- the step -------------------------------------------------------------------------------------
+    def step(self, batch: Sequence[Trajectory]) -> dict[str, Any]:
+        """Train on one batch; return the step's metrics. Increments ``version`` unless the step is skipped."""
+        cfg = self.cfg
+        learner_version = self.version
+        trajs, dropped_invalid, dropped_lag = self._admit(batch)
+        metrics: dict[str, Any] = {
+            "version": learner_version,
+            "batch_trajectories": len(trajs),
+            "dropped_invalid": dropped_invalid,
+            "dropped_over_lag": dropped_lag,
+        }
+        if not trajs:
+            metrics.update(step_skipped_empty=1, step_skipped_nonfinite=0)
+            return metrics
+
+        rewards = [float(t.reward) for t in trajs]
+        advantages = group_advantages(rewards, [t.group_id for t in trajs], cfg.baseline)
+        metrics.update(reward_and_advantage_metrics(rewards, advantages))
+
+        # Per predicted token (tokens[1:]) data of each sequence.
+        masks = [torch.tensor(t.loss_mask[1:], dtype=torch.bool) for t in trajs]
+        behavior = [torch.tensor(t.behavior_logprobs[1:], dtype=torch.float32) for t in trajs]
+        scales = token_scales(masks, cfg.loss.normalization)
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        t_fwd = t_bwd = 0.0
+        loss_value = 0.0
+        finite = True
+        scored: list[torch.Tensor] = [torch.empty(0)] * len(trajs)
+        for mb in micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens):
+            t0 = time.perf_counter()
+            logps = self._logprob_fn(
+                self.model,
+                [trajs[i].tokens for i in mb],
+                temperature=cfg.temperature,
+                top_k=cfg.top_k,
+                top_p=cfg.top_p,
+            )
+            loss = sum(
+                sequence_loss(lp, behavior[i], masks[i], advantages[i], scales[i], cfg.loss)
+                for i, lp in zip(mb, logps, strict=True)
+            )
+            t1 = time.perf_counter()
+            for i, lp in zip(mb, logps, strict=True):
+                scored[i] = lp.detach()
+            if not torch.isfinite(loss):
+                finite = False  # keep scoring the rest for the metrics, but never backpropagate this
+            if finite:
+                loss.backward()
+            loss_value += float(loss.detach())
+            t_fwd += t1 - t0
+            t_bwd += time.perf_counter() - t1
+
+        # Mismatch metrics on sampled tokens, before any weight change.
+        sel_logp = torch.cat([s[m] for s, m in zip(scored, masks, strict=True)])
+        sel_blp = torch.cat([b[m] for b, m in zip(behavior, masks, strict=True)])
+        sel_ver = torch.cat(
+            [torch.tensor(t.versions[1:], dtype=torch.long)[m] for t, m in zip(trajs, masks, strict=True)]
+        )
+        imp = importance_metrics(sel_logp, sel_blp, sel_ver, learner_version)
+        metrics.update(imp)
+        if cfg.max_lag is not None:
+            metrics.update(lag_histogram(learner_version - sel_ver, cfg.max_lag))
+        if "is_weight_abs_dev_mean" in imp:
+            metrics.update(self.deviation.update(imp["is_weight_abs_dev_mean"]))
+        if cfg.assert_lag0_exact and imp.get("lag0_abs_dlogp_max", 0.0) != 0.0:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise Lag0MismatchError(
+                f"lag-0 tokens differ from their behavior logprobs: max |dlogp| = {imp['lag0_abs_dlogp_max']}"
+            )
+
+        # The guard: a non-finite loss or gradient never reaches the weights. The ratio itself is not clipped.
+        t0 = time.perf_counter()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = math.nan
+        if finite:
+            max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False))
+        skipped = not (finite and math.isfinite(loss_value) and math.isfinite(grad_norm))
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.version += 1
+        t_opt = time.perf_counter() - t0
+
+        n_tokens = sum(len(t.tokens) for t in trajs)
+        elapsed = t_fwd + t_bwd + t_opt
+        metrics.update(
+            loss=loss_value,
+            grad_norm=grad_norm,
+            lr=self.optimizer.param_groups[0]["lr"],
+            step_skipped_nonfinite=int(skipped),
+            step_skipped_empty=0,
+            skipped_steps_total=self.skipped_steps,
+            dropped_over_lag_total=self.dropped_over_lag,
+            time_forward_s=t_fwd,
+            time_backward_s=t_bwd,
+            time_optimizer_s=t_opt,
+            learner_tokens=n_tokens,
+            learner_tokens_per_s=n_tokens / elapsed if elapsed > 0 else 0.0,
+        )
+        return metrics
+
+    def _admit(self, batch: Sequence[Trajectory]) -> tuple[list[Trajectory], int, int]:
+        """Drop (and count) invalid trajectories and those with a token older than max_lag."""
+        keep: list[Trajectory] = []
+        invalid = over_lag = 0
+        for t in batch:
+            try:
+                t.validate()
+            except TrajectoryError:
+                invalid += 1
+                continue
+            oldest = t.oldest_version()
+            if (
+                self.cfg.max_lag is not None
+                and oldest is not None
+                and self.version - oldest > self.cfg.max_lag
+            ):
+                over_lag += 1
+                continue
+            keep.append(t)
+        self.dropped_over_lag += over_lag
+        return keep, invalid, over_lag
+
+    # ---- weights and state ----------------------------------------------------------------------------
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The current weights to publish (detached views; the receiver copies them)."""
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer, schedule, version and counters (for checkpoints)."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "version": self.version,
+            "skipped_steps": self.skipped_steps,
+            "dropped_over_lag": self.dropped_over_lag,
+            "deviation_history": list(self.deviation.history),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` saved."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = int(state["version"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self.dropped_over_lag = int(state["dropped_over_lag"])
+        self.deviation.history = list(state["deviation_history"])

@@ -1,0 +1,66 @@
+"""AdamW and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW hyper-parameters, gradient clipping and the LR schedule (warmup then constant/linear/cosine)."""
+
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # <= 0 disables clipping (the norm is still computed for the guard)
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 0  # needed by linear/cosine decay
+    min_lr_ratio: float = 0.0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad field."""
+        if not self.lr > 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.schedule != "constant" and self.total_steps <= 0:
+            raise ValueError(f"optim.total_steps must be > 0 for schedule {self.schedule!r}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+def lr_factor(step: int, cfg: OptimConfig) -> float:
+    """Multiplier of cfg.lr at optimizer step ``step`` (0-based)."""
+    if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    span = max(cfg.total_steps - cfg.warmup_steps, 1)
+    progress = min(max(step - cfg.warmup_steps, 0) / span, 1.0)
+    if cfg.schedule == "linear":
+        decay = 1.0 - progress
+    else:
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
+
+
+def build_optimizer(params, cfg: OptimConfig) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trainable params and a LambdaLR following ``lr_factor``."""
+    cfg.validate()
+    opt = torch.optim.AdamW(
+        [p for p in params if p.requires_grad],
+        lr=cfg.lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        foreach=False,  # the per-parameter loop is deterministic and cheap at our sizes
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
+    return opt, sched

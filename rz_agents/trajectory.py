@@ -1,0 +1,74 @@
+"""The token-level record of one episode, shared by the rollout side and the learner.
+
+Every per-token list has one entry per token of ``tokens``. Tokens the policy did not sample (the prompt,
+observations, chat-template glue) have ``loss_mask`` False, ``behavior_logprobs`` 0.0 and ``versions`` -1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+NOT_SAMPLED = -1  # the version recorded for tokens the policy did not sample
+
+
+class TrajectoryError(ValueError):
+    """A trajectory whose fields do not fit together (lengths, mask, values)."""
+
+
+@dataclass
+class Trajectory:
+    """One episode as tokens: the prompt, every sampled turn and every observation, never re-tokenized."""
+
+    tokens: list[int]
+    loss_mask: list[bool]
+    behavior_logprobs: list[float]
+    versions: list[int]
+    reward: float
+    group_id: int | str
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_sampled(self) -> int:
+        """How many tokens the policy sampled (the tokens the loss sees)."""
+        return sum(1 for m in self.loss_mask if m)
+
+    def sampled_versions(self) -> list[int]:
+        """The policy versions of the sampled tokens, in order."""
+        return [v for v, m in zip(self.versions, self.loss_mask, strict=False) if m]
+
+    def oldest_version(self) -> int | None:
+        """The smallest policy version among sampled tokens (None when nothing was sampled)."""
+        vs = self.sampled_versions()
+        return min(vs) if vs else None
+
+    def validate(self) -> None:
+        """Raise TrajectoryError naming the first inconsistency; a valid trajectory returns None."""
+        n = len(self.tokens)
+        if n < 2:
+            raise TrajectoryError(f"trajectory needs at least 2 tokens, got {n}")
+        for name in ("loss_mask", "behavior_logprobs", "versions"):
+            got = len(getattr(self, name))
+            if got != n:
+                raise TrajectoryError(f"{name} has {got} entries for {n} tokens")
+        if self.loss_mask[0]:
+            raise TrajectoryError("the first token cannot be sampled (it has no context)")
+        if not any(self.loss_mask):
+            raise TrajectoryError("trajectory has no sampled token")
+        if not math.isfinite(float(self.reward)):
+            raise TrajectoryError(f"reward is not finite: {self.reward!r}")
+        for t, (m, lp, v) in enumerate(
+            zip(self.loss_mask, self.behavior_logprobs, self.versions, strict=False)
+        ):
+            if m and (v < 0 or not (lp <= 0.0)):  # `not <=` also rejects NaN
+                raise TrajectoryError(f"sampled token {t}: version {v}, behavior logprob {lp!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (for checkpoints and JSON)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        """Inverse of to_dict."""
+        return cls(**d)

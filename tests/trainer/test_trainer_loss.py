@@ -1,0 +1,136 @@
+"""The REINFORCE Zero loss and each comparison estimator against hand-computed values and gradients."""
+
+import math
+
+import pytest
+import torch
+
+from rz_agents.trainer.advantages import group_advantages
+from rz_agents.trainer.loss import LossConfig, sequence_loss, token_scales
+
+
+def _loss_and_grad(logp_vals, blp_vals, mask_vals, adv, cfg, scale=None):
+    logp = torch.tensor(logp_vals, dtype=torch.float32, requires_grad=True)
+    blp = torch.tensor(blp_vals, dtype=torch.float32)
+    mask = torch.tensor(mask_vals, dtype=torch.bool)
+    if scale is None:
+        scale = token_scales([mask], cfg.normalization)[0]
+    loss = sequence_loss(logp, blp, mask, adv, scale, cfg)
+    loss.backward()
+    return float(loss.detach()), logp.grad.tolist()
+
+
+def test_reinforce_zero_value_and_gradient_match_hand_computation():
+    # w = [e^0.5, 1, (masked)], A = 0.5, token normalizer = 2 sampled tokens.
+    loss, grad = _loss_and_grad([-1.0, -2.0, -3.0], [-1.5, -2.0, 0.0], [True, True, False], 0.5, LossConfig())
+    w0 = math.exp(0.5)
+    assert loss == pytest.approx(-(w0 * 0.5 + 1.0 * 0.5) / 2, rel=1e-6)
+    # d/dlogp of -(w A)/2 is -(w A)/2: the gradient flows through the unclipped weight.
+    assert grad == pytest.approx([-w0 * 0.5 / 2, -0.5 / 2, 0.0], rel=1e-6)
+
+
+def test_reinforce_zero_does_not_clip_large_ratios():
+    loss, grad = _loss_and_grad([-0.1], [-5.1], [True], 1.0, LossConfig())
+    assert loss == pytest.approx(-math.exp(5.0), rel=1e-5)
+    assert grad == pytest.approx([-math.exp(5.0)], rel=1e-5)
+
+
+def test_standard_is_is_the_same_loss_as_reinforce_zero():
+    a = _loss_and_grad([-1.0, -0.3], [-0.7, -0.9], [True, True], -1.5, LossConfig("reinforce_zero"))
+    b = _loss_and_grad([-1.0, -0.3], [-0.7, -0.9], [True, True], -1.5, LossConfig("standard_is"))
+    assert a == b
+
+
+def test_on_policy_ignores_behavior_logprobs():
+    loss, grad = _loss_and_grad([-1.0, -2.0], [-9.0, -0.1], [True, True], 2.0, LossConfig("on_policy"))
+    assert loss == pytest.approx(-2.0)  # coefficient 1 per token: -(2*1 + 2*1)/2
+    assert grad == pytest.approx([-1.0, -1.0])
+
+
+def test_token_gate_drops_tokens_whose_weight_leaves_the_band():
+    cfg = LossConfig("token_gate", gate_ratio=2.0)
+    # w = [e^1 ~ 2.72 (dropped), e^0.5 ~ 1.65 (kept), e^-1 ~ 0.37 (dropped)]
+    loss, grad = _loss_and_grad([-1.0, -1.0, -1.0], [-2.0, -1.5, 0.0], [True, True, True], 1.0, cfg)
+    w = math.exp(0.5)
+    assert loss == pytest.approx(-w / 3, rel=1e-6)
+    assert grad == pytest.approx([0.0, -w / 3, 0.0], rel=1e-6)
+
+
+def test_sequence_gate_keeps_or_drops_the_whole_sequence():
+    cfg = LossConfig("sequence_gate", gate_ratio=2.0)
+    # Geometric-mean ratio exp(mean(0.5, 0.5)) = e^0.5 < 2: kept, token weights unchanged.
+    loss, grad = _loss_and_grad([-1.0, -1.0], [-1.5, -1.5], [True, True], 1.0, cfg)
+    assert loss == pytest.approx(-math.exp(0.5), rel=1e-6)
+    # exp(mean(1.0, 0.0)) = e^0.5 kept although one token has w = e > 2 (a token gate would drop it).
+    loss, _ = _loss_and_grad([-1.0, -1.0], [-2.0, -1.0], [True, True], 1.0, cfg)
+    assert loss == pytest.approx(-(math.e + 1.0) / 2, rel=1e-6)
+    # exp(mean(1.0, 0.6)) = e^0.8 > 2: the whole sequence is dropped.
+    loss, grad = _loss_and_grad([-1.0, -1.0], [-2.0, -1.6], [True, True], 1.0, cfg)
+    assert loss == 0.0
+    assert grad == [0.0, 0.0]
+
+
+def test_truncated_is_caps_the_weight_in_value_and_gradient():
+    cfg = LossConfig("truncated_is", truncation_cap=2.0)
+    loss, grad = _loss_and_grad([-1.0, -1.0], [-2.0, 0.0], [True, True], 1.0, cfg)
+    small = math.exp(-1.0)
+    assert loss == pytest.approx(-(2.0 + small) / 2, rel=1e-6)
+    assert grad == pytest.approx([-2.0 / 2, -small / 2], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("log_w", "adv", "value_coef", "grad_coef"),
+    [
+        (math.log(1.5), 1.0, 1.2, 0.0),  # A > 0, w above 1+eps: clipped, no gradient
+        (math.log(0.5), 1.0, 0.5, 0.5),  # A > 0, w below 1-eps: unclipped branch is the min
+        (math.log(0.5), -1.0, 0.8, 0.0),  # A < 0, w below 1-eps: clipped, no gradient
+        (math.log(1.5), -1.0, 1.5, 1.5),  # A < 0, w above 1+eps: unclipped branch
+        (math.log(1.1), 1.0, 1.1, 1.1),  # inside the band
+    ],
+)
+def test_ppo_clip_matches_the_clipped_surrogate(log_w, adv, value_coef, grad_coef):
+    cfg = LossConfig("ppo_clip", ppo_clip_eps=0.2)
+    loss, grad = _loss_and_grad([-1.0 + log_w], [-1.0], [True], adv, cfg)
+    assert loss == pytest.approx(-value_coef * adv, rel=1e-5)
+    assert grad == pytest.approx([-grad_coef * adv], rel=1e-5, abs=1e-7)
+
+
+def test_sequence_normalization_weighs_each_sequence_equally():
+    masks = [torch.tensor([True]), torch.tensor([True, True, True])]
+    tok = token_scales(masks, "token")
+    seq = token_scales(masks, "sequence")
+    assert [s.tolist() for s in tok] == [[0.25], [0.25, 0.25, 0.25]]
+    assert [s.tolist() for s in seq] == [[0.5], pytest.approx([1 / 6] * 3)]
+
+
+def test_masked_positions_contribute_nothing_even_when_non_finite():
+    # A non-sampled position with an absurd behavior value must not leak into the loss.
+    loss, grad = _loss_and_grad([-1.0, -1.0], [-1.0, -1e9], [True, False], 1.0, LossConfig())
+    assert loss == pytest.approx(-1.0)
+    assert grad == pytest.approx([-1.0, 0.0])
+
+
+def test_group_mean_baseline():
+    adv = group_advantages([1.0, 0.0, 0.0, 1.0, 3.0, 5.0], ["a", "a", "a", "a", "b", "b"])
+    assert adv == pytest.approx([0.5, -0.5, -0.5, 0.5, -1.0, 1.0])
+
+
+def test_group_leave_one_out_baseline():
+    adv = group_advantages([1.0, 0.0, 0.0, 2.0, 7.0], [0, 0, 0, 1, 2], baseline="leave_one_out")
+    # r_i - mean(others): 1 - 0, 0 - 0.5, 0 - 0.5; singleton groups have no baseline.
+    assert adv == pytest.approx([1.0, -0.5, -0.5, 0.0, 0.0])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        LossConfig(estimator="grpo"),
+        LossConfig(normalization="batch"),
+        LossConfig(gate_ratio=1.0),
+        LossConfig(truncation_cap=0.0),
+        LossConfig(ppo_clip_eps=1.5),
+    ],
+)
+def test_bad_loss_config_names_the_field(bad):
+    with pytest.raises(ValueError, match=r"loss\."):
+        bad.validate()
