@@ -1,0 +1,142 @@
+"""HF checkpoint directories: config.json + (sharded) safetensors, read and written by name.
+
+Our parameter names are the HF on-disk names, so loading is a copy by name. Tied embeddings are
+written once (no lm_head.weight), as transformers does. Writes are atomic: files go to a sibling
+temporary directory that is renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from rz_agents.model.config import ModelConfig
+from rz_agents.model.transformer import Transformer
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded (missing file, missing/unexpected tensors)."""
+
+
+def _shards(state: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in state.items():
+        n = t.numel() * t.element_size()
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += n
+    return shards
+
+
+def save_hf_checkpoint(
+    model: Transformer,
+    out_dir: str | os.PathLike,
+    max_shard_bytes: int = 2 * 1024**3,
+    extra_files: dict | None = None,
+) -> Path:
+    """Write model as an HF checkpoint directory (transformers' AutoModelForCausalLM loads it)."""
+    out = Path(out_dir)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2))
+        shards = _shards(state, max_shard_bytes)
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / SINGLE_NAME), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards):
+                name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / name), metadata={"format": "pt"})
+                weight_map.update(dict.fromkeys(shard, name))
+            total = sum(t.numel() * t.element_size() for t in state.values())
+            (tmp / INDEX_NAME).write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+            )
+        for name, content in (extra_files or {}).items():
+            (tmp / name).write_text(content if isinstance(content, str) else json.dumps(content, indent=2))
+        if out.exists():
+            old = out.with_name(out.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def read_config(ckpt_dir: str | os.PathLike, dtype: str | None = None) -> ModelConfig:
+    path = Path(ckpt_dir) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{ckpt_dir}: no config.json")
+    return ModelConfig.from_hf(json.loads(path.read_text()), dtype=dtype)
+
+
+def _weight_files(ckpt: Path) -> list[Path]:
+    if (ckpt / INDEX_NAME).is_file():
+        weight_map = json.loads((ckpt / INDEX_NAME).read_text())["weight_map"]
+        return [ckpt / f for f in sorted(set(weight_map.values()))]
+    if (ckpt / SINGLE_NAME).is_file():
+        return [ckpt / SINGLE_NAME]
+    raise CheckpointError(f"{ckpt}: no {SINGLE_NAME} or {INDEX_NAME}")
+
+
+def load_state(ckpt_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory by name."""
+    state: dict[str, torch.Tensor] = {}
+    for f in _weight_files(Path(ckpt_dir)):
+        with safe_open(str(f), framework="pt") as fh:
+            for k in fh.keys():
+                state[k] = fh.get_tensor(k)
+    return state
+
+
+def load_hf_checkpoint(
+    ckpt_dir: str | os.PathLike, kernels: str = "aligned", dtype: str | None = None
+) -> Transformer:
+    """Build a Transformer from an HF checkpoint directory; every parameter must be present."""
+    config = read_config(ckpt_dir, dtype)
+    model = Transformer(config, kernels=kernels)
+    state = load_state(ckpt_dir)
+    expected = set(model.state_dict())
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+        expected.discard("lm_head.weight")
+    # transformers never stores rotary buffers; some exports carry them.
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{ckpt_dir}: tensors do not match a {config.model_type} model: "
+            f"missing {sorted(missing)[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {sorted(unexpected)[:5]}{'...' if len(unexpected) > 5 else ''}"
+        )
+    params = model.state_dict()
+    with torch.no_grad():
+        for name, t in state.items():
+            if params[name].shape != t.shape:
+                raise CheckpointError(
+                    f"{ckpt_dir}: {name} has shape {tuple(t.shape)}, expected {tuple(params[name].shape)}"
+                )
+            params[name].copy_(t.to(params[name].dtype))
+    return model
