@@ -1,0 +1,220 @@
+"""The learner step on a real tiny model: lag-0 exactness, the non-finite guard, lag bound, micro-batches,
+bitwise resume from a checkpoint."""
+
+import math
+
+import pytest
+import torch
+
+from rz_agents.model import KVCache, ModelConfig, Transformer
+from rz_agents.model.logprobs import sampling_logprobs
+from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
+from rz_agents.trainer.learner import Learner, LearnerConfig, micro_batches
+from rz_agents.trainer.loss import LossConfig
+from rz_agents.trainer.metrics import Lag0MismatchError
+from rz_agents.trainer.optim import OptimConfig
+from rz_agents.trajectory import Trajectory
+
+
+def _model(seed: int = 0, kernels: str = "aligned") -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig.tiny("qwen3", vocab_size=64), kernels=kernels)
+
+
+@torch.no_grad()
+def _sample(model, prompt, n_new, version, seed, group_id, reward=None):
+    """Sample through the KV-cache path (prefill + one-token decodes), recording the sampling logprobs."""
+    cache = KVCache(model.config, num_slots=1, max_len=len(prompt) + n_new + 1)
+    gen = torch.Generator().manual_seed(seed)
+    tokens = list(prompt)
+    hidden = model(
+        torch.tensor(tokens), torch.arange(len(tokens)), torch.zeros(len(tokens), dtype=torch.long), cache
+    )
+    last = hidden[-1:]
+    blp, vers = [0.0] * len(prompt), [-1] * len(prompt)
+    for _ in range(n_new):
+        lp = sampling_logprobs(model.logits(last), 1.0, 0, 1.0)[0]
+        tok = int(torch.multinomial(lp.exp(), 1, generator=gen))
+        tokens.append(tok)
+        blp.append(float(lp[tok]))
+        vers.append(version)
+        pos = len(tokens) - 1
+        last = model(torch.tensor([tok]), torch.tensor([pos]), torch.zeros(1, dtype=torch.long), cache)
+    if reward is None:
+        reward = float(sum(1 for t in tokens[len(prompt) :] if t % 2 == 0))  # even tokens are "good"
+    mask = [False] * len(prompt) + [True] * n_new
+    return Trajectory(tokens, mask, blp, vers, reward, group_id)
+
+
+def _batch(model, version=0, groups=2, g=4, n_new=6, seed=0):
+    out = []
+    for gi in range(groups):
+        prompt = [1 + gi, 5, 7]
+        for j in range(g):
+            out.append(_sample(model, prompt, n_new, version, seed * 1000 + gi * 10 + j, gi))
+    return out
+
+
+def _cfg(**kw) -> LearnerConfig:
+    base = dict(optim=OptimConfig(lr=1e-2, max_grad_norm=1.0), assert_lag0_exact=True)
+    base.update(kw)
+    return LearnerConfig(**base)
+
+
+def _weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_lag0_tokens_match_behavior_logprobs_exactly_and_the_step_updates_weights():
+    model = _model()
+    learner = Learner(model, _cfg())
+    before = _weights(model)
+    m = learner.step(_batch(model))
+    assert m["lag0_abs_dlogp_max"] == 0.0 and m["lag0_abs_dlogp_mean"] == 0.0
+    assert m["is_weight_max"] == 1.0 and m["kl_k1_behavior_to_learner"] == 0.0
+    assert m["step_skipped_nonfinite"] == 0 and learner.version == 1
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_lag0_assertion_fires_on_a_mismatch():
+    model = _model()
+    batch = _batch(model, groups=1, g=2)
+    batch[0].behavior_logprobs[-1] -= 1e-3  # as if the engine had computed it differently
+    learner = Learner(model, _cfg())
+    before = _weights(model)
+    with pytest.raises(Lag0MismatchError):
+        learner.step(batch)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_stale_tokens_get_importance_weights_and_metrics():
+    model = _model()
+    learner = Learner(model, _cfg())
+    old = _batch(model, version=0, seed=1)
+    learner.step(_batch(model, version=0))
+    m = learner.step(old)  # sampled at version 0, trained at version 1
+    assert m["lag_min"] == 1 and m["lag_max"] == 1 and m["lag0_token_count"] == 0
+    assert m["is_weight_max"] != 1.0 and m["kl_k3_behavior_to_learner"] > 0.0
+    assert 0.0 < m["is_weight_ess_fraction"] <= 1.0
+
+
+@pytest.mark.parametrize("bad_logprob", [-1e4, -float("inf")])
+def test_non_finite_loss_skips_the_step_and_keeps_weights(bad_logprob):
+    model = _model()
+    learner = Learner(model, _cfg(assert_lag0_exact=False))
+    batch = _batch(model)
+    # behavior logprob -1e4: w = exp(logp + 1e4) overflows to inf; the ratio is not clipped, the step is skipped.
+    batch[0].behavior_logprobs[-1] = bad_logprob if math.isfinite(bad_logprob) else -1e30
+    before = _weights(model)
+    m = learner.step(batch)
+    assert m["step_skipped_nonfinite"] == 1 and learner.version == 0 and learner.skipped_steps == 1
+    assert m["is_weight_nonfinite_count"] >= 1
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    # The next good batch trains normally.
+    m = learner.step(_batch(model, seed=3))
+    assert m["step_skipped_nonfinite"] == 0 and learner.version == 1
+
+
+def test_non_finite_gradient_skips_the_step():
+    model = _model()
+    learner = Learner(model, _cfg(assert_lag0_exact=False))
+    batch = _batch(model)
+    before = _weights(model)
+
+    def poison(grad):
+        return grad * float("nan")
+
+    handle = model.lm_head.weight.register_hook(poison)
+    try:
+        m = learner.step(batch)
+    finally:
+        handle.remove()
+    assert m["step_skipped_nonfinite"] == 1 and not math.isfinite(m["grad_norm"])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_trajectories_beyond_max_lag_are_dropped_and_counted():
+    model = _model()
+    learner = Learner(model, _cfg(max_lag=2), version=5)
+    fresh = _batch(model, version=5, groups=1)
+    stale = _batch(model, version=2, groups=1, seed=7)  # lag 3 > 2
+    for t in stale:
+        t.group_id = "stale"
+    m = learner.step(fresh + stale)
+    assert m["dropped_over_lag"] == len(stale) and m["batch_trajectories"] == len(fresh)
+    assert m["lag_max"] == 0
+
+
+def test_invalid_trajectory_is_dropped_not_fatal():
+    model = _model()
+    learner = Learner(model, _cfg())
+    batch = _batch(model, groups=1)
+    batch[1].versions = batch[1].versions[:-1]  # length mismatch
+    m = learner.step(batch)
+    assert m["dropped_invalid"] == 1 and learner.version == 1
+
+
+def test_micro_batches_respect_the_token_budget():
+    assert micro_batches([3, 3, 3, 10, 1], 6) == [[0, 1], [2], [3], [4]]
+    assert micro_batches([], 6) == []
+
+
+def test_gradient_accumulation_over_micro_batches_matches_one_batch():
+    batch = _batch(_model(), groups=2, g=3)
+    grads = []
+    for budget in (10_000, 12):  # one packed forward vs. one sequence per micro-batch
+        model = _model()
+        learner = Learner(
+            model, _cfg(micro_batch_tokens=budget, optim=OptimConfig(lr=1e-2, max_grad_norm=0.0))
+        )
+        seen = {}
+        learner.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs: seen.update({n: p.grad.clone() for n, p in model.named_parameters()})
+        )
+        learner.step(batch)
+        grads.append(seen)
+    for k in grads[0]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "estimator", ["reinforce_zero", "on_policy", "sequence_gate", "token_gate", "truncated_is", "ppo_clip"]
+)
+def test_every_estimator_trains_through_the_same_learner(estimator):
+    model = _model()
+    learner = Learner(model, _cfg(loss=LossConfig(estimator=estimator)))
+    learner.step(_batch(model))
+    m = learner.step(_batch(model, version=0, seed=5))  # stale by one step: the estimators differ here
+    assert m["step_skipped_nonfinite"] == 0 and learner.version == 2 and math.isfinite(m["loss"])
+
+
+def test_resume_from_checkpoint_is_bitwise_identical(tmp_path):
+    batches = [_batch(_model(), seed=s) for s in range(3)]
+    # Uninterrupted: three steps.
+    model_a = _model()
+    learner_a = Learner(
+        model_a, _cfg(optim=OptimConfig(lr=1e-2, schedule="cosine", total_steps=3, warmup_steps=1))
+    )
+    for b in batches:
+        learner_a.step(b)
+    # Interrupted after one step: checkpoint (with the queued batches), fresh objects, resume.
+    model_b = _model()
+    cfg_b = _cfg(optim=OptimConfig(lr=1e-2, schedule="cosine", total_steps=3, warmup_steps=1))
+    learner_b = Learner(model_b, cfg_b)
+    learner_b.step(batches[0])
+    queued = [[t.to_dict() for t in b] for b in batches[1:]]
+    path = save_checkpoint(
+        tmp_path / "ckpt.pt", learner_b.state_dict(), {"queued": queued, "data_position": 1}
+    )
+    assert not list(tmp_path.glob("*.tmp"))
+    model_c = _model(seed=123)  # different init: everything must come from the checkpoint
+    learner_c = Learner(model_c, cfg_b)
+    payload = load_checkpoint(path)
+    learner_c.load_state_dict(payload["learner"])
+    assert payload["runtime"]["data_position"] == 1
+    for b in payload["runtime"]["queued"]:
+        learner_c.step([Trajectory.from_dict(d) for d in b])
+    assert learner_c.version == learner_a.version == 3
+    for k, v in model_a.state_dict().items():
+        assert torch.equal(v, model_c.state_dict()[k]), k
