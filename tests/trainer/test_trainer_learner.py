@@ -170,7 +170,9 @@ def test_gradient_accumulation_over_micro_batches_matches_one_batch():
         )
         seen = {}
         learner.optimizer.register_step_pre_hook(
-            lambda opt, args, kwargs: seen.update({n: p.grad.clone() for n, p in model.named_parameters()})
+            lambda opt, args, kwargs, seen=seen, model=model: seen.update(
+                {n: p.grad.clone() for n, p in model.named_parameters()}
+            )
         )
         learner.step(batch)
         grads.append(seen)
