@@ -1,0 +1,63 @@
+"""Engine settings (a plain dataclass; YAML configs map onto it field by field)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+KV_ON_UPDATE = ("keep", "recompute")
+
+
+@dataclass
+class EngineConfig:
+    """How the rz engine batches, caches and updates.
+
+    num_slots: sequences that hold KV at once (running + kept prefixes). With kv_cache_bytes set,
+      num_slots is derived from it instead (as many slots as fit).
+    max_len: positions per slot (prompt + completion); longer prompts are refused with ValueError and
+      a completion that reaches it finishes with "length".
+    max_batch_tokens: tokens per forward (decodes first, then prefill chunks).
+    kv_on_update: what a weight update does to running sequences' K/V. "recompute" (default) prefills
+      each running sequence's whole history again with the new weights, so every later token equals
+      the trainer's forward with the new weights; "keep" leaves the K/V as they are (cheaper; later
+      tokens then attend to keys/values the old weights computed).
+    prefix_cache / prefix_cache_ttl_s: keep a finished sequence's slot keyed by its tokens so the next
+      turn reuses the matching prefix (bit-identical to a cold prefill in aligned mode).
+    num_threads: torch intra-op threads, pinned before every step (results can differ with the
+      thread count; engine and trainer must use the same). None leaves torch's setting alone.
+    step_in_thread: run each model step in a worker thread so the event loop (environments, tools)
+      keeps running during the forward; otherwise steps run inline and yield between steps.
+    seed: seeds the generator of requests that bring no seed of their own.
+    eos_token_ids: default stop tokens; None takes the model config's eos_token_id.
+    """
+
+    num_slots: int = 16
+    max_len: int = 2048
+    max_batch_tokens: int = 512
+    kv_on_update: Literal["keep", "recompute"] = "recompute"
+    prefix_cache: bool = True
+    prefix_cache_ttl_s: float = 300.0
+    num_threads: int | None = None
+    step_in_thread: bool = False
+    seed: int = 0
+    eos_token_ids: tuple[int, ...] | None = None
+    kv_cache_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.kv_on_update not in KV_ON_UPDATE:
+            raise ValueError(
+                f"EngineConfig.kv_on_update must be one of {KV_ON_UPDATE}, got {self.kv_on_update!r}"
+            )
+        for name in ("num_slots", "max_len", "max_batch_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"EngineConfig.num_threads must be >= 1 or None, got {self.num_threads}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
+            raise ValueError(f"EngineConfig.kv_cache_bytes must be > 0, got {self.kv_cache_bytes}")
+        if self.prefix_cache_ttl_s < 0:
+            raise ValueError(f"EngineConfig.prefix_cache_ttl_s must be >= 0, got {self.prefix_cache_ttl_s}")

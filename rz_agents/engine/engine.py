@@ -1,0 +1,292 @@
+"""The rz engine: an asyncio front-end over scheduler, model runner and sampler.
+
+``await engine.generate(prompt, params)`` queues a sequence and waits for its Completion. A step
+loop (an asyncio task, started on demand and ended when idle) runs one engine step at a time:
+schedule -> packed forward over the KV cache -> sample -> stop checks -> resolve finished requests,
+yielding to the event loop between steps so episode coroutines and the learner run in between.
+``load_weights`` swaps weights between steps (a lock keeps it out of a running step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+
+from rz_agents.engine.config import EngineConfig
+from rz_agents.engine.params import Completion, SamplingParams
+from rz_agents.engine.runner import ModelRunner
+from rz_agents.engine.sampler import sample
+from rz_agents.engine.scheduler import Scheduler
+from rz_agents.engine.sequence import Sequence
+from rz_agents.engine.slots import SlotPool
+from rz_agents.engine.stops import check_stop
+
+log = logging.getLogger(__name__)
+
+
+class RZEngine:
+    """Continuous-batching engine over one ``Transformer`` and a slot-based KV cache.
+
+    Args:
+        model: the model to sample from (its op set decides alignment: ``kernels="aligned"`` gives
+            log-probs bit-identical to the trainer's packed forward).
+        config: batching, cache and update settings.
+        decode: token ids -> text, needed only for SamplingParams.stop strings.
+        version: policy version of the initial weights.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: EngineConfig | None = None,
+        decode: Callable[[list[int]], str] | None = None,
+        version: int = 0,
+    ) -> None:
+        from rz_agents.model import KVCache
+
+        self.config = config or EngineConfig()
+        self.decode = decode
+        self.model = model
+        self._pin_threads()
+        cfg = model.config
+        num_slots = self.config.num_slots
+        if self.config.kv_cache_bytes is not None:
+            per_slot = KVCache(cfg, num_slots=1, max_len=self.config.max_len).bytes_per_slot
+            num_slots = self.config.kv_cache_bytes // per_slot
+            if num_slots < 1:
+                raise ValueError(
+                    f"kv_cache_bytes={self.config.kv_cache_bytes} holds no slot of max_len "
+                    f"{self.config.max_len} ({per_slot} bytes each)"
+                )
+        self.kv_cache = KVCache(cfg, num_slots=num_slots, max_len=self.config.max_len)
+        self.runner = ModelRunner(model, self.kv_cache)
+        slots = SlotPool(
+            num_slots,
+            self.kv_cache.bytes_per_slot,
+            prefix_cache=self.config.prefix_cache,
+            ttl_s=self.config.prefix_cache_ttl_s,
+        )
+        self.scheduler = Scheduler(slots, max_batch_tokens=self.config.max_batch_tokens)
+        eos = self.config.eos_token_ids
+        if eos is None:
+            eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, (list, tuple)) else [cfg.eos_token_id]
+        self.eos_token_ids = frozenset(int(t) for t in eos if t is not None)
+        self.vocab_size = cfg.vocab_size
+        self._version = int(version)
+        self._generator = torch.Generator().manual_seed(self.config.seed)
+        self._lock = threading.Lock()  # one step or one weight update at a time
+        self._futures: dict[Sequence, asyncio.Future] = {}
+        self._loop_task: asyncio.Task | None = None
+        self.counters = {
+            "steps": 0,
+            "forward_s": 0.0,
+            "prefill_tokens": 0,
+            "generated_tokens": 0,
+            "weight_updates": 0,
+            "errors": 0,
+        }
+
+    # -- public API ---------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(
+        self, prompt: list[int] | torch.Tensor, params: SamplingParams | None = None
+    ) -> Completion:
+        """Generate a completion of ``prompt`` (token ids); raises ValueError for bad input.
+
+        Failures inside the engine do not raise: the Completion then has finish_reason "error" and
+        says why in ``error``. Cancelling the awaiting task frees the sequence's slot.
+        """
+        params = params or SamplingParams()
+        prompt = self._check_request(prompt, params)
+        loop = asyncio.get_running_loop()
+        seq = Sequence(prompt, params)
+        fut = loop.create_future()
+        self._futures[seq] = fut
+        self.scheduler.add(seq)
+        self._ensure_loop(loop)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            seq.cancelled = True  # the step loop frees its slot before the next step
+            raise
+
+    def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Copy ``state`` (parameter name -> tensor, any subset) into the model between steps.
+
+        Invalid state raises ValueError and changes nothing. Running sequences continue; tokens
+        sampled after the swap carry ``version``; their cached K/V are kept or recomputed according
+        to ``config.kv_on_update``. Kept prefix-cache entries are dropped (they belong to old weights).
+        """
+        self.runner.validate_state(state)
+        with self._lock:
+            self.runner.load_state(state)
+            self._version = int(version)
+            self.scheduler.on_weights_updated(recompute=self.config.kv_on_update == "recompute")
+            self.counters["weight_updates"] += 1
+
+    def stats(self) -> dict[str, float | int]:
+        """Queue, memory and throughput counters."""
+        slots = self.scheduler.slots
+        return {
+            "version": self._version,
+            "waiting": len(self.scheduler.waiting),
+            "running": len(self.scheduler.running),
+            "num_slots": slots.num_slots,
+            "slots_held": slots.num_held,
+            "prefix_entries": slots.num_prefix_entries,
+            "prefix_hits": slots.prefix_hits,
+            "prefix_tokens_reused": slots.prefix_tokens_reused,
+            "kv_bytes_total": slots.bytes_total,
+            "kv_bytes_held": slots.bytes_held,
+            "kv_bytes_prefix_cache": slots.bytes_prefix_cache,
+            **self.counters,
+        }
+
+    def step(self) -> list[Sequence]:
+        """Run one engine step now (synchronously); returns the sequences that finished in it."""
+        with self._lock:
+            return self._step()
+
+    # -- request checks -------------------------------------------------------------------------
+    def _check_request(self, prompt, params: SamplingParams) -> list[int]:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, torch.Tensor):
+            if prompt.dim() != 1 or prompt.dtype.is_floating_point:
+                raise ValueError(
+                    f"prompt tensor must be 1-D integer, got {prompt.dtype} {tuple(prompt.shape)}"
+                )
+            prompt = prompt.tolist()
+        try:
+            prompt = [int(t) for t in prompt]
+        except (TypeError, ValueError):
+            raise ValueError("prompt must be a sequence of token ids") from None
+        if not prompt:
+            raise ValueError("prompt must contain at least one token")
+        if len(prompt) >= self.config.max_len:
+            raise ValueError(
+                f"prompt has {len(prompt)} tokens; the engine's max_len {self.config.max_len} leaves no room to generate"
+            )
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        if params.stop and self.decode is None:
+            raise ValueError("SamplingParams.stop strings need an engine built with decode=tokenizer.decode")
+        return prompt
+
+    # -- the step loop ----------------------------------------------------------------------------
+    def _ensure_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        task = self._loop_task
+        if task is not None and not task.done():
+            if task.get_loop() is loop:
+                return
+            if not task.get_loop().is_closed():
+                raise RuntimeError("this engine is already serving requests from another event loop")
+        self._drop_orphans(loop)
+        self._loop_task = loop.create_task(self._run(), name="rz-engine-steps")
+
+    def _drop_orphans(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Forget sequences whose caller's event loop is gone (nobody can receive their result)."""
+        for seq, fut in list(self._futures.items()):
+            if fut.get_loop() is not loop and fut.get_loop().is_closed():
+                self._futures.pop(seq)
+                self.scheduler.remove(seq, keep_prefix=False, version=self._version)
+
+    async def _run(self) -> None:
+        try:
+            while self.scheduler.has_work:
+                if self.config.step_in_thread:
+                    finished = await asyncio.to_thread(self.step)
+                else:
+                    finished = self.step()
+                self._resolve(finished)
+                await asyncio.sleep(0)  # let episodes, the learner and new requests run
+        except asyncio.CancelledError:
+            self._fail_all("the engine's step loop was cancelled")
+            raise
+        except Exception as e:  # a bug in the engine itself: tell every waiting caller, do not hang them
+            log.exception("engine step loop failed")
+            self._fail_all(f"engine step loop failed: {e!r}")
+
+    def _resolve(self, finished: list[Sequence]) -> None:
+        for seq in finished:
+            fut = self._futures.pop(seq, None)
+            if fut is not None and not fut.done():
+                fut.set_result(seq.to_completion())
+
+    def _fail_all(self, reason: str) -> None:
+        pending = list(self.scheduler.waiting) + list(self.scheduler.running)
+        for seq in pending:
+            self._fail(seq, reason)
+        self._resolve(pending)
+
+    def _fail(self, seq: Sequence, reason: str) -> None:
+        seq.error = reason
+        seq.finish("error")
+        self.counters["errors"] += 1
+        self.scheduler.remove(seq, keep_prefix=False, version=self._version)
+
+    def _pin_threads(self) -> None:
+        n = self.config.num_threads
+        if n is not None and torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+
+    def _step(self) -> list[Sequence]:
+        self._pin_threads()
+        done: list[Sequence] = []
+        for seq in [s for s in (*self.scheduler.waiting, *self.scheduler.running) if s.cancelled]:
+            seq.finish("cancelled")
+            self.scheduler.remove(seq, keep_prefix=True, version=self._version)
+            done.append(seq)
+        batch = self.scheduler.schedule(self._version)
+        if not batch.chunks:
+            return done
+        t0 = time.perf_counter()
+        try:
+            logits = self.runner.forward(batch)
+        except Exception as e:
+            log.exception("model forward failed; failing the %d sequences of this step", len(batch.chunks))
+            for chunk in batch.chunks:
+                self._fail(chunk.seq, f"model forward failed: {e!r}")
+                done.append(chunk.seq)
+            return done
+        self.counters["steps"] += 1
+        self.counters["forward_s"] += time.perf_counter() - t0
+        for chunk in batch.chunks:
+            chunk.seq.num_cached = chunk.start + chunk.length
+            if not chunk.samples or chunk.length > 1:
+                self.counters["prefill_tokens"] += chunk.length
+        sampling = [c.seq for c in batch.chunks if c.samples]
+        if not sampling:
+            return done
+        try:
+            tokens, values = sample(
+                logits, [s.params for s in sampling], [s.generator for s in sampling], self._generator
+            )
+        except Exception as e:
+            log.exception("sampling failed")
+            for seq in sampling:
+                self._fail(seq, f"sampling failed: {e!r}")
+            return done + sampling
+        for seq, token, value in zip(sampling, tokens, values, strict=True):
+            seq.append(token, value, self._version)
+            self.counters["generated_tokens"] += 1
+            try:
+                stop = check_stop(seq, self.eos_token_ids, self.config.max_len, self.decode)
+            except Exception as e:
+                self._fail(seq, f"stop check failed: {e!r}")
+                done.append(seq)
+                continue
+            if stop is not None:
+                seq.finish(*stop)
+                self.scheduler.remove(seq, keep_prefix=True, version=self._version)
+                done.append(seq)
+        return done

@@ -1,0 +1,74 @@
+"""The model runner executes a scheduled batch: one packed forward over the KV cache, then logits.
+
+It owns the model and the cache; it knows nothing about queues or sampling policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from rz_agents.engine.scheduler import ScheduledBatch
+
+
+class ModelRunner:
+    """Runs ``model`` over packed chunks of many sequences, each in its own cache slot."""
+
+    def __init__(self, model: torch.nn.Module, kv_cache) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+
+    @torch.inference_mode()
+    def forward(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Feed every chunk; return fp32 logits [k, vocab] for the k chunks that end at a sampling point.
+
+        Rows follow the order of ``[c for c in batch.chunks if c.samples]``.
+        """
+        tokens: list[int] = []
+        positions: list[int] = []
+        slot_ids: list[int] = []
+        sample_rows: list[int] = []
+        for chunk in batch.chunks:
+            seq = chunk.seq
+            tokens.extend(seq.tokens[chunk.start : chunk.start + chunk.length])
+            positions.extend(range(chunk.start, chunk.start + chunk.length))
+            slot_ids.extend([seq.slot] * chunk.length)
+            if chunk.samples:
+                sample_rows.append(len(tokens) - 1)
+        hidden = self.model(
+            torch.tensor(tokens, dtype=torch.long),
+            torch.tensor(positions, dtype=torch.long),
+            seq_ids=torch.tensor(slot_ids, dtype=torch.long),
+            kv_cache=self.kv_cache,
+        )
+        if not sample_rows:
+            return hidden.new_empty((0, 0), dtype=torch.float32)
+        return self.model.logits(hidden[torch.tensor(sample_rows)])
+
+    def _named_tensors(self) -> dict[str, torch.Tensor]:
+        # remove_duplicate=False: with tied embeddings both HF names (embed_tokens, lm_head) resolve.
+        own = dict(self.model.named_parameters(remove_duplicate=False))
+        own.update(dict(self.model.named_buffers(remove_duplicate=False)))
+        return own
+
+    def validate_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Raise ValueError naming the problem if ``state`` does not fit the model; changes nothing."""
+        own = self._named_tensors()
+        unknown = [k for k in state if k not in own]
+        if unknown:
+            raise ValueError(f"load_weights: unknown parameter names {unknown[:5]} (of {len(unknown)})")
+        for name, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"load_weights: {name} is a {type(value).__name__}, not a tensor")
+            if tuple(value.shape) != tuple(own[name].shape):
+                raise ValueError(
+                    f"load_weights: {name} has shape {tuple(value.shape)}, the model expects {tuple(own[name].shape)}"
+                )
+
+    @torch.no_grad()
+    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy tensors into the model's parameters/buffers by name (dtype converted by copy_)."""
+        own = self._named_tensors()
+        for name, value in state.items():
+            own[name].copy_(value)
