@@ -1,0 +1,138 @@
+"""HTTP client for the in-VM server (``server.py``): what setup steps, getters and the env call."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+
+class ServerError(RuntimeError):
+    """The in-VM server answered with an error or could not be reached."""
+
+
+class VMClient:
+    """Talks to one desktop's server at ``base_url`` (``http://127.0.0.1:<port>``)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 150.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> bytes:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            self.base_url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout_s) as resp:
+                return resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            try:
+                detail = json.loads(detail).get("message", detail)
+            except (json.JSONDecodeError, AttributeError):
+                pass
+            raise ServerError(f"{method} {path}: HTTP {exc.code}: {detail}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise ServerError(f"{method} {path}: server unreachable at {self.base_url}: {exc}") from exc
+
+    def _json(
+        self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
+        return json.loads(self._request(method, path, body, timeout))
+
+    def wait_ready(self, timeout_s: float = 20.0) -> None:
+        """Block until the server answers ``/platform``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._request("GET", "/platform", timeout=2)
+                return
+            except ServerError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def execute(self, command: list[str] | str, shell: bool = False, timeout: float = 120) -> dict[str, Any]:
+        """Run a command to completion in the desktop: ``{"status", "output", "error", "returncode"}``."""
+        return self._json(
+            "POST", "/execute", {"command": command, "shell": shell, "timeout": timeout}, timeout + 10
+        )
+
+    def run_python(self, code: str) -> dict[str, Any]:
+        """Run Python code in the desktop with ``pyautogui`` and ``time`` imported."""
+        return self._json("POST", "/run_python", {"code": code})
+
+    def launch(self, command: list[str] | str, shell: bool = False) -> dict[str, Any]:
+        """Start a program detached."""
+        return self._json("POST", "/setup/launch", {"command": command, "shell": shell})
+
+    def open_file(self, path: str) -> dict[str, Any]:
+        """Open a file with its default application."""
+        return self._json("POST", "/setup/open_file", {"path": path})
+
+    def activate_window(
+        self, window_name: str, strict: bool = False, by_class: bool = False
+    ) -> dict[str, Any]:
+        """Raise and focus the first window matching ``window_name``."""
+        return self._json(
+            "POST",
+            "/setup/activate_window",
+            {"window_name": window_name, "strict": strict, "by_class": by_class},
+        )
+
+    def close_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> dict[str, Any]:
+        """Close the first window matching ``window_name``."""
+        return self._json(
+            "POST",
+            "/setup/close_window",
+            {"window_name": window_name, "strict": strict, "by_class": by_class},
+        )
+
+    def get_file(self, path: str) -> bytes | None:
+        """The bytes of a file in the desktop, or None when it does not exist."""
+        try:
+            return self._request("POST", "/file", {"file_path": path})
+        except ServerError as exc:
+            if "HTTP 404" in str(exc):
+                return None
+            raise
+
+    def upload(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` in the desktop (parents created)."""
+        self._json("POST", "/setup/upload", {"file_path": path, "data_b64": base64.b64encode(data).decode()})
+
+    def list_directory(self, path: str) -> dict[str, Any] | None:
+        """The directory tree at ``path``, or None when it does not exist."""
+        try:
+            return self._json("POST", "/list_directory", {"path": path})["directory_tree"]
+        except ServerError as exc:
+            if "HTTP 404" in str(exc):
+                return None
+            raise
+
+    def screenshot(self) -> bytes:
+        """A PNG of the screen."""
+        return self._request("GET", "/screenshot")
+
+    def accessibility_tree(self) -> str:
+        """The accessibility tree as XML."""
+        return self._json("GET", "/accessibility")["AT"]
+
+    def terminal_output(self) -> str | None:
+        """The terminal's text (None: no GNOME terminal on this desktop)."""
+        return self._json("GET", "/terminal")["output"]
+
+    def windows(self) -> list[dict[str, Any]]:
+        """The top-level windows (title, class, geometry, active)."""
+        return self._json("GET", "/windows")
+
+    def screen_size(self) -> tuple[int, int]:
+        """The display's width and height."""
+        d = self._json("GET", "/screen_size")
+        return d["width"], d["height"]

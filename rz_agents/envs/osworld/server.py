@@ -1,0 +1,425 @@
+"""The in-VM HTTP server: the contract OSWorld's controllers and getters talk to, on loopback.
+
+Run inside the episode sandbox (``python -m rz_agents.envs.osworld.server``); it binds
+``127.0.0.1`` on a free port and prints ``PORT <n>`` as its first line. Endpoints (JSON bodies):
+
+* ``GET /platform``, ``/screen_size``, ``/cursor_position``, ``/screenshot`` (PNG),
+  ``/accessibility`` (``{"AT": xml}``), ``/terminal`` (``{"output": null}``: no GNOME terminal here)
+* ``POST /execute`` and ``/setup/execute`` ``{"command": list|str, "shell": bool}`` ->
+  ``{"status", "output", "error", "returncode"}``; ``/run_python`` ``{"code"}``
+* ``POST /setup/launch`` ``{"command", "shell"}`` (detached); ``/setup/open_file`` ``{"path"}``;
+  ``/setup/activate_window`` and ``/setup/close_window`` ``{"window_name", "strict", "by_class"}``
+* ``POST /file`` ``{"file_path"}`` -> the bytes; ``/setup/upload`` ``{"file_path", "data_b64"}``;
+  ``/list_directory`` ``{"path"}`` -> a tree
+
+Paths under ``/home/user`` (OSWorld's VM user) map to ``$HOME``: inside the bubblewrap sandbox
+they are the same directory; without it the server rewrites them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from xml.sax.saxutils import quoteattr
+
+VM_HOME = "/home/user"
+COMMAND_TIMEOUT_S = 120
+PYAUTOGUI_PRELUDE = "import pyautogui, time\npyautogui.FAILSAFE = False\n"
+
+
+def map_path(path: str) -> str:
+    """Map an OSWorld VM path (``/home/user/...``, ``~``) to this desktop's home."""
+    home = os.environ.get("HOME", VM_HOME)
+    path = os.path.expanduser(path)
+    if home != VM_HOME and (path == VM_HOME or path.startswith(VM_HOME + "/")):
+        path = home + path[len(VM_HOME) :]
+    return path
+
+
+def map_command(command: list[str] | str) -> list[str] | str:
+    """Rewrite ``/home/user`` in a command when the home lives elsewhere; ``python`` -> this Python."""
+    home = os.environ.get("HOME", VM_HOME)
+    if isinstance(command, str):
+        return command.replace(VM_HOME, home) if home != VM_HOME else command
+    out = [c.replace(VM_HOME, home) if home != VM_HOME else c for c in command]
+    if out and out[0] in ("python", "python3"):
+        out[0] = sys.executable
+    return out
+
+
+def run_command(command: list[str] | str, shell: bool, timeout: float = COMMAND_TIMEOUT_S) -> dict[str, Any]:
+    """Run a command to completion; never raises, the result says what happened."""
+    command = map_command(command)
+    if shell and isinstance(command, list):
+        command = " ".join(shlex.quote(c) for c in command)
+    if not shell and isinstance(command, str):
+        command = shlex.split(command)
+    try:
+        proc = subprocess.run(
+            command, shell=shell, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+        return {
+            "status": "success",
+            "output": proc.stdout,
+            "error": proc.stderr,
+            "returncode": proc.returncode,
+        }
+    except subprocess.TimeoutExpired as exc:
+        return {
+            "status": "error",
+            "output": exc.stdout or "",
+            "error": f"timed out after {timeout}s",
+            "returncode": -1,
+        }
+    except (OSError, ValueError) as exc:
+        return {"status": "error", "output": "", "error": str(exc), "returncode": -1}
+
+
+def launch(command: list[str] | str, shell: bool) -> dict[str, Any]:
+    """Start a program detached (it outlives the request, not the episode)."""
+    command = map_command(command)
+    if (
+        isinstance(command, list)
+        and command
+        and os.path.basename(command[0]) == "socat"
+        and not shutil.which("socat")
+    ):
+        # OSWorld forwards the CDP port with socat; here Chrome already listens on the episode's port.
+        return {"status": "success", "message": "socat skipped: CDP is exposed directly"}
+    if not shell and isinstance(command, str):
+        command = shlex.split(command)
+    try:
+        subprocess.Popen(
+            command,
+            shell=shell,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        return {"status": "success", "message": "launched"}
+    except (OSError, ValueError) as exc:
+        return {"status": "error", "message": str(exc)}
+
+
+# --- X11 windows -------------------------------------------------------------------------------
+
+
+def list_windows() -> list[dict[str, Any]]:
+    """Top-level client windows (EWMH ``_NET_CLIENT_LIST``): id, title, class, geometry, active."""
+    from Xlib import X, display
+
+    d = display.Display()
+    try:
+        root = d.screen().root
+        atom = d.intern_atom
+        clients = root.get_full_property(atom("_NET_CLIENT_LIST"), X.AnyPropertyType)
+        active = root.get_full_property(atom("_NET_ACTIVE_WINDOW"), X.AnyPropertyType)
+        active_id = int(active.value[0]) if active and len(active.value) else 0
+        out = []
+        for wid in clients.value if clients else []:
+            win = d.create_resource_object("window", int(wid))
+            try:
+                name_prop = win.get_full_property(atom("_NET_WM_NAME"), atom("UTF8_STRING"))
+                name = name_prop.value if name_prop else (win.get_wm_name() or "")
+                if isinstance(name, bytes):
+                    name = name.decode("utf-8", "replace")
+                cls = win.get_wm_class() or ("", "")
+                geo = win.get_geometry()
+                pos = win.translate_coords(root, 0, 0)
+                out.append(
+                    {
+                        "id": int(wid),
+                        "name": name,
+                        "class": cls[1] if len(cls) > 1 else cls[0],
+                        "x": -pos.x,
+                        "y": -pos.y,
+                        "w": geo.width,
+                        "h": geo.height,
+                        "active": int(wid) == active_id,
+                    }
+                )
+            except Exception:
+                continue  # the window closed while we looked
+        return out
+    finally:
+        d.close()
+
+
+def _xdotool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["xdotool", *args], capture_output=True, text=True, timeout=10)
+
+
+def find_window(name: str, strict: bool = False, by_class: bool = False) -> dict[str, Any] | None:
+    """The first window whose title (or class) equals (strict) or contains ``name``, case-insensitive."""
+    key = "class" if by_class else "name"
+    for w in list_windows():
+        value = str(w[key]).lower()
+        if (strict and value == name.lower()) or (not strict and name.lower() in value):
+            return w
+    return None
+
+
+# --- accessibility tree --------------------------------------------------------------------------
+
+_chrome_link = None
+_chrome_lock = threading.Lock()
+
+
+def _chrome_nodes() -> list[dict[str, Any]]:
+    """The active Chrome tab's AX nodes, or [] when no browser listens on the episode's CDP port."""
+    global _chrome_link
+    port = os.environ.get("RZ_OSWORLD_CDP_PORT")
+    if not port:
+        return []
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        if s.connect_ex(("127.0.0.1", int(port))) != 0:
+            return []
+    from rz_agents.envs.osworld.chrome import ChromeLink, active_page, page_ax_nodes
+
+    with _chrome_lock:
+        if _chrome_link is None:
+            _chrome_link = ChromeLink(int(port))
+        link = _chrome_link
+
+    def grab(browser: Any) -> list[dict[str, Any]]:
+        page = active_page(browser)
+        return page_ax_nodes(page) if page is not None else []
+
+    return link.call(grab, timeout_s=20)
+
+
+def accessibility_xml() -> str:
+    """The desktop's accessibility tree: X11 windows, with Chrome's own AX tree inside its window.
+
+    AT-SPI is not assumed (no session bus in the sandbox); browsers expose their tree over CDP.
+    """
+
+    def attrs(d: dict[str, Any]) -> str:
+        return (
+            f" name={quoteattr(str(d.get('name', '')))} "
+            f'screencoord="({d.get("x", -1)}, {d.get("y", -1)})" size="({d.get("w", 0)}, {d.get("h", 0)})"'
+        )
+
+    lines = ['<desktop-frame name="main">']
+    try:
+        windows = list_windows()
+    except Exception as exc:
+        windows = []
+        lines.append(f"<!-- windows unavailable: {exc} -->")
+    for w in windows:
+        app = str(w["class"] or "application")
+        lines.append(f"<application name={quoteattr(app)}>")
+        lines.append(f"<frame{attrs(w)} active={quoteattr(str(w['active']).lower())}>")
+        if "chrom" in app.lower():
+            try:
+                for n in _chrome_nodes():
+                    tag = "".join(ch for ch in n["role"] if ch.isalnum()) or "node"
+                    text = n.get("value") or ""
+                    lines.append(f"<{tag}{attrs(n)} text={quoteattr(text)}/>")
+            except Exception as exc:
+                lines.append(f"<!-- chrome tree unavailable: {type(exc).__name__} -->")
+        lines.append("</frame>")
+        lines.append("</application>")
+    lines.append("</desktop-frame>")
+    return "\n".join(lines)
+
+
+# --- screenshots -------------------------------------------------------------------------------
+
+
+def screenshot_png() -> bytes:
+    """A PNG of the whole display (mss grabs X11 directly, no temporary file)."""
+    import mss
+    import mss.tools
+
+    factory = getattr(mss, "MSS", None) or mss.mss
+    with factory(display=os.environ.get("DISPLAY")) as grabber:
+        img = grabber.grab(grabber.monitors[0])
+        return mss.tools.to_png(img.rgb, img.size)
+
+
+def screen_size() -> tuple[int, int]:
+    """Width and height of the display."""
+    from Xlib import display
+
+    d = display.Display()
+    try:
+        s = d.screen()
+        return s.width_in_pixels, s.height_in_pixels
+    finally:
+        d.close()
+
+
+def cursor_position() -> tuple[int, int]:
+    """The pointer's position on the display."""
+    from Xlib import display
+
+    d = display.Display()
+    try:
+        p = d.screen().root.query_pointer()
+        return p.root_x, p.root_y
+    finally:
+        d.close()
+
+
+def directory_tree(path: str) -> dict[str, Any]:
+    """``{"type": "directory", "name", "children": [...]}`` for ``path`` (files as ``{"type": "file"}``)."""
+    node: dict[str, Any] = {
+        "name": os.path.basename(path.rstrip("/")) or path,
+        "type": "directory",
+        "children": [],
+    }
+    for entry in sorted(os.scandir(path), key=lambda e: e.name):
+        if entry.is_dir(follow_symlinks=False):
+            node["children"].append(directory_tree(entry.path))
+        else:
+            node["children"].append({"name": entry.name, "type": "file"})
+    return node
+
+
+# --- HTTP --------------------------------------------------------------------------------------
+
+
+class Handler(BaseHTTPRequestHandler):
+    """One request; every endpoint answers JSON (or raw bytes for files and screenshots)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # quiet: the episode log is the caller's
+        return
+
+    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, obj: Any, code: int = 200) -> None:
+        self._send(code, json.dumps(obj).encode(), "application/json")
+
+    def _body(self) -> dict[str, Any]:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        if not raw:
+            return {}
+        if "application/x-www-form-urlencoded" in (self.headers.get("Content-Type") or ""):
+            from urllib.parse import parse_qs
+
+            return {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+        return json.loads(raw)
+
+    def do_GET(self) -> None:
+        try:
+            if self.path == "/platform":
+                self._send(200, b"Linux", "text/plain")
+            elif self.path == "/screenshot":
+                self._send(200, screenshot_png(), "image/png")
+            elif self.path == "/accessibility":
+                self._json({"AT": accessibility_xml()})
+            elif self.path == "/terminal":
+                self._json({"output": None})
+            elif self.path == "/screen_size":
+                w, h = screen_size()
+                self._json({"width": w, "height": h})
+            elif self.path == "/cursor_position":
+                self._json(list(cursor_position()))
+            elif self.path == "/windows":
+                self._json(list_windows())
+            else:
+                self._json({"status": "error", "message": f"unknown endpoint {self.path}"}, 404)
+        except Exception as exc:
+            self._json({"status": "error", "message": f"{type(exc).__name__}: {exc}"}, 500)
+
+    def do_POST(self) -> None:
+        try:
+            body = self._body()
+        except (ValueError, json.JSONDecodeError) as exc:
+            self._json({"status": "error", "message": f"bad request body: {exc}"}, 400)
+            return
+        try:
+            self._post(self.path, body)
+        except (KeyError, TypeError) as exc:
+            self._json({"status": "error", "message": f"missing or bad field: {exc}"}, 400)
+        except Exception as exc:
+            self._json({"status": "error", "message": f"{type(exc).__name__}: {exc}"}, 500)
+
+    def _post(self, path: str, body: dict[str, Any]) -> None:
+        if path in ("/execute", "/setup/execute"):
+            self._json(
+                run_command(
+                    body["command"], bool(body.get("shell", False)), body.get("timeout", COMMAND_TIMEOUT_S)
+                )
+            )
+        elif path == "/run_python":
+            self._json(run_command([sys.executable, "-c", PYAUTOGUI_PRELUDE + body["code"]], False))
+        elif path == "/setup/launch":
+            self._json(launch(body["command"], bool(body.get("shell", False))))
+        elif path == "/setup/open_file":
+            target = map_path(body["path"])
+            if not os.path.exists(target):
+                self._json({"status": "error", "message": f"no such file: {body['path']}"}, 404)
+                return
+            self._json(
+                launch(["xdg-open", target], False)
+                if shutil.which("xdg-open")
+                else {"status": "error", "message": "xdg-open is not installed"}
+            )
+        elif path in ("/setup/activate_window", "/setup/close_window"):
+            w = find_window(body["window_name"], bool(body.get("strict")), bool(body.get("by_class")))
+            if w is None:
+                self._json({"status": "error", "message": f"no window matching {body['window_name']!r}"}, 404)
+                return
+            verb = "windowactivate" if path.endswith("activate_window") else "windowclose"
+            r = _xdotool(verb, str(w["id"]))
+            if verb == "windowclose" and r.returncode != 0:
+                r = _xdotool("windowkill", str(w["id"]))
+            self._json({"status": "success" if r.returncode == 0 else "error", "message": r.stderr.strip()})
+        elif path == "/file":
+            target = map_path(body["file_path"])
+            if not os.path.isfile(target):
+                self._json({"status": "error", "message": f"no such file: {body['file_path']}"}, 404)
+                return
+            with open(target, "rb") as f:
+                self._send(200, f.read(), "application/octet-stream")
+        elif path == "/setup/upload":
+            target = map_path(body["file_path"])
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(base64.b64decode(body["data_b64"]))
+            self._json({"status": "success"})
+        elif path == "/list_directory":
+            target = map_path(body["path"])
+            if not os.path.isdir(target):
+                self._json({"status": "error", "message": f"no such directory: {body['path']}"}, 404)
+                return
+            self._json({"status": "success", "directory_tree": directory_tree(target)})
+        else:
+            self._json({"status": "error", "message": f"unknown endpoint {path}"}, 404)
+
+
+def main() -> None:
+    """Serve on a free loopback port; print ``PORT <n>`` so the provider can connect."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    print(f"PORT {server.server_address[1]}", flush=True)
+    # The provider stops reading after the port line: later prints (library warnings) go nowhere.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    sys.stdout = open(1, "w", closefd=False)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
