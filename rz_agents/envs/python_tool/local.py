@@ -1,0 +1,175 @@
+"""The ``local`` backend: one bubblewrap sandbox per session, talking over pipes.
+
+Isolation (bubblewrap 0.8 namespaces + rlimits set by the worker itself):
+- private network (loopback only), pid, ipc, uts and cgroup namespaces;
+- a fresh root with read-only, nosuid binds of the system directories (/usr, /lib*, /bin, /sbin,
+  /etc) and of the Python installation; no /home, /root, /work, /var, /run or host /tmp;
+- a private size-limited tmpfs as /tmp (the only writable place), a tiny one as /dev/shm, and a
+  read-only minimal /dev;
+- ``--clearenv`` and an empty process environment: nothing of the parent's environment leaks.
+
+Who the code runs as:
+- host running as root: bubblewrap runs privileged and the worker is started through
+  ``setpriv`` as a fresh random uid with no capabilities and ``no_new_privs``. A uid of its own
+  per sandbox means file permissions hold, other sandboxes cannot be signalled, and
+  RLIMIT_NPROC (never enforced for root, counted per uid) bounds each sandbox's fork bomb alone;
+- host running as a normal user: an unprivileged user namespace (``--unshare-user``, nested
+  user namespaces disabled); RLIMIT_NPROC is then counted per user namespace, i.e. per sandbox.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rz_agents.envs.python_tool.limits import MiB, SandboxLimits
+
+WORKER_PATH = Path(__file__).with_name("worker.py")
+SANDBOX_WORKER = "/rz/worker.py"
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+SANDBOX_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "MPLCONFIGDIR": "/tmp",
+}
+
+
+class SandboxUnavailable(RuntimeError):
+    """No sandbox can be built here (e.g. bubblewrap missing) and running unsandboxed was not allowed."""
+
+
+@dataclass
+class LaunchSpec:
+    """A ready-to-run worker command, and the temp dir it owns (unsandboxed mode only)."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    sandboxed: bool = True
+    temp_dir: str | None = None
+
+
+def python_dirs() -> list[str]:
+    """The directories holding the interpreter and its packages (deduplicated, outermost first)."""
+    dirs = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix)}
+    out: list[str] = []
+    for d in sorted(dirs, key=len):
+        if not any(d == o or d.startswith(o + os.sep) for o in out):
+            out.append(d)
+    return out
+
+
+def _visible_to_system_binds(path: str) -> bool:
+    return any(path == d or path.startswith(d + os.sep) for d in SYSTEM_DIRS if os.path.isdir(d))
+
+
+def sandbox_uid() -> int:
+    """A random uid for one sandbox (used when the host is root); collisions are negligible."""
+    return 2_000_000 + secrets.randbelow(2_000_000_000)
+
+
+def bwrap_command(
+    limits: SandboxLimits,
+    *,
+    bwrap: str = "bwrap",
+    setpriv: str | None = None,
+    uid: int | None = None,
+    python: str = sys.executable,
+    extra_ro_dirs: list[str] | None = None,
+) -> list[str]:
+    """The full argv that starts a worker inside bubblewrap.
+
+    With ``setpriv`` and ``uid`` (host is root) bubblewrap runs privileged and the worker drops
+    to ``uid``; without them bubblewrap uses an unprivileged user namespace. ``extra_ro_dirs``
+    are bound read-only at the same path (the Python installation when outside /usr).
+    """
+    argv = [bwrap]
+    if setpriv:
+        # no user namespace: privileged bwrap keeps real uids so setpriv can switch to `uid`
+        argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    else:
+        argv += ["--unshare-all", "--unshare-user", "--disable-userns"]
+    argv += ["--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            argv += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            argv += ["--ro-bind", d, d]
+    for d in extra_ro_dirs or []:
+        # parents bwrap creates would be 0700 root-owned: make them traversable first
+        argv += ["--perms", "0755", "--dir", os.path.dirname(d), "--ro-bind", d, d]
+    argv += ["--perms", "0755", "--dir", os.path.dirname(SANDBOX_WORKER)]
+    argv += ["--ro-bind", str(WORKER_PATH), SANDBOX_WORKER]
+    argv += ["--size", str(limits.tmp_bytes), "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(1 * MiB), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+    for key, value in SANDBOX_ENV.items():
+        argv += ["--setenv", key, value]
+    argv += ["--chdir", "/tmp"]
+    if setpriv:
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP", "--"]
+        argv += [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
+        argv += ["--bounding-set=-all", "--no-new-privs"]
+    argv += ["--", python, "-I", "-B", SANDBOX_WORKER]
+    argv.append(json.dumps(limits.for_worker(own_pid_namespace=True, workdir="/tmp")))
+    return argv
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_problem() -> str | None:
+    """Why bubblewrap cannot sandbox here (None when it works); probed once per process."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap (bwrap) is not installed; install it with `apt-get install bubblewrap`"
+    unshare = ["--unshare-pid", "--unshare-net"] if os.geteuid() == 0 else ["--unshare-all", "--unshare-user"]
+    argv = [bwrap, *unshare, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=30, env={})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap failed to start: {exc}"
+    if proc.returncode != 0:
+        return f"bubblewrap cannot create namespaces here: {proc.stderr.decode(errors='replace').strip()}"
+    return None
+
+
+def local_launch(limits: SandboxLimits, allow_unsandboxed: bool = False) -> LaunchSpec:
+    """How to start one worker: inside bubblewrap, or (only if allowed) as a plain process.
+
+    Raises :class:`SandboxUnavailable` naming the reason when bubblewrap cannot be used and
+    ``allow_unsandboxed`` is False.
+    """
+    problem = bwrap_problem()
+    if problem is None:
+        root = os.geteuid() == 0
+        setpriv = shutil.which("setpriv") if root else None
+        if root and setpriv is None:
+            raise SandboxUnavailable("running as root needs `setpriv` (util-linux) to drop privileges")
+        argv = bwrap_command(
+            limits,
+            bwrap=shutil.which("bwrap") or "bwrap",
+            setpriv=setpriv,
+            uid=sandbox_uid() if root else None,
+            extra_ro_dirs=[d for d in python_dirs() if not _visible_to_system_binds(d)],
+        )
+        return LaunchSpec(argv=argv)
+    if not allow_unsandboxed:
+        raise SandboxUnavailable(
+            f"{problem}. Refusing to run code unsandboxed; pass allow_unsandboxed=True to run it "
+            "as a plain subprocess with rlimits only (no filesystem, network or process isolation)."
+        )
+    # Explicitly allowed fallback: rlimits, an empty environment and a private working directory only.
+    temp_dir = tempfile.mkdtemp(prefix="rz-sandbox-")
+    env = {**SANDBOX_ENV, "HOME": temp_dir, "TMPDIR": temp_dir, "MPLCONFIGDIR": temp_dir}
+    argv = [sys.executable, "-I", "-B", str(WORKER_PATH)]
+    argv.append(json.dumps(limits.for_worker(own_pid_namespace=False, workdir=temp_dir)))
+    return LaunchSpec(argv=argv, env=env, cwd=temp_dir, sandboxed=False, temp_dir=temp_dir)

@@ -1,0 +1,316 @@
+"""``PythonSandbox``: a persistent, resource-limited Python session per episode.
+
+The session is a long-lived worker process (see worker.py) started at construction, so the
+interpreter boots while the caller does something else; ``run`` then costs a pipe round trip.
+A call that breaks a limit returns an error result; if the worker died or had to be killed the
+session is restarted (its state is lost, and the result says so).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rz_agents.envs.python_tool.limits import SandboxLimits
+from rz_agents.envs.python_tool.local import LaunchSpec, local_launch
+from rz_agents.envs.python_tool.worker import HEADER
+
+MAX_FRAME = 64 << 20  # a result larger than this is a protocol violation by the sandboxed code
+
+
+@dataclass
+class SandboxResult:
+    """The outcome of one ``PythonSandbox.run`` call."""
+
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None  # None on success, else a short message ("ZeroDivisionError: ...")
+    timed_out: bool = False
+    duration_s: float = 0.0  # host-side round trip
+    restarted: bool = False  # the session died or was killed; variables are gone
+
+    @property
+    def ok(self) -> bool:
+        """True when the code ran to completion without an exception."""
+        return self.error is None
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be started."""
+
+
+class _WorkerGone(Exception):
+    pass
+
+
+class _Deadline(Exception):
+    pass
+
+
+class WorkerProcess:
+    """One started worker and its pipes (the transport of the local backend)."""
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+        self._stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            spec.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=spec.env,
+            cwd=spec.cwd,
+            close_fds=True,
+            start_new_session=True,
+        )
+        self._in = self.proc.stdin.fileno()
+        self._out = self.proc.stdout.fileno()
+
+    def send(self, data: bytes) -> None:
+        """Write all of ``data`` to the worker."""
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._in, view) :]
+        except (BrokenPipeError, OSError) as exc:
+            raise _WorkerGone(str(exc)) from exc
+
+    def recv(self, n: int, deadline: float) -> bytes:
+        """Read exactly ``n`` bytes before ``deadline`` (time.monotonic)."""
+        chunks, got = [], 0
+        poller = select.poll()
+        poller.register(self._out, select.POLLIN | select.POLLHUP | select.POLLERR)
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Deadline()
+            if not poller.poll(max(1, int(left * 1000))):
+                continue
+            chunk = os.read(self._out, min(n - got, 1 << 20))
+            if not chunk:
+                raise _WorkerGone("end of file")
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def recv_frame(self, deadline: float) -> dict[str, Any]:
+        """Read one length-prefixed JSON message."""
+        import json
+
+        (size,) = HEADER.unpack(self.recv(HEADER.size, deadline))
+        if size > MAX_FRAME:
+            raise _WorkerGone(f"protocol violation: {size}-byte message")
+        try:
+            obj = json.loads(self.recv(size, deadline))
+        except ValueError as exc:
+            raise _WorkerGone(f"protocol violation: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise _WorkerGone("protocol violation: message is not an object")
+        return obj
+
+    def exit_description(self) -> str:
+        """How the worker ended, for error messages (e.g. 'killed by SIGKILL')."""
+        code = self.proc.poll()
+        if code is None:
+            return "still running"
+        # bubblewrap reports a child killed by signal N as exit status 128 + N
+        sig = -code if code < 0 else code - 128 if code > 128 else None
+        if sig:
+            try:
+                name = signal.Signals(sig).name
+            except ValueError:
+                name = f"signal {sig}"
+            hint = {"SIGKILL": " (memory, CPU or process limit, or killed)", "SIGXCPU": " (CPU time limit)"}
+            return f"killed by {name}{hint.get(name, '')}"
+        return f"exit status {code}"
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        """The last bytes the worker (or bubblewrap) wrote before redirecting its stderr."""
+        try:
+            self._stderr.seek(0, os.SEEK_END)
+            size = self._stderr.tell()
+            self._stderr.seek(max(0, size - limit))
+            return self._stderr.read().decode(errors="replace").strip()
+        except (OSError, ValueError):
+            return ""
+
+    def kill(self) -> None:
+        """Kill the worker and everything it started, and wait for it."""
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        if self.proc.poll() is None:
+            try:
+                # the process group holds setpriv/bwrap; --die-with-parent and the pid namespace
+                # take every sandboxed process down with them
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._stderr.close()
+        if self.spec.temp_dir:
+            shutil.rmtree(self.spec.temp_dir, ignore_errors=True)
+
+
+class PythonSandbox:
+    """A persistent Python session in a sandbox: variables and imports survive between calls.
+
+    ``PythonSandbox()`` gives the safe defaults of :class:`SandboxLimits` and the ``local``
+    (bubblewrap) backend. The worker starts immediately in the background; the first ``run``
+    waits for it. Use as a context manager or call ``close()``.
+
+    >>> with PythonSandbox() as sb:
+    ...     sb.run("x = 6*7")
+    ...     print(sb.run("x").stdout)   # '42\\n'
+    """
+
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        *,
+        backend: str = "local",
+        allow_unsandboxed: bool = False,
+        docker_image: str | None = None,
+    ) -> None:
+        self.limits = limits or SandboxLimits()
+        if backend not in ("local", "docker"):
+            raise ValueError(f"backend must be 'local' or 'docker', got {backend!r}")
+        self.backend = backend
+        self.allow_unsandboxed = allow_unsandboxed
+        self.docker_image = docker_image
+        self.restarts = 0
+        self.calls = 0
+        self._lock = threading.Lock()
+        self._worker: Any = None
+        self._ready = False
+        self._closed = False
+        self._spawn()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def _spawn(self) -> None:
+        if self.backend == "docker":
+            from rz_agents.envs.python_tool.docker_backend import DockerWorker
+
+            self._worker = DockerWorker(self.limits, image=self.docker_image)
+        else:
+            self._worker = WorkerProcess(local_launch(self.limits, self.allow_unsandboxed))
+        self._ready = False
+
+    @property
+    def sandboxed(self) -> bool:
+        """False only in the explicitly allowed unsandboxed fallback."""
+        return getattr(getattr(self._worker, "spec", None), "sandboxed", True)
+
+    def _wait_ready(self) -> None:
+        if self._ready:
+            return
+        deadline = time.monotonic() + self.limits.startup_timeout_s
+        try:
+            hello = self._worker.recv_frame(deadline)
+        except (_WorkerGone, _Deadline) as exc:
+            detail = self._worker.stderr_tail()
+            self._worker.kill()
+            raise SandboxError(f"the sandbox failed to start ({exc}): {detail or 'no output'}") from None
+        if not hello.get("ready"):
+            self._worker.kill()
+            raise SandboxError(f"the sandbox sent an unexpected greeting: {hello!r:.200}")
+        self._ready = True
+
+    def restart(self) -> None:
+        """Kill the session and start a fresh one (all state is lost)."""
+        with self._lock:
+            self._restart()
+
+    def _restart(self) -> None:
+        self._worker.kill()
+        self.restarts += 1
+        self._spawn()
+
+    def close(self) -> None:
+        """Kill the worker and free everything; safe to call twice."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._worker.kill()
+
+    def __enter__(self) -> PythonSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed and self._worker is not None:
+                self._worker.kill()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # --- calls ------------------------------------------------------------------------------------
+    def run(self, code: str, timeout_s: float | None = None) -> SandboxResult:
+        """Run ``code`` in the session and return its output; never raises for bad code.
+
+        The value of a trailing expression is printed (as in a notebook). ``timeout_s`` overrides
+        the per-call wall limit.
+        """
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        wall = float(timeout_s if timeout_s is not None else self.limits.wall_s)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("PythonSandbox.run() after close()")
+            self._wait_ready()
+            self.calls += 1
+            start = time.monotonic()
+            import json
+
+            body = json.dumps({"code": code, "timeout_s": wall}).encode()
+            try:
+                self._worker.send(HEADER.pack(len(body)) + body)
+                reply = self._worker.recv_frame(start + wall + self.limits.grace_s)
+            except _Deadline:
+                self._restart()
+                return SandboxResult(
+                    error=f"TimeoutError: the call exceeded {wall:g} s of wall time and was killed; "
+                    "the session was restarted and its variables are lost",
+                    timed_out=True,
+                    duration_s=time.monotonic() - start,
+                    restarted=True,
+                )
+            except _WorkerGone as exc:
+                time.sleep(0.01)  # let the exit status settle
+                how = self._worker.exit_description() if str(exc) == "end of file" else str(exc)
+                self._restart()
+                return SandboxResult(
+                    error=f"SandboxError: the Python session died ({how}); "
+                    "it was restarted and its variables are lost",
+                    duration_s=time.monotonic() - start,
+                    restarted=True,
+                )
+            result = SandboxResult(
+                stdout=str(reply.get("stdout", "")),
+                stderr=str(reply.get("stderr", "")),
+                error=None if reply.get("error") is None else str(reply["error"]),
+                timed_out=bool(reply.get("timed_out", False)),
+                duration_s=time.monotonic() - start,
+            )
+            if reply.get("threads_left"):
+                # a thread still running would keep burning CPU and writing output between calls
+                self._restart()
+                result.restarted = True
+                note = "background threads were still running after the call; the session was restarted"
+                result.stderr = (result.stderr + "\n" + note).lstrip("\n")
+            return result
