@@ -1,0 +1,230 @@
+"""Alignment checker: cached inference vs training forward, compared bit for bit.
+
+For a model, many random batch compositions are pushed through
+- the cached-inference path: sequences share forward calls in any mix of chunked prefill, full
+  prefill and single-token decode (teacher-forced), in random KV-cache slots that hold stale data
+  from earlier cases;
+- the training forward: packed streams in random order, and padded [B, S] batches;
+and each sequence's per-token log-probs are compared with `torch.equal` against one reference:
+the sequence's own packed training forward. `bit_identical` is the verdict; `max_abs_dlogp` the
+largest difference seen (0.0 exactly when aligned).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from rz_agents.model.config import ModelConfig
+from rz_agents.model.kv_cache import KVCache
+from rz_agents.model.logprobs import packed_token_logprobs, token_logprobs
+from rz_agents.model.transformer import Transformer
+
+DEFAULT_BATCH_SIZES = (1, 2, 3, 7, 15, 16, 17, 31, 63, 64, 65, 100, 129)
+
+
+@dataclass
+class AlignmentReport:
+    arch: str
+    dtype: str
+    kernels: str
+    threads: int
+    cases: int = 0
+    tokens_checked: int = 0
+    mismatched_tokens: int = 0
+    max_abs_dlogp: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def bit_identical(self) -> bool:
+        return self.mismatched_tokens == 0 and self.tokens_checked > 0
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["bit_identical"] = self.bit_identical
+        d["failures"] = self.failures[:5]
+        return d
+
+    def compare(self, what: str, got: torch.Tensor, ref: torch.Tensor) -> None:
+        got, ref = got.detach(), ref.detach()
+        self.tokens_checked += ref.numel()
+        if not torch.equal(got, ref):
+            diff = (got - ref).abs()
+            diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+            self.mismatched_tokens += int((got != ref).sum())
+            self.max_abs_dlogp = max(self.max_abs_dlogp, float(diff.max()))
+            if len(self.failures) < 20:
+                self.failures.append(f"{what}: max |dlogp| {float(diff.max()):.3g}")
+
+
+def random_config(arch: str, dtype: str, rng: random.Random) -> ModelConfig:
+    """A small random model config of the given family (vocab large enough to be realistic)."""
+    heads = rng.choice([4, 8])
+    kv = rng.choice([h for h in (1, 2, 4) if heads % h == 0])
+    extra = {}
+    if arch == "qwen3_moe":
+        extra = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+    return ModelConfig.tiny(
+        arch,
+        dtype=dtype,
+        vocab_size=rng.choice([512, 1000]),
+        hidden_size=64,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=16,
+        num_hidden_layers=2,
+        **extra,
+    )
+
+
+def run_cached(
+    model: Transformer,
+    seqs: list[torch.Tensor],
+    cache: KVCache,
+    rng: random.Random,
+    chunked: bool,
+) -> list[torch.Tensor]:
+    """Log-probs of tokens[1:] for each sequence via the KV-cache path, continuous-batching style.
+
+    Each sequence gets a random slot, a prompt part (prefilled in one piece or in random chunks)
+    and a decoded tail (one token per forward). All active sequences share every forward call.
+    """
+    n = len(seqs)
+    slots = rng.sample(range(cache.num_slots), n)
+    decode_from = [max(1, len(s) - rng.randint(1, max(1, len(s) // 2))) for s in seqs]
+    cursor = [0] * n
+    out: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    with torch.no_grad():
+        while True:
+            tok, pos, sid, owner = [], [], [], []
+            for i, s in enumerate(seqs):
+                c = cursor[i]
+                if c >= len(s):
+                    continue
+                if c < decode_from[i]:
+                    step = rng.randint(1, 48) if chunked else decode_from[i] - c
+                    step = min(step, decode_from[i] - c)
+                else:
+                    step = 1
+                tok.append(s[c : c + step])
+                pos.append(torch.arange(c, c + step))
+                sid.append(torch.full((step,), slots[i], dtype=torch.long))
+                owner.append((i, c, step))
+                cursor[i] = c + step
+            if not tok:
+                break
+            hidden = model(torch.cat(tok), torch.cat(pos), torch.cat(sid), kv_cache=cache)
+            rows, targets, spans = [], [], []
+            offset = 0
+            for i, c, step in owner:
+                k = min(step, len(seqs[i]) - 1 - c)  # rows that have a next token
+                rows.append(hidden[offset : offset + k])
+                targets.append(seqs[i][c + 1 : c + 1 + k])
+                spans.append((i, k))
+                offset += step
+            logp = token_logprobs(model, torch.cat(rows), torch.cat(targets))
+            for (i, k), part in zip(spans, torch.split(logp, [k for _, k in spans]), strict=True):
+                out[i].append(part)
+    return [torch.cat(parts) if parts else torch.zeros(0) for parts in out]
+
+
+def run_padded(
+    model: Transformer, seqs: list[torch.Tensor], vocab: int, gen: torch.Generator
+) -> list[torch.Tensor]:
+    """Log-probs via a padded [B, S] training batch (random pad tokens after each sequence)."""
+    width = max(len(s) for s in seqs)
+    tokens = torch.randint(0, vocab, (len(seqs), width), generator=gen)
+    for i, s in enumerate(seqs):
+        tokens[i, : len(s)] = s
+    positions = torch.arange(width).expand(len(seqs), width)
+    with torch.no_grad():
+        hidden = model(tokens, positions)
+    out = []
+    for i, s in enumerate(seqs):
+        out.append(token_logprobs(model, hidden[i, : len(s) - 1], s[1:]))
+    return out
+
+
+def check_model(
+    model: Transformer,
+    *,
+    seed: int = 0,
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+    max_len: int = 160,
+    threads: int | None = None,
+) -> AlignmentReport:
+    """Run the alignment check on one model with its current op set."""
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = model.config
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    report = AlignmentReport(cfg.model_type, cfg.dtype, model.kernels, torch.get_num_threads())
+    vocab = cfg.vocab_size
+
+    def rand_seq(lo: int = 2) -> torch.Tensor:
+        return torch.randint(0, vocab, (rng.randint(lo, max_len),), generator=gen)
+
+    needle = torch.randint(0, vocab, (max_len,), generator=gen)
+    with torch.no_grad():
+        needle_ref = packed_token_logprobs(model, [needle])[0]
+    cache = KVCache(cfg, num_slots=max(batch_sizes) + 1, max_len=max_len)
+    # Stale, finite garbage in every slot: a cache is never clean in a running engine.
+    for t in cache.k + cache.v:
+        t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+
+    for b in batch_sizes:
+        for chunked in (False, True):
+            seqs = [rand_seq() for _ in range(b - 1)]
+            at = rng.randint(0, b - 1)
+            seqs.insert(at, needle)
+            with torch.no_grad():
+                refs = packed_token_logprobs(model, seqs)  # one packed training forward
+            got = run_cached(model, seqs, cache, rng, chunked)
+            report.cases += 1
+            mode = "chunked" if chunked else "full"
+            report.compare(f"cached b={b} {mode} needle", got[at], needle_ref)
+            report.compare(f"packed b={b} needle", refs[at], needle_ref)
+            for i in range(b):
+                if i != at:
+                    report.compare(f"cached b={b} {mode} seq{i}", got[i], refs[i])
+        # Training forward on a shuffled packed stream and on a padded batch.
+        seqs = [rand_seq() for _ in range(b - 1)]
+        at = rng.randint(0, b - 1)
+        seqs.insert(at, needle)
+        order = list(range(b))
+        rng.shuffle(order)
+        with torch.no_grad():
+            packed = packed_token_logprobs(model, [seqs[i] for i in order])
+        report.compare(f"packed-shuffled b={b} needle", packed[order.index(at)], needle_ref)
+        padded = run_padded(model, seqs, vocab, gen)
+        report.compare(f"padded b={b} needle", padded[at], needle_ref)
+        report.cases += 1
+    return report
+
+
+def check_random_models(
+    archs=("qwen3", "qwen3_moe"),
+    dtypes=("float32", "bfloat16"),
+    kernels=("aligned", "standard"),
+    seed: int = 0,
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+    max_len: int = 160,
+    threads: int | None = None,
+) -> list[AlignmentReport]:
+    """check_model over random tiny models for every (arch, dtype, kernels)."""
+    reports = []
+    for arch in archs:
+        for dtype in dtypes:
+            rng = random.Random(f"{seed}-{arch}-{dtype}")
+            cfg = random_config(arch, dtype, rng)
+            model = Transformer(cfg)
+            model.reset_parameters(std=0.1, seed=rng.randrange(2**31))
+            for k in kernels:
+                model.set_kernels(k)
+                reports.append(
+                    check_model(model, seed=seed, batch_sizes=batch_sizes, max_len=max_len, threads=threads)
+                )
+    return reports

@@ -1,0 +1,91 @@
+"""Unit properties of the aligned ops: row invariance, agreement with stock PyTorch, sampling maths."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from rz_kernels import sampling_logprobs
+from rz_kernels.attention import blocked_attention, sdpa_attention
+from rz_kernels.gemm import standard_linear, tiled_linear
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_linear_row_result_independent_of_row_count(dtype):
+    torch.manual_seed(0)
+    w = torch.randn(384, 256, dtype=dtype)
+    x = torch.randn(300, 256, dtype=dtype)
+    ref = tiled_linear(x[:1], w)[0]
+    for m in (1, 2, 8, 15, 16, 17, 63, 64, 65, 129, 300):
+        assert torch.equal(tiled_linear(x[:m], w)[0], ref), m
+    torch.testing.assert_close(tiled_linear(x, w), F.linear(x, w), rtol=2e-2, atol=2e-2)
+
+
+def test_standard_linear_is_not_row_invariant_negative_control():
+    torch.manual_seed(0)
+    w = torch.randn(512, 512)
+    x = torch.randn(64, 512)
+    rows = [standard_linear(x[:m], w)[0] for m in (1, 2, 16, 64)]
+    assert any(not torch.equal(rows[0], r) for r in rows[1:])
+
+
+def _random_case(gen, t=120, h=4, hkv=2, d=16, seqs=3, length=192):
+    q = torch.randn(t, h, d, generator=gen)
+    k = torch.randn(seqs, hkv, length, d, generator=gen)
+    v = torch.randn(seqs, hkv, length, d, generator=gen)
+    return q, k, v
+
+
+def test_blocked_attention_matches_sdpa_within_float_tolerance():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = _random_case(gen)
+    seq = torch.tensor([0] * 60 + [2] * 60)
+    pos = torch.cat([torch.arange(60), torch.arange(100, 160)])
+    a = blocked_attention(q, k, v, seq, pos, 0.25)
+    b = sdpa_attention(q, k, v, seq, pos, 0.25)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_blocked_attention_decode_equals_prefill_row_and_chunks():
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = _random_case(gen, t=150, length=192)
+    seq = torch.zeros(150, dtype=torch.long)
+    pos = torch.arange(150)
+    full = blocked_attention(q, k, v, seq, pos, 0.25)
+    for p in (0, 63, 64, 65, 149):
+        assert torch.equal(blocked_attention(q[p : p + 1], k, v, seq[:1], pos[p : p + 1], 0.25)[0], full[p])
+    chunks = torch.cat(
+        [
+            blocked_attention(q[i : i + 37], k, v, seq[i : i + 37], pos[i : i + 37], 0.25)
+            for i in range(0, 150, 37)
+        ]
+    )
+    assert torch.equal(chunks, full)
+    # Negative control: SDPA's decode row differs from its own prefill row somewhere.
+    sfull = sdpa_attention(q, k, v, seq, pos, 0.25)
+    assert any(
+        not torch.equal(sdpa_attention(q[p : p + 1], k, v, seq[:1], pos[p : p + 1], 0.25)[0], sfull[p])
+        for p in range(100, 150)
+    )
+
+
+def test_sampling_logprobs_temperature_top_k_top_p():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]])
+    lp = sampling_logprobs(logits, temperature=0.5)
+    torch.testing.assert_close(lp, torch.log_softmax(logits / 0.5, -1))
+    lp = sampling_logprobs(logits, top_k=2)
+    assert torch.isinf(lp[0, 2:]).all() and math.isclose(lp[0, :2].exp().sum().item(), 1.0, rel_tol=1e-6)
+    probs = torch.softmax(logits, -1)[0]
+    # top_p just above the top token's mass keeps the two most likely tokens.
+    lp = sampling_logprobs(logits, top_p=float(probs[0]) + 1e-3)
+    assert torch.isfinite(lp[0, :2]).all() and torch.isinf(lp[0, 2:]).all()
+    lp = sampling_logprobs(logits, top_p=1e-6)  # never empty
+    assert torch.isfinite(lp[0, 0]) and lp[0, 0].item() == 0.0
+
+
+def test_sampling_logprobs_rows_independent_of_batch():
+    torch.manual_seed(0)
+    logits = torch.randn(70, 151_669)
+    ref = sampling_logprobs(logits[:1], 0.7, 50, 0.9)[0]
+    for n in (2, 17, 70):
+        assert torch.equal(sampling_logprobs(logits[:n], 0.7, 50, 0.9)[0], ref)
