@@ -125,7 +125,7 @@ def run_cached(
                 spans.append((i, k))
                 offset += step
             logp = token_logprobs(model, torch.cat(rows), torch.cat(targets))
-            for (i, k), part in zip(spans, torch.split(logp, [k for _, k in spans]), strict=True):
+            for (i, _k), part in zip(spans, torch.split(logp, [k for _, k in spans]), strict=True):
                 out[i].append(part)
     return [torch.cat(parts) if parts else torch.zeros(0) for parts in out]
 
