@@ -73,6 +73,18 @@ def episode_pids(episode_id: str) -> list[int]:
     return pids
 
 
+def _write_sudo_shim(path: str) -> None:
+    """A ``sudo`` that drops its options and runs the command (for a desktop already running as root)."""
+    with open(path, "w") as f:
+        f.write(
+            "#!/bin/sh\n"
+            "# rz_agents.envs.osworld: the episode runs as root; sudo only strips its options.\n"
+            'while [ $# -gt 0 ]; do case "$1" in -u|-g) shift 2;; -*) shift;; *) break;; esac; done\n'
+            '[ $# -gt 0 ] && exec "$@"\n'
+        )
+    os.chmod(path, 0o755)
+
+
 @dataclass
 class Desktop:
     """A running desktop: where to reach it and what to clean up."""
@@ -140,6 +152,9 @@ class LocalProvider:
         cdp_port = free_port()
         os.symlink(sys.executable, os.path.join(bin_dir, "python"))
         os.symlink(sys.executable, os.path.join(bin_dir, "python3"))
+        if not shutil.which("sudo"):
+            # Tasks run "echo password | sudo -S cmd"; the desktop user is already root here.
+            _write_sudo_shim(os.path.join(bin_dir, "sudo"))
         chromium = chromium_binary()
         if chromium:
             write_chrome_wrapper(

@@ -1,0 +1,278 @@
+"""Getters: read a piece of desktop state for a metric (``evaluator.result`` / ``expected``).
+
+A getter is ``(ctx, config) -> value``. File and command getters go through the in-VM server;
+Chrome getters read the live browser over CDP or the profile files Chrome writes
+(``~/.config/google-chrome/Default/Preferences``, ``Bookmarks``, ``History``, ``Local State``).
+``UNAVAILABLE`` lists getters that exist in OSWorld but cannot work on this desktop, and why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+from rz_agents.envs.osworld.chrome import active_page, pages
+from rz_agents.envs.osworld.context import EpisodeContext
+
+CHROME_DIR = "/home/user/.config/google-chrome"
+PROFILE_DIR = CHROME_DIR + "/Default"
+
+UNAVAILABLE: dict[str, str] = {
+    "vm_terminal_output": "needs a GNOME terminal's accessibility tree (not on this desktop)",
+    "rule_relativeTime": "needs today's date rendered in the task's format against live websites",
+}
+
+
+def get_rule(ctx: EpisodeContext, config: dict[str, Any]) -> Any:
+    """The literal ``rules`` object of the config."""
+    return config["rules"]
+
+
+def get_vm_command_line(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """The standard output of a command run in the desktop."""
+    result = ctx.client.execute(config["command"], shell=bool(config.get("shell", False)))
+    return result.get("output") if result.get("status") == "success" else None
+
+
+def get_vm_command_error(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """The standard error of a command run in the desktop."""
+    result = ctx.client.execute(config["command"], shell=bool(config.get("shell", False)))
+    return result.get("error")
+
+
+def get_vm_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | list[str | None] | None:
+    """Copy a file (or, with ``multi``, several) out of the desktop; the local path(s), None if missing."""
+    multi = bool(config.get("multi", False))
+    paths = config["path"] if multi else [config["path"]]
+    dests = config.get("dest") if multi else [config.get("dest")]
+    if not isinstance(dests, list) or len(dests) != len(paths):
+        dests = [os.path.basename(p) for p in paths]
+    out: list[str | None] = []
+    for path, dest in zip(paths, dests, strict=True):
+        data = ctx.client.get_file(path)
+        if data is None:
+            out.append(None)
+            continue
+        local = os.path.join(ctx.work_dir, os.path.basename(str(dest or path)))
+        with open(local, "wb") as f:
+            f.write(data)
+        out.append(local)
+    if multi:
+        gives = config.get("gives")
+        return [out[i] for i in gives] if isinstance(gives, list) else out
+    return out[0]
+
+
+def get_list_directory(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The directory tree at ``path`` (``{"name", "type", "children"}``), None if missing."""
+    return ctx.client.list_directory(config["path"])
+
+
+# --- Chrome, live (CDP) ------------------------------------------------------------------------
+
+
+def _tab(page: Any, content: bool) -> dict[str, Any]:
+    info = {"title": page.title(), "url": page.url}
+    if content:
+        info["content"] = page.content()
+    return info
+
+
+def get_active_tab_info(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"title", "url", "content"}`` of the tab on screen, None when Chrome is not running."""
+
+    def grab(browser: Any) -> dict[str, Any] | None:
+        page = active_page(browser)
+        return _tab(page, content=True) if page is not None else None
+
+    return _chrome_call(ctx, grab)
+
+
+def get_open_tabs_info(ctx: EpisodeContext, config: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """``[{"title", "url"}]`` for every open tab."""
+    return _chrome_call(ctx, lambda b: [_tab(p, content=False) for p in pages(b)])
+
+
+def get_active_url(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """The active tab's URL (OSWorld reads it from the address bar; CDP gives the same value)."""
+    info = get_active_tab_info(ctx, config)
+    return info["url"] if info else None
+
+
+def get_active_tab_url_parse(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, Any] | None:
+    """Selected query parameters of the active URL (``parse_keys``, renamed by ``replace``)."""
+    url = get_active_url(ctx, config)
+    if url is None:
+        return None
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
+    out = {k: query[k][0] for k in config.get("parse_keys", []) if k in query}
+    for old, new in (config.get("replace") or {}).items():
+        if old in out:
+            out[new] = out.pop(old)
+    return out
+
+
+def get_url_dash_part(ctx: EpisodeContext, config: dict[str, Any]) -> Any:
+    """One ``/``-separated part of the active URL (``partIndex``), as a string or ``{key: part}``."""
+    url = get_active_url(ctx, config)
+    if url is None:
+        return None
+    if config.get("needDeleteId"):
+        url = url.split("?")[0].split("#")[0]
+    parts = url.split("/")
+    try:
+        part = parts[int(config["partIndex"])]
+    except (IndexError, ValueError):
+        return None
+    return {config["key"]: part} if config.get("returnType") == "json" else part
+
+
+def get_page_info(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, Any] | None:
+    """Open ``url`` in a new tab and return its ``{"title", "url", "content"}``."""
+
+    def grab(browser: Any) -> dict[str, Any]:
+        context = browser.contexts[0] if browser.contexts else browser.new_context()
+        page = context.new_page()
+        page.goto(config["url"], timeout=30000)
+        return _tab(page, content=True)
+
+    return _chrome_call(ctx, grab)
+
+
+def _chrome_call(ctx: EpisodeContext, fn: Callable[[Any], Any]) -> Any:
+    """Run ``fn`` on the browser; None when Chrome is not running (nothing to read)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(ctx.chrome.endpoint + "/json/version", timeout=1):
+            pass
+    except OSError:
+        return None
+    return ctx.chrome.call(fn, timeout_s=60)
+
+
+# --- Chrome, profile files ---------------------------------------------------------------------
+
+
+def _json_file(ctx: EpisodeContext, path: str) -> dict[str, Any]:
+    data = ctx.client.get_file(path)
+    if data is None:
+        return {}
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError:
+        return {}
+
+
+def _preferences(ctx: EpisodeContext) -> dict[str, Any]:
+    return _json_file(ctx, PROFILE_DIR + "/Preferences")
+
+
+def get_enable_do_not_track(ctx: EpisodeContext, config: dict[str, Any]) -> str:
+    """``"true"`` when Do Not Track is on in the profile, else ``"false"``."""
+    return "true" if _preferences(ctx).get("enable_do_not_track") else "false"
+
+
+def get_default_search_engine(ctx: EpisodeContext, config: dict[str, Any]) -> str:
+    """The default search engine's short name (``Google`` when never changed)."""
+    data = _preferences(ctx).get("default_search_provider_data", {}).get("template_url_data", {})
+    return data.get("short_name", "Google")
+
+
+def get_chrome_font_size(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, Any]:
+    """Font sizes from the profile (Chrome's defaults when never changed)."""
+    prefs = _preferences(ctx).get("webkit", {}).get("webprefs", {})
+    return {
+        "default_fixed_font_size": prefs.get("default_fixed_font_size", 13),
+        "default_font_size": prefs.get("default_font_size", 16),
+        "minimum_font_size": prefs.get("minimum_font_size", 0),
+    }
+
+
+def get_profile_name(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """The profile's display name."""
+    return _preferences(ctx).get("profile", {}).get("name")
+
+
+def get_bookmarks(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, Any]:
+    """The ``roots`` of the profile's Bookmarks file (``{}`` when there are none)."""
+    return _json_file(ctx, PROFILE_DIR + "/Bookmarks").get("roots", {})
+
+
+def get_enabled_experiments(ctx: EpisodeContext, config: dict[str, Any]) -> list[str]:
+    """Names of flags enabled in ``chrome://flags`` (from ``Local State``)."""
+    return _json_file(ctx, CHROME_DIR + "/Local State").get("browser", {}).get("enabled_labs_experiments", [])
+
+
+def _sqlite_rows(ctx: EpisodeContext, path: str, query: str) -> list[tuple] | None:
+    data = ctx.client.get_file(path)
+    if data is None:
+        return None
+    local = os.path.join(ctx.work_dir, os.path.basename(path) + ".sqlite")
+    with open(local, "wb") as f:
+        f.write(data)
+    try:
+        with sqlite3.connect(local) as db:
+            return db.execute(query).fetchall()
+    except sqlite3.Error:
+        return None
+
+
+def get_history(ctx: EpisodeContext, config: dict[str, Any]) -> list[tuple] | None:
+    """``(url, title, last_visit_time)`` rows of the profile's History database."""
+    return _sqlite_rows(ctx, PROFILE_DIR + "/History", "SELECT url, title, last_visit_time FROM urls")
+
+
+def get_cookie_data(ctx: EpisodeContext, config: dict[str, Any]) -> list[tuple] | None:
+    """Rows of the profile's Cookies database."""
+    return _sqlite_rows(ctx, PROFILE_DIR + "/Cookies", "SELECT * FROM cookies")
+
+
+def get_shortcuts_on_desktop(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, str]:
+    """``{file name: content}`` of the ``.desktop`` launchers on the Desktop."""
+    tree = ctx.client.list_directory("/home/user/Desktop") or {"children": []}
+    out = {}
+    for child in tree["children"]:
+        if child["type"] == "file" and child["name"].endswith(".desktop"):
+            data = ctx.client.get_file("/home/user/Desktop/" + child["name"])
+            out[child["name"]] = (data or b"").decode(errors="replace")
+    return out
+
+
+GETTERS: dict[str, Callable[[EpisodeContext, dict[str, Any]], Any]] = {
+    "rule": get_rule,
+    "vm_command_line": get_vm_command_line,
+    "vm_command_error": get_vm_command_error,
+    "vm_file": get_vm_file,
+    "list_directory": get_list_directory,
+    "active_tab_info": get_active_tab_info,
+    "open_tabs_info": get_open_tabs_info,
+    "active_url_from_accessTree": get_active_url,
+    "active_tab_url_parse": get_active_tab_url_parse,
+    "url_dashPart": get_url_dash_part,
+    "page_info": get_page_info,
+    "enable_do_not_track": get_enable_do_not_track,
+    "default_search_engine": get_default_search_engine,
+    "chrome_font_size": get_chrome_font_size,
+    "profile_name": get_profile_name,
+    "bookmarks": get_bookmarks,
+    "enabled_experiments": get_enabled_experiments,
+    "history": get_history,
+    "cookie_data": get_cookie_data,
+    "shortcuts_on_desktop": get_shortcuts_on_desktop,
+}
+
+
+def get_state(ctx: EpisodeContext, config: dict[str, Any]) -> Any:
+    """Dispatch ``config["type"]`` to its getter; ``KeyError`` naming it when not implemented."""
+    kind = config["type"]
+    fn = GETTERS.get(kind)
+    if fn is None:
+        raise KeyError(
+            f"getter not implemented: {kind}" + (f" ({UNAVAILABLE[kind]})" if kind in UNAVAILABLE else "")
+        )
+    return fn(ctx, config)

@@ -1,0 +1,223 @@
+"""Metrics: compare a getter's result with the expected state; each returns a score in [0, 1].
+
+Signatures follow OSWorld: ``metric(result, expected, **options)`` (or ``metric(result, **options)``
+when the task has no ``expected`` getter). A ``None`` result (state missing) scores 0.
+``infeasible`` is scored by the evaluator from the action history, not here.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+
+def exact_match(result: Any, rules: dict[str, Any], **_: Any) -> float:
+    """1 when the result equals ``rules["expected"]``."""
+    return float(result is not None and result == rules["expected"])
+
+
+def check_include_exclude(result: Any, rules: dict[str, Any], **_: Any) -> float:
+    """1 when every ``include`` string is in the result and no ``exclude`` string is."""
+    if result is None:
+        return 0.0
+    text = str(result)
+    ok = all(s in text for s in rules.get("include", [])) and not any(
+        s in text for s in rules.get("exclude", [])
+    )
+    return float(ok)
+
+
+def is_in_list(result: Any, rules: dict[str, Any], **_: Any) -> float:
+    """1 when ``rules["expected"]`` is an element (or substring) of the result."""
+    return float(result is not None and rules["expected"] in result)
+
+
+def match_in_list(result: Any, rules: dict[str, Any], **_: Any) -> float:
+    """1 when the result is one of ``rules["expected"]``."""
+    return float(result is not None and result in rules["expected"])
+
+
+def literal_match(result: Any, expected: Any, ignore_case: bool = False, **_: Any) -> float:
+    """1 when result and expected are equal (strings optionally ignoring case)."""
+    if result is None:
+        return 0.0
+    if ignore_case and isinstance(result, str) and isinstance(expected, str):
+        return float(result.lower() == expected.lower())
+    return float(result == expected)
+
+
+def _read_text(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def compare_text_file(
+    file1: str | None, file2: str | None, ignore_blanks: bool = False, ignore_case: bool = False, **_: Any
+) -> float:
+    """1 when the two text files match (optionally ignoring whitespace runs and case)."""
+    a, b = _read_text(file1), _read_text(file2)
+    if a is None or b is None:
+        return 0.0
+    if ignore_blanks:
+        a, b = re.sub(r"\s+", " ", a).strip(), re.sub(r"\s+", " ", b).strip()
+    if ignore_case:
+        a, b = a.lower(), b.lower()
+    return float(a == b)
+
+
+def normalize_url(url: str) -> str:
+    """Scheme and host lowercased, ``www.`` and a trailing ``/`` dropped, so equal pages compare equal."""
+    parsed = urllib.parse.urlparse(url.strip())
+    host = (parsed.hostname or "").lower().removeprefix("www.")
+    netloc = host + (f":{parsed.port}" if parsed.port else "")
+    path = parsed.path.rstrip("/")
+    return urllib.parse.urlunparse((parsed.scheme.lower(), netloc, path, "", parsed.query, parsed.fragment))
+
+
+def _url_of(tab: Any) -> str | None:
+    if isinstance(tab, dict):
+        return tab.get("url")
+    return tab if isinstance(tab, str) else None
+
+
+def is_expected_active_tab(active_tab_info: Any, rule: dict[str, Any], **_: Any) -> float:
+    """1 when the active tab shows ``rule["url"]`` (``rule["type"] == "url"``)."""
+    actual = _url_of(active_tab_info)
+    if actual is None or rule.get("type", "url") != "url":
+        return 0.0
+    return float(normalize_url(actual) == normalize_url(rule["url"]))
+
+
+def is_expected_tabs(open_tabs: Any, rule: dict[str, Any], **_: Any) -> float:
+    """1 when the open tabs' URLs are exactly ``rule["urls"]``, in order."""
+    if not open_tabs or rule.get("type", "url") != "url":
+        return 0.0
+    actual = [normalize_url(_url_of(t) or "") for t in open_tabs]
+    return float(actual == [normalize_url(u) for u in rule["urls"]])
+
+
+def is_expected_url_pattern_match(result: Any, rules: dict[str, Any], **_: Any) -> float:
+    """1 when the (active tab's) URL matches every regex in ``rules["expected"]``."""
+    url = _url_of(result)
+    if url is None:
+        return 0.0
+    return float(all(re.search(p, url) for p in rules["expected"]))
+
+
+def check_direct_json_object(result: Any, rules: dict[str, Any], **_: Any) -> float:
+    """1 when the result dict has every expected key/value (``expect_in_result``: value contained)."""
+    if not isinstance(result, dict):
+        return 0.0
+    expected = rules["expected"]
+    contained = bool(rules.get("expect_in_result", False))
+    for key, want in expected.items():
+        if key not in result:
+            return 0.0
+        got = result[key]
+        if contained:
+            wants = want if isinstance(want, list) else [want]
+            if not any(str(w) in str(got) for w in wants):
+                return 0.0
+        elif (got.strip() if isinstance(got, str) else got) != (
+            want.strip() if isinstance(want, str) else want
+        ):
+            return 0.0
+    return 1.0
+
+
+def check_moved_jpgs(directory_list: Any, rule: dict[str, Any], **_: Any) -> float:
+    """1 when the directory holds exactly the expected file names (top level)."""
+    if not isinstance(directory_list, dict):
+        return 0.0
+    names = {c["name"] for c in directory_list.get("children", []) if c.get("type") == "file"}
+    return float(names == set(rule["expected"]))
+
+
+def _bookmark_bar(bookmarks: Any) -> list[dict[str, Any]]:
+    if not isinstance(bookmarks, dict):
+        return []
+    return bookmarks.get("bookmark_bar", {}).get("children", [])
+
+
+def is_expected_bookmarks(bookmarks: Any, rule: dict[str, Any], **_: Any) -> float:
+    """Bookmark bar checks: folder names (``bookmark_bar_folders_names``) or site URLs."""
+    bar = _bookmark_bar(bookmarks)
+    if rule["type"] == "bookmark_bar_folders_names":
+        return float({b["name"] for b in bar if b.get("type") == "folder"} == set(rule["names"]))
+    if rule["type"] == "bookmark_bar_websites_urls":
+        return float({b["url"] for b in bar if b.get("type") == "url"} == set(rule["urls"]))
+    raise ValueError(f"is_expected_bookmarks: rule type {rule['type']!r} not supported")
+
+
+def check_font_size(font_size: Any, rule: dict[str, Any], **_: Any) -> float:
+    """The default font size equals ``rule["value"]`` or lies strictly inside ``(min, max)``."""
+    if not isinstance(font_size, dict):
+        return 0.0
+    size = font_size.get("default_font_size")
+    if rule["type"] == "value":
+        return float(size == rule["value"])
+    return float(rule["min"] < size < rule["max"])
+
+
+def check_enabled_experiments(enabled_experiments: Any, rule: dict[str, Any], **_: Any) -> float:
+    """1 when the enabled ``chrome://flags`` entries are exactly ``rule["names"]``."""
+    if enabled_experiments is None:
+        return 0.0
+    names = {e.split("@")[0] for e in enabled_experiments}
+    return float(names == set(rule["names"]))
+
+
+def is_shortcut_on_desktop(shortcuts: Any, rule: dict[str, Any], **_: Any) -> float:
+    """1 when a Desktop launcher has ``Name=<name>`` (type ``name``) or ``Exec=<exec>`` (type ``exec``)."""
+    if not shortcuts:
+        return 0.0
+    key = {"name": "Name=", "exec": "Exec="}.get(rule["type"])
+    if key is None:
+        raise ValueError(f"is_shortcut_on_desktop: rule type {rule['type']!r} not supported")
+    want = key + rule[rule["type"]]
+    return float(any(want in content.splitlines() for content in shortcuts.values()))
+
+
+def check_history_deleted(history: Any, rule: dict[str, Any], **_: Any) -> float:
+    """1 when no history URL contains any of ``rule["keywords"]``."""
+    if history is None:
+        return 1.0  # no History database: nothing was kept
+    return float(not any(kw in row[0] for row in history for kw in rule["keywords"]))
+
+
+def is_cookie_deleted(cookie_data: Any, rule: dict[str, Any], **_: Any) -> float:
+    """1 when no cookie's host ends with one of ``rule["domains"]``."""
+    if cookie_data is None:
+        return 1.0
+    return float(not any(str(row[1]).endswith(d) for row in cookie_data for d in rule["domains"]))
+
+
+METRICS: dict[str, Callable[..., float]] = {
+    "exact_match": exact_match,
+    "check_include_exclude": check_include_exclude,
+    "is_in_list": is_in_list,
+    "match_in_list": match_in_list,
+    "literal_match": literal_match,
+    "compare_text_file": compare_text_file,
+    "is_expected_active_tab": is_expected_active_tab,
+    "is_expected_tabs": is_expected_tabs,
+    "is_expected_url_pattern_match": is_expected_url_pattern_match,
+    "check_direct_json_object": check_direct_json_object,
+    "check_moved_jpgs": check_moved_jpgs,
+    "is_expected_bookmarks": is_expected_bookmarks,
+    "check_font_size": check_font_size,
+    "check_enabled_experiments": check_enabled_experiments,
+    "is_shortcut_on_desktop": is_shortcut_on_desktop,
+    "check_history_deleted": check_history_deleted,
+    "is_cookie_deleted": is_cookie_deleted,
+}
+
+# Scored from the action history by the evaluator.
+SPECIAL_METRICS = ("infeasible",)

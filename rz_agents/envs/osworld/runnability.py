@@ -1,0 +1,205 @@
+"""Can a task run on this machine? Static checks with a precise reason for every "no".
+
+Checks, in order: an evaluator exists; the related apps are installed; every setup/postconfig
+step, getter and metric is implemented (and usable here); downloads are in the cache or local;
+pages to open are local; commands the task runs exist here and need no package installs or
+GNOME session. ``validate_dir`` summarises a folder as ``rz osworld validate`` prints it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rz_agents.envs.osworld.getters import GETTERS, UNAVAILABLE
+from rz_agents.envs.osworld.metrics import METRICS, SPECIAL_METRICS
+from rz_agents.envs.osworld.setup_steps import STEPS, find_cached, is_local_url
+from rz_agents.envs.osworld.task import Task, TaskFormatError, load_tasks
+
+# related_apps / snapshot names -> executables any of which makes the app available.
+APP_BINARIES: dict[str, tuple[str, ...]] = {
+    "chrome": ("chromium", "chromium-browser", "google-chrome"),
+    "gimp": ("gimp",),
+    "libreoffice_calc": ("soffice", "libreoffice"),
+    "libreoffice calc": ("soffice", "libreoffice"),
+    "libreoffice_writer": ("soffice", "libreoffice"),
+    "libreoffice_impress": ("soffice", "libreoffice"),
+    "msoffice_excel": ("excel",),
+    "thunderbird": ("thunderbird",),
+    "vlc": ("vlc",),
+    "vscode": ("code",),
+    "vs_code": ("code",),
+}
+NO_BINARY_APPS = ("os", "base_setup", "terminal")
+
+SHELL_WORDS = {
+    "cd", "echo", "export", "[", "[[", "if", "then", "else", "elif", "fi", "for", "do", "done", "while",
+    "test", "true", "false", "set", "source", ".", "exit", "read", "printf", "case", "esac", "local",
+    "return", "{", "}", "!", "sudo", "exec", "eval", "unset", "shift", "wait", "kill", "time",
+}  # fmt: skip
+GNOME_ONLY = {"gsettings", "dconf", "gnome-terminal", "nautilus", "gnome-shell", "gnome-screenshot"}
+TERMINAL_HOTKEY = re.compile(r"""hotkey\(\s*['"]ctrl['"]\s*,\s*['"]alt['"]\s*,\s*['"]t['"]""")
+URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+")
+
+
+@dataclass
+class Runnability:
+    """Whether a task can run here; ``reasons`` are ``(category, detail)`` pairs, empty when it can."""
+
+    task_id: str
+    path: str
+    domain: str
+    reasons: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def runnable(self) -> bool:
+        """True when nothing stands in the way."""
+        return not self.reasons
+
+
+def _command_text(command: Any) -> str:
+    if isinstance(command, list):
+        return " ".join(str(c) for c in command)
+    return str(command or "")
+
+
+def _command_heads(command: Any) -> list[str]:
+    """The programs a command runs (first word of each shell segment), skipping shell words."""
+    if isinstance(command, list):
+        return [str(command[0])] if command else []
+    heads = []
+    for segment in re.split(r"[;&|\n()]+|\$\(", str(command)):
+        try:
+            words = shlex.split(segment, comments=True)
+        except ValueError:
+            words = segment.split()
+        while words and (
+            re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) or words[0] in ("sudo", "-S", "nohup")
+        ):
+            words = words[1:]
+        # Only words that look like program names (not numbers from 2>&1, not quoted fragments).
+        if words and words[0] not in SHELL_WORDS and re.fullmatch(r"[A-Za-z_./][\w.+/-]*", words[0]):
+            heads.append(words[0])
+    return heads
+
+
+def _check_command(command: Any, add: Any, wrapped: set[str]) -> None:
+    text = _command_text(command)
+    if re.search(r"\b(apt-get|apt|pip3?|snap)\s+(-\S+\s+)*install\b", text):
+        add("needs internet (package install)", text[:120])
+    if TERMINAL_HOTKEY.search(text):
+        add("needs GNOME desktop (terminal shortcut Ctrl+Alt+T)", text[:120])
+    for url in URL_IN_TEXT.findall(text):
+        if not is_local_url(url):
+            add("needs internet (web page)", url)
+    for head in _command_heads(command):
+        name = head.rsplit("/", 1)[-1]
+        if name in GNOME_ONLY:
+            add("needs GNOME desktop", name)
+        elif (
+            name in ("python", "python3", "socat") or name in wrapped or head.startswith(("./", "/home/user"))
+        ):
+            continue
+        elif "/" not in head and not shutil.which(name):
+            add("command not installed", name)
+
+
+def check_task(task: Task, download_cache: str) -> Runnability:
+    """Every reason ``task`` cannot run here (empty when it can)."""
+    r = Runnability(task.id, task.source_path or "", task.domain)
+    seen: set[tuple[str, str]] = set()
+
+    def add(category: str, detail: str) -> None:
+        if (category, detail) not in seen:
+            seen.add((category, detail))
+            r.reasons.append((category, detail))
+
+    ev = task.evaluator
+    if not ev.funcs:
+        add("no evaluator defined", "the task's evaluator is empty or a placeholder")
+    for app in [*task.related_apps, task.snapshot]:
+        key = app.lower()
+        if key in NO_BINARY_APPS or not key:
+            continue
+        binaries = APP_BINARIES.get(key)
+        if binaries is None:
+            add("app not installed", app)
+        elif not any(shutil.which(b) for b in binaries):
+            add("app not installed", app)
+    wrapped = {"google-chrome", "google-chrome-stable", "chrome", "chromium", "chromium-browser"}
+    for step in [*task.config, *ev.postconfig]:
+        if step.type not in STEPS:
+            add("setup step not implemented", step.type)
+            continue
+        p = step.parameters
+        if step.type == "download":
+            for f in p.get("files", []) or []:
+                url, path = str(f.get("url", "")), str(f.get("path", ""))
+                if not is_local_url(url) and not find_cached(download_cache, task.id, url, path):
+                    add("needs internet download", url[:120])
+        elif step.type == "chrome_open_tabs":
+            for url in p.get("urls_to_open", []) or []:
+                if not is_local_url(str(url)):
+                    add("needs internet (web page)", str(url))
+        elif step.type in ("execute", "command", "launch"):
+            _check_command(p.get("command"), add, wrapped)
+    if not ev.is_infeasible:
+        for name in ev.funcs:
+            if name not in METRICS and name not in SPECIAL_METRICS:
+                add("metric not implemented", name)
+        for getter in [*ev.results, *ev.expected]:
+            if not getter:
+                continue
+            kind = getter["type"]
+            if kind in UNAVAILABLE:
+                add("getter unavailable here", f"{kind}: {UNAVAILABLE[kind]}")
+            elif kind not in GETTERS:
+                add("getter not implemented", kind)
+            elif kind in ("vm_command_line", "vm_command_error"):
+                _check_command(getter.get("command"), add, wrapped)
+            elif kind == "page_info" and not is_local_url(str(getter.get("url", ""))):
+                add("needs internet (web page)", str(getter.get("url")))
+    return r
+
+
+def validate_dir(path: str | Path, download_cache: str) -> dict[str, Any]:
+    """Parse and check every task under ``path``.
+
+    Returns ``total``, ``parsed``, ``parse_errors`` (path -> message), ``runnable``,
+    ``not_runnable`` (first reason's category -> task count), ``reasons`` (every category ->
+    task count) and ``tasks`` (per task: id, domain, path, runnable, reasons).
+    """
+    loaded = load_tasks(path)
+    parse_errors = {str(p): str(t) for p, t in loaded if isinstance(t, TaskFormatError)}
+    checks = [check_task(t, download_cache) for _p, t in loaded if isinstance(t, Task)]
+    first = Counter(c.reasons[0][0] for c in checks if c.reasons)
+    every = Counter(cat for c in checks for cat in {cat for cat, _ in c.reasons})
+    by_domain: dict[str, dict[str, int]] = {}
+    for c in checks:
+        d = by_domain.setdefault(c.domain, {"total": 0, "runnable": 0})
+        d["total"] += 1
+        d["runnable"] += int(c.runnable)
+    return {
+        "total": len(loaded),
+        "parsed": len(checks),
+        "parse_errors": parse_errors,
+        "runnable": sum(c.runnable for c in checks),
+        "not_runnable": dict(first.most_common()),
+        "reasons": dict(every.most_common()),
+        "by_domain": by_domain,
+        "tasks": [
+            {
+                "id": c.task_id,
+                "domain": c.domain,
+                "path": c.path,
+                "runnable": c.runnable,
+                "reasons": [f"{cat}: {detail}" for cat, detail in c.reasons],
+            }
+            for c in checks
+        ],
+    }
