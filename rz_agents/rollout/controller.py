@@ -1,0 +1,257 @@
+"""The rollout controller: runs groups of episodes concurrently and feeds the learner within the lag bound.
+
+Admission control: a group may start only while
+
+    groups_started - groups_dropped < (steps_done + max_lag + 1) * groups_per_batch
+
+where steps_done counts finished learner steps. A group admitted under this rule is, in order of start,
+among the next max_lag + 1 batches, so its tokens would be trained at most max_lag versions later.
+Groups finish out of order, so ``TrajectoryQueue.take`` also drops (and counts) any group whose oldest
+token has lag > max_lag: no trained token ever exceeds the bound. max_lag = 0 is the synchronous mode:
+one batch is generated with the current weights, trained, published, then the next one starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, run_episode
+from rz_agents.rollout.task_source import TaskSource
+from rz_agents.rollout.trajectory_queue import Group, TrajectoryQueue
+from rz_agents.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutConfig:
+    """How many episodes, how stale, and how to sample."""
+
+    group_size: int = 4  # G samples per prompt
+    groups_per_batch: int = 4  # groups per learner step
+    max_concurrent_episodes: int = 16  # N
+    max_lag: int = 64  # 0: synchronous
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    seed: int = 0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad field."""
+        for name in ("group_size", "groups_per_batch", "max_concurrent_episodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_lag < 0:
+            raise ValueError(f"rollout.max_lag must be >= 0, got {self.max_lag}")
+        if self.max_concurrent_episodes < self.group_size:
+            raise ValueError(
+                f"rollout.max_concurrent_episodes ({self.max_concurrent_episodes}) must be >= "
+                f"rollout.group_size ({self.group_size})"
+            )
+        if self.limits.max_turns < 1 or self.limits.max_tokens_per_turn < 1:
+            raise ValueError("rollout.limits.max_turns and max_tokens_per_turn must be >= 1")
+
+
+class RolloutController:
+    """Owns the episodes in flight, the env pool and the trajectory queue."""
+
+    def __init__(
+        self,
+        engine,
+        env_factory: Callable[[], Any],
+        template,
+        tokenizer,
+        tasks: TaskSource,
+        cfg: RolloutConfig,
+    ) -> None:
+        from rz_agents.engine import SamplingParams
+
+        cfg.validate()
+        self.engine = engine
+        self.env_factory = env_factory
+        self.template = template
+        self.tokenizer = tokenizer
+        self.tasks = tasks
+        self.cfg = cfg
+        self.sampling = SamplingParams(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+        self.queue = TrajectoryQueue()
+        self.steps_done = 0
+        self.counters = {
+            "groups_started": 0,
+            "groups_finished": 0,
+            "groups_dropped_failed": 0,
+            "groups_dropped_stale": 0,
+            "episodes_started": 0,
+            "episodes_finished": 0,
+            "episodes_failed": 0,
+        }
+        self.in_flight: dict[int, dict[str, Any]] = {}  # group index -> {"task": ...}: relaunched on resume
+        self._relaunch: list[tuple[int, dict[str, Any] | None]] = []
+        self._idle_envs: list[Any] = []
+        self._all_envs: list[Any] = []
+        self._executor = ThreadPoolExecutor(
+            max_workers=cfg.max_concurrent_episodes, thread_name_prefix="rz-env"
+        )
+        self._slots = asyncio.Semaphore(cfg.max_concurrent_episodes)
+        self._admission = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._stopping = False
+
+    # ---- admission ------------------------------------------------------------------------------
+    def _dropped(self) -> int:
+        return self.counters["groups_dropped_failed"] + self.counters["groups_dropped_stale"]
+
+    def may_start_group(self) -> bool:
+        """True while starting one more group keeps the lag bound (see the module docstring)."""
+        live = self.counters["groups_started"] - self._dropped()
+        return live < (self.steps_done + self.cfg.max_lag + 1) * self.cfg.groups_per_batch
+
+    def _wake(self) -> None:
+        self._admission.set()
+
+    # ---- producing ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Start groups as admission allows, until ``stop``."""
+        try:
+            while not self._stopping:
+                if not self.may_start_group():
+                    self._admission.clear()
+                    await self._admission.wait()
+                    continue
+                if self._relaunch:
+                    index, task = self._relaunch.pop(0)
+                else:
+                    index, task = self.counters["groups_started"], self.tasks.next()
+                self.counters["groups_started"] += 1
+                self.in_flight[index] = {"task": task}
+                members = []
+                for m in range(self.cfg.group_size):
+                    await self._slots.acquire()
+                    spec = EpisodeSpec(task, index, m, self._episode_seed(index, m))
+                    members.append(asyncio.ensure_future(self._episode(spec)))
+                t = asyncio.ensure_future(self._finish_group(index, members))
+                self._tasks.add(t)
+                t.add_done_callback(self._tasks.discard)
+        finally:
+            await self._cancel_all()
+
+    def _episode_seed(self, group: int, member: int) -> int:
+        return (self.cfg.seed * 1_000_000_007 + group * 1009 + member) % (2**62)
+
+    async def _episode(self, spec: EpisodeSpec) -> Trajectory | None:
+        env = self._idle_envs.pop() if self._idle_envs else None
+        self.counters["episodes_started"] += 1
+        try:
+            if env is None:
+                env = await asyncio.get_running_loop().run_in_executor(self._executor, self.env_factory)
+                self._all_envs.append(env)
+            traj = await run_episode(
+                self.engine,
+                env,
+                self.template,
+                self.tokenizer,
+                spec,
+                self.sampling,
+                self.cfg.limits,
+                self._executor,
+            )
+            self.counters["episodes_finished"] += 1
+            self._idle_envs.append(env)
+            return traj
+        except asyncio.CancelledError:
+            raise
+        except (EpisodeError, Exception) as e:  # one bad episode never stops the run
+            self.counters["episodes_failed"] += 1
+            log.warning("episode (group %d, member %d) dropped: %s", spec.group_id, spec.member, e)
+            if env is not None:  # it may be broken: do not reuse it
+                self._close_env(env)
+            return None
+        finally:
+            self._slots.release()
+
+    async def _finish_group(self, index: int, members: list[asyncio.Future]) -> None:
+        results = await asyncio.gather(*members)
+        self.in_flight.pop(index, None)
+        trajs = [t for t in results if t is not None]
+        if trajs:
+            self.queue.put(Group(index, trajs))
+            self.counters["groups_finished"] += 1
+        else:
+            self.counters["groups_dropped_failed"] += 1
+            self._wake()
+
+    # ---- consuming ------------------------------------------------------------------------------
+    async def next_batch(self, version: int) -> list[Trajectory]:
+        """Wait for groups_per_batch groups trainable at ``version``; return their trajectories."""
+
+        def on_drop(n: int) -> None:
+            self.counters["groups_dropped_stale"] += n
+            self._wake()
+
+        groups = await self.queue.take(self.cfg.groups_per_batch, version, self.cfg.max_lag, on_drop)
+        return [t for g in groups for t in g.trajectories]
+
+    def publish(self, weights, version: int) -> None:
+        """Send new weights to the engine (episodes in flight continue with them)."""
+        self.engine.load_weights(weights, version)
+
+    def step_done(self) -> None:
+        """The learner finished a step (applied or skipped): admit the next groups."""
+        self.steps_done += 1
+        self._wake()
+
+    # ---- state ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Data position, counters, queued trajectories and the groups to relaunch."""
+        return {
+            "tasks": self.tasks.state_dict(),
+            "steps_done": self.steps_done,
+            "counters": dict(self.counters),
+            "queued": [
+                {"index": g.index, "trajectories": [t.to_dict() for t in g.trajectories]}
+                for g in self.queue.snapshot()
+            ],
+            "in_flight": sorted((i, v["task"]) for i, v in self.in_flight.items()),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore; groups that were in flight are run again first (same index, task and seeds)."""
+        self.tasks.load_state_dict(state["tasks"])
+        self.steps_done = int(state["steps_done"])
+        self.counters.update(state["counters"])
+        for g in state["queued"]:
+            self.queue.put(Group(g["index"], [Trajectory.from_dict(d) for d in g["trajectories"]]))
+        self._relaunch = [(int(i), task) for i, task in state["in_flight"]]
+        # Relaunched groups were counted as started before the checkpoint.
+        self.counters["groups_started"] -= len(self._relaunch)
+
+    # ---- shutdown ---------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask ``run`` to return; episodes in flight are cancelled."""
+        self._stopping = True
+        self._wake()
+
+    async def _cancel_all(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _close_env(self, env) -> None:
+        try:
+            env.close()
+        except Exception as e:  # closing is best effort
+            log.warning("env.close failed: %r", e)
+
+    def close(self) -> None:
+        """Close every env and the env thread pool."""
+        for env in self._all_envs:
+            self._close_env(env)
+        self._all_envs.clear()
+        self._idle_envs.clear()
+        self._executor.shutdown(wait=False, cancel_futures=True)

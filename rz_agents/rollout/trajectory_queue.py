@@ -1,0 +1,61 @@
+"""Finished groups waiting for the learner; stale groups are dropped (and counted) when a batch is taken."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+
+from rz_agents.trajectory import Trajectory
+
+
+@dataclass
+class Group:
+    """The G trajectories of one prompt (fewer if some episodes failed)."""
+
+    index: int
+    trajectories: list[Trajectory]
+
+    def oldest_version(self) -> int:
+        """The oldest policy version of any sampled token in the group."""
+        return min(v for t in self.trajectories if (v := t.oldest_version()) is not None)
+
+
+class TrajectoryQueue:
+    """FIFO of finished groups. ``take`` waits until it can return ``n`` groups within the lag bound."""
+
+    def __init__(self) -> None:
+        self._groups: deque[Group] = deque()
+        self._changed = asyncio.Event()
+        self.dropped_stale = 0  # groups dropped because a token was older than max_lag
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def put(self, group: Group) -> None:
+        """Add a finished group."""
+        self._groups.append(group)
+        self._changed.set()
+
+    def drop_stale(self, version: int, max_lag: int) -> int:
+        """Remove groups with a token older than ``version - max_lag``; returns how many."""
+        keep = deque(g for g in self._groups if version - g.oldest_version() <= max_lag)
+        dropped = len(self._groups) - len(keep)
+        self._groups = keep
+        self.dropped_stale += dropped
+        return dropped
+
+    async def take(self, n: int, version: int, max_lag: int, on_drop=None) -> list[Group]:
+        """Wait for ``n`` groups whose every token has lag <= max_lag at ``version``; oldest first."""
+        while True:
+            dropped = self.drop_stale(version, max_lag)
+            if dropped and on_drop is not None:
+                on_drop(dropped)
+            if len(self._groups) >= n:
+                return [self._groups.popleft() for _ in range(n)]
+            self._changed.clear()
+            await self._changed.wait()
+
+    def snapshot(self) -> list[Group]:
+        """The queued groups, in order (for checkpoints)."""
+        return list(self._groups)

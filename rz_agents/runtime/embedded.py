@@ -1,0 +1,273 @@
+"""The embedded runtime: dataset/env -> rollout controller -> engine -> learner, in one process.
+
+One asyncio event loop runs the engine's step loop, the episodes (env calls in a thread pool) and the
+learner loop; each learner step runs in a worker thread so generation continues while it trains (torch
+releases the GIL inside its ops). ``mode="sync"`` is the same code with max_lag = 0: one batch is
+generated with the current weights, trained, published, then the next one starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import importlib
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rz_agents.engine import EngineConfig, RZEngine
+from rz_agents.rollout.controller import RolloutConfig, RolloutController
+from rz_agents.rollout.task_source import TaskSource
+from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
+from rz_agents.trainer.learner import Learner, LearnerConfig
+from rz_agents.trainer.metrics_log import MetricsWriter
+
+log = logging.getLogger(__name__)
+
+MODES = ("async", "sync")
+
+
+@dataclass
+class ModelSpec:
+    """The policy: an HF checkpoint directory, or a random tiny model (``ModelConfig.tiny`` + overrides)."""
+
+    checkpoint: str | None = None
+    model_type: str = "qwen3"
+    kernels: str = "aligned"  # "standard" for the standard-kernel IS comparison
+    dtype: str = "float32"
+    init_seed: int = 0
+    tiny_overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EnvSpec:
+    """A Gymnasium id (``rz_agents/PythonTool-v0``) or ``package.module:Class``, its kwargs, and tasks."""
+
+    id: str = "rz_agents.runtime.synthetic_env:LowercaseLettersEnv"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    tasks: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class TrainConfig:
+    """A whole training run. Plain dataclasses all the way down, with defaults that run on a laptop CPU."""
+
+    model: ModelSpec = field(default_factory=ModelSpec)
+    env: EnvSpec = field(default_factory=EnvSpec)
+    tokenizer: str = "byte"  # "byte" (tiny vocab) or "qwen3"
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(num_slots=32, max_len=512))
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    mode: str = "async"
+    steps: int = 10
+    seed: int = 0
+    num_threads: int | None = None  # torch threads of engine and learner alike (alignment needs the same)
+    output_dir: str | None = None
+    checkpoint_every: int = 0  # steps; 0: only at the end (when output_dir is set)
+    resume_from: str | None = None
+    tensorboard: bool = False
+    learner_step_delay_s: float = 0.0  # throttle the learner (tests and benchmarks of the lag bound)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad field."""
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.tokenizer not in ("byte", "qwen3"):
+            raise ValueError(f"tokenizer must be 'byte' or 'qwen3', got {self.tokenizer!r}")
+        if self.steps < 0:
+            raise ValueError(f"steps must be >= 0, got {self.steps}")
+        if self.rollout.limits.max_episode_tokens >= self.engine.max_len:
+            raise ValueError(
+                f"rollout.limits.max_episode_tokens ({self.rollout.limits.max_episode_tokens}) must be < "
+                f"engine.max_len ({self.engine.max_len})"
+            )
+        self.rollout.validate()
+        self.learner.validate()
+
+
+def effective_max_lag(cfg: TrainConfig) -> int:
+    """sync mode trains only lag-0 tokens."""
+    return 0 if cfg.mode == "sync" else cfg.rollout.max_lag
+
+
+def build_model(spec: ModelSpec, vocab_size: int):
+    """The policy model (random tiny, or loaded from an HF checkpoint)."""
+    from rz_agents.model import ModelConfig, Transformer
+
+    if spec.checkpoint:
+        from rz_agents.model.checkpoint import load_hf_checkpoint
+
+        return load_hf_checkpoint(spec.checkpoint, kernels=spec.kernels, dtype=spec.dtype)
+    overrides = {"vocab_size": vocab_size, "dtype": spec.dtype, **spec.tiny_overrides}
+    torch.manual_seed(spec.init_seed)
+    model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=spec.kernels)
+    model.reset_parameters(seed=spec.init_seed)
+    return model
+
+
+def build_tokenizer(name: str):
+    """(tokenizer, chat template) for the run."""
+    if name == "byte":
+        from rz_agents.rollout.byte_chat import ByteChatTemplate, ByteTokenizer
+
+        return ByteTokenizer(), ByteChatTemplate()
+    from rz_agents.model.chat_template import ChatTemplate
+    from rz_agents.model.tokenizer import qwen3_tokenizer
+
+    return qwen3_tokenizer(), ChatTemplate()
+
+
+def env_factory(spec: EnvSpec):
+    """A zero-argument callable building one env instance."""
+    if ":" in spec.id and "/" not in spec.id:
+        module, _, name = spec.id.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        return lambda: cls(**spec.kwargs)
+    import gymnasium
+
+    import rz_agents.envs  # noqa: F401  (registers the rz_agents ids)
+
+    # Gymnasium wrappers (order enforcing, passive checker) reject text spaces: take the env itself.
+    return lambda: gymnasium.make(spec.id, disable_env_checker=True, **spec.kwargs).unwrapped
+
+
+def _set_threads(n: int | None) -> None:
+    if n is not None and torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+class EmbeddedRun:
+    """The wired components of one run; ``run_training`` drives it. Kept as an object for tests/benchmarks."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        _set_threads(cfg.num_threads)
+        self.tokenizer, self.template = build_tokenizer(cfg.tokenizer)
+        vocab = max(int(self.tokenizer.vocab_size), 320) if cfg.tokenizer == "byte" else len(self.tokenizer)
+        self.model = build_model(cfg.model, vocab)
+        # The engine samples from its own copy; the learner publishes into it after each step.
+        engine_model = copy.deepcopy(self.model)
+        engine_model.requires_grad_(False)
+        eng_cfg = cfg.engine
+        if cfg.num_threads is not None and eng_cfg.num_threads is None:
+            eng_cfg = dataclasses.replace(eng_cfg, num_threads=cfg.num_threads)
+        self.engine = RZEngine(engine_model, eng_cfg, decode=self.tokenizer.decode)
+        r = cfg.rollout
+        # The learner scores tokens under the distribution the engine sampled from, with the same lag bound.
+        lcfg = dataclasses.replace(
+            cfg.learner,
+            max_lag=effective_max_lag(cfg),
+            temperature=r.temperature,
+            top_k=r.top_k,
+            top_p=r.top_p,
+        )
+        self.learner = Learner(self.model, lcfg)
+        rcfg = dataclasses.replace(r, max_lag=effective_max_lag(cfg), seed=cfg.seed)
+        self.controller = RolloutController(
+            self.engine,
+            env_factory(cfg.env),
+            self.template,
+            self.tokenizer,
+            TaskSource(cfg.env.tasks, seed=cfg.seed),
+            rcfg,
+        )
+        self.history: list[dict[str, Any]] = []
+        self.writer = MetricsWriter(cfg.output_dir, tensorboard=cfg.tensorboard) if cfg.output_dir else None
+        if cfg.resume_from:
+            payload = load_checkpoint(cfg.resume_from)
+            self.learner.load_state_dict(payload["learner"])
+            self.controller.load_state_dict(payload["runtime"]["controller"])
+            self.history = list(payload["runtime"].get("history", []))
+        self.engine.load_weights(self.learner.weights(), self.learner.version)
+
+    def checkpoint(self, path: str | Path) -> Path:
+        """Write an atomic checkpoint of learner, controller (queue, data position) and RNG states."""
+        runtime = {"controller": self.controller.state_dict(), "history": self.history}
+        return save_checkpoint(path, self.learner.state_dict(), runtime)
+
+    def _learner_step(self, batch):
+        _set_threads(self.cfg.num_threads)  # this worker thread's torch threads
+        m = self.learner.step(batch)
+        if self.cfg.learner_step_delay_s:
+            time.sleep(self.cfg.learner_step_delay_s)
+        return m
+
+    async def train(self) -> dict[str, Any]:
+        """Run until ``cfg.steps`` learner steps are done; returns the summary."""
+        cfg = self.cfg
+        producer = asyncio.ensure_future(self.controller.run())
+        t_start = time.perf_counter()
+        start_step = len(self.history)
+        try:
+            while len(self.history) < cfg.steps:
+                t0 = time.perf_counter()
+                batch = await self.controller.next_batch(self.learner.version)
+                t_wait = time.perf_counter() - t0
+                metrics = await asyncio.to_thread(self._learner_step, batch)
+                t1 = time.perf_counter()
+                if not metrics.get("step_skipped_nonfinite") and not metrics.get("step_skipped_empty"):
+                    self.controller.publish(self.learner.weights(), self.learner.version)
+                t_pub = time.perf_counter() - t1
+                step = len(self.history)
+                metrics.update(
+                    step=step,
+                    time_wait_data_s=t_wait,
+                    time_publish_s=t_pub,
+                    time_step_s=time.perf_counter() - t0,
+                    **{f"rollout_{k}": v for k, v in self.controller.counters.items()},
+                    queue_groups=len(self.controller.queue),
+                    engine_generated_tokens=self.engine.counters["generated_tokens"],
+                )
+                self.history.append(metrics)
+                if self.writer:
+                    self.writer.write(step, metrics)
+                if cfg.output_dir and cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+                    self.checkpoint(Path(cfg.output_dir) / "checkpoint.pt")
+                self.controller.step_done()
+        finally:
+            self.controller.stop()
+            await asyncio.gather(producer, return_exceptions=True)
+        wall = time.perf_counter() - t_start
+        if cfg.output_dir:
+            self.checkpoint(Path(cfg.output_dir) / "checkpoint.pt")
+        return self.summary(wall, len(self.history) - start_step)
+
+    def summary(self, wall_s: float, steps_run: int) -> dict[str, Any]:
+        """What the run did, in plain numbers."""
+        h = self.history
+        rewards = [m.get("reward_mean", math.nan) for m in h]
+        lag_max = max((m.get("lag_max", 0) for m in h), default=0)
+        return {
+            "steps": len(h),
+            "steps_this_run": steps_run,
+            "version": self.learner.version,
+            "wall_s": wall_s,
+            "steps_per_s": steps_run / wall_s if wall_s > 0 else 0.0,
+            "reward_mean_per_step": rewards,
+            "max_lag_seen": lag_max,
+            "skipped_steps": self.learner.skipped_steps,
+            "rollout": dict(self.controller.counters),
+            "engine": {k: v for k, v in self.engine.stats().items() if isinstance(v, (int, float))},
+        }
+
+    def close(self) -> None:
+        """Release envs, threads and files."""
+        self.controller.close()
+        if self.writer:
+            self.writer.close()
+
+
+def run_training(cfg: TrainConfig) -> dict[str, Any]:
+    """Build everything from ``cfg``, train ``cfg.steps`` steps in one process, and return a summary."""
+    run = EmbeddedRun(cfg)
+    try:
+        return asyncio.run(run.train())
+    finally:
+        run.close()
