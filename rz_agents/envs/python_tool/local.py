@@ -111,8 +111,9 @@ def bwrap_command(
         argv += ["--perms", "0755", "--dir", os.path.dirname(d), "--ro-bind", d, d]
     argv += ["--perms", "0755", "--dir", os.path.dirname(SANDBOX_WORKER)]
     argv += ["--ro-bind", str(WORKER_PATH), SANDBOX_WORKER]
-    argv += ["--size", str(limits.tmp_bytes), "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
-    argv += ["--size", str(1 * MiB), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+    argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--perms", "1777", "--size", str(1 * MiB), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     for key, value in SANDBOX_ENV.items():
         argv += ["--setenv", key, value]
     argv += ["--chdir", "/tmp"]

@@ -179,6 +179,7 @@ class Session:
         self.limits = limits
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
         self.cell = 0
+        self.pid = os.getpid()
         self.out_fd = os.memfd_create("stdout")
         self.err_fd = os.memfd_create("stderr")
 
@@ -203,6 +204,15 @@ class Session:
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
 
     def _execute(self, code: str) -> None:
+        try:
+            self._execute_cell(code)
+        finally:
+            # a child forked by user code must never come back into the worker loop: it would
+            # answer on the shared control pipe
+            if os.getpid() != self.pid:
+                os._exit(0)
+
+    def _execute_cell(self, code: str) -> None:
         self.cell += 1
         filename = f"<cell {self.cell}>"
         # register the source so tracebacks show the offending line
