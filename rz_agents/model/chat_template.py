@@ -1,0 +1,334 @@
+"""The Qwen3 chat format (ChatML + tools + thinking), written in Python, with a token-exact incremental API.
+
+Rendering follows Qwen3's official jinja template for everything the model sees: the tools block in the
+system prompt, ``<tool_call>`` JSON for assistant tool calls, consecutive tool results grouped into one
+user turn of ``<tool_response>`` blocks, ``<think>`` blocks, and the generation prompt (with the empty
+think block when thinking is disabled).
+
+One deliberate difference makes rendering append-only, which RL rollouts need (tokens are never
+re-tokenized; DESIGN.md): an assistant turn renders the same wherever it sits in the conversation.
+
+- The official template drops the thinking of assistant turns before the last user query and
+  re-parses ``<think>`` out of `content`; here `content` is rendered verbatim (it is what the model
+  wrote), and `reasoning_content`, when given, is always rendered as a think block.
+- With ``enable_thinking=False`` the generation prompt ends in an empty think block, so an assistant
+  turn without `reasoning_content` is rendered with that empty block in front of its content: the
+  history shows what the model actually saw when it wrote the turn.
+
+Hence ``render(messages + [assistant, *obs])`` extends ``render(messages)`` by exactly the assistant's
+text, ``<|im_end|>``, and the continuation that `ChatTemplate.encode_continuation` returns.
+
+The same template works for SmolLM2-Instruct (ChatML markers; it has no tool/think tokens, so those
+tags are tokenized as plain text). `CHAT_TEMPLATE_JINJA` is a jinja rendering of these same rules,
+written to tokenizer_config.json so other tools (transformers, vLLM) render identically.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+END_OF_TEXT = "<|endoftext|>"
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+ROLES = ("system", "user", "assistant", "tool")
+
+TOOLS_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\n</tool_call>"
+)
+
+SMOLLM2_DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+Message = Mapping[str, Any]
+
+
+class TextEncoder(Protocol):
+    """What the chat template needs from a tokenizer (`rz_agents.model.tokenizer.Tokenizer` fits)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def token_to_id(self, token: str) -> int | None: ...
+
+
+def _tojson(value: Any) -> str:
+    # Same output as the `tojson` filter transformers installs for chat templates.
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _content(message: Message, index: int) -> str:
+    content = message.get("content")
+    if content is None:
+        return ""
+    if not isinstance(content, str):
+        raise TypeError(
+            f"message {index} ({message.get('role')}): content must be a str or None, got {type(content).__name__}"
+        )
+    return content
+
+
+def _check_messages(messages: Sequence[Message]) -> None:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TypeError(f"messages must be a list of dicts, got {type(messages).__name__}")
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise TypeError(
+                f"message {i} must be a dict with 'role' and 'content', got {type(message).__name__}"
+            )
+        role = message.get("role")
+        if role not in ROLES:
+            raise ValueError(f"message {i}: role must be one of {ROLES}, got {role!r}")
+        _content(message, i)
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise TypeError(f"message {i}: reasoning_content must be a str, got {type(reasoning).__name__}")
+
+
+def _render_tool_call(call: Any, index: int) -> str:
+    if not isinstance(call, Mapping):
+        raise TypeError(f"message {index}: each tool call must be a dict, got {type(call).__name__}")
+    # OpenAI shape {"type": "function", "function": {...}} or the bare {"name", "arguments"}.
+    function = call.get("function")
+    if function:
+        call = function
+    name = call.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"message {index}: tool call without a function name: {call!r}")
+    if "arguments" not in call:
+        raise ValueError(f"message {index}: tool call {name!r} has no 'arguments'")
+    arguments = call["arguments"]
+    arguments_text = arguments if isinstance(arguments, str) else _tojson(arguments)
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments_text}}}\n</tool_call>'
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """Qwen3-style ChatML rendering.
+
+    Args:
+        default_system_prompt: system prompt used when the conversation does not start with a system
+            message (None for Qwen3; SmolLM2-Instruct's own template uses `SMOLLM2_DEFAULT_SYSTEM_PROMPT`).
+    """
+
+    default_system_prompt: str | None = None
+
+    # ---- text ---------------------------------------------------------------------------------
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = True,
+    ) -> str:
+        """The conversation as prompt text.
+
+        Messages are dicts with `role` (system/user/assistant/tool) and `content` (str or None);
+        assistant messages may carry `reasoning_content` (str) and `tool_calls` (list of
+        ``{"function": {"name", "arguments"}}`` or ``{"name", "arguments"}``; arguments a dict or a
+        JSON string). `tools` are JSON-schema function descriptions, rendered into the system prompt.
+        """
+        _check_messages(messages)
+        parts = [self._system_header(messages, tools)]
+        start = 1 if messages and messages[0]["role"] == "system" else 0
+        parts.append(self._render_turns(messages, start, enable_thinking))
+        if add_generation_prompt:
+            parts.append(self.generation_prompt(enable_thinking))
+        return "".join(parts)
+
+    def generation_prompt(self, enable_thinking: bool = True) -> str:
+        """The text that opens the assistant's turn (with an empty think block when thinking is off)."""
+        return f"{IM_START}assistant\n" + ("" if enable_thinking else EMPTY_THINK)
+
+    def render_continuation(self, new_messages: Sequence[Message], enable_thinking: bool = True) -> str:
+        """Text that follows an assistant turn's closing ``<|im_end|>``: the new turns + generation prompt.
+
+        `new_messages` are the observation turns (tool results, user messages) that come after the
+        assistant turn; an empty list gives the assistant the next turn directly.
+        """
+        _check_messages(new_messages)
+        # The assistant turn's own rendering ends "<|im_end|>\n"; the sampled tokens stop at <|im_end|>.
+        return (
+            "\n"
+            + self._render_turns(new_messages, 0, enable_thinking)
+            + self.generation_prompt(enable_thinking)
+        )
+
+    def _system_header(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None) -> str:
+        if messages and messages[0]["role"] == "system":
+            system: str | None = _content(messages[0], 0)
+        else:
+            system = self.default_system_prompt
+        if tools:
+            if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+                raise TypeError(f"tools must be a list of dicts, got {type(tools).__name__}")
+            body = "" if system is None else system + "\n\n"
+            body += TOOLS_HEADER + "".join("\n" + _tojson(tool) for tool in tools) + TOOLS_FOOTER
+            return f"{IM_START}system\n{body}{IM_END}\n"
+        if system is not None:
+            return f"{IM_START}system\n{system}{IM_END}\n"
+        return ""
+
+    def _render_turns(self, messages: Sequence[Message], start: int, enable_thinking: bool) -> str:
+        """Render messages[start:]; a tool group's boundaries look at the neighbours inside `messages`."""
+        parts: list[str] = []
+        for i in range(start, len(messages)):
+            message = messages[i]
+            role = message["role"]
+            content = _content(message, i)
+            if role in ("user", "system"):
+                parts.append(f"{IM_START}{role}\n{content}{IM_END}\n")
+            elif role == "assistant":
+                parts.append(self._render_assistant(message, i, content, enable_thinking))
+            else:  # tool: consecutive results share one user turn
+                if i == 0 or messages[i - 1]["role"] != "tool":
+                    parts.append(f"{IM_START}user")
+                parts.append(f"\n<tool_response>\n{content}\n</tool_response>")
+                if i == len(messages) - 1 or messages[i + 1]["role"] != "tool":
+                    parts.append(f"{IM_END}\n")
+        return "".join(parts)
+
+    def _render_assistant(self, message: Message, index: int, content: str, enable_thinking: bool) -> str:
+        reasoning = message.get("reasoning_content")
+        if isinstance(reasoning, str):
+            body = "<think>\n" + reasoning.strip("\n") + "\n</think>\n\n" + content.lstrip("\n")
+        elif not enable_thinking:
+            body = EMPTY_THINK + content
+        else:
+            body = content
+        tool_calls = message.get("tool_calls") or []
+        if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Sequence):
+            raise TypeError(f"message {index}: tool_calls must be a list, got {type(tool_calls).__name__}")
+        for k, call in enumerate(tool_calls):
+            if k > 0 or content:
+                body += "\n"
+            body += _render_tool_call(call, index)
+        return f"{IM_START}assistant\n{body}{IM_END}\n"
+
+    # ---- tokens -------------------------------------------------------------------------------
+
+    def encode_prompt(
+        self,
+        tokenizer: TextEncoder,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = True,
+    ) -> list[int]:
+        """Token ids of `render(...)`: the prompt a rollout starts from."""
+        return tokenizer.encode(self.render(messages, tools, add_generation_prompt, enable_thinking))
+
+    def encode_continuation(
+        self,
+        tokenizer: TextEncoder,
+        new_messages: Sequence[Message],
+        enable_thinking: bool = True,
+        assistant_closed: bool = True,
+    ) -> list[int]:
+        """Tokens to append after the assistant's sampled tokens: the observation turns + generation prompt.
+
+        With `assistant_closed` (the sampled tokens end with ``<|im_end|>``) this is
+        ``encode(render_continuation(new_messages))``; when the turn was cut off (length limit), pass
+        ``assistant_closed=False`` and the ``<|im_end|>`` id is put in front. Because ``<|im_end|>`` is an
+        atomic token, ``prompt + sampled + continuation`` equals the tokens of the full re-rendered
+        conversation (tested over random conversations), so nothing is ever re-tokenized.
+        """
+        ids = tokenizer.encode(self.render_continuation(new_messages, enable_thinking))
+        if not assistant_closed:
+            ids = [_required_id(tokenizer, IM_END), *ids]
+        return ids
+
+    def stop_token_ids(self, tokenizer: TextEncoder) -> list[int]:
+        """Ids that end an assistant turn: ``<|im_end|>``, then ``<|endoftext|>`` if the vocabulary has it."""
+        ids = [_required_id(tokenizer, IM_END)]
+        eot = tokenizer.token_to_id(END_OF_TEXT)
+        if eot is not None and eot not in ids:
+            ids.append(eot)
+        return ids
+
+    # ---- jinja for other tools ----------------------------------------------------------------
+
+    def to_jinja(self) -> str:
+        """A jinja template that renders exactly like `render` (for tokenizer_config.json)."""
+        if self.default_system_prompt is None:
+            default = "{%- set system_text = none %}"
+        else:
+            default = (
+                "{%- set system_text = " + json.dumps(self.default_system_prompt, ensure_ascii=False) + " %}"
+            )
+        return _JINJA.replace("@DEFAULT_SYSTEM@", default)
+
+
+def _required_id(tokenizer: TextEncoder, token: str) -> int:
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise ValueError(f"the tokenizer has no {token} token: it does not use the ChatML format")
+    return token_id
+
+
+# The rules of ChatTemplate.render as jinja (transformers' sandbox: `tojson` and str methods available).
+_JINJA = (
+    "{%- set thinking = not (enable_thinking is defined and enable_thinking is false) %}\n"
+    "{%- if messages and messages[0].role == 'system' %}\n"
+    "    {%- set system_text = messages[0].content if messages[0].content is string else '' %}\n"
+    "{%- else %}\n"
+    "    @DEFAULT_SYSTEM@\n"
+    "{%- endif %}\n"
+    "{%- if tools %}\n"
+    "    {{- '<|im_start|>system\\n' }}\n"
+    "    {%- if system_text is not none %}{{- system_text + '\\n\\n' }}{%- endif %}\n"
+    "    {{- " + json.dumps(TOOLS_HEADER) + " }}\n"
+    "    {%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}\n"
+    "    {{- " + json.dumps(TOOLS_FOOTER + "<|im_end|>\n") + " }}\n"
+    "{%- elif system_text is not none %}\n"
+    "    {{- '<|im_start|>system\\n' + system_text + '<|im_end|>\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- for message in messages %}\n"
+    "    {%- set content = message.content if message.content is string else '' %}\n"
+    "    {%- if message.role == 'system' and loop.first %}\n"
+    "    {%- elif message.role == 'user' or message.role == 'system' %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}\n"
+    "    {%- elif message.role == 'assistant' %}\n"
+    "        {{- '<|im_start|>assistant\\n' }}\n"
+    "        {%- if message.reasoning_content is string %}\n"
+    "            {{- '<think>\\n' + message.reasoning_content.strip('\\n') + '\\n</think>\\n\\n'"
+    " + content.lstrip('\\n') }}\n"
+    "        {%- elif not thinking %}\n"
+    "            {{- '<think>\\n\\n</think>\\n\\n' + content }}\n"
+    "        {%- else %}\n"
+    "            {{- content }}\n"
+    "        {%- endif %}\n"
+    "        {%- if message.tool_calls %}\n"
+    "            {%- for tool_call in message.tool_calls %}\n"
+    "                {%- if (loop.first and content) or (not loop.first) %}{{- '\\n' }}{%- endif %}\n"
+    "                {%- if tool_call.function %}{%- set tool_call = tool_call.function %}{%- endif %}\n"
+    '                {{- \'<tool_call>\\n{"name": "\' + tool_call.name + \'", "arguments": \' }}\n'
+    "                {%- if tool_call.arguments is string %}{{- tool_call.arguments }}"
+    "{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}\n"
+    "                {{- '}\\n</tool_call>' }}\n"
+    "            {%- endfor %}\n"
+    "        {%- endif %}\n"
+    "        {{- '<|im_end|>\\n' }}\n"
+    "    {%- elif message.role == 'tool' %}\n"
+    "        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}\n"
+    "        {{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}\n"
+    "        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "    {%- if not thinking %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}\n"
+    "{%- endif %}\n"
+)
+
+QWEN3_CHAT_TEMPLATE = ChatTemplate()
+SMOLLM2_CHAT_TEMPLATE = ChatTemplate(default_system_prompt=SMOLLM2_DEFAULT_SYSTEM_PROMPT)
+CHAT_TEMPLATE_JINJA = QWEN3_CHAT_TEMPLATE.to_jinja()
