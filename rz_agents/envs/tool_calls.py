@@ -1,0 +1,159 @@
+"""Parse tool calls out of a policy turn.
+
+The Qwen3/Hermes format: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, any number
+per turn. Optionally, fenced code blocks (```` ```python ... ``` ````) count as calls of a code
+tool. Malformed calls never raise: each becomes a :class:`ToolCallError` with a message meant to
+be shown to the policy, so the episode can continue.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from rz_agents.envs.base import ToolSpec
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+_FENCE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(```|$)", re.DOTALL)
+_JSON_TYPES = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "object": dict,
+    "array": list,
+}
+
+
+@dataclass
+class ToolCall:
+    """One well-formed call of a known tool."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ToolCallError:
+    """A malformed call; ``message`` is what the policy gets back."""
+
+    message: str
+    raw: str = ""
+
+
+@dataclass
+class ParsedTurn:
+    """The calls of one turn, in order of appearance (errors listed separately)."""
+
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[ToolCallError] = field(default_factory=list)
+    items: list[ToolCall | ToolCallError] = field(default_factory=list)  # both, in text order
+
+    @property
+    def has_calls(self) -> bool:
+        """True when the turn tried to call a tool at all (well-formed or not)."""
+        return bool(self.items)
+
+
+def tool_names(tools: list[ToolSpec]) -> dict[str, dict[str, Any]]:
+    """Map tool name -> its JSON-schema ``parameters`` from OpenAI/Qwen3 function specs."""
+    out = {}
+    for spec in tools:
+        fn = spec.get("function", spec)
+        out[fn["name"]] = fn.get("parameters") or {"type": "object", "properties": {}}
+    return out
+
+
+def _validate(name: Any, arguments: Any, schemas: dict[str, dict[str, Any]]) -> str | None:
+    if not isinstance(name, str) or not name:
+        return 'the call needs a "name" string'
+    if name not in schemas:
+        return f"unknown tool {name!r}; available: {', '.join(sorted(schemas)) or 'none'}"
+    if not isinstance(arguments, dict):
+        return f'"arguments" of {name} must be a JSON object'
+    schema = schemas[name]
+    props = schema.get("properties", {})
+    missing = [k for k in schema.get("required", []) if k not in arguments]
+    if missing:
+        return f"{name} is missing required argument(s): {', '.join(missing)}"
+    unknown = [k for k in arguments if props and k not in props]
+    if unknown:
+        return f"{name} got unexpected argument(s): {', '.join(unknown)}; expected: {', '.join(props)}"
+    for key, value in arguments.items():
+        expected = _JSON_TYPES.get(props.get(key, {}).get("type", ""))
+        if expected and (
+            not isinstance(value, expected) or (expected is not bool and isinstance(value, bool))
+        ):
+            return f"argument {key!r} of {name} must be of type {props[key]['type']}"
+    return None
+
+
+def _parse_call(body: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | ToolCallError:
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return ToolCallError(f"invalid JSON in <tool_call>: {exc.msg} at position {exc.pos}", body)
+    if not isinstance(obj, dict):
+        return ToolCallError('a <tool_call> must hold a JSON object {"name": ..., "arguments": {...}}', body)
+    arguments = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(arguments, str):
+        # some models emit arguments as a JSON-encoded string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return ToolCallError('"arguments" must be a JSON object, got a string that is not JSON', body)
+    problem = _validate(obj.get("name"), arguments, schemas)
+    if problem:
+        return ToolCallError(problem, body)
+    return ToolCall(obj["name"], arguments)
+
+
+def parse_tool_calls(
+    text: str, tools: list[ToolSpec], *, code_blocks: bool = False, code_tool: str = "python"
+) -> ParsedTurn:
+    """All tool calls in ``text`` (text inside ``<think>...</think>`` is ignored).
+
+    ``tools`` are the env's tool specs. With ``code_blocks`` a fenced python block is a call of
+    ``code_tool`` with ``{"code": ...}``.
+    """
+    schemas = tool_names(tools)
+    visible = _THINK.sub("", text)
+    found: list[tuple[int, ToolCall | ToolCallError]] = []
+    pos = 0
+    while True:
+        start = visible.find(OPEN, pos)
+        if start == -1:
+            break
+        end = visible.find(CLOSE, start + len(OPEN))
+        nxt = visible.find(OPEN, start + len(OPEN))
+        if end == -1 or (nxt != -1 and nxt < end):
+            stop = len(visible) if nxt == -1 else nxt
+            raw = visible[start:stop]
+            found.append((start, ToolCallError("unterminated <tool_call> tag (missing </tool_call>)", raw)))
+            pos = stop
+            continue
+        found.append((start, _parse_call(visible[start + len(OPEN) : end].strip(), schemas)))
+        pos = end + len(CLOSE)
+    if code_blocks:
+        for m in _FENCE.finditer(visible):
+            if any(s <= m.start() < s + len(getattr(i, "raw", "")) for s, i in found):
+                continue
+            if not m.group(2):
+                found.append((m.start(), ToolCallError("unterminated ```python code block", m.group(0))))
+            elif code_tool not in schemas:
+                found.append((m.start(), ToolCallError(f"code blocks need a {code_tool!r} tool", m.group(0))))
+            else:
+                found.append((m.start(), ToolCall(code_tool, {"code": m.group(1)})))
+    found.sort(key=lambda item: item[0])
+    turn = ParsedTurn(items=[item for _, item in found])
+    turn.calls = [i for i in turn.items if isinstance(i, ToolCall)]
+    turn.errors = [i for i in turn.items if isinstance(i, ToolCallError)]
+    return turn
+
+
+def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """Render one call in the Qwen3/Hermes format (used by scripted policies and tests)."""
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
