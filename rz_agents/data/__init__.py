@@ -1,0 +1,6 @@
+"""Packaged math datasets, a loader for them and for user files, and a synthetic task generator."""
+
+from rz_agents.data.loader import DATASETS, DatasetError, load_dataset
+from rz_agents.data.synthetic import arithmetic_task, generate_arithmetic_tasks
+
+__all__ = ["DATASETS", "DatasetError", "arithmetic_task", "generate_arithmetic_tasks", "load_dataset"]
