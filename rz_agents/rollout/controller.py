@@ -195,7 +195,8 @@ class RolloutController:
             self._wake()
 
         groups = await self.queue.take(self.cfg.groups_per_batch, version, self.cfg.max_lag, on_drop)
-        return [t for g in groups for t in g.trajectories]
+        # Group order (not completion order) fixes the summation order of the loss: reproducible steps.
+        return [t for g in sorted(groups, key=lambda g: g.index) for t in g.trajectories]
 
     def publish(self, weights, version: int) -> None:
         """Send new weights to the engine (episodes in flight continue with them)."""
