@@ -153,7 +153,7 @@ class ChromeLink:
 
 def pages(browser: Any) -> list[Any]:
     """Every open page (tab) of the browser, in context order."""
-    return [p for ctx in browser.contexts for p in ctx.pages]
+    return [p for ctx in browser.contexts for p in ctx.pages if not p.is_closed()]
 
 
 def active_page(browser: Any) -> Any | None:

@@ -94,7 +94,18 @@ def get_active_tab_info(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str
 
 def get_open_tabs_info(ctx: EpisodeContext, config: dict[str, Any]) -> list[dict[str, Any]] | None:
     """``[{"title", "url"}]`` for every open tab."""
-    return _chrome_call(ctx, lambda b: [_tab(p, content=False) for p in pages(b)])
+
+    def grab(browser: Any) -> list[dict[str, Any]]:
+        out = []
+        for page in pages(browser):
+            try:
+                out.append(_tab(page, content=False))
+            except Exception:
+                # Closed by the agent after Playwright last looked (its close event not yet seen).
+                continue
+        return out
+
+    return _chrome_call(ctx, grab)
 
 
 def get_active_url(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:

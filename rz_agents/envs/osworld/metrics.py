@@ -96,11 +96,14 @@ def is_expected_active_tab(active_tab_info: Any, rule: dict[str, Any], **_: Any)
 
 
 def is_expected_tabs(open_tabs: Any, rule: dict[str, Any], **_: Any) -> float:
-    """1 when the open tabs' URLs are exactly ``rule["urls"]``, in order."""
+    """1 when the open tabs' URLs are exactly ``rule["urls"]`` (as a multiset).
+
+    Order is ignored, as in OSWorld: CDP lists targets in no guaranteed tab-strip order.
+    """
     if not open_tabs or rule.get("type", "url") != "url":
         return 0.0
-    actual = [normalize_url(_url_of(t) or "") for t in open_tabs]
-    return float(actual == [normalize_url(u) for u in rule["urls"]])
+    actual = sorted(normalize_url(_url_of(t) or "") for t in open_tabs)
+    return float(actual == sorted(normalize_url(u) for u in rule["urls"]))
 
 
 def is_expected_url_pattern_match(result: Any, rules: dict[str, Any], **_: Any) -> float:

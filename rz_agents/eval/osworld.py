@@ -1,0 +1,147 @@
+"""OSWorld success rate: run a policy on every runnable task of a set through ``OSWorldEnv``.
+
+Each task runs in a fresh desktop (the env's reset); a task that fails to set up or crashes is
+recorded with its error and scores 0 without stopping the run. Tasks that cannot run here
+(``runnability.check_task``) are reported as skipped with their reasons.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rz_agents.envs.osworld.context import default_download_cache
+from rz_agents.envs.osworld.policies import Policy, load_policy
+from rz_agents.envs.osworld.runnability import check_task
+from rz_agents.envs.osworld.task import Task, TaskFormatError, load_tasks
+
+
+def run_osworld_eval(
+    tasks_path: str | Path,
+    policy: str | Policy = "oracle",
+    max_steps: int = 15,
+    action_space: str = "pyautogui",
+    provider: str = "local",
+    provider_options: dict[str, Any] | None = None,
+    download_cache: str | None = None,
+    include_unrunnable: bool = False,
+    pause: float = 0.5,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``policy`` on the tasks at ``tasks_path`` (a file or folder).
+
+    Returns ``{"tasks": [per-task dicts], "success_rate", "evaluated", "skipped", "by_domain"}``;
+    each task dict has ``id``, ``domain``, ``status`` (``ok``/``error``/``skipped``), ``score``,
+    ``turns``, ``seconds`` and ``error``/``reasons`` when relevant.
+    """
+    from rz_agents.envs.osworld.gym_env import OSWorldEnv
+
+    cache = download_cache or default_download_cache()
+    fn = load_policy(policy, tasks_path)
+    results: list[dict[str, Any]] = []
+    env: OSWorldEnv | None = None
+    try:
+        for path, task in load_tasks(tasks_path):
+            if isinstance(task, TaskFormatError):
+                row = {
+                    "id": path.stem,
+                    "domain": path.parent.name,
+                    "status": "error",
+                    "score": 0.0,
+                    "error": str(task),
+                }
+            else:
+                reasons = check_task(task, cache).reasons
+                if reasons and not include_unrunnable:
+                    row = {
+                        "id": task.id,
+                        "domain": task.domain,
+                        "status": "skipped",
+                        "score": None,
+                        "reasons": [f"{c}: {d}" for c, d in reasons],
+                    }
+                else:
+                    if env is None:
+                        env = OSWorldEnv(
+                            max_turns=max_steps,
+                            action_space=action_space,
+                            provider=provider,
+                            provider_options=provider_options,
+                            download_cache=cache,
+                            pause=pause,
+                        )
+                    row = _run_one(env, task, fn)
+            results.append(row)
+            if on_result is not None:
+                on_result(row)
+    finally:
+        if env is not None:
+            env.close()
+    return summarize(results)
+
+
+def _run_one(env: Any, task: Task, policy: Policy) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    row: dict[str, Any] = {"id": task.id, "domain": task.domain, "status": "ok", "score": 0.0, "turns": 0}
+    try:
+        messages, _info = env.reset(options={"task": task.raw})
+        history = list(messages)
+        while True:
+            reply = policy(history, task.raw)
+            history.append({"role": "assistant", "content": reply})
+            obs, reward, terminated, truncated, info = env.step(reply)
+            history.extend(obs)
+            row["turns"] += 1
+            if terminated or truncated:
+                row["score"] = float(reward)
+                ev = info.get("evaluation") or {}
+                if ev.get("errors"):
+                    row["error"] = "; ".join(ev["errors"])
+                break
+    except Exception as exc:  # one task's failure is recorded, never fatal for the run
+        row.update(status="error", score=0.0, error=f"{type(exc).__name__}: {exc}")
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    return row
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Success rate over evaluated tasks (skipped ones excluded), overall and per domain."""
+    evaluated = [r for r in results if r["status"] != "skipped"]
+    by_domain: dict[str, dict[str, Any]] = {}
+    for r in evaluated:
+        d = by_domain.setdefault(r["domain"], {"evaluated": 0, "score_sum": 0.0})
+        d["evaluated"] += 1
+        d["score_sum"] += r["score"] or 0.0
+    for d in by_domain.values():
+        d["success_rate"] = d["score_sum"] / d["evaluated"]
+    return {
+        "tasks": results,
+        "evaluated": len(evaluated),
+        "skipped": len(results) - len(evaluated),
+        "success_rate": (sum(r["score"] or 0.0 for r in evaluated) / len(evaluated)) if evaluated else 0.0,
+        "by_domain": by_domain,
+    }
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """The success table as plain text: one row per task, then per-domain and overall rates."""
+    lines = [f"{'task':<44} {'domain':<10} {'status':<8} {'score':>5} {'turns':>5} {'secs':>6}"]
+    for r in summary["tasks"]:
+        score = "-" if r["score"] is None else f"{r['score']:.2f}"
+        lines.append(
+            f"{r['id'][:44]:<44} {r['domain'][:10]:<10} {r['status']:<8} {score:>5} "
+            f"{r.get('turns', '-')!s:>5} {r.get('seconds', '-')!s:>6}"
+        )
+        note = r.get("error") or ("; ".join(r["reasons"][:2]) if r.get("reasons") else "")
+        if note and r["status"] != "ok" or (r.get("error") and r["status"] == "ok"):
+            lines.append(f"    {note[:150]}")
+    lines.append("")
+    for name, d in sorted(summary["by_domain"].items()):
+        lines.append(f"{name:<10} success {d['success_rate']:.3f} over {d['evaluated']} tasks")
+    lines.append(
+        f"overall    success {summary['success_rate']:.3f} over {summary['evaluated']} tasks "
+        f"({summary['skipped']} skipped: cannot run here)"
+    )
+    return "\n".join(lines)
