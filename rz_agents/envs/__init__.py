@@ -5,15 +5,19 @@ Importing this package registers the built-in ids, e.g. ``gymnasium.make("rz_age
 
 from rz_agents.envs.base import ChatMessages, Message, MultiTurnTextEnv, ToolSpec, TurnText, as_messages
 from rz_agents.envs.registry import register_builtin_envs, register_env
+from rz_agents.envs.workers import EnvWorkerPool, areset, astep
 
 register_builtin_envs()
 
 __all__ = [
     "ChatMessages",
+    "EnvWorkerPool",
     "Message",
     "MultiTurnTextEnv",
     "ToolSpec",
     "TurnText",
+    "areset",
     "as_messages",
+    "astep",
     "register_env",
 ]
