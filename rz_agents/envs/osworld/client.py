@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+import uuid
 from typing import Any
 
 
@@ -22,11 +23,20 @@ class VMClient:
         self.timeout_s = timeout_s
 
     def _request(
-        self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float | None = None
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        raw: tuple[bytes, str] | None = None,
     ) -> bytes:
-        data = json.dumps(body).encode() if body is not None else None
+        """Send JSON ``body`` (or ``raw`` = (bytes, content type)); the response bytes."""
+        if raw is not None:
+            data, ctype = raw
+        else:
+            data, ctype = (json.dumps(body).encode() if body is not None else None), "application/json"
         req = urllib.request.Request(
-            self.base_url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+            self.base_url + path, data=data, method=method, headers={"Content-Type": ctype}
         )
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout_s) as resp:
@@ -96,16 +106,28 @@ class VMClient:
 
     def get_file(self, path: str) -> bytes | None:
         """The bytes of a file in the desktop, or None when it does not exist."""
+        # Form-encoded, as OSWorld's own server reads it (``request.form["file_path"]``).
+        form = urllib.parse.urlencode({"file_path": path}).encode()
         try:
-            return self._request("POST", "/file", {"file_path": path})
+            return self._request("POST", "/file", raw=(form, "application/x-www-form-urlencoded"))
         except ServerError as exc:
             if "HTTP 404" in str(exc):
                 return None
             raise
 
     def upload(self, path: str, data: bytes) -> None:
-        """Write ``data`` to ``path`` in the desktop (parents created)."""
-        self._json("POST", "/setup/upload", {"file_path": path, "data_b64": base64.b64encode(data).decode()})
+        """Write ``data`` to ``path`` in the desktop (parents created); multipart, as OSWorld sends it."""
+        boundary = uuid.uuid4().hex
+        body = (
+            (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="file_path"\r\n\r\n{path}\r\n'
+                f'--{boundary}\r\nContent-Disposition: form-data; name="file_data"; filename="upload"\r\n'
+                "Content-Type: application/octet-stream\r\n\r\n"
+            ).encode()
+            + data
+            + f"\r\n--{boundary}--\r\n".encode()
+        )
+        self._request("POST", "/setup/upload", raw=(body, f"multipart/form-data; boundary={boundary}"))
 
     def list_directory(self, path: str) -> dict[str, Any] | None:
         """The directory tree at ``path``, or None when it does not exist."""

@@ -9,7 +9,8 @@ Run inside the episode sandbox (``python -m rz_agents.envs.osworld.server``); it
   ``{"status", "output", "error", "returncode"}``; ``/run_python`` ``{"code"}``
 * ``POST /setup/launch`` ``{"command", "shell"}`` (detached); ``/setup/open_file`` ``{"path"}``;
   ``/setup/activate_window`` and ``/setup/close_window`` ``{"window_name", "strict", "by_class"}``
-* ``POST /file`` ``{"file_path"}`` -> the bytes; ``/setup/upload`` ``{"file_path", "data_b64"}``;
+* ``POST /file`` ``file_path`` (form or JSON) -> the bytes; ``/setup/upload`` multipart
+  ``file_path`` + ``file_data`` (or JSON ``data_b64``);
   ``/list_directory`` ``{"path"}`` -> a tree
 
 Paths under ``/home/user`` (OSWorld's VM user) map to ``$HOME``: inside the bubblewrap sandbox
@@ -288,6 +289,20 @@ def directory_tree(path: str) -> dict[str, Any]:
     return node
 
 
+def parse_multipart(ctype: str, raw: bytes) -> dict[str, Any]:
+    """Fields of a ``multipart/form-data`` body: text fields as str, file fields as bytes."""
+    from email import message_from_bytes
+    from email.policy import HTTP
+
+    msg = message_from_bytes(f"Content-Type: {ctype}\r\n\r\n".encode() + raw, policy=HTTP)
+    out: dict[str, Any] = {}
+    for part in msg.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True) or b""
+        out[name] = payload if part.get_filename() else payload.decode()
+    return out
+
+
 # --- HTTP --------------------------------------------------------------------------------------
 
 
@@ -314,10 +329,13 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(n) if n else b""
         if not raw:
             return {}
-        if "application/x-www-form-urlencoded" in (self.headers.get("Content-Type") or ""):
+        ctype = self.headers.get("Content-Type") or ""
+        if "application/x-www-form-urlencoded" in ctype:
             from urllib.parse import parse_qs
 
             return {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+        if ctype.startswith("multipart/form-data"):
+            return parse_multipart(ctype, raw)
         return json.loads(raw)
 
     def do_GET(self) -> None:
@@ -396,8 +414,9 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/setup/upload":
             target = map_path(body["file_path"])
             os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            data = body["file_data"] if "file_data" in body else base64.b64decode(body["data_b64"])
             with open(target, "wb") as f:
-                f.write(base64.b64decode(body["data_b64"]))
+                f.write(data)
             self._json({"status": "success"})
         elif path == "/list_directory":
             target = map_path(body["path"])
