@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 from typing import Any
 
 import gymnasium
@@ -23,6 +24,16 @@ class EnvWorkerPool:
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="rz-env")
+        self._start_threads(max_workers)
+
+    def _start_threads(self, n: int) -> None:
+        # ThreadPoolExecutor starts threads lazily inside submit(), and Thread.start() waits for the
+        # new thread to get the GIL: under load that stalls the event loop for seconds. Start them
+        # all now, while nothing else runs.
+        barrier = threading.Barrier(n + 1)
+        for _ in range(n):
+            self.executor.submit(barrier.wait)
+        barrier.wait()
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
