@@ -1,0 +1,150 @@
+"""Runnability check: every task gets a verdict, and each "no" names the exact reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rz_agents.envs.osworld import LOCAL_TASKS
+from rz_agents.envs.osworld.runnability import check_task, validate_dir
+from rz_agents.envs.osworld.setup_steps import cached_download_paths
+from rz_agents.envs.osworld.task import parse_task
+
+SHARED = Path("/work/shared/data/osworld/examples")
+RULE = {"type": "rule", "rules": {"expected": "1"}}
+
+
+def _task(config=(), apps=("os",), **ev):
+    evaluator = {"func": "exact_match", "result": RULE, "expected": RULE}
+    evaluator.update(ev)
+    return parse_task(
+        {
+            "id": "t",
+            "instruction": "i",
+            "snapshot": "os",
+            "config": list(config),
+            "related_apps": list(apps),
+            "evaluator": evaluator,
+        }
+    )
+
+
+def _categories(task, cache="/nonexistent-cache"):
+    return [c for c, _ in check_task(task, cache).reasons]
+
+
+def test_plain_task_is_runnable():
+    assert check_task(_task(), "/x").runnable
+
+
+def test_download_needs_internet_unless_cached(tmp_path):
+    url, path = "https://example.org/f.txt", "/home/user/Desktop/f.txt"
+    task = _task([{"type": "download", "parameters": {"files": [{"url": url, "path": path}]}}])
+    assert _categories(task, str(tmp_path)) == ["needs internet download"]
+    cached = Path(cached_download_paths(str(tmp_path), "t", url, path)[0])
+    cached.parent.mkdir(parents=True)
+    cached.write_text("data")
+    assert check_task(task, str(tmp_path)).runnable
+
+
+def test_remote_pages_and_package_installs_need_internet():
+    tabs = _task([{"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["https://www.apple.com"]}}])
+    assert _categories(tabs) == ["needs internet (web page)"]
+    local = _task(
+        [
+            {
+                "type": "chrome_open_tabs",
+                "parameters": {"urls_to_open": ["file:///home/user/a.html", "http://127.0.0.1:8000/"]},
+            }
+        ]
+    )
+    assert check_task(local, "/x").runnable
+    apt = _task(
+        [
+            {
+                "type": "execute",
+                "parameters": {"command": "echo password | sudo -S apt-get install zsh -y", "shell": True},
+            }
+        ]
+    )
+    assert "needs internet (package install)" in _categories(apt)
+
+
+def test_missing_app_step_getter_metric_are_each_named():
+    assert _categories(_task(apps=["gimp"])) == (["app not installed"] if not shutil.which("gimp") else [])
+    assert _categories(_task([{"type": "googledrive", "parameters": {}}])) == ["setup step not implemented"]
+    assert _categories(_task(result={"type": "pdf_from_url"})) == ["getter not implemented"]
+    assert _categories(_task(func="compare_pdfs")) == ["metric not implemented"]
+    assert _categories(_task(result={"type": "vm_terminal_output"})) == ["getter unavailable here"]
+    assert _categories(_task(func="")) == ["no evaluator defined"]
+
+
+def test_commands_missing_here_and_gnome_only_commands():
+    task = _task(
+        result={
+            "type": "vm_command_line",
+            "command": "gsettings get a b; surely-not-a-command-xyz --x",
+            "shell": True,
+        }
+    )
+    cats = _categories(task)
+    assert "needs GNOME desktop" in cats and "command not installed" in cats
+    ok = _task(
+        result={"type": "vm_command_line", "command": "[ -d ~/x ] && echo yes 2>&1 || echo no", "shell": True}
+    )
+    assert check_task(ok, "/x").runnable
+
+
+def test_infeasible_tasks_need_no_getters():
+    assert check_task(_task(func="infeasible", result={"type": "pdf_from_url"}), "/x").runnable
+
+
+def test_local_task_set_is_fully_runnable_here():
+    report = validate_dir(LOCAL_TASKS, "/nonexistent-cache")
+    assert report["total"] == report["parsed"] == report["runnable"] >= 10
+    assert report["not_runnable"] == {}
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared OSWorld examples not present")
+def test_cli_validate_json_on_shared_examples():
+    env = dict(os.environ, RZ_OSWORLD_CACHE="/nonexistent-cache")
+    proc = subprocess.run(
+        [sys.executable, "-m", "rz_agents", "osworld", "validate", str(SHARED), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["total"] == report["parsed"] == len(list(SHARED.rglob("*.json")))
+    assert report["runnable"] + sum(report["not_runnable"].values()) == report["parsed"]
+    assert 0 < report["runnable"] < report["parsed"]
+    for task in report["tasks"]:
+        assert task["runnable"] == (task["reasons"] == [])
+    reasons = set(report["reasons"])
+    assert {
+        "app not installed",
+        "needs internet download",
+        "needs internet (web page)",
+        "no evaluator defined",
+    } <= reasons
+
+
+def test_cli_validate_exits_nonzero_on_a_bad_file(tmp_path):
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    proc = subprocess.run(
+        [sys.executable, "-m", "rz_agents", "osworld", "validate", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert report["parsed"] == 0 and "must be a JSON object" in next(iter(report["parse_errors"].values()))
