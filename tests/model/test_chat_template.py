@@ -377,7 +377,13 @@ def test_saved_qwen3_tokenizer_carries_the_same_template(hf_qwen3):
 # ---- the token-exact continuation property ---------------------------------------------------------
 
 
-def check_rollout_never_retokenizes(template: ChatTemplate, tokenizer, seed: int, episodes: int) -> int:
+def check_rollout_never_retokenizes(
+    template: ChatTemplate,
+    tokenizer,
+    seed: int,
+    episodes: int,
+    thinking_modes: tuple[bool, ...] = (True, False),
+) -> int:
     """Build token sequences the way the rollout does and compare with tokens of the full re-render.
 
     The sampled text stands in for the policy's tokens; it starts with a non-space character, since
@@ -388,7 +394,7 @@ def check_rollout_never_retokenizes(template: ChatTemplate, tokenizer, seed: int
     im_end = tokenizer.token_to_id("<|im_end|>")
     turns = 0
     for _ in range(episodes):
-        enable_thinking = rng.random() < 0.5
+        enable_thinking = rng.choice(thinking_modes)
         messages, tools = random_conversation(rng)
         if messages[-1]["role"] == "assistant":
             messages.pop()
@@ -498,7 +504,12 @@ def smollm2():
 
 
 def test_continuation_property_holds_for_smollm2(smollm2):
-    assert check_rollout_never_retokenizes(SMOLLM2_CHAT_TEMPLATE, smollm2, seed=1, episodes=100) > 200
+    # SmolLM2 has no thinking mode. (Its GPT-2 pre-tokenizer would also split the "\n\n" that ends a
+    # non-thinking generation prompt differently once text follows, so re-encoding would not match.)
+    turns = check_rollout_never_retokenizes(
+        SMOLLM2_CHAT_TEMPLATE, smollm2, seed=1, episodes=100, thinking_modes=(True,)
+    )
+    assert turns > 200
 
 
 def test_smollm2_template_matches_the_ggufs_own_template(smollm2, tmp_path):
