@@ -1,0 +1,176 @@
+"""The real desktop: Xvfb + openbox + Chromium in a bubblewrap sandbox, driven through pyautogui.
+
+These tests start Xvfb themselves (CI installs xvfb, chromium, xdotool, openbox). One DesktopEnv
+is shared by the API tests; each ``reset`` still starts a fresh desktop, as an episode must.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import gymnasium
+import pytest
+
+from rz_agents.envs.osworld import LOCAL_TASKS, register_envs
+from rz_agents.envs.osworld.desktop_env import DesktopEnv
+from rz_agents.envs.osworld.getters import get_vm_command_line
+from rz_agents.envs.osworld.gym_env import ENV_ID, OSWorldEnv
+from rz_agents.envs.osworld.providers.local import episode_pids
+from rz_agents.envs.osworld.setup_steps import SetupError
+from rz_agents.eval.osworld import run_osworld_eval
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("Xvfb") and shutil.which("chromium") and shutil.which("openbox")),
+    reason="needs xvfb, chromium and openbox (scripts/install.sh installs them)",
+)
+
+TASKS = Path(LOCAL_TASKS)
+
+
+def _task(domain: str, task_id: str) -> dict:
+    return json.loads((TASKS / domain / f"{task_id}.json").read_text())
+
+
+def _children(pid: int) -> set[int]:
+    """Every live descendant of ``pid``."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - out
+        out |= frontier
+    return out
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = DesktopEnv()
+    yield e
+    e.close()
+
+
+def test_oracles_score_one_and_empty_trajectories_zero():
+    oracle = run_osworld_eval(TASKS, "oracle", pause=0.2)
+    assert oracle["evaluated"] >= 10 and oracle["skipped"] == 0
+    assert {r["id"]: r["score"] for r in oracle["tasks"]} == {r["id"]: 1.0 for r in oracle["tasks"]}, oracle
+    empty = run_osworld_eval(TASKS, "noop", pause=0.2)
+    assert {r["id"]: r["score"] for r in empty["tasks"]} == {r["id"]: 0.0 for r in empty["tasks"]}, empty
+    assert all(r["status"] == "ok" for r in oracle["tasks"] + empty["tasks"])
+
+
+def test_wrong_trajectories_score_zero(env):
+    env.reset(_task("os", "rz-os-rename-file"))
+    env.step("import os\nos.rename('/home/user/Desktop/draft.txt', '/home/user/Desktop/final.md')", pause=0)
+    env.step("DONE")
+    assert env.evaluate() == 0.0
+    env.reset(_task("chrome", "rz-chrome-open-about"))
+    env.step(
+        "pyautogui.hotkey('ctrl', 'l'); pyautogui.typewrite('file:///home/user/site/contact.html'); pyautogui.press('enter'); time.sleep(1)"
+    )
+    env.step("DONE")
+    assert env.evaluate() == 0.0
+    env.reset(_task("os", "rz-os-infeasible-bios"))
+    env.step("DONE")  # claiming success on an infeasible task
+    assert env.evaluate() == 0.0
+
+
+def test_observation_has_png_screenshot_a11y_tree_and_instruction(env):
+    obs = env.reset(_task("chrome", "rz-chrome-open-about"))
+    assert obs["screenshot"][:8] == b"\x89PNG\r\n\x1a\n" and len(obs["screenshot"]) > 1000
+    tree = obs["accessibility_tree"]
+    assert (
+        'name="Chromium"' in tree and 'name="About us"' in tree
+    )  # the page's own link, from Chrome's AX tree
+    assert obs["instruction"].startswith("In Chrome, go to the About page")
+    assert obs["terminal"] is None
+
+
+def test_actions_in_both_spaces_and_errors_reported_not_raised(env):
+    env.reset(_task("os", "rz-os-mkdir-nested"))
+    obs, reward, done, info = env.step(
+        {"action_type": "MOVE_TO", "parameters": {"x": 321, "y": 123}}, pause=0
+    )
+    assert (reward, done, info) == (0.0, False, {})
+    out = get_vm_command_line(
+        env.ctx, {"command": ["python", "-c", "import pyautogui; print(tuple(pyautogui.position()))"]}
+    )
+    assert out.strip().endswith("(321, 123)")
+    _, _, done, info = env.step("pyautogui.no_such_function()", pause=0)
+    assert not done and "AttributeError" in info["error"]
+    _, _, done, info = env.step("pyautogui.click(1,", pause=0)
+    assert not done and "not valid Python" in info["error"]
+    _, _, done, info = env.step("WAIT", pause=0)
+    assert not done
+    _, _, done, info = env.step("FAIL")
+    assert done and info["done"] == "FAIL" and env.evaluate() == 0.0
+
+
+def test_reset_reverts_to_a_clean_home(env):
+    env.reset(_task("os", "rz-os-mkdir-nested"))
+    env.step("open('/home/user/Desktop/leftover.txt', 'w').write('x')", pause=0)
+    assert get_vm_command_line(env.ctx, {"command": "ls /home/user/Desktop", "shell": True}).split() == [
+        "leftover.txt"
+    ]
+    env.reset(_task("os", "rz-os-mkdir-nested"))
+    assert get_vm_command_line(env.ctx, {"command": "ls -A /home/user/Desktop", "shell": True}) == ""
+
+
+def test_setup_needing_the_internet_fails_clearly_and_frees_the_desktop():
+    task = _task("os", "rz-os-mkdir-nested")
+    task["config"] = [
+        {
+            "type": "download",
+            "parameters": {"files": [{"url": "https://example.org/x", "path": "/home/user/x"}]},
+        }
+    ]
+    with DesktopEnv() as e:
+        with pytest.raises(SetupError, match="needs internet download"):
+            e.reset(task)
+        assert e.provider.desktop is None
+
+
+def test_close_leaves_no_processes_behind():
+    before = _children(os.getpid())
+    e = DesktopEnv()
+    episodes = []
+    for task in (_task("chrome", "rz-chrome-close-ad-tab"), _task("os", "rz-os-count-lines")):
+        e.reset(task)
+        desktop = e.provider.desktop
+        episodes.append(desktop)
+        assert len(episode_pids(desktop.episode_id)) >= 3  # Xvfb, openbox, server (+ Chrome)
+        e.step("DONE")
+        e.evaluate()  # the Chrome getter starts Playwright's driver in this process
+    e.close()
+    for d in episodes:
+        assert episode_pids(d.episode_id) == []
+        assert not os.path.exists(d.root_dir)
+        assert not os.path.exists(f"/tmp/.X{d.display.lstrip(':')}-lock")
+    assert _children(os.getpid()) - before == set()
+
+
+def test_gymnasium_env_chat_turns_parse_errors_and_truncation_reward():
+    register_envs()
+    env = gymnasium.make(ENV_ID, max_turns=2, pause=0.0)
+    try:
+        assert isinstance(env.unwrapped, OSWorldEnv)
+        messages, info = env.reset(options={"task": _task("os", "rz-os-mkdir-nested")})
+        assert [m["role"] for m in messages] == ["system", "user"] and info["task_id"] == "rz-os-mkdir-nested"
+        assert "pyautogui" in messages[0]["content"] and "Task: Create the folder" in messages[1]["content"]
+        obs, reward, terminated, truncated, info = env.step("let me think about it")
+        assert (reward, terminated, truncated) == (0.0, False, False)
+        assert obs[0]["content"].startswith("Action error:") and "action_error" in info
+        # The last turn does the work without saying DONE: the turn limit ends it, scored as it stands.
+        reply = "```python\nimport os\nos.makedirs('/home/user/Desktop/projects/2026/reports')\n```"
+        obs, reward, terminated, truncated, info = env.step(reply)
+        assert (reward, terminated, truncated) == (1.0, False, True)
+    finally:
+        env.close()
