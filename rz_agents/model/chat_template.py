@@ -240,6 +240,8 @@ class ChatTemplate:
         ``assistant_closed=False`` and the ``<|im_end|>`` id is put in front. Because ``<|im_end|>`` is an
         atomic token, ``prompt + sampled + continuation`` equals the tokens of the full re-rendered
         conversation (tested over random conversations), so nothing is ever re-tokenized.
+        A turn that stopped on ``<|endoftext|>`` (end of document) has no ChatML continuation: end the
+        episode there.
         """
         ids = tokenizer.encode(self.render_continuation(new_messages, enable_thinking))
         if not assistant_closed:

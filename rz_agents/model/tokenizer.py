@@ -398,7 +398,7 @@ def qwen3_tokenizer(cache_dir: str | os.PathLike | None = None) -> Tokenizer:
             tok = Tokenizer.from_dir(directory)
             if tok.vocab_size == QWEN3_FIRST_ADDED_ID + 26:
                 return tok
-        except Exception:  # a half-written cache from an interrupted build: rebuild below
+        except Exception:  # a damaged cache (e.g. edited or truncated file): rebuild below
             pass
     tok = Tokenizer(
         build_qwen3_backend(),
@@ -425,14 +425,25 @@ def _save_atomically(tok: Tokenizer, directory: Path) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.parent / f".{directory.name}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tok.save(tmp)
-    if directory.exists():  # a corrupt cache (a valid one is returned before we get here)
-        shutil.rmtree(directory, ignore_errors=True)
     try:
+        tok.save(tmp)
+        if directory.exists():
+            if _loads(directory):  # another process finished the same build first: keep theirs
+                return
+            shutil.rmtree(directory, ignore_errors=True)  # corrupt or partial
         os.replace(tmp, directory)
     except OSError:
-        # Another process finished the same build first: keep theirs, drop ours.
+        if not _loads(directory):  # lost a rename race to a valid cache is fine; anything else is not
+            raise
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _loads(directory: Path) -> bool:
+    try:
+        return Tokenizer.from_dir(directory).vocab_size == QWEN3_FIRST_ADDED_ID + 26
+    except Exception:
+        return False
 
 
 # ---- SmolLM2 -----------------------------------------------------------------------------------

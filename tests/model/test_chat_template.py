@@ -374,6 +374,28 @@ def test_saved_qwen3_tokenizer_carries_the_same_template(hf_qwen3):
     ) == QWEN3_CHAT_TEMPLATE.render(messages, tools)
 
 
+def test_rendering_is_append_only():
+    """Each prefix of a conversation renders to a prefix of the whole; the generation prompt too."""
+    rng = random.Random(3)
+    for _ in range(300):
+        messages, tools = random_conversation(rng)
+        enable_thinking = rng.random() < 0.5
+        whole = QWEN3_CHAT_TEMPLATE.render(messages, tools, False, enable_thinking)
+        for k in range(1, len(messages)):
+            if messages[k - 1]["role"] == messages[k]["role"] == "tool":
+                continue  # inside one group of tool results, which closes only after its last result
+            head = messages[:k]
+            assert whole.startswith(
+                QWEN3_CHAT_TEMPLATE.render(head, tools, False, enable_thinking).rstrip("\n")
+            )
+            # A turn the model wrote after this generation prompt (with thinking off, a turn that
+            # carries its own reasoning was not written after the empty think block).
+            if messages[k]["role"] == "assistant" and (
+                enable_thinking or not messages[k].get("reasoning_content")
+            ):
+                assert whole.startswith(QWEN3_CHAT_TEMPLATE.render(head, tools, True, enable_thinking))
+
+
 # ---- the token-exact continuation property ---------------------------------------------------------
 
 
