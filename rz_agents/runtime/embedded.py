@@ -73,6 +73,8 @@ class TrainConfig:
     resume_from: str | None = None
     tensorboard: bool = False
     learner_step_delay_s: float = 0.0  # throttle the learner (tests and benchmarks of the lag bound)
+    # Run the learner in a child process (no GIL contention with the engine; see runtime/learner_process.py).
+    learner_process: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -168,7 +170,12 @@ class EmbeddedRun:
             top_k=r.top_k,
             top_p=r.top_p,
         )
-        self.learner = Learner(self.model, lcfg)
+        if cfg.learner_process:
+            from rz_agents.runtime.learner_process import LearnerProcess
+
+            self.learner = LearnerProcess(self.model, lcfg, num_threads=cfg.num_threads)
+        else:
+            self.learner = Learner(self.model, lcfg)
         rcfg = dataclasses.replace(r, max_lag=effective_max_lag(cfg), seed=cfg.seed)
         self.controller = RolloutController(
             self.engine,
@@ -260,6 +267,8 @@ class EmbeddedRun:
     def close(self) -> None:
         """Release envs, threads and files."""
         self.controller.close()
+        if hasattr(self.learner, "close"):
+            self.learner.close()
         if self.writer:
             self.writer.close()
 

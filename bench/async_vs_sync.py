@@ -1,0 +1,174 @@
+"""Training-step throughput of async (max_lag 64) vs sync REINFORCE Zero on the same multi-turn workload.
+
+    python bench/async_vs_sync.py --json
+    python bench/async_vs_sync.py --env python_tool --json      # the Python tool env, when it is installed
+
+Both modes run the same code (the embedded runtime); sync is max_lag = 0: generate a batch, train, publish.
+The sync run also measures where its time goes: waiting for data (generation + env) and the learner step
+(training + weight publication). From those, in the same process:
+
+    ideal_ratio   = (gen_env + train) / max(gen_env, train)   what overlapping the two phases can give
+    async_over_sync = async steps/s / sync steps/s            what the async runtime achieved
+
+Async can exceed ideal_ratio: it also keeps more episodes in flight than one batch (max_concurrent_episodes),
+so env latency of several batches overlaps and the engine decodes bigger batches. ``ideal_ratio_3way`` =
+(gen + env + train) / max(gen, env, train) counts that overlap too.
+
+On 2 CPU cores, generation and training share the cores: both use ``--threads`` torch threads (1 each by
+default, so each phase has one core; torch's thread count is process-wide, and alignment needs the engine
+and the learner to use the same count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from rz_agents.rollout.agent_loop import EpisodeLimits
+from rz_agents.rollout.controller import RolloutConfig
+from rz_agents.runtime.embedded import EmbeddedRun, EnvSpec, ModelSpec, TrainConfig
+from rz_agents.trainer.learner import LearnerConfig
+from rz_agents.trainer.optim import OptimConfig
+
+
+def _config(args, mode: str) -> TrainConfig:
+    if args.env == "python_tool":
+        env = EnvSpec(id="rz_agents/PythonTool-v0", kwargs={})
+    else:
+        env = EnvSpec(kwargs={"max_turns": args.turns, "latency_s": args.env_latency})
+    return TrainConfig(
+        mode=mode,
+        steps=args.warmup + args.steps,
+        num_threads=args.threads,
+        seed=args.seed,
+        model=ModelSpec(
+            tiny_overrides={
+                "hidden_size": args.hidden,
+                "num_hidden_layers": args.layers,
+                "intermediate_size": 2 * args.hidden,
+            }
+        ),
+        env=env,
+        rollout=RolloutConfig(
+            group_size=args.group_size,
+            groups_per_batch=args.groups_per_batch,
+            max_concurrent_episodes=args.concurrency,
+            max_lag=args.max_lag,
+            limits=EpisodeLimits(
+                args.turns, args.tokens_per_turn, args.turns * (args.tokens_per_turn + 40) + 60
+            ),
+        ),
+        learner=LearnerConfig(optim=OptimConfig(lr=1e-3)),
+        learner_process=args.learner_process == "on",
+    )
+
+
+def _measure(args, mode: str) -> dict:
+    import asyncio
+
+    from rz_agents.engine import EngineConfig
+
+    cfg = _config(args, mode)
+    cfg.engine = EngineConfig(num_slots=args.concurrency + 8, max_len=1024, max_batch_tokens=1024)
+    run = EmbeddedRun(cfg)
+    try:
+        t0 = time.perf_counter()
+        summary = asyncio.run(run.train())
+        wall = time.perf_counter() - t0
+    finally:
+        run.close()
+    h = run.history[args.warmup :]
+    # Steady state: the span from the end of the last warmup step to the end of the run.
+    step_ends = []
+    t = 0.0
+    for m in run.history:
+        t += m["time_step_s"]
+        step_ends.append(t)
+    span = step_ends[-1] - step_ends[args.warmup - 1] if args.warmup else step_ends[-1]
+    n = len(h)
+
+    def mean(key):
+        return sum(m[key] for m in h) / n
+
+    return {
+        "mode": mode,
+        "steps_measured": n,
+        "steps_per_s": n / span,
+        "wall_s_total": wall,
+        "wait_data_s": mean("time_wait_data_s"),
+        "train_s": mean("time_forward_s") + mean("time_backward_s") + mean("time_optimizer_s"),
+        "publish_s": mean("time_publish_s"),
+        "step_s": mean("time_step_s"),
+        "max_lag_seen": max(m.get("lag_max", 0) for m in h),
+        "lag_mean": sum(m.get("lag_mean", 0) for m in h) / n,
+        "reward_first": run.history[0].get("reward_mean"),
+        "reward_last": run.history[-1].get("reward_mean"),
+        "engine_forward_s_total": summary["engine"]["forward_s"],
+        "dropped_stale_groups": summary["rollout"]["groups_dropped_stale"],
+        "episodes_failed": summary["rollout"]["episodes_failed"],
+    }
+
+
+def main(argv=None) -> int:
+    """Run both modes and print the comparison."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--env", choices=["stand_in", "python_tool"], default="stand_in")
+    p.add_argument("--env-latency", type=float, default=0.3, help="stand-in env: seconds per step (sleep)")
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--tokens-per-turn", type=int, default=16)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--groups-per-batch", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=64, help="episodes in flight (async)")
+    p.add_argument("--max-lag", type=int, default=64)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument(
+        "--learner-process",
+        choices=["on", "off"],
+        default="on",
+        help="learner in a child process (on) or a thread of the engine's process (off: shares the GIL)",
+    )
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    sync = _measure(args, "sync")
+    asyn = _measure(args, "async")
+    gen_env, train = sync["wait_data_s"], sync["train_s"] + sync["publish_s"]
+    ideal = (gen_env + train) / max(gen_env, train)
+    ratio = asyn["steps_per_s"] / sync["steps_per_s"]
+    # Generation vs env inside the sync wait: the engine's forward time is generation; the rest is env + glue.
+    gen = sync["engine_forward_s_total"] / (args.warmup + args.steps)
+    env = max(gen_env - gen, 0.0)
+    ideal3 = (gen + env + train) / max(gen, env, train)
+    out = {
+        "async_over_sync": ratio,
+        "ideal_ratio": ideal,
+        "fraction_of_ideal": ratio / ideal,
+        "ideal_ratio_3way": ideal3,
+        "max_lag_seen": asyn["max_lag_seen"],
+        "sync": sync,
+        "async": asyn,
+        "sync_gen_s_per_step": gen,
+        "sync_env_s_per_step": env,
+        "sync_train_s_per_step": train,
+        "workload": vars(args),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(
+            f"async/sync = {ratio:.2f}x  (ideal {ideal:.2f}x, {ratio / ideal:.0%} of it; 3-way ideal {ideal3:.2f}x)\n"
+            f"sync: gen {gen:.2f}s + env {env:.2f}s + train {train:.2f}s per step; "
+            f"async max lag {asyn['max_lag_seen']:.0f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

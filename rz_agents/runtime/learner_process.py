@@ -1,0 +1,120 @@
+"""The learner in a child process, so its Python work never waits on the engine's GIL (and vice versa).
+
+On CPU, small-model forwards are many small torch ops; engine and learner threads in one process then
+take turns on the GIL and the learner step slows down several-fold while the engine is busy. This
+wrapper runs the same ``Learner`` in a spawned process: trajectories go in through a pipe, metrics come
+back, and new weights are written into shared-memory tensors that the engine copies from.
+It has the ``Learner`` methods the runtime uses (step, weights, version, state_dict, load_state_dict).
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from rz_agents.trainer.learner import Learner, LearnerConfig
+from rz_agents.trajectory import Trajectory
+
+
+def _serve(conn, model_config, kernels: str, cfg: LearnerConfig, shared, version: int, num_threads) -> None:
+    from rz_agents.model import Transformer
+
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    model = Transformer(model_config, kernels=kernels)
+    model.load_state_dict(shared)
+    learner = Learner(model, cfg, version=version)
+
+    def publish() -> None:
+        with torch.no_grad():
+            for k, v in model.state_dict().items():
+                shared[k].copy_(v)
+
+    while True:
+        cmd, arg = conn.recv()
+        try:
+            if cmd == "close":
+                conn.send(("ok", None))
+                return
+            if cmd == "step":
+                metrics = learner.step([Trajectory.from_dict(d) for d in arg])
+                publish()
+                conn.send(("ok", (metrics, learner.version, learner.skipped_steps)))
+            elif cmd == "state":
+                conn.send(("ok", learner.state_dict()))
+            elif cmd == "load":
+                learner.load_state_dict(arg)
+                publish()
+                conn.send(("ok", (learner.version, learner.skipped_steps)))
+            else:
+                conn.send(("error", f"unknown command {cmd!r}"))
+        except Exception as e:  # report to the parent; it decides
+            conn.send(("error", f"{e!r}\n{traceback.format_exc()}"))
+
+
+class LearnerProcessError(RuntimeError):
+    """The learner process reported an error or died."""
+
+
+class LearnerProcess:
+    """A ``Learner`` running in a spawned child process."""
+
+    def __init__(
+        self, model: torch.nn.Module, cfg: LearnerConfig, version: int = 0, num_threads=None
+    ) -> None:
+        ctx = mp.get_context("spawn")
+        self._shared = {k: v.detach().clone().share_memory_() for k, v in model.state_dict().items()}
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_serve,
+            args=(child, model.config, model.kernels, cfg, self._shared, version, num_threads),
+            daemon=True,
+            name="rz-learner",
+        )
+        self._proc.start()
+        child.close()
+        self.cfg = cfg
+        self.version = version
+        self.skipped_steps = 0
+
+    def _call(self, cmd: str, arg: Any = None) -> Any:
+        try:
+            self._conn.send((cmd, arg))
+            status, value = self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError) as e:
+            raise LearnerProcessError(f"learner process died (exit code {self._proc.exitcode})") from e
+        if status != "ok":
+            raise LearnerProcessError(value)
+        return value
+
+    def step(self, batch: list[Trajectory]) -> dict[str, Any]:
+        """Learner.step in the child; returns its metrics."""
+        metrics, self.version, self.skipped_steps = self._call("step", [t.to_dict() for t in batch])
+        return metrics
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The latest weights (shared memory, updated by each step; copy before the next step)."""
+        return self._shared
+
+    def state_dict(self) -> dict[str, Any]:
+        """Learner.state_dict of the child."""
+        return self._call("state")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Learner.load_state_dict in the child."""
+        self.version, self.skipped_steps = self._call("load", state)
+
+    def close(self) -> None:
+        """Stop the child process."""
+        if self._proc.is_alive():
+            try:
+                self._call("close")
+            except LearnerProcessError:
+                pass
+            self._proc.join(timeout=10)
+            if self._proc.is_alive():
+                self._proc.kill()
+        self._conn.close()

@@ -1,0 +1,42 @@
+"""The learner in a child process trains exactly like the in-process learner (same bits, same metrics)."""
+
+import asyncio
+
+import torch
+
+from rz_agents.rollout.agent_loop import EpisodeLimits
+from rz_agents.rollout.controller import RolloutConfig
+from rz_agents.runtime.embedded import EmbeddedRun, TrainConfig
+from rz_agents.trainer.learner import LearnerConfig
+from rz_agents.trainer.optim import OptimConfig
+
+
+def _run(learner_process: bool):
+    cfg = TrainConfig(
+        mode="sync",
+        steps=3,
+        num_threads=1,
+        learner_process=learner_process,
+        rollout=RolloutConfig(
+            group_size=2, groups_per_batch=2, limits=EpisodeLimits(2, 6, 200), max_concurrent_episodes=8
+        ),
+        learner=LearnerConfig(optim=OptimConfig(lr=1e-2), assert_lag0_exact=True),
+    )
+    run = EmbeddedRun(cfg)
+    try:
+        asyncio.run(run.train())
+        weights = {k: v.clone() for k, v in run.engine.model.state_dict().items()}  # what was published
+        return run.history, weights, run.learner.version
+    finally:
+        run.close()
+
+
+def test_learner_process_matches_in_process_learner_bitwise():
+    h_thread, w_thread, v_thread = _run(False)
+    h_proc, w_proc, v_proc = _run(True)
+    assert v_thread == v_proc == 3
+    assert [m["reward_mean"] for m in h_thread] == [m["reward_mean"] for m in h_proc]
+    assert [m["loss"] for m in h_thread] == [m["loss"] for m in h_proc]
+    assert all(m["lag0_abs_dlogp_max"] == 0.0 for m in h_proc)
+    for k, v in w_thread.items():
+        assert torch.equal(v, w_proc[k]), k
