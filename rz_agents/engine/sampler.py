@@ -60,6 +60,11 @@ def sample(
     return tokens, values
 
 
+# Inverse-CDF in two levels: pick a block of the vocabulary by its mass, then a token inside the block.
+# A full float64 cumsum over a 150k vocabulary per row dominated the step otherwise.
+CDF_BLOCK = 1024
+
+
 def _draw(logp: torch.Tensor, logits: torch.Tensor, u: torch.Tensor, greedy: list[bool]) -> torch.Tensor:
     """Inverse-CDF draw from exp(logp) per row; argmax of the raw logits for greedy rows."""
     out = torch.empty(logp.shape[0], dtype=torch.long)
@@ -67,12 +72,31 @@ def _draw(logp: torch.Tensor, logits: torch.Tensor, u: torch.Tensor, greedy: lis
     greedy_rows = [j for j, g in enumerate(greedy) if g]
     if greedy_rows:
         out[greedy_rows] = logits[greedy_rows].argmax(dim=-1)
-    if sampled:
-        probs = logp[sampled].double().exp()  # float64 CDF: tiny probabilities are not lost
-        cdf = probs.cumsum(dim=-1)
-        threshold = u[sampled, None] * cdf[:, -1:]
-        idx = torch.searchsorted(cdf, threshold, right=True)[:, 0]
-        # Rounding can put the threshold at the total; fall back to the last token with mass.
-        last_nonzero = (probs > 0).long().cumsum(-1).argmax(-1)
-        out[sampled] = torch.minimum(idx, last_nonzero)
+    if not sampled:
+        return out
+    probs = logp[sampled].exp()
+    n, vocab = probs.shape
+    nb = -(-vocab // CDF_BLOCK)
+    if nb * CDF_BLOCK != vocab:
+        probs = torch.cat([probs, probs.new_zeros(n, nb * CDF_BLOCK - vocab)], dim=1)
+    blocks = probs.view(n, nb, CDF_BLOCK)
+    block_mass = blocks.sum(-1, dtype=torch.float64)  # [n, nb]
+    block_cdf = block_mass.cumsum(-1)
+    threshold = u[sampled].double() * block_cdf[:, -1]
+    # right=True: the first block whose cumulative mass exceeds the threshold has mass > 0.
+    b = torch.searchsorted(block_cdf, threshold[:, None], right=True)[:, 0]
+    b = torch.minimum(b, _last_positive(block_mass))
+    rows = torch.arange(n)
+    rest = threshold - (block_cdf[rows, b] - block_mass[rows, b])
+    inner = blocks[rows, b].double()  # [n, CDF_BLOCK]
+    i = torch.searchsorted(inner.cumsum(-1), rest[:, None], right=True)[:, 0]
+    # Rounding can leave the remainder at (or past) the block total: take its last token with mass.
+    i = torch.minimum(i, _last_positive(inner))
+    out[sampled] = b * CDF_BLOCK + i
     return out
+
+
+def _last_positive(x: torch.Tensor) -> torch.Tensor:
+    """Index of the last entry > 0 in each row (rows always have one: a distribution's support)."""
+    idx = torch.arange(x.shape[-1]).expand_as(x)
+    return torch.where(x > 0, idx, -1).amax(-1)

@@ -66,3 +66,17 @@ def test_sampler_seeded_rows_do_not_depend_on_their_neighbours():
     gens = [None, None, torch.Generator().manual_seed(7), None, None]
     crowded, _ = sample(logits, [p] * 5, gens, torch.Generator().manual_seed(99))
     assert crowded[2] == alone[0]
+
+
+def test_sampler_frequencies_hold_across_vocabulary_blocks():
+    # 3000 tokens span three CDF blocks; mass is spread so every block is drawn from.
+    vocab, n = 3000, 30000
+    logits = torch.full((1, vocab), -30.0)
+    hot = torch.tensor([5, 1023, 1024, 2047, 2999])
+    logits[0, hot] = torch.tensor([0.0, 0.5, 1.0, -0.5, 0.2])
+    params = SamplingParams(temperature=1.0)
+    tokens, _ = sample(logits.expand(n, -1), [params] * n, [None] * n, torch.Generator().manual_seed(4))
+    freq = torch.bincount(torch.tensor(tokens), minlength=vocab).double() / n
+    probs = sampling_logprobs(logits).exp()[0].double()
+    assert (freq[hot] - probs[hot]).abs().max() < 0.015
+    assert freq[hot].sum() > 0.999
