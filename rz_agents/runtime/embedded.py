@@ -91,11 +91,23 @@ class TrainConfig:
             )
         self.rollout.validate()
         self.learner.validate()
+        if effective_kernels(self) == "standard" and self.learner.assert_lag0_exact:
+            raise ValueError(
+                "learner.assert_lag0_exact needs aligned kernels; standard kernels (model.kernels or the "
+                "standard_is estimator) do not give bit-identical engine and learner log-probs"
+            )
 
 
 def effective_max_lag(cfg: TrainConfig) -> int:
-    """sync mode trains only lag-0 tokens."""
-    return 0 if cfg.mode == "sync" else cfg.rollout.max_lag
+    """sync mode (and the on_policy estimator, which is synchronous by definition) trains only lag-0 tokens."""
+    if cfg.mode == "sync" or cfg.learner.loss.estimator == "on_policy":
+        return 0
+    return cfg.rollout.max_lag
+
+
+def effective_kernels(cfg: TrainConfig) -> str:
+    """The standard_is estimator is REINFORCE Zero with stock PyTorch ops on both engine and learner."""
+    return "standard" if cfg.learner.loss.estimator == "standard_is" else cfg.model.kernels
 
 
 def build_model(spec: ModelSpec, vocab_size: int):
@@ -153,7 +165,7 @@ class EmbeddedRun:
         _set_threads(cfg.num_threads)
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer)
         vocab = max(int(self.tokenizer.vocab_size), 320) if cfg.tokenizer == "byte" else len(self.tokenizer)
-        self.model = build_model(cfg.model, vocab)
+        self.model = build_model(dataclasses.replace(cfg.model, kernels=effective_kernels(cfg)), vocab)
         # The engine samples from its own copy; the learner publishes into it after each step.
         engine_model = copy.deepcopy(self.model)
         engine_model.requires_grad_(False)
@@ -231,6 +243,8 @@ class EmbeddedRun:
                     **{f"rollout_{k}": v for k, v in self.controller.counters.items()},
                     queue_groups=len(self.controller.queue),
                     engine_generated_tokens=self.engine.counters["generated_tokens"],
+                    trained_tokens_per_s=metrics.get("learner_tokens", 0)
+                    / max(time.perf_counter() - t0, 1e-9),
                 )
                 self.history.append(metrics)
                 if self.writer:
