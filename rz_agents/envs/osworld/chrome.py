@@ -87,7 +87,11 @@ def write_chrome_wrapper(bin_dir: str, binary: str, cdp_port: int, profile_dir: 
 
 
 class ChromeLink:
-    """A Playwright CDP connection to one Chromium, owned by a dedicated worker thread."""
+    """A Playwright CDP connection to one Chromium, owned by a dedicated worker thread.
+
+    The driver outlives episodes: ``retarget`` moves the link to the next browser, saving the
+    driver's start-up on every reset.
+    """
 
     def __init__(self, cdp_port: int, connect_timeout_s: float = 10.0) -> None:
         self.endpoint = f"http://127.0.0.1:{cdp_port}"
@@ -102,6 +106,7 @@ class ChromeLink:
 
         pw = sync_playwright().start()
         browser = None
+        connected_to = ""
         try:
             while True:
                 job = self._jobs.get()
@@ -109,9 +114,13 @@ class ChromeLink:
                     break
                 fn, box, done = job
                 try:
-                    if browser is None or not browser.is_connected():
+                    if browser is not None and (connected_to != self.endpoint or not browser.is_connected()):
+                        _disconnect(browser)
+                        browser = None
+                    if browser is None:
+                        connected_to = self.endpoint
                         browser = pw.chromium.connect_over_cdp(
-                            self.endpoint, timeout=self.connect_timeout_s * 1000
+                            connected_to, timeout=self.connect_timeout_s * 1000
                         )
                     box.append(("ok", fn(browser)))
                 except Exception as exc:  # shipped back to the caller's thread
@@ -119,12 +128,13 @@ class ChromeLink:
                     box.append(("err", exc))
                 done.set()
         finally:
-            try:
-                if browser is not None:
-                    browser.close()  # over CDP this disconnects; the browser keeps running
-            except Exception:
-                pass
+            if browser is not None:
+                _disconnect(browser)
             pw.stop()
+
+    def retarget(self, cdp_port: int) -> None:
+        """Point the link at another browser (the next episode's); Playwright's driver is kept."""
+        self.endpoint = f"http://127.0.0.1:{cdp_port}"
 
     def call(self, fn: Callable[[Any], Any], timeout_s: float = 30.0) -> Any:
         """Run ``fn(browser)`` on the worker thread and return its result (or raise its error)."""
@@ -149,6 +159,13 @@ class ChromeLink:
         if thread is not None:
             self._jobs.put(None)
             thread.join(timeout=10)
+
+
+def _disconnect(browser: Any) -> None:
+    try:
+        browser.close()  # over CDP this only disconnects; the browser keeps running
+    except Exception:
+        pass
 
 
 def pages(browser: Any) -> list[Any]:

@@ -51,6 +51,7 @@ class DesktopEnv:
         self.action_history: list[str] = []
         self.last_evaluation: Evaluation | None = None
         self.timings: dict[str, float] = {}
+        self._link: ChromeLink | None = None
 
     # -- episode ---------------------------------------------------------------------------------
     def reset(
@@ -71,7 +72,7 @@ class DesktopEnv:
         client.wait_ready()
         self.ctx = EpisodeContext(
             client=client,
-            chrome=ChromeLink(desktop.cdp_port),
+            chrome=self._chrome_link(desktop.cdp_port),
             task_id=task.id if task else "none",
             download_cache=self.download_cache,
             work_dir=tempfile.mkdtemp(prefix="rz-osworld-eval-"),
@@ -158,16 +159,25 @@ class DesktopEnv:
             "instruction": self.task.instruction if self.task else "",
         }
 
+    def _chrome_link(self, cdp_port: int) -> ChromeLink:
+        if self._link is None:
+            self._link = ChromeLink(cdp_port)
+        else:
+            self._link.retarget(cdp_port)
+        return self._link
+
     def _stop_episode(self) -> None:
         ctx, self.ctx = self.ctx, None
         if ctx is not None:
-            ctx.chrome.close()
             shutil.rmtree(ctx.work_dir, ignore_errors=True)
         self.provider.stop()
 
     def close(self) -> None:
-        """Stop the desktop and every process it started; safe to call twice."""
+        """Stop the desktop and every process it started (and Playwright's driver); safe to call twice."""
         self._stop_episode()
+        if self._link is not None:
+            self._link.close()
+            self._link = None
 
     def __enter__(self) -> DesktopEnv:
         return self

@@ -73,7 +73,7 @@ def step_launch(ctx: EpisodeContext, command: Any, shell: bool = False, **_: Any
         wait_for_chrome(ctx)
 
 
-def wait_for_chrome(ctx: EpisodeContext, timeout_s: float = 15.0) -> None:
+def wait_for_chrome(ctx: EpisodeContext, timeout_s: float = 30.0) -> None:
     """Block until the episode's Chrome answers on its CDP port."""
     deadline = time.monotonic() + timeout_s
     url = ctx.chrome.endpoint + "/json/version"

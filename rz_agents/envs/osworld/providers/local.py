@@ -106,7 +106,7 @@ class LocalProvider:
         screen_size: tuple[int, int] = (1920, 1080),
         sandbox: str = "auto",
         window_manager: str = "openbox",
-        start_timeout_s: float = 20.0,
+        start_timeout_s: float = 30.0,
     ) -> None:
         if sandbox not in ("auto", "bwrap", "none"):
             raise ValueError(f"sandbox must be 'auto', 'bwrap' or 'none', got {sandbox!r}")
