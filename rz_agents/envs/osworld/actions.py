@@ -43,6 +43,9 @@ COMPUTER_13: dict[str, tuple[str, ...]] = {
     "DONE": (),
 }
 
+_BUTTON_CALLS = {"MOUSE_DOWN": "mouseDown", "MOUSE_UP": "mouseUp"}
+_KEY_CALLS = {"PRESS": "press", "KEY_DOWN": "keyDown", "KEY_UP": "keyUp"}
+
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n?(.*?)```", re.S)
 
 
@@ -133,10 +136,8 @@ def computer13_to_code(action: dict[str, Any]) -> Action:
             else:
                 fn = "rightClick" if kind == "RIGHT_CLICK" else "doubleClick"
                 code = f"pyautogui.{fn}({', '.join(args)})"
-        elif kind == "MOUSE_DOWN":
-            code = f"pyautogui.mouseDown(button={button})"
-        elif kind == "MOUSE_UP":
-            code = f"pyautogui.mouseUp(button={button})"
+        elif kind in _BUTTON_CALLS:
+            code = f"pyautogui.{_BUTTON_CALLS[kind]}(button={button})"
         elif kind == "DRAG_TO":
             code = f"pyautogui.dragTo({_xy(params)}, duration=0.5, button='left')"
         elif kind == "SCROLL":
@@ -149,12 +150,8 @@ def computer13_to_code(action: dict[str, Any]) -> Action:
             code = "\n".join(lines) or "pass"
         elif kind == "TYPING":
             code = f"pyautogui.typewrite({str(params['text'])!r})"
-        elif kind == "PRESS":
-            code = f"pyautogui.press({str(params['key'])!r})"
-        elif kind == "KEY_DOWN":
-            code = f"pyautogui.keyDown({str(params['key'])!r})"
-        elif kind == "KEY_UP":
-            code = f"pyautogui.keyUp({str(params['key'])!r})"
+        elif kind in _KEY_CALLS:
+            code = f"pyautogui.{_KEY_CALLS[kind]}({str(params['key'])!r})"
         else:  # HOTKEY
             keys = params["keys"]
             if not isinstance(keys, list) or not keys:

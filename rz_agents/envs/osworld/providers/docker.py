@@ -11,21 +11,14 @@ engine); ``start`` hands them to the Docker SDK.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rz_agents.envs.osworld.providers.local import Desktop, ProviderError
+from rz_agents.envs.osworld.providers.local import Desktop, ProviderError, free_port
 
 DEFAULT_IMAGE = "happysixd/osworld-docker"
 VM_PORTS = {"server": 5000, "chromium": 9222, "vnc": 8006, "vlc": 8080}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -60,7 +53,7 @@ def container_config(settings: DockerSettings) -> dict[str, Any]:
         raise ProviderError(f"unknown port names {sorted(unknown)}; expected {sorted(VM_PORTS)}")
     kvm = os.path.exists("/dev/kvm") if settings.kvm is None else settings.kvm
     ports = {
-        f"{VM_PORTS[name]}/tcp": ("127.0.0.1", settings.host_ports.get(name) or _free_port())
+        f"{VM_PORTS[name]}/tcp": ("127.0.0.1", settings.host_ports.get(name) or free_port())
         for name in VM_PORTS
     }
     environment = {
