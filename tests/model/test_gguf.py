@@ -25,6 +25,15 @@ from rz_agents.model.tokenizer import Tokenizer  # noqa: E402
 QUESTION = [{"role": "user", "content": "What is 2+3?"}]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """A 135M model gains nothing from threads here, and thread spin-waits cost seconds on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def checkpoint():
     """The cached conversion (user cache dir: converted once per machine, ~20-50 s the first time)."""
