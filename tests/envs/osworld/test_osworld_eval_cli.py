@@ -1,0 +1,114 @@
+"""``rz osworld eval`` and ``run_osworld_eval``: success table, policies, failures recorded not fatal."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rz_agents.envs.osworld import LOCAL_TASKS
+from rz_agents.envs.osworld.policies import OraclePolicy, load_policy, noop_policy
+from rz_agents.eval.osworld import format_table, run_osworld_eval, summarize
+
+TASKS = Path(LOCAL_TASKS)
+needs_desktop = pytest.mark.skipif(
+    not (shutil.which("Xvfb") and shutil.which("openbox")), reason="needs xvfb and openbox"
+)
+
+
+def scripted_policy(messages, task):
+    """A module:callable policy for the CLI test: solves the rename task through the chat."""
+    turn = sum(m["role"] == "assistant" for m in messages)
+    if turn == 0:
+        assert messages[1]["content"].startswith("Task: Rename the file draft.txt")
+        return "```python\nimport os\nos.rename('/home/user/Desktop/draft.txt', '/home/user/Desktop/final.txt')\n```"
+    return "DONE"
+
+
+def test_load_policy_specs():
+    assert isinstance(load_policy("oracle", TASKS), OraclePolicy)
+    assert load_policy("noop", TASKS) is noop_policy
+    assert load_policy(f"{__name__}:scripted_policy", TASKS) is scripted_policy
+    with pytest.raises(ValueError, match="module:callable"):
+        load_policy("gpt", TASKS)
+    with pytest.raises(ValueError, match="not a callable"):
+        load_policy("json:no_such_thing", TASKS)
+
+
+def test_oracle_policy_replays_then_says_done():
+    policy = OraclePolicy(TASKS / "oracles")
+    task = {"id": "rz-os-rename-file"}
+    first = policy([{"role": "system", "content": ""}], task)
+    assert first.startswith("```python")
+    assert policy([{"role": "assistant", "content": first}] * 5, task) == "DONE"
+    with pytest.raises(KeyError, match="no oracle"):
+        policy([], {"id": "unknown-task"})
+
+
+def test_summary_excludes_skipped_tasks_and_table_lists_every_task():
+    rows = [
+        {"id": "a", "domain": "os", "status": "ok", "score": 1.0, "turns": 2, "seconds": 1.0},
+        {"id": "b", "domain": "os", "status": "error", "score": 0.0, "error": "SetupError: x"},
+        {
+            "id": "c",
+            "domain": "chrome",
+            "status": "skipped",
+            "score": None,
+            "reasons": ["app not installed: gimp"],
+        },
+    ]
+    s = summarize(rows)
+    assert (s["evaluated"], s["skipped"], s["success_rate"]) == (2, 1, 0.5)
+    table = format_table(s)
+    assert all(name in table for name in ("a ", "b ", "c ", "SetupError: x", "app not installed: gimp"))
+    assert "overall    success 0.500 over 2 tasks (1 skipped" in table
+
+
+@needs_desktop
+def test_a_failing_task_is_recorded_and_the_run_goes_on(tmp_path):
+    bad = json.loads((TASKS / "os" / "rz-os-rename-file.json").read_text())
+    bad["id"] = "needs-download"
+    bad["config"] = [
+        {
+            "type": "download",
+            "parameters": {"files": [{"url": "https://example.org/f", "path": "/home/user/f"}]},
+        }
+    ]
+    (tmp_path / "a_bad.json").write_text(json.dumps(bad))
+    shutil.copy(TASKS / "os" / "rz-os-rename-file.json", tmp_path / "b_good.json")
+    (tmp_path / "c_broken.json").write_text("{")
+    skipped = run_osworld_eval(tmp_path, scripted_policy)
+    assert [r["status"] for r in skipped["tasks"]] == ["skipped", "ok", "error"]
+    assert "needs internet download" in skipped["tasks"][0]["reasons"][0]
+    forced = run_osworld_eval(tmp_path, scripted_policy, include_unrunnable=True)
+    assert [r["status"] for r in forced["tasks"]] == ["error", "ok", "error"]
+    assert "needs internet download" in forced["tasks"][0]["error"]
+    assert forced["tasks"][1]["score"] == 1.0
+
+
+@needs_desktop
+def test_cli_eval_prints_the_success_table():
+    task = TASKS / "os" / "rz-os-rename-file.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rz_agents", "osworld", "eval", "--tasks", str(task), "--policy", "oracle"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "rz-os-rename-file" in proc.stdout and "1.00" in proc.stdout
+    assert "overall    success 1.000 over 1 tasks" in proc.stdout
+
+
+def test_cli_eval_bad_policy_exits_2():
+    proc = subprocess.run(
+        [sys.executable, "-m", "rz_agents", "osworld", "eval", "--tasks", str(TASKS), "--policy", "nonsense"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "module:callable" in proc.stderr
