@@ -55,11 +55,11 @@ class LaunchSpec:
 
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
-    cwd: str | None = None
     sandboxed: bool = True
     temp_dir: str | None = None
 
 
+@functools.lru_cache(maxsize=1)
 def python_dirs() -> list[str]:
     """The directories holding the interpreter and its packages (deduplicated, outermost first)."""
     dirs = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix)}
@@ -72,6 +72,29 @@ def python_dirs() -> list[str]:
 
 def _visible_to_system_binds(path: str) -> bool:
     return any(path == d or path.startswith(d + os.sep) for d in SYSTEM_DIRS if os.path.isdir(d))
+
+
+@functools.lru_cache(maxsize=1)
+def _system_binds() -> list[str]:
+    # computed once: each filesystem check releases and retakes the GIL, which adds up when dozens
+    # of threads start sandboxes at once
+    args: list[str] = []
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    return args
+
+
+@functools.lru_cache(maxsize=1)
+def _executables() -> tuple[str, str | None]:
+    return shutil.which("bwrap") or "bwrap", shutil.which("setpriv")
+
+
+@functools.lru_cache(maxsize=1)
+def _extra_python_dirs() -> list[str]:
+    return [d for d in python_dirs() if not _visible_to_system_binds(d)]
 
 
 def sandbox_uid() -> int:
@@ -101,11 +124,7 @@ def bwrap_command(
     else:
         argv += ["--unshare-all", "--unshare-user", "--disable-userns"]
     argv += ["--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
-    for d in SYSTEM_DIRS:
-        if os.path.islink(d):
-            argv += ["--symlink", os.readlink(d), d]
-        elif os.path.isdir(d):
-            argv += ["--ro-bind", d, d]
+    argv += _system_binds()
     for d in extra_ro_dirs or []:
         # parents bwrap creates would be 0700 root-owned: make them traversable first
         argv += ["--perms", "0755", "--dir", os.path.dirname(d), "--ro-bind", d, d]
@@ -152,15 +171,15 @@ def local_launch(limits: SandboxLimits, allow_unsandboxed: bool = False) -> Laun
     problem = bwrap_problem()
     if problem is None:
         root = os.geteuid() == 0
-        setpriv = shutil.which("setpriv") if root else None
+        bwrap, setpriv = _executables()
         if root and setpriv is None:
             raise SandboxUnavailable("running as root needs `setpriv` (util-linux) to drop privileges")
         argv = bwrap_command(
             limits,
-            bwrap=shutil.which("bwrap") or "bwrap",
-            setpriv=setpriv,
+            bwrap=bwrap,
+            setpriv=setpriv if root else None,
             uid=sandbox_uid() if root else None,
-            extra_ro_dirs=[d for d in python_dirs() if not _visible_to_system_binds(d)],
+            extra_ro_dirs=_extra_python_dirs(),
         )
         return LaunchSpec(argv=argv)
     if not allow_unsandboxed:
@@ -173,4 +192,4 @@ def local_launch(limits: SandboxLimits, allow_unsandboxed: bool = False) -> Laun
     env = {**SANDBOX_ENV, "HOME": temp_dir, "TMPDIR": temp_dir, "MPLCONFIGDIR": temp_dir}
     argv = [sys.executable, "-I", "-B", str(WORKER_PATH)]
     argv.append(json.dumps(limits.for_worker(own_pid_namespace=False, workdir=temp_dir)))
-    return LaunchSpec(argv=argv, env=env, cwd=temp_dir, sandboxed=False, temp_dir=temp_dir)
+    return LaunchSpec(argv=argv, env=env, sandboxed=False, temp_dir=temp_dir)

@@ -13,7 +13,6 @@ import select
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any
 
 from rz_agents.envs.python_tool.limits import SandboxLimits
 from rz_agents.envs.python_tool.local import LaunchSpec, local_launch
+from rz_agents.envs.python_tool.spawn import spawn
 from rz_agents.envs.python_tool.worker import HEADER
 
 MAX_FRAME = 64 << 20  # a result larger than this is a protocol violation by the sandboxed code
@@ -60,19 +60,22 @@ class WorkerProcess:
 
     def __init__(self, spec: LaunchSpec) -> None:
         self.spec = spec
-        self._stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            spec.argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=spec.env,
-            cwd=spec.cwd,
-            close_fds=True,
-            start_new_session=True,
-        )
-        self._in = self.proc.stdin.fileno()
-        self._out = self.proc.stdout.fileno()
+        # stderr is only written before the worker redirects it (startup errors, bwrap errors)
+        in_read, in_write = os.pipe()
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        os.set_blocking(err_read, False)
+        try:
+            self.proc = spawn(spec.argv, spec.env, in_read, out_write, err_write)
+        except BaseException:
+            for fd in (in_write, out_read, err_read):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (in_read, out_write, err_write):
+                os.close(fd)
+        self._in, self._out, self._err = in_write, out_read, err_read
+        self._closed_fds = False
 
     def send(self, data: bytes) -> None:
         """Write all of ``data`` to the worker."""
@@ -134,21 +137,23 @@ class WorkerProcess:
 
     def stderr_tail(self, limit: int = 2000) -> str:
         """The last bytes the worker (or bubblewrap) wrote before redirecting its stderr."""
+        chunks = []
         try:
-            self._stderr.seek(0, os.SEEK_END)
-            size = self._stderr.tell()
-            self._stderr.seek(max(0, size - limit))
-            return self._stderr.read().decode(errors="replace").strip()
-        except (OSError, ValueError):
-            return ""
+            while chunk := os.read(self._err, 65536):
+                chunks.append(chunk)
+        except (BlockingIOError, OSError):
+            pass
+        return b"".join(chunks)[-limit:].decode(errors="replace").strip()
 
     def kill(self) -> None:
         """Kill the worker and everything it started, and wait for it."""
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        if not self._closed_fds:
+            self._closed_fds = True
+            for fd in (self._in, self._out, self._err):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         if self.proc.poll() is None:
             try:
                 # the process group holds setpriv/bwrap; --die-with-parent and the pid namespace
@@ -160,7 +165,6 @@ class WorkerProcess:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-        self._stderr.close()
         if self.spec.temp_dir:
             shutil.rmtree(self.spec.temp_dir, ignore_errors=True)
 
