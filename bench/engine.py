@@ -60,7 +60,9 @@ def make_prompts(n: int, length: int, seed: int) -> list[list[int]]:
 
 
 def workloads(args) -> dict[str, dict]:
-    out = {f"b{b}": {"kind": "batch", "prompts": make_prompts(b, args.prompt_len, seed=b)} for b in args.batches}
+    out = {
+        f"b{b}": {"kind": "batch", "prompts": make_prompts(b, args.prompt_len, seed=b)} for b in args.batches
+    }
     out["multiturn"] = {
         "kind": "multiturn",
         "prompts": make_prompts(args.episodes, args.prompt_len, seed=1000),
@@ -146,7 +148,10 @@ def run_hf(hf_model, args, spec: dict) -> float:
         prompts = [list(p) for p in spec["prompts"]]
         for turn in range(args.turns):
             outs = generate(prompts)
-            prompts = [p + o + spec["obs"][i * args.turns + turn] for i, (p, o) in enumerate(zip(prompts, outs))]
+            prompts = [
+                p + o + spec["obs"][i * args.turns + turn]
+                for i, (p, o) in enumerate(zip(prompts, outs, strict=True))
+            ]
 
     torch.set_num_threads(args.threads)
     seconds = best_of(args.repeats, once)
@@ -164,13 +169,53 @@ def run_vllm(ckpt: Path, args, specs: dict) -> dict[str, float] | None:
         spec_file = Path(tmp) / "spec.json"
         result_file = Path(tmp) / "result.json"
         spec_file.write_text(json.dumps({"ckpt": str(ckpt), "args": vars(args), "workloads": specs}))
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        cmd = [python, "-m", "rz_agents.engine.vllm_bench", str(spec_file), str(result_file)]
+        root = Path(__file__).resolve().parents[1]
+        env = {**os.environ, "PYTHONPATH": f"{root}:{root / 'kernels'}"}
+        cmd = [python, str(Path(__file__).resolve()), "--vllm-worker", str(spec_file), str(result_file)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.vllm_timeout)
         if proc.returncode != 0 or not result_file.exists():
             sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
             raise RuntimeError(f"vLLM benchmark failed (exit {proc.returncode})")
         return json.loads(result_file.read_text())
+
+
+def vllm_worker(spec_file: str, result_file: str) -> None:
+    """Inside the vLLM venv: run every workload on a VLLMEngine and write tokens/s as JSON."""
+    from types import SimpleNamespace
+
+    from rz_agents.engine.vllm_backend import VLLMEngine
+
+    spec = json.loads(Path(spec_file).read_text())
+    args = SimpleNamespace(**spec["args"])
+    max_len = args.prompt_len + args.turns * (args.gen + args.obs) + 64
+    engine = VLLMEngine(
+        spec["ckpt"], max_len=max_len, dtype="float32", max_num_seqs=max(max(args.batches), args.episodes)
+    )
+    params = SamplingParams(temperature=1.0, max_tokens=args.gen, ignore_eos=True)
+    results = {}
+    for name, wl in spec["workloads"].items():
+
+        def once(wl=wl):
+            async def batch():
+                outs = await asyncio.gather(*(engine.generate(p, params) for p in wl["prompts"]))
+                assert all(len(o.tokens) == args.gen for o in outs), [o.finish_reason for o in outs]
+
+            async def episodes():
+                async def episode(i: int):
+                    tokens = list(wl["prompts"][i])
+                    for turn in range(args.turns):
+                        out = await engine.generate(tokens, params)
+                        tokens = tokens + out.tokens + wl["obs"][i * args.turns + turn]
+
+                await asyncio.gather(*(episode(i) for i in range(len(wl["prompts"]))))
+
+            asyncio.run(batch() if wl["kind"] == "batch" else episodes())
+
+        seconds = best_of(args.repeats, once)
+        turns = args.turns if wl["kind"] == "multiturn" else 1
+        results[name] = round(len(wl["prompts"]) * turns * args.gen / seconds, 1)
+    engine.close()
+    Path(result_file).write_text(json.dumps(results))
 
 
 # -- profile ------------------------------------------------------------------------------------
@@ -200,6 +245,9 @@ def ratio(a, b):
 
 
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--vllm-worker":
+        vllm_worker(sys.argv[2], sys.argv[3])
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
@@ -257,8 +305,12 @@ def main() -> None:
         return (results.get(backend) or {}).get(workload)
 
     summary = {
-        "config": {k: getattr(cfg, k) for k in ("hidden_size", "num_hidden_layers", "head_dim", "vocab_size")},
-        "workload": {k: getattr(args, k) for k in ("batches", "prompt_len", "gen", "episodes", "turns", "obs")},
+        "config": {
+            k: getattr(cfg, k) for k in ("hidden_size", "num_hidden_layers", "head_dim", "vocab_size")
+        },
+        "workload": {
+            k: getattr(args, k) for k in ("batches", "prompt_len", "gen", "episodes", "turns", "obs")
+        },
         "threads": args.threads,
         "tokens_per_s": results,
         "rz_over_hf_b64": ratio(get("rz_aligned", "b64"), get("hf", "b64")),

@@ -23,6 +23,9 @@ class EngineConfig:
       tokens then attend to keys/values the old weights computed).
     prefix_cache / prefix_cache_ttl_s: keep a finished sequence's slot keyed by its tokens so the next
       turn reuses the matching prefix (bit-identical to a cold prefill in aligned mode).
+    share_prefix_min_tokens: a request whose prompt shares at least this many leading tokens with a
+      running sequence copies that sequence's K/V instead of prefilling them (it waits until they are
+      computed); groups of samples of one prompt then prefill it once. 0 turns this off.
     num_threads: torch intra-op threads, pinned before every step (results can differ with the
       thread count; engine and trainer must use the same). None leaves torch's setting alone.
     step_in_thread: run each model step in a worker thread so the event loop (environments, tools)
@@ -37,6 +40,7 @@ class EngineConfig:
     kv_on_update: Literal["keep", "recompute"] = "recompute"
     prefix_cache: bool = True
     prefix_cache_ttl_s: float = 300.0
+    share_prefix_min_tokens: int = 32
     num_threads: int | None = None
     step_in_thread: bool = False
     seed: int = 0
@@ -59,5 +63,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.num_threads must be >= 1 or None, got {self.num_threads}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
             raise ValueError(f"EngineConfig.kv_cache_bytes must be > 0, got {self.kv_cache_bytes}")
+        if self.share_prefix_min_tokens < 0:
+            raise ValueError(
+                f"EngineConfig.share_prefix_min_tokens must be >= 0, got {self.share_prefix_min_tokens}"
+            )
         if self.prefix_cache_ttl_s < 0:
             raise ValueError(f"EngineConfig.prefix_cache_ttl_s must be >= 0, got {self.prefix_cache_ttl_s}")

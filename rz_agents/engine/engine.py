@@ -71,7 +71,12 @@ class RZEngine:
             prefix_cache=self.config.prefix_cache,
             ttl_s=self.config.prefix_cache_ttl_s,
         )
-        self.scheduler = Scheduler(slots, max_batch_tokens=self.config.max_batch_tokens)
+        self.scheduler = Scheduler(
+            slots,
+            max_batch_tokens=self.config.max_batch_tokens,
+            copy_kv=self.runner.copy_prefix,
+            share_min_tokens=self.config.share_prefix_min_tokens,
+        )
         eos = self.config.eos_token_ids
         if eos is None:
             eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, (list, tuple)) else [cfg.eos_token_id]
@@ -144,6 +149,7 @@ class RZEngine:
             "prefix_entries": slots.num_prefix_entries,
             "prefix_hits": slots.prefix_hits,
             "prefix_tokens_reused": slots.prefix_tokens_reused,
+            "shared_prefix_tokens": self.scheduler.shared_prefix_tokens,
             "kv_bytes_total": slots.bytes_total,
             "kv_bytes_held": slots.bytes_held,
             "kv_bytes_prefix_cache": slots.bytes_prefix_cache,

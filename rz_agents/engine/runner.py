@@ -46,6 +46,13 @@ class ModelRunner:
             return hidden.new_empty((0, 0), dtype=torch.float32)
         return self.model.logits(hidden[torch.tensor(sample_rows)])
 
+    @torch.no_grad()
+    def copy_prefix(self, src_slot: int, dst_slot: int, num_positions: int) -> None:
+        """Copy the K/V of positions 0..num_positions-1 from one slot to another (every layer)."""
+        for layer in range(len(self.kv_cache.k)):
+            for buf in (self.kv_cache.k[layer], self.kv_cache.v[layer]):
+                buf[dst_slot, :, :num_positions].copy_(buf[src_slot, :, :num_positions])
+
     def _named_tensors(self) -> dict[str, torch.Tensor]:
         # remove_duplicate=False: with tied embeddings both HF names (embed_tokens, lm_head) resolve.
         own = dict(self.model.named_parameters(remove_duplicate=False))

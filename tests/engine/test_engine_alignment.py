@@ -197,3 +197,24 @@ def test_engine_standard_kernels_negative_control_differs_from_trainer(tiny_mode
     # ... while each value is still close: the standard path is a correct model, just not bit-aligned.
     for p, o in zip(prompts, outs, strict=True):
         torch.testing.assert_close(o.logprobs, _trainer_logprobs(model, p, o, params), atol=1e-4, rtol=1e-4)
+
+
+def test_engine_group_of_one_prompt_prefills_it_once_and_stays_bit_identical(tiny_model):
+    model = tiny_model()
+    engine = RZEngine(
+        model,
+        EngineConfig(
+            num_slots=8, max_len=256, max_batch_tokens=24, share_prefix_min_tokens=16, num_threads=1
+        ),
+    )
+    system = _prompts(1, model.config.vocab_size, seed=21, lengths=(40,))[0]
+    group = [system + [5, 6, 7]] * 4  # four samples of one prompt
+    other = [system + [9, 9]]  # another prompt with the same system prefix
+    prompts = group + other
+    outs = generate_batch(engine, prompts, SamplingParams(temperature=1.0, max_tokens=6))
+    reused = [o.num_cached_prompt_tokens for o in outs]
+    assert reused[0] == 0 and reused[1:4] == [42, 42, 42] and reused[4] == 40
+    assert engine.stats()["shared_prefix_tokens"] == 3 * 42 + 40
+    assert len({tuple(o.tokens) for o in outs[:4]}) > 1  # unseeded samples still differ
+    for p, o in zip(prompts, outs, strict=True):
+        assert torch.equal(o.logprobs, _trainer_logprobs(model, p, o, SamplingParams()))
