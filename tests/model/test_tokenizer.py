@@ -16,6 +16,7 @@ from rz_agents.model.tokenizer import (
     Tokenizer,
     _qwen_ranks_file,
     qwen3_tokenizer,
+    recover_bpe_merges,
 )
 
 
@@ -190,3 +191,15 @@ def test_cached_tokenizer_loads_fast_and_a_corrupt_cache_is_rebuilt(tmp_path):
     (cached / "tokenizer.json").write_text("{not json")
     rebuilt = qwen3_tokenizer(cache_dir=tmp_path)
     assert rebuilt.encode("<|im_start|>user\nhi<|im_end|>") == [151644, 872, 198, 6023, 151645]
+
+
+def test_recover_bpe_merges_replays_the_order_tokens_were_merged():
+    ranks = {b"a": 0, b"b": 1, b"c": 2, b"ab": 3, b"bc": 4, b"abc": 5}
+    assert recover_bpe_merges(ranks) == [(b"a", b"b"), (b"b", b"c"), (b"ab", b"c")]
+    with pytest.raises(ValueError, match="cannot be built"):
+        recover_bpe_merges({b"a": 0, b"b": 1, b"c": 2, b"abc": 3})
+
+
+def test_qwen3_has_one_merge_per_multibyte_token(qwen3):
+    merges = json.loads(qwen3.backend.to_str())["model"]["merges"]
+    assert len(merges) == 151643 - 256
