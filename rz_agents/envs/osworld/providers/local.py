@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -71,6 +72,27 @@ def episode_pids(episode_id: str) -> list[int]:
         except OSError:
             continue  # gone, or not ours to read
     return pids
+
+
+def write_xauthority(path: str, display_number: str) -> None:
+    """An ``.Xauthority`` entry for this display (python-xlib, hence pyautogui, warns on stdout without one).
+
+    Xvfb runs without ``-auth`` so it accepts the cookie; the entry only keeps clients quiet.
+    """
+
+    def field(b: bytes) -> bytes:
+        return struct.pack(">H", len(b)) + b
+
+    family_local = 256
+    entry = (
+        struct.pack(">H", family_local)
+        + field(socket.gethostname().encode())
+        + field(str(display_number).encode())
+        + field(b"MIT-MAGIC-COOKIE-1")
+        + field(os.urandom(16))
+    )
+    with open(path, "wb") as f:
+        f.write(entry)
 
 
 def _write_sudo_shim(path: str) -> None:
@@ -147,7 +169,6 @@ class LocalProvider:
         bin_dir = os.path.join(root, "bin")
         for d in (home, bin_dir, *(os.path.join(home, h) for h in HOME_DIRS)):
             os.makedirs(d, exist_ok=True)
-        open(os.path.join(home, ".Xauthority"), "a").close()  # pyautogui's Xlib insists on the file
         inner_home = VM_HOME if self.sandboxed else home
         cdp_port = free_port()
         os.symlink(sys.executable, os.path.join(bin_dir, "python"))
@@ -196,6 +217,7 @@ class LocalProvider:
             os.close(read_fd)
         display = f":{number}"
         self.desktop.display = display
+        write_xauthority(os.path.join(home, ".Xauthority"), number)
 
         env = dict(base_env, DISPLAY=display, PATH=f"{bin_dir}:{base_env.get('PATH', '/usr/bin:/bin')}")
         env["HOME"] = inner_home
