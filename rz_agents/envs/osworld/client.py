@@ -10,6 +10,8 @@ import urllib.request
 import uuid
 from typing import Any
 
+PYAUTOGUI_PRELUDE = "import pyautogui, time\npyautogui.FAILSAFE = False\n"
+
 
 class ServerError(RuntimeError):
     """The in-VM server answered with an error or could not be reached."""
@@ -75,8 +77,12 @@ class VMClient:
         )
 
     def run_python(self, code: str) -> dict[str, Any]:
-        """Run Python code in the desktop with ``pyautogui`` and ``time`` imported."""
-        return self._json("POST", "/run_python", {"code": code})
+        """Run Python code in a fresh interpreter in the desktop, ``pyautogui`` and ``time`` imported.
+
+        Sent as ``/execute`` of ``python -c``, as OSWorld's controller does, so it works against
+        OSWorld's own in-VM server too.
+        """
+        return self.execute(["python", "-c", PYAUTOGUI_PRELUDE + code])
 
     def launch(self, command: list[str] | str, shell: bool = False) -> dict[str, Any]:
         """Start a program detached."""

@@ -31,9 +31,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
+from rz_agents.envs.osworld.client import PYAUTOGUI_PRELUDE
+
 VM_HOME = "/home/user"
 COMMAND_TIMEOUT_S = 120
-PYAUTOGUI_PRELUDE = "import pyautogui, time\npyautogui.FAILSAFE = False\n"
 
 
 def map_path(path: str) -> str:
@@ -424,8 +425,20 @@ class Handler(BaseHTTPRequestHandler):
                 self._json({"status": "error", "message": f"no such directory: {body['path']}"}, 404)
                 return
             self._json({"status": "success", "directory_tree": directory_tree(target)})
+        elif path in READ_ONLY_POST:
+            self.do_GET()  # OSWorld's server takes these as POST too
         else:
             self._json({"status": "error", "message": f"unknown endpoint {path}"}, 404)
+
+
+READ_ONLY_POST = (
+    "/screen_size",
+    "/cursor_position",
+    "/accessibility",
+    "/terminal",
+    "/platform",
+    "/screenshot",
+)
 
 
 def main() -> None:
