@@ -23,14 +23,19 @@ import functools
 import json
 import os
 import secrets
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rz_agents.envs.python_tool.limits import MiB, SandboxLimits
+from rz_agents.envs.python_tool.spawn import spawn
+from rz_agents.envs.python_tool.transport import DeadlineExceeded, Transport, WorkerGone
 
 WORKER_PATH = Path(__file__).with_name("worker.py")
 SANDBOX_WORKER = "/rz/worker.py"
@@ -191,5 +196,106 @@ def local_launch(limits: SandboxLimits, allow_unsandboxed: bool = False) -> Laun
     temp_dir = tempfile.mkdtemp(prefix="rz-sandbox-")
     env = {**SANDBOX_ENV, "HOME": temp_dir, "TMPDIR": temp_dir, "MPLCONFIGDIR": temp_dir}
     argv = [sys.executable, "-I", "-B", str(WORKER_PATH)]
-    argv.append(json.dumps(limits.for_worker(own_pid_namespace=False, workdir=temp_dir)))
+    # no uid of its own: RLIMIT_NPROC would count every process of the host user
+    argv.append(json.dumps(limits.for_worker(own_pid_namespace=False, workdir=temp_dir, nproc_rlimit=False)))
     return LaunchSpec(argv=argv, env=env, sandboxed=False, temp_dir=temp_dir)
+
+
+class LocalWorker(Transport):
+    """One started worker process and its pipes (the transport of the local backend)."""
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+        # stderr is only written before the worker redirects it (startup errors, bwrap errors)
+        in_read, in_write = os.pipe()
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        os.set_blocking(err_read, False)
+        try:
+            self.proc = spawn(spec.argv, spec.env, in_read, out_write, err_write)
+        except BaseException:
+            for fd in (in_write, out_read, err_read):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (in_read, out_write, err_write):
+                os.close(fd)
+        self._in, self._out, self._err = in_write, out_read, err_read
+        self.sandboxed = spec.sandboxed
+        self._closed_fds = False
+
+    def send(self, data: bytes) -> None:
+        """Write all of ``data`` to the worker."""
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._in, view) :]
+        except (BrokenPipeError, OSError) as exc:
+            raise WorkerGone(str(exc)) from exc
+
+    def recv(self, n: int, deadline: float) -> bytes:
+        """Read exactly ``n`` bytes before ``deadline`` (time.monotonic)."""
+        chunks, got = [], 0
+        poller = select.poll()
+        poller.register(self._out, select.POLLIN | select.POLLHUP | select.POLLERR)
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded()
+            if not poller.poll(max(1, int(left * 1000))):
+                continue
+            chunk = os.read(self._out, min(n - got, 1 << 20))
+            if not chunk:
+                raise WorkerGone("end of file")
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def exit_description(self) -> str:
+        """How the worker ended, for error messages (e.g. 'killed by SIGKILL')."""
+        code = self.proc.poll()
+        if code is None:
+            return "still running"
+        # bubblewrap reports a child killed by signal N as exit status 128 + N
+        sig = -code if code < 0 else code - 128 if code > 128 else None
+        if sig:
+            try:
+                name = signal.Signals(sig).name
+            except ValueError:
+                name = f"signal {sig}"
+            hint = {"SIGKILL": " (memory, CPU or process limit, or killed)", "SIGXCPU": " (CPU time limit)"}
+            return f"killed by {name}{hint.get(name, '')}"
+        return f"exit status {code}"
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        """The last bytes the worker (or bubblewrap) wrote before redirecting its stderr."""
+        chunks = []
+        try:
+            while chunk := os.read(self._err, 65536):
+                chunks.append(chunk)
+        except (BlockingIOError, OSError):
+            pass
+        return b"".join(chunks)[-limit:].decode(errors="replace").strip()
+
+    def kill(self) -> None:
+        """Kill the worker and everything it started, and wait for it."""
+        if not self._closed_fds:
+            self._closed_fds = True
+            for fd in (self._in, self._out, self._err):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        if self.proc.poll() is None:
+            try:
+                # the process group holds setpriv/bwrap; --die-with-parent and the pid namespace
+                # take every sandboxed process down with them
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        if self.spec.temp_dir:
+            shutil.rmtree(self.spec.temp_dir, ignore_errors=True)

@@ -8,22 +8,13 @@ session is restarted (its state is lost, and the result says so).
 
 from __future__ import annotations
 
-import os
-import select
-import shutil
-import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from rz_agents.envs.python_tool.limits import SandboxLimits
-from rz_agents.envs.python_tool.local import LaunchSpec, local_launch
-from rz_agents.envs.python_tool.spawn import spawn
-from rz_agents.envs.python_tool.worker import HEADER
-
-MAX_FRAME = 64 << 20  # a result larger than this is a protocol violation by the sandboxed code
+from rz_agents.envs.python_tool.local import LocalWorker, local_launch
+from rz_agents.envs.python_tool.transport import DeadlineExceeded, Transport, WorkerGone
 
 
 @dataclass
@@ -45,128 +36,6 @@ class SandboxResult:
 
 class SandboxError(RuntimeError):
     """The sandbox could not be started."""
-
-
-class _WorkerGone(Exception):
-    pass
-
-
-class _Deadline(Exception):
-    pass
-
-
-class WorkerProcess:
-    """One started worker and its pipes (the transport of the local backend)."""
-
-    def __init__(self, spec: LaunchSpec) -> None:
-        self.spec = spec
-        # stderr is only written before the worker redirects it (startup errors, bwrap errors)
-        in_read, in_write = os.pipe()
-        out_read, out_write = os.pipe()
-        err_read, err_write = os.pipe()
-        os.set_blocking(err_read, False)
-        try:
-            self.proc = spawn(spec.argv, spec.env, in_read, out_write, err_write)
-        except BaseException:
-            for fd in (in_write, out_read, err_read):
-                os.close(fd)
-            raise
-        finally:
-            for fd in (in_read, out_write, err_write):
-                os.close(fd)
-        self._in, self._out, self._err = in_write, out_read, err_read
-        self._closed_fds = False
-
-    def send(self, data: bytes) -> None:
-        """Write all of ``data`` to the worker."""
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._in, view) :]
-        except (BrokenPipeError, OSError) as exc:
-            raise _WorkerGone(str(exc)) from exc
-
-    def recv(self, n: int, deadline: float) -> bytes:
-        """Read exactly ``n`` bytes before ``deadline`` (time.monotonic)."""
-        chunks, got = [], 0
-        poller = select.poll()
-        poller.register(self._out, select.POLLIN | select.POLLHUP | select.POLLERR)
-        while got < n:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _Deadline()
-            if not poller.poll(max(1, int(left * 1000))):
-                continue
-            chunk = os.read(self._out, min(n - got, 1 << 20))
-            if not chunk:
-                raise _WorkerGone("end of file")
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
-
-    def recv_frame(self, deadline: float) -> dict[str, Any]:
-        """Read one length-prefixed JSON message."""
-        import json
-
-        (size,) = HEADER.unpack(self.recv(HEADER.size, deadline))
-        if size > MAX_FRAME:
-            raise _WorkerGone(f"protocol violation: {size}-byte message")
-        try:
-            obj = json.loads(self.recv(size, deadline))
-        except ValueError as exc:
-            raise _WorkerGone(f"protocol violation: {exc}") from exc
-        if not isinstance(obj, dict):
-            raise _WorkerGone("protocol violation: message is not an object")
-        return obj
-
-    def exit_description(self) -> str:
-        """How the worker ended, for error messages (e.g. 'killed by SIGKILL')."""
-        code = self.proc.poll()
-        if code is None:
-            return "still running"
-        # bubblewrap reports a child killed by signal N as exit status 128 + N
-        sig = -code if code < 0 else code - 128 if code > 128 else None
-        if sig:
-            try:
-                name = signal.Signals(sig).name
-            except ValueError:
-                name = f"signal {sig}"
-            hint = {"SIGKILL": " (memory, CPU or process limit, or killed)", "SIGXCPU": " (CPU time limit)"}
-            return f"killed by {name}{hint.get(name, '')}"
-        return f"exit status {code}"
-
-    def stderr_tail(self, limit: int = 2000) -> str:
-        """The last bytes the worker (or bubblewrap) wrote before redirecting its stderr."""
-        chunks = []
-        try:
-            while chunk := os.read(self._err, 65536):
-                chunks.append(chunk)
-        except (BlockingIOError, OSError):
-            pass
-        return b"".join(chunks)[-limit:].decode(errors="replace").strip()
-
-    def kill(self) -> None:
-        """Kill the worker and everything it started, and wait for it."""
-        if not self._closed_fds:
-            self._closed_fds = True
-            for fd in (self._in, self._out, self._err):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        if self.proc.poll() is None:
-            try:
-                # the process group holds setpriv/bwrap; --die-with-parent and the pid namespace
-                # take every sandboxed process down with them
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        if self.spec.temp_dir:
-            shutil.rmtree(self.spec.temp_dir, ignore_errors=True)
 
 
 class PythonSandbox:
@@ -198,7 +67,7 @@ class PythonSandbox:
         self.restarts = 0
         self.calls = 0
         self._lock = threading.Lock()
-        self._worker: Any = None
+        self._worker: Transport | None = None
         self._ready = False
         self._closed = False
         self._spawn()
@@ -210,13 +79,13 @@ class PythonSandbox:
 
             self._worker = DockerWorker(self.limits, image=self.docker_image)
         else:
-            self._worker = WorkerProcess(local_launch(self.limits, self.allow_unsandboxed))
+            self._worker = LocalWorker(local_launch(self.limits, self.allow_unsandboxed))
         self._ready = False
 
     @property
     def sandboxed(self) -> bool:
         """False only in the explicitly allowed unsandboxed fallback."""
-        return getattr(getattr(self._worker, "spec", None), "sandboxed", True)
+        return self._worker.sandboxed
 
     def _wait_ready(self) -> None:
         if self._ready:
@@ -224,7 +93,7 @@ class PythonSandbox:
         deadline = time.monotonic() + self.limits.startup_timeout_s
         try:
             hello = self._worker.recv_frame(deadline)
-        except (_WorkerGone, _Deadline) as exc:
+        except (WorkerGone, DeadlineExceeded) as exc:
             detail = self._worker.stderr_tail()
             self._worker.kill()
             raise SandboxError(f"the sandbox failed to start ({exc}): {detail or 'no output'}") from None
@@ -279,13 +148,10 @@ class PythonSandbox:
             self._wait_ready()
             self.calls += 1
             start = time.monotonic()
-            import json
-
-            body = json.dumps({"code": code, "timeout_s": wall}).encode()
             try:
-                self._worker.send(HEADER.pack(len(body)) + body)
+                self._worker.send_frame({"code": code, "timeout_s": wall})
                 reply = self._worker.recv_frame(start + wall + self.limits.grace_s)
-            except _Deadline:
+            except DeadlineExceeded:
                 self._restart()
                 return SandboxResult(
                     error=f"TimeoutError: the call exceeded {wall:g} s of wall time and was killed; "
@@ -294,7 +160,7 @@ class PythonSandbox:
                     duration_s=time.monotonic() - start,
                     restarted=True,
                 )
-            except _WorkerGone as exc:
+            except WorkerGone as exc:
                 time.sleep(0.01)  # let the exit status settle
                 how = self._worker.exit_description() if str(exc) == "end of file" else str(exc)
                 self._restart()

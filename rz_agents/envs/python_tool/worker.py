@@ -288,7 +288,9 @@ def _set_rlimits(limits: dict[str, Any]) -> None:
     cap(resource.RLIMIT_CORE, 0)
     cap(resource.RLIMIT_FSIZE, limits["file_bytes"])
     cap(resource.RLIMIT_NOFILE, limits["open_files"])
-    cap(resource.RLIMIT_NPROC, limits["processes"])
+    if limits.get("nproc_rlimit", True):
+        # counted per uid (per user namespace): meaningful only when the sandbox has a uid of its own
+        cap(resource.RLIMIT_NPROC, limits["processes"])
     cap(resource.RLIMIT_AS, limits["memory_bytes"])
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"] + 1, limits["session_cpu_s"]))
 
