@@ -184,3 +184,22 @@ def test_closing_the_control_pipe_restarts_the_session(sandbox):
     r = sandbox.run("import os\nfor fd in range(3, 64):\n    try: os.close(fd)\n    except OSError: pass")
     assert r.restarted
     assert_healthy(sandbox)
+
+
+def test_no_host_file_descriptors_are_inherited(tmp_path):
+    leaked = open(tmp_path / "host-secret.txt", "w")  # noqa: SIM115
+    os.set_inheritable(leaked.fileno(), True)  # even an fd the host forgot to mark close-on-exec
+    try:
+        with PythonSandbox(FAST) as sb:
+            code = (
+                "import os\nout = []\nfor fd in os.listdir('/proc/self/fd'):\n"
+                "    try: out.append(os.readlink(f'/proc/self/fd/{fd}'))\n"
+                "    except OSError: pass\nout"
+            )
+            r = sb.run(code)
+            assert r.error is None and "/dev/null" in r.stdout and "memfd:stdout" in r.stdout, r
+            targets = r.stdout
+            assert "host-secret" not in targets
+            assert str(tmp_path) not in targets
+    finally:
+        leaked.close()
