@@ -75,3 +75,12 @@ def test_subclass_must_implement_hooks():
 
     with pytest.raises(NotImplementedError):
         Empty().reset()
+
+
+def test_builtin_ids_are_registered_on_import_and_register_env_is_idempotent():
+    from rz_agents.envs.registry import BUILTIN_ENVS, register_env
+
+    for env_id in BUILTIN_ENVS:
+        assert env_id in gymnasium.registry
+    register_env("rz_agents/GuessNumber-v0", "somewhere.else:Nope")  # no-op: first registration wins
+    assert gymnasium.registry["rz_agents/GuessNumber-v0"].entry_point.endswith("GuessNumberEnv")
