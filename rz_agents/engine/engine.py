@@ -13,6 +13,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 
 import torch
@@ -86,6 +87,7 @@ class RZEngine:
         self._generator = torch.Generator().manual_seed(self.config.seed)
         self._lock = threading.Lock()  # one step or one weight update at a time
         self._futures: dict[Sequence, asyncio.Future] = {}
+        self._incoming: deque[Sequence] = deque()  # new requests, handed to the scheduler by the step
         self._loop_task: asyncio.Task | None = None
         self.counters = {
             "steps": 0,
@@ -115,7 +117,7 @@ class RZEngine:
         seq = Sequence(prompt, params)
         fut = loop.create_future()
         self._futures[seq] = fut
-        self.scheduler.add(seq)
+        self._incoming.append(seq)  # deque.append is atomic: safe while a step runs in a worker thread
         self._ensure_loop(loop)
         try:
             return await fut
@@ -201,14 +203,16 @@ class RZEngine:
 
     def _drop_orphans(self, loop: asyncio.AbstractEventLoop) -> None:
         """Forget sequences whose caller's event loop is gone (nobody can receive their result)."""
-        for seq, fut in list(self._futures.items()):
-            if fut.get_loop() is not loop and fut.get_loop().is_closed():
-                self._futures.pop(seq)
-                self.scheduler.remove(seq, keep_prefix=False, version=self._version)
+        with self._lock:
+            self._take_incoming()
+            for seq, fut in list(self._futures.items()):
+                if fut.get_loop() is not loop and fut.get_loop().is_closed():
+                    self._futures.pop(seq)
+                    self.scheduler.remove(seq, keep_prefix=False, version=self._version)
 
     async def _run(self) -> None:
         try:
-            while self.scheduler.has_work:
+            while self._incoming or self.scheduler.has_work:
                 if self.config.step_in_thread:
                     finished = await asyncio.to_thread(self.step)
                 else:
@@ -229,10 +233,16 @@ class RZEngine:
                 fut.set_result(seq.to_completion())
 
     def _fail_all(self, reason: str) -> None:
-        pending = list(self.scheduler.waiting) + list(self.scheduler.running)
-        for seq in pending:
-            self._fail(seq, reason)
+        with self._lock:  # a step may still be finishing in its worker thread
+            self._take_incoming()
+            pending = list(self.scheduler.waiting) + list(self.scheduler.running)
+            for seq in pending:
+                self._fail(seq, reason)
         self._resolve(pending)
+
+    def _take_incoming(self) -> None:
+        while self._incoming:
+            self.scheduler.add(self._incoming.popleft())
 
     def _fail(self, seq: Sequence, reason: str) -> None:
         seq.error = reason
@@ -247,6 +257,7 @@ class RZEngine:
 
     def _step(self) -> list[Sequence]:
         self._pin_threads()
+        self._take_incoming()
         done: list[Sequence] = []
         for seq in [s for s in (*self.scheduler.waiting, *self.scheduler.running) if s.cancelled]:
             seq.finish("cancelled")

@@ -232,3 +232,23 @@ def test_concurrent_multi_turn_episodes_reuse_prefixes_and_stay_aligned(tiny_mod
         for prompt, out in turns:
             (ref,) = packed_token_logprobs(model, [prompt + out.tokens])
             assert torch.equal(out.logprobs, ref[len(prompt) - 1 :])
+
+
+def test_requests_arriving_while_a_threaded_step_runs_are_all_served(tiny_model):
+    model = tiny_model()
+    engine = _engine(model, num_slots=3, step_in_thread=True)
+
+    async def main():
+        tasks = []
+        for i in range(12):  # arrivals interleave with steps running in the worker thread
+            tasks.append(
+                asyncio.create_task(engine.generate([i + 1, i + 2, i + 3], SamplingParams(max_tokens=4)))
+            )
+            await asyncio.sleep(0.001)
+        tasks[5].cancel()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    outs = asyncio.run(main())
+    assert isinstance(outs[5], asyncio.CancelledError)
+    assert all(len(o.tokens) == 4 for i, o in enumerate(outs) if i != 5)
+    assert engine.stats()["slots_held"] == 0 and engine.stats()["running"] == 0
