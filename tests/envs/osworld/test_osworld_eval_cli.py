@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from osworld_cli_helper import rz_osworld
 
 from rz_agents.envs.osworld import LOCAL_TASKS
 from rz_agents.envs.osworld.policies import OraclePolicy, load_policy, noop_policy
@@ -91,24 +90,16 @@ def test_a_failing_task_is_recorded_and_the_run_goes_on(tmp_path):
 
 
 @needs_desktop
-def test_cli_eval_prints_the_success_table():
+def test_cli_eval_prints_the_success_table(capsys):
     task = TASKS / "os" / "rz-os-rename-file.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rz_agents", "osworld", "eval", "--tasks", str(task), "--policy", "oracle"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "rz-os-rename-file" in proc.stdout and "1.00" in proc.stdout
-    assert "overall    success 1.000 over 1 tasks" in proc.stdout
+    assert rz_osworld("eval", "--tasks", str(task), "--policy", "oracle") == 0
+    out = capsys.readouterr().out
+    assert "rz-os-rename-file" in out and "1.00" in out
+    assert "overall    success 1.000 over 1 tasks" in out
 
 
-def test_cli_eval_bad_policy_exits_2():
-    proc = subprocess.run(
-        [sys.executable, "-m", "rz_agents", "osworld", "eval", "--tasks", str(TASKS), "--policy", "nonsense"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2 and "module:callable" in proc.stderr
+def test_cli_eval_bad_policy_or_path_exits_2(tmp_path, capsys):
+    assert rz_osworld("eval", "--tasks", str(TASKS), "--policy", "nonsense") == 2
+    assert "module:callable" in capsys.readouterr().err
+    assert rz_osworld("eval", "--tasks", str(tmp_path / "missing"), "--policy", "noop") == 2
+    assert "no task file" in capsys.readouterr().err

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from osworld_cli_helper import rz_osworld
 
 from rz_agents.envs.osworld import LOCAL_TASKS
 from rz_agents.envs.osworld.runnability import check_task, validate_dir
@@ -137,14 +138,25 @@ def test_cli_validate_json_on_shared_examples():
     } <= reasons
 
 
-def test_cli_validate_exits_nonzero_on_a_bad_file(tmp_path):
+def test_cli_validate_exits_nonzero_on_a_bad_file(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("[1, 2]")
-    proc = subprocess.run(
-        [sys.executable, "-m", "rz_agents", "osworld", "validate", str(tmp_path), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 1
-    report = json.loads(proc.stdout)
+    assert rz_osworld("validate", str(tmp_path), "--json") == 1
+    report = json.loads(capsys.readouterr().out)
     assert report["parsed"] == 0 and "must be a JSON object" in next(iter(report["parse_errors"].values()))
+
+
+def test_cli_validate_text_report_names_reasons(tmp_path, capsys):
+    task = {
+        "id": "t",
+        "instruction": "i",
+        "related_apps": ["gimp-not-here"],
+        "evaluator": {"func": "exact_match"},
+    }
+    (tmp_path / "t.json").write_text(json.dumps(task))
+    assert rz_osworld("validate", str(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert (
+        "NOT runnable" in out
+        and "app not installed: gimp-not-here" in out
+        and "1/1 parsed, 0 runnable" in out
+    )
