@@ -17,6 +17,8 @@ class SandboxLimits:
         does not stop by itself, e.g. when spinning in C code or blocking signals).
     cpu_s: CPU seconds per call; session_cpu_s: CPU seconds over the session's whole life.
     memory_bytes: address space per process (RLIMIT_AS).
+    session_memory_bytes: resident memory of all the session's processes together (checked by the
+        host every 0.1 s while a call runs; the session is killed and restarted beyond it).
     processes: processes + threads of the sandbox user (RLIMIT_NPROC, counted per sandbox).
     file_bytes: largest file the code may write (RLIMIT_FSIZE; also caps captured output).
     tmp_bytes: size of the private writable /tmp (tmpfs).
@@ -28,6 +30,7 @@ class SandboxLimits:
     cpu_s: int = 10
     session_cpu_s: int = 3600
     memory_bytes: int = 1 * GiB
+    session_memory_bytes: int = 2 * GiB
     processes: int = 64
     file_bytes: int = 32 * MiB
     tmp_bytes: int = 128 * MiB

@@ -36,9 +36,11 @@ from pathlib import Path
 from rz_agents.envs.python_tool.limits import MiB, SandboxLimits
 from rz_agents.envs.python_tool.spawn import spawn
 from rz_agents.envs.python_tool.transport import DeadlineExceeded, Transport, WorkerGone
+from rz_agents.envs.python_tool.usage import tree_usage
 
 WORKER_PATH = Path(__file__).with_name("worker.py")
 SANDBOX_WORKER = "/rz/worker.py"
+CHECK_EVERY_S = 0.1  # how often a running call's total memory is checked
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 SANDBOX_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -204,8 +206,9 @@ def local_launch(limits: SandboxLimits, allow_unsandboxed: bool = False) -> Laun
 class LocalWorker(Transport):
     """One started worker process and its pipes (the transport of the local backend)."""
 
-    def __init__(self, spec: LaunchSpec) -> None:
+    def __init__(self, spec: LaunchSpec, session_memory_bytes: int | None = None) -> None:
         self.spec = spec
+        self.session_memory_bytes = session_memory_bytes
         # stderr is only written before the worker redirects it (startup errors, bwrap errors)
         in_read, in_write = os.pipe()
         out_read, out_write = os.pipe()
@@ -234,7 +237,11 @@ class LocalWorker(Transport):
             raise WorkerGone(str(exc)) from exc
 
     def recv(self, n: int, deadline: float) -> bytes:
-        """Read exactly ``n`` bytes before ``deadline`` (time.monotonic)."""
+        """Read exactly ``n`` bytes before ``deadline`` (time.monotonic).
+
+        While waiting, every ``CHECK_EVERY_S`` the session's total memory is checked (the per-process
+        RLIMIT_AS does not bound the sum over many processes).
+        """
         chunks, got = [], 0
         poller = select.poll()
         poller.register(self._out, select.POLLIN | select.POLLHUP | select.POLLERR)
@@ -242,7 +249,8 @@ class LocalWorker(Transport):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DeadlineExceeded()
-            if not poller.poll(max(1, int(left * 1000))):
+            if not poller.poll(max(1, int(min(left, CHECK_EVERY_S) * 1000))):
+                self._check_memory()
                 continue
             chunk = os.read(self._out, min(n - got, 1 << 20))
             if not chunk:
@@ -250,6 +258,16 @@ class LocalWorker(Transport):
             chunks.append(chunk)
             got += len(chunk)
         return b"".join(chunks)
+
+    def _check_memory(self) -> None:
+        if self.session_memory_bytes is None:
+            return
+        _, rss = tree_usage(self.proc.pid)
+        if rss > self.session_memory_bytes:
+            raise WorkerGone(
+                f"its processes used {rss >> 20} MiB in total, over the session limit of "
+                f"{self.session_memory_bytes >> 20} MiB, so it was killed"
+            )
 
     def exit_description(self) -> str:
         """How the worker ended, for error messages (e.g. 'killed by SIGKILL')."""

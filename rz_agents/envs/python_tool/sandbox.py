@@ -79,7 +79,9 @@ class PythonSandbox:
 
             self._worker = DockerWorker(self.limits, image=self.docker_image)
         else:
-            self._worker = LocalWorker(local_launch(self.limits, self.allow_unsandboxed))
+            self._worker = LocalWorker(
+                local_launch(self.limits, self.allow_unsandboxed), self.limits.session_memory_bytes
+            )
         self._ready = False
 
     @property

@@ -6,7 +6,7 @@ import time
 
 from conftest import FAST, assert_healthy, processes_of_uid
 
-from rz_agents.envs.python_tool import PythonSandbox
+from rz_agents.envs.python_tool import PythonSandbox, SandboxLimits
 
 
 def test_network_access_is_impossible(sandbox):
@@ -203,3 +203,21 @@ def test_no_host_file_descriptors_are_inherited(tmp_path):
             assert str(tmp_path) not in targets
     finally:
         leaked.close()
+
+
+def test_memory_spread_over_many_processes_is_bounded_per_session():
+    limits = SandboxLimits(wall_s=8.0, memory_bytes=512 << 20, session_memory_bytes=768 << 20)
+    code = (
+        "import os, time\n"
+        "for _ in range(6):\n"
+        "    if os.fork() == 0:\n"
+        "        block = b'x' * (300 << 20)  # written, so resident\n"
+        "        time.sleep(60)\n"
+        "time.sleep(60)"
+    )
+    with PythonSandbox(limits) as sb:
+        start = time.monotonic()
+        r = sb.run(code)
+        assert r.restarted and "session limit of 768 MiB" in r.error, r
+        assert time.monotonic() - start < 8
+        assert_healthy(sb)
