@@ -1,0 +1,149 @@
+"""Turn a run directory's metrics.jsonl (one JSON object per learner step) into plots and HTML.
+
+Each panel plots the metrics it names that the run actually logged; panels with none are left
+out, so the report works for every estimator and mode.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+PANELS: list[tuple[str, str, list[str]]] = [
+    ("reward", "Reward (mean over the step's episodes)", ["reward_mean", "reward_min", "reward_max"]),
+    ("lag", "Policy lag of trained tokens (learner steps)", ["lag_min", "lag_mean", "lag_max"]),
+    (
+        "is_weight",
+        "Importance weights exp(logp_learner - logp_behavior)",
+        ["is_weight_mean", "is_weight_p50", "is_weight_p99", "is_weight_max"],
+    ),
+    (
+        "dlogp",
+        "|dlogp| on lag-0 tokens (0 exactly when aligned)",
+        ["lag0_abs_dlogp_max", "lag0_abs_dlogp_mean"],
+    ),
+    ("kl", "KL estimates behavior -> learner", ["kl_k1_behavior_to_learner", "kl_k3_behavior_to_learner"]),
+    (
+        "deviation",
+        "IS-weight deviation (per step, and run peak/median)",
+        ["is_weight_abs_dev_mean", "is_weight_abs_dev_run_peak_over_median"],
+    ),
+    ("throughput", "Throughput", ["tokens_per_s", "trained_tokens_per_s", "steps_per_s"]),
+]
+
+
+def read_metrics(path: Path) -> list[dict]:
+    rows = []
+    if not path.is_file():
+        return rows
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a partly written last line of a killed run
+    return rows
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for i, r in enumerate(rows):
+        v = r.get(key)
+        if isinstance(v, (int, float)) and v == v:
+            xs.append(float(r.get("step", i)))
+            ys.append(float(v))
+    return xs, ys
+
+
+def _plot_panel(rows: list[dict], title: str, keys: list[str], out: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = [k for k in keys if _series(rows, k)[0]]
+    if not present:
+        return False
+    fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=100)
+    for k in present:
+        xs, ys = _series(rows, k)
+        ax.plot(xs, ys, label=k, linewidth=1.4)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("learner step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return True
+
+
+def _plot_time_split(rows: list[dict], out: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted({k for r in rows for k in r if k.startswith("time_") and k.endswith("_s")})
+    if not keys:
+        return False
+    fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=100)
+    bottom = [0.0] * len(rows)
+    xs = [float(r.get("step", i)) for i, r in enumerate(rows)]
+    for k in keys:
+        ys = [float(r.get(k, 0.0) or 0.0) for r in rows]
+        ax.bar(xs, ys, bottom=bottom, label=k[5:-2], width=0.9)
+        bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+    ax.set_title("Step time split (s)", fontsize=10)
+    ax.set_xlabel("learner step")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return True
+
+
+def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
+    """Write <run_dir>/plots/*.png and <run_dir>/report.html; return the HTML path."""
+    run = Path(run_dir)
+    rows = read_metrics(run / "metrics.jsonl")
+    plots = run / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    images = []
+    for name, title, keys in PANELS:
+        out = plots / f"{name}.png"
+        if _plot_panel(rows, title, keys, out):
+            images.append((title, out))
+    if _plot_time_split(rows, plots / "time_split.png"):
+        images.append(("Step time split", plots / "time_split.png"))
+    if summary is None and (run / "summary.json").is_file():
+        summary = json.loads((run / "summary.json").read_text())
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>rz_agents run report</title>",
+        "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+        "img{max-width:100%;margin:0.5em 0}</style></head><body>",
+        f"<h1>Run report: {html.escape(run.name)}</h1>",
+        f"<p>{len(rows)} learner steps logged in metrics.jsonl.</p>",
+    ]
+    if summary:
+        parts.append("<h2>Summary</h2><table>")
+        for k, v in summary.items():
+            parts.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v))}</td></tr>")
+        parts.append("</table>")
+    parts.append("<h2>Plots</h2>")
+    for title, path in images:
+        data = base64.b64encode(path.read_bytes()).decode()
+        parts.append(
+            f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
+        )
+    if not images:
+        parts.append("<p>No metrics to plot yet.</p>")
+    parts.append("</body></html>")
+    out = run / "report.html"
+    out.write_text("\n".join(parts))
+    return out
