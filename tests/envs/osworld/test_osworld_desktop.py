@@ -19,7 +19,7 @@ from rz_agents.envs.osworld.desktop_env import DesktopEnv
 from rz_agents.envs.osworld.getters import get_vm_command_line
 from rz_agents.envs.osworld.gym_env import ENV_ID, OSWorldEnv
 from rz_agents.envs.osworld.providers.local import episode_pids
-from rz_agents.envs.osworld.setup_steps import SetupError
+from rz_agents.envs.osworld.setup_steps import SetupError, cached_download_paths
 from rz_agents.eval.osworld import run_osworld_eval
 
 pytestmark = pytest.mark.skipif(
@@ -136,6 +136,18 @@ def test_setup_needing_the_internet_fails_clearly_and_frees_the_desktop():
         with pytest.raises(SetupError, match="needs internet download"):
             e.reset(task)
         assert e.provider.desktop is None
+
+
+def test_download_steps_are_served_from_the_cache(tmp_path):
+    url, path = "https://example.org/files/report.txt", "/home/user/Desktop/report.txt"
+    task = _task("os", "rz-os-mkdir-nested")
+    task["config"] = [{"type": "download", "parameters": {"files": [{"url": url, "path": path}]}}]
+    cached = Path(cached_download_paths(str(tmp_path), task["id"], url, path)[0])
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"offline copy\n")
+    with DesktopEnv(download_cache=str(tmp_path), require_a11y_tree=False) as e:
+        e.reset(task)
+        assert e.ctx.client.get_file(path) == b"offline copy\n"
 
 
 def test_close_leaves_no_processes_behind():
