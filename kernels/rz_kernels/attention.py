@@ -1,11 +1,13 @@
 """Causal GQA attention over a key/value buffer addressed by (sequence, position).
 
-Both op sets take the same arguments:
+Both op sets have the same two-step interface: `plan_*(q_seq, q_pos, H, Hkv)` once per forward
+(layout and masks depend only on which sequence and position each query has), then per layer
+`*_attention(q, k, v, plan, scale)` with
   q      [T, H, D]            queries, already rotated
   k, v   [S, Hkv, L, D]       keys/values of every sequence, position p at index p (zero beyond)
   q_seq  [T]                  which sequence (index into S) each query belongs to
   q_pos  [T]                  absolute position of each query; it attends to keys 0..q_pos
-and return [T, H, D] in q's dtype.
+returning [T, H, D] in q's dtype.
 
 `blocked_attention` (aligned) gives each query row the same arithmetic whatever else is in the
 call: rows are grouped into tiles of QUERY_TILE rows of one (sequence, kv head); keys are walked
@@ -17,6 +19,8 @@ prefill, a single-token decode and the packed training forward agree bitwise.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -61,72 +65,115 @@ def _row_layout(q_seq: torch.Tensor, num_kv_heads: int, group: int, tile: int):
     return flat, tile_seq, tile_head, num_tiles
 
 
-def blocked_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_seq: torch.Tensor,
-    q_pos: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Batch-invariant causal attention (see module docstring). Math in fp32."""
-    t, num_heads, d = q.shape
-    num_kv_heads = k.shape[1]
+@dataclass
+class _Bucket:
+    tiles: torch.Tensor  # tile indices in this bucket
+    tile_seq: torch.Tensor
+    tile_head: torch.Tensor
+    num_blocks: int
+    visible: torch.Tensor  # [n, num_blocks, tile, KEY_BLOCK] bool
+
+
+@dataclass
+class BlockedPlan:
+    """Row layout and masks of one call, shared by every layer of a forward."""
+
+    num_tokens: int
+    num_heads: int
+    num_kv_heads: int
+    flat: torch.Tensor  # [T * H] row of each (token, head) in tile space
+    num_tiles: int
+    buckets: list[_Bucket]
+
+
+def plan_blocked(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int) -> BlockedPlan:
+    """Lay rows out in tiles and group tiles by how many key blocks they need.
+
+    Grouping tiles by block count skips blocks that are fully in the future of every row of a tile
+    (half the work of a causal prefill); it changes no bit, because a tile's result does not depend
+    on the trailing all-masked blocks it would otherwise add (exact zeros).
+    """
+    t = q_seq.shape[0]
     group = num_heads // num_kv_heads
     tile = QUERY_TILE
-    if t == 0:
-        return q.new_zeros(q.shape)
     flat, tile_seq, tile_head, num_tiles = _row_layout(q_seq, num_kv_heads, group, tile)
     rows = num_tiles * tile
-
     idx = flat.reshape(-1)
-    q_rows = q.float().reshape(t, num_kv_heads, group, d).reshape(-1, d)
-    qt = q.new_zeros(rows, d, dtype=torch.float32).index_copy(0, idx, q_rows)
     # Padding rows get position 0: they attend to key 0 only (finite), and are discarded.
     pos_rows = q_pos.new_zeros(rows).index_copy(0, idx, q_pos.view(t, 1, 1).expand_as(flat).reshape(-1))
     pos_rows = pos_rows.view(num_tiles, tile)
-
-    num_blocks = int(pos_rows.max()) // KEY_BLOCK + 1
-    span = num_blocks * KEY_BLOCK
-    if span > k.shape[2]:
-        raise ValueError(f"key buffer holds {k.shape[2]} positions, attention needs {span}")
-    kt = k[tile_seq, tile_head, :span].float().view(num_tiles * num_blocks, KEY_BLOCK, d)
-    vt = v[tile_seq, tile_head, :span].float().view(num_tiles * num_blocks, KEY_BLOCK, d)
-    qb = qt.view(num_tiles, 1, tile, d).expand(num_tiles, num_blocks, tile, d).reshape(-1, tile, d)
-
-    scores = torch.bmm(qb, kt.transpose(1, 2)).view(num_tiles, num_blocks, tile, KEY_BLOCK) * scale
-    key_pos = torch.arange(span, device=q.device).view(1, num_blocks, 1, KEY_BLOCK)
-    visible = key_pos <= pos_rows.view(num_tiles, 1, tile, 1)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    row_max = scores.detach().amax(dim=(1, 3), keepdim=True)
-    p = torch.exp(scores - row_max)
-    block_sums = p.sum(-1)  # [NT, nb, tile], each a sum over one fixed-size block
-    block_out = torch.bmm(p.view(-1, tile, KEY_BLOCK), vt).view(num_tiles, num_blocks, tile, d)
-
-    denom = block_sums[:, 0]
-    out = block_out[:, 0]
-    for b in range(1, num_blocks):  # fixed block order; trailing all-masked blocks add exact zeros
-        denom = denom + block_sums[:, b]
-        out = out + block_out[:, b]
-    out = (out / denom.unsqueeze(-1)).reshape(rows, d)
-    return out.index_select(0, idx).view(t, num_heads, d).to(q.dtype)
+    tile_blocks = pos_rows.amax(dim=1) // KEY_BLOCK + 1
+    buckets = []
+    for nb in torch.unique(tile_blocks).tolist():
+        tiles = (tile_blocks == nb).nonzero().squeeze(1)
+        key_pos = torch.arange(nb * KEY_BLOCK, device=q_seq.device).view(1, nb, 1, KEY_BLOCK)
+        visible = key_pos <= pos_rows[tiles].view(-1, 1, tile, 1)
+        buckets.append(_Bucket(tiles, tile_seq[tiles], tile_head[tiles], nb, visible))
+    return BlockedPlan(t, num_heads, num_kv_heads, idx, num_tiles, buckets)
 
 
-def sdpa_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_seq: torch.Tensor,
-    q_pos: torch.Tensor,
-    scale: float,
+def blocked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockedPlan, scale: float
 ) -> torch.Tensor:
-    """Stock PyTorch SDPA, one call per sequence (the unaligned reference/negative control)."""
-    out = torch.empty_like(q)
+    """Batch-invariant causal attention (see module docstring). Math in fp32."""
+    t, num_heads, d = q.shape
+    if t == 0:
+        return q.new_zeros(q.shape)
+    tile = QUERY_TILE
+    rows = plan.num_tiles * tile
+    qt = q.new_zeros(rows, d, dtype=torch.float32).index_copy(0, plan.flat, q.float().reshape(-1, d))
+    qt = qt.view(plan.num_tiles, tile, d)
+    out_tiles = []
+    for b in plan.buckets:
+        n, nb = b.tiles.numel(), b.num_blocks
+        span = nb * KEY_BLOCK
+        if span > k.shape[2]:
+            raise ValueError(f"key buffer holds {k.shape[2]} positions, attention needs {span}")
+        kt = k[b.tile_seq, b.tile_head, :span].float().reshape(n * nb, KEY_BLOCK, d)
+        vt = v[b.tile_seq, b.tile_head, :span].float().reshape(n * nb, KEY_BLOCK, d)
+        qb = qt[b.tiles].unsqueeze(1).expand(n, nb, tile, d).reshape(n * nb, tile, d)
+        scores = torch.bmm(qb, kt.transpose(1, 2)).view(n, nb, tile, KEY_BLOCK) * scale
+        scores = scores.masked_fill(~b.visible, float("-inf"))
+        row_max = scores.detach().amax(dim=(1, 3), keepdim=True)
+        p = torch.exp(scores - row_max)
+        block_sums = p.sum(-1)  # [n, nb, tile], each a sum over one fixed-size block
+        block_out = torch.bmm(p.view(n * nb, tile, KEY_BLOCK), vt).view(n, nb, tile, d)
+        denom = block_sums[:, 0]
+        acc = block_out[:, 0]
+        for j in range(1, nb):  # fixed block order
+            denom = denom + block_sums[:, j]
+            acc = acc + block_out[:, j]
+        out_tiles.append(acc / denom.unsqueeze(-1))
+    if len(plan.buckets) == 1:
+        out = out_tiles[0]
+    else:
+        order = torch.cat([b.tiles for b in plan.buckets])
+        out = torch.cat(out_tiles).index_select(0, torch.argsort(order))
+    return out.reshape(rows, d).index_select(0, plan.flat).view(t, num_heads, d).to(q.dtype)
+
+
+@dataclass
+class SdpaPlan:
+    groups: list[tuple[int, torch.Tensor, int, torch.Tensor]]  # (seq, token index, length, mask)
+
+
+def plan_sdpa(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int) -> SdpaPlan:
+    groups = []
     for s in torch.unique(q_seq).tolist():
         sel = (q_seq == s).nonzero().squeeze(1)
         pos = q_pos[sel]
         length = int(pos.max()) + 1
-        mask = torch.arange(length, device=q.device).view(1, length) <= pos.view(-1, 1)
+        mask = torch.arange(length, device=q_seq.device).view(1, length) <= pos.view(-1, 1)
+        groups.append((s, sel, length, mask))
+    return SdpaPlan(groups)
+
+
+def sdpa_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SdpaPlan, scale: float
+) -> torch.Tensor:
+    """Stock PyTorch SDPA, one call per sequence (the unaligned reference/negative control)."""
+    out = torch.empty_like(q)
+    for s, sel, length, mask in plan.groups:
         o = F.scaled_dot_product_attention(
             q[sel].transpose(0, 1).unsqueeze(0),
             k[s : s + 1, :, :length],

@@ -12,12 +12,17 @@ from rz_kernels import attention, gemm, moe
 class OpSet:
     name: str
     linear: Callable
+    plan_attention: Callable
     attention: Callable
     moe: Callable
 
 
-ALIGNED = OpSet("aligned", gemm.tiled_linear, attention.blocked_attention, moe.aligned_moe)
-STANDARD = OpSet("standard", gemm.standard_linear, attention.sdpa_attention, moe.standard_moe)
+ALIGNED = OpSet(
+    "aligned", gemm.tiled_linear, attention.plan_blocked, attention.blocked_attention, moe.aligned_moe
+)
+STANDARD = OpSet(
+    "standard", gemm.standard_linear, attention.plan_sdpa, attention.sdpa_attention, moe.standard_moe
+)
 
 _OPSETS = {"aligned": ALIGNED, "standard": STANDARD}
 

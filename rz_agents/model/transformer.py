@@ -15,12 +15,12 @@ from __future__ import annotations
 import math
 
 import torch
-from rz_kernels import RopeTable, get_ops, rms_norm, route, silu_mul
-from rz_kernels.attention import KEY_BLOCK
 from torch import nn
 
 from rz_agents.model.config import ModelConfig
 from rz_agents.model.kv_cache import KVCache
+from rz_kernels import RopeTable, get_ops, rms_norm, route, silu_mul
+from rz_kernels.attention import KEY_BLOCK
 
 
 class RMSNorm(nn.Module):
@@ -66,7 +66,7 @@ class Attention(nn.Module):
         q = ctx.rope.apply(q, ctx.positions)
         k = ctx.rope.apply(k, ctx.positions)
         k_buf, v_buf = ctx.store(layer, k, v)
-        out = ops.attention(q, k_buf, v_buf, ctx.buf_seq, ctx.positions, 1.0 / math.sqrt(self.head_dim))
+        out = ops.attention(q, k_buf, v_buf, ctx.attention_plan, 1.0 / math.sqrt(self.head_dim))
         return ops.linear(out.reshape(t, -1), self.o_proj.weight)
 
 
@@ -149,6 +149,9 @@ class _Context:
             span = -(-(int(positions.max()) + 1) // KEY_BLOCK) * KEY_BLOCK if positions.numel() else KEY_BLOCK
             self.buf_shape = (uniq.numel(), cfg.num_key_value_heads, span, cfg.head_dim)
             self.dtype = dtype
+        self.attention_plan = self.ops.plan_attention(
+            self.buf_seq, positions, cfg.num_attention_heads, cfg.num_key_value_heads
+        )
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kv_cache is not None:
