@@ -123,7 +123,7 @@ class DockerWorker(Transport):
         except OSError as exc:
             raise WorkerGone(str(exc)) from exc
 
-    def recv(self, n: int, deadline: float) -> bytes:
+    def recv(self, n: int, deadline: float, watch: bool = True) -> bytes:
         """Read ``n`` bytes of the container's stdout."""
         while len(self.demux.stdout) < n:
             left = deadline - time.monotonic()

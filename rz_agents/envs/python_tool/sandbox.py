@@ -94,7 +94,7 @@ class PythonSandbox:
             return
         deadline = time.monotonic() + self.limits.startup_timeout_s
         try:
-            hello = self._worker.recv_frame(deadline)
+            hello = self._worker.recv_frame(deadline, watch=False)
         except (WorkerGone, DeadlineExceeded) as exc:
             detail = self._worker.stderr_tail()
             self._worker.kill()

@@ -27,8 +27,11 @@ class Transport:
         """Write all of ``data`` to the worker (raises WorkerGone)."""
         raise NotImplementedError
 
-    def recv(self, n: int, deadline: float) -> bytes:
-        """Read exactly ``n`` bytes before ``deadline`` (time.monotonic); raises WorkerGone / DeadlineExceeded."""
+    def recv(self, n: int, deadline: float, watch: bool = True) -> bytes:
+        """Read exactly ``n`` bytes before ``deadline`` (time.monotonic); raises WorkerGone / DeadlineExceeded.
+
+        ``watch``: enforce the session-wide resource checks while waiting (off during startup).
+        """
         raise NotImplementedError
 
     def kill(self) -> None:
@@ -48,13 +51,13 @@ class Transport:
         body = json.dumps(obj).encode()
         self.send(HEADER.pack(len(body)) + body)
 
-    def recv_frame(self, deadline: float) -> dict[str, Any]:
+    def recv_frame(self, deadline: float, watch: bool = True) -> dict[str, Any]:
         """Read one length-prefixed JSON message; anything malformed is WorkerGone."""
-        (size,) = HEADER.unpack(self.recv(HEADER.size, deadline))
+        (size,) = HEADER.unpack(self.recv(HEADER.size, deadline, watch))
         if size > MAX_FRAME:
             raise WorkerGone(f"protocol violation: {size}-byte message")
         try:
-            obj = json.loads(self.recv(size, deadline))
+            obj = json.loads(self.recv(size, deadline, watch))
         except ValueError as exc:
             raise WorkerGone(f"protocol violation: {exc}") from exc
         if not isinstance(obj, dict):
