@@ -114,7 +114,9 @@ class ChromeLink:
                     break
                 fn, box, done = job
                 try:
-                    if browser is not None and (connected_to != self.endpoint or not browser.is_connected()):
+                    if browser is not None and (
+                        connected_to != self.endpoint or not browser.is_connected() or self._stale(browser)
+                    ):
                         _disconnect(browser)
                         browser = None
                     if browser is None:
@@ -131,6 +133,24 @@ class ChromeLink:
             if browser is not None:
                 _disconnect(browser)
             pw.stop()
+
+    def _stale(self, browser: Any) -> bool:
+        """True when Chrome has tabs Playwright has not seen yet (or the reverse).
+
+        Playwright learns of tabs opened by the user (Ctrl+T, links) through events it only
+        processes during later calls, so a long-lived connection can miss them; Chrome's
+        ``/json/list`` is the truth, and a mismatch means reconnecting (as OSWorld's getters,
+        which connect afresh every time).
+        """
+        import json
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.endpoint + "/json/list", timeout=2) as resp:
+                targets = json.load(resp)
+        except (OSError, ValueError):
+            return True
+        return sum(t.get("type") == "page" for t in targets) != len(pages(browser))
 
     def retarget(self, cdp_port: int) -> None:
         """Point the link at another browser (the next episode's); Playwright's driver is kept."""

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from rz_agents.envs.osworld.chrome import pages
 from rz_agents.envs.osworld.client import ServerError
 from rz_agents.envs.osworld.context import EpisodeContext
 from rz_agents.envs.osworld.task import SetupStep
@@ -71,6 +72,26 @@ def step_launch(ctx: EpisodeContext, command: Any, shell: bool = False, **_: Any
     first = command.split()[0] if isinstance(command, str) and command.split() else (command or [""])[0]
     if "chrom" in os.path.basename(str(first)):
         wait_for_chrome(ctx)
+        wait_for_pages_loaded(ctx)
+
+
+def wait_for_pages_loaded(ctx: EpisodeContext, timeout_s: float = 30.0) -> None:
+    """Block until Chrome shows a tab and every tab has loaded, so the agent's first keys land.
+
+    A slow page is noted, not fatal: OSWorld does not wait either, this only removes a race.
+    """
+
+    def wait(browser: Any) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not pages(browser) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for page in pages(browser):
+            page.wait_for_load_state("load", timeout=max(1.0, deadline - time.monotonic()) * 1000)
+
+    try:
+        ctx.chrome.call(wait, timeout_s=timeout_s + 10)
+    except Exception as exc:
+        ctx.notes.append(f"launch: pages not loaded: {type(exc).__name__}: {exc}")
 
 
 def wait_for_chrome(ctx: EpisodeContext, timeout_s: float = 30.0) -> None:
