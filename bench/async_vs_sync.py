@@ -35,7 +35,11 @@ from rz_agents.trainer.optim import OptimConfig
 
 def _config(args, mode: str) -> TrainConfig:
     if args.env == "python_tool":
-        env = EnvSpec(id="rz_agents/PythonTool-v0", kwargs={})
+        # A random tiny policy rarely writes a tool call: its episodes are the sandbox boot (bubblewrap) at
+        # reset plus math-verify scoring of the answer, real subprocess latency either way.
+        env = EnvSpec(
+            id="rz_agents/PythonTool-v0", kwargs={"max_turns": args.turns, "prompt_style": "compact"}
+        )
     else:
         env = EnvSpec(kwargs={"max_turns": args.turns, "latency_s": args.env_latency})
     return TrainConfig(
@@ -56,9 +60,7 @@ def _config(args, mode: str) -> TrainConfig:
             groups_per_batch=args.groups_per_batch,
             max_concurrent_episodes=args.concurrency,
             max_lag=args.max_lag,
-            limits=EpisodeLimits(
-                args.turns, args.tokens_per_turn, args.turns * (args.tokens_per_turn + 40) + 60
-            ),
+            limits=EpisodeLimits(args.turns, args.tokens_per_turn, max_episode_tokens=1000),
         ),
         learner=LearnerConfig(optim=OptimConfig(lr=1e-3)),
         learner_process=args.learner_process == "on",
@@ -71,7 +73,7 @@ def _measure(args, mode: str) -> dict:
     from rz_agents.engine import EngineConfig
 
     cfg = _config(args, mode)
-    cfg.engine = EngineConfig(num_slots=args.concurrency + 8, max_len=1024, max_batch_tokens=1024)
+    cfg.engine = EngineConfig(num_slots=args.concurrency + 8, max_len=1040, max_batch_tokens=1024)
     run = EmbeddedRun(cfg)
     try:
         t0 = time.perf_counter()

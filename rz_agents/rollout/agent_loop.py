@@ -88,6 +88,11 @@ async def run_episode(
     while turns < limits.max_turns:
         budget = min(limits.max_tokens_per_turn, limits.max_episode_tokens - len(tokens))
         if budget < 1:
+            if turns == 0:
+                raise EpisodeError(
+                    f"the prompt has {len(tokens)} tokens: no room to sample within "
+                    f"max_episode_tokens={limits.max_episode_tokens}"
+                )
             finish = "max_episode_tokens"
             break
         params = dataclasses.replace(

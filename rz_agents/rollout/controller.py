@@ -41,6 +41,9 @@ class RolloutConfig:
     top_p: float = 1.0
     limits: EpisodeLimits = field(default_factory=EpisodeLimits)
     seed: int = 0
+    # Stop the run (RolloutFailure) after this many episodes in a row failed: a broken env or a prompt that
+    # cannot fit is a configuration error, not bad luck. 0 disables the check.
+    max_consecutive_failures: int = 256
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -56,6 +59,10 @@ class RolloutConfig:
             )
         if self.limits.max_turns < 1 or self.limits.max_tokens_per_turn < 1:
             raise ValueError("rollout.limits.max_turns and max_tokens_per_turn must be >= 1")
+
+
+class RolloutFailure(RuntimeError):
+    """Every recent episode failed; the run cannot make progress."""
 
 
 class RolloutController:
@@ -102,6 +109,9 @@ class RolloutController:
         self._admission = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
+        self._consecutive_failures = 0
+        self._last_error = ""
+        self.failure: RolloutFailure | None = None  # set when the run must stop; next_batch raises it
 
     # ---- admission ------------------------------------------------------------------------------
     def _dropped(self) -> int:
@@ -162,6 +172,7 @@ class RolloutController:
                 self._executor,
             )
             self.counters["episodes_finished"] += 1
+            self._consecutive_failures = 0
             self._idle_envs.append(env)
             return traj
         except asyncio.CancelledError:
@@ -169,6 +180,13 @@ class RolloutController:
         except (EpisodeError, Exception) as e:  # one bad episode never stops the run
             self.counters["episodes_failed"] += 1
             log.warning("episode (group %d, member %d) dropped: %s", spec.group_id, spec.member, e)
+            self._consecutive_failures += 1
+            self._last_error = str(e)
+            limit = self.cfg.max_consecutive_failures
+            if limit and self._consecutive_failures >= limit and self.failure is None:
+                self.failure = RolloutFailure(f"{limit} episodes in a row failed; the last one: {e}")
+                self.stop()
+                self.queue.wake()
             if env is not None:  # it may be broken: do not reuse it
                 self._close_env(env)
             return None
@@ -194,7 +212,11 @@ class RolloutController:
             self.counters["groups_dropped_stale"] += n
             self._wake()
 
+        if self.failure is not None:
+            raise self.failure
         groups = await self.queue.take(self.cfg.groups_per_batch, version, self.cfg.max_lag, on_drop)
+        if self.failure is not None:
+            raise self.failure
         # Group order (not completion order) fixes the summation order of the loss: reproducible steps.
         return [t for g in sorted(groups, key=lambda g: g.index) for t in g.trajectories]
 

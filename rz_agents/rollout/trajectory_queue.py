@@ -28,6 +28,7 @@ class TrajectoryQueue:
         self._groups: deque[Group] = deque()
         self._changed = asyncio.Event()
         self.dropped_stale = 0  # groups dropped because a token was older than max_lag
+        self.closed = False
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -45,9 +46,17 @@ class TrajectoryQueue:
         self.dropped_stale += dropped
         return dropped
 
+    def wake(self) -> None:
+        """Wake a waiting ``take`` so that it returns early (with [] ) once ``closed`` is set."""
+        self.closed = True
+        self._changed.set()
+
     async def take(self, n: int, version: int, max_lag: int, on_drop=None) -> list[Group]:
-        """Wait for ``n`` groups whose every token has lag <= max_lag at ``version``; oldest first."""
-        while True:
+        """Wait for ``n`` groups whose every token has lag <= max_lag at ``version``; oldest first.
+
+        Returns [] if the queue is closed (``wake``) while waiting.
+        """
+        while not self.closed:
             dropped = self.drop_stale(version, max_lag)
             if dropped and on_drop is not None:
                 on_drop(dropped)
@@ -55,6 +64,7 @@ class TrajectoryQueue:
                 return [self._groups.popleft() for _ in range(n)]
             self._changed.clear()
             await self._changed.wait()
+        return []
 
     def snapshot(self) -> list[Group]:
         """The queued groups, in order (for checkpoints)."""

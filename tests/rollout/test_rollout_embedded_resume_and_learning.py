@@ -3,6 +3,7 @@ cannot pass by chance (mean reward rises clearly in sync and in async lag-64 mod
 
 import json
 
+import pytest
 import torch
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
@@ -81,3 +82,23 @@ def test_reward_rises_in_sync_and_async_lag64_modes():
         assert before < 0.25, (mode, before)
         assert after > 0.6, (mode, after)  # random noise moves the mean by ~0.03, not 0.4
         assert lag <= (0 if mode == "sync" else 64)
+
+
+def test_a_run_where_every_episode_fails_stops_with_a_clear_error():
+    from rz_agents.rollout.controller import RolloutFailure
+
+    cfg = _cfg(steps=3)
+    cfg.env = EnvSpec(id="tests.rollout.flaky_env:FlakyLettersEnv", kwargs={"fail_every": 1})
+    cfg.rollout.max_consecutive_failures = 8
+    with pytest.raises(RolloutFailure, match="8 episodes in a row failed; the last one: env.step failed"):
+        run_training(cfg)
+
+
+def test_a_prompt_longer_than_the_episode_budget_is_a_clear_episode_error():
+    from rz_agents.rollout.controller import RolloutFailure
+
+    cfg = _cfg(steps=1)
+    cfg.rollout.limits = EpisodeLimits(max_turns=2, max_tokens_per_turn=8, max_episode_tokens=10)
+    cfg.rollout.max_consecutive_failures = 4
+    with pytest.raises(RolloutFailure, match="no room to sample within max_episode_tokens=10"):
+        run_training(cfg)
