@@ -4,7 +4,7 @@ import asyncio
 import os
 import time
 
-from conftest import FAST
+from sandbox_test_support import FAST
 
 from rz_agents.envs import EnvWorkerPool, areset, astep
 from rz_agents.envs.python_tool import PythonToolEnv

@@ -2,7 +2,7 @@
 
 import gymnasium
 import pytest
-from conftest import FAST
+from sandbox_test_support import FAST
 
 import rz_agents.envs  # noqa: F401
 from rz_agents.envs.python_tool import PythonToolEnv, SandboxPool

@@ -4,7 +4,7 @@ test process is unharmed and the next call works."""
 import os
 import time
 
-from conftest import FAST, assert_healthy, processes_of_uid
+from sandbox_test_support import FAST, assert_healthy, processes_of_uid
 
 from rz_agents.envs.python_tool import PythonSandbox, SandboxLimits
 
@@ -221,3 +221,10 @@ def test_memory_spread_over_many_processes_is_bounded_per_session():
         assert r.restarted and "session limit of 768 MiB" in r.error, r
         assert time.monotonic() - start < 8
         assert_healthy(sb)
+
+
+def test_open_file_limit_holds(sandbox):
+    r = sandbox.run("files = [open('/dev/null') for _ in range(100000)]")
+    assert r.error is not None and "Too many open files" in r.error
+    sandbox.run("del files")
+    assert_healthy(sandbox)
