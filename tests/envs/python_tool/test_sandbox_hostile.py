@@ -226,5 +226,4 @@ def test_memory_spread_over_many_processes_is_bounded_per_session():
 def test_open_file_limit_holds(sandbox):
     r = sandbox.run("files = [open('/dev/null') for _ in range(100000)]")
     assert r.error is not None and "Too many open files" in r.error
-    sandbox.run("del files")
     assert_healthy(sandbox)
