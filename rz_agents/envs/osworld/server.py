@@ -57,8 +57,65 @@ def map_command(command: list[str] | str) -> list[str] | str:
     return out
 
 
+class ActionRunner:
+    """The server's handle on ``action_runner``: ``python -c CODE`` answered by a pre-started fork server."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the runner (it preloads in the background; the first request waits for it)."""
+        with self._lock:
+            self._ensure()
+
+    def _ensure(self) -> subprocess.Popen:
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "rz_agents.envs.osworld.action_runner"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            self._proc.stdout.readline()  # {"ready": true}
+        return self._proc
+
+    def run(self, code: str, timeout: float) -> dict[str, Any] | None:
+        """The result of running ``code``, or None when the runner is unusable (caller falls back)."""
+        with self._lock:
+            try:
+                proc = self._ensure()
+                proc.stdin.write(json.dumps({"code": code, "timeout": timeout}) + "\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+                if not line:
+                    raise OSError("action runner exited")
+                return {"status": "success", **json.loads(line)}
+            except (OSError, ValueError):
+                if self._proc is not None:
+                    self._proc.kill()
+                self._proc = None
+                return None
+
+
+_runner = ActionRunner()
+
+
+def _python_c_code(command: list[str] | str, shell: bool) -> str | None:
+    """The code of a ``python -c CODE`` argv (the form OSWorld uses for actions), else None."""
+    if shell or not isinstance(command, list) or len(command) != 3 or command[1] != "-c":
+        return None
+    return command[2] if os.path.basename(command[0]) in ("python", "python3") else None
+
+
 def run_command(command: list[str] | str, shell: bool, timeout: float = COMMAND_TIMEOUT_S) -> dict[str, Any]:
     """Run a command to completion; never raises, the result says what happened."""
+    code = _python_c_code(command, shell)
+    if code is not None:
+        result = _runner.run(code, timeout)
+        if result is not None:
+            return result
     command = map_command(command)
     if shell and isinstance(command, list):
         command = " ".join(shlex.quote(c) for c in command)
@@ -443,6 +500,7 @@ READ_ONLY_POST = (
 
 def main() -> None:
     """Serve on a free loopback port; print ``PORT <n>`` so the provider can connect."""
+    threading.Thread(target=_runner.start, daemon=True).start()  # preload while the desktop settles
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     print(f"PORT {server.server_address[1]}", flush=True)
