@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rz_agents.envs.python_tool.limits import MiB, SandboxLimits
+from rz_agents.envs.python_tool.seccomp import user_namespace_filter
 from rz_agents.envs.python_tool.spawn import spawn
 from rz_agents.envs.python_tool.transport import DeadlineExceeded, Transport, WorkerGone
 from rz_agents.envs.python_tool.usage import tree_usage
@@ -62,6 +63,7 @@ class LaunchSpec:
 
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    fd3_data: bytes | None = None  # written to a pipe the child reads as fd 3 (the seccomp filter)
     sandboxed: bool = True
     temp_dir: str | None = None
 
@@ -117,12 +119,14 @@ def bwrap_command(
     uid: int | None = None,
     python: str = sys.executable,
     extra_ro_dirs: list[str] | None = None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The full argv that starts a worker inside bubblewrap.
 
     With ``setpriv`` and ``uid`` (host is root) bubblewrap runs privileged and the worker drops
     to ``uid``; without them bubblewrap uses an unprivileged user namespace. ``extra_ro_dirs``
     are bound read-only at the same path (the Python installation when outside /usr).
+    ``seccomp_fd``: the fd number (in bwrap) of a compiled seccomp filter to apply.
     """
     argv = [bwrap]
     if setpriv:
@@ -143,6 +147,8 @@ def bwrap_command(
     for key, value in SANDBOX_ENV.items():
         argv += ["--setenv", key, value]
     argv += ["--chdir", "/tmp"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     if setpriv:
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP", "--"]
         argv += [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
@@ -181,14 +187,17 @@ def local_launch(limits: SandboxLimits, allow_unsandboxed: bool = False) -> Laun
         bwrap, setpriv = _executables()
         if root and setpriv is None:
             raise SandboxUnavailable("running as root needs `setpriv` (util-linux) to drop privileges")
+        # privileged bwrap cannot --disable-userns: a seccomp filter forbids user namespaces instead
+        seccomp = user_namespace_filter() if root else None
         argv = bwrap_command(
             limits,
             bwrap=bwrap,
             setpriv=setpriv if root else None,
             uid=sandbox_uid() if root else None,
             extra_ro_dirs=_extra_python_dirs(),
+            seccomp_fd=3 if seccomp else None,
         )
-        return LaunchSpec(argv=argv)
+        return LaunchSpec(argv=argv, fd3_data=seccomp)
     if not allow_unsandboxed:
         raise SandboxUnavailable(
             f"{problem}. Refusing to run code unsandboxed; pass allow_unsandboxed=True to run it "
@@ -214,14 +223,21 @@ class LocalWorker(Transport):
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
         os.set_blocking(err_read, False)
+        child_ends = [in_read, out_write, err_write]
+        fd3 = None
+        if spec.fd3_data is not None:
+            fd3, fd3_write = os.pipe()
+            os.write(fd3_write, spec.fd3_data)  # a few hundred bytes: fits the pipe buffer
+            os.close(fd3_write)
+            child_ends.append(fd3)
         try:
-            self.proc = spawn(spec.argv, spec.env, in_read, out_write, err_write)
+            self.proc = spawn(spec.argv, spec.env, in_read, out_write, err_write, fd3=fd3)
         except BaseException:
             for fd in (in_write, out_read, err_read):
                 os.close(fd)
             raise
         finally:
-            for fd in (in_read, out_write, err_write):
+            for fd in child_ends:
                 os.close(fd)
         self._in, self._out, self._err = in_write, out_read, err_read
         self.sandboxed = spec.sandboxed

@@ -79,13 +79,29 @@ class Child:
 
 
 def spawn(
-    argv: list[str], env: dict[str, str], stdin: int, stdout: int, stderr: int
+    argv: list[str], env: dict[str, str], stdin: int, stdout: int, stderr: int, fd3: int | None = None
 ) -> Child | subprocess.Popen:
-    """Start ``argv`` (absolute path first) with the given stdio fds, in a new session."""
+    """Start ``argv`` (absolute path first) with the given stdio fds, in a new session.
+
+    ``fd3``, if given, is passed to the child as its fd 3; every other fd is closed.
+    """
     libc = _libc()
     if libc is None:
+
+        def move_fd3() -> None:
+            if fd3 is not None:
+                os.dup2(fd3, 3)
+
         return subprocess.Popen(
-            argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, close_fds=True, start_new_session=True
+            argv,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            close_fds=True,
+            pass_fds=(3,) if fd3 is not None else (),
+            start_new_session=True,
+            preexec_fn=move_fd3 if fd3 is not None else None,
         )
     actions = ctypes.create_string_buffer(256)  # posix_spawn_file_actions_t is 80 bytes on glibc
     attr = ctypes.create_string_buffer(1024)  # posix_spawnattr_t is 336 bytes on glibc
@@ -95,7 +111,9 @@ def spawn(
     try:
         for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
             libc.posix_spawn_file_actions_adddup2(actions, fd, target)
-        libc.posix_spawn_file_actions_addclosefrom_np(actions, 3)
+        if fd3 is not None:
+            libc.posix_spawn_file_actions_adddup2(actions, fd3, 3)
+        libc.posix_spawn_file_actions_addclosefrom_np(actions, 3 if fd3 is None else 4)
         libc.posix_spawnattr_setflags(
             attr, ctypes.c_short(_POSIX_SPAWN_SETSID | _POSIX_SPAWN_SETSIGDEF | _POSIX_SPAWN_SETSIGMASK)
         )

@@ -227,3 +227,11 @@ def test_open_file_limit_holds(sandbox):
     r = sandbox.run("files = [open('/dev/null') for _ in range(100000)]")
     assert r.error is not None and "Too many open files" in r.error
     assert_healthy(sandbox)
+
+
+def test_nested_user_namespaces_are_refused(sandbox):
+    # a user namespace would give the code a fresh set of capabilities to attack the kernel with
+    r = sandbox.run("import subprocess\nsubprocess.run(['unshare', '--user', '--map-root-user', 'id']).returncode")
+    assert r.error is None and r.stdout != "0\n", r
+    assert "Operation not permitted" in r.stdout + r.stderr or r.stdout.strip() not in ("", "0")
+    assert_healthy(sandbox)
