@@ -17,9 +17,9 @@ What a session gets (local backend, bubblewrap; see local.py for the details):
   process it started is killed after each call.
 Without bubblewrap ``PythonSandbox()`` raises ``SandboxUnavailable``; ``allow_unsandboxed=True``
 runs a plain subprocess with the rlimits only. ``backend="docker"`` runs one container per session.
-Known limits: when the host runs as root, bubblewrap runs privileged (so the code can run under a
-uid of its own) and cannot forbid nested user namespaces inside the sandbox; a total-memory
-overrun is caught by polling every 0.1 s, so it can overshoot briefly.
+Known limits: a total-memory overrun is caught by polling every 0.1 s, so it can overshoot briefly;
+when the host runs as root, bubblewrap runs privileged (so the code can run under a uid of its
+own) and nested user namespaces are refused by a seccomp filter that covers x86-64 only.
 """
 
 from rz_agents.envs.python_tool.env import PYTHON_TOOL, PythonToolEnv
