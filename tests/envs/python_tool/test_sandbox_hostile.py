@@ -231,6 +231,8 @@ def test_open_file_limit_holds(sandbox):
 
 def test_nested_user_namespaces_are_refused(sandbox):
     # a user namespace would give the code a fresh set of capabilities to attack the kernel with
-    r = sandbox.run("import subprocess\nsubprocess.run(['unshare', '--user', '--map-root-user', 'id']).returncode")
+    r = sandbox.run(
+        "import subprocess\nsubprocess.run(['unshare', '--user', '--map-root-user', 'id']).returncode"
+    )
     assert r.error is None and r.stdout == "1\n" and "Operation not permitted" in r.stderr, r
     assert_healthy(sandbox)
