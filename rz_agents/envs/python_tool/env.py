@@ -68,6 +68,9 @@ class PythonToolEnv(MultiTurnTextEnv):
 
     ``prompt_style="compact"`` gives just the question as the user message (no system prompt,
     no instructions) for tiny policies; the tool spec is always in ``info["tools"]``.
+    ``prewarm``: start the episode's sandbox at reset (it boots while the first turn is
+    generated); False starts it at the first tool call, saving the start-up CPU for episodes
+    that never call the tool.
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class PythonToolEnv(MultiTurnTextEnv):
         verifier: MathVerifier | None = None,
         backend: str = "local",
         allow_unsandboxed: bool = False,
+        prewarm: bool = True,
     ) -> None:
         super().__init__(max_turns=max_turns)
         if prompt_style not in ("default", "compact"):
@@ -107,6 +111,7 @@ class PythonToolEnv(MultiTurnTextEnv):
         self.verifier = verifier
         self.backend = backend
         self.allow_unsandboxed = allow_unsandboxed
+        self.prewarm = prewarm
         self.tools = [PYTHON_TOOL]
         self.task: dict[str, Any] = {}
         self.sandbox: PythonSandbox | None = None
@@ -127,8 +132,9 @@ class PythonToolEnv(MultiTurnTextEnv):
                 raise ValueError(f"task must have a {key!r} field, got keys {sorted(task)}")
         self.task = task
         self._release_sandbox()
-        # start the interpreter now: it boots while the policy writes its first turn
-        self.sandbox = self._new_sandbox()
+        if self.prewarm:
+            # start the interpreter now: it boots while the policy writes its first turn
+            self.sandbox = self._new_sandbox()
         if self.prompt_style == "compact":
             messages = [{"role": "user", "content": str(task["question"])}]
         else:

@@ -144,6 +144,8 @@ class PythonSandbox:
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
         wall = float(timeout_s if timeout_s is not None else self.limits.wall_s)
+        if not wall > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         with self._lock:
             if self._closed:
                 raise RuntimeError("PythonSandbox.run() after close()")

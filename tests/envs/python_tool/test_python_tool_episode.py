@@ -147,3 +147,11 @@ def test_sandbox_pool_gives_each_episode_a_fresh_session(verifier):
 def test_bad_task_is_a_clear_error(env):
     with pytest.raises(ValueError, match="'answer'"):
         env.reset(options={"task": {"question": "q"}})
+
+
+def test_without_prewarm_the_sandbox_starts_at_the_first_call(verifier):
+    with PythonToolEnv(limits=FAST, verifier=verifier, prewarm=False) as env:
+        env.reset(options={"task": TASK})
+        assert env.sandbox is None
+        assert env.step(call("6*7"))[0] == [{"role": "tool", "content": "42"}]
+        assert env.sandbox is not None

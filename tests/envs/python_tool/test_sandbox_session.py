@@ -75,8 +75,12 @@ def test_private_tmp_is_writable_and_invisible_to_the_host(sandbox):
 def test_bad_limits_and_code_type_are_clear_errors():
     with pytest.raises(ValueError, match="wall_s"):
         SandboxLimits(wall_s=0)
-    with PythonSandbox() as sb, pytest.raises(TypeError, match="str"):
-        sb.run(b"1")  # type: ignore[arg-type]
+    with PythonSandbox() as sb:
+        with pytest.raises(TypeError, match="str"):
+            sb.run(b"1")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="timeout_s"):
+            sb.run("1", timeout_s=0)
+        assert sb.run("1").stdout == "1\n"
 
 
 def test_missing_bubblewrap_refuses_to_run_unsandboxed_unless_allowed(monkeypatch):
