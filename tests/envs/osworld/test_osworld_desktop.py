@@ -114,6 +114,20 @@ def test_actions_in_both_spaces_and_errors_reported_not_raised(env):
     assert done and info["done"] == "FAIL" and env.evaluate() == 0.0
 
 
+def test_each_action_runs_in_a_fresh_interpreter_state(env):
+    env.reset(_task("os", "rz-os-mkdir-nested"))
+    _, _, _, info = env.step("leaked = 1\npyautogui.PAUSE = 5", pause=0)
+    assert info == {}
+    _, _, _, info = env.step("print(leaked)", pause=0)
+    assert "NameError" in info["error"]  # like python -c: nothing survives an action
+    out = env.ctx.client.run_python("print(pyautogui.PAUSE, __name__)")
+    assert out["output"] == "0.1 __main__\n"
+    out = env.ctx.client.execute(["python", "-c", "import sys; sys.exit(7)"])
+    assert out["returncode"] == 7
+    out = env.ctx.client.execute(["python", "-c", "import time; time.sleep(30)"], timeout=1)
+    assert out["returncode"] != 0 and "timed out" in out["error"]
+
+
 def test_reset_reverts_to_a_clean_home(env):
     env.reset(_task("os", "rz-os-mkdir-nested"))
     env.step("open('/home/user/Desktop/leftover.txt', 'w').write('x')", pause=0)
