@@ -295,9 +295,23 @@ def _set_rlimits(limits: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"] + 1, limits["session_cpu_s"]))
 
 
+def _die_with_parent() -> None:
+    """Without a sandbox around us (unsandboxed mode) nothing else ties our life to the host's."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the host died before the prctl took effect
+        os._exit(1)
+
+
 def main() -> None:
     """Serve calls until the host closes the pipe."""
     limits = json.loads(sys.argv[1])
+    if not limits.get("own_pid_namespace"):
+        _die_with_parent()
     ctrl_in, ctrl_out = os.dup(0), os.dup(1)  # dup() makes them close-on-exec: children never see them
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
