@@ -8,6 +8,7 @@ if not (``-format_penalty`` when no boxed answer is given at all).
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any
 
@@ -141,7 +142,9 @@ class PythonToolEnv(MultiTurnTextEnv):
             messages = [{"role": "user", "content": f"{task['question']}\n\n{ANSWER_INSTRUCTION}"}]
             if self.system_prompt:
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
-        task_id = str(task.get("id", f"task-{abs(hash(task['question'])) % 10**8}"))
+        # a stable id when the task has none (hash() is salted per process)
+        digest = hashlib.sha1(str(task["question"]).encode()).hexdigest()[:12]
+        task_id = str(task.get("id", f"task-{digest}"))
         return messages, {"task_id": task_id, "tools": list(self.tools), "answer": str(task["answer"])}
 
     def _new_sandbox(self) -> PythonSandbox:
