@@ -82,7 +82,9 @@ def test_hundreds_of_concurrent_episodes_without_blocking_the_loop_or_leaking_pr
     elapsed = time.monotonic() - start
     verifier.close()
     assert rewards == [1.0] * n
-    assert max(gaps) < 1.0, f"event loop blocked for {max(gaps):.2f}s"
+    # blocking steps on the loop would stall it for most of the run (seconds); threads leave only
+    # GIL hand-off hiccups (~0.3 s on an idle 2-core machine, more when other jobs load it)
+    assert max(gaps) < 2.0, f"event loop blocked for {max(gaps):.2f}s"
     # killed sandboxes take a moment to exit under load; none may remain after that
     deadline = time.monotonic() + 10
     while sandbox_processes() - before and time.monotonic() < deadline:
