@@ -71,7 +71,7 @@ class _Bucket:
     tile_seq: torch.Tensor
     tile_head: torch.Tensor
     num_blocks: int
-    visible: torch.Tensor  # [n, num_blocks, tile, KEY_BLOCK] bool
+    hidden: torch.Tensor  # [n, num_blocks, tile, KEY_BLOCK] bool: key is in the row's future (or padding)
 
 
 @dataclass
@@ -107,8 +107,8 @@ def plan_blocked(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_k
     for nb in torch.unique(tile_blocks).tolist():
         tiles = (tile_blocks == nb).nonzero().squeeze(1)
         key_pos = torch.arange(nb * KEY_BLOCK, device=q_seq.device).view(1, nb, 1, KEY_BLOCK)
-        visible = key_pos <= pos_rows[tiles].view(-1, 1, tile, 1)
-        buckets.append(_Bucket(tiles, tile_seq[tiles], tile_head[tiles], nb, visible))
+        hidden = key_pos > pos_rows[tiles].view(-1, 1, tile, 1)
+        buckets.append(_Bucket(tiles, tile_seq[tiles], tile_head[tiles], nb, hidden))
     return BlockedPlan(t, num_heads, num_kv_heads, idx, num_tiles, buckets)
 
 
@@ -133,7 +133,7 @@ def blocked_attention(
         vt = v[b.tile_seq, b.tile_head, :span].float().reshape(n * nb, KEY_BLOCK, d)
         qb = qt[b.tiles].unsqueeze(1).expand(n, nb, tile, d).reshape(n * nb, tile, d)
         scores = torch.bmm(qb, kt.transpose(1, 2)).view(n, nb, tile, KEY_BLOCK) * scale
-        scores = scores.masked_fill(~b.visible, float("-inf"))
+        scores = scores.masked_fill(b.hidden, float("-inf"))
         row_max = scores.detach().amax(dim=(1, 3), keepdim=True)
         p = torch.exp(scores - row_max)
         block_sums = p.sum(-1)  # [n, nb, tile], each a sum over one fixed-size block
