@@ -288,9 +288,10 @@ class LocalWorker(Transport):
 
     def exit_description(self) -> str:
         """How the worker ended, for error messages (e.g. 'killed by SIGKILL')."""
-        code = self.proc.poll()
-        if code is None:
-            return "still running"
+        try:
+            code = self.proc.wait(timeout=1.0)  # its pipe closed: the exit is imminent
+        except subprocess.TimeoutExpired:
+            return "its pipe closed but the process is still running"
         # bubblewrap reports a child killed by signal N as exit status 128 + N
         sig = -code if code < 0 else code - 128 if code > 128 else None
         if sig:

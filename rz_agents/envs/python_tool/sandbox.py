@@ -165,7 +165,6 @@ class PythonSandbox:
                     restarted=True,
                 )
             except WorkerGone as exc:
-                time.sleep(0.01)  # let the exit status settle
                 how = self._worker.exit_description() if str(exc) == "end of file" else str(exc)
                 self._restart()
                 return SandboxResult(
