@@ -13,6 +13,7 @@ Who the code runs as:
   ``setpriv`` as a fresh random uid with no capabilities and ``no_new_privs``. A uid of its own
   per sandbox means file permissions hold, other sandboxes cannot be signalled, and
   RLIMIT_NPROC (never enforced for root, counted per uid) bounds each sandbox's fork bomb alone;
+  a seccomp filter refuses nested user namespaces (privileged bwrap cannot ``--disable-userns``);
 - host running as a normal user: an unprivileged user namespace (``--unshare-user``, nested
   user namespaces disabled); RLIMIT_NPROC is then counted per user namespace, i.e. per sandbox.
 """
