@@ -60,6 +60,7 @@ def _config(args, mode: str) -> TrainConfig:
             groups_per_batch=args.groups_per_batch,
             max_concurrent_episodes=args.concurrency,
             max_lag=args.max_lag,
+            max_ahead_batches=args.max_ahead,
             limits=EpisodeLimits(args.turns, args.tokens_per_turn, max_episode_tokens=1000),
         ),
         learner=LearnerConfig(optim=OptimConfig(lr=1e-3)),
@@ -125,6 +126,9 @@ def main(argv=None) -> int:
     p.add_argument("--groups-per-batch", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=64, help="episodes in flight (async)")
     p.add_argument("--max-lag", type=int, default=64)
+    p.add_argument(
+        "--max-ahead", type=int, default=None, help="batches rollouts may run ahead (default: max_lag + 1)"
+    )
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)

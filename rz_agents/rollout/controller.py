@@ -2,7 +2,7 @@
 
 Admission control: a group may start only while
 
-    groups_started - groups_dropped < (steps_done + max_lag + 1) * groups_per_batch
+    groups_started - groups_dropped < (steps_done + min(max_lag + 1, max_ahead_batches)) * groups_per_batch
 
 where steps_done counts finished learner steps. A group admitted under this rule is, in order of start,
 among the next max_lag + 1 batches, so its tokens would be trained at most max_lag versions later.
@@ -36,6 +36,9 @@ class RolloutConfig:
     groups_per_batch: int = 4  # groups per learner step
     max_concurrent_episodes: int = 16  # N
     max_lag: int = 64  # 0: synchronous
+    # How many batches the rollouts may run ahead of the learner (None: max_lag + 1, all the bound allows).
+    # Fewer keeps the typical lag (and the engine's share of the CPU) down without changing the bound.
+    max_ahead_batches: int | None = None
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -50,6 +53,8 @@ class RolloutConfig:
         for name in ("group_size", "groups_per_batch", "max_concurrent_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_ahead_batches is not None and self.max_ahead_batches < 1:
+            raise ValueError(f"rollout.max_ahead_batches must be >= 1 or None, got {self.max_ahead_batches}")
         if self.max_lag < 0:
             raise ValueError(f"rollout.max_lag must be >= 0, got {self.max_lag}")
         if self.max_concurrent_episodes < self.group_size:
@@ -120,7 +125,10 @@ class RolloutController:
     def may_start_group(self) -> bool:
         """True while starting one more group keeps the lag bound (see the module docstring)."""
         live = self.counters["groups_started"] - self._dropped()
-        return live < (self.steps_done + self.cfg.max_lag + 1) * self.cfg.groups_per_batch
+        ahead = self.cfg.max_lag + 1
+        if self.cfg.max_ahead_batches is not None:
+            ahead = min(ahead, self.cfg.max_ahead_batches)
+        return live < (self.steps_done + ahead) * self.cfg.groups_per_batch
 
     def _wake(self) -> None:
         self._admission.set()

@@ -51,3 +51,12 @@ def test_sync_mode_trains_only_lag_zero_tokens():
     s = run_training(cfg)
     assert s["max_lag_seen"] == 0 and s["rollout"]["groups_dropped_stale"] == 0
     assert s["rollout"]["groups_started"] == 4 * 2  # exactly one batch per version
+
+
+def test_max_ahead_batches_limits_run_ahead_below_the_lag_bound():
+    cfg = _cfg(64, learner_delay=0.25, env_latency=0.0, steps=6)
+    cfg.rollout.max_ahead_batches = 2
+    s = run_training(cfg)
+    # At most two batches beyond the ones trained were ever started, so lag stays far below 64.
+    assert s["rollout"]["groups_started"] <= (6 + 2) * 2
+    assert s["max_lag_seen"] <= 2
