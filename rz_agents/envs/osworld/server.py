@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -106,17 +107,17 @@ def _python_c_code(command: list[str] | str, shell: bool) -> str | None:
     """The code of a ``python -c CODE`` argv (the form OSWorld uses for actions), else None."""
     if shell or not isinstance(command, list) or len(command) != 3 or command[1] != "-c":
         return None
-    return command[2] if os.path.basename(command[0]) in ("python", "python3") else None
+    return command[2] if re.fullmatch(r"python[0-9.]*", os.path.basename(command[0])) else None
 
 
 def run_command(command: list[str] | str, shell: bool, timeout: float = COMMAND_TIMEOUT_S) -> dict[str, Any]:
     """Run a command to completion; never raises, the result says what happened."""
+    command = map_command(command)
     code = _python_c_code(command, shell)
     if code is not None:
         result = _runner.run(code, timeout)
         if result is not None:
             return result
-    command = map_command(command)
     if shell and isinstance(command, list):
         command = " ".join(shlex.quote(c) for c in command)
     if not shell and isinstance(command, str):
