@@ -1,0 +1,196 @@
+"""``rz eval``: math benchmarks (avg@k, pass@k) and OSWorld.
+
+* ``rz eval [CONFIG] --checkpoint DIR --benchmark aime24 [--k 16] [--tool] ...``: sample k answers per
+  problem and print the per-problem table and the metrics (``--json`` prints the results JSON,
+  ``--out FILE`` writes it). CONFIG is a YAML file whose ``eval:`` section sets the same fields;
+  flags given on the command line override it.
+* ``rz eval osworld --tasks DIR|FILE --policy oracle|noop|module:callable``: the OSWorld success
+  table (the same run as ``rz osworld eval``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rz_agents.eval.math_config import BENCHMARKS
+
+PRODUCTION_NOTE = (
+    "Production settings (AIME): --k 16..64 --temperature 0.6 --top-p 0.95, --max-tokens large enough "
+    "for the model's reasoning (e.g. 32768 for Qwen3-4B with thinking). Report avg@k (the mean of "
+    "the 0/1 reward over the k samples of each problem, then over problems) with its k."
+)
+
+# flags whose values map onto MathEvalConfig fields of the same name
+_CONFIG_FLAGS = (
+    "checkpoint",
+    "benchmark",
+    "k",
+    "tool",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "max_turns",
+    "max_context",
+    "limit",
+    "seed",
+    "num_slots",
+    "num_threads",
+    "kernels",
+    "dtype",
+    "thinking",
+)
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``eval`` (math benchmarks, and ``rz eval osworld``)."""
+    parser = subparsers.add_parser(
+        "eval",
+        help="evaluate a checkpoint: math avg@k / pass@k (aime24, ..., gsm8k) or OSWorld",
+        description="Evaluate a checkpoint on a math benchmark (avg@k, pass@k, per-problem table), "
+        "or run `rz eval osworld --tasks DIR --policy ...`.",
+        epilog=PRODUCTION_NOTE,
+    )
+    parser.add_argument(
+        "config",
+        nargs="?",
+        help="YAML file whose eval: section gives the settings below (flags override it); "
+        "or the word 'osworld' for the OSWorld evaluation",
+    )
+    m = parser.add_argument_group("math benchmarks")
+    m.add_argument("--checkpoint", help="HF checkpoint directory (tokenizer.json there, else Qwen3's)")
+    m.add_argument(
+        "--benchmark", help=f"{' | '.join(BENCHMARKS)}, or a JSONL/JSON file of question/answer records"
+    )
+    m.add_argument("--k", type=int, help="samples per problem (default 16; production AIME: 16..64)")
+    m.add_argument(
+        "--tool",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="offer the sandboxed Python tool (multi-turn episodes); default: no tool, direct \\boxed{} answer",
+    )
+    m.add_argument("--temperature", type=float, help="sampling temperature (default 0.6; 0 = greedy)")
+    m.add_argument("--top-p", type=float, help="nucleus sampling (default 0.95)")
+    m.add_argument("--top-k", type=int, help="top-k sampling (default 0 = off)")
+    m.add_argument("--max-tokens", type=int, help="tokens per answer, per turn with the tool (default 32768)")
+    m.add_argument("--max-turns", type=int, help="turns per tool episode (default 4)")
+    m.add_argument("--max-context", type=int, help="token budget of a tool episode (default: derived)")
+    m.add_argument("--limit", type=int, help="evaluate only the first N problems")
+    m.add_argument("--seed", type=int, help="sampling seed (default 0)")
+    m.add_argument("--num-slots", type=int, help="sequences generated at once (default 32)")
+    m.add_argument("--num-threads", type=int, help="torch threads for the engine (default: torch's)")
+    m.add_argument("--kernels", choices=("aligned", "standard"), help="op set (default aligned)")
+    m.add_argument("--dtype", choices=("float32", "bfloat16"), help="model dtype (default: the checkpoint's)")
+    m.add_argument(
+        "--thinking",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Qwen3 thinking mode (default on; --no-thinking puts an empty think block in the prompt)",
+    )
+    m.add_argument("--rows", type=int, default=None, help="print at most N table rows")
+
+    o = parser.add_argument_group("osworld (rz eval osworld ...)")
+    o.add_argument("--tasks", help="OSWorld task folder or file")
+    o.add_argument("--policy", default="oracle", help="oracle | noop | package.module:callable")
+    o.add_argument("--max-steps", type=int, default=15)
+    o.add_argument("--action-space", choices=("pyautogui", "computer_13"), default="pyautogui")
+    o.add_argument("--provider", choices=("local", "docker"), default="local")
+    o.add_argument("--cache", default=None, help="download cache folder (default $RZ_OSWORLD_CACHE)")
+    o.add_argument("--include-unrunnable", action="store_true", help="also try tasks the check rejects")
+
+    parser.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
+    parser.add_argument("--out", help="also write the results JSON to this file")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch: OSWorld or a math benchmark. Exit 2 for a bad config, checkpoint or dataset."""
+    if args.config == "osworld":
+        return _run_osworld(args)
+    return _run_math(args)
+
+
+def _run_osworld(args: argparse.Namespace) -> int:
+    from rz_agents.cli.osworld import run_eval
+
+    if not args.tasks:
+        print("error: rz eval osworld needs --tasks DIR|FILE", file=sys.stderr)
+        return 2
+    return run_eval(args)
+
+
+def _run_math(args: argparse.Namespace) -> int:
+    from rz_agents.config_io import ConfigError
+    from rz_agents.data import DatasetError
+    from rz_agents.eval.math_config import load_eval_config
+
+    overrides = {name: getattr(args, name) for name in _CONFIG_FLAGS}
+    try:
+        config = load_eval_config(args.config, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not config.checkpoint:
+        print("error: no checkpoint: pass --checkpoint DIR or set eval.checkpoint in CONFIG", file=sys.stderr)
+        return 2
+    if args.out:
+        out_dir = Path(args.out).resolve().parent
+        if not out_dir.is_dir():
+            print(f"error: --out {args.out}: folder {out_dir} does not exist", file=sys.stderr)
+            return 2
+
+    from rz_agents.eval.checkpoint_policy import load_checkpoint_policy
+    from rz_agents.eval.math import format_math_table, run_math_eval
+    from rz_agents.model.checkpoint import CheckpointError
+
+    try:
+        policy = load_checkpoint_policy(config.checkpoint, kernels=config.kernels, dtype=config.dtype)
+    except (FileNotFoundError, CheckpointError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = _with_progress(config, policy, quiet=args.quiet, run_math_eval=run_math_eval)
+    except DatasetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = json.dumps(result, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text if args.json else format_math_table(result, max_rows=args.rows))
+    return 0
+
+
+def _with_progress(config, policy, quiet: bool, run_math_eval) -> dict[str, Any]:
+    """Run the evaluation under a rich progress bar on stderr (samples done / total, running accuracy)."""
+    if quiet:
+        return run_math_eval(config, policy)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rz_agents.data import load_dataset
+
+    total = len(load_dataset(config.benchmark, limit=config.limit)) * config.k
+    correct = 0
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("acc {task.fields[acc]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    ) as progress:
+        task = progress.add_task(f"{config.benchmark} k={config.k}", total=total, acc="-")
+
+        def on_sample(_: int, sample) -> None:
+            nonlocal correct
+            correct += sample.correct
+            done = progress.tasks[0].completed + 1
+            progress.update(task, advance=1, acc=f"{100 * correct / done:.1f}%")
+
+        return run_math_eval(config, policy, on_sample=on_sample)

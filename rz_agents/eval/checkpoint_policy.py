@@ -1,0 +1,56 @@
+"""Load what an evaluation samples from: model, tokenizer and chat template of an HF checkpoint directory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rz_agents.model.chat_template import (
+    QWEN3_CHAT_TEMPLATE,
+    SMOLLM2_CHAT_TEMPLATE,
+    SMOLLM2_DEFAULT_SYSTEM_PROMPT,
+    ChatTemplate,
+)
+from rz_agents.model.tokenizer import Tokenizer, qwen3_tokenizer
+from rz_agents.model.transformer import Transformer
+
+
+@dataclass
+class CheckpointPolicy:
+    """A loaded policy: the model plus the tokenizer and chat template its prompts are written with."""
+
+    model: Transformer
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    name: str
+
+
+def template_for(tokenizer: Tokenizer) -> ChatTemplate:
+    """SmolLM2's template (its default system prompt) when the tokenizer's jinja names it, else Qwen3's."""
+    jinja = tokenizer.chat_template or ""
+    return SMOLLM2_CHAT_TEMPLATE if SMOLLM2_DEFAULT_SYSTEM_PROMPT in jinja else QWEN3_CHAT_TEMPLATE
+
+
+def load_checkpoint_policy(
+    checkpoint: str | Path, kernels: str = "aligned", dtype: str | None = None
+) -> CheckpointPolicy:
+    """Model from ``checkpoint`` (HF layout); tokenizer from its tokenizer.json, else the Qwen3 tokenizer.
+
+    Raises FileNotFoundError for a missing directory and ValueError when the tokenizer's ids do not
+    fit the model's vocabulary.
+    """
+    from rz_agents.model.checkpoint import load_hf_checkpoint
+
+    path = Path(checkpoint)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint {checkpoint}: no such directory")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"checkpoint {checkpoint}: no config.json (not an HF checkpoint directory)")
+    model = load_hf_checkpoint(path, kernels=kernels, dtype=dtype).eval()
+    tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else qwen3_tokenizer()
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(
+            f"checkpoint {checkpoint}: tokenizer has {tokenizer.vocab_size} tokens but the model's "
+            f"vocabulary is {model.config.vocab_size}; put the matching tokenizer.json in the directory"
+        )
+    return CheckpointPolicy(model, tokenizer, template_for(tokenizer), path.name)

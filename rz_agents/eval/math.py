@@ -1,0 +1,322 @@
+"""Math benchmark evaluation: k samples per problem through the engine, avg@k and pass@k.
+
+Without the tool each sample is one direct answer to the Qwen3-format prompt (question + "put your
+final answer within \\boxed{}"); with the tool each sample is a multi-turn `PythonToolEnv` episode run
+by the rollout agent loop (the same code that produces training trajectories). A sample that fails
+(engine refusal, env error) is recorded with its error and scored wrong; the evaluation goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from rz_agents.data import load_dataset
+from rz_agents.engine import EngineConfig, RZEngine, SamplingParams
+from rz_agents.eval.checkpoint_policy import CheckpointPolicy
+from rz_agents.eval.math_config import MathEvalConfig
+from rz_agents.eval.math_scoring import ProblemResult, SampleResult, score_completion, summarize
+from rz_agents.rewards import MathVerifier, default_verifier, extract_boxed
+
+# Tokens allowed per tool result when the tool episode budget is derived (max_context: null).
+TOOL_RESULT_ALLOWANCE = 1024
+PROMPT_MARGIN = 64  # slack in case the env words its prompt slightly longer than our estimate
+
+OnSample = Callable[[int, SampleResult], None]
+
+
+def direct_messages(question: str, config: MathEvalConfig) -> list[dict[str, str]]:
+    """The no-tool prompt: an optional system message, then the question and the answer instruction."""
+    messages = [{"role": "user", "content": f"{question}\n{config.instruction}"}]
+    if config.system_prompt:
+        messages.insert(0, {"role": "system", "content": config.system_prompt})
+    return messages
+
+
+def sample_seed(seed: int, problem: int, member: int) -> int:
+    """A distinct, reproducible seed per (run seed, problem, sample)."""
+    return (seed * 1_000_003 + problem * 4099 + member) % (2**31 - 1)
+
+
+@dataclass(frozen=True)
+class _TemplateWithThinking:
+    """Passes ``enable_thinking`` to a ChatTemplate for callers (the agent loop) that do not."""
+
+    template: Any
+    enable_thinking: bool
+
+    def encode_prompt(self, tokenizer, messages, tools=None):
+        return self.template.encode_prompt(
+            tokenizer, messages, tools=tools, enable_thinking=self.enable_thinking
+        )
+
+    def encode_continuation(self, tokenizer, new_messages, **kwargs):
+        return self.template.encode_continuation(
+            tokenizer, new_messages, enable_thinking=self.enable_thinking, **kwargs
+        )
+
+    def stop_token_ids(self, tokenizer):
+        return self.template.stop_token_ids(tokenizer)
+
+
+def run_math_eval(
+    config: MathEvalConfig,
+    policy: CheckpointPolicy,
+    on_sample: OnSample | None = None,
+    verifier: MathVerifier | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``policy`` on ``config.benchmark``; returns the results dict (summary + per-problem rows).
+
+    ``on_sample(problem_index, sample)`` is called as each sample finishes (for a progress bar).
+    Synchronous: it runs its own event loop.
+    """
+    config.validate()
+    tasks = load_dataset(config.benchmark, limit=config.limit)
+    if not tasks:
+        raise ValueError(f"benchmark {config.benchmark!r} has no problem (limit={config.limit})")
+    verifier = verifier or default_verifier()
+    start = time.perf_counter()
+    if config.tool:
+        problems, engine = asyncio.run(_run_with_tool(config, policy, tasks, on_sample, verifier))
+    else:
+        problems, engine = asyncio.run(_run_direct(config, policy, tasks, on_sample, verifier))
+    wall = time.perf_counter() - start
+    summary = summarize(problems, config.k)
+    generated = sum(s.tokens for p in problems for s in p.samples)
+    return {
+        "benchmark": config.benchmark,
+        "checkpoint": config.checkpoint,
+        "policy": policy.name,
+        "tool": config.tool,
+        "k": config.k,
+        "sampling": {
+            "temperature": config.temperature,
+            "top_p": config.top_p,
+            "top_k": config.top_k,
+            "max_tokens": config.max_tokens,
+            "seed": config.seed,
+        },
+        **summary,
+        "wall_s": wall,
+        "generated_tokens_per_s": generated / wall if wall > 0 else 0.0,
+        "engine": dict(engine.stats()) if hasattr(engine, "stats") else {},
+        "config": asdict(config),
+        "problems": [p.to_dict() for p in problems],
+    }
+
+
+def _sampling(config: MathEvalConfig) -> SamplingParams:
+    return SamplingParams(
+        temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, max_tokens=config.max_tokens
+    )
+
+
+def _engine(config: MathEvalConfig, policy: CheckpointPolicy, max_len: int) -> RZEngine:
+    engine_config = EngineConfig(
+        num_slots=config.num_slots,
+        max_len=max_len,
+        num_threads=config.num_threads,
+        seed=config.seed,
+        eos_token_ids=tuple(policy.template.stop_token_ids(policy.tokenizer)),
+    )
+    return RZEngine(policy.model, engine_config)
+
+
+async def _run_direct(
+    config: MathEvalConfig,
+    policy: CheckpointPolicy,
+    tasks: Sequence[dict[str, str]],
+    on_sample: OnSample | None,
+    verifier: MathVerifier,
+) -> tuple[list[ProblemResult], RZEngine]:
+    tok, tpl = policy.tokenizer, policy.template
+    prompts = [
+        tpl.encode_prompt(tok, direct_messages(t["question"], config), enable_thinking=config.thinking)
+        for t in tasks
+    ]
+    engine = _engine(config, policy, max(map(len, prompts)) + config.max_tokens + 1)
+    stops = tuple(tpl.stop_token_ids(tok))
+    base = replace(_sampling(config), stop_token_ids=stops)
+    problems = [ProblemResult(id=t["id"], answer=t["answer"]) for t in tasks]
+
+    async def one(index: int, member: int) -> tuple[int, SampleResult]:
+        params = replace(base, seed=sample_seed(config.seed, index, member))
+        sample = await _direct_sample(
+            engine, prompts[index], params, tasks[index]["answer"], policy, verifier
+        )
+        if on_sample is not None:
+            on_sample(index, sample)
+        return index, sample
+
+    jobs = [one(i, m) for i in range(len(tasks)) for m in range(config.k)]
+    for index, sample in await asyncio.gather(*jobs):  # gather keeps submission order per problem
+        problems[index].samples.append(sample)
+    return problems, engine
+
+
+async def _direct_sample(
+    engine: RZEngine,
+    prompt: list[int],
+    params: SamplingParams,
+    gold: str,
+    policy: CheckpointPolicy,
+    verifier: MathVerifier,
+) -> SampleResult:
+    try:
+        completion = await engine.generate(list(prompt), params)
+    except ValueError as exc:
+        return SampleResult(answer=None, correct=False, finish="error", error=f"engine refused: {exc}")
+    if completion.finish_reason in ("error", "cancelled"):
+        return SampleResult(
+            answer=None,
+            correct=False,
+            finish="error",
+            error=f"engine {completion.finish_reason}: {completion.error}",
+        )
+    ids = list(completion.tokens)
+    if ids and ids[-1] in params.stop_token_ids:
+        ids = ids[:-1]
+    text = policy.tokenizer.decode(ids, skip_special_tokens=True)
+    # the verifier may wait on its worker process: keep the event loop (and the engine) running
+    sample = await asyncio.to_thread(score_completion, text, gold, verifier)
+    sample.tokens = len(completion.tokens)
+    sample.finish = completion.finish_reason
+    return sample
+
+
+async def _run_with_tool(
+    config: MathEvalConfig,
+    policy: CheckpointPolicy,
+    tasks: Sequence[dict[str, str]],
+    on_sample: OnSample | None,
+    verifier: MathVerifier,
+) -> tuple[list[ProblemResult], RZEngine]:
+    from rz_agents.envs.python_tool import PYTHON_TOOL, PythonToolEnv
+    from rz_agents.envs.python_tool.env import ANSWER_INSTRUCTION, DEFAULT_SYSTEM_PROMPT
+    from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, run_episode
+
+    tok = policy.tokenizer
+    template = _TemplateWithThinking(policy.template, config.thinking)
+    system_prompt = config.system_prompt or DEFAULT_SYSTEM_PROMPT
+
+    def make_env() -> PythonToolEnv:
+        return PythonToolEnv(max_turns=config.max_turns, system_prompt=system_prompt, verifier=verifier)
+
+    # the longest prompt, rendered as the env writes it (without starting a sandbox per task),
+    # sets the episode budget when max_context is not given
+    longest = max(
+        len(
+            template.encode_prompt(
+                tok,
+                [
+                    {"role": "system", "content": system_prompt},
+                    {"role": "user", "content": f"{t['question']}\n\n{ANSWER_INSTRUCTION}"},
+                ],
+                tools=[PYTHON_TOOL],
+            )
+        )
+        for t in tasks
+    )
+    budget = config.max_context or (
+        longest + PROMPT_MARGIN + config.max_tokens + (config.max_turns - 1) * TOOL_RESULT_ALLOWANCE
+    )
+    limits = EpisodeLimits(
+        max_turns=config.max_turns, max_tokens_per_turn=config.max_tokens, max_episode_tokens=budget
+    )
+    engine = _engine(config, policy, budget + 1)
+    sampling = _sampling(config)
+    problems = [ProblemResult(id=t["id"], answer=t["answer"]) for t in tasks]
+    concurrency = config.num_slots
+    envs: asyncio.Queue = asyncio.Queue()
+    created: list[PythonToolEnv] = []
+    executor = ThreadPoolExecutor(max_workers=min(32, concurrency), thread_name_prefix="rz-eval-env")
+    stops = tuple(policy.template.stop_token_ids(tok))
+
+    async def one(index: int, member: int) -> tuple[int, SampleResult]:
+        if envs.empty() and len(created) < concurrency:
+            created.append(make_env())
+            envs.put_nowait(created[-1])
+        env = await envs.get()
+        spec = EpisodeSpec(
+            task=tasks[index], group_id=index, member=member, seed=sample_seed(config.seed, index, member)
+        )
+        try:
+            traj = await run_episode(engine, env, template, tok, spec, sampling, limits, executor)
+            sample = _tool_sample(traj, tok, stops)
+        except EpisodeError as exc:
+            sample = SampleResult(answer=None, correct=False, finish="error", error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - one broken episode must not end the evaluation
+            sample = SampleResult(answer=None, correct=False, finish="error", error=repr(exc))
+        finally:
+            envs.put_nowait(env)
+        if on_sample is not None:
+            on_sample(index, sample)
+        return index, sample
+
+    try:
+        jobs = [one(i, m) for i in range(len(tasks)) for m in range(config.k)]
+        for index, sample in await asyncio.gather(*jobs):
+            problems[index].samples.append(sample)
+    finally:
+        for env in created:
+            await asyncio.get_running_loop().run_in_executor(executor, env.close)
+        executor.shutdown(wait=False)
+    return problems, engine
+
+
+def _tool_sample(traj, tokenizer, stops: Sequence[int]) -> SampleResult:
+    """Score a finished tool episode: the env's reward decides; the answer is the final turn's box."""
+    finish = str(traj.info.get("finish", "terminated"))
+    answer = None
+    if finish == "terminated":
+        # the loop ends right after the answering turn: the trajectory ends with its sampled tokens
+        start = len(traj.tokens)
+        while start > 0 and traj.loss_mask[start - 1]:
+            start -= 1
+        ids = traj.tokens[start:]
+        if ids and ids[-1] in stops:
+            ids = ids[:-1]
+        answer = extract_boxed(tokenizer.decode(ids, skip_special_tokens=True))
+    return SampleResult(
+        answer=answer,
+        correct=traj.reward == 1.0,
+        tokens=sum(traj.loss_mask),
+        finish=finish,
+        tool_turns=max(0, int(traj.info.get("turns", 1)) - 1),
+    )
+
+
+def format_math_table(result: dict[str, Any], max_rows: int | None = None) -> str:
+    """The per-problem table (id, gold answer, #correct/k, most frequent answer) and the summary lines."""
+    rows = result["problems"][:max_rows] if max_rows else result["problems"]
+
+    def cell(value: Any, width: int) -> str:
+        text = "-" if value is None else " ".join(str(value).split())
+        return text if len(text) <= width else text[: width - 1] + "…"
+
+    id_w = max([len("id"), *(len(cell(p["id"], 28)) for p in rows)])
+    lines = [f"{'id':<{id_w}}  {'answer':<16}  {'correct':>8}  top answer", "-" * (id_w + 48)]
+    for p in rows:
+        frac = f"{p['num_correct']}/{p['num_samples']}"
+        lines.append(
+            f"{cell(p['id'], 28):<{id_w}}  {cell(p['answer'], 16):<16}  {frac:>8}  {cell(p['top_answer'], 24)}"
+        )
+    if max_rows and len(result["problems"]) > max_rows:
+        lines.append(f"... {len(result['problems']) - max_rows} more problems")
+    mode = "python tool" if result["tool"] else "no tool"
+    s = result["sampling"]
+    lines += [
+        "",
+        f"{result['benchmark']} ({result['num_problems']} problems, k={result['k']}, {mode}, "
+        f"T={s['temperature']}, top_p={s['top_p']}, max_tokens={s['max_tokens']})",
+        f"avg@{result['k']} (pass@1): {100 * result['avg_at_k']:.2f}%   "
+        f"pass@{result['k']}: {100 * result['pass_at_k']:.2f}%",
+        f"no answer: {100 * result['no_answer_rate']:.1f}%   truncated: {100 * result['truncated_rate']:.1f}%   "
+        f"failed samples: {result['num_failed']}   mean tokens: {result['mean_tokens']:.1f}",
+        f"wall: {result['wall_s']:.1f} s   ({result['generated_tokens_per_s']:.1f} generated tokens/s)",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""The ``eval:`` section of a YAML config: what `rz eval` runs on a math benchmark, and how."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from rz_agents.config_io import ConfigError, from_dict
+
+BENCHMARKS = ("aime24", "aime25", "aime26", "amc23", "math500", "gsm8k")
+
+# Qwen's math evaluation instruction; the model answers in one turn.
+DIRECT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+@dataclass
+class MathEvalConfig:
+    """Settings of a math evaluation (every field can also be given as an `rz eval` flag).
+
+    Production (AIME): k = 16..64 samples per problem, temperature 0.6, top_p 0.95, max_tokens large
+    enough for the model's reasoning (e.g. 32768 for Qwen3-4B thinking).
+
+    checkpoint: HF checkpoint directory (its tokenizer.json is used when present, else Qwen3's).
+    benchmark: a packaged set (aime24, aime25, aime26, amc23, math500, gsm8k) or a JSONL/JSON file.
+    k: samples per problem. tool: offer the sandboxed Python tool (multi-turn episodes) or not
+    (one direct answer in ``\\boxed{}``). max_tokens: per answer (per turn with the tool).
+    max_turns / max_context: tool episodes' turn limit and token budget (prompt + all turns; None
+    derives it from the longest prompt). temperature 0 is greedy.
+    num_slots: sequences generated at once. kernels: "aligned" (bit-identical to the trainer) or
+    "standard". thinking: Qwen3's thinking mode (False puts an empty think block in the prompt).
+    """
+
+    checkpoint: str | None = None
+    benchmark: str = "aime24"
+    k: int = 16
+    tool: bool = False
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 0
+    max_tokens: int = 32768
+    max_turns: int = 4
+    max_context: int | None = None
+    limit: int | None = None
+    seed: int = 0
+    num_slots: int = 32
+    num_threads: int | None = None
+    kernels: Literal["aligned", "standard"] = "aligned"
+    dtype: str | None = None
+    thinking: bool = True
+    system_prompt: str | None = None
+    instruction: str = DIRECT_INSTRUCTION
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first bad field."""
+        positive = {"k": self.k, "max_tokens": self.max_tokens, "max_turns": self.max_turns}
+        positive["num_slots"] = self.num_slots
+        for name, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"eval.{name}: must be >= 1, got {value}")
+        for name in ("limit", "max_context", "num_threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"eval.{name}: must be >= 1 or null, got {value}")
+        if self.temperature < 0:
+            raise ConfigError(f"eval.temperature: must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"eval.top_p: must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"eval.top_k: must be >= 0 (0 = off), got {self.top_k}")
+        if self.benchmark not in BENCHMARKS and not Path(self.benchmark).is_file():
+            raise ConfigError(
+                f"eval.benchmark: {self.benchmark!r} is neither a benchmark ({', '.join(BENCHMARKS)}) "
+                "nor a dataset file"
+            )
+
+
+def load_eval_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> MathEvalConfig:
+    """The ``eval:`` section of the YAML file at ``path`` (defaults when None), then ``overrides``.
+
+    Other top-level sections (a training config's ``model:``, ``engine:``...) are ignored, so one
+    file can drive both training and evaluation. Raises ConfigError naming a bad field or type.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{path}: no such config file")
+        try:
+            doc = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{path}: top level must be a mapping")
+        if "eval" not in doc:
+            raise ConfigError(f"{path}: no 'eval:' section (top-level keys: {', '.join(map(str, doc))})")
+        data = doc["eval"] or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"eval: expected a mapping, got {data!r}")
+    data = {**data, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    config = from_dict(MathEvalConfig, data, "eval")
+    config.validate()
+    return config
