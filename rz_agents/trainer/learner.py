@@ -170,6 +170,7 @@ class Learner:
 
         # The guard: a non-finite loss or gradient never reaches the weights. The ratio itself is not clipped.
         t0 = time.perf_counter()
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = math.nan
         if finite:
@@ -191,7 +192,7 @@ class Learner:
         metrics.update(
             loss=loss_value,
             grad_norm=grad_norm,
-            lr=self.optimizer.param_groups[0]["lr"],
+            lr=lr,
             step_skipped_nonfinite=int(skipped),
             step_skipped_empty=0,
             skipped_steps_total=self.skipped_steps,

@@ -220,3 +220,20 @@ def test_resume_from_checkpoint_is_bitwise_identical(tmp_path):
     assert learner_c.version == learner_a.version == 3
     for k, v in model_a.state_dict().items():
         assert torch.equal(v, model_c.state_dict()[k]), k
+
+
+def test_lr_schedule_warms_up_then_decays():
+    from rz_agents.trainer.optim import lr_factor
+
+    cfg = OptimConfig(lr=1.0, schedule="cosine", warmup_steps=2, total_steps=6)
+    f = [lr_factor(s, cfg) for s in range(7)]
+    assert f[:2] == [0.5, 1.0] and f[2] == 1.0
+    assert f[2] > f[3] > f[4] > f[5] and f[6] == pytest.approx(0.0, abs=1e-12)
+    lin = OptimConfig(lr=1.0, schedule="linear", total_steps=4, min_lr_ratio=0.1)
+    assert [lr_factor(s, lin) for s in range(5)] == pytest.approx([1.0, 0.775, 0.55, 0.325, 0.1])
+    model = _model()
+    learner = Learner(
+        model, _cfg(optim=OptimConfig(lr=0.1, schedule="linear", total_steps=2, warmup_steps=0))
+    )
+    lrs = [learner.step(_batch(model, version=learner.version, seed=s))["lr"] for s in range(2)]
+    assert lrs == pytest.approx([0.1, 0.05])
