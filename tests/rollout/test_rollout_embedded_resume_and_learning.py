@@ -1,16 +1,43 @@
 """The embedded runtime: bitwise resume from a checkpoint, failed episodes dropped, and learning that
 cannot pass by chance (mean reward rises clearly in sync and in async lag-64 mode)."""
 
+import itertools
 import json
 
+import gymnasium
 import pytest
 import torch
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig
 from rz_agents.runtime.embedded import EmbeddedRun, EnvSpec, TrainConfig, run_training
+from rz_agents.runtime.synthetic_env import LowercaseLettersEnv
 from rz_agents.trainer.learner import LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
+
+_episodes = itertools.count()
+
+
+class FlakyLettersEnv(LowercaseLettersEnv):
+    """A real env whose every ``fail_every``-th episode raises in its first step (a crashed tool sandbox)."""
+
+    def __init__(self, fail_every: int = 3, **kw) -> None:
+        super().__init__(**kw)
+        self.fail_every = fail_every
+        self._fail = False
+
+    def _reset(self, task, rng):
+        self._fail = next(_episodes) % self.fail_every == 0
+        return super()._reset(task, rng)
+
+    def _step(self, text):
+        if self._fail:
+            raise RuntimeError("sandbox crashed")
+        return super()._step(text)
+
+
+# Registered like any user env: the runtime builds it with gymnasium.make.
+gymnasium.register(id="rz_tests/FlakyLetters-v0", entry_point=FlakyLettersEnv)
 
 
 def _cfg(mode="sync", steps=4, lr=1e-2, **kw):
@@ -60,7 +87,7 @@ def test_resumed_sync_run_is_bitwise_identical(tmp_path):
 
 def test_failing_episodes_are_dropped_and_counted_not_fatal():
     cfg = _cfg(steps=3)
-    cfg.env = EnvSpec(id="tests.rollout.flaky_env:FlakyLettersEnv", kwargs={"fail_every": 3})
+    cfg.env = EnvSpec(id="rz_tests/FlakyLetters-v0", kwargs={"fail_every": 3})
     s = run_training(cfg)
     assert s["steps"] == 3
     assert s["rollout"]["episodes_failed"] > 0
@@ -88,7 +115,7 @@ def test_a_run_where_every_episode_fails_stops_with_a_clear_error():
     from rz_agents.rollout.controller import RolloutFailure
 
     cfg = _cfg(steps=3)
-    cfg.env = EnvSpec(id="tests.rollout.flaky_env:FlakyLettersEnv", kwargs={"fail_every": 1})
+    cfg.env = EnvSpec(id="rz_tests/FlakyLetters-v0", kwargs={"fail_every": 1})
     cfg.rollout.max_consecutive_failures = 8
     with pytest.raises(RolloutFailure, match="8 episodes in a row failed; the last one: env.step failed"):
         run_training(cfg)
