@@ -63,10 +63,31 @@ def to_vllm_params(params: SamplingParams, vllm_sampling_params_cls) -> Any:
     )
 
 
-def _load_into_worker(worker, items: list[tuple[str, torch.Tensor]]) -> int:
-    """Runs inside vLLM's worker: copy HF-named tensors into its model (vLLM fuses qkv/gate_up)."""
-    loaded = worker.model_runner.model.load_weights(iter(items))
-    return len(loaded) if loaded is not None else len(items)
+def _pack(state: Mapping[str, torch.Tensor]) -> list[tuple[str, str, list[int], bytes]]:
+    """Tensors as (name, dtype, shape, raw bytes): vLLM's RPC encoder turns tensors into lists."""
+    out = []
+    for name, t in state.items():
+        t = t.detach().cpu().contiguous()
+        out.append(
+            (name, str(t.dtype).removeprefix("torch."), list(t.shape), t.view(torch.uint8).numpy().tobytes())
+        )
+    return out
+
+
+def _unpack(items) -> list[tuple[str, torch.Tensor]]:
+    return [
+        (name, torch.frombuffer(bytearray(raw), dtype=getattr(torch, dtype)).view(shape))
+        for name, dtype, shape, raw in items
+    ]
+
+
+def _load_into_worker(worker, items) -> int:
+    """Runs inside vLLM's worker: reload HF-named tensors in place (vLLM fuses qkv/gate_up and
+    repacks CPU GEMM weights; its reload path redoes that processing)."""
+    from rz_agents.engine.vllm_backend import _unpack
+
+    worker.reload_weights(weights_iterator=iter(_unpack(items)), is_checkpoint_format=True)
+    return len(items)
 
 
 class VLLMEngine:
@@ -98,6 +119,9 @@ class VLLMEngine:
             raise ValueError(f"{model_dir} is not an HF checkpoint directory (no config.json)")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        # load_weights ships our own function (_load_into_worker) to vLLM's worker process over its
+        # local RPC socket; vLLM pickles callables only when this is set.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         args = AsyncEngineArgs(
             model=str(model_dir),
             skip_tokenizer_init=True,
@@ -163,8 +187,7 @@ class VLLMEngine:
 
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Pause scheduling (requests kept), load weights by HF name, reset the prefix cache, resume."""
-        items = [(k, v.detach().cpu().contiguous()) for k, v in state.items()]
-        self._call(self._update(items, int(version)))
+        self._call(self._update(_pack(state), int(version)))
 
     async def _update(self, items, version: int) -> None:
         await self._llm.pause_generation(mode="keep", clear_cache=False)
@@ -176,9 +199,16 @@ class VLLMEngine:
             await self._llm.resume_generation()
 
     def close(self) -> None:
-        """Shut vLLM down and stop its loop thread."""
-        try:
+        """Shut vLLM down (on its own loop, so its output task ends cleanly) and stop the loop thread."""
+        if self._llm is None:
+            return
+
+        async def shutdown():
             self._llm.shutdown()
+
+        try:
+            self._call(shutdown(), timeout=120)
         finally:
+            self._llm = None  # AsyncLLM.__del__ now runs while the interpreter is still intact
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
