@@ -9,7 +9,10 @@ generates exactly --gen tokens). Workloads:
   multiturn      --episodes concurrent episodes x --turns turns: each turn's prompt is the previous
                  prompt + completion + --obs observation tokens (what an agent rollout does)
 
-Throughput = generated tokens / wall time of the whole workload (prefill included), best of --repeats.
+Throughput = generated tokens / time of the whole workload (prefill included), best of --repeats,
+reported per wall-second and per CPU-second (this process and its children, e.g. vLLM's workers).
+Ratios use --metric (default cpu: on a shared machine wall time mostly measures the neighbours;
+run with --threads 1 there, as OpenMP spin-waits inflate CPU time when cores are oversubscribed).
 
   python bench/engine.py --json                 # all backends found, full sizes
   python bench/engine.py --quick                # smaller sizes, for a smoke run
@@ -71,15 +74,48 @@ def workloads(args) -> dict[str, dict]:
     return out
 
 
-def best_of(repeats: int, fn) -> float:
-    """Best wall time of fn() over repeats runs (after one warm-up run)."""
+def cpu_seconds_tree() -> float:
+    """CPU seconds (user + system) used so far by this process and its live descendants.
+
+    On a shared machine wall time mostly measures the neighbours; CPU time measures our work
+    (vLLM computes in child processes, so they are counted too).
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    tree, frontier = {os.getpid()}, [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _) in stats.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                frontier.append(pid)
+    return sum(stats[pid][1] for pid in tree if pid in stats)
+
+
+def best_of(repeats: int, fn) -> dict[str, float]:
+    """Best wall and best CPU seconds of fn() over repeats runs (after one warm-up run)."""
     fn()
-    times = []
+    walls, cpus = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        c0, t0 = cpu_seconds_tree(), time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(cpu_seconds_tree() - c0)
+    return {"wall": min(walls), "cpu": min(cpus)}
+
+
+def throughput(tokens: int, seconds: dict[str, float]) -> dict[str, float]:
+    return {
+        "tok_per_s": round(tokens / seconds["wall"], 1),
+        "tok_per_cpu_s": round(tokens / seconds["cpu"], 1),
+    }
 
 
 # -- rz ------------------------------------------------------------------------------------------
@@ -116,9 +152,8 @@ def run_rz(model: Transformer, args, spec: dict) -> float:
 
         asyncio.run(batch() if spec["kind"] == "batch" else episodes())
 
-    seconds = best_of(args.repeats, once)
     turns = args.turns if spec["kind"] == "multiturn" else 1
-    return n_req * turns * args.gen / seconds
+    return throughput(n_req * turns * args.gen, best_of(args.repeats, once))
 
 
 # -- HF transformers ----------------------------------------------------------------------------
@@ -154,9 +189,8 @@ def run_hf(hf_model, args, spec: dict) -> float:
             ]
 
     torch.set_num_threads(args.threads)
-    seconds = best_of(args.repeats, once)
     turns = args.turns if spec["kind"] == "multiturn" else 1
-    return len(spec["prompts"]) * turns * args.gen / seconds
+    return throughput(len(spec["prompts"]) * turns * args.gen, best_of(args.repeats, once))
 
 
 # -- vLLM (separate interpreter) -------------------------------------------------------------------
@@ -170,7 +204,7 @@ def run_vllm(ckpt: Path, args, specs: dict) -> dict[str, float] | None:
         result_file = Path(tmp) / "result.json"
         spec_file.write_text(json.dumps({"ckpt": str(ckpt), "args": vars(args), "workloads": specs}))
         root = Path(__file__).resolve().parents[1]
-        env = {**os.environ, "PYTHONPATH": f"{root}:{root / 'kernels'}"}
+        env = {**os.environ, "PYTHONPATH": f"{root}:{root / 'kernels'}", "OMP_NUM_THREADS": str(args.threads)}
         cmd = [python, str(Path(__file__).resolve()), "--vllm-worker", str(spec_file), str(result_file)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.vllm_timeout)
         if proc.returncode != 0 or not result_file.exists():
@@ -211,9 +245,8 @@ def vllm_worker(spec_file: str, result_file: str) -> None:
 
             asyncio.run(batch() if wl["kind"] == "batch" else episodes())
 
-        seconds = best_of(args.repeats, once)
         turns = args.turns if wl["kind"] == "multiturn" else 1
-        results[name] = round(len(wl["prompts"]) * turns * args.gen / seconds, 1)
+        results[name] = throughput(len(wl["prompts"]) * turns * args.gen, best_of(args.repeats, once))
     engine.close()
     Path(result_file).write_text(json.dumps(results))
 
@@ -258,11 +291,17 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--obs", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-batch-tokens", type=int, default=512)
     ap.add_argument("--backends", nargs="+", default=["rz_aligned", "rz_standard", "hf", "vllm"])
     ap.add_argument("--vllm-python", default=os.environ.get("RZ_VLLM_PYTHON", VLLM_PYTHON_DEFAULT))
     ap.add_argument("--vllm-timeout", type=int, default=1800)
+    ap.add_argument(
+        "--metric",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="ratios from tokens per CPU-second (default; robust on a shared machine) or per wall-second",
+    )
     ap.add_argument("--profile", action="store_true", help="print where rz aligned spends a b64 decode step")
     args = ap.parse_args()
     if args.quick:
@@ -282,7 +321,7 @@ def main() -> None:
     for backend in args.backends:
         if backend in ("rz_aligned", "rz_standard"):
             model.set_kernels(backend.removeprefix("rz_"))
-            results[backend] = {name: round(run_rz(model, args, spec), 1) for name, spec in specs.items()}
+            results[backend] = {name: run_rz(model, args, spec) for name, spec in specs.items()}
             model.set_kernels("aligned")
         elif backend == "hf":
             from transformers import Qwen3ForCausalLM
@@ -290,7 +329,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 save_hf_checkpoint(model, Path(tmp) / "ckpt")
                 hf = Qwen3ForCausalLM.from_pretrained(Path(tmp) / "ckpt", dtype=torch.float32).eval()
-            results["hf"] = {name: round(run_hf(hf, args, spec), 1) for name, spec in specs.items()}
+            results["hf"] = {name: run_hf(hf, args, spec) for name, spec in specs.items()}
             del hf
         elif backend == "vllm":
             with tempfile.TemporaryDirectory() as tmp:
@@ -302,7 +341,9 @@ def main() -> None:
             print(f"{backend}: {results[backend]}", flush=True)
 
     def get(backend, workload):
-        return (results.get(backend) or {}).get(workload)
+        return ((results.get(backend) or {}).get(workload) or {}).get(metric)
+
+    metric = "tok_per_cpu_s" if args.metric == "cpu" else "tok_per_s"
 
     summary = {
         "config": {
@@ -312,7 +353,8 @@ def main() -> None:
             k: getattr(args, k) for k in ("batches", "prompt_len", "gen", "episodes", "turns", "obs")
         },
         "threads": args.threads,
-        "tokens_per_s": results,
+        "ratio_metric": metric,
+        "results": results,
         "rz_over_hf_b64": ratio(get("rz_aligned", "b64"), get("hf", "b64")),
         "rz_over_vllm_b64": ratio(get("rz_aligned", "b64"), get("vllm", "b64")),
         "aligned_over_standard_b64": ratio(get("rz_aligned", "b64"), get("rz_standard", "b64")),
