@@ -103,6 +103,7 @@ def _measure(args, mode: str) -> dict:
         "wait_data_s": mean("time_wait_data_s"),
         "train_s": mean("time_forward_s") + mean("time_backward_s") + mean("time_optimizer_s"),
         "publish_s": mean("time_publish_s"),
+        "train_thread_cpu_s": mean("learner_thread_cpu_s"),
         "step_s": mean("time_step_s"),
         "max_lag_seen": max(m.get("lag_max", 0) for m in h),
         "lag_mean": sum(m.get("lag_mean", 0) for m in h) / n,

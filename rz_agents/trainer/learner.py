@@ -123,6 +123,7 @@ class Learner:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         t_fwd = t_bwd = 0.0
+        cpu0 = time.thread_time()  # CPU time of this thread: wall >> cpu means the cores were busy elsewhere
         loss_value = 0.0
         finite = True
         scored: list[torch.Tensor] = [torch.empty(0)] * len(trajs)
@@ -202,6 +203,7 @@ class Learner:
             time_optimizer_s=t_opt,
             learner_tokens=n_tokens,
             learner_tokens_per_s=n_tokens / elapsed if elapsed > 0 else 0.0,
+            learner_thread_cpu_s=time.thread_time() - cpu0,
         )
         return metrics
 
