@@ -37,6 +37,13 @@ def direct_messages(question: str, config: MathEvalConfig) -> list[dict[str, str
     return messages
 
 
+def decode_text(tokenizer, ids: Sequence[int]) -> str:
+    """Text of sampled ids; ids past the tokenizer's vocabulary (a padded embedding's unused rows,
+    which an untrained model can sample) have no text and are dropped."""
+    size = tokenizer.vocab_size
+    return tokenizer.decode([t for t in ids if 0 <= t < size], skip_special_tokens=True)
+
+
 def sample_seed(seed: int, problem: int, member: int) -> int:
     """A distinct, reproducible seed per (run seed, problem, sample)."""
     return (seed * 1_000_003 + problem * 4099 + member) % (2**31 - 1)
@@ -145,9 +152,12 @@ async def _run_direct(
 
     async def one(index: int, member: int) -> tuple[int, SampleResult]:
         params = replace(base, seed=sample_seed(config.seed, index, member))
-        sample = await _direct_sample(
-            engine, prompts[index], params, tasks[index]["answer"], policy, verifier
-        )
+        try:
+            sample = await _direct_sample(
+                engine, prompts[index], params, tasks[index]["answer"], policy, verifier
+            )
+        except Exception as exc:  # noqa: BLE001 - one broken sample must not end the evaluation
+            sample = SampleResult(answer=None, correct=False, finish="error", error=repr(exc))
         if on_sample is not None:
             on_sample(index, sample)
         return index, sample
@@ -180,7 +190,7 @@ async def _direct_sample(
     ids = list(completion.tokens)
     if ids and ids[-1] in params.stop_token_ids:
         ids = ids[:-1]
-    text = policy.tokenizer.decode(ids, skip_special_tokens=True)
+    text = decode_text(policy.tokenizer, ids)
     # the verifier may wait on its worker process: keep the event loop (and the engine) running
     sample = await asyncio.to_thread(score_completion, text, gold, verifier)
     sample.tokens = len(completion.tokens)
@@ -280,7 +290,9 @@ def _tool_sample(traj, tokenizer, stops: Sequence[int]) -> SampleResult:
         ids = traj.tokens[start:]
         if ids and ids[-1] in stops:
             ids = ids[:-1]
-        answer = extract_boxed(tokenizer.decode(ids, skip_special_tokens=True))
+        else:
+            finish = "length"  # the env ended a turn the token limit cut off: it never said it was done
+        answer = extract_boxed(decode_text(tokenizer, ids))
     return SampleResult(
         answer=answer,
         correct=traj.reward == 1.0,
