@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from rz_agents.data import load_dataset
-from rz_agents.engine import EngineConfig, RZEngine, SamplingParams
+from rz_agents.engine import Engine, EngineConfig, RZEngine, SamplingParams
 from rz_agents.eval.checkpoint_policy import CheckpointPolicy
 from rz_agents.eval.math_config import MathEvalConfig
 from rz_agents.eval.math_scoring import ProblemResult, SampleResult, score_completion, summarize
@@ -75,11 +75,13 @@ def run_math_eval(
     policy: CheckpointPolicy,
     on_sample: OnSample | None = None,
     verifier: MathVerifier | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on ``config.benchmark``; returns the results dict (summary + per-problem rows).
 
     ``on_sample(problem_index, sample)`` is called as each sample finishes (for a progress bar).
-    Synchronous: it runs its own event loop.
+    ``engine``: generate with this engine instead of an RZEngine over ``policy.model`` sized from the
+    prompts (e.g. a vLLM engine, or a scripted one in tests). Synchronous: it runs its own event loop.
     """
     config.validate()
     tasks = load_dataset(config.benchmark, limit=config.limit)
@@ -88,9 +90,9 @@ def run_math_eval(
     verifier = verifier or default_verifier()
     start = time.perf_counter()
     if config.tool:
-        problems, engine = asyncio.run(_run_with_tool(config, policy, tasks, on_sample, verifier))
+        problems, engine = asyncio.run(_run_with_tool(config, policy, tasks, on_sample, verifier, engine))
     else:
-        problems, engine = asyncio.run(_run_direct(config, policy, tasks, on_sample, verifier))
+        problems, engine = asyncio.run(_run_direct(config, policy, tasks, on_sample, verifier, engine))
     wall = time.perf_counter() - start
     summary = summarize(problems, config.k)
     generated = sum(s.tokens for p in problems for s in p.samples)
@@ -139,13 +141,14 @@ async def _run_direct(
     tasks: Sequence[dict[str, str]],
     on_sample: OnSample | None,
     verifier: MathVerifier,
-) -> tuple[list[ProblemResult], RZEngine]:
+    engine: Engine | None,
+) -> tuple[list[ProblemResult], Engine]:
     tok, tpl = policy.tokenizer, policy.template
     prompts = [
         tpl.encode_prompt(tok, direct_messages(t["question"], config), enable_thinking=config.thinking)
         for t in tasks
     ]
-    engine = _engine(config, policy, max(map(len, prompts)) + config.max_tokens + 1)
+    engine = engine or _engine(config, policy, max(map(len, prompts)) + config.max_tokens + 1)
     stops = tuple(tpl.stop_token_ids(tok))
     base = replace(_sampling(config), stop_token_ids=stops)
     problems = [ProblemResult(id=t["id"], answer=t["answer"]) for t in tasks]
@@ -169,7 +172,7 @@ async def _run_direct(
 
 
 async def _direct_sample(
-    engine: RZEngine,
+    engine: Engine,
     prompt: list[int],
     params: SamplingParams,
     gold: str,
@@ -204,7 +207,8 @@ async def _run_with_tool(
     tasks: Sequence[dict[str, str]],
     on_sample: OnSample | None,
     verifier: MathVerifier,
-) -> tuple[list[ProblemResult], RZEngine]:
+    engine: Engine | None,
+) -> tuple[list[ProblemResult], Engine]:
     from rz_agents.envs.python_tool import PYTHON_TOOL, PythonToolEnv
     from rz_agents.envs.python_tool.env import ANSWER_INSTRUCTION, DEFAULT_SYSTEM_PROMPT
     from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, run_episode
@@ -237,7 +241,7 @@ async def _run_with_tool(
     limits = EpisodeLimits(
         max_turns=config.max_turns, max_tokens_per_turn=config.max_tokens, max_episode_tokens=budget
     )
-    engine = _engine(config, policy, budget + 1)
+    engine = engine or _engine(config, policy, budget + 1)
     sampling = _sampling(config)
     problems = [ProblemResult(id=t["id"], answer=t["answer"]) for t in tasks]
     concurrency = config.num_slots
