@@ -1,0 +1,124 @@
+"""`rz eval` on a tiny random Qwen3 checkpoint (real engine, real Qwen3 tokenizer), configs and errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rz_agents.cli import main
+from rz_agents.model import ModelConfig, Transformer
+from rz_agents.model.checkpoint import save_hf_checkpoint
+
+# Small and one-threaded: the suite runs on a shared 2-core machine.
+FAST = ["--max-tokens", "16", "--num-threads", "1", "--num-slots", "8"]
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> str:
+    """A random Qwen3 with the real vocabulary size (151,936) and a tiny body; no tokenizer.json (Qwen3's)."""
+    cfg = ModelConfig.tiny(
+        "qwen3",
+        vocab_size=151936,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=4096,
+    )
+    model = Transformer(cfg)
+    model.reset_parameters(std=0.05, seed=0)
+    return str(save_hf_checkpoint(model, tmp_path_factory.mktemp("ckpt") / "tiny-qwen3"))
+
+
+def test_tiny_checkpoint_over_aime24_prints_the_table_and_writes_json(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "result.json"
+    argv = ["eval", "--checkpoint", tiny_checkpoint, "--benchmark", "aime24", "--limit", "3", "--k", "2"]
+    assert main([*argv, *FAST, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    text = captured.out
+    assert "6/6" in captured.err  # the progress bar (stderr) counted every sample
+    for pid, gold in (("aime2024-0", "204"), ("aime2024-1", "113"), ("aime2024-2", "371")):
+        assert pid in text and gold in text
+    assert "avg@2 (pass@1):" in text and "pass@2:" in text
+    result = json.loads(out.read_text())
+    assert result["num_problems"] == 3 and result["num_samples"] == 6 and result["num_failed"] == 0
+    assert [p["num_samples"] for p in result["problems"]] == [2, 2, 2]
+    assert all(1 <= s["tokens"] <= 16 for p in result["problems"] for s in p["samples"])
+    assert result["sampling"]["temperature"] == 0.6 and result["sampling"]["top_p"] == 0.95
+    assert 0.0 <= result["avg_at_k"] <= result["pass_at_k"] <= 1.0
+
+
+def test_yaml_eval_section_sets_the_run_and_flags_override_it(tiny_checkpoint, tmp_path, capsys):
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        f"model: {{ignored: by eval}}\neval:\n  checkpoint: {tiny_checkpoint}\n  benchmark: gsm8k\n"
+        "  k: 3\n  limit: 2\n  temperature: 0.0\n  max_tokens: 64\n"
+    )
+    assert (
+        main(
+            ["eval", str(config), "--k", "2", "--max-tokens", "8", "--num-threads", "1", "--quiet", "--json"]
+        )
+        == 0
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert result["benchmark"] == "gsm8k" and result["k"] == 2 and result["num_problems"] == 2
+    assert result["sampling"]["temperature"] == 0.0 and result["sampling"]["max_tokens"] == 8
+    # greedy: both samples of a problem are the same tokens, so the same answer and length
+    for p in result["problems"]:
+        assert len({(s["answer"], s["tokens"]) for s in p["samples"]}) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("eval:\n  temprature: 0.6\n", "eval.temprature: unknown field (did you mean temperature?)"),
+        ("eval:\n  k: many\n", "eval.k: expected int, got 'many'"),
+        ("eval:\n  k: 0\n", "eval.k: must be >= 1, got 0"),
+        ("eval:\n  benchmark: aime99\n", "eval.benchmark: 'aime99' is neither a benchmark"),
+        ("train: {}\n", "no 'eval:' section"),
+    ],
+)
+def test_a_bad_config_gets_one_error_line_naming_the_field(tmp_path, capsys, body, message):
+    config = tmp_path / "bad.yaml"
+    config.write_text(body)
+    assert main(["eval", str(config), "--checkpoint", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_missing_or_wrong_checkpoint_exits_2(tmp_path, capsys):
+    assert main(["eval", "--benchmark", "gsm8k"]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(tmp_path / "nope"), "--benchmark", "gsm8k"]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(tmp_path), "--benchmark", "gsm8k"]) == 2
+    assert "no config.json" in capsys.readouterr().err
+
+
+def test_help_documents_the_production_settings(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--k 16..64 --temperature 0.6 --top-p 0.95" in text
+
+
+def test_eval_osworld_delegates_and_rejects_bad_input(tmp_path, capsys):
+    assert main(["eval", "osworld"]) == 2
+    assert "needs --tasks" in capsys.readouterr().err
+    assert main(["eval", "osworld", "--tasks", str(tmp_path / "missing"), "--policy", "noop"]) == 2
+    assert "no task file" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (shutil.which("Xvfb") and shutil.which("openbox")), reason="needs xvfb and openbox")
+def test_eval_osworld_runs_the_oracle_on_a_local_task(capsys):
+    from rz_agents.envs.osworld import LOCAL_TASKS
+
+    task = Path(LOCAL_TASKS) / "os" / "rz-os-rename-file.json"
+    assert main(["eval", "osworld", "--tasks", str(task), "--policy", "oracle"]) == 0
+    out = capsys.readouterr().out
+    assert "rz-os-rename-file" in out and "success 1.000 over 1 tasks" in out
