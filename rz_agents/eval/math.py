@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -151,24 +151,40 @@ async def _run_direct(
     engine = engine or _engine(config, policy, max(map(len, prompts)) + config.max_tokens + 1)
     stops = tuple(tpl.stop_token_ids(tok))
     base = replace(_sampling(config), stop_token_ids=stops)
+
+    async def sample(index: int, member: int) -> SampleResult:
+        params = replace(base, seed=sample_seed(config.seed, index, member))
+        return await _direct_sample(engine, prompts[index], params, tasks[index]["answer"], policy, verifier)
+
+    problems = await _collect(tasks, config.k, sample, on_sample)
+    return problems, engine
+
+
+async def _collect(
+    tasks: Sequence[dict[str, str]],
+    k: int,
+    sample: Callable[[int, int], Awaitable[SampleResult]],
+    on_sample: OnSample | None,
+) -> list[ProblemResult]:
+    """Run ``sample(problem, member)`` for k members of every problem, all in flight at once.
+
+    A sample that raises is recorded as failed (scored wrong, with its error); the others go on.
+    """
     problems = [ProblemResult(id=t["id"], answer=t["answer"]) for t in tasks]
 
     async def one(index: int, member: int) -> tuple[int, SampleResult]:
-        params = replace(base, seed=sample_seed(config.seed, index, member))
         try:
-            sample = await _direct_sample(
-                engine, prompts[index], params, tasks[index]["answer"], policy, verifier
-            )
+            result = await sample(index, member)
         except Exception as exc:  # noqa: BLE001 - one broken sample must not end the evaluation
-            sample = SampleResult(answer=None, correct=False, finish="error", error=repr(exc))
+            result = SampleResult(answer=None, correct=False, finish="error", error=repr(exc))
         if on_sample is not None:
-            on_sample(index, sample)
-        return index, sample
+            on_sample(index, result)
+        return index, result
 
-    jobs = [one(i, m) for i in range(len(tasks)) for m in range(config.k)]
-    for index, sample in await asyncio.gather(*jobs):  # gather keeps submission order per problem
-        problems[index].samples.append(sample)
-    return problems, engine
+    jobs = [one(i, m) for i in range(len(tasks)) for m in range(k)]
+    for index, result in await asyncio.gather(*jobs):  # gather keeps submission order per problem
+        problems[index].samples.append(result)
+    return problems
 
 
 async def _direct_sample(
@@ -243,14 +259,13 @@ async def _run_with_tool(
     )
     engine = engine or _engine(config, policy, budget + 1)
     sampling = _sampling(config)
-    problems = [ProblemResult(id=t["id"], answer=t["answer"]) for t in tasks]
     concurrency = config.num_slots
     envs: asyncio.Queue = asyncio.Queue()
     created: list[PythonToolEnv] = []
     executor = ThreadPoolExecutor(max_workers=min(32, concurrency), thread_name_prefix="rz-eval-env")
     stops = tuple(policy.template.stop_token_ids(tok))
 
-    async def one(index: int, member: int) -> tuple[int, SampleResult]:
+    async def sample(index: int, member: int) -> SampleResult:
         if envs.empty() and len(created) < concurrency:
             created.append(make_env())
             envs.put_nowait(created[-1])
@@ -260,21 +275,14 @@ async def _run_with_tool(
         )
         try:
             traj = await run_episode(engine, env, template, tok, spec, sampling, limits, executor)
-            sample = _tool_sample(traj, tok, stops)
         except EpisodeError as exc:
-            sample = SampleResult(answer=None, correct=False, finish="error", error=str(exc))
-        except Exception as exc:  # noqa: BLE001 - one broken episode must not end the evaluation
-            sample = SampleResult(answer=None, correct=False, finish="error", error=repr(exc))
+            return SampleResult(answer=None, correct=False, finish="error", error=str(exc))
         finally:
             envs.put_nowait(env)
-        if on_sample is not None:
-            on_sample(index, sample)
-        return index, sample
+        return _tool_sample(traj, tok, stops)
 
     try:
-        jobs = [one(i, m) for i in range(len(tasks)) for m in range(config.k)]
-        for index, sample in await asyncio.gather(*jobs):
-            problems[index].samples.append(sample)
+        problems = await _collect(tasks, config.k, sample, on_sample)
     finally:
         for env in created:
             await asyncio.get_running_loop().run_in_executor(executor, env.close)
