@@ -49,10 +49,12 @@ def sample(
         if not p.greedy:
             uniforms[i] = torch.rand((), dtype=torch.float64, generator=g or default_generator)
     for (temperature, top_k, top_p), rows in groups.items():
-        idx = torch.tensor(rows)
-        logp = logprob_fn(logits[idx], temperature=temperature, top_k=top_k, top_p=top_p)
+        whole = len(rows) == n  # the common case: one group, no row gather (a 150k-wide copy per row)
+        idx = None if whole else torch.tensor(rows)
+        group_logits = logits if whole else logits[idx]
+        logp = logprob_fn(group_logits, temperature=temperature, top_k=top_k, top_p=top_p)
         greedy = [params[i].greedy for i in rows]
-        chosen = _draw(logp, logits[idx], uniforms[idx], greedy)
+        chosen = _draw(logp, group_logits, uniforms if whole else uniforms[idx], greedy)
         picked = logp.gather(1, chosen[:, None])[:, 0]
         for j, i in enumerate(rows):
             tokens[i] = int(chosen[j])
@@ -74,13 +76,14 @@ def _draw(logp: torch.Tensor, logits: torch.Tensor, u: torch.Tensor, greedy: lis
         out[greedy_rows] = logits[greedy_rows].argmax(dim=-1)
     if not sampled:
         return out
-    probs = logp[sampled].exp()
+    probs = (logp if len(sampled) == logp.shape[0] else logp[sampled]).exp()
     n, vocab = probs.shape
-    nb = -(-vocab // CDF_BLOCK)
-    if nb * CDF_BLOCK != vocab:
-        probs = torch.cat([probs, probs.new_zeros(n, nb * CDF_BLOCK - vocab)], dim=1)
-    blocks = probs.view(n, nb, CDF_BLOCK)
-    block_mass = blocks.sum(-1, dtype=torch.float64)  # [n, nb]
+    full = vocab // CDF_BLOCK
+    # Block masses in fp32 (each a sum of <= 1024 terms), then a float64 CDF over the blocks.
+    masses = [probs[:, : full * CDF_BLOCK].view(n, full, CDF_BLOCK).sum(-1)] if full else []
+    if full * CDF_BLOCK < vocab:
+        masses.append(probs[:, full * CDF_BLOCK :].sum(-1, keepdim=True))
+    block_mass = torch.cat(masses, dim=1).double()  # [n, nb]
     block_cdf = block_mass.cumsum(-1)
     threshold = u[sampled].double() * block_cdf[:, -1]
     # right=True: the first block whose cumulative mass exceeds the threshold has mass > 0.
@@ -88,7 +91,11 @@ def _draw(logp: torch.Tensor, logits: torch.Tensor, u: torch.Tensor, greedy: lis
     b = torch.minimum(b, _last_positive(block_mass))
     rows = torch.arange(n)
     rest = threshold - (block_cdf[rows, b] - block_mass[rows, b])
-    inner = blocks[rows, b].double()  # [n, CDF_BLOCK]
+    inner = torch.zeros(n, CDF_BLOCK, dtype=torch.float64)
+    for r in range(n):  # one 1024-wide slice per row: cheaper than gathering from a padded copy
+        start = int(b[r]) * CDF_BLOCK
+        chunk = probs[r, start : start + CDF_BLOCK]
+        inner[r, : chunk.numel()] = chunk
     i = torch.searchsorted(inner.cumsum(-1), rest[:, None], right=True)[:, 0]
     # Rounding can leave the remainder at (or past) the block total: take its last token with mass.
     i = torch.minimum(i, _last_positive(inner))
