@@ -130,3 +130,13 @@ def test_tool_episodes_run_code_in_the_sandbox_and_a_failing_one_is_recorded(tmp
     # the tool is offered in the system prompt and the sandbox output came back as a tool response
     assert all('"name": "python"' in p for p in engine.prompts)
     assert sum("<tool_response>\n1031\n</tool_response>" in p for p in engine.prompts) == 1
+
+
+@pytest.mark.parametrize("tool", [False, True])
+def test_no_thinking_puts_an_empty_think_block_in_the_prompt(tmp_path, policy, tool):
+    bench = _dataset(tmp_path, [{"id": "q", "question": "What is 1 plus 1?", "answer": "2"}])
+    engine = ScriptedEngine(policy.tokenizer, {"1 plus 1": ["\\boxed{2}"]})
+    config = MathEvalConfig(benchmark=bench, k=1, tool=tool, thinking=False, max_tokens=16)
+    result = run_math_eval(config, policy, engine=engine)
+    assert result["avg_at_k"] == 1.0
+    assert engine.prompts[0].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
