@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from rz_agents.engine import EngineConfig, RZEngine
+from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig, RolloutController
 from rz_agents.rollout.task_source import TaskSource
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -62,7 +63,12 @@ class TrainConfig:
     env: EnvSpec = field(default_factory=EnvSpec)
     tokenizer: str = "byte"  # "byte" (tiny vocab) or "qwen3"
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(num_slots=32, max_len=512))
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rollout: RolloutConfig = field(
+        default_factory=lambda: RolloutConfig(
+            limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=32, max_episode_tokens=448)
+        )
+    )
+    # learner.max_lag / temperature / top_k / top_p are set by the runtime from mode and rollout.
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     mode: str = "async"
     steps: int = 10

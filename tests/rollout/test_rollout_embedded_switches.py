@@ -70,3 +70,25 @@ def test_metrics_go_to_jsonl_and_tensorboard(tmp_path):
     assert not missing, missing
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert (tmp_path / "checkpoint.pt").is_file()
+
+
+def test_default_config_validates_and_round_trips_through_yaml():
+    import yaml
+
+    from rz_agents.config_io import from_dict, to_dict
+
+    cfg = TrainConfig()
+    cfg.validate()
+    again = from_dict(TrainConfig, yaml.safe_load(yaml.safe_dump(to_dict(cfg))))
+    assert again == cfg
+
+
+def test_bad_fields_are_named():
+    with pytest.raises(ValueError, match="mode"):
+        TrainConfig(mode="fast").validate()
+    cfg = TrainConfig()
+    cfg.rollout.limits.max_episode_tokens = cfg.engine.max_len
+    with pytest.raises(ValueError, match="max_episode_tokens"):
+        cfg.validate()
+    with pytest.raises(ValueError, match=r"rollout\.group_size"):
+        RolloutConfig(group_size=0).validate()
