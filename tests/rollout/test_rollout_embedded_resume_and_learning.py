@@ -129,3 +129,27 @@ def test_a_prompt_longer_than_the_episode_budget_is_a_clear_episode_error():
     cfg.rollout.max_consecutive_failures = 4
     with pytest.raises(RolloutFailure, match="no room to sample within max_episode_tokens=10"):
         run_training(cfg)
+
+
+def test_async_checkpoint_keeps_queued_groups_and_relaunches_those_in_flight(tmp_path):
+    from rz_agents.trainer.checkpoint import load_checkpoint
+
+    cfg = _cfg(mode="async", steps=3, output_dir=str(tmp_path), checkpoint_every=3)
+    cfg.learner_step_delay_s = 0.2  # let the engine run ahead so that groups are queued and in flight
+    run_training(cfg)
+    state = load_checkpoint(tmp_path / "checkpoint.pt", restore_rng=False)["runtime"]["controller"]
+    queued, in_flight = len(state["queued"]), len(state["in_flight"])
+    assert queued + in_flight > 0
+    assert state["tasks"]["position"] == state["counters"]["groups_started"]
+
+    resumed = _cfg(mode="async", steps=5, resume_from=str(tmp_path / "checkpoint.pt"))
+    run = EmbeddedRun(resumed)
+    try:
+        assert len(run.controller.queue) == queued and len(run.controller._relaunch) == in_flight
+        import asyncio
+
+        s = asyncio.run(run.train())
+    finally:
+        run.close()
+    assert s["steps"] == 5 and s["steps_this_run"] == 2 and s["version"] == 5
+    assert s["max_lag_seen"] <= 64
