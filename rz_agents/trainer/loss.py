@@ -23,6 +23,7 @@ The normalizer is folded into a per-token ``scale`` computed once for the whole 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +85,13 @@ def token_scales(masks: list[torch.Tensor], normalization: str) -> list[torch.Te
     raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
 
 
+def _kept_weights(log_ratio: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """w_t where keep, exactly 0 elsewhere, with no inf formed on dropped tokens (inf * 0 would give NaN
+    in the value or the gradient: a gate exists to drop such tokens, not to poison the step)."""
+    safe = torch.where(keep, log_ratio, torch.zeros_like(log_ratio))
+    return torch.exp(safe) * keep.to(log_ratio.dtype)
+
+
 def token_coefficients(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tensor, cfg: LossConfig):
     """For one sequence: the per-token coefficient c_t such that the loss is -(sum_t scale_t * c_t * A).
 
@@ -97,16 +105,14 @@ def token_coefficients(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: to
         return w
     if est == "on_policy":
         return torch.exp(logp - logp.detach())
+    bound = math.log(cfg.gate_ratio)
     if est == "sequence_gate":
         n = mask.sum().clamp(min=1)
         seq_log_ratio = (log_ratio.detach() * mask).sum() / n  # log of the geometric-mean ratio
-        bound = torch.log(torch.tensor(cfg.gate_ratio))
-        keep = (seq_log_ratio.abs() <= bound).to(w.dtype)
-        return w * keep
+        keep = (seq_log_ratio.abs() <= bound).expand_as(w)
+        return _kept_weights(log_ratio, keep)
     if est == "token_gate":
-        lo, hi = 1.0 / cfg.gate_ratio, cfg.gate_ratio
-        keep = ((w.detach() >= lo) & (w.detach() <= hi)).to(w.dtype)
-        return w * keep
+        return _kept_weights(log_ratio, log_ratio.detach().abs() <= bound)
     if est == "truncated_is":
         return torch.clamp(w.detach(), max=cfg.truncation_cap) * torch.exp(logp - logp.detach())
     raise ValueError(f"estimator {est!r} has no token coefficient")

@@ -134,3 +134,19 @@ def test_group_leave_one_out_baseline():
 def test_bad_loss_config_names_the_field(bad):
     with pytest.raises(ValueError, match=r"loss\."):
         bad.validate()
+
+
+@pytest.mark.parametrize("estimator", ["token_gate", "truncated_is"])
+def test_gates_and_truncation_stay_finite_when_a_weight_overflows(estimator):
+    # w = exp(1e4) is inf in fp32: the gate drops the token, truncation caps it; neither yields NaN.
+    cfg = LossConfig(estimator, gate_ratio=2.0, truncation_cap=2.0)
+    loss, grad = _loss_and_grad([-1.0, -1.0], [-1e4, -1.0], [True, True], 1.0, cfg)
+    assert math.isfinite(loss) and all(math.isfinite(g) for g in grad)
+    expected = [0.0, -0.5] if estimator == "token_gate" else [-1.0, -0.5]
+    assert grad == pytest.approx(expected)
+
+
+def test_sequence_gate_drops_a_sequence_with_an_overflowing_weight_without_nan():
+    cfg = LossConfig("sequence_gate", gate_ratio=2.0)
+    loss, grad = _loss_and_grad([-1.0, -1.0], [-1e4, -1.0], [True, True], 1.0, cfg)
+    assert loss == 0.0 and grad == [0.0, 0.0]
