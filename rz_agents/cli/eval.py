@@ -43,6 +43,7 @@ _CONFIG_FLAGS = (
     "kernels",
     "dtype",
     "thinking",
+    "save_text",
 )
 
 
@@ -90,6 +91,9 @@ def add_parser(subparsers: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="Qwen3 thinking mode (default on; --no-thinking puts an empty think block in the prompt)",
+    )
+    m.add_argument(
+        "--save-text", action="store_true", default=None, help="keep each sample's text in the results JSON"
     )
     m.add_argument("--rows", type=int, default=None, help="print at most N table rows")
 

@@ -37,11 +37,11 @@ def direct_messages(question: str, config: MathEvalConfig) -> list[dict[str, str
     return messages
 
 
-def decode_text(tokenizer, ids: Sequence[int]) -> str:
+def decode_text(tokenizer, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     """Text of sampled ids; ids past the tokenizer's vocabulary (a padded embedding's unused rows,
     which an untrained model can sample) have no text and are dropped."""
     size = tokenizer.vocab_size
-    return tokenizer.decode([t for t in ids if 0 <= t < size], skip_special_tokens=True)
+    return tokenizer.decode([t for t in ids if 0 <= t < size], skip_special_tokens=skip_special_tokens)
 
 
 def sample_seed(seed: int, problem: int, member: int) -> int:
@@ -154,7 +154,9 @@ async def _run_direct(
 
     async def sample(index: int, member: int) -> SampleResult:
         params = replace(base, seed=sample_seed(config.seed, index, member))
-        return await _direct_sample(engine, prompts[index], params, tasks[index]["answer"], policy, verifier)
+        return await _direct_sample(
+            engine, prompts[index], params, tasks[index]["answer"], policy, verifier, config.save_text
+        )
 
     problems = await _collect(tasks, config.k, sample, on_sample)
     return problems, engine
@@ -194,6 +196,7 @@ async def _direct_sample(
     gold: str,
     policy: CheckpointPolicy,
     verifier: MathVerifier,
+    save_text: bool = False,
 ) -> SampleResult:
     try:
         completion = await engine.generate(list(prompt), params)
@@ -214,6 +217,8 @@ async def _direct_sample(
     sample = await asyncio.to_thread(score_completion, text, gold, verifier)
     sample.tokens = len(completion.tokens)
     sample.finish = completion.finish_reason
+    if save_text:
+        sample.text = text
     return sample
 
 
@@ -279,7 +284,7 @@ async def _run_with_tool(
             return SampleResult(answer=None, correct=False, finish="error", error=str(exc))
         finally:
             envs.put_nowait(env)
-        return _tool_sample(traj, tok, stops)
+        return _tool_sample(traj, tok, stops, config.save_text)
 
     try:
         problems = await _collect(tasks, config.k, sample, on_sample)
@@ -290,7 +295,7 @@ async def _run_with_tool(
     return problems, engine
 
 
-def _tool_sample(traj, tokenizer, stops: Sequence[int]) -> SampleResult:
+def _tool_sample(traj, tokenizer, stops: Sequence[int], save_text: bool = False) -> SampleResult:
     """Score a finished tool episode: the env's reward decides; the answer is the final turn's box."""
     finish = str(traj.info.get("finish", "terminated"))
     answer = None
@@ -305,12 +310,15 @@ def _tool_sample(traj, tokenizer, stops: Sequence[int]) -> SampleResult:
         else:
             finish = "length"  # the env ended a turn the token limit cut off: it never said it was done
         answer = extract_boxed(decode_text(tokenizer, ids))
+    # the episode after the prompt, turn markers kept so tool calls and results stay readable
+    text = decode_text(tokenizer, traj.tokens[traj.loss_mask.index(True) :], False) if save_text else None
     return SampleResult(
         answer=answer,
         correct=traj.reward == 1.0,
         tokens=sum(traj.loss_mask),
         finish=finish,
         tool_turns=max(0, int(traj.info.get("turns", 1)) - 1),
+        text=text,
     )
 
 

@@ -31,6 +31,8 @@ class MathEvalConfig:
     derives it from the longest prompt). temperature 0 is greedy.
     num_slots: sequences generated at once. kernels: "aligned" (bit-identical to the trainer) or
     "standard". thinking: Qwen3's thinking mode (False puts an empty think block in the prompt).
+    system_prompt / instruction: the prompt's system message (None: the template's default) and the
+    line after the question (no tool). save_text: keep each sample's generated text in the results.
     """
 
     checkpoint: str | None = None
@@ -52,6 +54,7 @@ class MathEvalConfig:
     thinking: bool = True
     system_prompt: str | None = None
     instruction: str = DIRECT_INSTRUCTION
+    save_text: bool = False
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""

@@ -20,7 +20,8 @@ class SampleResult:
 
     answer: the last ``\\boxed{}`` content (None when there is none); correct: it equals the gold answer;
     tokens: tokens the policy generated; finish: why generation ended ("stop", "length", "terminated",
-    "max_turns", ... or "error"); error: why the sample failed, if it did (it then counts as wrong).
+    "max_turns", ... or "error"); error: why the sample failed, if it did (it then counts as wrong);
+    tool_turns: turns that called the tool; text: the generated text, when the run saves it.
     """
 
     answer: str | None
@@ -29,6 +30,7 @@ class SampleResult:
     finish: str = "stop"
     error: str | None = None
     tool_turns: int = 0
+    text: str | None = None
 
 
 @dataclass

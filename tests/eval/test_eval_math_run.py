@@ -80,7 +80,7 @@ def test_direct_answers_are_scored_and_aggregated(tmp_path, policy):
         },
     )
     seen = []
-    config = MathEvalConfig(benchmark=bench, k=2, max_tokens=64)
+    config = MathEvalConfig(benchmark=bench, k=2, max_tokens=64, save_text=True)
     result = run_math_eval(config, policy, on_sample=lambda i, s: seen.append(i), engine=engine)
     assert result["avg_at_k"] == pytest.approx((1 / 2 + 2 / 2 + 0 / 2) / 3)
     assert result["pass_at_k"] == pytest.approx(2 / 3)
@@ -88,6 +88,7 @@ def test_direct_answers_are_scored_and_aggregated(tmp_path, policy):
     rows = {p["id"]: p for p in result["problems"]}
     assert [rows[x]["num_correct"] for x in "abc"] == [1, 2, 0]
     assert rows["c"]["top_answer"] == "8" and rows["a"]["top_answer"] == "42"
+    assert [x["text"] for x in rows["a"]["samples"]] == ["So \\boxed{42}.", "Hmm, \\boxed{41}"]
     assert sorted(seen) == [0, 0, 1, 1, 2, 2]
     # The Qwen3 prompt: the question, the boxed instruction, then the assistant's turn opens.
     prompt = engine.prompts[0]
@@ -118,12 +119,15 @@ def test_tool_episodes_run_code_in_the_sandbox_and_a_failing_one_is_recorded(tmp
     engine = ScriptedEngine(
         policy.tokenizer, {"two to the tenth": _tool_then_answer, "breaks the engine": [None]}
     )
-    config = MathEvalConfig(benchmark=bench, k=1, tool=True, max_tokens=64, max_turns=3)
+    config = MathEvalConfig(benchmark=bench, k=1, tool=True, max_tokens=64, max_turns=3, save_text=True)
     result = run_math_eval(config, policy, engine=engine)
     rows = {p["id"]: p for p in result["problems"]}
     ok = rows["t"]["samples"][0]
     assert ok["correct"] and ok["answer"] == "1031" and ok["tool_turns"] == 1, ok
     assert ok["finish"] == "terminated" and ok["error"] is None
+    assert "<tool_response>\n1031\n</tool_response>" in ok["text"] and ok["text"].endswith(
+        "\\boxed{1031}.<|im_end|>"
+    )
     failed = rows["f"]["samples"][0]
     assert not failed["correct"] and failed["finish"] == "error" and "scripted failure" in failed["error"]
     assert result["num_failed"] == 1 and result["avg_at_k"] == 0.5
