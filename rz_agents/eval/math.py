@@ -112,10 +112,15 @@ def run_math_eval(
         **summary,
         "wall_s": wall,
         "generated_tokens_per_s": generated / wall if wall > 0 else 0.0,
-        "engine": dict(engine.stats()) if hasattr(engine, "stats") else {},
+        "engine": _engine_stats(engine),
         "config": asdict(config),
         "problems": [p.to_dict() for p in problems],
     }
+
+
+def _engine_stats(engine: Engine) -> dict[str, Any]:
+    stats = getattr(engine, "stats", None)  # not part of the Engine protocol: RZEngine has it
+    return dict(stats()) if callable(stats) else {}
 
 
 def _sampling(config: MathEvalConfig) -> SamplingParams:
