@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -65,7 +66,16 @@ def _config(args, mode: str) -> TrainConfig:
         ),
         learner=LearnerConfig(optim=OptimConfig(lr=1e-3)),
         learner_process=args.learner_process == "on",
+        **_pinning(args),
     )
+
+
+def _pinning(args) -> dict:
+    """--pin: the learner process gets the last CPU, engine + envs the others (needs the learner process)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin == "off" or args.learner_process == "off" or len(cpus) < 2:
+        return {}
+    return {"learner_cpus": cpus[-1:], "rollout_cpus": cpus[:-1]}
 
 
 def _measure(args, mode: str) -> dict:
@@ -134,6 +144,9 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument(
+        "--pin", choices=["on", "off"], default="on", help="pin learner and rollouts to separate CPUs"
+    )
     p.add_argument(
         "--learner-process",
         choices=["on", "off"],

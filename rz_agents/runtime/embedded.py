@@ -14,6 +14,7 @@ import dataclasses
 import importlib
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,10 @@ class TrainConfig:
     learner_step_delay_s: float = 0.0  # throttle the learner (tests and benchmarks of the lag bound)
     # Run the learner in a child process (no GIL contention with the engine; see runtime/learner_process.py).
     learner_process: bool = False
+    # CPU pinning (Linux): the learner process on learner_cpus, the engine, env threads and env subprocesses
+    # on rollout_cpus, so that neither side takes the other's cores. None: no pinning.
+    learner_cpus: list[int] | None = None
+    rollout_cpus: list[int] | None = None
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -88,6 +93,10 @@ class TrainConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.tokenizer not in ("byte", "qwen3"):
             raise ValueError(f"tokenizer must be 'byte' or 'qwen3', got {self.tokenizer!r}")
+        if (self.learner_cpus or self.rollout_cpus) and not self.learner_process:
+            raise ValueError(
+                "learner_cpus / rollout_cpus need learner_process: true (threads share one process)"
+            )
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
         if self.rollout.limits.max_episode_tokens >= self.engine.max_len:
@@ -191,7 +200,9 @@ class EmbeddedRun:
         if cfg.learner_process:
             from rz_agents.runtime.learner_process import LearnerProcess
 
-            self.learner = LearnerProcess(self.model, lcfg, num_threads=cfg.num_threads)
+            self.learner = LearnerProcess(
+                self.model, lcfg, num_threads=cfg.num_threads, cpus=cfg.learner_cpus
+            )
         else:
             self.learner = Learner(self.model, lcfg)
         rcfg = dataclasses.replace(r, max_lag=effective_max_lag(cfg), seed=cfg.seed)
@@ -204,6 +215,7 @@ class EmbeddedRun:
             rcfg,
         )
         self.history: list[dict[str, Any]] = []
+        self._saved_affinity: set[int] | None = None
         self.writer = MetricsWriter(cfg.output_dir, tensorboard=cfg.tensorboard) if cfg.output_dir else None
         if cfg.resume_from:
             payload = load_checkpoint(cfg.resume_from)
@@ -227,6 +239,10 @@ class EmbeddedRun:
     async def train(self) -> dict[str, Any]:
         """Run until ``cfg.steps`` learner steps are done; returns the summary."""
         cfg = self.cfg
+        if cfg.rollout_cpus and self._saved_affinity is None:
+            # Threads and subprocesses started from here on (env pool, sandboxes) inherit this affinity.
+            self._saved_affinity = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, cfg.rollout_cpus)
         producer = asyncio.ensure_future(self.controller.run())
         t_start = time.perf_counter()
         start_step = len(self.history)
@@ -285,7 +301,10 @@ class EmbeddedRun:
         }
 
     def close(self) -> None:
-        """Release envs, threads and files."""
+        """Release envs, threads and files; undo the CPU pinning of this thread."""
+        if self._saved_affinity is not None:
+            os.sched_setaffinity(0, self._saved_affinity)
+            self._saved_affinity = None
         self.controller.close()
         if hasattr(self.learner, "close"):
             self.learner.close()

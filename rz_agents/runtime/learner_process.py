@@ -9,6 +9,7 @@ It has the ``Learner`` methods the runtime uses (step, weights, version, state_d
 
 from __future__ import annotations
 
+import os
 import traceback
 from typing import Any
 
@@ -19,9 +20,13 @@ from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trajectory import Trajectory
 
 
-def _serve(conn, model_config, kernels: str, cfg: LearnerConfig, shared, version: int, num_threads) -> None:
+def _serve(
+    conn, model_config, kernels: str, cfg: LearnerConfig, shared, version: int, num_threads, cpus
+) -> None:
     from rz_agents.model import Transformer
 
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     model = Transformer(model_config, kernels=kernels)
@@ -63,14 +68,20 @@ class LearnerProcess:
     """A ``Learner`` running in a spawned child process."""
 
     def __init__(
-        self, model: torch.nn.Module, cfg: LearnerConfig, version: int = 0, num_threads=None
+        self,
+        model: torch.nn.Module,
+        cfg: LearnerConfig,
+        version: int = 0,
+        num_threads: int | None = None,
+        cpus: list[int] | None = None,
     ) -> None:
+        """``cpus``: pin the learner process to these CPU ids (None: inherit the parent's)."""
         ctx = mp.get_context("spawn")
         self._shared = {k: v.detach().clone().share_memory_() for k, v in model.state_dict().items()}
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
             target=_serve,
-            args=(child, model.config, model.kernels, cfg, self._shared, version, num_threads),
+            args=(child, model.config, model.kernels, cfg, self._shared, version, num_threads, cpus),
             daemon=True,
             name="rz-learner",
         )

@@ -40,3 +40,50 @@ def test_learner_process_matches_in_process_learner_bitwise():
     assert all(m["lag0_abs_dlogp_max"] == 0.0 for m in h_proc)
     for k, v in w_thread.items():
         assert torch.equal(v, w_proc[k]), k
+
+
+def test_pinned_learner_and_rollouts_run_on_their_cpus_and_the_pinning_is_undone():
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        import pytest
+
+        pytest.skip("needs 2 CPUs")
+    cfg = TrainConfig(
+        mode="async",
+        steps=2,
+        num_threads=1,
+        learner_process=True,
+        learner_cpus=cpus[-1:],
+        rollout_cpus=cpus[:-1],
+        rollout=RolloutConfig(
+            group_size=2, groups_per_batch=2, limits=EpisodeLimits(2, 6, 200), max_concurrent_episodes=8
+        ),
+        learner=LearnerConfig(optim=OptimConfig(lr=1e-2)),
+    )
+    run = EmbeddedRun(cfg)
+    try:
+        seen = {}
+
+        async def train_and_look():
+            task = asyncio.ensure_future(run.train())
+            await asyncio.sleep(0.5)
+            seen["rollout"] = os.sched_getaffinity(0)
+            result = await task
+            seen["learner"] = os.sched_getaffinity(run.learner._proc.pid)  # alive until close()
+            return result
+
+        s = asyncio.run(train_and_look())
+    finally:
+        run.close()
+    assert s["steps"] == 2
+    assert seen["rollout"] == set(cpus[:-1]) and seen["learner"] == set(cpus[-1:])
+    assert os.sched_getaffinity(0) == set(cpus)
+
+
+def test_pinning_without_a_learner_process_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="learner_process"):
+        TrainConfig(learner_cpus=[0]).validate()
