@@ -20,7 +20,8 @@ from rz_agents.eval.math_config import BENCHMARKS
 
 PRODUCTION_NOTE = (
     "Production settings (AIME): --k 16..64 --temperature 0.6 --top-p 0.95, --max-tokens large enough "
-    "for the model's reasoning (e.g. 32768 for Qwen3-4B with thinking). Report avg@k (the mean of "
+    "for the model's reasoning (e.g. 32768 for Qwen3-4B with thinking; the KV cache then needs "
+    "--kv-cache-gb or fewer --num-slots). Report avg@k (the mean of "
     "the 0/1 reward over the k samples of each problem, then over problems) with its k."
 )
 
@@ -39,6 +40,7 @@ _CONFIG_FLAGS = (
     "limit",
     "seed",
     "num_slots",
+    "kv_cache_gb",
     "num_threads",
     "kernels",
     "dtype",
@@ -77,12 +79,15 @@ def add_parser(subparsers: Any) -> None:
     m.add_argument("--temperature", type=float, help="sampling temperature (default 0.6; 0 = greedy)")
     m.add_argument("--top-p", type=float, help="nucleus sampling (default 0.95)")
     m.add_argument("--top-k", type=int, help="top-k sampling (default 0 = off)")
-    m.add_argument("--max-tokens", type=int, help="tokens per answer, per turn with the tool (default 32768)")
+    m.add_argument("--max-tokens", type=int, help="tokens per answer, per turn with the tool (default 4096)")
     m.add_argument("--max-turns", type=int, help="turns per tool episode (default 4)")
     m.add_argument("--max-context", type=int, help="token budget of a tool episode (default: derived)")
     m.add_argument("--limit", type=int, help="evaluate only the first N problems")
     m.add_argument("--seed", type=int, help="sampling seed (default 0)")
     m.add_argument("--num-slots", type=int, help="sequences generated at once (default 32)")
+    m.add_argument(
+        "--kv-cache-gb", type=float, help="KV-cache memory budget; sets the slots instead of --num-slots"
+    )
     m.add_argument("--num-threads", type=int, help="torch threads for the engine (default: torch's)")
     m.add_argument("--kernels", choices=("aligned", "standard"), help="op set (default aligned)")
     m.add_argument("--dtype", choices=("float32", "bfloat16"), help="model dtype (default: the checkpoint's)")

@@ -136,6 +136,7 @@ def _engine(config: MathEvalConfig, policy: CheckpointPolicy, max_len: int) -> R
         num_threads=config.num_threads,
         seed=config.seed,
         eos_token_ids=tuple(policy.template.stop_token_ids(policy.tokenizer)),
+        kv_cache_bytes=None if config.kv_cache_gb is None else int(config.kv_cache_gb * 2**30),
     )
     return RZEngine(policy.model, engine_config)
 

@@ -29,7 +29,8 @@ class MathEvalConfig:
     (one direct answer in ``\\boxed{}``). max_tokens: per answer (per turn with the tool).
     max_turns / max_context: tool episodes' turn limit and token budget (prompt + all turns; None
     derives it from the longest prompt). temperature 0 is greedy.
-    num_slots: sequences generated at once. kernels: "aligned" (bit-identical to the trainer) or
+    num_slots: sequences generated at once; kv_cache_gb instead derives it from a KV-cache memory
+    budget (each slot holds the longest prompt + max_tokens, or a whole tool episode). kernels: "aligned" (bit-identical to the trainer) or
     "standard". thinking: Qwen3's thinking mode (False puts an empty think block in the prompt).
     system_prompt / instruction: the prompt's system message (None: the template's default) and the
     line after the question (no tool). save_text: keep each sample's generated text in the results.
@@ -42,12 +43,13 @@ class MathEvalConfig:
     temperature: float = 0.6
     top_p: float = 0.95
     top_k: int = 0
-    max_tokens: int = 32768
+    max_tokens: int = 4096
     max_turns: int = 4
     max_context: int | None = None
     limit: int | None = None
     seed: int = 0
     num_slots: int = 32
+    kv_cache_gb: float | None = None
     num_threads: int | None = None
     kernels: Literal["aligned", "standard"] = "aligned"
     dtype: str | None = None
@@ -67,6 +69,8 @@ class MathEvalConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"eval.{name}: must be >= 1 or null, got {value}")
+        if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
+            raise ConfigError(f"eval.kv_cache_gb: must be > 0 or null, got {self.kv_cache_gb}")
         if self.temperature < 0:
             raise ConfigError(f"eval.temperature: must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

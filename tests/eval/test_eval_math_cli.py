@@ -57,7 +57,7 @@ def test_yaml_eval_section_sets_the_run_and_flags_override_it(tiny_checkpoint, t
     config = tmp_path / "eval.yaml"
     config.write_text(
         f"model: {{ignored: by eval}}\neval:\n  checkpoint: {tiny_checkpoint}\n  benchmark: gsm8k\n"
-        "  k: 3\n  limit: 2\n  temperature: 0.0\n  max_tokens: 64\n"
+        "  k: 3\n  limit: 2\n  temperature: 0.0\n  max_tokens: 64\n  kv_cache_gb: 0.0001\n"
     )
     assert (
         main(
@@ -68,6 +68,8 @@ def test_yaml_eval_section_sets_the_run_and_flags_override_it(tiny_checkpoint, t
     result = json.loads(capsys.readouterr().out)
     assert result["benchmark"] == "gsm8k" and result["k"] == 2 and result["num_problems"] == 2
     assert result["sampling"]["temperature"] == 0.0 and result["sampling"]["max_tokens"] == 8
+    # the KV budget (107,374 bytes) sets the slots: fewer than the default 32, within the budget
+    assert 1 <= result["engine"]["num_slots"] < 32 and result["engine"]["kv_bytes_total"] <= 0.0001 * 2**30
     # greedy: both samples of a problem are the same tokens, so the same answer and length
     for p in result["problems"]:
         assert len({(s["answer"], s["tokens"]) for s in p["samples"]}) == 1
