@@ -125,6 +125,10 @@ def _warm_start(run: EmbeddedRun, cfg: RunConfig, log) -> dict | None:
             log(f"  warm start step {step}/{total}  loss {loss:.3f}")
 
     result = supervised_warm_start(run.model, demos, ws, on_step=on_step)
+    if cfg.output_dir:
+        from rz_agents.model.checkpoint import save_hf_checkpoint
+
+        save_hf_checkpoint(run.model, Path(cfg.output_dir) / "warm_start_model")
     # The engine samples from its own copy of the weights: publish the warm-started ones (same version).
     run.engine.load_weights(run.learner.weights(), run.learner.version)
     return result

@@ -94,7 +94,7 @@ def supervised_warm_start(
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             step += 1
             if on_step:
                 on_step(step, total, losses[-1])
