@@ -19,8 +19,14 @@ from rz_agents.data import load_dataset
 from rz_agents.engine import Engine, EngineConfig, RZEngine, SamplingParams
 from rz_agents.eval.checkpoint_policy import CheckpointPolicy
 from rz_agents.eval.math_config import MathEvalConfig
-from rz_agents.eval.math_scoring import ProblemResult, SampleResult, score_completion, summarize
-from rz_agents.rewards import MathVerifier, default_verifier, extract_boxed
+from rz_agents.eval.math_scoring import (
+    ProblemResult,
+    SampleResult,
+    final_answer,
+    score_completion,
+    summarize,
+)
+from rz_agents.rewards import MathVerifier, default_verifier
 
 # Tokens allowed per tool result when the tool episode budget is derived (max_context: null).
 TOOL_RESULT_ALLOWANCE = 1024
@@ -315,7 +321,7 @@ def _tool_sample(traj, tokenizer, stops: Sequence[int], save_text: bool = False)
             ids = ids[:-1]
         else:
             finish = "length"  # the env ended a turn the token limit cut off: it never said it was done
-        answer = extract_boxed(decode_text(tokenizer, ids))
+        answer = final_answer(decode_text(tokenizer, ids))
     # the episode after the prompt, turn markers kept so tool calls and results stay readable
     text = decode_text(tokenizer, traj.tokens[traj.loss_mask.index(True) :], False) if save_text else None
     return SampleResult(

@@ -65,13 +65,19 @@ class ProblemResult:
         }
 
 
+def final_answer(text: str) -> str | None:
+    """The last ``\\boxed{}`` content; None when there is none or it is empty (an echo of the instruction)."""
+    answer = extract_boxed(text)
+    return answer if answer else None
+
+
 def score_completion(text: str, gold: str, verifier: MathVerifier | None = None) -> SampleResult:
     """Score one final answer text: the last ``\\boxed{}`` against ``gold`` with math equivalence.
 
-    No boxed answer is wrong (reward 0); ``1/2``, ``0.5`` and ``\\frac{1}{2}`` are the same answer.
+    No boxed answer (or an empty ``\\boxed{}``) is wrong (reward 0); ``1/2``, ``0.5`` and ``\\frac{1}{2}`` are the same answer.
     A verifier failure scores the sample wrong and records why instead of raising.
     """
-    answer = extract_boxed(text)
+    answer = final_answer(text)
     if answer is None:
         return SampleResult(answer=None, correct=False)
     try:

@@ -20,6 +20,11 @@ def test_no_boxed_answer_is_wrong_with_no_answer():
     assert not s.correct and s.answer is None
 
 
+def test_an_empty_box_echoing_the_instruction_is_no_answer():
+    s = score_completion("Put your final answer within \\boxed{}.", "42")
+    assert not s.correct and s.answer is None
+
+
 def test_the_last_of_several_boxed_answers_counts():
     text = "First guess \\boxed{3}. Wait, recheck: \\boxed{5}"
     assert score_completion(text, "5").correct
