@@ -124,3 +124,14 @@ def test_eval_osworld_runs_the_oracle_on_a_local_task(capsys):
     assert main(["eval", "osworld", "--tasks", str(task), "--policy", "oracle"]) == 0
     out = capsys.readouterr().out
     assert "rz-os-rename-file" in out and "success 1.000 over 1 tasks" in out
+
+
+def test_tool_mode_runs_episodes_with_the_real_engine_and_sandbox(tiny_checkpoint, capsys):
+    argv = ["eval", "--checkpoint", tiny_checkpoint, "--benchmark", "gsm8k", "--limit", "2", "--k", "1"]
+    assert main([*argv, "--tool", "--max-tokens", "8", "--num-threads", "1", "--quiet", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["tool"] is True and result["num_samples"] == 2 and result["num_failed"] == 0
+    # an untrained model writes no tool call: each episode ends after its first (cut-off) turn
+    assert all(
+        s["tool_turns"] == 0 and 1 <= s["tokens"] <= 8 for p in result["problems"] for s in p["samples"]
+    )
