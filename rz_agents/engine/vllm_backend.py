@@ -182,7 +182,7 @@ class VLLMEngine:
                 logprobs.append(float(o.logprobs[i][tok].logprob) if o.logprobs else float("nan"))
                 versions.append(self._version)
             if o.finish_reason is not None:
-                finish = "stop" if o.finish_reason == "stop" else "length"
+                finish = {"stop": "stop", "abort": "cancelled"}.get(o.finish_reason, "length")
         return tokens, logprobs, versions, finish
 
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
