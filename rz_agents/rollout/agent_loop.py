@@ -115,6 +115,10 @@ async def run_episode(
         turns += 1
         ended_with_stop = completion.tokens[-1] in stops
         text_ids = completion.tokens[:-1] if ended_with_stop else completion.tokens
+        # Ids past the tokenizer (padding rows of a larger embedding) carry no text: the env never sees them.
+        known = int(getattr(tokenizer, "vocab_size", 0) or 0)
+        if known:
+            text_ids = [t for t in text_ids if t < known]
         text = tokenizer.decode(text_ids, skip_special_tokens=True)
         try:
             obs, reward, terminated, truncated, step_info = await _call(executor, env.step, text)
