@@ -85,6 +85,7 @@ def build_summary(
     return {
         "reward_start": _mean(rewards[:w]),
         "reward_end": _mean(rewards[-w:]),
+        "reward_per_step": [round(r, 4) if isinstance(r, float) else r for r in rewards],
         "steps": len(history),
         "wall_s": wall_s,
         "rl_wall_s": run_summary.get("wall_s"),
@@ -108,23 +109,37 @@ def _warm_start(run: EmbeddedRun, cfg: RunConfig, log) -> dict | None:
     ws = cfg.warm_start
     if ws.demos <= 0:
         return None
-    demos = arithmetic_tool_demos(
-        run.tokenizer,
-        run.template,
-        ws.demos,
-        seed=ws.seed,
-        difficulty=ws.difficulty,
-        tool_fraction=ws.tool_fraction,
-    )
-    log(f"warm start: {len(demos)} demonstrations ({sum(d.uses_tool for d in demos)} use the tool)")
     last = [0.0]
 
-    def on_step(step: int, total: int, loss: float) -> None:
-        if step == total or time.perf_counter() - last[0] > 5:
-            last[0] = time.perf_counter()
-            log(f"  warm start step {step}/{total}  loss {loss:.3f}")
+    def progress(phase: str):
+        def on_step(step: int, total: int, loss: float) -> None:
+            if step == total or time.perf_counter() - last[0] > 10:
+                last[0] = time.perf_counter()
+                log(f"  warm start ({phase}) step {step}/{total}  loss {loss:.3f}")
 
-    result = supervised_warm_start(run.model, demos, ws, on_step=on_step)
+        return on_step
+
+    fmt = arithmetic_tool_demos(
+        run.tokenizer, run.template, ws.demos, seed=ws.seed, difficulty=ws.difficulty, tool_fraction=1.0
+    )
+    log(f"warm start, format phase: {len(fmt)} tool-use demonstrations x {ws.epochs} epochs")
+    result = {"format": supervised_warm_start(run.model, fmt, ws, on_step=progress("format"))}
+    if ws.prior_demos > 0:
+        prior = arithmetic_tool_demos(
+            run.tokenizer,
+            run.template,
+            ws.prior_demos,
+            seed=ws.seed + 1,
+            difficulty=ws.difficulty,
+            tool_fraction=ws.tool_fraction,
+        )
+        log(
+            f"warm start, prior phase: {len(prior)} demonstrations, "
+            f"{sum(d.uses_tool for d in prior)} use the tool (the rest guess)"
+        )
+        result["prior"] = supervised_warm_start(
+            run.model, prior, ws, on_step=progress("prior"), epochs=1, lr=ws.prior_lr, warmup_steps=0
+        )
     if cfg.output_dir:
         from rz_agents.model.checkpoint import save_hf_checkpoint
 

@@ -17,21 +17,32 @@ from rz_agents.warmstart.demos import Demonstration
 
 @dataclass
 class WarmStartConfig:
-    """Supervised warm start before RL. `demos: 0` disables it."""
+    """Supervised warm start before RL, in two phases. `demos: 0` disables it.
+
+    1. format: `demos` tool-use demonstrations for `epochs` epochs (the call format, copying the
+       expression into the call and the tool's output into the answer);
+    2. prior: `prior_demos` demonstrations of which only `tool_fraction` use the tool, the rest
+       answer at once with a guess, for one epoch: the policy ends up rarely calling its tool, as
+       base models often do. RL then has to learn when the tool pays.
+    """
 
     demos: int = 0
-    tool_fraction: float = 0.3
-    difficulty: int = 2
-    epochs: int = 2
+    prior_demos: int = 0
+    tool_fraction: float = 0.2
+    difficulty: int = 1
+    epochs: int = 3
     batch_size: int = 32
     lr: float = 3e-3
+    prior_lr: float = 1e-3
     weight_decay: float = 0.0
     warmup_steps: int = 20
     seed: int = 0
 
     def validate(self) -> None:
-        if self.demos < 0:
-            raise ValueError(f"warm_start.demos must be >= 0, got {self.demos}")
+        if self.demos < 0 or self.prior_demos < 0:
+            raise ValueError(
+                f"warm_start.demos and prior_demos must be >= 0, got {self.demos}, {self.prior_demos}"
+            )
         if not 0.0 <= self.tool_fraction <= 1.0:
             raise ValueError(f"warm_start.tool_fraction must be in [0, 1], got {self.tool_fraction}")
         if self.epochs < 1 or self.batch_size < 1:
@@ -64,26 +75,34 @@ def supervised_warm_start(
     demos: Sequence[Demonstration],
     cfg: WarmStartConfig,
     on_step: Callable[[int, int, float], None] | None = None,
+    *,
+    epochs: int | None = None,
+    lr: float | None = None,
+    warmup_steps: int | None = None,
 ) -> dict:
-    """Train `model` in place on `demos`; returns {"steps", "loss_start", "loss_end", "wall_s"}."""
+    """Train `model` in place on `demos` (cosine LR after a warmup); returns
+    {"steps", "loss_start", "loss_end", "wall_s"}. epochs / lr / warmup_steps override cfg's."""
     cfg.validate()
+    epochs = cfg.epochs if epochs is None else epochs
+    peak = cfg.lr if lr is None else lr
+    warmup = cfg.warmup_steps if warmup_steps is None else warmup_steps
     rng = random.Random(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(params, lr=peak, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     order = list(range(len(demos)))
-    total = cfg.epochs * math.ceil(len(demos) / cfg.batch_size)
+    total = epochs * math.ceil(len(demos) / cfg.batch_size)
 
     def lr_at(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return cfg.lr * (step + 1) / cfg.warmup_steps
-        progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
-        return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        if step < warmup:
+            return peak * (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     t0 = time.perf_counter()
     losses: list[float] = []
     step = 0
     model.train()
-    for _ in range(cfg.epochs):
+    for _ in range(epochs):
         rng.shuffle(order)
         for i in range(0, len(order), cfg.batch_size):
             batch = [demos[j] for j in order[i : i + cfg.batch_size]]
