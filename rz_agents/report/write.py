@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 PANELS: list[tuple[str, str, list[str]]] = [
-    ("reward", "Reward (mean over the step's episodes)", ["reward_mean", "reward_min", "reward_max"]),
+    ("reward", "Reward (mean over the step's episodes)", ["reward_mean"]),
     ("lag", "Policy lag of trained tokens (learner steps)", ["lag_min", "lag_mean", "lag_max"]),
     (
         "is_weight",
