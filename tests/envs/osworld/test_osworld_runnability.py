@@ -17,7 +17,18 @@ from rz_agents.envs.osworld.runnability import check_task, validate_dir
 from rz_agents.envs.osworld.setup_steps import cached_download_paths
 from rz_agents.envs.osworld.task import parse_task
 
-SHARED = Path("/work/shared/data/osworld/examples")
+# shared/ lies beside the repository checkout (CI clones elsewhere with a copy of shared/ beside it).
+SHARED = next(
+    (
+        p
+        for p in (
+            Path(__file__).resolve().parents[3].parent / "shared/data/osworld/examples",
+            Path("/work/shared/data/osworld/examples"),
+        )
+        if p.is_dir()
+    ),
+    Path("/work/shared/data/osworld/examples"),
+)
 RULE = {"type": "rule", "rules": {"expected": "1"}}
 
 

@@ -10,7 +10,18 @@ import pytest
 from rz_agents.envs.osworld import LOCAL_TASKS
 from rz_agents.envs.osworld.task import TaskFormatError, load_task, load_tasks, parse_task
 
-SHARED = Path("/work/shared/data/osworld/examples")
+# shared/ lies beside the repository checkout (CI clones elsewhere with a copy of shared/ beside it).
+SHARED = next(
+    (
+        p
+        for p in (
+            Path(__file__).resolve().parents[3].parent / "shared/data/osworld/examples",
+            Path("/work/shared/data/osworld/examples"),
+        )
+        if p.is_dir()
+    ),
+    Path("/work/shared/data/osworld/examples"),
+)
 
 
 def _task(**over):
