@@ -6,9 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-from rz_agents.config_io import ConfigError, from_dict
+from rz_agents.config_io import ConfigError, from_dict, read_yaml_mapping
 
 BENCHMARKS = ("aime24", "aime25", "aime26", "amc23", "math500", "gsm8k")
 
@@ -92,15 +90,7 @@ def load_eval_config(path: str | Path | None, overrides: dict[str, Any] | None =
     """
     data: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"{path}: no such config file")
-        try:
-            doc = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(doc, dict):
-            raise ConfigError(f"{path}: top level must be a mapping")
+        doc = read_yaml_mapping(path)
         if "eval" not in doc:
             raise ConfigError(f"{path}: no 'eval:' section (top-level keys: {', '.join(map(str, doc))})")
         data = doc["eval"] or {}
