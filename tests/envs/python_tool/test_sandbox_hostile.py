@@ -134,7 +134,10 @@ def test_signal_games_cannot_defeat_the_time_limit(sandbox):
     ):
         start = time.monotonic()
         r = sandbox.run(code)
-        assert r.timed_out and r.restarted, (code, r)
+        # Either limit may fire first on a loaded machine: the wall clock (the session is restarted) or the
+        # CPU-time limit (the call is stopped with an error, the session survives). Both contain the code.
+        assert r.timed_out, (code, r)
+        assert r.restarted or "CPU time limit" in (r.error or ""), (code, r)
         assert time.monotonic() - start < FAST.wall_s + FAST.grace_s + 2
         assert_healthy(sandbox)
     # a handler set by user code does not survive into the next call
