@@ -1,10 +1,12 @@
-"""SwiGLU gate: silu(gate) * up, elementwise (row-invariant)."""
+"""SwiGLU gate: silu(gate) * up (the silu on the vector path for every element; see elementwise.py)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from rz_kernels.elementwise import aligned_unary
+
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.silu(gate) * up
+    return aligned_unary(F.silu, gate) * up

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rz_kernels.elementwise import aligned_unary
+
 KEY_BLOCK = 64
 QUERY_TILE = 16
 
@@ -135,7 +137,7 @@ def blocked_attention(
         scores = torch.bmm(qb, kt.transpose(1, 2)).view(n, nb, tile, KEY_BLOCK) * scale
         scores = scores.masked_fill(b.hidden, float("-inf"))
         row_max = scores.detach().amax(dim=(1, 3), keepdim=True)
-        p = torch.exp(scores - row_max)
+        p = aligned_unary(torch.exp, scores - row_max)
         block_sums = p.sum(-1)  # [n, nb, tile], each a sum over one fixed-size block
         block_out = torch.bmm(p.view(n * nb, tile, KEY_BLOCK), vt).view(n, nb, tile, d)
         denom = block_sums[:, 0]

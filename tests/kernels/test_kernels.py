@@ -98,3 +98,31 @@ def test_sampling_logprobs_rows_independent_of_batch():
     ref = sampling_logprobs(logits[:1], 0.7, 50, 0.9)[0]
     for n in (2, 17, 70):
         assert torch.equal(sampling_logprobs(logits[:n], 0.7, 50, 0.9)[0], ref)
+
+
+def test_silu_mul_rows_independent_of_tensor_size_at_two_threads():
+    # Thread chunks of ceil(numel / threads) elements end in a scalar remainder loop whose libm
+    # result can differ from the vector (SLEEF) one: seen on MoE expert batches (2787 x 32).
+    import torch.nn.functional as F
+
+    from rz_kernels import silu_mul
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(5)
+        gate = torch.randn(2787, 32, generator=gen) * 3
+        up = torch.ones(2787, 32)
+        full = silu_mul(gate, up)
+        alone = torch.cat([silu_mul(gate[i : i + 1], up[i : i + 1]) for i in range(gate.shape[0])])
+        assert torch.equal(full, alone)
+        # Negative control: stock silu of a lone element (scalar path) differs from the vector path.
+        from rz_kernels.elementwise import aligned_unary
+
+        v = torch.randn(4096, generator=gen) * 3
+        vector = F.silu(v)
+        scalar = torch.cat([F.silu(v[i : i + 1]) for i in range(v.numel())])
+        assert not torch.equal(vector, scalar)
+        assert torch.equal(vector, torch.cat([aligned_unary(F.silu, v[i : i + 1]) for i in range(v.numel())]))
+    finally:
+        torch.set_num_threads(before)
