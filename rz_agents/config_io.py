@@ -35,14 +35,13 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _convert(value, arg, path)
-            except ConfigError as exc:
-                errors.append(str(exc))
+            except ConfigError:
+                continue
         raise ConfigError(f"{path}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
     if origin is typing.Literal:
         if value not in args:

@@ -132,7 +132,7 @@ class DecoderStack(nn.Module):
 class _Context:
     """Per-forward state shared by the layers: op set, positions, and where K/V live."""
 
-    def __init__(self, model: Transformer, positions, seq_ids, kv_cache: KVCache | None, dtype) -> None:
+    def __init__(self, model: Transformer, positions, seq_ids, kv_cache: KVCache | None) -> None:
         self.ops = model.ops
         self.rope = model.rope
         self.positions = positions
@@ -148,7 +148,6 @@ class _Context:
             uniq, self.buf_seq = torch.unique(seq_ids, return_inverse=True)
             span = -(-(int(positions.max()) + 1) // KEY_BLOCK) * KEY_BLOCK if positions.numel() else KEY_BLOCK
             self.buf_shape = (uniq.numel(), cfg.num_key_value_heads, span, cfg.head_dim)
-            self.dtype = dtype
         self.attention_plan = self.ops.plan_attention(
             self.buf_seq, positions, cfg.num_attention_heads, cfg.num_key_value_heads
         )
@@ -225,7 +224,7 @@ class Transformer(nn.Module):
             if tokens.numel() and int(positions[0]) != 0:
                 raise ValueError("without seq_ids the stream must start a sequence at position 0")
             seq_ids = torch.cumsum((positions == 0).long(), 0) - 1
-        ctx = _Context(self, positions, seq_ids, kv_cache, self.config.torch_dtype)
+        ctx = _Context(self, positions, seq_ids, kv_cache)
         x = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
             x = layer(x, ctx)

@@ -51,7 +51,7 @@ class WarmStartConfig:
             raise ValueError(f"warm_start.lr must be > 0, got {self.lr}")
 
 
-def _batch_loss(model: Transformer, batch: Sequence[Demonstration]) -> tuple[torch.Tensor, int]:
+def _batch_loss(model: Transformer, batch: Sequence[Demonstration]) -> torch.Tensor:
     lengths = [len(d.tokens) for d in batch]
     tokens = torch.tensor([t for d in batch for t in d.tokens], dtype=torch.long)
     positions = torch.cat([torch.arange(n) for n in lengths])
@@ -67,7 +67,7 @@ def _batch_loss(model: Transformer, batch: Sequence[Demonstration]) -> tuple[tor
         offset += n
     hidden = model(tokens, positions, seq_ids)
     logp = token_logprobs(model, hidden[torch.tensor(rows)], torch.tensor(targets))
-    return -logp.mean(), len(rows)
+    return -logp.mean()
 
 
 def supervised_warm_start(
@@ -108,7 +108,7 @@ def supervised_warm_start(
             batch = [demos[j] for j in order[i : i + cfg.batch_size]]
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
-            loss, _ = _batch_loss(model, batch)
+            loss = _batch_loss(model, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
