@@ -13,8 +13,11 @@ class RopeTable:
     """cos/sin tables [max_positions, head_dim] (rotate-half layout, as in HF Llama/Qwen3)."""
 
     def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        pos = torch.arange(max_positions, dtype=torch.float32)
+        # explicit device: tables stay real CPU tensors even when a model is built on the meta device
+        inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim)
+        )
+        pos = torch.arange(max_positions, dtype=torch.float32, device="cpu")
         freqs = torch.outer(pos, inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = emb.cos()

@@ -116,7 +116,13 @@ def load_hf_checkpoint(
 ) -> Transformer:
     """Build a Transformer from an HF checkpoint directory; every parameter must be present."""
     config = read_config(ckpt_dir, dtype)
-    model = Transformer(config, kernels=kernels)
+    # Build without initialising (every parameter is overwritten below): a random init of a multi-GB
+    # model would cost more than reading it.
+    with torch.device("meta"):
+        model = Transformer(config, kernels=kernels, init=False)
+    model.to_empty(device="cpu")
+    if config.tie_word_embeddings:  # to_empty gives each reference its own tensor: tie them again
+        model.lm_head.weight = model.model.embed_tokens.weight
     state = load_state(ckpt_dir)
     expected = set(model.state_dict())
     if config.tie_word_embeddings:

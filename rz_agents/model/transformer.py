@@ -169,7 +169,7 @@ class _Context:
 class Transformer(nn.Module):
     """Causal LM. `forward` returns final hidden states; `logits` applies the LM head in fp32."""
 
-    def __init__(self, config: ModelConfig, kernels: str = "aligned") -> None:
+    def __init__(self, config: ModelConfig, kernels: str = "aligned", init: bool = True) -> None:
         super().__init__()
         self.config = config
         self.kernels = kernels
@@ -179,7 +179,8 @@ class Transformer(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = RopeTable(config.head_dim, config.rope_theta, config.max_position_embeddings)
-        self.reset_parameters()
+        if init:  # init=False leaves parameters for the caller to fill (checkpoint loading)
+            self.reset_parameters()
         self.to(config.torch_dtype)
 
     def set_kernels(self, kernels: str) -> None:
