@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_model import bench_config as shared_bench_config  # bench/ is on sys.path as a script
 
 from rz_agents.engine import EngineConfig, RZEngine, SamplingParams
 from rz_agents.model import ModelConfig, Transformer
@@ -42,19 +43,7 @@ VLLM_PYTHON_DEFAULT = "/opt/vllm-venv/bin/python"
 
 
 def bench_config() -> ModelConfig:
-    return ModelConfig(
-        model_type="qwen3",
-        vocab_size=VOCAB,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=64,
-        max_position_embeddings=4096,
-        eos_token_id=VOCAB - 1,
-        dtype="float32",
-    )
+    return shared_bench_config(VOCAB, "float32", eos_token_id=VOCAB - 1)
 
 
 def make_prompts(n: int, length: int, seed: int) -> list[list[int]]:

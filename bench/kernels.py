@@ -14,24 +14,10 @@ import statistics
 import time
 
 import torch
+from bench_model import bench_config  # bench/ is on sys.path when run as a script
 
-from rz_agents.model import KVCache, ModelConfig, Transformer
+from rz_agents.model import KVCache, Transformer
 from rz_agents.model.logprobs import packed_token_logprobs, token_logprobs
-
-
-def bench_config(vocab: int, dtype: str) -> ModelConfig:
-    return ModelConfig(
-        model_type="qwen3",
-        vocab_size=vocab,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=64,
-        max_position_embeddings=4096,
-        dtype=dtype,
-    )
 
 
 def timeit(fn, repeats: int) -> float:
