@@ -46,6 +46,7 @@ _CONFIG_FLAGS = (
     "dtype",
     "thinking",
     "save_text",
+    "prompt_style",
 )
 
 
@@ -99,6 +100,12 @@ def add_parser(subparsers: Any) -> None:
     )
     m.add_argument(
         "--save-text", action="store_true", default=None, help="keep each sample's text in the results JSON"
+    )
+    m.add_argument(
+        "--prompt-style",
+        choices=("default", "compact"),
+        help="tool episodes' prompt: default (system prompt + tool schema + answer instruction) or "
+        "compact (the question alone; for policies trained on compact prompts, e.g. smollm2-gsm8k)",
     )
     m.add_argument("--rows", type=int, default=None, help="print at most N table rows")
 

@@ -16,7 +16,7 @@ import yaml
 
 from rz_agents.config_io import ConfigError, load_config, to_dict
 from rz_agents.runtime.embedded import EmbeddedRun, TrainConfig
-from rz_agents.warmstart import WarmStartConfig, arithmetic_tool_demos, supervised_warm_start
+from rz_agents.warmstart import DEMO_TASKS, WarmStartConfig, supervised_warm_start
 
 
 @dataclass
@@ -27,12 +27,22 @@ class RunConfig(TrainConfig):
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     report: bool = True
     summary_window: int = 5  # steps averaged for reward_start / reward_end
+    # Write the trained policy as an HF directory, run_dir/final_model (`rz eval --checkpoint` reads it).
+    export_final_model: bool = True
+    # `rz eval CONFIG`'s settings (rz_agents.eval.math_config.MathEvalConfig), kept in the same file;
+    # training does not read them.
+    eval: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         super().validate()
         self.warm_start.validate()
         if self.summary_window < 1:
             raise ValueError(f"summary_window must be >= 1, got {self.summary_window}")
+        if self.warm_start.demos > 0 and self.learner_process:
+            raise ValueError(
+                "warm_start with learner_process: true is not supported (the warm start trains this "
+                "process's model; the learner process holds its own copy)"
+            )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -119,31 +129,36 @@ def _warm_start(run: EmbeddedRun, cfg: RunConfig, log) -> dict | None:
 
         return on_step
 
-    fmt = arithmetic_tool_demos(
+    make_demos = DEMO_TASKS[ws.task]
+    fmt = make_demos(
         run.tokenizer, run.template, ws.demos, seed=ws.seed, difficulty=ws.difficulty, tool_fraction=1.0
     )
-    log(f"warm start, format phase: {len(fmt)} tool-use demonstrations x {ws.epochs} epochs")
-    result = {"format": supervised_warm_start(run.model, fmt, ws, on_step=progress("format"))}
-    if ws.prior_demos > 0:
-        prior = arithmetic_tool_demos(
-            run.tokenizer,
-            run.template,
-            ws.prior_demos,
-            seed=ws.seed + 1,
-            difficulty=ws.difficulty,
-            tool_fraction=ws.tool_fraction,
-        )
-        log(
-            f"warm start, prior phase: {len(prior)} demonstrations, "
-            f"{sum(d.uses_tool for d in prior)} use the tool (the rest guess)"
-        )
-        result["prior"] = supervised_warm_start(
-            run.model, prior, ws, on_step=progress("prior"), epochs=1, lr=ws.prior_lr, warmup_steps=0
-        )
+    # The SFT may run on the standard ops (faster); RL then samples and trains on the run's kernels.
+    kernels = run.model.kernels
+    run.model.set_kernels(ws.kernels or kernels)
+    try:
+        log(f"warm start, format phase: {len(fmt)} tool-use demonstrations ({ws.task}) x {ws.epochs} epochs")
+        result = {"format": supervised_warm_start(run.model, fmt, ws, on_step=progress("format"))}
+        if ws.prior_demos > 0:
+            prior = make_demos(
+                run.tokenizer,
+                run.template,
+                ws.prior_demos,
+                seed=ws.seed + 1,
+                difficulty=ws.difficulty,
+                tool_fraction=ws.tool_fraction,
+            )
+            log(
+                f"warm start, prior phase: {len(prior)} demonstrations, "
+                f"{sum(d.uses_tool for d in prior)} use the tool (the rest guess)"
+            )
+            result["prior"] = supervised_warm_start(
+                run.model, prior, ws, on_step=progress("prior"), epochs=1, lr=ws.prior_lr, warmup_steps=0
+            )
+    finally:
+        run.model.set_kernels(kernels)
     if cfg.output_dir:
-        from rz_agents.model.checkpoint import save_hf_checkpoint
-
-        save_hf_checkpoint(run.model, Path(cfg.output_dir) / "warm_start_model")
+        run.export_model(Path(cfg.output_dir) / "warm_start_model")
     # The engine samples from its own copy of the weights: publish the warm-started ones (same version).
     run.engine.load_weights(run.learner.weights(), run.learner.version)
     return result
@@ -172,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         warm = _warm_start(runner, cfg, log)
         summary = _train_with_progress(runner, cfg, console, args.no_progress, log)
+        if cfg.export_final_model:
+            runner.export_model(run_dir / "final_model")
     finally:
         runner.close()
     wall = time.perf_counter() - t0

@@ -86,18 +86,29 @@ def _normalize(records: list[Any], source: str, prefix: str, fields: dict[str, s
     return out
 
 
+# The generated evaluation set: training draws word problems from per-episode seeds (another stream).
+WORD_PROBLEMS_HELDOUT = 200
+WORD_PROBLEMS_SEED = 7919
+
+
 def load_dataset(
     name_or_path: str | Path, field_map: dict[str, str] | None = None, limit: int | None = None
 ) -> list[dict[str, str]]:
     """Load a dataset as a list of ``{"id", "question", "answer"}`` dicts.
 
     ``name_or_path``: a packaged name (``aime24``, ``aime25``, ``aime26``, ``amc23``, ``math500``,
-    ``gsm8k``, ``math_numeric_3k``) or a ``.jsonl`` / ``.json`` / ``.parquet`` file (parquet needs
+    ``gsm8k``, ``math_numeric_3k``), ``word_problems`` (the held-out set of the GSM8K-style template
+    generator: ``WORD_PROBLEMS_HELDOUT`` problems of seed ``WORD_PROBLEMS_SEED``) or a ``.jsonl`` / ``.json`` / ``.parquet`` file (parquet needs
     pyarrow). ``field_map`` maps our keys to the file's field names, e.g.
     ``{"question": "prompt", "answer": "target"}``; records without an id get ``<name>-<index>``.
     """
     key = str(name_or_path)
     key = ALIASES.get(key, key)
+    if key == "word_problems":
+        from rz_agents.data.word_problems import generate_word_problems
+
+        tasks = generate_word_problems(WORD_PROBLEMS_HELDOUT, seed=WORD_PROBLEMS_SEED)
+        return tasks[:limit] if limit is not None else tasks
     if key in DATASETS:
         spec = DATASETS[key]
         fields = {"id": "id", "question": spec.question, "answer": spec.answer, **(field_map or {})}

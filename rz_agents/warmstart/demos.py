@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rz_agents.data import arithmetic_task
+from rz_agents.data.word_problems import word_problem
 
 
 @dataclass
@@ -69,10 +70,45 @@ def arithmetic_tool_demos(
     tool_fraction: float = 0.3,
 ) -> list[Demonstration]:
     """`n` demonstrations on generated arithmetic (see module docstring)."""
+    return tool_demos(
+        tokenizer, template, n, arithmetic_task, seed=seed, difficulty=difficulty, tool_fraction=tool_fraction
+    )
+
+
+def word_problem_tool_demos(
+    tokenizer: Any,
+    template: Any,
+    n: int,
+    *,
+    seed: int = 0,
+    difficulty: int = 1,
+    tool_fraction: float = 1.0,
+) -> list[Demonstration]:
+    """`n` demonstrations on generated GSM8K-style word problems: the call holds the problem's
+    expression (the translation of the story into code), then the tool's output is boxed."""
+    return tool_demos(
+        tokenizer, template, n, word_problem, seed=seed, difficulty=difficulty, tool_fraction=tool_fraction
+    )
+
+
+DEMO_TASKS = {"arithmetic": arithmetic_tool_demos, "word_problems": word_problem_tool_demos}
+
+
+def tool_demos(
+    tokenizer: Any,
+    template: Any,
+    n: int,
+    make_task: Any,
+    *,
+    seed: int = 0,
+    difficulty: int = 2,
+    tool_fraction: float = 0.3,
+) -> list[Demonstration]:
+    """`n` demonstrations on tasks ``make_task(rng, difficulty, index=, seed=)`` with an ``expression``."""
     rng = random.Random(f"rz-demos:{seed}")
     demos = []
     for i in range(n):
-        task = arithmetic_task(rng, difficulty, index=i, seed=seed)
+        task = make_task(rng, difficulty, index=i, seed=seed)
         prompt = [{"role": "user", "content": task["question"]}]
         if rng.random() < tool_fraction:
             turns = [

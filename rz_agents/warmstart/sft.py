@@ -28,6 +28,7 @@ class WarmStartConfig:
 
     demos: int = 0
     prior_demos: int = 0
+    task: str = "arithmetic"  # demonstrations' tasks: "arithmetic" ("Compute 37*48+12.") or "word_problems"
     tool_fraction: float = 0.2
     difficulty: int = 1
     epochs: int = 3
@@ -37,6 +38,8 @@ class WarmStartConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 20
     seed: int = 0
+    # op set of the SFT: null keeps the run's kernels; "standard" is faster (RL still uses the run's)
+    kernels: str | None = None
 
     def validate(self) -> None:
         if self.demos < 0 or self.prior_demos < 0:
@@ -47,6 +50,12 @@ class WarmStartConfig:
             raise ValueError(f"warm_start.tool_fraction must be in [0, 1], got {self.tool_fraction}")
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError("warm_start.epochs and warm_start.batch_size must be >= 1")
+        if self.task not in ("arithmetic", "word_problems"):
+            raise ValueError(f"warm_start.task must be 'arithmetic' or 'word_problems', got {self.task!r}")
+        if self.kernels not in (None, "aligned", "standard"):
+            raise ValueError(
+                f"warm_start.kernels must be null, 'aligned' or 'standard', got {self.kernels!r}"
+            )
         if self.lr <= 0:
             raise ValueError(f"warm_start.lr must be > 0, got {self.lr}")
 

@@ -144,3 +144,16 @@ def test_no_thinking_puts_an_empty_think_block_in_the_prompt(tmp_path, policy, t
     result = run_math_eval(config, policy, engine=engine)
     assert result["avg_at_k"] == 1.0
     assert engine.prompts[0].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_compact_prompt_is_the_question_alone_and_the_tool_still_runs(tmp_path, policy):
+    bench = _dataset(tmp_path, [{"id": "t", "question": "Compute two to the tenth plus seven.", "answer": "1031"}])
+    engine = ScriptedEngine(policy.tokenizer, {"two to the tenth": _tool_then_answer})
+    config = MathEvalConfig(benchmark=bench, k=1, tool=True, max_tokens=64, max_turns=3, prompt_style="compact")
+    result = run_math_eval(config, policy, engine=engine)
+    assert result["avg_at_k"] == 1.0 and result["problems"][0]["samples"][0]["tool_turns"] == 1
+    first = engine.prompts[0]
+    assert first.startswith("<|im_start|>user\nCompute two to the tenth plus seven.<|im_end|>")
+    assert all("<tools>" not in p for p in engine.prompts)  # no tool schema in any turn's prompt
+    with pytest.raises(Exception, match="prompt_style"):
+        MathEvalConfig(benchmark=bench, prompt_style="terse").validate()

@@ -1,10 +1,18 @@
 """Warm-start demonstrations are tokenized exactly as the rollout renders episodes, and SFT learns them."""
 
+import json
+import re
+
 import torch
 
 from rz_agents.model import ModelConfig, Transformer
 from rz_agents.rollout.byte_chat import ByteChatTemplate, ByteTokenizer
-from rz_agents.warmstart import WarmStartConfig, arithmetic_tool_demos, supervised_warm_start
+from rz_agents.warmstart import (
+    WarmStartConfig,
+    arithmetic_tool_demos,
+    supervised_warm_start,
+    word_problem_tool_demos,
+)
 from rz_agents.warmstart.demos import tool_call_text
 
 
@@ -39,3 +47,21 @@ def test_supervised_warm_start_lowers_the_loss():
     )
     assert result["steps"] == 12
     assert result["loss_end"] < 0.75 * result["loss_start"]  # from ln(320) = 5.77
+
+
+
+def test_word_problem_demos_call_the_tool_with_the_story_translated_into_code():
+    tok, tpl = ByteTokenizer(), ByteChatTemplate()
+    demos = word_problem_tool_demos(tok, tpl, 12, seed=5, difficulty=1)
+    assert all(d.uses_tool for d in demos)
+    for d in demos:
+        text = tok.decode(d.tokens)
+        question = text.split("user\n")[1].split("<|im_end|>")[0]
+        code = json.loads(text.split("<tool_call>")[1].split("</tool_call>")[0])["arguments"]["code"]
+        assert not question.startswith("Compute") and question.endswith("?")
+        assert all(n in question for n in re.findall(r"\d+", code)), (code, question)
+        answer = str(eval(code))  # noqa: S307 - our own generated digits and operators
+        assert text.endswith(f"\\boxed{{{answer}}}<|im_end|>"), text
+        # the tool's output (the answer) is an observation, not a trained token
+        prompt = tpl.encode_prompt(tok, [{"role": "user", "content": question}])
+        assert not any(d.loss_mask[: len(prompt)]) and all(d.loss_mask[len(prompt) : len(prompt) + 5])
