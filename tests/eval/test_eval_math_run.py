@@ -147,9 +147,13 @@ def test_no_thinking_puts_an_empty_think_block_in_the_prompt(tmp_path, policy, t
 
 
 def test_compact_prompt_is_the_question_alone_and_the_tool_still_runs(tmp_path, policy):
-    bench = _dataset(tmp_path, [{"id": "t", "question": "Compute two to the tenth plus seven.", "answer": "1031"}])
+    bench = _dataset(
+        tmp_path, [{"id": "t", "question": "Compute two to the tenth plus seven.", "answer": "1031"}]
+    )
     engine = ScriptedEngine(policy.tokenizer, {"two to the tenth": _tool_then_answer})
-    config = MathEvalConfig(benchmark=bench, k=1, tool=True, max_tokens=64, max_turns=3, prompt_style="compact")
+    config = MathEvalConfig(
+        benchmark=bench, k=1, tool=True, max_tokens=64, max_turns=3, prompt_style="compact"
+    )
     result = run_math_eval(config, policy, engine=engine)
     assert result["avg_at_k"] == 1.0 and result["problems"][0]["samples"][0]["tool_turns"] == 1
     first = engine.prompts[0]

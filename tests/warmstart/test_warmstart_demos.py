@@ -49,7 +49,6 @@ def test_supervised_warm_start_lowers_the_loss():
     assert result["loss_end"] < 0.75 * result["loss_start"]  # from ln(320) = 5.77
 
 
-
 def test_word_problem_demos_call_the_tool_with_the_story_translated_into_code():
     tok, tpl = ByteTokenizer(), ByteChatTemplate()
     demos = word_problem_tool_demos(tok, tpl, 12, seed=5, difficulty=1)

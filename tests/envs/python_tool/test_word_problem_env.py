@@ -66,6 +66,8 @@ def test_default_prompt_style_advertises_the_tool(verifier):
     env = WordProblemToolEnv(prompt_style="default", system_prompt="Solve it.", verifier=verifier)
     try:
         obs, info = env.reset(seed=0)
-        assert [m["role"] for m in obs] == ["system", "user"] and info["tools"][0]["function"]["name"] == "python"
+        assert [m["role"] for m in obs] == ["system", "user"] and info["tools"][0]["function"][
+            "name"
+        ] == "python"
     finally:
         env.close()
