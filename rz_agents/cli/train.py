@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from rz_agents.config_io import ConfigError, load_config, to_dict
@@ -134,8 +135,9 @@ def _warm_start(run: EmbeddedRun, cfg: RunConfig, log) -> dict | None:
         run.tokenizer, run.template, ws.demos, seed=ws.seed, difficulty=ws.difficulty, tool_fraction=1.0
     )
     # The SFT may run on the standard ops (faster); RL then samples and trains on the run's kernels.
-    kernels = run.model.kernels
+    kernels, threads = run.model.kernels, torch.get_num_threads()
     run.model.set_kernels(ws.kernels or kernels)
+    torch.set_num_threads(ws.num_threads or threads)
     try:
         log(f"warm start, format phase: {len(fmt)} tool-use demonstrations ({ws.task}) x {ws.epochs} epochs")
         result = {"format": supervised_warm_start(run.model, fmt, ws, on_step=progress("format"))}
@@ -157,6 +159,7 @@ def _warm_start(run: EmbeddedRun, cfg: RunConfig, log) -> dict | None:
             )
     finally:
         run.model.set_kernels(kernels)
+        torch.set_num_threads(threads)
     if cfg.output_dir:
         run.export_model(Path(cfg.output_dir) / "warm_start_model")
     # The engine samples from its own copy of the weights: publish the warm-started ones (same version).
@@ -183,7 +186,11 @@ def run(args: argparse.Namespace) -> int:
     log = console.log if not args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     log(f"run directory: {run_dir}")
-    runner = EmbeddedRun(cfg)
+    try:
+        runner = EmbeddedRun(cfg)
+    except (FileNotFoundError, ValueError) as exc:  # a missing checkpoint or tokenizer, a vocabulary mismatch
+        print(f"rz train: cannot build the run: {exc}", file=sys.stderr)
+        return 2
     try:
         warm = _warm_start(runner, cfg, log)
         summary = _train_with_progress(runner, cfg, console, args.no_progress, log)

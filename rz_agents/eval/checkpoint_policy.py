@@ -34,14 +34,15 @@ def template_for(tokenizer: Tokenizer) -> ChatTemplate:
 def load_checkpoint_policy(
     checkpoint: str | Path, kernels: str = "aligned", dtype: str | None = None
 ) -> CheckpointPolicy:
-    """Model from ``checkpoint`` (HF layout); tokenizer from its tokenizer.json, else the Qwen3 tokenizer.
+    """Model from ``checkpoint`` (HF layout, or a packaged model's name); tokenizer from its tokenizer.json, else the Qwen3 tokenizer.
 
     Raises FileNotFoundError for a missing directory and ValueError when the tokenizer's ids do not
     fit the model's vocabulary.
     """
     from rz_agents.model.checkpoint import load_hf_checkpoint
+    from rz_agents.model.packaged import PACKAGED_MODELS, resolve_checkpoint
 
-    path = Path(checkpoint)
+    path = resolve_checkpoint(checkpoint) if str(checkpoint) in PACKAGED_MODELS else Path(checkpoint)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint {checkpoint}: no such directory")
     if not (path / "config.json").is_file():

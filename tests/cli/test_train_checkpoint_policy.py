@@ -12,7 +12,8 @@ from rz_agents.config_io import ConfigError, load_config
 from rz_agents.model import ModelConfig, Transformer
 from rz_agents.model.checkpoint import save_hf_checkpoint
 from rz_agents.model.gguf import smollm2_checkpoint_dir
-from rz_agents.runtime.embedded import TrainConfig, build_tokenizer, resolve_checkpoint
+from rz_agents.model.packaged import resolve_checkpoint
+from rz_agents.runtime.embedded import TrainConfig, build_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +96,11 @@ def test_config_errors_name_the_field(tmp_path, tiny_smollm2):
     bad.write_text("learner_process: true\nwarm_start: {demos: 4}\n")
     with pytest.raises(ConfigError, match="warm_start with learner_process"):
         load_config(RunConfig, bad)
+
+
+def test_missing_checkpoint_is_one_error_line_and_exit_2(tmp_path, capsys):
+    config = _config(tmp_path, tmp_path / "no-such-model")
+    assert main(["train", config, "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "rz train: cannot build the run: checkpoint" in err and "no-such-model" in err
+    assert "Traceback" not in err
