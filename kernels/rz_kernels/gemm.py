@@ -25,27 +25,57 @@ def _pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(padded - m, x.shape[1])])
 
 
-def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ weight.T (+ bias)` computed in fixed-size row tiles (batch-invariant)."""
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
+def _tiled_matmul(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """[m, k] @ weight.T in fixed [tile, k] x [k, n] GEMMs (the batch-invariant forward)."""
     m, k = x2.shape
     n = weight.shape[0]
     if m == 0:
-        out = x2.new_zeros(0, n)
+        return x2.new_zeros(0, n)
+    tile = TILE_ROWS.get(x2.dtype, 64)
+    xp = _pad_rows(x2, tile)
+    wt = weight.t()
+    if x2.dtype == torch.float32:
+        # the weight is broadcast over the tiles (a stride-0 view, no copy)
+        out = torch.bmm(xp.view(-1, tile, k), wt.unsqueeze(0).expand(xp.shape[0] // tile, k, n))
+        out = out.reshape(-1, n)
     else:
-        tile = TILE_ROWS.get(x2.dtype, 64)
-        xp = _pad_rows(x2, tile)
-        wt = weight.t()
-        if x2.dtype == torch.float32:
-            out = torch.bmm(xp.view(-1, tile, k), wt.unsqueeze(0).expand(xp.shape[0] // tile, k, n))
-            out = out.reshape(-1, n)
-        else:
-            out = torch.cat([torch.mm(xp[i : i + tile], wt) for i in range(0, xp.shape[0], tile)])
-        out = out[:m]
+        out = torch.cat([torch.mm(xp[i : i + tile], wt) for i in range(0, xp.shape[0], tile)])
+    return out[:m]
+
+
+class _TiledLinear(torch.autograd.Function):
+    """Forward in fixed tiles; backward as two plain GEMMs.
+
+    Autograd through the broadcast bmm would build the weight gradient as one [k, n] matrix per
+    tile and then sum them: for a 151,936-wide LM head and a 4,096-token micro-batch that is tens
+    of GB and most of the backward's time. Gradients are not part of the bit-identity contract
+    (only the forward log-probs are), so the backward uses `grad_out @ W` and `grad_out.T @ x`.
+    """
+
+    @staticmethod
+    def forward(ctx, x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x2, weight)
+        return _tiled_matmul(x2, weight)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        x2, weight = ctx.saved_tensors
+        grad_x = grad_out.mm(weight) if ctx.needs_input_grad[0] else None
+        grad_w = grad_out.t().mm(x2) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w
+
+
+def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T (+ bias)` computed in fixed-size row tiles (batch-invariant forward)."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if torch.is_grad_enabled() and (x2.requires_grad or weight.requires_grad):
+        out = _TiledLinear.apply(x2, weight)
+    else:
+        out = _tiled_matmul(x2, weight)
     if bias is not None:
         out = out + bias
-    return out.reshape(*lead, n)
+    return out.reshape(*lead, weight.shape[0])
 
 
 def standard_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -66,9 +66,15 @@ def add_parser(subparsers: Any) -> None:
         "or the word 'osworld' for the OSWorld evaluation",
     )
     m = parser.add_argument_group("math benchmarks")
-    m.add_argument("--checkpoint", help="HF checkpoint directory (tokenizer.json there, else Qwen3's)")
     m.add_argument(
-        "--benchmark", help=f"{' | '.join(BENCHMARKS)}, or a JSONL/JSON file of question/answer records"
+        "--checkpoint",
+        help="HF checkpoint directory (tokenizer.json there, else Qwen3's), or a packaged model's name "
+        "(smollm2-135m-instruct)",
+    )
+    m.add_argument(
+        "--benchmark",
+        help=f"{' | '.join(BENCHMARKS)} (word_problems: 200 generated GSM8K-style problems held out from "
+        "training), or a JSONL/JSON file of question/answer records",
     )
     m.add_argument("--k", type=int, help="samples per problem (default 16; production AIME: 16..64)")
     m.add_argument(

@@ -27,6 +27,7 @@ from rz_agents.model.packaged import resolve_checkpoint
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig, RolloutController
 from rz_agents.rollout.task_source import TaskSource
+from rz_agents.runtime.memory import limit_heap_growth, rss_bytes, trim_heap
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trainer.metrics_log import MetricsWriter
@@ -197,6 +198,7 @@ class EmbeddedRun:
     def __init__(self, cfg: TrainConfig) -> None:
         cfg.validate()
         self.cfg = cfg
+        limit_heap_growth()  # the resident set would otherwise creep up step after step
         _set_threads(cfg.num_threads)
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         vocab = max(int(self.tokenizer.vocab_size), 320) if cfg.tokenizer == "byte" else len(self.tokenizer)
@@ -288,6 +290,7 @@ class EmbeddedRun:
                 batch = await self.controller.next_batch(self.learner.version)
                 t_wait = time.perf_counter() - t0
                 metrics = await asyncio.to_thread(self._learner_step, batch)
+                trim_heap()
                 t1 = time.perf_counter()
                 if not metrics.get("step_skipped_nonfinite") and not metrics.get("step_skipped_empty"):
                     self.controller.publish(self.learner.weights(), self.learner.version)
@@ -301,6 +304,7 @@ class EmbeddedRun:
                     **{f"rollout_{k}": v for k, v in self.controller.counters.items()},
                     queue_groups=len(self.controller.queue),
                     engine_generated_tokens=self.engine.counters["generated_tokens"],
+                    rss_gb=rss_bytes() / 2**30,
                     trained_tokens_per_s=metrics.get("learner_tokens", 0)
                     / max(time.perf_counter() - t0, 1e-9),
                 )

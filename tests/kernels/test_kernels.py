@@ -126,3 +126,26 @@ def test_silu_mul_rows_independent_of_tensor_size_at_two_threads():
         assert torch.equal(vector, torch.cat([aligned_unary(F.silu, v[i : i + 1]) for i in range(v.numel())]))
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_linear_forward_is_the_same_with_grad_and_its_gradients_match_f_linear(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(150, 48, dtype=dtype)
+    w = torch.randn(40, 48, dtype=dtype)
+    with torch.no_grad():
+        ref = tiled_linear(x, w)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    out = tiled_linear(xg, wg)
+    assert torch.equal(out.detach(), ref)  # the autograd path computes the same (aligned) forward
+    g = torch.randn_like(out)
+    out.backward(g)
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    F.linear(xs, ws).backward(g)
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(xg.grad, xs.grad, rtol=tol, atol=tol)
+    torch.testing.assert_close(wg.grad, ws.grad, rtol=tol, atol=tol * 10)
+    # only the weight needs a gradient (the embedding/LM head case), and 3-D inputs keep their shape
+    w2 = w.clone().requires_grad_()
+    tiled_linear(x.view(3, 50, 48), w2).sum().backward()
+    torch.testing.assert_close(w2.grad, torch.ones(150, 40, dtype=dtype).t().mm(x), rtol=tol, atol=tol * 10)
