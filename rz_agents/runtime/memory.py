@@ -33,7 +33,7 @@ def _libc():
     return libc
 
 
-def limit_heap_growth(mmap_threshold: int = 1 << 20, arena_max: int = 4) -> bool:
+def limit_heap_growth(mmap_threshold: int = 16 << 20, arena_max: int = 4) -> bool:
     """Allocations >= ``mmap_threshold`` bytes go to mmap (returned at free); at most ``arena_max``
     malloc arenas. Returns False where it cannot be applied."""
     libc = _libc()
