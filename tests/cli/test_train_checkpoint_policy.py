@@ -104,3 +104,11 @@ def test_missing_checkpoint_is_one_error_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "rz train: cannot build the run: checkpoint" in err and "no-such-model" in err
     assert "Traceback" not in err
+
+
+def test_eval_loads_a_packaged_model_by_name():
+    from rz_agents.eval.checkpoint_policy import load_checkpoint_policy
+
+    policy = load_checkpoint_policy("smollm2-135m-instruct")
+    assert policy.model.config.vocab_size == 49152 and policy.name == smollm2_checkpoint_dir().name
+    assert "SmolLM" in policy.tokenizer.decode(policy.template.encode_prompt(policy.tokenizer, []))
