@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from rz_agents.envs.base import Message
 from rz_agents.envs.python_tool import PythonToolEnv
 
 
@@ -23,9 +20,5 @@ class ArithmeticToolEnv(PythonToolEnv):
     def __init__(self, difficulty: int = 2, max_turns: int = 3, **kwargs: Any) -> None:
         kwargs.setdefault("prompt_style", "compact")
         kwargs.setdefault("system_prompt", None)
+        kwargs.setdefault("advertise_tools", False)  # the policy knows its one tool from the warm start
         super().__init__(max_turns=max_turns, difficulty=difficulty, **kwargs)
-
-    def _reset(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[list[Message], dict]:
-        messages, info = super()._reset(task, rng)
-        info["tools"] = []  # the policy knows its one tool from the warm start
-        return messages, info

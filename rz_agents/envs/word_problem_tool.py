@@ -10,32 +10,19 @@ start, which keeps a small model's episodes short.
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
-import numpy as np
-
 from rz_agents.data.word_problems import word_problem
-from rz_agents.envs.base import Message
 from rz_agents.envs.python_tool import PythonToolEnv
 
 
 class WordProblemToolEnv(PythonToolEnv):
     """PythonToolEnv on generated word problems, compact prompt, tools known from training."""
 
+    generate_task = staticmethod(word_problem)
+
     def __init__(self, difficulty: int = 2, max_turns: int = 3, **kwargs: Any) -> None:
         kwargs.setdefault("prompt_style", "compact")
         kwargs.setdefault("system_prompt", None)
+        kwargs.setdefault("advertise_tools", kwargs["prompt_style"] != "compact")
         super().__init__(max_turns=max_turns, difficulty=difficulty, **kwargs)
-
-    def _draw_task(self, rng: np.random.Generator) -> dict[str, Any]:
-        if self.tasks is not None:
-            return super()._draw_task(rng)
-        seed = int(rng.integers(2**31))
-        return word_problem(random.Random(seed), self.difficulty, index=0, seed=seed)
-
-    def _reset(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[list[Message], dict]:
-        messages, info = super()._reset(task, rng)
-        if self.prompt_style == "compact":
-            info["tools"] = []  # the policy knows its one tool from the warm start
-        return messages, info

@@ -5,12 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rz_agents.model.chat_template import (
-    QWEN3_CHAT_TEMPLATE,
-    SMOLLM2_CHAT_TEMPLATE,
-    SMOLLM2_DEFAULT_SYSTEM_PROMPT,
-    ChatTemplate,
-)
+from rz_agents.model.chat_template import ChatTemplate, template_for
 from rz_agents.model.tokenizer import Tokenizer, qwen3_tokenizer
 from rz_agents.model.transformer import Transformer
 
@@ -23,12 +18,6 @@ class CheckpointPolicy:
     tokenizer: Tokenizer
     template: ChatTemplate
     name: str
-
-
-def template_for(tokenizer: Tokenizer) -> ChatTemplate:
-    """SmolLM2's template (its default system prompt) when the tokenizer's jinja names it, else Qwen3's."""
-    jinja = tokenizer.chat_template or ""
-    return SMOLLM2_CHAT_TEMPLATE if SMOLLM2_DEFAULT_SYSTEM_PROMPT in jinja else QWEN3_CHAT_TEMPLATE
 
 
 def load_checkpoint_policy(

@@ -242,8 +242,8 @@ async def _run_with_tool(
     verifier: MathVerifier,
     engine: Engine | None,
 ) -> tuple[list[ProblemResult], Engine]:
-    from rz_agents.envs.python_tool import PYTHON_TOOL, PythonToolEnv
-    from rz_agents.envs.python_tool.env import ANSWER_INSTRUCTION, DEFAULT_SYSTEM_PROMPT
+    from rz_agents.envs.python_tool import PythonToolEnv
+    from rz_agents.envs.python_tool.env import DEFAULT_SYSTEM_PROMPT
     from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, run_episode
 
     tok = policy.tokenizer
@@ -251,34 +251,27 @@ async def _run_with_tool(
     compact = config.prompt_style == "compact"
     system_prompt = config.system_prompt or (None if compact else DEFAULT_SYSTEM_PROMPT)
 
-    def make_env() -> PythonToolEnv:
-        if compact:
-            from rz_agents.envs.word_problem_tool import WordProblemToolEnv
-
-            # the question alone, no tool schema: what WordProblemToolEnv-trained policies saw
-            return WordProblemToolEnv(
-                max_turns=config.max_turns, system_prompt=system_prompt, verifier=verifier
-            )
-        return PythonToolEnv(max_turns=config.max_turns, system_prompt=system_prompt, verifier=verifier)
-
-    def prompt_messages(question: str) -> list[dict[str, str]]:
-        if compact:  # PythonToolEnv's compact prompt has no system message
-            return [{"role": "user", "content": question}]
-        messages = [{"role": "user", "content": f"{question}\n\n{ANSWER_INSTRUCTION}"}]
-        if system_prompt:
-            messages.insert(0, {"role": "system", "content": system_prompt})
-        return messages
-
-    # the longest prompt, rendered as the env writes it (without starting a sandbox per task),
-    # sets the episode budget when max_context is not given
-    longest = max(
-        len(
-            template.encode_prompt(
-                tok, prompt_messages(t["question"]), tools=None if compact else [PYTHON_TOOL]
-            )
+    def make_env(prewarm: bool = True) -> PythonToolEnv:
+        # compact: the question alone and no tool schema, as compact-trained policies saw it
+        return PythonToolEnv(
+            max_turns=config.max_turns,
+            system_prompt=system_prompt,
+            verifier=verifier,
+            prompt_style=config.prompt_style,
+            advertise_tools=not compact,
+            prewarm=prewarm,
         )
-        for t in tasks
-    )
+
+    # the longest prompt, rendered by the env itself (no sandbox starts), sets the episode budget when
+    # max_context is not given
+    prompt_env = make_env(prewarm=False)
+    try:
+        longest = 0
+        for t in tasks:
+            messages, info = prompt_env.reset(options={"task": t})
+            longest = max(longest, len(template.encode_prompt(tok, messages, tools=info["tools"] or None)))
+    finally:
+        prompt_env.close()
     budget = config.max_context or (
         longest + PROMPT_MARGIN + config.max_tokens + (config.max_turns - 1) * TOOL_RESULT_ALLOWANCE
     )

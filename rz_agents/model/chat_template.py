@@ -334,3 +334,9 @@ _JINJA = (
 QWEN3_CHAT_TEMPLATE = ChatTemplate()
 SMOLLM2_CHAT_TEMPLATE = ChatTemplate(default_system_prompt=SMOLLM2_DEFAULT_SYSTEM_PROMPT)
 CHAT_TEMPLATE_JINJA = QWEN3_CHAT_TEMPLATE.to_jinja()
+
+
+def template_for(tokenizer: Any) -> ChatTemplate:
+    """SmolLM2's template (its default system prompt) when the tokenizer's jinja names it, else Qwen3's."""
+    jinja = tokenizer.chat_template or ""
+    return SMOLLM2_CHAT_TEMPLATE if SMOLLM2_DEFAULT_SYSTEM_PROMPT in jinja else QWEN3_CHAT_TEMPLATE

@@ -159,7 +159,7 @@ def build_tokenizer(name: str, checkpoint: str | None = None):
 
         return ByteTokenizer(), ByteChatTemplate()
     if name == "checkpoint":
-        from rz_agents.eval.checkpoint_policy import template_for
+        from rz_agents.model.chat_template import template_for
         from rz_agents.model.tokenizer import Tokenizer
 
         directory = resolve_checkpoint(checkpoint or "")

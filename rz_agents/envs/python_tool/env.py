@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from rz_agents.data.synthetic import arithmetic_task
 from rz_agents.envs.base import Message, MultiTurnTextEnv, ToolSpec
 from rz_agents.envs.python_tool.limits import SandboxLimits
 from rz_agents.envs.python_tool.pool import SandboxPool
@@ -68,11 +69,16 @@ class PythonToolEnv(MultiTurnTextEnv):
     ``rz_agents.data.load_dataset`` name), or generated arithmetic of ``difficulty`` when neither.
 
     ``prompt_style="compact"`` gives just the question as the user message (no system prompt,
-    no instructions) for tiny policies; the tool spec is always in ``info["tools"]``.
+    no instructions) for tiny policies. ``advertise_tools=False`` leaves the tool spec out of
+    ``info["tools"]`` (so out of the rendered prompt): for policies that know their tool from training.
+    Subclasses change the generated tasks by setting ``generate_task`` (``(rng, difficulty, index=,
+    seed=) -> task``).
     ``prewarm``: start the episode's sandbox at reset (it boots while the first turn is
     generated); False starts it at the first tool call, saving the start-up CPU for episodes
     that never call the tool.
     """
+
+    generate_task = staticmethod(arithmetic_task)
 
     def __init__(
         self,
@@ -90,6 +96,7 @@ class PythonToolEnv(MultiTurnTextEnv):
         backend: str = "local",
         allow_unsandboxed: bool = False,
         prewarm: bool = True,
+        advertise_tools: bool = True,
     ) -> None:
         super().__init__(max_turns=max_turns)
         if prompt_style not in ("default", "compact"):
@@ -113,6 +120,7 @@ class PythonToolEnv(MultiTurnTextEnv):
         self.backend = backend
         self.allow_unsandboxed = allow_unsandboxed
         self.prewarm = prewarm
+        self.advertise_tools = advertise_tools
         self.tools = [PYTHON_TOOL]
         self.task: dict[str, Any] = {}
         self.sandbox: PythonSandbox | None = None
@@ -121,10 +129,8 @@ class PythonToolEnv(MultiTurnTextEnv):
     def _draw_task(self, rng: np.random.Generator) -> dict[str, Any]:
         if self.tasks is not None:
             return dict(self.tasks[int(rng.integers(len(self.tasks)))])
-        from rz_agents.data import arithmetic_task
-
         seed = int(rng.integers(2**31))
-        return arithmetic_task(random.Random(seed), self.difficulty, index=0, seed=seed)
+        return type(self).generate_task(random.Random(seed), self.difficulty, index=0, seed=seed)
 
     def _reset(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[list[Message], dict]:
         task = dict(task) if task is not None else self._draw_task(rng)
@@ -145,7 +151,8 @@ class PythonToolEnv(MultiTurnTextEnv):
         # a stable id when the task has none (hash() is salted per process)
         digest = hashlib.sha1(str(task["question"]).encode()).hexdigest()[:12]
         task_id = str(task.get("id", f"task-{digest}"))
-        return messages, {"task_id": task_id, "tools": list(self.tools), "answer": str(task["answer"])}
+        tools = list(self.tools) if self.advertise_tools else []
+        return messages, {"task_id": task_id, "tools": tools, "answer": str(task["answer"])}
 
     def _new_sandbox(self) -> PythonSandbox:
         if self.sandbox_pool is not None:
