@@ -3,7 +3,7 @@
     python bench/async_vs_sync.py --json
     python bench/async_vs_sync.py --env python_tool --json      # the Python tool env, when it is installed
 
-Both modes run the same code (the embedded runtime); sync is max_lag = 0: generate a batch, train, publish.
+Both modes run the same code (the local runtime); sync is max_lag = 0: generate a batch, train, publish.
 The sync run also measures where its time goes: waiting for data (generation + env) and the learner step
 (training + weight publication). From those, in the same process:
 
@@ -29,7 +29,7 @@ import time
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime.embedded import EmbeddedRun, EnvSpec, ModelSpec, TrainConfig
+from rz_agents.runtime import EnvSpec, LocalRun, ModelSpec, TrainConfig
 from rz_agents.trainer.learner import LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
 
@@ -85,7 +85,7 @@ def _measure(args, mode: str) -> dict:
 
     cfg = _config(args, mode)
     cfg.engine = EngineConfig(num_slots=args.concurrency + 8, max_len=1040, max_batch_tokens=1024)
-    run = EmbeddedRun(cfg)
+    run = LocalRun(cfg)
     try:
         t0 = time.perf_counter()
         summary = asyncio.run(run.train())

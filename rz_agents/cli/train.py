@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from rz_agents.config_io import ConfigError, load_config, to_dict
-from rz_agents.runtime.embedded import EmbeddedRun, TrainConfig
+from rz_agents.runtime import LocalRun, TrainConfig
 from rz_agents.warmstart import DEMO_TASKS, WarmStartConfig, supervised_warm_start
 
 
@@ -116,7 +116,7 @@ def build_summary(
     }
 
 
-def _warm_start(run: EmbeddedRun, cfg: RunConfig, log) -> dict | None:
+def _warm_start(run: LocalRun, cfg: RunConfig, log) -> dict | None:
     ws = cfg.warm_start
     if ws.demos <= 0:
         return None
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     log(f"run directory: {run_dir}")
     try:
-        runner = EmbeddedRun(cfg)
+        runner = LocalRun(cfg)
     except (FileNotFoundError, ValueError) as exc:  # a missing checkpoint or tokenizer, a vocabulary mismatch
         print(f"rz train: cannot build the run: {exc}", file=sys.stderr)
         return 2
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_with_progress(runner: EmbeddedRun, cfg: RunConfig, console, plain: bool, log) -> dict:
+def _train_with_progress(runner: LocalRun, cfg: RunConfig, console, plain: bool, log) -> dict:
     import asyncio
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn

@@ -1,5 +1,7 @@
-"""How the pieces are placed: the embedded one-process runtime (learner optionally in a child process)."""
+"""How the pieces are placed: the schema and factories every runtime shares, and the local one-process
+runtime (learner optionally in a child process)."""
 
-from rz_agents.runtime.embedded import EmbeddedRun, EnvSpec, ModelSpec, TrainConfig, run_training
+from rz_agents.runtime.config import EnvSpec, ModelSpec, TrainConfig
+from rz_agents.runtime.local import LocalRun, run_training
 
-__all__ = ["EmbeddedRun", "EnvSpec", "ModelSpec", "TrainConfig", "run_training"]
+__all__ = ["EnvSpec", "LocalRun", "ModelSpec", "TrainConfig", "run_training"]

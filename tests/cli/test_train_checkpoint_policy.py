@@ -13,7 +13,8 @@ from rz_agents.model import ModelConfig, Transformer
 from rz_agents.model.checkpoint import save_hf_checkpoint
 from rz_agents.model.gguf import smollm2_checkpoint_dir
 from rz_agents.model.packaged import resolve_checkpoint
-from rz_agents.runtime.embedded import TrainConfig, build_tokenizer
+from rz_agents.runtime.config import TrainConfig
+from rz_agents.runtime.factories import build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import pytest
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime.embedded import EnvSpec, TrainConfig, run_training
+from rz_agents.runtime import EnvSpec, TrainConfig, run_training
 from rz_agents.trainer.learner import LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
 

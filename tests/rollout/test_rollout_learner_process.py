@@ -6,7 +6,7 @@ import torch
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime.embedded import EmbeddedRun, TrainConfig
+from rz_agents.runtime import LocalRun, TrainConfig
 from rz_agents.trainer.learner import LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
 
@@ -22,7 +22,7 @@ def _run(learner_process: bool):
         ),
         learner=LearnerConfig(optim=OptimConfig(lr=1e-2), assert_lag0_exact=True),
     )
-    run = EmbeddedRun(cfg)
+    run = LocalRun(cfg)
     try:
         asyncio.run(run.train())
         weights = {k: v.clone() for k, v in run.engine.model.state_dict().items()}  # what was published
@@ -62,7 +62,7 @@ def test_pinned_learner_and_rollouts_run_on_their_cpus_and_the_pinning_is_undone
         ),
         learner=LearnerConfig(optim=OptimConfig(lr=1e-2)),
     )
-    run = EmbeddedRun(cfg)
+    run = LocalRun(cfg)
     try:
         seen = {}
 

@@ -7,7 +7,7 @@ import pytest
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime.embedded import EmbeddedRun, TrainConfig
+from rz_agents.runtime import LocalRun, TrainConfig
 from rz_agents.trainer.learner import LearnerConfig
 from rz_agents.trainer.loss import LossConfig
 from rz_agents.trainer.optim import OptimConfig
@@ -35,7 +35,7 @@ def _cfg(estimator, **kw):
 
 
 def _run(cfg):
-    run = EmbeddedRun(cfg)
+    run = LocalRun(cfg)
     try:
         summary = asyncio.run(run.train())
         return run, summary

