@@ -79,6 +79,9 @@ def config_for_resume(cls: type[T], run_dir: str | Path, overrides: list[str]) -
     run_dir = Path(run_dir)
     if not (run_dir / CONFIG).is_file():
         raise ConfigError(f"{run_dir}: no {CONFIG} here (not a run directory of `rz train`)")
+    fixed = [o for o in overrides if o.partition("=")[0].strip() in _IGNORED]
+    if fixed:
+        raise ConfigError(f"{', '.join(fixed)}: --resume continues from {run_dir / CHECKPOINT}, in {run_dir}")
     original = read_yaml_mapping(run_dir / CONFIG)
     data = apply_overrides(read_yaml_mapping(run_dir / CONFIG), overrides)
     bad = changed_fields(original, data)

@@ -335,6 +335,11 @@ class RolloutController:
         """Restore a state of the current format (checkpoint_cut.upgrade_state converts older ones); groups
         that were in flight are run again first (same index, task and seeds). Raises InconsistentCheckpoint
         (naming the counts) if the state is not a consistent cut."""
+        if state.get("format", 1) != STATE_FORMAT:
+            raise ValueError(
+                f"controller state of format {state.get('format', 1)}, expected {STATE_FORMAT} "
+                "(rz_agents.rollout.checkpoint_cut.upgrade_state converts format 1)"
+            )
         check_consistent_cut(state, int(state["steps_done"]), where="controller state")
         self.tasks.load_state_dict(state["tasks"])
         self.steps_done = int(state["steps_done"])
@@ -343,7 +348,7 @@ class RolloutController:
             self.queue.put(Group(g["index"], [Trajectory.from_dict(d) for d in g["trajectories"]]))
         self._relaunch = [(int(i), task) for i, task in state["in_flight"]]
         dropped = state.get("dropped_groups")
-        self._dropped_groups = list(dropped) if dropped is not None else []
+        self._dropped_groups = None if dropped is None else list(dropped)
 
     # ---- shutdown ---------------------------------------------------------------------------------
     def stop(self) -> None:

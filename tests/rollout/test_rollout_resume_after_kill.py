@@ -176,8 +176,12 @@ def test_a_checkpoint_of_the_old_format_that_hung_is_corrected_and_finishes(tmp_
     history = [{k: v for k, v in m.items() if k != "group_indices"} for m in runtime["history"]]
     runtime = dict(runtime, controller=_v1(runtime["controller"], history), history=history)
     old = save_checkpoint(tmp_path / "old.pt", payload["learner"], runtime)
-    summary, _ = _attempt(_cfg(steps=6, resume_from=str(old)))
+    out = tmp_path / "b"
+    summary, _ = _attempt(_cfg(steps=6, resume_from=str(old), output_dir=str(out), checkpoint_every=1))
     assert summary["steps"] == 6 and summary["steps_this_run"] == 2
+    # Its checkpoints are of the current format (dropped group indices unknown, counts still checked).
+    state = load_checkpoint(out / "checkpoint.pt", restore_rng=False)["runtime"]["controller"]
+    assert state["format"] == 2 and state["dropped_groups"] is None and state["steps_done"] == 6
 
 
 def test_an_inconsistent_checkpoint_is_a_clear_error_naming_the_counts(tmp_path):
