@@ -23,12 +23,19 @@ class EpisodeError(RuntimeError):
 
 @dataclass
 class EpisodeSpec:
-    """What to run: the task (None lets the env draw one), its group, and the seeds."""
+    """What to run: the task (None lets the env draw one), its group, and the seeds.
+
+    ``seed`` seeds the sampling of this member; ``reset_seed`` (default: ``seed``) seeds ``env.reset``.
+    The controller gives every member of a group the group's reset seed, so an env that draws its own
+    task from the seed poses the same task to the whole group (the group-mean baseline compares samples
+    of one prompt).
+    """
 
     task: dict[str, Any] | None
     group_id: int
     member: int
     seed: int
+    reset_seed: int | None = None
 
 
 @dataclass
@@ -66,7 +73,12 @@ async def run_episode(
     ``sampling`` is the engine's SamplingParams template: max_tokens, seed and stop_token_ids are set per turn.
     """
     try:
-        messages, info = await _call(executor, env.reset, seed=spec.seed, options={"task": spec.task})
+        messages, info = await _call(
+            executor,
+            env.reset,
+            seed=spec.seed if spec.reset_seed is None else spec.reset_seed,
+            options={"task": spec.task},
+        )
     except Exception as e:
         raise EpisodeError(f"env.reset failed: {e!r}") from e
     tools = info.get("tools") or None
