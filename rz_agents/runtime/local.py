@@ -24,7 +24,7 @@ from rz_agents.engine import RZEngine
 from rz_agents.model.packaged import resolve_checkpoint
 from rz_agents.rollout.controller import RolloutController
 from rz_agents.rollout.task_source import TaskSource
-from rz_agents.runtime.config import TrainConfig, effective_kernels, effective_max_lag
+from rz_agents.runtime.config import TrainConfig, resolve
 from rz_agents.runtime.factories import build_model, build_tokenizer, env_factory
 from rz_agents.runtime.memory import limit_heap_growth, rss_bytes, trim_heap
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -44,12 +44,13 @@ class LocalRun:
 
     def __init__(self, cfg: TrainConfig) -> None:
         cfg.validate()
-        self.cfg = cfg
+        # derived fields filled in: the lag bound, the sampling the learner scores under, the kernels
+        self.cfg = cfg = resolve(cfg)
         limit_heap_growth()  # the resident set would otherwise creep up step after step
         _set_threads(cfg.num_threads)
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         vocab = max(int(self.tokenizer.vocab_size), 320) if cfg.tokenizer == "byte" else len(self.tokenizer)
-        self.model = build_model(dataclasses.replace(cfg.model, kernels=effective_kernels(cfg)), vocab)
+        self.model = build_model(cfg.model, vocab)
         # The engine samples from its own copy; the learner publishes into it after each step.
         engine_model = copy.deepcopy(self.model)
         engine_model.requires_grad_(False)
@@ -57,15 +58,7 @@ class LocalRun:
         if cfg.num_threads is not None and eng_cfg.num_threads is None:
             eng_cfg = dataclasses.replace(eng_cfg, num_threads=cfg.num_threads)
         self.engine = RZEngine(engine_model, eng_cfg, decode=self.tokenizer.decode)
-        r = cfg.rollout
-        # The learner scores tokens under the distribution the engine sampled from, with the same lag bound.
-        lcfg = dataclasses.replace(
-            cfg.learner,
-            max_lag=effective_max_lag(cfg),
-            temperature=r.temperature,
-            top_k=r.top_k,
-            top_p=r.top_p,
-        )
+        lcfg = cfg.learner
         if cfg.learner_process:
             from rz_agents.runtime.learner_process import LearnerProcess
 
@@ -74,14 +67,13 @@ class LocalRun:
             )
         else:
             self.learner = Learner(self.model, lcfg)
-        rcfg = dataclasses.replace(r, max_lag=effective_max_lag(cfg), seed=cfg.seed)
         self.controller = RolloutController(
             self.engine,
             env_factory(cfg.env),
             self.template,
             self.tokenizer,
             TaskSource(cfg.env.tasks, seed=cfg.seed),
-            rcfg,
+            cfg.rollout,
         )
         self.history: list[dict[str, Any]] = []
         self._saved_affinity: set[int] | None = None

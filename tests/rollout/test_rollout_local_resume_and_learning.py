@@ -9,10 +9,8 @@ import pytest
 import torch
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime import EnvSpec, LocalRun, TrainConfig, run_training
+from rz_agents.runtime import EnvSpec, LearnerSpec, LocalRun, RolloutSpec, TrainConfig, run_training
 from rz_agents.runtime.synthetic_env import LowercaseLettersEnv
-from rz_agents.trainer.learner import LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
 
 _episodes = itertools.count()
@@ -46,14 +44,14 @@ def _cfg(mode="sync", steps=4, lr=1e-2, **kw):
         steps=steps,
         num_threads=1,
         env=EnvSpec(kwargs={"max_turns": 2}),
-        rollout=RolloutConfig(
+        rollout=RolloutSpec(
             group_size=4,
             groups_per_batch=4,
             max_concurrent_episodes=16,
             max_lag=64,
             limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=8, max_episode_tokens=200),
         ),
-        learner=LearnerConfig(optim=OptimConfig(lr=lr), assert_lag0_exact=True),
+        learner=LearnerSpec(optim=OptimConfig(lr=lr), assert_lag0_exact=True),
         **kw,
     )
 
