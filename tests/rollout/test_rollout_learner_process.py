@@ -64,15 +64,10 @@ def test_pinned_learner_and_rollouts_run_on_their_cpus_and_the_pinning_is_undone
     try:
         seen = {}
 
-        async def train_and_look():
-            task = asyncio.ensure_future(run.train())
-            await asyncio.sleep(0.5)
-            seen["rollout"] = os.sched_getaffinity(0)
-            result = await task
-            seen["learner"] = os.sched_getaffinity(run.learner._proc.pid)  # alive until close()
-            return result
-
-        s = asyncio.run(train_and_look())
+        s = asyncio.run(run.train())
+        # train() pinned this thread (and what it started) at its start; close() undoes it
+        seen["rollout"] = os.sched_getaffinity(0)
+        seen["learner"] = os.sched_getaffinity(run.learner._proc.pid)  # alive until close()
     finally:
         run.close()
     assert s["steps"] == 2
