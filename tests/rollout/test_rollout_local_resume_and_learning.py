@@ -106,7 +106,10 @@ def test_reward_rises_in_sync_and_async_lag64_modes():
     for mode, (before, after, lag) in results.items():
         assert before < 0.25, (mode, before)
         assert after > 0.6, (mode, after)  # random noise moves the mean by ~0.03, not 0.4
-        assert lag <= (0 if mode == "sync" else 64)
+    # sync trains only fresh tokens; async really trained stale ones (the next batch is generated while
+    # the learner trains on this one), so the learning above happened off-policy. (That the bound holds is
+    # test_rollout_lag_bound's, with a bound small enough to be reached.)
+    assert results["sync"][2] == 0 and results["async"][2] >= 1
 
 
 def test_a_run_where_every_episode_fails_stops_with_a_clear_error():
