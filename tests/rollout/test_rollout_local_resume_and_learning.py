@@ -103,7 +103,7 @@ def test_reward_rises_in_sync_and_async_lag64_modes():
         before, after = _before_after(s["reward_mean_per_step"])
         results[mode] = (before, after, s["max_lag_seen"])
         print(f"{mode}: reward {before:.3f} -> {after:.3f}, max lag {s['max_lag_seen']}")
-    for mode, (before, after, lag) in results.items():
+    for mode, (before, after, _) in results.items():
         assert before < 0.25, (mode, before)
         assert after > 0.6, (mode, after)  # random noise moves the mean by ~0.03, not 0.4
     # sync trains only fresh tokens; async really trained stale ones (the next batch is generated while
