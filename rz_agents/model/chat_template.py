@@ -6,7 +6,7 @@ user turn of ``<tool_response>`` blocks, ``<think>`` blocks, and the generation 
 think block when thinking is disabled).
 
 One deliberate difference makes rendering append-only, which RL rollouts need (tokens are never
-re-tokenized; DESIGN.md): an assistant turn renders the same wherever it sits in the conversation.
+re-tokenized): an assistant turn renders the same wherever it sits in the conversation.
 
 - The official template drops the thinking of assistant turns before the last user query and
   re-parses ``<think>`` out of `content`; here `content` is rendered verbatim (it is what the model

@@ -87,6 +87,9 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps; 0: only at the end (when output_dir is set)
     resume_from: str | None = None
     tensorboard: bool = False
+    # learner steps whose batches are recorded token by token for the trajectory inspector (run_dir/inspect,
+    # inspector.html); negative counts from the end. Each costs one forward pass without gradient.
+    inspect_steps: list[int] = field(default_factory=lambda: [0, -1])
     learner_step_delay_s: float = 0.0  # throttle the learner (tests and benchmarks of the lag bound)
     # Run the learner in a child process (no GIL contention with the engine; see runtime/learner_process.py).
     learner_process: bool = False

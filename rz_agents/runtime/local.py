@@ -28,6 +28,7 @@ from rz_agents.runtime.config import TrainConfig, resolve
 from rz_agents.runtime.factories import build_model, build_tokenizer, env_factory
 from rz_agents.runtime.memory import limit_heap_growth, rss_bytes, trim_heap
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
+from rz_agents.trainer.inspect import inspected_steps, record_step, write_step_record
 from rz_agents.trainer.learner import Learner
 from rz_agents.trainer.metrics_log import MetricsWriter
 
@@ -108,10 +109,22 @@ class LocalRun:
 
     def _learner_step(self, batch):
         _set_threads(self.cfg.num_threads)  # this worker thread's torch threads
+        step = len(self.history)
+        if self.cfg.output_dir and step in inspected_steps(self.cfg.inspect_steps, self.cfg.steps):
+            self._record_for_inspection(step, batch)
         m = self.learner.step(batch)
         if self.cfg.learner_step_delay_s:
             time.sleep(self.cfg.learner_step_delay_s)
         return m
+
+    def _record_for_inspection(self, step: int, batch) -> None:
+        """The batch with the learner's log-probs, for the trajectory inspector (run_dir/inspect/)."""
+        if self.cfg.learner_process:  # the child trains; bring its current weights here
+            with torch.no_grad():
+                self.model.load_state_dict(self.learner.weights())
+        decode = self.tokenizer.decode
+        record = record_step(self.model, batch, self.cfg.learner, self.learner.version, lambda t: decode([t]))
+        write_step_record(Path(self.cfg.output_dir) / "inspect", step, record)
 
     async def train(self) -> dict[str, Any]:
         """Run until ``cfg.steps`` learner steps are done; returns the summary."""

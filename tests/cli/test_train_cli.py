@@ -101,7 +101,25 @@ def test_short_training_run_writes_summary_report_and_metrics(tmp_path, capsys):
         assert key in summary
     assert summary["steps"] == 2
     assert summary["lag0_max_abs_dlogp"] == 0.0  # aligned kernels: lag-0 tokens are bit-identical
-    assert (run_dir / "report.html").read_text().count("<img") >= 3
+    report = (run_dir / "report.html").read_text()
+    assert report.count("<img") >= 3 and "href='inspector.html'" in report
+    assert "<th>rollout</th><td><table>" in report and '{"' not in report  # nested tables, not JSON
+    # the trajectory inspector: the first and the last step, recorded with the learner's own log-probs
+    records = [json.loads((run_dir / "inspect" / f"step_0000{i}.json").read_text()) for i in (0, 1)]
+    lag0 = [
+        (lp, blp)
+        for ep in records[0]["episodes"]
+        for m, v, lp, blp in zip(
+            ep["loss_mask"], ep["versions"], ep["learner_logprobs"], ep["behavior_logprobs"], strict=True
+        )
+        if m and v == records[0]["version"]
+    ]
+    assert lag0 and all(lp == blp for lp, blp in lag0)  # bit-identical: every IS weight is exactly 1
+    page = (run_dir / "inspector.html").read_text()
+    n_episodes = sum(len(r["episodes"]) for r in records)
+    assert page.count('<div class="ep">') == n_episodes == 2 * 4
+    policy = sum(sum(ep["loss_mask"]) for r in records for ep in r["episodes"])
+    assert page.count('<span class="tok') - page.count('<span class="tok o"') - 8 == policy  # legend: 8 spans
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
     assert "seed: 3" in (run_dir / "config.yaml").read_text()
     assert "=== rz train: summary ===" in capsys.readouterr().out
