@@ -1,4 +1,4 @@
-"""``python -m rz_agents.cli`` = ``rz``."""
+"""`python -m rz_agents.cli ...` is `rz ...` (for scripts that must run this checkout's code)."""
 
 import sys
 

@@ -124,6 +124,12 @@ class TrainConfig:
                 f"engine.max_len ({self.engine.max_len})"
             )
         resolved.rollout.validate()
+        if self.rollout.fixed_lag and (self.mode == "sync" or self.learner.loss.estimator == "on_policy"):
+            raise ValueError(
+                f"rollout.fixed_lag ({self.rollout.fixed_lag}) needs mode: async and an off-policy "
+                f"estimator (mode is {self.mode!r}, learner.loss.estimator "
+                f"{self.learner.loss.estimator!r})"
+            )
         resolved.learner.validate()
         if resolved.model.kernels == "standard" and self.learner.assert_lag0_exact:
             raise ValueError(
@@ -136,6 +142,8 @@ def effective_max_lag(cfg: TrainConfig) -> int:
     """sync mode (and the on_policy estimator, which is synchronous by definition) trains only lag-0 tokens."""
     if cfg.mode == "sync" or cfg.learner.loss.estimator == "on_policy":
         return 0
+    if cfg.rollout.fixed_lag is not None:
+        return cfg.rollout.fixed_lag
     return cfg.rollout.max_lag
 
 
@@ -172,8 +180,9 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
             f"learner.max_lag ({lc.max_lag}) conflicts with {source} ({value!r}): {value} trains only "
             "lag-0 tokens; leave learner.max_lag out"
         )
-    why = "the learner applies the rollout's lag bound; set only rollout.max_lag"
-    _agree("learner.max_lag", lc.max_lag, "rollout.max_lag", max_lag, why)
+    source = "rollout.max_lag" if r.fixed_lag is None else "rollout.fixed_lag"
+    why = f"the learner applies the rollout's lag bound; set only {source}"
+    _agree("learner.max_lag", lc.max_lag, source, max_lag, why)
     _agree("rollout.seed", r.seed, "seed", cfg.seed, "episode seeds come from the run's seed; set only seed")
     for name in ("temperature", "top_k", "top_p"):
         why = f"the learner scores tokens under the rollout's sampling distribution; set only rollout.{name}"
