@@ -117,19 +117,19 @@ class TrainConfig:
         check_env_id(self.env.id)  # a typo fails here, before a model is built
         if self.model.kernels not in (None, *KERNELS):
             raise ValueError(f"model.kernels must be one of {KERNELS}, got {self.model.kernels!r}")
-        resolved = resolve(self)  # raises on a conflict between a field and the one it must follow
         if self.rollout.limits.max_episode_tokens >= self.engine.max_len:
             raise ValueError(
                 f"rollout.limits.max_episode_tokens ({self.rollout.limits.max_episode_tokens}) must be < "
                 f"engine.max_len ({self.engine.max_len})"
             )
-        resolved.rollout.validate()
+        self.rollout.validate()  # the values as written (resolving replaces max_lag by the bound in force)
         if self.rollout.fixed_lag and (self.mode == "sync" or self.learner.loss.estimator == "on_policy"):
             raise ValueError(
                 f"rollout.fixed_lag ({self.rollout.fixed_lag}) needs mode: async and an off-policy "
                 f"estimator (mode is {self.mode!r}, learner.loss.estimator "
                 f"{self.learner.loss.estimator!r})"
             )
+        resolved = resolve(self)  # raises on a conflict between a field and the one it must follow
         resolved.learner.validate()
         if resolved.model.kernels == "standard" and self.learner.assert_lag0_exact:
             raise ValueError(
