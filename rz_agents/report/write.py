@@ -74,7 +74,7 @@ def _plot_panel(rows: list[dict], title: str, keys: list[str], out: Path) -> boo
     fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=100)
     for k in present:
         xs, ys = _series(rows, k)
-        ax.plot(xs, ys, label=k, linewidth=1.4)
+        ax.plot(xs, ys, label=k, linewidth=1.4, marker="o" if len(xs) < 25 else None, markersize=3)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("learner step")
     ax.grid(alpha=0.3)
