@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import yaml
 
+from rz_agents.cli import resume
 from rz_agents.cli.configs import describe_packaged_configs, resolve_config
 from rz_agents.cli.failure import attach_run_log
 from rz_agents.config_io import ConfigError, load_config, to_dict
@@ -59,38 +60,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "metrics.jsonl, TensorBoard events (tb/), checkpoint.pt, summary.json, report.html and rz.log."
         ),
     )
-    p.add_argument("config", nargs="?", help="YAML config file, or a packaged config's name (e.g. demo)")
+    p.add_argument(
+        "config",
+        nargs="?",
+        help="YAML config file, or a packaged config's name (e.g. demo); none with --resume",
+    )
     p.add_argument("overrides", nargs="*", help="key.path=value overrides")
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/<config name>-<time>)")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=None,
+        help="continue the run in RUN_DIR with its own config.yaml, from its checkpoint.pt (overrides may "
+        "change only steps, checkpoint_every, reporting and placement)",
+    )
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.add_argument("--list-configs", action="store_true", help="list the packaged configs and exit")
     p.set_defaults(func=run)
-
-
-def load_run_config(config: str, overrides: list[str] | None = None) -> RunConfig:
-    """The run ``config`` names (a YAML path or a packaged config) with ``overrides`` applied, validated,
-    derived fields filled in (``runtime.resolve``). Raises ConfigError with one line naming the field."""
-    cfg = load_config(RunConfig, resolve_config(config), overrides)
-    try:
-        return resolve(cfg)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def run(args: argparse.Namespace) -> int:
-    """``rz train``: exit 2 for a config that cannot run, 1 when the run stops on an error, 0 when done."""
-    if args.list_configs:
-        print(describe_packaged_configs())
-        return 0
-    if not args.config:
-        print("rz train: name a config file or a packaged config (rz train --list-configs)", file=sys.stderr)
-        return 2
-    try:
-        cfg = load_run_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(f"rz train: config error: {exc}", file=sys.stderr)
-        return 2
-    return train(cfg, args)
 
 
 class _ProgressWriter:
@@ -149,6 +135,9 @@ def _warm_start(run: LocalRun, cfg: RunConfig, log) -> dict | None:
     ws = cfg.warm_start
     if ws.demos <= 0:
         return None
+    if cfg.resume_from:  # the checkpoint holds the weights the warm start (and RL) made: train on them
+        log(f"warm start skipped: the run continues from {cfg.resume_from}")
+        return None
     last = [0.0]
 
     def progress(phase: str):
@@ -196,14 +185,58 @@ def _warm_start(run: LocalRun, cfg: RunConfig, log) -> dict | None:
     return result
 
 
-def train(cfg: RunConfig, args: argparse.Namespace) -> int:
-    """Warm start, train, export and report one loaded run config; ``args`` gives the CLI options."""
-    name = Path(args.config).stem
-    run_dir = Path(args.run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+def load_run_config(config: str, overrides: list[str] | None = None) -> RunConfig:
+    """The run ``config`` names (a YAML path or a packaged config) with ``overrides`` applied, validated,
+    derived fields filled in (``runtime.resolve``). Raises ConfigError with one line naming the field."""
+    cfg = load_config(RunConfig, resolve_config(config), overrides)
+    try:
+        return resolve(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _configs(args: argparse.Namespace) -> tuple[RunConfig, RunConfig, Path, bool]:
+    """(config to record in config.yaml, config to run, run directory, whether this resumes that run)."""
+    if args.resume:
+        overrides = ([args.config] if args.config else []) + list(args.overrides)
+        if any("=" not in o for o in overrides):
+            raise ConfigError(
+                f"with --resume the config is {args.resume}/config.yaml; give only key=value overrides"
+            )
+        if args.run_dir and Path(args.run_dir).resolve() != Path(args.resume).resolve():
+            raise ConfigError("--resume RUN_DIR and --run-dir name different directories")
+        recorded, cfg = resume.config_for_resume(RunConfig, args.resume, overrides)
+        return recorded, cfg, Path(args.resume), resume.resumes_run_dir(cfg, Path(args.resume))
+    if not args.config:
+        raise ConfigError(
+            "name a config file or a packaged config (rz train --list-configs), or --resume RUN_DIR"
+        )
+    cfg = load_run_config(args.config, args.overrides)
+    run_dir = Path(
+        args.run_dir or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    cfg = dataclasses.replace(cfg, output_dir=str(run_dir))
+    if not resume.resumes_run_dir(cfg, run_dir):
+        resume.check_fresh_run_dir(run_dir)
+        return cfg, cfg, run_dir, False
+    original = resume.check_same_run(cfg, run_dir)
+    recorded = cfg if original is None else dataclasses.replace(cfg, resume_from=original.get("resume_from"))
+    return recorded, cfg, run_dir, True
+
+
+def run(args: argparse.Namespace) -> int:
+    """``rz train``: exit 2 for a config that cannot run, 1 when the run stops on an error, 0 when done."""
+    if args.list_configs:
+        print(describe_packaged_configs())
+        return 0
+    try:
+        recorded, cfg, run_dir, resuming = _configs(args)
+    except ConfigError as exc:
+        print(f"rz train: config error: {exc}", file=sys.stderr)
+        return 2
     run_dir.mkdir(parents=True, exist_ok=True)
     attach_run_log(args, run_dir)  # rz.log: the run's log messages, and the traceback if it stops on an error
-    cfg = dataclasses.replace(cfg, output_dir=str(run_dir))
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(recorded), sort_keys=False))
 
     from rich.console import Console
 
@@ -211,6 +244,8 @@ def train(cfg: RunConfig, args: argparse.Namespace) -> int:
     log = console.log if not args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     log(f"run directory: {run_dir}")
+    if resuming:
+        log(f"resuming from {cfg.resume_from}")
     try:
         runner = LocalRun(cfg)
     except (FileNotFoundError, ValueError) as exc:  # a missing checkpoint or tokenizer, a vocabulary mismatch
