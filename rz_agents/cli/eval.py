@@ -62,8 +62,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "config",
         nargs="?",
-        help="YAML file whose eval: section gives the settings below (flags override it); "
-        "or the word 'osworld' for the OSWorld evaluation",
+        help="YAML file (or a packaged config's name) whose eval: section gives the settings below (flags "
+        "override it) and whose tokenizer: is the one the checkpoint was trained with; or the word "
+        "'osworld' for the OSWorld evaluation",
     )
     m = parser.add_argument_group("math benchmarks")
     m.add_argument(
@@ -147,13 +148,18 @@ def _run_osworld(args: argparse.Namespace) -> int:
 
 
 def _run_math(args: argparse.Namespace) -> int:
-    from rz_agents.config_io import ConfigError
+    from rz_agents.cli.configs import resolve_config
+    from rz_agents.config_io import ConfigError, read_yaml_mapping
     from rz_agents.data import DatasetError
     from rz_agents.eval.math_config import load_eval_config
 
     overrides = {name: getattr(args, name) for name in _CONFIG_FLAGS}
+    tokenizer = None  # a training config's tokenizer: the one its checkpoints were trained with
     try:
-        config = load_eval_config(args.config, overrides)
+        path = resolve_config(args.config) if args.config else None
+        config = load_eval_config(path, overrides)
+        if path is not None:
+            tokenizer = read_yaml_mapping(path).get("tokenizer")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -171,7 +177,9 @@ def _run_math(args: argparse.Namespace) -> int:
     from rz_agents.model.checkpoint import CheckpointError
 
     try:
-        policy = load_checkpoint_policy(config.checkpoint, kernels=config.kernels, dtype=config.dtype)
+        policy = load_checkpoint_policy(
+            config.checkpoint, kernels=config.kernels, dtype=config.dtype, tokenizer=tokenizer
+        )
     except (FileNotFoundError, CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

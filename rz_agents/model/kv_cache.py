@@ -28,7 +28,3 @@ class KVCache:
         self.bytes_per_slot = (
             2 * config.num_hidden_layers * shape[1] * shape[2] * shape[3] * self.k[0].element_size()
         )
-
-    @property
-    def total_bytes(self) -> int:
-        return self.bytes_per_slot * self.num_slots

@@ -9,7 +9,7 @@ import torch
 from rz_agents.model.transformer import Transformer
 from rz_kernels import gather_logprobs, sampling_logprobs
 
-__all__ = ["packed_token_logprobs", "sampling_logprobs", "token_logprobs"]
+__all__ = ["pack", "packed_token_logprobs", "sampling_logprobs", "token_logprobs"]
 
 # Rows of logits materialised at a time ([rows, vocab] fp32). Any value gives the same bits: the
 # LM head GEMM is tiled and log-softmax is row-wise.
@@ -36,6 +36,18 @@ def token_logprobs(
     return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
 
 
+def pack(
+    sequences: Sequence[Sequence[int] | torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sequences as one packed forward's inputs: (tokens, positions, seq_ids), each [total tokens]."""
+    seqs = [torch.as_tensor(s, dtype=torch.long) for s in sequences]
+    lengths = [s.numel() for s in seqs]
+    tokens = torch.cat(seqs)
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    seq_ids = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lengths)])
+    return tokens, positions, seq_ids
+
+
 def packed_token_logprobs(
     model: Transformer,
     sequences: Sequence[Sequence[int] | torch.Tensor],
@@ -48,9 +60,7 @@ def packed_token_logprobs(
     if not seqs:
         return []
     lengths = [s.numel() for s in seqs]
-    tokens = torch.cat(seqs)
-    positions = torch.cat([torch.arange(n) for n in lengths])
-    seq_ids = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lengths)])
+    tokens, positions, seq_ids = pack(seqs)
     hidden = model(tokens, positions, seq_ids)
     # Row t predicts token t+1 within the same sequence: drop each sequence's last row.
     keep = torch.ones(tokens.numel(), dtype=torch.bool)

@@ -6,6 +6,7 @@ import importlib
 
 import torch
 
+from rz_agents.envs.registry import is_class_path
 from rz_agents.model.packaged import resolve_checkpoint
 from rz_agents.runtime.config import EnvSpec, ModelSpec
 
@@ -48,13 +49,11 @@ def build_tokenizer(name: str, checkpoint: str | None = None):
 
 def env_factory(spec: EnvSpec):
     """A zero-argument callable building one env instance."""
-    if ":" in spec.id and "/" not in spec.id:
+    if is_class_path(spec.id):
         module, _, name = spec.id.partition(":")
         cls = getattr(importlib.import_module(module), name)
         return lambda: cls(**spec.kwargs)
     import gymnasium
-
-    import rz_agents.envs  # noqa: F401  (registers the rz_agents ids)
 
     # Gymnasium wrappers (order enforcing, passive checker) reject text spaces: take the env itself.
     return lambda: gymnasium.make(spec.id, disable_env_checker=True, **spec.kwargs).unwrapped

@@ -25,12 +25,13 @@ from rz_agents.model.packaged import resolve_checkpoint
 from rz_agents.rollout.checkpoint_cut import check_consistent_cut, upgrade_state
 from rz_agents.rollout.controller import RolloutController
 from rz_agents.rollout.task_source import TaskSource
-from rz_agents.runtime.config import TrainConfig, effective_kernels, effective_max_lag
+from rz_agents.runtime.config import TrainConfig, resolve
 from rz_agents.runtime.factories import build_model, build_tokenizer, env_factory
 from rz_agents.runtime.fixed_lag import WeightHistory
 from rz_agents.runtime.memory import limit_heap_growth, rss_bytes, trim_heap
 from rz_agents.runtime.watchdog import Watchdog
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
+from rz_agents.trainer.inspect import inspected_steps, record_step, write_step_record
 from rz_agents.trainer.learner import Learner
 from rz_agents.trainer.metrics_log import MetricsWriter
 
@@ -54,12 +55,13 @@ class LocalRun:
 
     def __init__(self, cfg: TrainConfig) -> None:
         cfg.validate()
-        self.cfg = cfg
+        # derived fields filled in: the lag bound, the sampling the learner scores under, the kernels
+        self.cfg = cfg = resolve(cfg)
         limit_heap_growth()  # the resident set would otherwise creep up step after step
         _set_threads(cfg.num_threads)
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         vocab = max(int(self.tokenizer.vocab_size), 320) if cfg.tokenizer == "byte" else len(self.tokenizer)
-        self.model = build_model(dataclasses.replace(cfg.model, kernels=effective_kernels(cfg)), vocab)
+        self.model = build_model(cfg.model, vocab)
         # The engine samples from its own copy; the learner publishes into it after each step.
         engine_model = copy.deepcopy(self.model)
         engine_model.requires_grad_(False)
@@ -67,15 +69,7 @@ class LocalRun:
         if cfg.num_threads is not None and eng_cfg.num_threads is None:
             eng_cfg = dataclasses.replace(eng_cfg, num_threads=cfg.num_threads)
         self.engine = RZEngine(engine_model, eng_cfg, decode=self.tokenizer.decode)
-        r = cfg.rollout
-        # The learner scores tokens under the distribution the engine sampled from, with the same lag bound.
-        lcfg = dataclasses.replace(
-            cfg.learner,
-            max_lag=effective_max_lag(cfg),
-            temperature=r.temperature,
-            top_k=r.top_k,
-            top_p=r.top_p,
-        )
+        lcfg = cfg.learner
         if cfg.learner_process:
             from rz_agents.runtime.learner_process import LearnerProcess
 
@@ -84,14 +78,13 @@ class LocalRun:
             )
         else:
             self.learner = Learner(self.model, lcfg)
-        rcfg = dataclasses.replace(r, max_lag=effective_max_lag(cfg), seed=cfg.seed)
         self.controller = RolloutController(
             self.engine,
             env_factory(cfg.env),
             self.template,
             self.tokenizer,
             TaskSource(cfg.env.tasks, seed=cfg.seed),
-            rcfg,
+            cfg.rollout,
         )
         self.history: list[dict[str, Any]] = []
         fixed = cfg.rollout.fixed_lag
@@ -100,7 +93,9 @@ class LocalRun:
         if cfg.resume_from:
             payload = load_checkpoint(cfg.resume_from)
             self.history = list(payload["runtime"].get("history", []))
-            state = upgrade_state(payload["runtime"]["controller"], len(self.history), r.groups_per_batch)
+            state = upgrade_state(
+                payload["runtime"]["controller"], len(self.history), cfg.rollout.groups_per_batch
+            )
             check_consistent_cut(
                 state, len(self.history), _trained_groups(self.history), where=str(cfg.resume_from)
             )
@@ -166,10 +161,22 @@ class LocalRun:
 
     def _learner_step(self, batch):
         _set_threads(self.cfg.num_threads)  # this worker thread's torch threads
+        step = len(self.history)
+        if self.cfg.output_dir and step in inspected_steps(self.cfg.inspect_steps, self.cfg.steps):
+            self._record_for_inspection(step, batch)
         m = self.learner.step(batch)
         if self.cfg.learner_step_delay_s:
             time.sleep(self.cfg.learner_step_delay_s)
         return m
+
+    def _record_for_inspection(self, step: int, batch) -> None:
+        """The batch with the learner's log-probs, for the trajectory inspector (run_dir/inspect/)."""
+        if self.cfg.learner_process:  # the child trains; bring its current weights here
+            with torch.no_grad():
+                self.model.load_state_dict(self.learner.weights())
+        decode = self.tokenizer.decode
+        record = record_step(self.model, batch, self.cfg.learner, self.learner.version, lambda t: decode([t]))
+        write_step_record(Path(self.cfg.output_dir) / "inspect", step, record)
 
     def _publish(self) -> None:
         """Send the learner's weights to the engine (in fixed-lag mode, those of version v - fixed_lag)."""
