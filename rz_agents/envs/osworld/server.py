@@ -1,7 +1,7 @@
 """The in-VM HTTP server: the contract OSWorld's controllers and getters talk to, on loopback.
 
-Run inside the episode sandbox (``python -m rz_agents.envs.osworld.server``); it binds
-``127.0.0.1`` on a free port and prints ``PORT <n>`` as its first line. Endpoints (JSON bodies):
+Served by the episode's session (``session.py``) inside its sandbox, on a Unix socket the host
+reaches through a relay (or, unsandboxed, on a free loopback port). Endpoints (JSON bodies):
 
 * ``GET /platform``, ``/screen_size``, ``/cursor_position``, ``/screenshot`` (PNG),
   ``/accessibility`` (``{"AT": xml}``), ``/terminal`` (``{"output": null}``: no GNOME terminal here)
@@ -25,6 +25,8 @@ import os
 import re
 import shlex
 import shutil
+import socket
+import socketserver
 import subprocess
 import sys
 import threading
@@ -239,8 +241,6 @@ def _chrome_nodes() -> list[dict[str, Any]]:
     port = os.environ.get("RZ_OSWORLD_CDP_PORT")
     if not port:
         return []
-    import socket
-
     with socket.socket() as s:
         s.settimeout(0.2)
         if s.connect_ex(("127.0.0.1", int(port))) != 0:
@@ -499,18 +499,36 @@ READ_ONLY_POST = (
 )
 
 
-def main() -> None:
-    """Serve on a free loopback port; print ``PORT <n>`` so the provider can connect."""
-    threading.Thread(target=_runner.start, daemon=True).start()  # preload while the desktop settles
+class UnixHTTPServer(socketserver.ThreadingUnixStreamServer):
+    """The HTTP server on an inherited listening Unix socket (the sandboxed desktop's only door)."""
+
+    daemon_threads = True
+
+    def __init__(self, fd: int) -> None:
+        super().__init__("", Handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = socket.socket(fileno=fd)
+
+    def get_request(self) -> tuple[socket.socket, tuple[str, int]]:
+        conn, _ = super().get_request()
+        return conn, ("unix", 0)  # BaseHTTPRequestHandler expects a (host, port) address
+
+
+def make_server(listen_fd: int | None) -> socketserver.BaseServer:
+    """The in-VM server on the listening socket ``listen_fd``, or on a free loopback TCP port when None."""
+    if listen_fd is not None:
+        return UnixHTTPServer(listen_fd)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    print(f"PORT {server.server_address[1]}", flush=True)
-    # The provider stops reading after the port line: later prints (library warnings) go nowhere.
+    return server
+
+
+def serve(server: socketserver.BaseServer) -> None:
+    """Serve forever; stdout and stderr go to /dev/null first (the provider stops reading after the ready line)."""
+    threading.Thread(target=_runner.start, daemon=True).start()  # preload while the desktop settles
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
     sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)
     server.serve_forever()
-
-
-if __name__ == "__main__":
-    main()
