@@ -41,11 +41,11 @@ def add_parser(subparsers: Any) -> None:
 
 def run_validate(args: argparse.Namespace) -> int:
     """Print the runnability report; exit 1 when some file did not parse, 2 for a bad path."""
-    from rz_agents.envs.osworld.context import default_download_cache
+    from rz_agents.envs.osworld.cache import default_cache_dir
     from rz_agents.envs.osworld.runnability import validate_dir
 
     try:
-        report = validate_dir(args.dir, args.cache or default_download_cache())
+        report = validate_dir(args.dir, args.cache or default_cache_dir())
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

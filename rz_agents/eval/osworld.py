@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rz_agents.envs.osworld.context import default_download_cache
+from rz_agents.envs.osworld.cache import default_cache_dir
 from rz_agents.envs.osworld.policies import Policy, load_policy
 from rz_agents.envs.osworld.runnability import check_task
 from rz_agents.envs.osworld.task import Task, TaskFormatError, load_tasks
@@ -38,7 +38,7 @@ def run_osworld_eval(
     """
     from rz_agents.envs.osworld.gym_env import OSWorldEnv
 
-    cache = download_cache or default_download_cache()
+    cache = download_cache or default_cache_dir()
     fn = load_policy(policy, tasks_path)
     results: list[dict[str, Any]] = []
     env: OSWorldEnv | None = None

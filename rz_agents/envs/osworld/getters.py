@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from rz_agents.envs.osworld.cache import cloud_file_items, cloud_file_path, is_local_url
 from rz_agents.envs.osworld.chrome import active_page, pages
 from rz_agents.envs.osworld.context import EpisodeContext
 
@@ -25,6 +28,10 @@ UNAVAILABLE: dict[str, str] = {
     "vm_terminal_output": "needs a GNOME terminal's accessibility tree (not on this desktop)",
     "rule_relativeTime": "needs today's date rendered in the task's format against live websites",
 }
+
+
+class GetterError(RuntimeError):
+    """A getter cannot read its state here; the message says why (e.g. a file not in the cache)."""
 
 
 def get_rule(ctx: EpisodeContext, config: dict[str, Any]) -> Any:
@@ -44,27 +51,75 @@ def get_vm_command_error(ctx: EpisodeContext, config: dict[str, Any]) -> str | N
     return result.get("error")
 
 
+def _given(paths: list[str | None], config: dict[str, Any]) -> str | list[str | None] | None:
+    """OSWorld's ``gives``: the indices handed to the metric (default ``[0]``); one path, or a list."""
+    gives = config.get("gives", [0])
+    picked = [paths[i] for i in gives if i < len(paths)]
+    return picked[0] if len(picked) == 1 else picked
+
+
+def _paths_and_dests(config: dict[str, Any]) -> list[tuple[str, str]]:
+    paths = config["path"] if isinstance(config["path"], list) else [config["path"]]
+    dests = config.get("dest")
+    dests = dests if isinstance(dests, list) else [dests] * len(paths)
+    if len(dests) != len(paths):
+        dests = [None] * len(paths)
+    return [(str(p), os.path.basename(str(d or p))) for p, d in zip(paths, dests, strict=True)]
+
+
 def get_vm_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | list[str | None] | None:
-    """Copy a file (or, with ``multi``, several) out of the desktop; the local path(s), None if missing."""
-    multi = bool(config.get("multi", False))
-    paths = config["path"] if multi else [config["path"]]
-    dests = config.get("dest") if multi else [config.get("dest")]
-    if not isinstance(dests, list) or len(dests) != len(paths):
-        dests = [os.path.basename(p) for p in paths]
+    """Copy a file (or, with ``multi``, several) out of the desktop into the evaluation folder.
+
+    Each lands as ``<work_dir>/<dest>`` (siblings matter: a metric may look for ``<name>-Sheet1.csv``
+    next to ``<name>.xlsx``); the metric gets the path(s) picked by ``gives``, None for a missing file.
+    """
     out: list[str | None] = []
-    for path, dest in zip(paths, dests, strict=True):
+    for path, dest in _paths_and_dests(config):
         data = ctx.client.get_file(path)
         if data is None:
             out.append(None)
             continue
-        local = os.path.join(ctx.work_dir, os.path.basename(str(dest or path)))
+        local = os.path.join(ctx.work_dir, dest)
         with open(local, "wb") as f:
             f.write(data)
         out.append(local)
-    if multi:
-        gives = config.get("gives")
-        return [out[i] for i in gives] if isinstance(gives, list) else out
-    return out[0]
+    return _given(out, config)
+
+
+def get_cloud_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | list[str | None] | None:
+    """A gold file from the input cache (``rz osworld fetch``), copied into the evaluation folder.
+
+    Not cached: downloaded when the episode allows the network, else ``GetterError`` saying where
+    the file is expected.
+    """
+    out: list[str | None] = []
+    for url, dest in cloud_file_items(config):
+        cached = cloud_file_path(ctx.download_cache, ctx.task_id, dest)
+        local = os.path.join(ctx.work_dir, os.path.basename(dest))
+        if os.path.isfile(cached):
+            shutil.copyfile(cached, local)
+        elif is_local_url(url) or ctx.allow_network:
+            try:
+                with urllib.request.urlopen(url, timeout=120) as resp, open(local, "wb") as f:
+                    shutil.copyfileobj(resp, f)
+            except OSError as exc:
+                raise GetterError(f"cloud_file: download of {url} failed: {exc}") from exc
+        else:
+            raise GetterError(f"needs internet download: {url} (put the file at {cached} to run offline)")
+        out.append(local)
+    return _given(out, config)
+
+
+def get_cache_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """A file an earlier step wrote (``execute`` with ``stdout``), or one in the task's input cache."""
+    name = str(config["path"])
+    for candidate in (
+        os.path.join(ctx.work_dir, os.path.basename(name)),
+        os.path.join(ctx.download_cache, ctx.task_id, name),
+    ):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
 
 
 def get_list_directory(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, Any] | None:
@@ -259,6 +314,8 @@ GETTERS: dict[str, Callable[[EpisodeContext, dict[str, Any]], Any]] = {
     "vm_command_line": get_vm_command_line,
     "vm_command_error": get_vm_command_error,
     "vm_file": get_vm_file,
+    "cloud_file": get_cloud_file,
+    "cache_file": get_cache_file,
     "list_directory": get_list_directory,
     "active_tab_info": get_active_tab_info,
     "open_tabs_info": get_open_tabs_info,

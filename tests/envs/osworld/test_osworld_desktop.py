@@ -15,11 +15,12 @@ import gymnasium
 import pytest
 
 from rz_agents.envs.osworld import LOCAL_TASKS, register_envs
+from rz_agents.envs.osworld.cache import download_paths
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
 from rz_agents.envs.osworld.getters import get_vm_command_line
 from rz_agents.envs.osworld.gym_env import ENV_ID, OSWorldEnv
 from rz_agents.envs.osworld.providers.local import episode_pids
-from rz_agents.envs.osworld.setup_steps import SetupError, cached_download_paths
+from rz_agents.envs.osworld.setup_steps import SetupError
 from rz_agents.eval.osworld import run_osworld_eval
 
 pytestmark = pytest.mark.skipif(
@@ -156,7 +157,7 @@ def test_download_steps_are_served_from_the_cache(tmp_path):
     url, path = "https://example.org/files/report.txt", "/home/user/Desktop/report.txt"
     task = _task("os", "rz-os-mkdir-nested")
     task["config"] = [{"type": "download", "parameters": {"files": [{"url": url, "path": path}]}}]
-    cached = Path(cached_download_paths(str(tmp_path), task["id"], url, path)[0])
+    cached = Path(download_paths(str(tmp_path), task["id"], url, path)[0])
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"offline copy\n")
     with DesktopEnv(download_cache=str(tmp_path), require_a11y_tree=False) as e:

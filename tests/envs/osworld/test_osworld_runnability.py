@@ -13,8 +13,8 @@ import pytest
 from osworld_cli_helper import rz_osworld
 
 from rz_agents.envs.osworld import LOCAL_TASKS
+from rz_agents.envs.osworld.cache import download_paths
 from rz_agents.envs.osworld.runnability import check_task, validate_dir
-from rz_agents.envs.osworld.setup_steps import cached_download_paths
 from rz_agents.envs.osworld.task import parse_task
 
 # shared/ lies beside the repository checkout (CI clones elsewhere with a copy of shared/ beside it).
@@ -59,7 +59,7 @@ def test_download_needs_internet_unless_cached(tmp_path):
     url, path = "https://example.org/f.txt", "/home/user/Desktop/f.txt"
     task = _task([{"type": "download", "parameters": {"files": [{"url": url, "path": path}]}}])
     assert _categories(task, str(tmp_path)) == ["needs internet download"]
-    cached = Path(cached_download_paths(str(tmp_path), "t", url, path)[0])
+    cached = Path(download_paths(str(tmp_path), "t", url, path)[0])
     cached.parent.mkdir(parents=True)
     cached.write_text("data")
     assert check_task(task, str(tmp_path)).runnable

@@ -57,7 +57,6 @@ def sandbox_problem() -> str | None:
     return sandbox.bwrap_problem()
 
 
-
 def episode_pids(episode_id: str) -> list[int]:
     """PIDs of live processes whose environment carries this episode's marker."""
     needle = f"{MARKER}={episode_id}".encode()
