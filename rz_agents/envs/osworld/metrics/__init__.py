@@ -15,15 +15,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rz_agents.envs.osworld.metrics import chrome, general
+from rz_agents.envs.osworld.metrics import chrome, general, table
 
-METRICS: dict[str, Callable[..., float]] = {**general.METRICS, **chrome.METRICS}
+_MODULES = (general, chrome, table)
+METRICS: dict[str, Callable[..., float]] = {k: v for m in _MODULES for k, v in m.METRICS.items()}
 
 # Scored from the action history by the evaluator.
 SPECIAL_METRICS = ("infeasible",)
 
 # name -> options -> a reason the options are not supported here (None when they are)
-OPTION_CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {}
+OPTION_CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {
+    k: v for m in _MODULES for k, v in getattr(m, "OPTION_CHECKS", {}).items()
+}
 
 
 def option_problem(name: str, options: dict[str, Any]) -> str | None:

@@ -69,12 +69,12 @@ def fuzzy_match(result: Any, rules: dict[str, Any], **_: Any) -> float:
     return fuzz_ratio(str(result), str(rules["expected"])) / 100.0
 
 
-def read_text(path: str | None) -> str | None:
-    """A text file's content (UTF-8, undecodable bytes replaced), None when missing."""
+def read_text(path: str | None, encoding: str = "utf-8") -> str | None:
+    """A text file's content (undecodable bytes replaced), None when missing."""
     if not path:
         return None
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, encoding=encoding, errors="replace") as f:
             return f.read()
     except OSError:
         return None
