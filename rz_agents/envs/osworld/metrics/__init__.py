@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rz_agents.envs.osworld.metrics import chrome, general, table
+from rz_agents.envs.osworld.metrics import chrome, general, pdf, table
 
-_MODULES = (general, chrome, table)
+_MODULES = (general, chrome, table, pdf)
 METRICS: dict[str, Callable[..., float]] = {k: v for m in _MODULES for k, v in m.METRICS.items()}
 
 # Scored from the action history by the evaluator.
