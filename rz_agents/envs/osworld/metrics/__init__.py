@@ -5,7 +5,7 @@ when the task has no ``expected`` getter). A ``None`` result (state missing) sco
 ``infeasible`` is scored by the evaluator from the action history, not here.
 
 One module per kind of state: ``general`` (literals, JSON/CSV/list files, SQLite, the
-accessibility tree), ``chrome``, ``table`` (spreadsheets, CSV, PDF), ``slides``, ``docs``,
+accessibility tree), ``chrome``, ``table`` (spreadsheets, CSV), ``pdf``, ``slides``, ``docs``,
 ``images``, ``app_config`` (GIMP, LibreOffice, Thunderbird, VLC settings). ``option_problem``
 says when a task asks a metric for something it does not implement (the runnability check uses it).
 """
@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rz_agents.envs.osworld.metrics import chrome, general, pdf, table
+from rz_agents.envs.osworld.metrics import app_config, chrome, docs, general, images, pdf, slides, table
 
-_MODULES = (general, chrome, table, pdf)
+_MODULES = (general, chrome, table, pdf, slides, docs, images, app_config)
 METRICS: dict[str, Callable[..., float]] = {k: v for m in _MODULES for k, v in m.METRICS.items()}
 
 # Scored from the action history by the evaluator.
