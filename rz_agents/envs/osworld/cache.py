@@ -70,7 +70,9 @@ class RemoteInput:
     def lookup(self, cache_dir: str) -> str | None:
         """The cached copy, or None."""
         if self.kind == "download":  # also the flat layout, for files shared by tasks
-            return first_existing([self.cache_path, os.path.join(cache_dir, os.path.basename(self.cache_path))])
+            return first_existing(
+                [self.cache_path, os.path.join(cache_dir, os.path.basename(self.cache_path))]
+            )
         return first_existing([self.cache_path])
 
 

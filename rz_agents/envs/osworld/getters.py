@@ -26,6 +26,7 @@ PROFILE_DIR = CHROME_DIR + "/Default"
 
 UNAVAILABLE: dict[str, str] = {
     "vm_terminal_output": "needs a GNOME terminal's accessibility tree (not on this desktop)",
+    "vm_wallpaper": "needs GNOME's desktop background setting (no GNOME here)",
     "rule_relativeTime": "needs today's date rendered in the task's format against live websites",
 }
 
@@ -119,6 +120,69 @@ def get_cache_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
     ):
         if os.path.isfile(candidate):
             return candidate
+    return None
+
+
+def _copy_out(ctx: EpisodeContext, path: str, dest: str) -> str | None:
+    """Copy one desktop file to ``<work_dir>/<dest>``; None when it does not exist."""
+    data = ctx.client.get_file(path)
+    if data is None:
+        return None
+    local = os.path.join(ctx.work_dir, os.path.basename(dest))
+    with open(local, "wb") as f:
+        f.write(data)
+    return local
+
+
+def get_gimp_config_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """A file of GIMP 2.10's settings folder (``~/.config/GIMP/2.10/<file_name>``)."""
+    name = config["file_name"]
+    return _copy_out(ctx, f"/home/user/.config/GIMP/2.10/{name}", config.get("dest") or name)
+
+
+def get_vlc_config(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """VLC's settings file (``~/.config/vlc/vlcrc``)."""
+    return _copy_out(ctx, "/home/user/.config/vlc/vlcrc", config.get("dest") or "vlcrc")
+
+
+VLC_HTTP = ("127.0.0.1", 8080, "password")  # what the desktop's vlc wrapper enables (providers/wrappers.py)
+
+
+def get_vlc_playing_info(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """VLC's ``status.xml`` from its HTTP interface (fetched inside the desktop: its loopback is its own)."""
+    host, port, password = VLC_HTTP
+    code = (
+        "import base64, sys, urllib.request\n"
+        f"req = urllib.request.Request('http://{host}:{port}/requests/status.xml')\n"
+        f"req.add_header('Authorization', 'Basic ' + base64.b64encode(b':{password}').decode())\n"
+        "sys.stdout.write(urllib.request.urlopen(req, timeout=10).read().decode())"
+    )
+    result = ctx.client.execute(["python3", "-c", code])
+    if result.get("returncode") != 0 or not result.get("output"):
+        return None
+    local = os.path.join(ctx.work_dir, os.path.basename(config.get("dest") or "status.xml"))
+    with open(local, "w") as f:
+        f.write(result["output"])
+    return local
+
+
+def get_accessibility_tree(ctx: EpisodeContext, config: dict[str, Any]) -> str:
+    """The desktop's accessibility tree (XML)."""
+    return ctx.client.accessibility_tree()
+
+
+def get_vm_screen_size(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, int]:
+    """``{"width", "height"}`` of the screen."""
+    w, h = ctx.client.screen_size()
+    return {"width": w, "height": h}
+
+
+def get_vm_window_size(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, int] | None:
+    """``{"width", "height"}`` of the first window whose class is ``app_class_name`` (case-insensitive)."""
+    want = str(config["app_class_name"]).lower()
+    for w in ctx.client.windows():
+        if str(w.get("class", "")).lower() == want:
+            return {"width": w["w"], "height": w["h"]}
     return None
 
 
@@ -243,6 +307,20 @@ def get_enable_do_not_track(ctx: EpisodeContext, config: dict[str, Any]) -> str:
     return "true" if _preferences(ctx).get("enable_do_not_track") else "false"
 
 
+def get_enable_enhanced_safety_browsing(ctx: EpisodeContext, config: dict[str, Any]) -> str:
+    """``"true"`` when Safe Browsing's enhanced protection is on."""
+    return "true" if _preferences(ctx).get("safebrowsing", {}).get("enhanced") else "false"
+
+
+def get_data_delete_automacally(ctx: EpisodeContext, config: dict[str, Any]) -> str:  # (OSWorld's spelling)
+    """``"true"`` when the profile has default content settings (auto-delete of site data configured)."""
+    return (
+        "true"
+        if _preferences(ctx).get("profile", {}).get("default_content_setting_values") is not None
+        else "false"
+    )
+
+
 def get_default_search_engine(ctx: EpisodeContext, config: dict[str, Any]) -> str:
     """The default search engine's short name (``Google`` when never changed)."""
     data = _preferences(ctx).get("default_search_provider_data", {}).get("template_url_data", {})
@@ -317,6 +395,14 @@ GETTERS: dict[str, Callable[[EpisodeContext, dict[str, Any]], Any]] = {
     "cloud_file": get_cloud_file,
     "cache_file": get_cache_file,
     "list_directory": get_list_directory,
+    "gimp_config_file": get_gimp_config_file,
+    "vlc_config": get_vlc_config,
+    "vlc_playing_info": get_vlc_playing_info,
+    "accessibility_tree": get_accessibility_tree,
+    "vm_screen_size": get_vm_screen_size,
+    "vm_window_size": get_vm_window_size,
+    "enable_enhanced_safety_browsing": get_enable_enhanced_safety_browsing,
+    "data_delete_automacally": get_data_delete_automacally,
     "active_tab_info": get_active_tab_info,
     "open_tabs_info": get_open_tabs_info,
     "active_url_from_accessTree": get_active_url,

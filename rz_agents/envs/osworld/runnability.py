@@ -174,12 +174,19 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
     return r
 
 
-def validate_dir(path: str | Path, download_cache: str, assume_cached: bool = False) -> dict[str, Any]:
+def validate_dir(
+    path: str | Path,
+    download_cache: str,
+    assume_cached: bool = False,
+    subset: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
     """Parse and check every task under ``path`` (``assume_cached``: see ``check_task``).
 
     Returns ``total``, ``parsed``, ``parse_errors`` (path -> message), ``runnable``,
     ``not_runnable`` (first reason's category -> task count), ``reasons`` (every category ->
-    task count) and ``tasks`` (per task: id, domain, path, runnable, reasons).
+    task count), ``by_domain`` and ``tasks`` (per task: id, domain, path, runnable, reasons).
+    With ``subset`` (OSWorld's ``test_all.json``: domain -> ids), ``subset`` counts the listed
+    tasks found (a task file named after its id, in its domain's folder) and runnable, per domain.
     """
     loaded = load_tasks(path)
     parse_errors = {str(p): str(t) for p, t in loaded if isinstance(t, TaskFormatError)}
@@ -192,6 +199,7 @@ def validate_dir(path: str | Path, download_cache: str, assume_cached: bool = Fa
         d["total"] += 1
         d["runnable"] += int(c.runnable)
     return {
+        "subset": _subset_summary(checks, subset) if subset is not None else None,
         "total": len(loaded),
         "parsed": len(checks),
         "parse_errors": parse_errors,
@@ -209,4 +217,21 @@ def validate_dir(path: str | Path, download_cache: str, assume_cached: bool = Fa
             }
             for c in checks
         ],
+    }
+
+
+def _subset_summary(checks: list[Runnability], subset: dict[str, list[str]]) -> dict[str, Any]:
+    listed = {(domain, task_id) for domain, ids in subset.items() for task_id in ids}
+    # A variant file (e.g. "<id>-win.json") repeats an id: only "<id>.json" stands for the task.
+    found = [c for c in checks if (c.domain, c.task_id) in listed and Path(c.path).stem == c.task_id]
+    by_domain: dict[str, dict[str, int]] = {}
+    for c in found:
+        d = by_domain.setdefault(c.domain, {"total": 0, "runnable": 0})
+        d["total"] += 1
+        d["runnable"] += int(c.runnable)
+    return {
+        "listed": len(listed),
+        "found": len(found),
+        "runnable": sum(c.runnable for c in found),
+        "by_domain": by_domain,
     }

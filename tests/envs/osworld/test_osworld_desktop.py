@@ -15,7 +15,7 @@ import gymnasium
 import pytest
 
 from rz_agents.envs.osworld import LOCAL_TASKS, register_envs
-from rz_agents.envs.osworld.cache import download_paths
+from rz_agents.envs.osworld.cache import cloud_file_path, download_paths
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
 from rz_agents.envs.osworld.getters import get_vm_command_line
 from rz_agents.envs.osworld.gym_env import ENV_ID, OSWorldEnv
@@ -201,3 +201,44 @@ def test_gymnasium_env_chat_turns_parse_errors_and_truncation_reward():
         assert (reward, terminated, truncated) == (1.0, False, True)
     finally:
         env.close()
+
+
+def test_gold_files_come_from_the_cache_and_command_output_is_kept(tmp_path):
+    gold_url = "https://example.org/gold/notes.txt"
+    task = {
+        "id": "rz-cache-eval",
+        "instruction": "Write the notes.",
+        "config": [
+            {
+                "type": "execute",
+                "parameters": {"command": "printf 'a\\nb\\n' > ~/Desktop/notes.txt", "shell": True},
+            }
+        ],
+        "evaluator": {
+            "postconfig": [
+                {
+                    "type": "execute",
+                    "parameters": {"command": ["ls", "/home/user/Desktop"], "stdout": "desktop.ls"},
+                }
+            ],
+            "func": ["compare_text_file", "check_list"],
+            "result": [
+                {"type": "vm_file", "path": "/home/user/Desktop/notes.txt", "dest": "notes.txt"},
+                {"type": "cache_file", "path": "desktop.ls"},
+            ],
+            "expected": [
+                {"type": "cloud_file", "path": gold_url, "dest": "notes_gold.txt"},
+                {"type": "rule", "rules": {"expect": [r"^notes\.txt$"]}},
+            ],
+        },
+    }
+    with DesktopEnv(download_cache=str(tmp_path), require_a11y_tree=False, require_screenshot=False) as e:
+        e.reset(task)
+        e.step("DONE")
+        assert e.evaluate() == 0.0 and "needs internet download" in e.last_evaluation.errors[0]
+        gold = Path(cloud_file_path(str(tmp_path), task["id"], "notes_gold.txt"))
+        gold.parent.mkdir(parents=True, exist_ok=True)
+        gold.write_text("a\nb\n")
+        e.reset(task)
+        e.step("DONE")
+        assert e.evaluate() == 1.0, e.last_evaluation

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import rz_agents
 from rz_agents.envs.osworld.chrome import chromium_binary, write_chrome_wrapper
 from rz_agents.envs.osworld.providers import sandbox
+from rz_agents.envs.osworld.providers.wrappers import write_sudo_shim, write_vlc_wrapper
 from rz_agents.envs.osworld.relay import Relay, connect_unix, tcp_listener, unix_listener
 from rz_agents.envs.osworld.session import SessionError, read_line
 
@@ -71,22 +72,6 @@ def episode_pids(episode_id: str) -> list[int]:
         except OSError:
             continue  # gone, or not ours to read
     return pids
-
-
-def _write_sudo_shim(path: str) -> None:
-    """A ``sudo`` that drops its options and runs the command as the desktop user.
-
-    The sandbox has no root (and ``no_new_privs`` stops a real sudo): what needs root fails
-    there as on a read-only system; tasks' ``echo password | sudo -S cmd`` still runs ``cmd``.
-    """
-    with open(path, "w") as f:
-        f.write(
-            "#!/bin/sh\n"
-            "# rz_agents.envs.osworld: no root in the desktop; sudo only strips its options.\n"
-            'while [ $# -gt 0 ]; do case "$1" in -u|-g) shift 2;; -*) shift;; *) break;; esac; done\n'
-            '[ $# -gt 0 ] && exec "$@"\n'
-        )
-    os.chmod(path, 0o755)
 
 
 @dataclass
@@ -202,7 +187,8 @@ class LocalProvider:
             os.symlink(sys.executable, os.path.join(layout.bin, name))
         if self.sandboxed or not shutil.which("sudo"):
             # Tasks run "echo password | sudo -S cmd"; there is no root to become.
-            _write_sudo_shim(os.path.join(layout.bin, "sudo"))
+            write_sudo_shim(layout.bin)
+        write_vlc_wrapper(layout.bin)
         chromium = chromium_binary()
         if chromium:
             home = VM_HOME if self.sandboxed else layout.home
