@@ -63,7 +63,32 @@ def _add(group: Any, *flags: str, **kwargs: Any) -> None:
 def add_eval_arguments(group: Any) -> None:
     """The options of an OSWorld evaluation, shared by ``rz osworld eval`` and ``rz eval osworld``."""
     _add(group, "--tasks", help="OSWorld task folder or file")
-    _add(group, "--policy", default=None, help="oracle (default) | noop | package.module:callable")
+    _add(
+        group,
+        "--policy",
+        default=None,
+        help="oracle (default) | noop | package.module:callable | openai:URL/MODEL (an OpenAI-compatible "
+        "endpoint, e.g. openai:http://gpu:8000/v1/Qwen/Qwen3-4B; key from $OPENAI_API_KEY)",
+    )
+    _add(group, "--checkpoint", help="evaluate this HF checkpoint (or packaged model) with our engine")
+    _add(group, "--max-tokens", type=int, default=None, help="tokens per reply (default 512)")
+    _add(group, "--temperature", type=float, default=None, help="sampling temperature (default 0: greedy)")
+    _add(group, "--top-p", type=float, default=None, help="nucleus sampling (default 1)")
+    _add(group, "--seed", type=int, default=None, help="sampling seed (default 0)")
+    _add(
+        group, "--history-turns", type=int, default=3, help="past turns a model sees (default 3, as OSWorld)"
+    )
+    _add(
+        group,
+        "--max-tree-tokens",
+        type=int,
+        default=10000,
+        help="accessibility-tree budget per turn (default 10000)",
+    )
+    _add(group, "--max-len", type=int, default=None, help="engine context length (default: the model's)")
+    _add(group, "--num-threads", type=int, help="torch threads for the engine (default: torch's)")
+    _add(group, "--kernels", choices=("aligned", "standard"), help="op set (default aligned)")
+    _add(group, "--dtype", choices=("float32", "bfloat16"), help="model dtype (default: the checkpoint's)")
     _add(group, "--max-steps", type=int, default=15, help="turns per task (default 15)")
     _add(group, "--action-space", choices=("pyautogui", "computer_13"), default="pyautogui")
     _add(group, "--provider", choices=("local", "docker"), default="local")
@@ -163,14 +188,16 @@ def run_eval(args: argparse.Namespace) -> int:
             print(f"  {row['status']:<8} {score:>5}  {row['id']}", file=sys.stderr, flush=True)
 
     try:
+        policy = _policy(args)
         summary = run_osworld_eval(
             args.tasks,
-            policy=args.policy or "oracle",
+            policy=policy,
             max_steps=args.max_steps,
             action_space=args.action_space,
             provider=args.provider,
             download_cache=args.cache,
             include_unrunnable=args.include_unrunnable,
+            max_tree_tokens=args.max_tree_tokens,
             on_result=progress,
         )
     except (FileNotFoundError, ValueError, ImportError) as exc:
@@ -178,3 +205,28 @@ def run_eval(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))
     return 0
+
+
+def _policy(args: argparse.Namespace) -> Any:
+    """The policy the options ask for: a model (``--checkpoint`` / ``openai:``) or a named one."""
+    from rz_agents.eval.osworld_policies import Sampling, model_policy
+    from rz_agents.model.checkpoint import CheckpointError
+
+    def given(name: str, default: Any) -> Any:
+        value = getattr(args, name, None)
+        return default if value is None else value
+
+    sampling = Sampling(
+        max_tokens=given("max_tokens", 512),
+        temperature=given("temperature", 0.0),
+        top_p=given("top_p", 1.0),
+        seed=given("seed", 0),
+        history_turns=args.history_turns,
+    )
+    engine = {"max_len": args.max_len, "num_threads": getattr(args, "num_threads", None),
+              "kernels": given("kernels", "aligned"), "dtype": getattr(args, "dtype", None)}  # fmt: skip
+    try:
+        model = model_policy(args.policy, args.checkpoint, sampling, **engine)
+    except CheckpointError as exc:
+        raise ValueError(str(exc)) from exc
+    return model if model is not None else (args.policy or "oracle")

@@ -191,7 +191,13 @@ def test_gymnasium_env_chat_turns_parse_errors_and_truncation_reward():
         assert isinstance(env.unwrapped, OSWorldEnv)
         messages, info = env.reset(options={"task": _task("os", "rz-os-mkdir-nested")})
         assert [m["role"] for m in messages] == ["system", "user"] and info["task_id"] == "rz-os-mkdir-nested"
-        assert "pyautogui" in messages[0]["content"] and "Task: Create the folder" in messages[1]["content"]
+        assert (
+            "pyautogui" in messages[0]["content"]
+            and "following task: Create the folder" in messages[0]["content"]
+        )
+        assert messages[1]["content"].startswith(
+            "Given the info from accessibility tree as below:\ntag\tname"
+        )
         obs, reward, terminated, truncated, info = env.step("let me think about it")
         assert (reward, terminated, truncated) == (0.0, False, False)
         assert obs[0]["content"].startswith("Action error:") and "action_error" in info
