@@ -94,7 +94,7 @@ def linearize(xml: str | None) -> str:
     for node in root.iter():
         if not keep_node(node, atspi):
             continue
-        text = (node.text or "").strip() or node.get("text", "") or node.get(f"{{{VALUE_NS}}}value", "")
+        text = (node.text or "").strip() or node.get("text", "")
         pos, size = _geometry(node)
         lines.append(
             "\t".join(

@@ -4,7 +4,9 @@
 
 1. starts Xvfb (it picks a free display itself through ``-displayfd``; in a sandbox, with its own
    ``/tmp`` and network namespace, that is ``:0`` as on OSWorld's VM) and writes ``~/.Xauthority``;
-2. starts the window manager;
+2. with ``--a11y``: starts a session D-Bus of its own, switches accessibility on (the AT-SPI bus,
+   and the variables that make GTK 2/3, LibreOffice, Qt, Gecko and Chromium expose their widgets),
+   so ``atspi_tree.py`` can read every application's tree; then starts the window manager;
 3. serves the in-VM HTTP server (``server.py``): on the listening Unix socket inherited as fd
    ``--server-fd`` (sandboxed: the host created it in a folder the desktop cannot see, and relays
    it to a loopback port of its own), else on a free loopback TCP port; with ``--cdp-fd`` it also
@@ -17,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -112,6 +115,77 @@ def start_window_manager(name: str) -> subprocess.Popen | None:
     )
 
 
+# What makes each toolkit expose its widgets over AT-SPI without a GNOME session.
+A11Y_ENV = {
+    "GTK_MODULES": "gail:atk-bridge",  # GTK 2 (GIMP); GTK 3 loads the bridge itself
+    "GNOME_ACCESSIBILITY": "1",  # Gecko (Thunderbird), LibreOffice
+    "SAL_USE_VCLPLUGIN": "gtk3",  # LibreOffice's GTK 3 front end carries its accessibility
+    "QT_ACCESSIBILITY": "1",  # Qt (VLC)
+    "QT_LINUX_ACCESSIBILITY_ALWAYS_ON": "1",
+    "ACCESSIBILITY_ENABLED": "1",  # Chromium (with --force-renderer-accessibility)
+}
+
+
+@functools.lru_cache(maxsize=1)
+def atspi_problem(system_python: str = "/usr/bin/python3") -> str | None:
+    """Why desktops cannot have AT-SPI trees here (None when they can); probed once per process."""
+    import shutil
+
+    for tool in ("dbus-daemon", "dbus-send"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (apt-get install dbus dbus-bin)"
+    if not any(
+        os.path.exists(p)
+        for p in ("/usr/libexec/at-spi-bus-launcher", "/usr/lib/at-spi2-core/at-spi-bus-launcher")
+    ):
+        return "at-spi2-core is not installed"
+    try:
+        ok = (
+            subprocess.run(
+                [system_python, "-c", "import pyatspi"], capture_output=True, timeout=30
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return (
+        None
+        if ok
+        else f"{system_python} cannot import pyatspi (apt-get install python3-pyatspi gir1.2-atspi-2.0)"
+    )
+
+
+def start_session_bus(timeout_s: float) -> tuple[subprocess.Popen, str]:
+    """A session D-Bus daemon of this desktop; returns it and its address."""
+    read_fd, write_fd = os.pipe()
+    try:
+        bus = subprocess.Popen(
+            ["dbus-daemon", "--session", "--nofork", "--nopidfile", f"--print-address={write_fd}"],
+            pass_fds=(write_fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    finally:
+        os.close(write_fd)
+    try:
+        address = read_line(read_fd, timeout_s, "dbus-daemon did not report its address")
+    finally:
+        os.close(read_fd)
+    return bus, address
+
+
+def enable_accessibility(timeout_s: float) -> bool:
+    """Set ``org.a11y.Status.IsEnabled`` (D-Bus activates the AT-SPI bus launcher); True when it took."""
+    cmd = ["dbus-send", "--session", "--print-reply", "--dest=org.a11y.Bus", "/org/a11y/bus",
+           "org.freedesktop.DBus.Properties.Set", "string:org.a11y.Status", "string:IsEnabled",
+           "variant:boolean:true"]  # fmt: skip
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=timeout_s).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def limit_processes(n: int) -> None:
     """Cap the processes (threads included) of this desktop's user: a fork bomb stays in the sandbox.
 
@@ -129,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cdp-port", type=int, default=0, help="Chromium's DevTools port inside the desktop")
     p.add_argument("--window-manager", default="openbox")
     p.add_argument("--max-processes", type=int, default=0, help="RLIMIT_NPROC for the desktop user (0: keep)")
+    p.add_argument("--a11y", action="store_true", help="a session bus and AT-SPI accessibility for the apps")
     args = p.parse_args(argv)
 
     # The provider ends the session by signal; exiting through Python lets children see it too.
@@ -141,6 +216,17 @@ def main(argv: list[str] | None = None) -> None:
         children.append(xvfb)
         os.environ["DISPLAY"] = display
         write_xauthority(os.path.join(os.environ.get("HOME", "/tmp"), ".Xauthority"), display[1:])
+        a11y = False
+        if args.a11y:
+            runtime = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"xdg-runtime-{os.getuid()}")
+            os.makedirs(runtime, mode=0o700, exist_ok=True)
+            os.environ.setdefault("XDG_RUNTIME_DIR", runtime)
+            bus, address = start_session_bus(START_TIMEOUT_S)
+            children.append(bus)
+            os.environ["DBUS_SESSION_BUS_ADDRESS"] = address
+            os.environ.update(A11Y_ENV)
+            a11y = enable_accessibility(START_TIMEOUT_S)
+            os.environ["RZ_OSWORLD_ATSPI"] = "1" if a11y else "0"
         wm = start_window_manager(args.window_manager)
         if wm is not None:
             children.append(wm)
@@ -153,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
             from rz_agents.envs.osworld.relay import Relay, connect_tcp
 
             Relay(socket.socket(fileno=args.cdp_fd), connect_tcp(args.cdp_port), "cdp").start()
-        print(json.dumps({"display": display, "port": port}), flush=True)
+        print(json.dumps({"display": display, "port": port, "a11y": a11y}), flush=True)
         serve(server)
     finally:
         for child in reversed(children):

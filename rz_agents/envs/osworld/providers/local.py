@@ -32,7 +32,7 @@ from rz_agents.envs.osworld.chrome import chromium_binary, write_chrome_wrapper
 from rz_agents.envs.osworld.providers import sandbox
 from rz_agents.envs.osworld.providers.wrappers import write_sudo_shim, write_vlc_wrapper
 from rz_agents.envs.osworld.relay import Relay, connect_unix, tcp_listener, unix_listener
-from rz_agents.envs.osworld.session import SessionError, read_line
+from rz_agents.envs.osworld.session import SessionError, atspi_problem, read_line
 
 MARKER = "RZ_OSWORLD_EPISODE"
 VM_HOME = sandbox.VM_HOME
@@ -97,9 +97,16 @@ class LocalProvider:
         sandbox: str = "auto",
         window_manager: str = "openbox",
         start_timeout_s: float = 30.0,
+        accessibility: str = "auto",
     ) -> None:
         if sandbox not in ("auto", "bwrap", "none"):
             raise ValueError(f"sandbox must be 'auto', 'bwrap' or 'none', got {sandbox!r}")
+        if accessibility not in ("auto", "atspi", "fallback"):
+            raise ValueError(f"accessibility must be 'auto', 'atspi' or 'fallback', got {accessibility!r}")
+        a11y_problem = atspi_problem() if accessibility != "fallback" else "switched off"
+        if accessibility == "atspi" and a11y_problem:
+            raise ProviderError(f"no AT-SPI accessibility tree: {a11y_problem}")
+        self.atspi = a11y_problem is None
         if not shutil.which("Xvfb"):
             raise ProviderError("Xvfb is not installed (apt-get install xvfb)")
         self.screen_size = screen_size
@@ -193,7 +200,11 @@ class LocalProvider:
         if chromium:
             home = VM_HOME if self.sandboxed else layout.home
             write_chrome_wrapper(
-                layout.bin, chromium, desktop.cdp_port, os.path.join(home, ".config", "google-chrome")
+                layout.bin,
+                chromium,
+                desktop.cdp_port,
+                os.path.join(home, ".config", "google-chrome"),
+                ["--force-renderer-accessibility"] if self.atspi else [],
             )
         if self.sandboxed:
             sandbox.write_identity(layout.etc, uid if uid is not None else sandbox.UNPRIVILEGED_UID)
@@ -236,6 +247,8 @@ class LocalProvider:
         w, h = self.screen_size
         argv = [sys.executable, "-m", "rz_agents.envs.osworld.session", "--screen", f"{w}x{h}"]
         argv += ["--window-manager", self.window_manager or ""]
+        if self.atspi:
+            argv.append("--a11y")
         if server_fd is not None and cdp_fd is not None:
             argv += [
                 "--server-fd",

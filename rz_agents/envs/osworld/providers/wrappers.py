@@ -4,7 +4,8 @@
   sudo's options and runs the command as the desktop user, so tasks' ``echo password | sudo -S cmd``
   still runs ``cmd`` (what needs root then fails, as on a read-only system);
 - ``vlc``: VLC with the HTTP interface OSWorld's VM configures (``127.0.0.1:8080``, password
-  ``password``), which the ``vlc_playing_info`` getter reads from inside the desktop.
+  ``password``), which the ``vlc_playing_info`` getter reads from inside the desktop, and without
+  the first-run privacy dialog (answered on OSWorld's VM).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ VLC_HTTP_ARGS = (
     "--http-password",
     "password",
 )
+VLC_QUIET_ARGS = ("--no-qt-privacy-ask",)  # OSWorld's VM has answered VLC's first-run dialog
 
 
 def _write_script(path: str, body: str) -> str:
@@ -45,5 +47,5 @@ def write_vlc_wrapper(bin_dir: str) -> str | None:
     vlc = shutil.which("vlc")
     if vlc is None:
         return None
-    args = " ".join(VLC_HTTP_ARGS)
+    args = " ".join((*VLC_HTTP_ARGS, *VLC_QUIET_ARGS))
     return _write_script(os.path.join(bin_dir, "vlc"), f'exec "{vlc}" {args} "$@"\n')
