@@ -36,9 +36,12 @@ def register_envs() -> None:
 class OSWorldEnv(MultiTurnTextEnv):
     """OSWorld tasks as a Gymnasium multi-turn text env.
 
-    ``reset(options={"task": task_json})`` runs that task; without a task one is drawn (with the
-    reset's seed) from ``tasks_path``. ``info["evaluation"]`` on the last step holds the score's
-    details; ``info["action_error"]`` is set when a reply held no valid action.
+    ``reset(options={"task": task_json})`` runs that task; a task given as ``{"id": ...}`` alone
+    (what a training config lists in ``env.tasks``) is looked up in ``tasks_path``; without a task
+    one is drawn (with the reset's seed) from ``tasks_path`` (``"local"``: the packaged task set).
+    ``info["evaluation"]`` on the last step holds the score's details; ``info["action_error"]`` is
+    set when a reply held no valid action. One env holds one desktop at a time, so the number of
+    env instances (the rollout's concurrent episodes) bounds the desktops running at once.
     """
 
     def __init__(
@@ -56,9 +59,14 @@ class OSWorldEnv(MultiTurnTextEnv):
         self.action_space_name = action_space
         self.max_tree_tokens = max_tree_tokens
         self.pause = pause
+        if tasks_path == "local":
+            from rz_agents.envs.osworld import LOCAL_TASKS
+
+            tasks_path = LOCAL_TASKS
         self.tasks: list[Task] = (
             [t for _p, t in load_tasks(tasks_path) if isinstance(t, Task)] if tasks_path else []
         )
+        self._by_id = {t.id: t for t in self.tasks}
         self.desktop = DesktopEnv(
             provider_name=provider,
             action_space=action_space,
@@ -77,6 +85,12 @@ class OSWorldEnv(MultiTurnTextEnv):
             if not self.tasks:
                 raise ValueError("no task given: pass options={'task': {...}} or tasks_path=")
             task_obj: Task | dict[str, Any] = self.tasks[int(rng.integers(len(self.tasks)))]
+        elif set(task) <= {"id", "domain"}:  # a reference into tasks_path
+            if task.get("id") not in self._by_id:
+                raise ValueError(
+                    f"task {task.get('id')!r} is not in tasks_path ({len(self.tasks)} tasks loaded)"
+                )
+            task_obj = self._by_id[task["id"]]
         else:
             task_obj = task
         obs = self.desktop.reset(task_obj)
