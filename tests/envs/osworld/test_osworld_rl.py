@@ -75,6 +75,8 @@ def test_two_learner_steps_on_real_desktops():
     rollout = summary["rollout"]
     assert rollout["episodes_failed"] == 0 and rollout["episodes_finished"] >= 4
     for step in run.history:
-        assert step["learner_tokens"] > 2 * 1500  # 2 episodes a step, each prompt with the desktop tree (bytes)
+        assert (
+            step["learner_tokens"] > 2 * 1500
+        )  # 2 episodes a step, each prompt with the desktop tree (bytes)
         assert step["lag_max"] == 0
     assert _desktops() - before == set()  # every desktop stopped with its env
