@@ -74,22 +74,12 @@ def write_xauthority(path: str, display_number: str) -> None:
         f.write(entry)
 
 
-def start_xvfb(screen: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
-    """Start Xvfb on a display it picks; returns the process and ``:N``."""
+def start_reporting(argv: list[str], timeout_s: float, what: str) -> tuple[subprocess.Popen, str]:
+    """Start a daemon that writes one line (its display, its address) to the fd ``{fd}`` in ``argv`` names."""
     read_fd, write_fd = os.pipe()
     try:
-        xvfb = subprocess.Popen(
-            [
-                "Xvfb",
-                "-displayfd",
-                str(write_fd),
-                "-screen",
-                "0",
-                f"{screen}x24",
-                "-noreset",
-                "-nolisten",
-                "tcp",
-            ],
+        proc = subprocess.Popen(
+            [a.replace("{fd}", str(write_fd)) for a in argv],
             pass_fds=(write_fd,),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -98,9 +88,16 @@ def start_xvfb(screen: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
     finally:
         os.close(write_fd)
     try:
-        number = read_line(read_fd, timeout_s, "Xvfb did not report its display number")
+        line = read_line(read_fd, timeout_s, f"{argv[0]} did not report its {what}")
     finally:
         os.close(read_fd)
+    return proc, line
+
+
+def start_xvfb(screen: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
+    """Start Xvfb on a display it picks; returns the process and ``:N``."""
+    argv = ["Xvfb", "-displayfd", "{fd}", "-screen", "0", f"{screen}x24", "-noreset", "-nolisten", "tcp"]
+    xvfb, number = start_reporting(argv, timeout_s, "display number")
     return xvfb, f":{number}"
 
 
@@ -157,22 +154,8 @@ def atspi_problem(system_python: str = "/usr/bin/python3") -> str | None:
 
 def start_session_bus(timeout_s: float) -> tuple[subprocess.Popen, str]:
     """A session D-Bus daemon of this desktop; returns it and its address."""
-    read_fd, write_fd = os.pipe()
-    try:
-        bus = subprocess.Popen(
-            ["dbus-daemon", "--session", "--nofork", "--nopidfile", f"--print-address={write_fd}"],
-            pass_fds=(write_fd,),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    finally:
-        os.close(write_fd)
-    try:
-        address = read_line(read_fd, timeout_s, "dbus-daemon did not report its address")
-    finally:
-        os.close(read_fd)
-    return bus, address
+    argv = ["dbus-daemon", "--session", "--nofork", "--nopidfile", "--print-address={fd}"]
+    return start_reporting(argv, timeout_s, "address")
 
 
 def enable_accessibility(timeout_s: float) -> bool:

@@ -153,16 +153,18 @@ def compare_line_spacing(file1: str | None, file2: str | None, **_: Any) -> floa
     )
 
 
+def _aligned_runs(docs: tuple[Any, Any]) -> Any:
+    """Pairs of runs at the same place (paragraph, run) in both documents, as far as both go."""
+    for p1, p2 in zip(docs[0].paragraphs, docs[1].paragraphs, strict=False):
+        yield from zip(p1.runs, p2.runs, strict=False)
+
+
 def compare_subscript_contains(file1: str | None, file2: str | None, **_: Any) -> float:
     """1 when some aligned pair of runs is subscript in both documents."""
     docs = _both(file1, file2)
-    if docs is None:
-        return 0.0
-    for p1, p2 in zip(docs[0].paragraphs, docs[1].paragraphs, strict=False):
-        for r1, r2 in zip(p1.runs, p2.runs, strict=False):
-            if r1.font.subscript and r2.font.subscript:
-                return 1.0
-    return 0.0
+    return float(
+        docs is not None and any(r1.font.subscript and r2.font.subscript for r1, r2 in _aligned_runs(docs))
+    )
 
 
 def compare_contains_image(file1: str | None, file2: str | None, **_: Any) -> float:
@@ -170,11 +172,12 @@ def compare_contains_image(file1: str | None, file2: str | None, **_: Any) -> fl
     docs = _both(file1, file2)
     if docs is None:
         return 0.0
-    for p1, p2 in zip(docs[0].paragraphs, docs[1].paragraphs, strict=False):
-        for r1, r2 in zip(p1.runs, p2.runs, strict=False):
-            if ("graphicData" in r1._element.xml) != ("graphicData" in r2._element.xml):
-                return 0.0
-    return 1.0
+    return float(
+        all(
+            ("graphicData" in r1._element.xml) == ("graphicData" in r2._element.xml)
+            for r1, r2 in _aligned_runs(docs)
+        )
+    )
 
 
 def compare_docx_images(file1: str | None, file2: str | None, **_: Any) -> float:

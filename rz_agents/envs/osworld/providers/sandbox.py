@@ -27,7 +27,6 @@ import functools
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -51,24 +50,16 @@ class SandboxLayout:
 
 @functools.lru_cache(maxsize=1)
 def bwrap_problem() -> str | None:
-    """Why bubblewrap cannot build the desktop's sandbox here (None when it can); probed once."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return "bubblewrap (bwrap) is not installed (apt-get install bubblewrap)"
-    if os.geteuid() == 0:
-        unshare = ["--unshare-pid", "--unshare-net", "--unshare-ipc"]
-    else:
-        unshare = ["--unshare-all", "--unshare-user", "--disable-userns"]
-    argv = [bwrap, *unshare, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, timeout=30, env={})
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"bubblewrap failed to start: {exc}"
-    if proc.returncode != 0:
-        return f"bubblewrap cannot create namespaces here: {proc.stderr.decode(errors='replace').strip()}"
-    if os.geteuid() == 0 and not shutil.which("setpriv"):
+    """Why bubblewrap cannot build the desktop's sandbox here (None when it can); probed once.
+
+    The probe is the Python tool's (the same namespaces); a root host also needs ``setpriv``.
+    """
+    from rz_agents.envs.python_tool.local import bwrap_problem as probe
+
+    problem = probe()
+    if problem is None and os.geteuid() == 0 and not shutil.which("setpriv"):
         return "running as root needs setpriv (util-linux) to drop to the desktop's own uid"
-    return None
+    return problem
 
 
 def desktop_uid() -> int:
