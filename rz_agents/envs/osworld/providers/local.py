@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import rz_agents
 from rz_agents.envs.osworld.chrome import chromium_binary, write_chrome_wrapper
 from rz_agents.envs.osworld.providers import sandbox
+from rz_agents.envs.osworld.providers.home_defaults import write_home_defaults
 from rz_agents.envs.osworld.providers.wrappers import write_sudo_shim, write_vlc_wrapper
 from rz_agents.envs.osworld.relay import Relay, connect_unix, tcp_listener, unix_listener
 from rz_agents.envs.osworld.session import SessionError, atspi_problem, read_line
@@ -190,6 +191,7 @@ class LocalProvider:
         for d in (layout.home, layout.tmp, layout.bin, *(os.path.join(layout.home, h) for h in HOME_DIRS)):
             os.makedirs(d, exist_ok=True)
         os.chmod(layout.tmp, 0o1777)
+        write_home_defaults(layout.home)
         for name in ("python", "python3"):
             os.symlink(sys.executable, os.path.join(layout.bin, name))
         if self.sandboxed or not shutil.which("sudo"):
