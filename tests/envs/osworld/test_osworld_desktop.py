@@ -60,10 +60,13 @@ def env():
 
 
 def test_oracles_score_one_and_empty_trajectories_zero():
-    oracle = run_osworld_eval(TASKS, "oracle", pause=0.2)
+    # Scoring, not the tree, is under test: the fallback tree is cheaper than AT-SPI's (covered in
+    # test_osworld_atspi.py), which keeps this 26-episode test's time down.
+    fast = {"accessibility": "fallback"}
+    oracle = run_osworld_eval(TASKS, "oracle", pause=0.2, provider_options=fast)
     assert oracle["evaluated"] >= 10 and oracle["skipped"] == 0
     assert {r["id"]: r["score"] for r in oracle["tasks"]} == {r["id"]: 1.0 for r in oracle["tasks"]}, oracle
-    empty = run_osworld_eval(TASKS, "noop", pause=0.2)
+    empty = run_osworld_eval(TASKS, "noop", pause=0.2, provider_options=fast)
     assert {r["id"]: r["score"] for r in empty["tasks"]} == {r["id"]: 0.0 for r in empty["tasks"]}, empty
     assert all(r["status"] == "ok" for r in oracle["tasks"] + empty["tasks"])
 

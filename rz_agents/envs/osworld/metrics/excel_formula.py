@@ -18,8 +18,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from openpyxl.utils import column_index_from_string
-
 EXCEL_EPOCH = dt.datetime(1899, 12, 30)
 
 _TOKEN = re.compile(
@@ -319,6 +317,8 @@ class _Parser:
             raise FormulaError(f"{name}: wrong arguments ({exc})") from exc
 
     def _cell(self, text: str) -> tuple[int, int]:
+        from openpyxl.utils import column_index_from_string
+
         m = _REF.fullmatch(text)
         assert m is not None
         row, col = int(m.group(4)), column_index_from_string(m.group(2).upper())

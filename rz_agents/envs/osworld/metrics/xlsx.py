@@ -2,6 +2,8 @@
 
 Each reader mirrors one of OSWorld's (``metrics/utils.py``): the values a rule compares are
 built the same way for the result and the expected workbook, so equal documents compare equal.
+openpyxl is imported where a workbook is read (importing this module stays cheap for
+``rz osworld validate``).
 """
 
 from __future__ import annotations
@@ -12,10 +14,6 @@ import posixpath
 import zipfile
 from typing import Any
 from xml.etree import ElementTree as ET
-
-from openpyxl.cell.cell import MergedCell
-from openpyxl.utils import get_column_letter
-from openpyxl.worksheet.cell_range import CellRange
 
 from rz_agents.envs.osworld.metrics.excel_formula import FormulaError, compare, evaluate, truthy
 
@@ -185,6 +183,8 @@ def cell_style(prop: str, cell: Any, dxf: Any = None) -> Any:
     if prop == "hyperlink":
         return (cell.hyperlink.target if cell.hyperlink else "") if has_value else None
     if prop == "merge":
+        from openpyxl.cell.cell import MergedCell
+
         return isinstance(cell, MergedCell)
     raise ValueError(f"unsupported style property {prop!r}; expected one of {', '.join(STYLE_PROPS)}")
 
@@ -391,11 +391,15 @@ def freeze_key(ws: Any) -> tuple[Any, ...]:
 
 def coordinate(row: int, col: int) -> str:
     """``A1`` from (row, column)."""
+    from openpyxl.utils import get_column_letter
+
     return f"{get_column_letter(col)}{row}"
 
 
 def range_cells(ranges: list[str] | str) -> list[str]:
     """Coordinates covered by a list of A1 ranges, in order."""
+    from openpyxl.worksheet.cell_range import CellRange
+
     out = []
     for rng in ranges if isinstance(ranges, list) else [ranges]:
         for part in str(rng).split():
