@@ -24,7 +24,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   pkgs=(bubblewrap xvfb xdotool chromium x11-utils openbox
         dbus dbus-bin at-spi2-core libatk-adaptor python3-pyatspi gir1.2-atspi-2.0)
   if [ "$OSWORLD_APPS" = 1 ]; then
-    pkgs+=(libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gtk3 gimp vlc thunderbird)
+    pkgs+=(libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gtk3 gimp vlc thunderbird
+           xdg-utils)  # xdg-open: tasks' "open" step
   fi
   need=()
   for pkg in "${pkgs[@]}"; do

@@ -142,7 +142,9 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
             add("setup step not implemented", step.type)
             continue
         p = step.parameters
-        if step.type == "chrome_open_tabs":
+        if step.type == "open" and not shutil.which("xdg-open"):
+            add("command not installed", "xdg-open (the open step; apt-get install xdg-utils)")
+        elif step.type == "chrome_open_tabs":
             for url in p.get("urls_to_open", []) or []:
                 if not is_local_url(str(url)):
                     add("needs internet (web page)", str(url))
