@@ -1,27 +1,46 @@
 #!/usr/bin/env bash
 # Installs rz_agents and everything its tests and demo need on a fresh Debian machine (as root).
 # Idempotent: re-running only checks what is there.
-#   --docker   also the Docker sandbox backend: engine, daemon and a locally built image (scripts/docker_sandbox.sh)
+#
+#   bash scripts/install.sh                 # the default install (what CI runs)
+#   bash scripts/install.sh --osworld-apps  # also LibreOffice (Calc, Writer, Impress), GIMP, VLC and
+#                                           # Thunderbird for OSWorld's app tasks (~1 GB; not in CI)
+#   bash scripts/install.sh --docker        # also the Docker sandbox backend: engine, daemon and a
+#                                           # locally built image (scripts/docker_sandbox.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DOCKER=0
+OSWORLD_APPS=0
 for arg in "$@"; do
   case "$arg" in
     --docker) DOCKER=1 ;;
-    *) echo "usage: scripts/install.sh [--docker]" >&2; exit 2 ;;
+    --osworld-apps) OSWORLD_APPS=1 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "unknown option: $arg (expected --osworld-apps or --docker)" >&2; exit 2 ;;
   esac
 done
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
+  # Desktops for OSWorld: X server, window manager, browser, sandbox; and the AT-SPI stack
+  # (a session bus per desktop, the accessibility bus, Debian's pyatspi for /usr/bin/python3).
+  pkgs=(bubblewrap xvfb xdotool chromium x11-utils openbox
+        dbus dbus-bin at-spi2-core libatk-adaptor python3-pyatspi gir1.2-atspi-2.0)
+  if [ "$OSWORLD_APPS" = 1 ]; then
+    pkgs+=(libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gtk3 gimp vlc thunderbird
+           xdg-utils)  # xdg-open: tasks' "open" step
+  fi
   need=()
-  for pkg in bubblewrap xvfb xdotool chromium x11-utils openbox; do
+  for pkg in "${pkgs[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
   done
   if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
-    apt-get install -y -qq "${need[@]}" >/dev/null
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
+elif [ "$OSWORLD_APPS" = 1 ]; then
+  echo "--osworld-apps needs root and apt-get (Debian); install LibreOffice, GIMP, VLC and Thunderbird yourself" >&2
+  exit 2
 fi
 
 PY=${PYTHON:-python3}
