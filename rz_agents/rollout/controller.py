@@ -41,6 +41,10 @@ class RolloutConfig:
     # 1 admits only the batch the learner waits for (no overlap of generation and training); 2 lets the
     # engine fill the next batch while the learner trains.
     max_ahead_batches: int | None = None
+    # Controlled experiments: every trained token comes from weights exactly fixed_lag versions old (the
+    # runtime publishes version v - fixed_lag when the learner is at v; the first steps use version 0).
+    # Batches are then generated one at a time, so the result does not depend on this machine's speed.
+    fixed_lag: int | None = None
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -59,6 +63,19 @@ class RolloutConfig:
             raise ValueError(f"rollout.max_ahead_batches must be >= 1 or None, got {self.max_ahead_batches}")
         if self.max_lag < 0:
             raise ValueError(f"rollout.max_lag must be >= 0, got {self.max_lag}")
+        if self.fixed_lag is not None:
+            if self.fixed_lag < 0:
+                raise ValueError(f"rollout.fixed_lag must be >= 0 or None, got {self.fixed_lag}")
+            if self.fixed_lag > self.max_lag:
+                raise ValueError(
+                    f"rollout.fixed_lag ({self.fixed_lag}) exceeds rollout.max_lag ({self.max_lag}): "
+                    "raise max_lag to at least fixed_lag"
+                )
+            if self.max_ahead_batches not in (None, 1):
+                raise ValueError(
+                    f"rollout.fixed_lag generates one batch at a time; rollout.max_ahead_batches must be "
+                    f"1 or unset, got {self.max_ahead_batches}"
+                )
         if self.max_concurrent_episodes < self.group_size:
             raise ValueError(
                 f"rollout.max_concurrent_episodes ({self.max_concurrent_episodes}) must be >= "
@@ -128,7 +145,9 @@ class RolloutController:
         """True while starting one more group keeps the lag bound (see the module docstring)."""
         live = self.counters["groups_started"] - self._dropped()
         ahead = self.cfg.max_lag + 1
-        if self.cfg.max_ahead_batches is not None:
+        if self.cfg.fixed_lag is not None:
+            ahead = 1  # each batch is generated with the weights the runtime published for it
+        elif self.cfg.max_ahead_batches is not None:
             ahead = min(ahead, self.cfg.max_ahead_batches)
         return live < (self.steps_done + ahead) * self.cfg.groups_per_batch
 

@@ -93,6 +93,12 @@ class TrainConfig:
                 f"engine.max_len ({self.engine.max_len})"
             )
         self.rollout.validate()
+        if self.rollout.fixed_lag and (self.mode == "sync" or self.learner.loss.estimator == "on_policy"):
+            raise ValueError(
+                f"rollout.fixed_lag ({self.rollout.fixed_lag}) needs mode: async and an off-policy "
+                f"estimator (mode is {self.mode!r}, learner.loss.estimator "
+                f"{self.learner.loss.estimator!r})"
+            )
         self.learner.validate()
         if effective_kernels(self) == "standard" and self.learner.assert_lag0_exact:
             raise ValueError(
@@ -105,6 +111,8 @@ def effective_max_lag(cfg: TrainConfig) -> int:
     """sync mode (and the on_policy estimator, which is synchronous by definition) trains only lag-0 tokens."""
     if cfg.mode == "sync" or cfg.learner.loss.estimator == "on_policy":
         return 0
+    if cfg.rollout.fixed_lag is not None:
+        return cfg.rollout.fixed_lag
     return cfg.rollout.max_lag
 
 

@@ -26,6 +26,7 @@ from rz_agents.rollout.controller import RolloutController
 from rz_agents.rollout.task_source import TaskSource
 from rz_agents.runtime.config import TrainConfig, effective_kernels, effective_max_lag
 from rz_agents.runtime.factories import build_model, build_tokenizer, env_factory
+from rz_agents.runtime.fixed_lag import WeightHistory
 from rz_agents.runtime.memory import limit_heap_growth, rss_bytes, trim_heap
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rz_agents.trainer.learner import Learner
@@ -84,6 +85,8 @@ class LocalRun:
             rcfg,
         )
         self.history: list[dict[str, Any]] = []
+        fixed = cfg.rollout.fixed_lag
+        self.weight_history = WeightHistory(fixed) if fixed else None
         self._saved_affinity: set[int] | None = None
         self.writer = MetricsWriter(cfg.output_dir, tensorboard=cfg.tensorboard) if cfg.output_dir else None
         if cfg.resume_from:
@@ -91,7 +94,9 @@ class LocalRun:
             self.learner.load_state_dict(payload["learner"])
             self.controller.load_state_dict(payload["runtime"]["controller"])
             self.history = list(payload["runtime"].get("history", []))
-        self.engine.load_weights(self.learner.weights(), self.learner.version)
+            if self.weight_history is not None:
+                self.weight_history.load_state_dict(payload["runtime"].get("weight_history", {}))
+        self._publish()
 
     def export_model(self, out_dir: str | Path) -> Path:
         """The learner's current weights as an HF checkpoint directory (``rz eval --checkpoint`` reads it),
@@ -112,6 +117,8 @@ class LocalRun:
     def checkpoint(self, path: str | Path) -> Path:
         """Write an atomic checkpoint of learner, controller (queue, data position) and RNG states."""
         runtime = {"controller": self.controller.state_dict(), "history": self.history}
+        if self.weight_history is not None:
+            runtime["weight_history"] = self.weight_history.state_dict()
         return save_checkpoint(path, self.learner.state_dict(), runtime)
 
     def _learner_step(self, batch):
@@ -120,6 +127,13 @@ class LocalRun:
         if self.cfg.learner_step_delay_s:
             time.sleep(self.cfg.learner_step_delay_s)
         return m
+
+    def _publish(self) -> None:
+        """Send the learner's weights to the engine (in fixed-lag mode, those of version v - fixed_lag)."""
+        weights, version = self.learner.weights(), self.learner.version
+        if self.weight_history is not None:
+            weights, version = self.weight_history.to_publish(weights, version)
+        self.controller.publish(weights, version)
 
     async def train(self) -> dict[str, Any]:
         """Run until ``cfg.steps`` learner steps are done; returns the summary."""
@@ -136,11 +150,13 @@ class LocalRun:
                 t0 = time.perf_counter()
                 batch = await self.controller.next_batch(self.learner.version)
                 t_wait = time.perf_counter() - t0
+                if self.weight_history is not None:
+                    self.weight_history.record(self.learner.weights(), self.learner.version)
                 metrics = await asyncio.to_thread(self._learner_step, batch)
                 trim_heap()
                 t1 = time.perf_counter()
                 if not metrics.get("step_skipped_nonfinite") and not metrics.get("step_skipped_empty"):
-                    self.controller.publish(self.learner.weights(), self.learner.version)
+                    self._publish()
                 t_pub = time.perf_counter() - t1
                 step = len(self.history)
                 metrics.update(
@@ -151,6 +167,7 @@ class LocalRun:
                     **{f"rollout_{k}": v for k, v in self.controller.counters.items()},
                     queue_groups=len(self.controller.queue),
                     engine_generated_tokens=self.engine.counters["generated_tokens"],
+                    engine_version=self.engine.version,
                     rss_gb=rss_bytes() / 2**30,
                     trained_tokens_per_s=metrics.get("learner_tokens", 0)
                     / max(time.perf_counter() - t0, 1e-9),

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rz_agents.model.logprobs import packed_token_logprobs
 from rz_agents.trainer.advantages import BASELINES, group_advantages
 from rz_agents.trainer.loss import LossConfig, sequence_loss, token_scales
 from rz_agents.trainer.metrics import (
@@ -74,26 +75,42 @@ def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     return out
 
 
-def _default_logprob_fn():
-    # Imported lazily so that the loss and metrics can be used (and tested) without the model package.
-    from rz_agents.model.logprobs import packed_token_logprobs
+@dataclass
+class _Scored:
+    """What the forward/backward pass over a batch leaves for the metrics and the update."""
 
-    return packed_token_logprobs
+    logps: list[torch.Tensor]  # detached learner log-probs of tokens[1:], per trajectory
+    loss: float
+    finite: bool
+    time_forward_s: float
+    time_backward_s: float
 
 
 class Learner:
-    """Owns the trained model, its optimizer and schedule, and the policy version."""
+    """Owns the trained model, its optimizer and schedule, and the policy version.
 
-    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, version: int = 0, logprob_fn=None) -> None:
+    A model held in bf16 (or fp16) trains through fp32 master weights: gradients are accumulated in fp32
+    on the masters, AdamW and its state are fp32, and after each step the masters are rounded into the
+    model, whose weights are the ones the engine samples with (so lag-0 tokens stay bit-identical).
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, version: int = 0) -> None:
         cfg.validate()
         self.model = model
         self.cfg = cfg
         self.version = version
-        self.optimizer, self.scheduler = build_optimizer(model.parameters(), cfg.optim)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.masters: list[torch.Tensor] | None = None
+        if any(p.dtype != torch.float32 for p in self.params):
+            self.masters = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        self.optimizer, self.scheduler = build_optimizer(self._optimized(), cfg.optim)
         self.deviation = DeviationTracker()
         self.skipped_steps = 0
         self.dropped_over_lag = 0
-        self._logprob_fn = logprob_fn or _default_logprob_fn()
+
+    def _optimized(self) -> list[torch.Tensor]:
+        """The tensors AdamW updates: the fp32 masters, or the model's own fp32 parameters."""
+        return self.masters if self.masters is not None else self.params
 
     # ---- the step -------------------------------------------------------------------------------------
     def step(self, batch: Sequence[Trajectory]) -> dict[str, Any]:
@@ -114,22 +131,57 @@ class Learner:
         rewards = [float(t.reward) for t in trajs]
         advantages = group_advantages(rewards, [t.group_id for t in trajs], cfg.baseline)
         metrics.update(reward_and_advantage_metrics(rewards, advantages))
-
         # Per predicted token (tokens[1:]) data of each sequence.
         masks = [torch.tensor(t.loss_mask[1:], dtype=torch.bool) for t in trajs]
         behavior = [torch.tensor(t.behavior_logprobs[1:], dtype=torch.float32) for t in trajs]
-        scales = token_scales(masks, cfg.loss.normalization)
 
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        t_fwd = t_bwd = 0.0
         cpu0 = time.thread_time()  # CPU time of this thread: wall >> cpu means the cores were busy elsewhere
+        scored = self._forward_backward(trajs, masks, behavior, advantages)
+        # Mismatch metrics on sampled tokens, before any weight change.
+        metrics.update(self._mismatch_metrics(trajs, masks, behavior, scored.logps, learner_version))
+        t0 = time.perf_counter()
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
+        grad_norm, skipped = self._apply_update(scored)
+        t_opt = time.perf_counter() - t0
+
+        n_tokens = sum(len(t.tokens) for t in trajs)
+        elapsed = scored.time_forward_s + scored.time_backward_s + t_opt
+        metrics.update(
+            loss=scored.loss,
+            grad_norm=grad_norm,
+            lr=lr,
+            step_skipped_nonfinite=int(skipped),
+            step_skipped_empty=0,
+            skipped_steps_total=self.skipped_steps,
+            dropped_over_lag_total=self.dropped_over_lag,
+            time_forward_s=scored.time_forward_s,
+            time_backward_s=scored.time_backward_s,
+            time_optimizer_s=t_opt,
+            learner_tokens=n_tokens,
+            learner_tokens_per_s=n_tokens / elapsed if elapsed > 0 else 0.0,
+            learner_thread_cpu_s=time.thread_time() - cpu0,
+        )
+        return metrics
+
+    def _forward_backward(
+        self,
+        trajs: list[Trajectory],
+        masks: list[torch.Tensor],
+        behavior: list[torch.Tensor],
+        advantages: list[float],
+    ) -> _Scored:
+        """Packed forward, loss and backward per micro-batch; gradients accumulate (in fp32 on the masters)."""
+        cfg = self.cfg
+        scales = token_scales(masks, cfg.loss.normalization)
+        self.model.train()
+        self._zero_grads()
+        t_fwd = t_bwd = 0.0
         loss_value = 0.0
         finite = True
-        scored: list[torch.Tensor] = [torch.empty(0)] * len(trajs)
+        logps: list[torch.Tensor] = [torch.empty(0)] * len(trajs)
         for mb in micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens):
             t0 = time.perf_counter()
-            logps = self._logprob_fn(
+            mb_logps = packed_token_logprobs(
                 self.model,
                 [trajs[i].tokens for i in mb],
                 temperature=cfg.temperature,
@@ -138,74 +190,93 @@ class Learner:
             )
             loss = sum(
                 sequence_loss(lp, behavior[i], masks[i], advantages[i], scales[i], cfg.loss)
-                for i, lp in zip(mb, logps, strict=True)
+                for i, lp in zip(mb, mb_logps, strict=True)
             )
             t1 = time.perf_counter()
-            for i, lp in zip(mb, logps, strict=True):
-                scored[i] = lp.detach()
+            for i, lp in zip(mb, mb_logps, strict=True):
+                logps[i] = lp.detach()
             if not torch.isfinite(loss):
                 finite = False  # keep scoring the rest for the metrics, but never backpropagate this
             if finite:
                 loss.backward()
+                self._accumulate_into_masters()
             loss_value += float(loss.detach())
             t_fwd += t1 - t0
             t_bwd += time.perf_counter() - t1
+        return _Scored(logps, loss_value, finite, t_fwd, t_bwd)
 
-        # Mismatch metrics on sampled tokens, before any weight change.
-        sel_logp = torch.cat([s[m] for s, m in zip(scored, masks, strict=True)])
+    def _mismatch_metrics(
+        self,
+        trajs: list[Trajectory],
+        masks: list[torch.Tensor],
+        behavior: list[torch.Tensor],
+        logps: list[torch.Tensor],
+        learner_version: int,
+    ) -> dict[str, Any]:
+        """IS-weight, KL, lag and lag-0 |dlogp| figures over the sampled tokens; enforces assert_lag0_exact."""
+        cfg = self.cfg
+        sel_logp = torch.cat([s[m] for s, m in zip(logps, masks, strict=True)])
         sel_blp = torch.cat([b[m] for b, m in zip(behavior, masks, strict=True)])
         sel_ver = torch.cat(
             [torch.tensor(t.versions[1:], dtype=torch.long)[m] for t, m in zip(trajs, masks, strict=True)]
         )
-        imp = importance_metrics(sel_logp, sel_blp, sel_ver, learner_version)
-        metrics.update(imp)
+        out = importance_metrics(sel_logp, sel_blp, sel_ver, learner_version)
         if cfg.max_lag is not None:
-            metrics.update(lag_histogram(learner_version - sel_ver, cfg.max_lag))
-        if "is_weight_abs_dev_mean" in imp:
-            metrics.update(self.deviation.update(imp["is_weight_abs_dev_mean"]))
-        if cfg.assert_lag0_exact and imp.get("lag0_abs_dlogp_max", 0.0) != 0.0:
-            self.optimizer.zero_grad(set_to_none=True)
+            out.update(lag_histogram(learner_version - sel_ver, cfg.max_lag))
+        if "is_weight_abs_dev_mean" in out:
+            out.update(self.deviation.update(out["is_weight_abs_dev_mean"]))
+        if cfg.assert_lag0_exact and out.get("lag0_abs_dlogp_max", 0.0) != 0.0:
+            self._zero_grads()
             raise Lag0MismatchError(
-                f"lag-0 tokens differ from their behavior logprobs: max |dlogp| = {imp['lag0_abs_dlogp_max']}"
+                f"lag-0 tokens differ from their behavior logprobs: max |dlogp| = {out['lag0_abs_dlogp_max']}"
             )
+        return out
 
-        # The guard: a non-finite loss or gradient never reaches the weights. The ratio itself is not clipped.
-        t0 = time.perf_counter()
-        lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
-        params = [p for p in self.model.parameters() if p.requires_grad]
+    def _apply_update(self, scored: _Scored) -> tuple[float, bool]:
+        """The guard, then AdamW: a non-finite loss or gradient never reaches the weights (the ratio itself is
+        not clipped). Returns (gradient norm, skipped)."""
+        max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else math.inf
         grad_norm = math.nan
-        if finite:
-            max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False))
-        skipped = not (finite and math.isfinite(loss_value) and math.isfinite(grad_norm))
+        if scored.finite:
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(self._optimized(), max_norm, error_if_nonfinite=False)
+            )
+        skipped = not (scored.finite and math.isfinite(scored.loss) and math.isfinite(grad_norm))
         if skipped:
-            self.optimizer.zero_grad(set_to_none=True)
             self.skipped_steps += 1
         else:
             self.optimizer.step()
             self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self._copy_masters_to_model()
             self.version += 1
-        t_opt = time.perf_counter() - t0
+        self._zero_grads()
+        return grad_norm, skipped
 
-        n_tokens = sum(len(t.tokens) for t in trajs)
-        elapsed = t_fwd + t_bwd + t_opt
-        metrics.update(
-            loss=loss_value,
-            grad_norm=grad_norm,
-            lr=lr,
-            step_skipped_nonfinite=int(skipped),
-            step_skipped_empty=0,
-            skipped_steps_total=self.skipped_steps,
-            dropped_over_lag_total=self.dropped_over_lag,
-            time_forward_s=t_fwd,
-            time_backward_s=t_bwd,
-            time_optimizer_s=t_opt,
-            learner_tokens=n_tokens,
-            learner_tokens_per_s=n_tokens / elapsed if elapsed > 0 else 0.0,
-            learner_thread_cpu_s=time.thread_time() - cpu0,
-        )
-        return metrics
+    # ---- fp32 master weights -----------------------------------------------------------------------------
+    def _zero_grads(self) -> None:
+        for p in self.params:
+            p.grad = None
+        if self.masters is not None:
+            for m in self.masters:
+                m.grad = None
+
+    def _accumulate_into_masters(self) -> None:
+        """Move this micro-batch's low-precision gradients into fp32 sums on the masters."""
+        if self.masters is None:
+            return
+        for p, m in zip(self.params, self.masters, strict=True):
+            if p.grad is None:
+                continue
+            g = p.grad.float()
+            m.grad = g if m.grad is None else m.grad.add_(g)
+            p.grad = None
+
+    @torch.no_grad()
+    def _copy_masters_to_model(self) -> None:
+        if self.masters is None:
+            return
+        for p, m in zip(self.params, self.masters, strict=True):
+            p.copy_(m)  # round to nearest even into the model's dtype
 
     def _admit(self, batch: Sequence[Trajectory]) -> tuple[list[Trajectory], int, int]:
         """Drop (and count) invalid trajectories and those with a token older than max_lag."""
@@ -238,6 +309,7 @@ class Learner:
         """Model, optimizer, schedule, version and counters (for checkpoints)."""
         return {
             "model": self.model.state_dict(),
+            "masters": [m.detach().clone() for m in self.masters] if self.masters is not None else None,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
@@ -249,6 +321,11 @@ class Learner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` saved."""
         self.model.load_state_dict(state["model"])
+        if self.masters is not None:
+            saved = state.get("masters")
+            with torch.no_grad():
+                for i, (p, m) in enumerate(zip(self.params, self.masters, strict=True)):
+                    m.copy_(saved[i] if saved is not None else p)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])

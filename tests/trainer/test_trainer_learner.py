@@ -237,3 +237,60 @@ def test_lr_schedule_warms_up_then_decays():
     )
     lrs = [learner.step(_batch(model, version=learner.version, seed=s))["lr"] for s in range(2)]
     assert lrs == pytest.approx([0.1, 0.05])
+
+
+def _bf16_model(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig.tiny("qwen3", vocab_size=64, dtype="bfloat16"))
+
+
+def test_bf16_model_trains_through_fp32_masters_and_lag0_stays_exact():
+    model = _bf16_model()
+    learner = Learner(model, _cfg(optim=OptimConfig(lr=1e-3)))
+    assert learner.masters is not None and all(m.dtype == torch.float32 for m in learner.masters)
+    m = learner.step(_batch(model))  # assert_lag0_exact: a bf16 forward scores lag-0 tokens bitwise
+    assert m["lag0_abs_dlogp_max"] == 0.0 and learner.version == 1
+    state = learner.optimizer.state[learner.masters[0]]
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float32
+    for p, master in zip(learner.params, learner.masters, strict=True):
+        assert p.dtype == torch.bfloat16 and torch.equal(p, master.to(torch.bfloat16))
+    # The masters hold what bf16 cannot: some of them are not representable in bf16.
+    assert any(not torch.equal(master, master.to(torch.bfloat16).float()) for master in learner.masters)
+    # Sampled with the new bf16 weights, the next batch is again exact at lag 0.
+    assert learner.step(_batch(model, version=1, seed=2))["lag0_abs_dlogp_max"] == 0.0
+
+
+def test_bf16_updates_smaller_than_a_bf16_ulp_accumulate_in_the_masters():
+    """The final norm's weights are 1.0, where bf16's spacing is 2**-7: an AdamW step of ~lr = 5e-4 rounds
+    back to 1.0 in bf16, so a bf16-only optimizer would never move them; the fp32 masters sum the steps
+    until the rounded weights change."""
+    model = _bf16_model()
+    learner = Learner(model, _cfg(assert_lag0_exact=False, optim=OptimConfig(lr=5e-4, max_grad_norm=0.0)))
+    batch = _batch(model)
+    norm = model.model.norm.weight
+    master = learner.masters[[id(p) for p in learner.params].index(id(norm))]
+    learner.step(batch)
+    assert torch.equal(norm, torch.ones_like(norm))  # one step: below half a bf16 ulp
+    assert not torch.equal(master, torch.ones_like(master))  # but the master moved
+    for _ in range(30):
+        learner.step(batch)
+    assert not torch.equal(norm, torch.ones_like(norm))
+
+
+def test_bf16_resume_restores_the_masters_bitwise(tmp_path):
+    batches = [_batch(_bf16_model(), seed=s) for s in range(3)]
+    cfg = _cfg(assert_lag0_exact=False, optim=OptimConfig(lr=1e-3))
+    learner_a = Learner(_bf16_model(), cfg)
+    for b in batches:
+        learner_a.step(b)
+    learner_b = Learner(_bf16_model(), cfg)
+    learner_b.step(batches[0])
+    path = save_checkpoint(tmp_path / "ckpt.pt", learner_b.state_dict(), {})
+    learner_c = Learner(_bf16_model(seed=9), cfg)
+    learner_c.load_state_dict(load_checkpoint(path)["learner"])
+    for b in batches[1:]:
+        learner_c.step(b)
+    for ma, mc in zip(learner_a.masters, learner_c.masters, strict=True):
+        assert torch.equal(ma, mc)
+    for k, v in learner_a.model.state_dict().items():
+        assert torch.equal(v, learner_c.model.state_dict()[k]), k
