@@ -118,7 +118,10 @@ def run_cached(
             if not tok:
                 break
             hidden = model(
-                torch.cat(tok).to(device), torch.cat(pos).to(device), torch.cat(sid).to(device), kv_cache=cache
+                torch.cat(tok).to(device),
+                torch.cat(pos).to(device),
+                torch.cat(sid).to(device),
+                kv_cache=cache,
             )
             rows, targets, spans = [], [], []
             offset = 0

@@ -103,7 +103,8 @@ class SparseMoE(nn.Module):
         ops = ctx.ops
         weights, experts = ops.route(ops.linear(x, self.gate.weight), self.top_k, self.normalize)
         expert_weights = tuple(
-            [getattr(mlp, name).weight for mlp in self.experts] for name in ("gate_proj", "up_proj", "down_proj")
+            [getattr(mlp, name).weight for mlp in self.experts]
+            for name in ("gate_proj", "up_proj", "down_proj")
         )
         return ops.moe(
             x,

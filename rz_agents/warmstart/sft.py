@@ -78,8 +78,11 @@ def _batch_loss(model: Transformer, batch: Sequence[Demonstration]) -> torch.Ten
                 rows.append(offset + t)
                 targets.append(d.tokens[t + 1])
         offset += n
-    hidden = model(tokens, positions, seq_ids)
-    logp = token_logprobs(model, hidden[torch.tensor(rows)], torch.tensor(targets))
+    device = model.device
+    hidden = model(tokens.to(device), positions.to(device), seq_ids.to(device))
+    logp = token_logprobs(
+        model, hidden[torch.tensor(rows, device=device)], torch.tensor(targets, device=device)
+    )
     return -logp.mean()
 
 

@@ -67,7 +67,17 @@ def plan_attention(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num
     if t == 0:
         empty = torch.zeros(0, dtype=torch.int32, device=device)
         return TritonAttentionPlan(
-            0, num_heads, num_kv_heads, group, g2, tile_pos, empty.view(0, tile_pos), empty, empty, empty, empty
+            0,
+            num_heads,
+            num_kv_heads,
+            group,
+            g2,
+            tile_pos,
+            empty.view(0, tile_pos),
+            empty,
+            empty,
+            empty,
+            empty,
         )
     q_seq = q_seq.long()
     q_pos = q_pos.long()
@@ -145,7 +155,11 @@ def _attn_fwd_kernel(
     n_blocks = tl.load(tile_blocks + tile)
     row_pos = start + p_off
     d = tl.arange(0, HEAD_D)
-    q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=present[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=present[:, None],
+        other=0.0,
+    )
     k_base = k_ptr + seq * stride_ks + kvh * stride_kh
     v_base = v_ptr + seq * stride_vs + kvh * stride_vh
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -154,19 +168,27 @@ def _attn_fwd_kernel(
     for j in range(0, n_blocks):
         kpos = j * BLOCK_N + tl.arange(0, BLOCK_N)
         kmask = kpos < L
-        k = tl.load(k_base + kpos[None, :].to(tl.int64) * stride_kl + d[:, None], mask=kmask[None, :], other=0.0)
+        k = tl.load(
+            k_base + kpos[None, :].to(tl.int64) * stride_kl + d[:, None], mask=kmask[None, :], other=0.0
+        )
         qk = tl.dot(q, k, input_precision=PRECISION) * scale_log2
         qk = tl.where(kpos[None, :] <= row_pos[:, None], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + kpos[:, None].to(tl.int64) * stride_vl + d[None, :], mask=kmask[:, None], other=0.0)
+        v = tl.load(
+            v_base + kpos[:, None].to(tl.int64) * stride_vl + d[None, :], mask=kmask[:, None], other=0.0
+        )
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
         m_i = m_new
     out = acc / l_i[:, None]
-    tl.store(o_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :], out.to(o_ptr.dtype.element_ty), mask=present[:, None])
+    tl.store(
+        o_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=present[:, None],
+    )
     tl.store(lse_ptr + tok * H + head, m_i + tl.math.log2(l_i), mask=present)
 
 
@@ -221,8 +243,12 @@ def _attn_bwd_dq_kernel(
     for j in range(0, n_blocks):
         kpos = j * BLOCK_N + tl.arange(0, BLOCK_N)
         kmask = kpos < L
-        k = tl.load(k_base + kpos[:, None].to(tl.int64) * stride_kl + d[None, :], mask=kmask[:, None], other=0.0)
-        v = tl.load(v_base + kpos[:, None].to(tl.int64) * stride_vl + d[None, :], mask=kmask[:, None], other=0.0)
+        k = tl.load(
+            k_base + kpos[:, None].to(tl.int64) * stride_kl + d[None, :], mask=kmask[:, None], other=0.0
+        )
+        v = tl.load(
+            v_base + kpos[:, None].to(tl.int64) * stride_vl + d[None, :], mask=kmask[:, None], other=0.0
+        )
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         causal = (kpos[None, :] <= row_pos[:, None]) & present[:, None]
         p = tl.where(causal, tl.math.exp2(qk - lse[:, None]), 0.0)
@@ -370,7 +396,16 @@ def _backward(q, k, v, out, lse, grad_out, plan: TritonAttentionPlan, scale: flo
         num_warps=_warps(d),
         num_stages=2,
     )
-    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
+    strides = (
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+    )
     _attn_bwd_dq_kernel[(plan.num_tiles, hkv)](
         q, k, v, grad_out, lse, delta, dq,
         plan.tile_tokens, plan.tile_seq, plan.tile_start, plan.tile_blocks,

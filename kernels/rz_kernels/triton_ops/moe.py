@@ -156,7 +156,9 @@ class _GroupedLinear(torch.autograd.Function):
         x, *weights = ctx.saved_tensors
         counts = ctx.counts
         grad_out = grad_out.contiguous()
-        grad_x = grouped_matmul(grad_out, weights, counts, transpose=True) if ctx.needs_input_grad[0] else None
+        grad_x = (
+            grouped_matmul(grad_out, weights, counts, transpose=True) if ctx.needs_input_grad[0] else None
+        )
         grad_ws = []
         start = 0
         for e, n in enumerate(counts):

@@ -56,7 +56,9 @@ class _RMSNorm(torch.autograd.Function):
         r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
         xhat = xf * r
         g = grad_out.float()
-        grad_w = (g * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        grad_w = (
+            (g * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        )
         grad_x = None
         if ctx.needs_input_grad[0]:
             gx = g * weight.float()
@@ -171,7 +173,9 @@ def _silu_mul_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     u2 = up.reshape(-1, n).contiguous()
     out = torch.empty_like(g2)
     if g2.shape[0]:
-        _silu_mul_kernel[(g2.shape[0],)](g2, u2, out, g2.shape[0], n, BLOCK=min(SILU_BLOCK, triton.next_power_of_2(n)))
+        _silu_mul_kernel[(g2.shape[0],)](
+            g2, u2, out, g2.shape[0], n, BLOCK=min(SILU_BLOCK, triton.next_power_of_2(n))
+        )
     return out.view(gate.shape)
 
 
