@@ -61,6 +61,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", help="key.path=value overrides")
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/<config name>-<time>)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the config and print a per-GPU memory estimate (weights, optimizer, activations, KV cache); "
+        "trains nothing",
+    )
     p.set_defaults(func=run)
 
 
@@ -173,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"rz train: config error: {exc}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        return _dry_run(cfg)
     run_dir = Path(
         args.run_dir or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
@@ -207,6 +215,19 @@ def run(args: argparse.Namespace) -> int:
 
         report = write_report(run_dir, result)
     _print_summary(result, run_dir, report)
+    return 0
+
+
+def _dry_run(cfg: RunConfig) -> int:
+    from rz_agents.runtime.memory_estimate import estimate_memory, model_config_of
+
+    try:
+        model_cfg, source = model_config_of(cfg.model)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"rz train: cannot size the model: {exc}", file=sys.stderr)
+        return 2
+    print(f"config ok: {cfg.description or 'run'}; model {source} on {cfg.model.device}")
+    print(estimate_memory(cfg, model_cfg, source).format())
     return 0
 
 

@@ -18,10 +18,10 @@ from rz_kernels.triton_ops.opset import TRITON  # noqa: E402
 
 
 def _model(arch: str, dtype: str, kernels: str = "triton", **overrides) -> Transformer:
-    cfg = ModelConfig.tiny(
-        arch, dtype=dtype, vocab_size=200, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, **overrides,
-    )  # fmt: skip
+    shape = dict(
+        vocab_size=200, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
+    )
+    cfg = ModelConfig.tiny(arch, dtype=dtype, **{**shape, **overrides})
     model = Transformer(cfg, kernels=kernels)
     model.reset_parameters(std=0.1, seed=0)
     return model
