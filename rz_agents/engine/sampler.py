@@ -93,20 +93,30 @@ def _draw(logp: torch.Tensor, logits: torch.Tensor, u: torch.Tensor, greedy: lis
     b = torch.minimum(b, _last_positive(block_mass))
     rows = torch.arange(n, device=device)
     rest = threshold - (block_cdf[rows, b] - block_mass[rows, b])
-    if device.type == "cpu":
-        inner = torch.zeros(n, CDF_BLOCK, dtype=torch.float64)
-        for r in range(n):  # one 1024-wide slice per row: cheaper than gathering from a padded copy
-            start = int(b[r]) * CDF_BLOCK
-            chunk = probs[r, start : start + CDF_BLOCK]
-            inner[r, : chunk.numel()] = chunk
-    else:  # on a GPU, one gather (a per-row loop would synchronise once per row)
-        cols = b[:, None] * CDF_BLOCK + torch.arange(CDF_BLOCK, device=device)
-        inner = torch.where(cols < vocab, probs.gather(1, cols.clamp(max=vocab - 1)), 0.0).double()
+    inner = _block_probs(probs, b, gather=device.type != "cpu")
     i = torch.searchsorted(inner.cumsum(-1), rest[:, None], right=True)[:, 0]
     # Rounding can leave the remainder at (or past) the block total: take its last token with mass.
     i = torch.minimum(i, _last_positive(inner))
     out[sampled] = b * CDF_BLOCK + i
     return out
+
+
+def _block_probs(probs: torch.Tensor, block: torch.Tensor, gather: bool) -> torch.Tensor:
+    """float64 [n, CDF_BLOCK]: row r's probabilities in vocabulary block block[r] (zero past the end).
+
+    On CPU one slice copy per row is cheapest; on a GPU one gather (a per-row loop would synchronise
+    once per row). Both give the same values.
+    """
+    n, vocab = probs.shape
+    if gather:
+        cols = block[:, None] * CDF_BLOCK + torch.arange(CDF_BLOCK, device=probs.device)
+        return torch.where(cols < vocab, probs.gather(1, cols.clamp(max=vocab - 1)), 0.0).double()
+    inner = torch.zeros(n, CDF_BLOCK, dtype=torch.float64)
+    for r in range(n):
+        start = int(block[r]) * CDF_BLOCK
+        chunk = probs[r, start : start + CDF_BLOCK]
+        inner[r, : chunk.numel()] = chunk
+    return inner
 
 
 def _last_positive(x: torch.Tensor) -> torch.Tensor:

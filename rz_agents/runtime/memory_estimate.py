@@ -135,11 +135,14 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
     tokens = max(cfg.learner.micro_batch_tokens, cfg.rollout.limits.max_episode_tokens)
     layers = [c.is_moe_layer(i) for i in range(c.num_hidden_layers)]
     per_layer = [_layer_activation_bytes(c, tokens, moe) for moe in layers]
-    if ckpt:  # each layer keeps its input; one layer's graph is rebuilt at a time in the backward
-        act = len(layers) * tokens * c.hidden_size * e + max(per_layer)
-    else:
-        act = sum(per_layer)
-    est.learner["activations"] = act + tokens * c.hidden_size * e * 2  # + embeddings and final norm
+    # With checkpointing each layer keeps its input and one layer's graph is rebuilt at a time in the backward.
+    act_on = len(layers) * tokens * c.hidden_size * e + max(per_layer)
+    act_off = sum(per_layer)
+    edges = tokens * c.hidden_size * e * 2  # embeddings and final norm
+    est.learner["activations"] = (act_on if ckpt else act_off) + edges
+    est.notes.append(
+        f"activations with layer checkpointing {(act_on + edges) / GIB:.1f} GiB, without {(act_off + edges) / GIB:.1f} GiB"
+    )
     logits_all = tokens * c.vocab_size * 4
     if logits_all > KEEP_LOGITS_BYTES:  # chunks recomputed in the backward: a few chunks live at once
         est.learner["lm_head_logits"] = 3 * min(tokens, LOGIT_CHUNK) * c.vocab_size * 4

@@ -35,7 +35,9 @@ def test_dry_run_kernel_sections_report_bit_identical_rows():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_without_a_gpu_the_real_run_refuses_clearly():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--only", "env"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--only", "env"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert "no CUDA device" in proc.stdout
 
