@@ -175,6 +175,15 @@ def section_gemm(check: Check) -> dict:
                 "tile": [cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages],
             }
         out["shapes"][label] = rows
+        # Diagnosis if per-M tiles ever break invariance on this GPU: the same rows with one tile config.
+        single = {dtype: ((1 << 62, gemm.config_for(dtype, max(ms))),)}
+        one = gemm.matmul(x[:1], w, table=single)[0]
+        out.setdefault("single_config_rows_bit_identical", True)
+        out["single_config_rows_bit_identical"] &= all(
+            torch.equal(gemm.matmul(x[:m].contiguous(), w, table=single)[0], one) for m in ms
+        )
+        out.setdefault("per_m_tiles_equal_single_tile", True)
+        out["per_m_tiles_equal_single_tile"] &= bool(torch.equal(one, alone))
     big = [r for rows in out["shapes"].values() for m, r in rows.items() if int(m) >= 1024]
     out["min_ratio_at_M_ge_1024"] = min((r["aligned_vs_cublas"] for r in big), default=None)
     out["rows_bit_identical"] = all(

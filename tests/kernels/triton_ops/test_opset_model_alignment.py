@@ -61,11 +61,13 @@ def test_model_gradients_on_triton_match_the_cpu_aligned_op_set():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "llama"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cached_inference_and_training_forward_bit_identical_more_batches(arch, dtype):
+    # ~5 minutes each on one core: the interpreter runs every program of every launch in Python.
     rng = random.Random(f"{arch}-{dtype}")
     model = _model(arch, dtype, num_hidden_layers=2)
     model.reset_parameters(std=0.1, seed=rng.randrange(2**31))
-    report = check_model(model, seed=1, batch_sizes=(1, 3, 7), max_len=40)
+    report = check_model(model, seed=1, batch_sizes=(1, 7), max_len=40)
     assert report.bit_identical, report.failures
