@@ -7,6 +7,7 @@ TRITON_INTERPRET=1: the interpreter runs it, for tests). `standard` is stock PyT
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,6 +59,11 @@ _OPSETS = {"aligned": ALIGNED, "standard": STANDARD}
 
 
 def _triton_opset() -> OpSet:
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise RuntimeError(
+            "the Triton op set needs a CUDA GPU, or TRITON_INTERPRET=1 set before rz_kernels.triton_ops is "
+            "imported (its interpreter runs the kernels on CPU, slowly: for tests)"
+        )
     try:
         from rz_kernels.triton_ops.opset import TRITON
     except ImportError as exc:  # triton missing
