@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,25 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, table=None) -> torch.Tensor:
     x = x.contiguous()
     cfg = config_for(x.dtype, m, table)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    stages = _STAGES.get(cfg, cfg.num_stages)
+    while True:
+        try:
+            _launch(x, weight, out, m, n, k, cfg, grid, stages)
+            return out
+        except OutOfResources:
+            # A GPU with less shared memory: pipeline fewer K blocks ahead. Same tiles, same K order,
+            # so the same arithmetic; remembered for the process.
+            if stages <= 1:
+                raise
+            stages -= 1
+            _STAGES[cfg] = stages
+
+
+# Pipeline depth actually used per config (lowered once if the GPU lacks the shared memory).
+_STAGES: dict[GemmConfig, int] = {}
+
+
+def _launch(x, weight, out, m, n, k, cfg: GemmConfig, grid, stages: int) -> None:
     _matmul_kernel[grid](
         x,
         weight,
@@ -140,9 +160,8 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, table=None) -> torch.Tensor:
         GROUP_M=8,
         PRECISION=precision_for(x.dtype),
         num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=stages,
     )
-    return out
 
 
 class _TritonLinear(torch.autograd.Function):
