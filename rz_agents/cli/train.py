@@ -76,6 +76,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.add_argument("--list-configs", action="store_true", help="list the packaged configs and exit")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the config and print a per-GPU memory estimate (weights, optimizer, activations, KV cache); "
+        "trains nothing",
+    )
     p.set_defaults(func=run)
 
 
@@ -230,6 +236,10 @@ def run(args: argparse.Namespace) -> int:
         print(describe_packaged_configs())
         return 0
     try:
+        if args.dry_run:  # nothing is written: no run directory
+            if args.resume:
+                return _dry_run(resume.config_for_resume(RunConfig, args.resume, list(args.overrides))[1])
+            return _dry_run(load_config(RunConfig, args.config, args.overrides))
         recorded, cfg, run_dir, resuming = _configs(args)
     except ConfigError as exc:
         print(f"rz train: config error: {exc}", file=sys.stderr)
@@ -267,6 +277,19 @@ def run(args: argparse.Namespace) -> int:
 
         report = write_report(run_dir, result)
     _print_summary(result, run_dir, report)
+    return 0
+
+
+def _dry_run(cfg: RunConfig) -> int:
+    from rz_agents.runtime.memory_estimate import estimate_memory, model_config_of
+
+    try:
+        model_cfg, source = model_config_of(cfg.model)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"rz train: cannot size the model: {exc}", file=sys.stderr)
+        return 2
+    print(f"config ok: {cfg.description or 'run'}; model {source} on {cfg.model.device}")
+    print(estimate_memory(cfg, model_cfg, source).format())
     return 0
 
 

@@ -10,6 +10,7 @@ from rz_agents.engine import EngineConfig
 from rz_agents.envs.registry import check_env_id
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig
+from rz_agents.runtime.device import check_device_name
 from rz_agents.trainer.learner import LearnerConfig
 
 MODES = ("async", "sync")
@@ -30,6 +31,9 @@ class ModelSpec:
     # "aligned" or "standard"; unset: "aligned", or "standard" under the standard_is estimator
     kernels: str | None = None
     dtype: str = "float32"
+    # cpu | cuda | cuda:N: where model, engine (KV cache, sampler) and learner run; on CUDA the aligned
+    # op set is the Triton kernels
+    device: str = "cpu"
     init_seed: int = 0
     tiny_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -104,6 +108,9 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
+        check_device_name(self.model.device)
+        if self.learner_process and self.model.device != "cpu":
+            raise ValueError("learner_process: true needs model.device: cpu (the child shares CPU memory)")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.tokenizer not in TOKENIZERS:

@@ -9,21 +9,27 @@ import torch
 from rz_agents.envs.registry import is_class_path
 from rz_agents.model.packaged import resolve_checkpoint
 from rz_agents.runtime.config import EnvSpec, ModelSpec
+from rz_agents.runtime.device import resolve_device
 
 
 def build_model(spec: ModelSpec, vocab_size: int):
-    """The policy model (random tiny, or loaded from an HF checkpoint)."""
+    """The policy model (random tiny, or loaded from an HF checkpoint) on ``spec.device``.
+
+    Raises DeviceError (a ValueError) when the device is absent on this machine."""
     from rz_agents.model import ModelConfig, Transformer
 
+    device = resolve_device(spec.device, "model.device")
     if spec.checkpoint:
         from rz_agents.model.checkpoint import load_hf_checkpoint
 
-        return load_hf_checkpoint(resolve_checkpoint(spec.checkpoint), kernels=spec.kernels, dtype=spec.dtype)
+        return load_hf_checkpoint(
+            resolve_checkpoint(spec.checkpoint), kernels=spec.kernels, dtype=spec.dtype, device=device
+        )
     overrides = {"vocab_size": vocab_size, "dtype": spec.dtype, **spec.tiny_overrides}
     torch.manual_seed(spec.init_seed)
     model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=spec.kernels)
     model.reset_parameters(seed=spec.init_seed)
-    return model
+    return model.to(device)
 
 
 def build_tokenizer(name: str, checkpoint: str | None = None):

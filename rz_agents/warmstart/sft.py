@@ -82,8 +82,10 @@ def _summed_nll(model: Transformer, batch: Sequence[Demonstration]) -> torch.Ten
     for d in batch:
         rows += [offset + t for t in range(len(d.tokens) - 1) if d.loss_mask[t + 1]]
         offset += len(d.tokens)
-    rows_t = torch.tensor(rows, dtype=torch.long)
-    hidden = model(tokens, positions, seq_ids)
+    device = model.device
+    rows_t = torch.tensor(rows, dtype=torch.long, device=device)
+    tokens = tokens.to(device)
+    hidden = model(tokens, positions.to(device), seq_ids.to(device))
     logp = token_logprobs(model, hidden[rows_t], tokens[rows_t + 1])
     return -logp.sum()
 

@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+import torch
 
 from rz_agents.cli import main
 from rz_agents.cli.configs import packaged_configs, resolve_config
@@ -123,3 +124,9 @@ def test_short_training_run_writes_summary_report_and_metrics(tmp_path, capsys):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
     assert "seed: 3" in (run_dir / "config.yaml").read_text()
     assert "=== rz train: summary ===" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_align_check_on_cuda_without_a_gpu_fails_with_a_clear_message(capsys):
+    assert main(["align-check", "--device", "cuda"]) == 2
+    assert "no CUDA GPU is available" in capsys.readouterr().err

@@ -152,3 +152,13 @@ def test_tiled_linear_forward_is_the_same_with_grad_and_its_gradients_match_f_li
     w2 = w.clone().requires_grad_()
     tiled_linear(x.view(3, 50, 48), w2).sum().backward()
     torch.testing.assert_close(w2.grad, torch.ones(150, 40, dtype=dtype).t().mm(x), rtol=tol, atol=tol * 10)
+
+
+def test_triton_op_set_on_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
+    from rz_kernels import get_ops
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        get_ops("triton", "cpu")
