@@ -18,7 +18,7 @@ class OpSet:
 
 
 ALIGNED = OpSet(
-    "aligned", gemm.tiled_linear, attention.plan_blocked, attention.blocked_attention, moe.aligned_moe
+    "aligned", gemm.aligned_linear, attention.plan_blocked, attention.blocked_attention, moe.aligned_moe
 )
 STANDARD = OpSet(
     "standard", gemm.standard_linear, attention.plan_sdpa, attention.sdpa_attention, moe.standard_moe

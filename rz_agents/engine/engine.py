@@ -54,6 +54,9 @@ class RZEngine:
         self.decode = decode
         self.model = model
         self._pin_threads()
+        verify = getattr(model, "verify_kernels", None)
+        if verify is not None:  # the aligned kernels' guards, paid (and logged) before any request
+            verify()
         cfg = model.config
         num_slots = self.config.num_slots
         if self.config.kv_cache_bytes is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from rz_agents.model.transformer import Transformer
 from rz_kernels import gather_logprobs, sampling_logprobs
@@ -24,14 +25,21 @@ def token_logprobs(
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> torch.Tensor:
-    """fp32 log-prob of targets[i] given hidden[i], under the sampling distribution."""
+    """fp32 log-prob of targets[i] given hidden[i], under the sampling distribution.
+
+    With ``model.config.activation_checkpointing`` and gradients on, each chunk's logits are
+    recomputed in the backward instead of kept ([LOGIT_CHUNK, vocab] fp32 per chunk otherwise).
+    """
+
+    def chunk_logprobs(h: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        return gather_logprobs(sampling_logprobs(model.logits(h), temperature, top_k, top_p), tgt)
+
+    recompute = getattr(model.config, "activation_checkpointing", False) and torch.is_grad_enabled()
     out = []
     for i in range(0, hidden.shape[0], LOGIT_CHUNK):
-        logits = model.logits(hidden[i : i + LOGIT_CHUNK])
+        h, tgt = hidden[i : i + LOGIT_CHUNK], targets[i : i + LOGIT_CHUNK]
         out.append(
-            gather_logprobs(
-                sampling_logprobs(logits, temperature, top_k, top_p), targets[i : i + LOGIT_CHUNK]
-            )
+            checkpoint(chunk_logprobs, h, tgt, use_reentrant=False) if recompute else chunk_logprobs(h, tgt)
         )
     return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
 

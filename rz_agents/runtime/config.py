@@ -28,6 +28,9 @@ class ModelSpec:
     dtype: str = "float32"
     init_seed: int = 0
     tiny_overrides: dict[str, Any] = field(default_factory=dict)
+    # Recompute activations in the learner's backward (memory linear in sequence length; forward
+    # values unchanged). For long trajectories (16K tokens and more).
+    activation_checkpointing: bool = False
 
 
 @dataclass

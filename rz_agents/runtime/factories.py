@@ -17,8 +17,17 @@ def build_model(spec: ModelSpec, vocab_size: int):
     if spec.checkpoint:
         from rz_agents.model.checkpoint import load_hf_checkpoint
 
-        return load_hf_checkpoint(resolve_checkpoint(spec.checkpoint), kernels=spec.kernels, dtype=spec.dtype)
-    overrides = {"vocab_size": vocab_size, "dtype": spec.dtype, **spec.tiny_overrides}
+        model = load_hf_checkpoint(
+            resolve_checkpoint(spec.checkpoint), kernels=spec.kernels, dtype=spec.dtype
+        )
+        model.config.activation_checkpointing = spec.activation_checkpointing
+        return model
+    overrides = {
+        "vocab_size": vocab_size,
+        "dtype": spec.dtype,
+        "activation_checkpointing": spec.activation_checkpointing,
+        **spec.tiny_overrides,
+    }
     torch.manual_seed(spec.init_seed)
     model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=spec.kernels)
     model.reset_parameters(seed=spec.init_seed)

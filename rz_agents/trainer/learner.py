@@ -97,6 +97,9 @@ class Learner:
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, version: int = 0) -> None:
         cfg.validate()
         self.model = model
+        verify = getattr(model, "verify_kernels", None)
+        if verify is not None:  # the aligned kernels' guards, paid (and logged) before the first step
+            verify()
         self.cfg = cfg
         self.version = version
         self.params = [p for p in model.parameters() if p.requires_grad]
