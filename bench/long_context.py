@@ -92,6 +92,7 @@ def engine_worker(context: int, args) -> dict:
         "kv_cache_mb": round(engine.kv_cache.total_bytes / 2**20, 1),
         "rss_after_model_mb": round(rss_model, 1),
         "peak_rss_mb": round(peak_rss_mb(), 1),
+        "peak_over_model_mb": round(peak_rss_mb() - rss_model, 1),
     }
 
 
@@ -140,6 +141,7 @@ def learner_worker(context: int, args, checkpointing: bool) -> dict:
         "tok_per_cpu_s": round(context / (c1 - c0), 1),
         "rss_after_model_mb": round(rss_model, 1),
         "peak_rss_mb": round(peak_rss_mb(), 1),
+        "peak_over_model_mb": round(peak_rss_mb() - rss_model, 1),
     }
 
 
@@ -154,14 +156,16 @@ def _child(kind: str, context: int, args, extra: list[str]) -> dict:
 
 
 def _growth_per_1k(rows: list[dict]) -> list[dict]:
-    """Peak-RSS growth per 1K tokens between consecutive context sizes (flat: linear memory)."""
-    ok = [r for r in rows if "peak_rss_mb" in r]
+    """Growth per 1K tokens, between consecutive context sizes, of the peak RSS above the RSS with the
+    model built (flat from size to size: memory linear in the context)."""
+    ok = [r for r in rows if "peak_over_model_mb" in r]
     return [
         {
             "from": a["context"],
             "to": b["context"],
             "mb_per_1k_tokens": round(
-                (b["peak_rss_mb"] - a["peak_rss_mb"]) / ((b["context"] - a["context"]) / 1024), 2
+                (b["peak_over_model_mb"] - a["peak_over_model_mb"]) / ((b["context"] - a["context"]) / 1024),
+                2,
             ),
         }
         for a, b in zip(ok, ok[1:], strict=False)

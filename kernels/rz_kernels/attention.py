@@ -77,7 +77,8 @@ def verify_tile_rows(head_dim: int, max_rows: int) -> bool:
     with _tile_lock:
         ok = _tile_verdicts.get(key)
         if ok is None:
-            ok, failed = _check_tile_rows(head_dim, max_rows)
+            with torch.inference_mode(False), torch.no_grad():
+                ok, failed = _check_tile_rows(head_dim, max_rows)
             _tile_verdicts[key] = ok
             if not ok:
                 log.warning(
@@ -285,11 +286,12 @@ def _tree_sum(x: torch.Tensor) -> torch.Tensor:
 
 def _key_blocks(buf: torch.Tensor, seqs: torch.Tensor, heads: torch.Tensor, span: int) -> torch.Tensor:
     """[n, span // 64, 64, D] fp32 key (or value) blocks of n (sequence, head) pairs."""
+    s, hkv, length, d = buf.shape
     if seqs.numel() == 1:
         blocks = buf[int(seqs[0]), int(heads[0]), :span].unsqueeze(0)  # in place: a view
-    else:
-        blocks = buf[seqs, heads, :span]
-    return blocks.float().reshape(seqs.numel(), span // KEY_BLOCK, KEY_BLOCK, buf.shape[-1])
+    else:  # one row copy per pair (index_select is several times faster than advanced indexing)
+        blocks = buf.reshape(s * hkv, length, d)[:, :span].index_select(0, seqs * hkv + heads)
+    return blocks.float().reshape(seqs.numel(), span // KEY_BLOCK, KEY_BLOCK, d)
 
 
 def _tile_group(qf, k, v, b: _Bucket, sel, scale: float):

@@ -77,6 +77,8 @@ def _operand(form: str, weight: torch.Tensor, a: int, b: int):
     """The right-hand operand of weight rows a:b in the given form (packed weights are cached)."""
     if form == "mm":
         return weight[a:b].t()
+    if weight.is_inference():  # no version counter to key a cache on: pack for this call only
+        return torch.ops.mkldnn._reorder_linear_weight(weight[a:b].contiguous(), None)
     # Packed copies live on the weight tensor, keyed by its storage and version counter: an
     # in-place update (optimizer step, engine weight load) makes them stale and they are rebuilt.
     stamp = (weight.data_ptr(), weight._version)
@@ -302,7 +304,8 @@ def verify_shape(n: int, k: int, dtype: torch.dtype) -> GemmVerdict:
     with _verdict_lock:
         verdict = _verdicts.get(key)
         if verdict is None:
-            verdict = _choose(n, k, dtype)
+            with torch.inference_mode(False), torch.no_grad():  # first use may be inside the engine's step
+                verdict = _choose(n, k, dtype)
             _verdicts[key] = verdict
             if verdict.tiled:
                 log.warning(

@@ -118,6 +118,16 @@ def test_packed_weights_are_rebuilt_after_an_in_place_update():
     torch.testing.assert_close(gemm.bucketed_linear(x, w, form="packed"), 2 * before)
 
 
+def test_first_use_inside_inference_mode_runs_the_guard_and_packs_inference_weights():
+    gen = torch.Generator().manual_seed(7)
+    w, x = torch.randn(24, 16, generator=gen), torch.randn(3, 16, generator=gen)
+    with torch.inference_mode():
+        got = gemm.aligned_linear(x, w)  # the guard runs here, inside the engine's inference mode
+        w_inf = w.clone()  # an inference tensor (no version counter)
+        assert torch.equal(gemm.aligned_linear(x, w_inf), got)
+    assert torch.equal(gemm.aligned_linear(x, w), got)
+
+
 def test_tiled_mode_reproduces_the_tiled_form_exactly():
     gemm.set_gemm_guard("tiled")
     gen = torch.Generator().manual_seed(4)
