@@ -110,10 +110,13 @@ def _check_tile_rows(d: int, max_rows: int) -> tuple[bool, list[int]]:
             pb = p.repeat(reps, 1)[:rows].unsqueeze(0).expand(batch, rows, KEY_BLOCK).contiguous()
             vb = v.unsqueeze(0).expand(batch, KEY_BLOCK, d).contiguous()
             s = torch.bmm(qb, kb.transpose(1, 2))
+            # one tile's queries against many key blocks: the stride-0 (broadcast) operand
+            s0 = torch.bmm(qb[:1].expand(batch, rows, d), kb.transpose(1, 2))
             pv = torch.bmm(pb, vb)
             sums = pb.sum(-1)
             if not (
                 torch.equal(s, ref_s.repeat(reps, 1)[:rows].expand(batch, rows, KEY_BLOCK))
+                and torch.equal(s0, s)
                 and torch.equal(pv, ref_pv.repeat(reps, 1)[:rows].expand(batch, rows, d))
                 and torch.equal(sums, ref_sum.repeat(reps)[:rows].expand(batch, rows))
             ):
@@ -301,8 +304,10 @@ def _tile_group(qf, k, v, b: _Bucket, sel, scale: float):
     kb = _key_blocks(k, b.tile_seq[sel], b.tile_head[sel], span)
     vb = _key_blocks(v, b.tile_seq[sel], b.tile_head[sel], span)
     q_tiles = qf[b.row_index[sel]]  # [n, R, D]
-    # contiguous in every case: the guard checked this operand layout
-    q_blocks = q_tiles.unsqueeze(1).expand(n, nb, rows, d).reshape(n * nb, rows, d).contiguous()
+    if n == 1:  # one tile against its key blocks: a broadcast view, no copy (the guard checks both)
+        q_blocks = q_tiles.expand(nb, rows, d)
+    else:
+        q_blocks = q_tiles.unsqueeze(1).expand(n, nb, rows, d).reshape(n * nb, rows, d)
     scores = torch.bmm(q_blocks, kb.reshape(n * nb, KEY_BLOCK, d).transpose(1, 2)).view(
         n, nb, rows, KEY_BLOCK
     )
