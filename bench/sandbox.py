@@ -15,6 +15,7 @@ Measures, on this machine:
 
   python bench/sandbox.py                       # human-readable
   python bench/sandbox.py --json --sessions 1024
+  python bench/sandbox.py --backend docker      # one container per session (scripts/install.sh --docker)
 Goals: p50 <= 20 ms and >= 100 calls/s (issue 5); with 1,024 sessions open, p99 <= 5 ms and every
 session alive (issue 15).
 """
@@ -39,8 +40,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def warm_round_trips(n: int) -> list[float]:
-    with PythonSandbox() as sb:
+def warm_round_trips(n: int, backend: str = "local") -> list[float]:
+    with PythonSandbox(backend=backend) as sb:
         for _ in range(20):  # warm-up
             sb.run("x = 1 + 1")
         times = []
@@ -83,13 +84,13 @@ def _descendants_memory() -> tuple[int, int, int]:
     return len(mine), rss, pss
 
 
-def open_sessions(n: int, calls: int) -> tuple[dict, list[PythonSandbox]]:
+def open_sessions(n: int, calls: int, backend: str = "local") -> tuple[dict, list[PythonSandbox]]:
     """Start n sessions at once; measure start rate, memory per session, and call latency with all open."""
     start = time.perf_counter()
     sandboxes: list[PythonSandbox] = []
     try:
         for _ in range(n):
-            sandboxes.append(PythonSandbox())  # each spawns its worker in the background
+            sandboxes.append(PythonSandbox(backend=backend))  # each spawns its worker in the background
         for sb in sandboxes:
             assert sb.run("0").ok  # waits for that worker's boot
         started_s = time.perf_counter() - start
@@ -160,11 +161,11 @@ def fresh_process(n: int) -> list[float]:
     return times
 
 
-def fresh_sandbox(n: int) -> list[float]:
+def fresh_sandbox(n: int, backend: str = "local") -> list[float]:
     times = []
     for _ in range(n):
         start = time.perf_counter()
-        with PythonSandbox() as sb:
+        with PythonSandbox(backend=backend) as sb:
             assert sb.run("x = 1 + 1; x").stdout == "2\n"
         times.append(time.perf_counter() - start)
     return times
@@ -188,15 +189,19 @@ def main() -> None:
         help="round-robin calls with all open (default 2 per session, >= 1000)",
     )
     parser.add_argument("--fresh", type=int, default=30, help="fresh processes / sandboxes to time")
+    parser.add_argument("--backend", choices=("local", "docker"), default="local", help="sandbox backend")
     args = parser.parse_args()
 
     load0 = os.getloadavg()[0]
-    warm = warm_round_trips(args.calls)
-    opened, sandboxes = open_sessions(args.sessions, args.open_calls or max(1000, 2 * args.sessions))
+    warm = warm_round_trips(args.calls, args.backend)
+    opened, sandboxes = open_sessions(
+        args.sessions, args.open_calls or max(1000, 2 * args.sessions), args.backend
+    )
     rate, elapsed = concurrent_throughput(sandboxes, args.calls_per_session)
     fresh = fresh_process(args.fresh)
-    fresh_sb = fresh_sandbox(args.fresh)
+    fresh_sb = fresh_sandbox(args.fresh, args.backend)
     result = {
+        "backend": args.backend,
         "p50_ms": round(statistics.median(warm) * 1000, 3),
         "p99_ms": round(percentile(warm, 0.99) * 1000, 3),
         "calls_per_s": round(rate, 1),

@@ -36,13 +36,14 @@ class ModelRunner:
             slot_ids.extend([seq.slot] * chunk.length)
             if chunk.samples:
                 sample_rows.append(len(tokens) - 1)
+        device = self.kv_cache.device
         hidden = self.model(
-            torch.tensor(tokens, dtype=torch.long),
-            torch.tensor(positions, dtype=torch.long),
-            seq_ids=torch.tensor(slot_ids, dtype=torch.long),
+            torch.tensor(tokens, dtype=torch.long, device=device),
+            torch.tensor(positions, dtype=torch.long, device=device),
+            seq_ids=torch.tensor(slot_ids, dtype=torch.long, device=device),
             kv_cache=self.kv_cache,
         )
-        return hidden[torch.tensor(sample_rows, dtype=torch.long)]
+        return hidden[torch.tensor(sample_rows, dtype=torch.long, device=device)]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -6,19 +6,24 @@ import importlib
 
 import torch
 
+from rz_agents.envs.registry import is_class_path
 from rz_agents.model.packaged import resolve_checkpoint
 from rz_agents.runtime.config import EnvSpec, ModelSpec
+from rz_agents.runtime.device import resolve_device
 
 
 def build_model(spec: ModelSpec, vocab_size: int):
-    """The policy model (random tiny, or loaded from an HF checkpoint)."""
+    """The policy model (random tiny, or loaded from an HF checkpoint) on ``spec.device``.
+
+    Raises DeviceError (a ValueError) when the device is absent on this machine."""
     from rz_agents.model import ModelConfig, Transformer
 
+    device = resolve_device(spec.device, "model.device")
     if spec.checkpoint:
         from rz_agents.model.checkpoint import load_hf_checkpoint
 
         model = load_hf_checkpoint(
-            resolve_checkpoint(spec.checkpoint), kernels=spec.kernels, dtype=spec.dtype
+            resolve_checkpoint(spec.checkpoint), kernels=spec.kernels, dtype=spec.dtype, device=device
         )
         model.config.activation_checkpointing = spec.activation_checkpointing
         return model
@@ -31,7 +36,7 @@ def build_model(spec: ModelSpec, vocab_size: int):
     torch.manual_seed(spec.init_seed)
     model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=spec.kernels)
     model.reset_parameters(seed=spec.init_seed)
-    return model
+    return model.to(device)
 
 
 def build_tokenizer(name: str, checkpoint: str | None = None):
@@ -57,13 +62,11 @@ def build_tokenizer(name: str, checkpoint: str | None = None):
 
 def env_factory(spec: EnvSpec):
     """A zero-argument callable building one env instance."""
-    if ":" in spec.id and "/" not in spec.id:
+    if is_class_path(spec.id):
         module, _, name = spec.id.partition(":")
         cls = getattr(importlib.import_module(module), name)
         return lambda: cls(**spec.kwargs)
     import gymnasium
-
-    import rz_agents.envs  # noqa: F401  (registers the rz_agents ids)
 
     # Gymnasium wrappers (order enforcing, passive checker) reject text spaces: take the env itself.
     return lambda: gymnasium.make(spec.id, disable_env_checker=True, **spec.kwargs).unwrapped

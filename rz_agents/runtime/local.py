@@ -22,13 +22,16 @@ import torch
 
 from rz_agents.engine import RZEngine
 from rz_agents.model.packaged import resolve_checkpoint
+from rz_agents.rollout.checkpoint_cut import check_consistent_cut, upgrade_state
 from rz_agents.rollout.controller import RolloutController
 from rz_agents.rollout.task_source import TaskSource
-from rz_agents.runtime.config import TrainConfig, effective_kernels, effective_max_lag
+from rz_agents.runtime.config import TrainConfig, resolve
 from rz_agents.runtime.factories import build_model, build_tokenizer, env_factory
 from rz_agents.runtime.fixed_lag import WeightHistory
 from rz_agents.runtime.memory import limit_heap_growth, rss_bytes, trim_heap
+from rz_agents.runtime.watchdog import Watchdog
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
+from rz_agents.trainer.inspect import inspected_steps, record_step, write_step_record
 from rz_agents.trainer.learner import Learner
 from rz_agents.trainer.metrics_log import MetricsWriter
 
@@ -40,17 +43,25 @@ def _set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
+def _trained_groups(history: list[dict[str, Any]]) -> list[list[int]] | None:
+    """The group indices trained at each step, if every step recorded them (older histories did not)."""
+    if all("group_indices" in m for m in history):
+        return [list(m["group_indices"]) for m in history]
+    return None
+
+
 class LocalRun:
     """The wired components of one run; ``run_training`` drives it. Kept as an object for tests/benchmarks."""
 
     def __init__(self, cfg: TrainConfig) -> None:
         cfg.validate()
-        self.cfg = cfg
+        # derived fields filled in: the lag bound, the sampling the learner scores under, the kernels
+        self.cfg = cfg = resolve(cfg)
         limit_heap_growth()  # the resident set would otherwise creep up step after step
         _set_threads(cfg.num_threads)
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         vocab = max(int(self.tokenizer.vocab_size), 320) if cfg.tokenizer == "byte" else len(self.tokenizer)
-        self.model = build_model(dataclasses.replace(cfg.model, kernels=effective_kernels(cfg)), vocab)
+        self.model = build_model(cfg.model, vocab)
         # The engine samples from its own copy; the learner publishes into it after each step.
         engine_model = copy.deepcopy(self.model)
         engine_model.requires_grad_(False)
@@ -58,15 +69,7 @@ class LocalRun:
         if cfg.num_threads is not None and eng_cfg.num_threads is None:
             eng_cfg = dataclasses.replace(eng_cfg, num_threads=cfg.num_threads)
         self.engine = RZEngine(engine_model, eng_cfg, decode=self.tokenizer.decode)
-        r = cfg.rollout
-        # The learner scores tokens under the distribution the engine sampled from, with the same lag bound.
-        lcfg = dataclasses.replace(
-            cfg.learner,
-            max_lag=effective_max_lag(cfg),
-            temperature=r.temperature,
-            top_k=r.top_k,
-            top_p=r.top_p,
-        )
+        lcfg = cfg.learner
         if cfg.learner_process:
             from rz_agents.runtime.learner_process import LearnerProcess
 
@@ -75,27 +78,38 @@ class LocalRun:
             )
         else:
             self.learner = Learner(self.model, lcfg)
-        rcfg = dataclasses.replace(r, max_lag=effective_max_lag(cfg), seed=cfg.seed)
         self.controller = RolloutController(
             self.engine,
             env_factory(cfg.env),
             self.template,
             self.tokenizer,
             TaskSource(cfg.env.tasks, seed=cfg.seed),
-            rcfg,
+            cfg.rollout,
         )
         self.history: list[dict[str, Any]] = []
         fixed = cfg.rollout.fixed_lag
         self.weight_history = WeightHistory(fixed) if fixed else None
         self._saved_affinity: set[int] | None = None
-        self.writer = MetricsWriter(cfg.output_dir, tensorboard=cfg.tensorboard) if cfg.output_dir else None
         if cfg.resume_from:
             payload = load_checkpoint(cfg.resume_from)
-            self.learner.load_state_dict(payload["learner"])
-            self.controller.load_state_dict(payload["runtime"]["controller"])
             self.history = list(payload["runtime"].get("history", []))
+            state = upgrade_state(
+                payload["runtime"]["controller"], len(self.history), cfg.rollout.groups_per_batch
+            )
+            check_consistent_cut(
+                state, len(self.history), _trained_groups(self.history), where=str(cfg.resume_from)
+            )
+            self.learner.load_state_dict(payload["learner"])
+            self.controller.load_state_dict(state)
             if self.weight_history is not None:
                 self.weight_history.load_state_dict(payload["runtime"].get("weight_history", {}))
+        # The writer starts at the first step this run records: rows a killed run wrote after its last
+        # checkpoint are removed, so no step number repeats in metrics.jsonl.
+        self.writer = (
+            MetricsWriter(cfg.output_dir, tensorboard=cfg.tensorboard, start_step=len(self.history))
+            if cfg.output_dir
+            else None
+        )
         self._publish()
 
     def export_model(self, out_dir: str | Path) -> Path:
@@ -115,18 +129,54 @@ class LocalRun:
         return save_hf_checkpoint(self.model, out_dir, extra_files=extra)
 
     def checkpoint(self, path: str | Path) -> Path:
-        """Write an atomic checkpoint of learner, controller (queue, data position) and RNG states."""
-        runtime = {"controller": self.controller.state_dict(), "history": self.history}
+        """Write an atomic checkpoint of learner, controller (queue, data position) and RNG states.
+
+        Raises InconsistentCheckpoint (and writes nothing) if the controller state is not a consistent cut.
+        """
+        state = self.controller.state_dict()
+        check_consistent_cut(state, len(self.history), _trained_groups(self.history), where="saving")
+        runtime = {"controller": state, "history": self.history}
         if self.weight_history is not None:
             runtime["weight_history"] = self.weight_history.state_dict()
         return save_checkpoint(path, self.learner.state_dict(), runtime)
 
+    def _progress(self) -> tuple:
+        """What the watchdog compares: engine steps, episode events, learner steps."""
+        c = self.controller.counters
+        engine_steps = getattr(self.engine, "counters", {}).get("steps", 0)
+        return (
+            engine_steps,
+            c["episodes_started"],
+            c["episodes_finished"],
+            c["episodes_failed"],
+            len(self.history),
+        )
+
+    def _describe(self) -> str:
+        c = self.controller
+        return (
+            f"learner steps {len(self.history)}/{self.cfg.steps}, steps_done {c.steps_done}, queued groups "
+            f"{len(c.queue)}, groups in flight {len(c.in_flight)}, counters {dict(c.counters)}"
+        )
+
     def _learner_step(self, batch):
         _set_threads(self.cfg.num_threads)  # this worker thread's torch threads
+        step = len(self.history)
+        if self.cfg.output_dir and step in inspected_steps(self.cfg.inspect_steps, self.cfg.steps):
+            self._record_for_inspection(step, batch)
         m = self.learner.step(batch)
         if self.cfg.learner_step_delay_s:
             time.sleep(self.cfg.learner_step_delay_s)
         return m
+
+    def _record_for_inspection(self, step: int, batch) -> None:
+        """The batch with the learner's log-probs, for the trajectory inspector (run_dir/inspect/)."""
+        if self.cfg.learner_process:  # the child trains; bring its current weights here
+            with torch.no_grad():
+                self.model.load_state_dict(self.learner.weights())
+        decode = self.tokenizer.decode
+        record = record_step(self.model, batch, self.cfg.learner, self.learner.version, lambda t: decode([t]))
+        write_step_record(Path(self.cfg.output_dir) / "inspect", step, record)
 
     def _publish(self) -> None:
         """Send the learner's weights to the engine (in fixed-lag mode, those of version v - fixed_lag)."""
@@ -145,6 +195,11 @@ class LocalRun:
         producer = asyncio.ensure_future(self.controller.run())
         t_start = time.perf_counter()
         start_step = len(self.history)
+        watchdog = None
+        if cfg.watchdog_s:
+            dump = Path(cfg.output_dir) / "stall_stacks.txt" if cfg.output_dir else None
+            watchdog = Watchdog(cfg.watchdog_s, self._progress, self._describe, dump_path=dump)
+            watchdog.start(asyncio.current_task())
         try:
             while len(self.history) < cfg.steps:
                 t0 = time.perf_counter()
@@ -161,6 +216,7 @@ class LocalRun:
                 step = len(self.history)
                 metrics.update(
                     step=step,
+                    group_indices=sorted({int(t.group_id) for t in batch}),
                     time_wait_data_s=t_wait,
                     time_publish_s=t_pub,
                     time_step_s=time.perf_counter() - t0,
@@ -172,13 +228,22 @@ class LocalRun:
                     trained_tokens_per_s=metrics.get("learner_tokens", 0)
                     / max(time.perf_counter() - t0, 1e-9),
                 )
+                # The step is counted (history and controller) before it is logged or checkpointed: a
+                # checkpoint whose steps_done lagged its history shrank the admission window on every
+                # resume until nothing was admitted (issue 17).
                 self.history.append(metrics)
+                self.controller.step_done()
                 if self.writer:
                     self.writer.write(step, metrics)
                 if cfg.output_dir and cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
                     self.checkpoint(Path(cfg.output_dir) / "checkpoint.pt")
-                self.controller.step_done()
+        except asyncio.CancelledError:
+            if watchdog is not None and watchdog.error is not None:
+                raise watchdog.error from None
+            raise
         finally:
+            if watchdog is not None:
+                watchdog.stop()
             self.controller.stop()
             await asyncio.gather(producer, return_exceptions=True)
         wall = time.perf_counter() - t_start

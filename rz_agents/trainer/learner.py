@@ -191,13 +191,21 @@ class Learner:
                 top_k=cfg.top_k,
                 top_p=cfg.top_p,
             )
+            # Per-token data lives on the CPU; the loss is computed where the model is (a no-op on CPU).
             loss = sum(
-                sequence_loss(lp, behavior[i], masks[i], advantages[i], scales[i], cfg.loss)
+                sequence_loss(
+                    lp,
+                    behavior[i].to(lp.device),
+                    masks[i].to(lp.device),
+                    advantages[i],
+                    scales[i].to(lp.device),
+                    cfg.loss,
+                )
                 for i, lp in zip(mb, mb_logps, strict=True)
             )
             t1 = time.perf_counter()
             for i, lp in zip(mb, mb_logps, strict=True):
-                logps[i] = lp.detach()
+                logps[i] = lp.detach().cpu()
             if not torch.isfinite(loss):
                 finite = False  # keep scoring the rest for the metrics, but never backpropagate this
             if finite:
