@@ -19,11 +19,12 @@ def build_model(spec: ModelSpec, vocab_size: int):
     from rz_agents.model import ModelConfig, Transformer
 
     device = resolve_device(spec.device, "model.device")
+    kernels = spec.kernels or "aligned"  # a resolved run config names them; a bare spec means aligned
     if spec.checkpoint:
         from rz_agents.model.checkpoint import load_hf_checkpoint
 
         model = load_hf_checkpoint(
-            resolve_checkpoint(spec.checkpoint), kernels=spec.kernels, dtype=spec.dtype, device=device
+            resolve_checkpoint(spec.checkpoint), kernels=kernels, dtype=spec.dtype, device=device
         )
         model.config.activation_checkpointing = spec.activation_checkpointing
         return model
@@ -34,7 +35,7 @@ def build_model(spec: ModelSpec, vocab_size: int):
         **spec.tiny_overrides,
     }
     torch.manual_seed(spec.init_seed)
-    model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=spec.kernels)
+    model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=kernels)
     model.reset_parameters(seed=spec.init_seed)
     return model.to(device)
 
