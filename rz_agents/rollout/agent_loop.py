@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -19,6 +20,11 @@ from rz_agents.trajectory import NOT_SAMPLED, Trajectory
 
 class EpisodeError(RuntimeError):
     """An episode could not complete (engine error, env failure, bad observation); it is dropped."""
+
+
+class ReplicaLost(EpisodeError):
+    """The engine replica or env worker serving the episode died (Ray runtime); the episode can be run
+    again from its start (the controller does, up to ``rollout.max_episode_reruns`` times)."""
 
 
 @dataclass
@@ -46,6 +52,8 @@ def turn_seed(episode_seed: int, turn: int) -> int:
 
 
 async def _call(executor: Executor | None, fn: Callable, *args, **kwargs):
+    if inspect.iscoroutinefunction(fn):  # an env living elsewhere (a Ray env worker) is awaited as it is
+        return await fn(*args, **kwargs)
     # Env calls may block (subprocesses, browsers, sleeps): run them off the event loop.
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
@@ -67,6 +75,8 @@ async def run_episode(
     """
     try:
         messages, info = await _call(executor, env.reset, seed=spec.seed, options={"task": spec.task})
+    except ReplicaLost:
+        raise
     except Exception as e:
         raise EpisodeError(f"env.reset failed: {e!r}") from e
     tools = info.get("tools") or None
@@ -123,6 +133,8 @@ async def run_episode(
         try:
             obs, reward, terminated, truncated, step_info = await _call(executor, env.step, text)
             reward = float(reward)
+        except ReplicaLost:
+            raise
         except Exception as e:
             raise EpisodeError(f"env.step failed: {e!r}") from e
         total_reward += reward

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,6 +217,15 @@ def effective_max_lag(cfg: TrainConfig) -> int:
     if cfg.rollout.fixed_lag is not None:
         return cfg.rollout.fixed_lag
     return cfg.rollout.max_lag
+
+
+def learner_config(cfg: TrainConfig) -> LearnerConfig:
+    """The learner's settings: it scores tokens under the distribution the engine sampled from, with the
+    run's lag bound."""
+    r = cfg.rollout
+    return dataclasses.replace(
+        cfg.learner, max_lag=effective_max_lag(cfg), temperature=r.temperature, top_k=r.top_k, top_p=r.top_p
+    )
 
 
 def effective_kernels(cfg: TrainConfig) -> str:

@@ -58,3 +58,19 @@ def env_factory(spec: EnvSpec):
 
     # Gymnasium wrappers (order enforcing, passive checker) reject text spaces: take the env itself.
     return lambda: gymnasium.make(spec.id, disable_env_checker=True, **spec.kwargs).unwrapped
+
+
+def vocab_size(tokenizer_name: str, tokenizer) -> int:
+    """The model's vocabulary size for the run's tokenizer (the byte tokenizer's tiny vocab is padded)."""
+    return max(int(tokenizer.vocab_size), 320) if tokenizer_name == "byte" else len(tokenizer)
+
+
+def tokenizer_files(tokenizer_name: str, checkpoint: str | None) -> dict[str, str]:
+    """The source checkpoint's tokenizer files, exported with the model when the run uses its tokenizer."""
+    extra: dict[str, str] = {}
+    if tokenizer_name == "checkpoint":
+        source = resolve_checkpoint(checkpoint or "")
+        for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+            if (source / name).is_file():
+                extra[name] = (source / name).read_text()
+    return extra

@@ -1,0 +1,58 @@
+"""Joining Ray: start a local instance or connect to a cluster, and the resource requests of each actor kind."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import ray
+
+from rz_agents.runtime.config import PlacementConfig, TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def logical_cpus(p: PlacementConfig) -> float:
+    """The CPUs a placement reserves in all."""
+    return (
+        p.engines * p.cpus_per_engine
+        + p.env_workers * p.cpus_per_env_worker
+        + p.learner_ranks * p.cpus_per_learner_rank
+    )
+
+
+def connect(cfg: TrainConfig) -> bool:
+    """Make sure this process is a Ray driver. Returns True when it started a local instance (which the run
+    then shuts down at close); an already initialised Ray (a test session, a notebook) is used as it is."""
+    if ray.is_initialized():
+        return False
+    if cfg.ray.address:
+        ray.init(address=cfg.ray.address, logging_level=logging.WARNING)
+        return False
+    # Logical CPUs: at least what the placement reserves, so a small machine still schedules every actor
+    # (the actors' torch threads, not these numbers, decide how many cores they use).
+    num_cpus = cfg.ray.num_cpus or max(os.cpu_count() or 1, int(logical_cpus(cfg.placement) + 0.999))
+    ray.init(
+        num_cpus=num_cpus,
+        num_gpus=None,
+        object_store_memory=cfg.ray.object_store_mb * 2**20,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+    )
+    return True
+
+
+def actor_options(cpus: float, gpus: float, resources: dict[str, float], **extra: Any) -> dict[str, Any]:
+    """``.options(...)`` of one actor: its CPUs, GPUs and custom (node-pinning) resources."""
+    options: dict[str, Any] = {"num_cpus": cpus, **extra}
+    if gpus:
+        options["num_gpus"] = gpus
+    if resources:
+        options["resources"] = dict(resources)
+    return options
+
+
+def node_id() -> str:
+    """The id of the Ray node this process runs on (tests check where actors landed)."""
+    return ray.get_runtime_context().get_node_id()

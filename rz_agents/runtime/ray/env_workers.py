@@ -1,0 +1,138 @@
+"""Env workers as Ray actors: the envs (sandboxes, desktops) live there; episodes' reset/step run there.
+
+An ``EnvHost`` is a threaded Ray actor holding envs by id; each env call runs on one of its threads (env
+calls block on subprocesses and browsers, like the local runtime's thread pool). In the driver, the
+controller's env factory hands out ``RemoteEnv`` handles, each bound to one worker (the one holding the
+fewest envs) for its life; the agent loop awaits their ``reset``/``step`` like local env calls.
+
+A worker that dies is restarted by Ray. The episodes it was serving fail with ``ReplicaLost`` (run again or
+dropped by the controller, and counted); the handles bound to it stay usable, because a worker creates an
+env the first time an episode resets it, so the next episode on a handle rebuilds its env on the restarted
+worker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from typing import Any
+
+from ray.exceptions import RayActorError
+
+from rz_agents.rollout.agent_loop import ReplicaLost
+from rz_agents.runtime.config import EnvSpec
+from rz_agents.runtime.factories import env_factory
+
+log = logging.getLogger(__name__)
+
+
+class EnvGone(LookupError):
+    """The env was not on its worker (the worker restarted since the env was created)."""
+
+
+class EnvHost:
+    """One env worker (the body of a threaded Ray actor)."""
+
+    def __init__(self, spec: EnvSpec) -> None:
+        self._make = env_factory(spec)
+        self._envs: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def _env(self, env_id: int, create: bool) -> Any:
+        with self._lock:
+            env = self._envs.get(env_id)
+        if env is None:
+            if not create:
+                raise EnvGone(f"env {env_id} is not on this worker (it restarted)")
+            env = self._make()
+            with self._lock:
+                self._envs[env_id] = env
+        return env
+
+    def reset(self, env_id: int, seed: int | None, options: dict[str, Any] | None) -> Any:
+        """``env.reset`` (the env is created on its first reset)."""
+        return self._env(env_id, create=True).reset(seed=seed, options=options)
+
+    def step(self, env_id: int, action: str) -> Any:
+        """``env.step``."""
+        return self._env(env_id, create=False).step(action)
+
+    def close(self, env_id: int) -> None:
+        """Close and forget one env."""
+        with self._lock:
+            env = self._envs.pop(env_id, None)
+        if env is not None:
+            env.close()
+
+    def close_all(self) -> None:
+        """Close every env (before the actor is killed)."""
+        with self._lock:
+            envs, self._envs = list(self._envs.values()), {}
+        for env in envs:
+            try:
+                env.close()
+            except Exception as e:  # closing is best effort
+                log.warning("env.close failed: %r", e)
+
+    def num_envs(self) -> int:
+        """How many envs live here."""
+        return len(self._envs)
+
+    def node(self) -> str:
+        """The Ray node this worker runs on."""
+        from rz_agents.runtime.ray.cluster import node_id
+
+        return node_id()
+
+
+class RemoteEnv:
+    """The driver's handle on one env living in a worker; ``reset``/``step`` are awaited by the agent loop."""
+
+    def __init__(self, factory: RemoteEnvFactory, worker: int, env_id: int) -> None:
+        self._factory = factory
+        self.worker = worker
+        self.env_id = env_id
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        actor = self._factory.workers[self.worker]
+        try:
+            return await getattr(actor, method).remote(self.env_id, *args)
+        except RayActorError as e:
+            raise ReplicaLost(f"env worker {self.worker} died: {type(e).__name__}") from e
+        except EnvGone as e:
+            raise ReplicaLost(str(e)) from e
+
+    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        """``env.reset`` on the worker."""
+        return await self._call("reset", seed, options)
+
+    async def step(self, action: str) -> Any:
+        """``env.step`` on the worker."""
+        return await self._call("step", action)
+
+    def close(self) -> None:
+        """Close the env on its worker (not awaited; a dead worker has nothing left to close)."""
+        self._factory.release(self)
+        self._factory.workers[self.worker].close.remote(self.env_id)
+
+
+class RemoteEnvFactory:
+    """The controller's env factory in the Ray runtime: a new ``RemoteEnv`` on the least-loaded worker."""
+
+    def __init__(self, workers: list[Any]) -> None:
+        self.workers = workers
+        self.envs_per_worker = [0] * len(workers)
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # the controller calls the factory from its thread pool
+
+    def __call__(self) -> RemoteEnv:
+        with self._lock:
+            worker = min(range(len(self.workers)), key=lambda w: (self.envs_per_worker[w], w))
+            self.envs_per_worker[worker] += 1
+            return RemoteEnv(self, worker, next(self._ids))
+
+    def release(self, env: RemoteEnv) -> None:
+        """``env`` was closed."""
+        with self._lock:
+            self.envs_per_worker[env.worker] -= 1

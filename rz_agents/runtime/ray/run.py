@@ -1,0 +1,190 @@
+"""The Ray runtime: the run's engines, env workers and learner ranks as Ray actors, placed by config.
+
+The driver (this process) runs what the local runtime runs: the rollout controller with its agent loop
+per episode, the lag bound and the trajectory queue, and the training loop (runtime/loop.py). Only the
+placement differs: the controller's engine is ``EngineReplicas`` (routing episodes to engine actors), its env
+factory hands out handles on envs living in ``EnvHost`` actors, and the learner step runs in the learner
+ranks. The same ``Trajectory`` objects and versioned weights move between them through Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from rz_agents.rollout.controller import RolloutController
+from rz_agents.rollout.task_source import TaskSource
+from rz_agents.runtime.config import TrainConfig, effective_kernels, effective_max_lag, learner_config
+from rz_agents.runtime.factories import build_model, build_tokenizer, tokenizer_files, vocab_size
+from rz_agents.runtime.loop import TrainLoop
+from rz_agents.runtime.memory import limit_heap_growth
+from rz_agents.runtime.ray.cluster import actor_options, connect
+from rz_agents.runtime.ray.engines import EngineReplicas, EngineServer
+from rz_agents.runtime.ray.env_workers import EnvHost, RemoteEnvFactory
+from rz_agents.runtime.ray.learner import LearnerGroup, LearnerRank
+
+log = logging.getLogger(__name__)
+
+
+class RayRun(TrainLoop):
+    """The wired actors of one run; ``train`` (runtime/loop.py) drives them from this process."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        cfg.validate()
+        if cfg.runtime != "ray":
+            raise ValueError(f"RayRun needs runtime: ray, got {cfg.runtime!r} (use build_run)")
+        self.cfg = cfg
+        limit_heap_growth()
+        self._owns_ray = connect(cfg)
+        self._actors: list[Any] = []
+        try:
+            self._place()
+            self._init_loop()
+        except BaseException:
+            self.close()
+            raise
+
+    def _place(self) -> None:
+        cfg, p = self.cfg, self.cfg.placement
+        self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
+        self.vocab = vocab_size(cfg.tokenizer, self.tokenizer)
+        self.spec = dataclasses.replace(cfg.model, kernels=effective_kernels(cfg))
+        threads = cfg.num_threads
+        eng_cfg = cfg.engine
+        if threads is not None and eng_cfg.num_threads is None:
+            eng_cfg = dataclasses.replace(eng_cfg, num_threads=threads)
+        restarts = {"max_restarts": p.actor_restarts}
+
+        engine_cls = ray.remote(EngineServer)
+        engines = [
+            engine_cls.options(
+                **actor_options(p.cpus_per_engine, p.engine_gpus, p.engine_resources, **restarts)
+            ).remote(self.spec, self.vocab, eng_cfg, cfg.tokenizer, "cuda" if p.engine_gpus else "cpu")
+            for _ in range(p.engines)
+        ]
+        self._actors += engines
+        # Each env call holds one thread of its worker while it blocks: enough threads for every env there.
+        per_worker = math.ceil(cfg.rollout.max_concurrent_episodes / p.env_workers) + 2
+        env_cls = ray.remote(EnvHost)
+        workers = [
+            env_cls.options(
+                **actor_options(
+                    p.cpus_per_env_worker, 0, p.env_worker_resources, max_concurrency=per_worker, **restarts
+                )
+            ).remote(cfg.env)
+            for _ in range(p.env_workers)
+        ]
+        self._actors += workers
+        rank_cls = ray.remote(LearnerRank)
+        ranks = [
+            rank_cls.options(
+                **actor_options(p.cpus_per_learner_rank, p.learner_gpus, p.learner_resources, max_restarts=0)
+            ).remote(
+                r,
+                p.learner_ranks,
+                self.spec,
+                self.vocab,
+                learner_config(cfg),
+                threads,
+                "cuda" if p.learner_gpus else "cpu",
+            )
+            for r in range(p.learner_ranks)
+        ]
+        self._actors += ranks
+        self.engine = EngineReplicas(engines)
+        self.env_workers = workers
+        self.learner = LearnerGroup(ranks)
+        rcfg = dataclasses.replace(cfg.rollout, max_lag=effective_max_lag(cfg), seed=cfg.seed)
+        self.controller = RolloutController(
+            self.engine,
+            RemoteEnvFactory(workers),
+            self.template,
+            self.tokenizer,
+            TaskSource(cfg.env.tasks, seed=cfg.seed),
+            rcfg,
+        )
+
+    @functools.cached_property
+    def model(self):
+        """A copy of the policy in this process, for a supervised warm start (then ``push_model_weights``)
+        and for exporting; built on first use, with the learner's current weights."""
+        model = build_model(self.spec, self.vocab)
+        model.load_state_dict(ray.get(self.learner.latest))
+        return model
+
+    def push_model_weights(self) -> None:
+        """``model`` was changed in place (a supervised warm start): the learner ranks take its weights
+        (fp32 masters included), keeping their version, and the engines sample with them."""
+        self.learner.load_weights({k: v.detach() for k, v in self.model.state_dict().items()})
+        self.engine.load_weights(*self._to_publish())
+
+    def export_model(self, out_dir: str | Path) -> Path:
+        """The learner's current weights as an HF checkpoint directory (``rz eval --checkpoint`` reads it)."""
+        from rz_agents.model.checkpoint import save_hf_checkpoint
+
+        self.model.load_state_dict(ray.get(self.learner.latest))
+        extra = tokenizer_files(self.cfg.tokenizer, self.cfg.model.checkpoint)
+        return save_hf_checkpoint(self.model, out_dir, extra_files=extra)
+
+    # ---- placement hooks (runtime/loop.py) ---------------------------------------------------------
+    async def _learner_step(self, batch: list) -> dict[str, Any]:
+        return await self.learner.step(batch)
+
+    def _learner_weights(self) -> Any:
+        return self.learner.latest
+
+    def _snapshot_weights(self, weights: Any) -> Any:
+        return weights  # an object in the store never changes
+
+    async def _send_weights(self, weights: Any, version: int) -> None:
+        await self.engine.publish(weights, version)
+
+    def _learner_state(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+    def _load_learner_state(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state)
+
+    def _weights_to_tensors(self, weights: Any) -> dict:
+        return ray.get(weights)
+
+    def _weights_from_tensors(self, tensors: dict) -> Any:
+        return ray.put(tensors)
+
+    def _engine_step_metrics(self) -> dict[str, Any]:
+        return {
+            "engine_generated_tokens": self.engine.counters["generated_tokens"],
+            "engine_version": self.engine.version,
+            "engine_replicas_lost": self.engine.counters["replicas_lost"],
+        }
+
+    def _engine_summary(self) -> dict[str, Any]:
+        return self.engine.stats()
+
+    def close(self) -> None:
+        """Close envs and end every actor of this run (and the local Ray instance if this run started it)."""
+        controller = getattr(self, "controller", None)
+        if controller is not None:
+            controller.close()
+        for worker in getattr(self, "env_workers", []):
+            try:
+                ray.get(worker.close_all.remote(), timeout=30)
+            except Exception as e:  # a dead worker has nothing left to close
+                log.warning("env worker did not close its envs: %r", e)
+        learner = getattr(self, "learner", None)
+        if learner is not None:
+            learner.close()
+        for actor in self._actors:
+            ray.kill(actor)
+        self._actors = []
+        if hasattr(self, "history"):
+            self._close_loop()
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
