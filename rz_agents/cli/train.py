@@ -16,7 +16,8 @@ import torch
 import yaml
 
 from rz_agents.config_io import ConfigError, load_config, to_dict
-from rz_agents.runtime import LocalRun, TrainConfig
+from rz_agents.runtime import TrainConfig, build_run
+from rz_agents.runtime.loop import TrainLoop
 from rz_agents.warmstart import DEMO_TASKS, WarmStartConfig, supervised_warm_start
 
 
@@ -116,7 +117,7 @@ def build_summary(
     }
 
 
-def _warm_start(run: LocalRun, cfg: RunConfig, log) -> dict | None:
+def _warm_start(run: TrainLoop, cfg: RunConfig, log) -> dict | None:
     ws = cfg.warm_start
     if ws.demos <= 0:
         return None
@@ -160,10 +161,10 @@ def _warm_start(run: LocalRun, cfg: RunConfig, log) -> dict | None:
     finally:
         run.model.set_kernels(kernels)
         torch.set_num_threads(threads)
+    # The learner (and its fp32 masters) and the engines take the warm-started weights (same version).
+    run.push_model_weights()
     if cfg.output_dir:
         run.export_model(Path(cfg.output_dir) / "warm_start_model")
-    # The engine samples from its own copy of the weights: publish the warm-started ones (same version).
-    run.engine.load_weights(run.learner.weights(), run.learner.version)
     return result
 
 
@@ -187,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     log(f"run directory: {run_dir}")
     try:
-        runner = LocalRun(cfg)
+        runner = build_run(cfg)
     except (FileNotFoundError, ValueError) as exc:  # a missing checkpoint or tokenizer, a vocabulary mismatch
         print(f"rz train: cannot build the run: {exc}", file=sys.stderr)
         return 2
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_with_progress(runner: LocalRun, cfg: RunConfig, console, plain: bool, log) -> dict:
+def _train_with_progress(runner: TrainLoop, cfg: RunConfig, console, plain: bool, log) -> dict:
     import asyncio
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn

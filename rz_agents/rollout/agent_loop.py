@@ -152,7 +152,13 @@ async def run_episode(
         versions=versions,
         reward=total_reward,
         group_id=spec.group_id,
-        info={"task_id": info.get("task_id"), "turns": turns, "finish": finish, "member": spec.member},
+        info={
+            "task_id": info.get("task_id"),
+            "turns": turns,
+            "finish": finish,
+            "member": spec.member,
+            "seed": spec.seed,  # with the task and the versions, what reproduces the episode
+        },
     )
     try:
         traj.validate()

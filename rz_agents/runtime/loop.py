@@ -143,6 +143,16 @@ class TrainLoop:
         if self.writer:
             self.writer.close()
 
+    # ---- what every runtime offers besides the loop ---------------------------------------------------
+    def push_model_weights(self) -> None:
+        """The runtime's ``model`` was changed in place (a supervised warm start): the learner takes its
+        weights, keeping its version, and the engines sample with them."""
+        raise NotImplementedError
+
+    def export_model(self, out_dir: str | Path) -> Path:
+        """The learner's current weights as an HF checkpoint directory (``rz eval --checkpoint`` reads it)."""
+        raise NotImplementedError
+
     # ---- placement hooks ---------------------------------------------------------------------------
     def _before_train(self) -> None:
         """Called when ``train`` starts (e.g. CPU pinning)."""

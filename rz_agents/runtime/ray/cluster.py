@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import time
 from typing import Any
 
 import ray
+from ray.exceptions import ActorUnavailableError
 
 from rz_agents.runtime.config import PlacementConfig, TrainConfig
 
@@ -56,3 +59,18 @@ def actor_options(cpus: float, gpus: float, resources: dict[str, float], **extra
 def node_id() -> str:
     """The id of the Ray node this process runs on (tests check where actors landed)."""
     return ray.get_runtime_context().get_node_id()
+
+
+async def call_when_alive(method: Any, *args: Any, timeout_s: float = 600.0) -> Any:
+    """``await method.remote(*args)``, waiting out a restart of its actor (Ray answers calls to an actor
+    that is restarting with ActorUnavailableError). An actor that is dead for good raises ActorDiedError."""
+    delay = 0.1
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await method.remote(*args)
+        except ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 2.0)

@@ -30,6 +30,7 @@ from rz_agents.engine.params import Completion, SamplingParams
 from rz_agents.rollout.agent_loop import EpisodeError, ReplicaLost
 from rz_agents.runtime.config import ModelSpec
 from rz_agents.runtime.factories import build_model, build_tokenizer
+from rz_agents.runtime.ray.cluster import call_when_alive, node_id
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,6 @@ class EngineServer:
 
     async def node(self) -> str:
         """The Ray node this replica runs on."""
-        from rz_agents.runtime.ray.cluster import node_id
-
         return node_id()
 
 
@@ -166,9 +165,9 @@ class EngineReplicas:
             while True:
                 target = self._weights
                 if target is not None:
-                    await replica.actor.load_weights.remote(*target)  # queued until Ray has restarted it
+                    await call_when_alive(replica.actor.load_weights, *target)
                 else:
-                    await replica.actor.stats.remote()
+                    await call_when_alive(replica.actor.stats)
                 if self._weights is target:  # no newer publication meanwhile
                     break
             replica.healthy = True

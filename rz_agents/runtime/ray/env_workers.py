@@ -6,9 +6,9 @@ controller's env factory hands out ``RemoteEnv`` handles, each bound to one work
 fewest envs) for its life; the agent loop awaits their ``reset``/``step`` like local env calls.
 
 A worker that dies is restarted by Ray. The episodes it was serving fail with ``ReplicaLost`` (run again or
-dropped by the controller, and counted); the handles bound to it stay usable, because a worker creates an
-env the first time an episode resets it, so the next episode on a handle rebuilds its env on the restarted
-worker.
+dropped by the controller, and counted). The handles bound to it stay usable: a worker creates an env the
+first time an episode resets it, so the next episode on a handle rebuilds its env, on another worker while
+this one is down, or on this one once Ray has restarted it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from typing import Any
 
 from ray.exceptions import RayActorError
@@ -23,6 +24,7 @@ from ray.exceptions import RayActorError
 from rz_agents.rollout.agent_loop import ReplicaLost
 from rz_agents.runtime.config import EnvSpec
 from rz_agents.runtime.factories import env_factory
+from rz_agents.runtime.ray.cluster import call_when_alive, node_id
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +83,6 @@ class EnvHost:
 
     def node(self) -> str:
         """The Ray node this worker runs on."""
-        from rz_agents.runtime.ray.cluster import node_id
-
         return node_id()
 
 
@@ -94,22 +94,35 @@ class RemoteEnv:
         self.worker = worker
         self.env_id = env_id
 
-    async def _call(self, method: str, *args: Any) -> Any:
-        actor = self._factory.workers[self.worker]
+    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        """``env.reset`` on the worker. Nothing of the episode exists yet, so if the worker is down the env
+        moves to another one (or waits for this one to be restarted, when no other is up)."""
+        factory = self._factory
+        while True:
+            actor = factory.workers[self.worker]
+            last_try = not factory.other_worker_up(self.worker)
+            try:
+                if last_try:
+                    result = await call_when_alive(actor.reset, self.env_id, seed, options)
+                else:
+                    result = await actor.reset.remote(self.env_id, seed, options)
+                factory.mark_up(self.worker)
+                return result
+            except RayActorError as e:
+                factory.mark_down(self.worker)
+                if last_try:
+                    raise ReplicaLost(f"env worker {self.worker} died: {type(e).__name__}") from e
+                factory.move(self)
+
+    async def step(self, action: str) -> Any:
+        """``env.step`` on the worker (if it died, the episode is lost: its env state was there)."""
         try:
-            return await getattr(actor, method).remote(self.env_id, *args)
+            return await self._factory.workers[self.worker].step.remote(self.env_id, action)
         except RayActorError as e:
+            self._factory.mark_down(self.worker)
             raise ReplicaLost(f"env worker {self.worker} died: {type(e).__name__}") from e
         except EnvGone as e:
             raise ReplicaLost(str(e)) from e
-
-    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
-        """``env.reset`` on the worker."""
-        return await self._call("reset", seed, options)
-
-    async def step(self, action: str) -> Any:
-        """``env.step`` on the worker."""
-        return await self._call("step", action)
 
     def close(self) -> None:
         """Close the env on its worker (not awaited; a dead worker has nothing left to close)."""
@@ -118,19 +131,53 @@ class RemoteEnv:
 
 
 class RemoteEnvFactory:
-    """The controller's env factory in the Ray runtime: a new ``RemoteEnv`` on the least-loaded worker."""
+    """The controller's env factory in the Ray runtime: a new ``RemoteEnv`` on the least-loaded worker.
 
-    def __init__(self, workers: list[Any]) -> None:
+    A worker found dead is avoided for ``retry_after_s`` (Ray is restarting it), then tried again.
+    """
+
+    def __init__(self, workers: list[Any], retry_after_s: float = 5.0) -> None:
         self.workers = workers
+        self.retry_after_s = retry_after_s
         self.envs_per_worker = [0] * len(workers)
+        self._down_since: dict[int, float] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()  # the controller calls the factory from its thread pool
 
+    def _up(self, worker: int) -> bool:
+        since = self._down_since.get(worker)
+        return since is None or time.monotonic() - since > self.retry_after_s
+
+    def _pick(self, exclude: int | None = None) -> int:
+        candidates = [w for w in range(len(self.workers)) if w != exclude and self._up(w)]
+        if not candidates:
+            candidates = [w for w in range(len(self.workers)) if w != exclude] or [exclude]
+        return min(candidates, key=lambda w: (self.envs_per_worker[w], w))
+
     def __call__(self) -> RemoteEnv:
         with self._lock:
-            worker = min(range(len(self.workers)), key=lambda w: (self.envs_per_worker[w], w))
+            worker = self._pick()
             self.envs_per_worker[worker] += 1
             return RemoteEnv(self, worker, next(self._ids))
+
+    def other_worker_up(self, worker: int) -> bool:
+        """Is a worker other than ``worker`` believed up?"""
+        return any(self._up(w) for w in range(len(self.workers)) if w != worker)
+
+    def move(self, env: RemoteEnv) -> None:
+        """Rebind ``env`` (not yet reset) to the least-loaded other worker that is up."""
+        with self._lock:
+            self.envs_per_worker[env.worker] -= 1
+            env.worker = self._pick(exclude=env.worker)
+            self.envs_per_worker[env.worker] += 1
+
+    def mark_down(self, worker: int) -> None:
+        """``worker`` failed a call."""
+        self._down_since.setdefault(worker, time.monotonic())
+
+    def mark_up(self, worker: int) -> None:
+        """``worker`` answered a call."""
+        self._down_since.pop(worker, None)
 
     def release(self, env: RemoteEnv) -> None:
         """``env`` was closed."""
