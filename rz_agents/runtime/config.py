@@ -73,7 +73,9 @@ class PlacementConfig:
       (gloo on CPU, NCCL on GPU); 1 runs the plain learner in one actor.
     engine_gpus / learner_gpus: GPUs per engine replica (a fraction shares a GPU) / per learner rank
       (0 or a whole number: one NCCL rank per device).
-    cpus_per_*: CPUs each actor reserves (Ray's logical resources; the torch threads are num_threads).
+    cpus_per_*: CPUs each actor reserves (Ray's logical resources). Engines and learner ranks run
+      num_threads torch threads, or, when it is unset, min(cpus_per_engine, cpus_per_learner_rank): the
+      same count on both sides, which alignment needs.
     *_resources: custom Ray resources each actor of that kind needs, to pin it to nodes started with
       e.g. ``ray start --resources '{"rollout_node": 1}'`` (request a fraction, 0.01, per actor).
     actor_restarts: how many times Ray restarts a dead engine or env-worker actor (its in-flight

@@ -34,7 +34,10 @@ def test_local_is_the_default_and_a_ray_config_round_trips_through_yaml(tmp_path
         ("runtime: slurm\n", "runtime must be one of"),
         ("runtime: ray\nplacement: {engines: 0}\n", "placement.engines must be >= 1"),
         ("runtime: ray\nplacement: {learner_ranks: 0}\n", "placement.learner_ranks must be >= 1"),
-        ("runtime: ray\nplacement: {learner_gpus: 0.5}\n", "placement.learner_gpus must be 0 or a whole number"),
+        (
+            "runtime: ray\nplacement: {learner_gpus: 0.5}\n",
+            "placement.learner_gpus must be 0 or a whole number",
+        ),
         ("runtime: ray\nplacement: {engine_gpus: -1}\n", "placement.engine_gpus must be >= 0"),
         ("runtime: ray\nplacement: {engine_resources: {a: 0}}\n", "placement.engine_resources.a must be > 0"),
         ("runtime: ray\nplacement: {actor_restarts: -1}\n", "placement.actor_restarts must be >= 0"),
@@ -42,7 +45,10 @@ def test_local_is_the_default_and_a_ray_config_round_trips_through_yaml(tmp_path
         ("placement: {engines: 2}\n", "placement: is set but runtime is 'local'"),
         ("ray: {address: auto}\n", "ray: is set but runtime is 'local'"),
         ("runtime: ray\nlearner_process: true\n", "local-runtime settings"),
-        ("runtime: ray\nplacement: {enignes: 2}\n", "placement.enignes: unknown field (did you mean engines?)"),
+        (
+            "runtime: ray\nplacement: {enignes: 2}\n",
+            "placement.enignes: unknown field (did you mean engines?)",
+        ),
         (
             "rollout: {max_episode_reruns: -1, limits: {max_episode_tokens: 100}}\n",
             "rollout.max_episode_reruns must be >= 0",

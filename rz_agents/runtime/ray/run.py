@@ -55,9 +55,11 @@ class RayRun(TrainLoop):
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         self.vocab = vocab_size(cfg.tokenizer, self.tokenizer)
         self.spec = dataclasses.replace(cfg.model, kernels=effective_kernels(cfg))
-        threads = cfg.num_threads
+        # Engines and learner ranks must run the same number of torch threads (the arithmetic may depend on
+        # it); unset, it is what both reserve (Ray would otherwise give each its own reservation).
+        threads = cfg.num_threads or max(1, int(min(p.cpus_per_engine, p.cpus_per_learner_rank)))
         eng_cfg = cfg.engine
-        if threads is not None and eng_cfg.num_threads is None:
+        if eng_cfg.num_threads is None:
             eng_cfg = dataclasses.replace(eng_cfg, num_threads=threads)
         restarts = {"max_restarts": p.actor_restarts}
 
