@@ -9,6 +9,7 @@ by the rollout agent loop (the same code that produces training trajectories). A
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -247,7 +248,9 @@ async def _run_with_tool(
     from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, run_episode
 
     tok = policy.tokenizer
-    template = _TemplateWithThinking(policy.template, config.thinking)
+    template = policy.template
+    if "enable_thinking" in inspect.signature(template.encode_prompt).parameters:  # not the byte template
+        template = _TemplateWithThinking(template, config.thinking)
     compact = config.prompt_style == "compact"
     system_prompt = config.system_prompt or (None if compact else DEFAULT_SYSTEM_PROMPT)
 

@@ -1,0 +1,332 @@
+"""Fixed-lag sweep: synchronous vs REINFORCE Zero (aligned, unclipped IS) at lag 2 / 8 / 64 / 128 vs the
+standard-kernel estimators at lag 64, several seeds each, bf16.
+
+Every arm starts from the same warm-started policy (trained once in fp32, then loaded in bf16) and
+differs only in what the published comparison varies: the op set (aligned or standard), the estimator,
+and the policy lag, fixed with ``rollout.fixed_lag`` so every trained token comes from weights exactly
+k versions old (independent of this machine's speed; the first k steps use version 0). After training,
+each final policy is evaluated on held-out tasks (k samples each at the training temperature).
+
+    python3 experiments/lag_sweep.py --quick                      # CI: a few steps, writes its files
+    python3 experiments/lag_sweep.py --task demo --seeds 0 1 2    # the documented run (hours)
+
+Outputs (experiments/results/lag_sweep_<task>/): <arm>-s<seed>.csv (per-step figures),
+<arm>-s<seed>.json (run summary + held-out eval), summary.json / summary.md (per arm: mean and spread
+over seeds), and docs/img/lag_sweep_<task>_*.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    DEFAULT_RUNS,
+    RESULTS,
+    command_line,
+    evaluate_policy,
+    log,
+    mean_std,
+    read_metrics,
+    read_step_csv,
+    rz,
+    save_figure,
+    warm_start_checkpoint,
+    window_mean,
+    write_json,
+    write_step_csv,
+)
+
+# arm -> overrides of the run config. "std" arms run engine and learner on the standard (stock PyTorch)
+# op set, whose bf16 log-probs differ between the batched engine and the packed trainer.
+ARMS: dict[str, list[str]] = {
+    "sync": ["mode=sync"],
+    "rz_lag2": ["rollout.fixed_lag=2"],
+    "rz_lag8": ["rollout.fixed_lag=8"],
+    "rz_lag64": ["rollout.fixed_lag=64"],
+    "rz_lag128": ["rollout.fixed_lag=128", "rollout.max_lag=128"],
+    "std_is_lag64": ["rollout.fixed_lag=64", "model.kernels=standard"],
+    "std_seq_gate_lag64": [
+        "rollout.fixed_lag=64",
+        "model.kernels=standard",
+        "learner.loss.estimator=sequence_gate",
+    ],
+    "std_token_gate_lag64": [
+        "rollout.fixed_lag=64",
+        "model.kernels=standard",
+        "learner.loss.estimator=token_gate",
+    ],
+    "std_tis_lag64": [
+        "rollout.fixed_lag=64",
+        "model.kernels=standard",
+        "learner.loss.estimator=truncated_is",
+    ],
+    "std_ppo_clip_lag64": [
+        "rollout.fixed_lag=64",
+        "model.kernels=standard",
+        "learner.loss.estimator=ppo_clip",
+    ],
+}
+
+# task -> (run config, its overrides, held-out tasks: (generator difficulty, count, seed), eval budget)
+TASKS: dict[str, dict[str, Any]] = {
+    # The CPU demo: tiny Qwen3 (byte vocabulary) + sandboxed Python tool, one-step arithmetic.
+    "demo": {
+        "config": "configs/demo.yaml",
+        "overrides": [],
+        "difficulty": 1,
+        "max_tokens": 96,
+        "max_turns": 3,
+    },
+    # Harder: the same policy and warm start, trained and evaluated on three-operand arithmetic (a*b+c),
+    # where copying the expression into the call and the result into the answer is longer and rarer.
+    "demo_d2": {
+        "config": "configs/demo.yaml",
+        "overrides": ["env.kwargs.difficulty=2"],
+        "difficulty": 2,
+        "max_tokens": 96,
+        "max_turns": 3,
+    },
+}
+
+HELDOUT_SEED = 424_242
+
+
+def heldout_file(task: str, n: int) -> Path:
+    """Held-out tasks (a seed the training stream never uses) as JSONL."""
+    from rz_agents.data.synthetic import generate_arithmetic_tasks
+
+    spec = TASKS[task]
+    path = RESULTS / f"heldout_arith_d{spec['difficulty']}_{n}.jsonl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tasks = generate_arithmetic_tasks(n, seed=HELDOUT_SEED, difficulty=spec["difficulty"])
+        path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    return path
+
+
+def run_arm(args, task: str, arm: str, seed: int, warm: Path, out_dir: Path, tasks_file: Path) -> None:
+    """Train one (arm, seed), reduce its metrics, evaluate its final policy. Skips if already done."""
+    name = f"{arm}-s{seed}"
+    summary_path = out_dir / f"{name}.json"
+    if summary_path.exists():
+        return
+    spec = TASKS[task]
+    run_dir = args.runs / f"lag_sweep_{task}" / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    overrides = [
+        f"model.checkpoint={warm}",
+        f"model.dtype={args.dtype}",
+        "warm_start.demos=0",
+        f"steps={args.steps}",
+        f"seed={seed}",
+        "report=false",
+        "tensorboard=false",
+        *spec["overrides"],
+        *ARMS[arm],
+        *args.extra,
+    ]
+    log(f"train {task}/{name}")
+    if any(o.startswith("rollout.fixed_lag=") for o in overrides):
+        overrides.append("rollout.max_ahead_batches=null")  # fixed lag generates one batch at a time
+    rz(
+        "train",
+        spec["config"],
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        *overrides,
+        log_file=run_dir / "log.txt",
+    )
+    rows = read_metrics(run_dir)
+    write_step_csv(rows, out_dir / f"{name}.csv")
+    log(f"eval  {task}/{name}")
+    ev = evaluate_policy(
+        run_dir,
+        tasks_file,
+        run_dir / "eval.json",
+        k=args.eval_k,
+        temperature=1.0,
+        max_tokens=spec["max_tokens"],
+        max_turns=spec["max_turns"],
+    )
+    run_summary = json.loads((run_dir / "summary.json").read_text())
+    write_json(
+        summary_path,
+        {
+            "task": task,
+            "arm": arm,
+            "seed": seed,
+            "overrides": overrides,
+            "heldout_accuracy": ev["avg_at_k"],
+            "heldout_no_answer_rate": ev["no_answer_rate"],
+            "heldout_mean_tool_turns": ev["mean_tool_turns"],
+            "heldout_tasks": str(tasks_file.name),
+            "eval_k": args.eval_k,
+            "reward_start": run_summary["reward_start"],
+            "reward_end": run_summary["reward_end"],
+            "skipped_steps": run_summary["skipped_steps"],
+            "max_lag_seen": run_summary["max_lag_seen"],
+            "wall_s": run_summary["wall_s"],
+        },
+    )
+
+
+def run_figures(rows: list[dict[str, float]], window: int) -> dict[str, float]:
+    """Per-run figures from its per-step CSV."""
+    dev = [
+        r["is_weight_abs_dev_mean"] for r in rows if math.isfinite(r.get("is_weight_abs_dev_mean", math.nan))
+    ]
+    dev_sorted = sorted(dev)
+    median = dev_sorted[len(dev_sorted) // 2] if dev_sorted else math.nan
+    peak = max(dev) if dev else math.nan
+    k3_first = window_mean(rows, "kl_k3_behavior_to_learner", True, window)
+    k3_last = window_mean(rows, "kl_k3_behavior_to_learner", False, window)
+    return {
+        "train_reward_first": window_mean(rows, "reward_mean", True, window),
+        "train_reward_last": window_mean(rows, "reward_mean", False, window),
+        "is_dev_peak_over_median": peak / median if median and median > 0 else math.nan,
+        "is_weight_max": max((r.get("is_weight_max", math.nan) for r in rows), default=math.nan),
+        "kl_k3_last_over_first": k3_last / k3_first if k3_first and k3_first > 0 else math.nan,
+        "kl_k3_last": k3_last,
+        "skipped_nonfinite": sum(r.get("step_skipped_nonfinite", 0) or 0 for r in rows),
+    }
+
+
+def summarize(task: str, out_dir: Path, window: int) -> dict[str, Any]:
+    """Per arm: mean and spread over seeds of the held-out accuracy and the run figures."""
+    per_arm: dict[str, Any] = {}
+    for arm in ARMS:
+        runs = sorted(out_dir.glob(f"{arm}-s*.json"))
+        if not runs:
+            continue
+        summaries = [json.loads(p.read_text()) for p in runs]
+        figs = [run_figures(read_step_csv(p.with_suffix(".csv")), window) for p in runs]
+        entry: dict[str, Any] = {"seeds": [s["seed"] for s in summaries]}
+        acc = [s["heldout_accuracy"] for s in summaries]
+        entry["heldout_accuracy"] = dict(zip(("mean", "std"), mean_std(acc), strict=True)) | {"per_seed": acc}
+        for key in figs[0]:
+            vals = [f[key] for f in figs]
+            entry[key] = dict(zip(("mean", "std"), mean_std(vals), strict=True)) | {"per_seed": vals}
+        per_arm[arm] = entry
+    return per_arm
+
+
+def markdown_table(per_arm: dict[str, Any]) -> str:
+    def fmt(d, spec=".3f"):
+        m, s = d["mean"], d["std"]
+        return "n/a" if not math.isfinite(m) else f"{m:{spec}} ± {s:{spec}}"
+
+    lines = [
+        "| arm | seeds | held-out reward | train reward first → last window | IS dev peak/median | "
+        "KL k3 last/first | max IS weight | skipped steps |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, e in per_arm.items():
+        lines.append(
+            f"| {arm} | {len(e['seeds'])} | {fmt(e['heldout_accuracy'])} | "
+            f"{fmt(e['train_reward_first'])} → {fmt(e['train_reward_last'])} | "
+            f"{fmt(e['is_dev_peak_over_median'], '.2f')} | {fmt(e['kl_k3_last_over_first'], '.2f')} | "
+            f"{fmt(e['is_weight_max'], '.3g')} | {fmt(e['skipped_nonfinite'], '.1f')} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(task: str, out_dir: Path, name: str, smooth: int) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    panels = [
+        ("reward_mean", "training reward (behavior samples)"),
+        ("is_weight_abs_dev_mean", "IS-weight deviation mean |w-1|"),
+        ("kl_k3_behavior_to_learner", "KL k3 (behavior -> learner)"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, arm in enumerate(ARMS):
+        runs = sorted(out_dir.glob(f"{arm}-s*.csv"))
+        if not runs:
+            continue
+        data = [read_step_csv(p) for p in runs]
+        n = min(len(d) for d in data)
+        for ax, (key, title) in zip(axes, panels, strict=True):
+            series = [[d[j].get(key, math.nan) for j in range(n)] for d in data]
+            mean = [mean_std(col)[0] for col in zip(*series, strict=True)]
+            if smooth > 1:
+                mean = [mean_std(mean[max(0, j - smooth + 1) : j + 1])[0] for j in range(n)]
+            ax.plot(range(n), mean, label=arm, color=colors[i % len(colors)], lw=1.3)
+            ax.set_title(title)
+            ax.set_xlabel("learner step")
+            if key != "reward_mean":
+                ax.set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"lag sweep, task {task} (mean over seeds, {smooth}-step moving average)")
+    paths.append(save_figure(fig, f"{name}_curves"))
+    plt.close(fig)
+    return paths
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=tuple(TASKS), default="demo")
+    p.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--eval-tasks", type=int, default=128)
+    p.add_argument("--eval-k", type=int, default=4)
+    p.add_argument("--jobs", type=int, default=2, help="runs at once (each uses 1 thread)")
+    p.add_argument("--runs", type=Path, default=DEFAULT_RUNS, help="scratch folder for run directories")
+    p.add_argument("--out", type=Path, default=None, help="results folder (default experiments/results/...)")
+    p.add_argument("--window", type=int, default=10, help="steps in the first/last windows")
+    p.add_argument("--quick", action="store_true", help="CI: 2 arms, 1 seed, 3 steps, tiny warm start")
+    p.add_argument("extra", nargs="*", help="more key=value overrides for every run")
+    args = p.parse_args()
+    name = f"lag_sweep_{args.task}"
+    if args.quick:
+        args.arms, args.seeds, args.steps = ["sync", "std_is_lag64"], [0], 3
+        args.eval_tasks, args.eval_k, args.window = 4, 1, 2
+        args.extra = [*args.extra, "rollout.groups_per_batch=2", "rollout.group_size=2"]
+        name += "_quick"
+    out_dir = args.out or RESULTS / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = TASKS[args.task]
+    # One warm start per run config (the task variants share it: it does not depend on the env's tasks).
+    warm_name = f"warm_{Path(spec['config']).stem}" + ("_quick" if args.quick else "")
+    warm = warm_start_checkpoint(args.runs, spec["config"], name=warm_name, quick=args.quick)
+    tasks_file = heldout_file(args.task, args.eval_tasks)
+    jobs = [(arm, seed) for seed in args.seeds for arm in args.arms]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(run_arm, args, args.task, a, s, warm, out_dir, tasks_file) for a, s in jobs]
+        errors = []
+        for f in futures:
+            try:
+                f.result()
+            except Exception as e:  # one failed run does not stop the sweep; it is reported at the end
+                errors.append(str(e))
+                log(f"run failed: {e}")
+    per_arm = summarize(args.task, out_dir, args.window)
+    table = markdown_table(per_arm)
+    write_json(out_dir / "summary.json", {"command": command_line(), "steps": args.steps, "arms": per_arm})
+    (out_dir / "summary.md").write_text(f"`{command_line()}`\n\n{table}\n")
+    if not args.quick:
+        plot(args.task, out_dir, name, smooth=5)
+    print(table)
+    if errors:
+        print(f"{len(errors)} run(s) failed; first: {errors[0][:2000]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
