@@ -92,19 +92,23 @@ def trained_tokens_per_s(args, runtime: str) -> float:
         run.close()
 
 
-def generated_tokens_per_s(args, engines: int) -> float:
+def generated_tokens_per_s(args, engines: int) -> tuple[float, float]:
+    """(generated tokens/s, the driver's CPU seconds per wall second) of the rollouts alone."""
     run = build_run(generation_config(args, engines))
 
-    async def rollouts_only() -> float:
+    async def rollouts_only() -> tuple[float, float]:
         c = run.controller
         producer = asyncio.ensure_future(c.run())
         try:
             for i in range(args.gen_warmup + args.gen_batches):
                 if i == args.gen_warmup:
                     t0, tokens0 = time.perf_counter(), run.engine.counters["generated_tokens"]
+                    cpu0 = time.process_time()
                 await c.next_batch(0)
                 c.step_done()
-            return (run.engine.counters["generated_tokens"] - tokens0) / (time.perf_counter() - t0)
+            wall = time.perf_counter() - t0
+            tokens = run.engine.counters["generated_tokens"] - tokens0
+            return tokens / wall, (time.process_time() - cpu0) / wall
         finally:
             c.stop()
             await asyncio.gather(producer, return_exceptions=True)
@@ -144,10 +148,12 @@ def main() -> int:
                 ray_over_local=sum(on_ray) / sum(local),
             )
         if args.skip != "generation":
-            one, two = [], []
+            one, two, driver = [], [], []
             for _ in range(args.repeats):
-                one.append(generated_tokens_per_s(args, 1))
-                two.append(generated_tokens_per_s(args, 2))
+                for n, out in ((1, one), (2, two)):
+                    tps, cpu = generated_tokens_per_s(args, n)
+                    out.append(tps)
+                    driver.append(cpu)
                 print(
                     f"generated tokens/s  1 engine {one[-1]:,.0f}   2 engines {two[-1]:,.0f}", file=sys.stderr
                 )
@@ -155,6 +161,7 @@ def main() -> int:
                 one_engine_generated_tokens_per_s=one,
                 two_engines_generated_tokens_per_s=two,
                 two_engines_over_one=sum(two) / sum(one),
+                driver_cpu_per_wall_s=driver,  # the driver's share of a core, runs 1, 2, 1, 2, ...
             )
     finally:
         ray.shutdown()
