@@ -233,6 +233,27 @@ def test_killed_env_worker_and_engine_cost_only_their_episodes_and_async_traject
     assert replayed >= len(trained) // 2, (replayed, len(trained))
 
 
+class _RecordingReplica:
+    """An engine actor handle that records which episode (asyncio task) each generate call came from."""
+
+    def __init__(self, actor, index: int, calls: list) -> None:
+        self._actor, self._index, self._calls = actor, index, calls
+
+    def __getattr__(self, name):
+        method = getattr(self._actor, name)
+        if name != "generate":
+            return method
+        index, calls = self._index, self._calls
+
+        class _Generate:
+            @staticmethod
+            def remote(*args):
+                calls.append((asyncio.current_task(), index))  # (holding the task: ids are reused)
+                return method.remote(*args)
+
+        return _Generate
+
+
 def test_two_nodes_learner_ranks_sharded_with_fsdp2_and_engines_on_the_other_node(ray_cluster, local_sync):
     history, _, _ = local_sync
     placement = PlacementConfig(
@@ -249,10 +270,20 @@ def test_two_nodes_learner_ranks_sharded_with_fsdp2_and_engines_on_the_other_nod
         engine_nodes = {ray.get(r.actor.node.remote()) for r in run.engine.replicas}
         assert engine_nodes == {head} and ray.get(run.env_workers[0].node.remote()) == head
         assert len(set(run.learner.nodes)) == 1 and head not in run.learner.nodes
+        calls = []
+        for r in run.engine.replicas:
+            r.actor = _RecordingReplica(r.actor, r.index, calls)
         summary, _, _ = _train(run)
     finally:
         run.close()
     assert summary["steps"] == 2
+    # Each episode (2 turns) stayed on one replica; new episodes went to the least-loaded one.
+    by_episode = {}
+    for episode, replica in calls:
+        by_episode.setdefault(episode, set()).add(replica)
+    assert len(by_episode) == 2 * 2 * 2 and all(len(r) == 1 for r in by_episode.values())
+    per_replica = [sum(1 for r in by_episode.values() if r == {i}) for i in range(2)]
+    assert per_replica == [4, 4]
     for step, m in enumerate(run.history):
         # Weights crossed nodes: the engines sample with exactly the sharded learner's weights.
         assert m["lag0_abs_dlogp_max"] == 0.0 and m["lag0_token_count"] == m["num_sampled_tokens"] > 0
