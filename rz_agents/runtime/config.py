@@ -14,6 +14,7 @@ from rz_agents.trainer.learner import LearnerConfig
 MODES = ("async", "sync")
 TOKENIZERS = ("byte", "qwen3", "checkpoint")
 RUNTIMES = ("local", "ray")
+WEIGHT_TRANSPORTS = ("object_store", "broadcast")
 
 
 @dataclass
@@ -81,6 +82,10 @@ class PlacementConfig:
     actor_restarts: how many times Ray restarts a dead engine or env-worker actor (its in-flight
       episodes are run again or dropped, see rollout.max_episode_reruns). Learner ranks are not
       restarted: a learner failure ends the run, and ``resume_from`` continues from its last checkpoint.
+    weight_transport: how new weights reach the engines. object_store: learner rank 0 puts them in Ray's
+      object store, every replica fetches them. broadcast: a torch.distributed broadcast from rank 0 to
+      the replicas (NCCL when both sides have GPUs, gloo otherwise); once a replica dies, the object store
+      takes over for the rest of the run.
     """
 
     engines: int = 1
@@ -95,6 +100,7 @@ class PlacementConfig:
     env_worker_resources: dict[str, float] = field(default_factory=dict)
     learner_resources: dict[str, float] = field(default_factory=dict)
     actor_restarts: int = 3
+    weight_transport: str = "object_store"
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -121,6 +127,10 @@ class PlacementConfig:
                     raise ValueError(f"placement.{name}.{key} must be > 0, got {amount}")
         if self.actor_restarts < 0:
             raise ValueError(f"placement.actor_restarts must be >= 0, got {self.actor_restarts}")
+        if self.weight_transport not in WEIGHT_TRANSPORTS:
+            raise ValueError(
+                f"placement.weight_transport must be one of {WEIGHT_TRANSPORTS}, got {self.weight_transport!r}"
+            )
 
 
 @dataclass
@@ -205,6 +215,11 @@ class TrainConfig:
                 if getattr(self, name) != default:
                     raise ValueError(f"{name}: is set but runtime is 'local'; set runtime: ray to use it")
             return
+        if self.placement.weight_transport == "broadcast" and self.rollout.fixed_lag:
+            raise ValueError(
+                "placement.weight_transport: broadcast sends the newest weights only; rollout.fixed_lag "
+                "needs older versions kept: use weight_transport: object_store"
+            )
         if self.learner_process or self.learner_cpus or self.rollout_cpus:
             raise ValueError(
                 "learner_process / learner_cpus / rollout_cpus are local-runtime settings; with runtime: ray "

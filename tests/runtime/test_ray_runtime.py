@@ -90,7 +90,7 @@ def _train(run, on_step=None):
     if isinstance(run, LocalRun):
         weights = {k: v.clone() for k, v in run.learner.weights().items()}
     else:
-        weights = ray.get(run.learner.latest)
+        weights = ray.get(run.learner.weights_ref())
     return summary, batches, weights
 
 
@@ -173,7 +173,8 @@ def _replay(cfg, trajectory, weights, version):
 def test_killed_env_worker_and_engine_cost_only_their_episodes_and_async_trajectories_replay_exactly(
     ray_cluster,
 ):
-    placement = PlacementConfig(engines=2, env_workers=2)
+    # Weights go by torch.distributed broadcast (gloo) until the engine dies, then through the object store.
+    placement = PlacementConfig(engines=2, env_workers=2, weight_transport="broadcast")
     cfg = _cfg(
         mode="async",
         steps=6,
@@ -183,17 +184,11 @@ def test_killed_env_worker_and_engine_cost_only_their_episodes_and_async_traject
         rollout={"max_ahead_batches": 2, "max_lag": 4},
     )
     run = build_run(cfg)
-    published = {0: ray.get(run.learner.latest)}
-    publish = run.engine.publish
-
-    async def recording_publish(weights, version):
-        published[version] = ray.get(weights)
-        await publish(weights, version)
-
-    run.engine.publish = recording_publish
+    published = {0: ray.get(run.learner.weights_ref())}
     killed = {}
 
     def on_step(step):
+        published[step + 1] = ray.get(run.learner.weights_ref())  # what the engines just received
         # Mid-run, while the next batch's episodes are in flight (rollouts run up to 2 batches ahead).
         if step == 1:
             killed["env_worker"] = run.env_workers[0]
@@ -210,6 +205,8 @@ def test_killed_env_worker_and_engine_cost_only_their_episodes_and_async_traject
         assert rollout["episodes_rerun"] + rollout["episodes_lost"] >= 2, rollout
         assert run.engine.counters["replicas_lost"] == 1
         assert _when_alive(killed["engine"].node) and _when_alive(killed["env_worker"].node)
+        assert run.publications["broadcast"] >= 3 and run.publications["object_store"] >= 1
+        assert all(m.get("lag0_abs_dlogp_max", 0.0) == 0.0 for m in run.history)
     finally:
         run.close()
     # No trajectory twice, none truncated: every trained episode ran all its turns.

@@ -62,6 +62,26 @@ class EngineServer:
         self.engine.load_weights(weights, version)
         return version
 
+    async def open_broadcast(self, address: str, rank: int, world: int, backend: str) -> None:
+        """Join the weights group (placement.weight_transport: broadcast) as member ``rank``."""
+        from rz_agents.runtime.ray.weight_broadcast import WeightBroadcast
+
+        self.broadcast = await asyncio.to_thread(WeightBroadcast, address, rank, world, backend)
+
+    async def receive_weights(self, version: int) -> int:
+        """Receive the weights learner rank 0 broadcasts (in a thread: generation goes on meanwhile), then
+        apply them between engine steps."""
+        state = await asyncio.to_thread(self.broadcast.receive, self.engine.model.state_dict())
+        self.engine.load_weights(state, version)
+        return version
+
+    async def close_broadcast(self) -> None:
+        """Leave the weights group."""
+        broadcast = getattr(self, "broadcast", None)
+        if broadcast is not None:
+            broadcast.close()
+            self.broadcast = None
+
     async def stats(self) -> dict[str, Any]:
         """RZEngine.stats (numbers only)."""
         return {k: v for k, v in self.engine.stats().items() if isinstance(v, (int, float))}
@@ -162,12 +182,12 @@ class EngineReplicas:
 
     async def _revive(self, replica: _Replica) -> None:
         try:
+            await call_when_alive(replica.actor.stats)
             while True:
+                while self._weights is None:  # the newest weights are not in the store (broadcast mode)
+                    await self._wait_for_change()
                 target = self._weights
-                if target is not None:
-                    await call_when_alive(replica.actor.load_weights, *target)
-                else:
-                    await call_when_alive(replica.actor.stats)
+                await call_when_alive(replica.actor.load_weights, *target)
                 if self._weights is target:  # no newer publication meanwhile
                     break
             replica.healthy = True
@@ -184,6 +204,7 @@ class EngineReplicas:
         """Every healthy replica applies ``weights`` (an object ref or a dict) as ``version``; returns once
         they all did. A replica that died meanwhile gets them when it is back."""
         self._weights = (weights, version)
+        self._signal()  # a replica being revived waits for weights in the store
         healthy = [r for r in self.replicas if r.healthy]
         results = await asyncio.gather(
             *(r.actor.load_weights.remote(weights, version) for r in healthy), return_exceptions=True
@@ -193,6 +214,11 @@ class EngineReplicas:
                 self._lost(replica)
             elif isinstance(result, BaseException):
                 raise result
+        self._version = version
+
+    def received_broadcast(self, version: int) -> None:
+        """Every replica applied ``version``, broadcast by learner rank 0 (not in the object store)."""
+        self._weights = None
         self._version = version
 
     def load_weights(self, weights: Any, version: int) -> None:

@@ -99,6 +99,25 @@ class LearnerRank:
         """Learner.load_weights."""
         self.learner.load_weights(weights)
 
+    def open_broadcast(self, address: str, world: int, backend: str) -> None:
+        """(rank 0) Serve the weights group's rendezvous at ``address`` and join it as its root."""
+        from rz_agents.runtime.ray.weight_broadcast import WeightBroadcast
+
+        self.broadcast = WeightBroadcast(address, 0, world, backend)
+
+    def broadcast_weights(self) -> None:
+        """The whole weights (a collective of the learner ranks), broadcast by rank 0 to the engines."""
+        w = self.learner.weights()
+        if self.rank == 0:
+            self.broadcast.send(w)
+
+    def close_broadcast(self) -> None:
+        """(rank 0) Leave the weights group."""
+        broadcast = getattr(self, "broadcast", None)
+        if broadcast is not None:
+            broadcast.close()
+            self.broadcast = None
+
     def stop(self) -> None:
         """Leave the process group."""
         if self.world > 1:
@@ -109,16 +128,21 @@ class LearnerRank:
 
 
 class LearnerGroup:
-    """The driver's handle on the learner ranks: ``step``, the published weights, checkpoints."""
+    """The driver's handle on the learner ranks: ``step``, the published weights, checkpoints.
 
-    def __init__(self, actors: list[Any]) -> None:
+    ``store_weights``: after each step, put the new weights in the object store at once (the engines
+    fetch them from there); off while the weights travel by broadcast, then ``weights_ref`` makes the
+    reference on demand (exports, checkpoints of the fixed-lag history)."""
+
+    def __init__(self, actors: list[Any], store_weights: bool = True) -> None:
         self.actors = actors
         self.version = 0
         self.skipped_steps = 0
+        self.store_weights = store_weights
         address = ray.get(actors[0].rendezvous.remote()) if len(actors) > 1 else None
         self.nodes = self._get([a.start.remote(address) for a in actors])
-        self.latest: Any = None  # object ref of the weights of `version`
-        self.refresh_weights()
+        self._ref: tuple[Any, int] | None = None  # (object ref of the weights, their version)
+        self.weights_ref()
 
     def _get(self, refs: list) -> list:
         """ray.get that fails as soon as one rank fails (the others may be blocked in a collective)."""
@@ -140,14 +164,24 @@ class LearnerGroup:
         ref = ray.put(batch)
         results = await self._await([a.step.remote(ref) for a in self.actors])
         metrics, self.version, self.skipped_steps = results[0]
-        if not metrics.get("step_skipped_nonfinite") and not metrics.get("step_skipped_empty"):
+        if self.store_weights and self.cached_ref() is None:
             results = await self._await([a.weights.remote() for a in self.actors])
-            self.latest = results[0][0]
+            self._ref = (results[0][0], self.version)
         return metrics
 
-    def refresh_weights(self) -> None:
-        """Gather the current weights into the store again (after loading a state or weights)."""
-        self.latest = self._get([a.weights.remote() for a in self.actors])[0][0]
+    def cached_ref(self) -> Any:
+        """The object ref of the current weights, if they are in the store already (else None)."""
+        return self._ref[0] if self._ref is not None and self._ref[1] == self.version else None
+
+    def weights_ref(self) -> Any:
+        """The object ref of the current weights, gathered into the store if they are not yet."""
+        if self.cached_ref() is None:
+            self._ref = (self._get([a.weights.remote() for a in self.actors])[0][0], self.version)
+        return self._ref[0]
+
+    async def weights_ref_async(self) -> Any:
+        """``weights_ref`` without blocking the event loop."""
+        return await asyncio.to_thread(self.weights_ref)
 
     def state_dict(self) -> dict[str, Any]:
         """The learner state (rank 0's whole tensors)."""
@@ -159,13 +193,15 @@ class LearnerGroup:
         self._get([a.load_state_dict.remote(ref) for a in self.actors])
         self.version = int(state["version"])
         self.skipped_steps = int(state["skipped_steps"])
-        self.refresh_weights()
+        self._ref = None
+        self.weights_ref()
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Every rank takes ``weights`` (same version)."""
         ref = ray.put(weights)
         self._get([a.load_weights.remote(ref) for a in self.actors])
-        self.refresh_weights()
+        self._ref = None
+        self.weights_ref()
 
     def close(self) -> None:
         """Leave the process group and end the rank actors."""

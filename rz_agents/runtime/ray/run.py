@@ -9,6 +9,7 @@ ranks. The same ``Trajectory`` objects and versioned weights move between them t
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
@@ -101,7 +102,12 @@ class RayRun(TrainLoop):
         self._actors += ranks
         self.engine = EngineReplicas(engines)
         self.env_workers = workers
-        self.learner = LearnerGroup(ranks)
+        broadcast = p.weight_transport == "broadcast"
+        self.learner = LearnerGroup(ranks, store_weights=not broadcast)
+        self.publications = {"broadcast": 0, "object_store": 0}
+        self._broadcasting = False
+        if broadcast:
+            self._open_broadcast("nccl" if p.engine_gpus and p.learner_gpus else "gloo")
         rcfg = dataclasses.replace(cfg.rollout, max_lag=effective_max_lag(cfg), seed=cfg.seed)
         self.controller = RolloutController(
             self.engine,
@@ -112,12 +118,43 @@ class RayRun(TrainLoop):
             rcfg,
         )
 
+    def _open_broadcast(self, backend: str) -> None:
+        """Learner rank 0 and every engine replica form the weights group (weight_broadcast.py)."""
+        rank0, engines = self.learner.actors[0], [r.actor for r in self.engine.replicas]
+        address = ray.get(rank0.rendezvous.remote())
+        world = 1 + len(engines)
+        ray.get(
+            [rank0.open_broadcast.remote(address, world, backend)]
+            + [e.open_broadcast.remote(address, i + 1, world, backend) for i, e in enumerate(engines)]
+        )
+        self._broadcasting = True
+
+    async def _broadcast(self, version: int) -> bool:
+        """Publish ``version`` by broadcast; False (and the object store from now on) if it cannot be."""
+        if self._broadcasting and self.engine.counters["replicas_lost"] == 0:
+            try:
+                await asyncio.gather(
+                    *(a.broadcast_weights.remote() for a in self.learner.actors),
+                    *(r.actor.receive_weights.remote(version) for r in self.engine.replicas),
+                )
+                self.engine.received_broadcast(version)
+                self.publications["broadcast"] += 1
+                return True
+            except ray.exceptions.RayError as e:
+                log.warning("weight broadcast failed (%s); publishing through the object store", e)
+        if self._broadcasting:  # a replica was lost: the group's membership is gone for good
+            self._broadcasting = False
+            self.learner.store_weights = True
+            for actor in [self.learner.actors[0]] + [r.actor for r in self.engine.replicas]:
+                actor.close_broadcast.remote()
+        return False
+
     @functools.cached_property
     def model(self):
         """A copy of the policy in this process, for a supervised warm start (then ``push_model_weights``)
         and for exporting; built on first use, with the learner's current weights."""
         model = build_model(self.spec, self.vocab)
-        model.load_state_dict(ray.get(self.learner.latest))
+        model.load_state_dict(ray.get(self.learner.weights_ref()))
         return model
 
     def push_model_weights(self) -> None:
@@ -130,7 +167,7 @@ class RayRun(TrainLoop):
         """The learner's current weights as an HF checkpoint directory (``rz eval --checkpoint`` reads it)."""
         from rz_agents.model.checkpoint import save_hf_checkpoint
 
-        self.model.load_state_dict(ray.get(self.learner.latest))
+        self.model.load_state_dict(ray.get(self.learner.weights_ref()))
         extra = tokenizer_files(self.cfg.tokenizer, self.cfg.model.checkpoint)
         return save_hf_checkpoint(self.model, out_dir, extra_files=extra)
 
@@ -139,13 +176,19 @@ class RayRun(TrainLoop):
         return await self.learner.step(batch)
 
     def _learner_weights(self) -> Any:
-        return self.learner.latest
+        # None while the weights travel by broadcast and are not in the store (_send_weights copes).
+        return self.learner.cached_ref()
 
     def _snapshot_weights(self, weights: Any) -> Any:
         return weights  # an object in the store never changes
 
     async def _send_weights(self, weights: Any, version: int) -> None:
+        if await self._broadcast(version):
+            return
+        if weights is None:
+            weights = await self.learner.weights_ref_async()
         await self.engine.publish(weights, version)
+        self.publications["object_store"] += 1
 
     def _learner_state(self) -> dict[str, Any]:
         return self.learner.state_dict()
@@ -164,6 +207,7 @@ class RayRun(TrainLoop):
             "engine_generated_tokens": self.engine.counters["generated_tokens"],
             "engine_version": self.engine.version,
             "engine_replicas_lost": self.engine.counters["replicas_lost"],
+            **{f"weights_published_by_{k}": v for k, v in self.publications.items()},
         }
 
     def _engine_summary(self) -> dict[str, Any]:
