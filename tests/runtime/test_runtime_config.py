@@ -42,6 +42,12 @@ def test_local_is_the_default_and_a_ray_config_round_trips_through_yaml(tmp_path
         ("runtime: ray\nplacement: {engine_resources: {a: 0}}\n", "placement.engine_resources.a must be > 0"),
         ("runtime: ray\nplacement: {actor_restarts: -1}\n", "placement.actor_restarts must be >= 0"),
         ("runtime: ray\nray: {object_store_mb: 10}\n", "ray.object_store_mb must be >= 64"),
+        ("runtime: ray\nplacement: {weight_transport: nccl}\n", "placement.weight_transport must be one of"),
+        (
+            "runtime: ray\nplacement: {weight_transport: broadcast}\nrollout: {fixed_lag: 2, max_lag: 4, "
+            "limits: {max_episode_tokens: 100}}\n",
+            "weight_transport: broadcast sends the newest weights only",
+        ),
         ("placement: {engines: 2}\n", "placement: is set but runtime is 'local'"),
         ("ray: {address: auto}\n", "ray: is set but runtime is 'local'"),
         ("runtime: ray\nlearner_process: true\n", "local-runtime settings"),
