@@ -94,9 +94,12 @@ class TrainLoop:
                 self.history.append(metrics)
                 if self.writer:
                     self.writer.write(step, metrics)
+                # The step is done before the checkpoint records it: a checkpoint taken between next_batch
+                # and step_done would hold a batch that is neither queued nor trained (a resume would wait
+                # for it forever in sync mode).
+                self.controller.step_done()
                 if cfg.output_dir and cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
                     self.checkpoint(Path(cfg.output_dir) / "checkpoint.pt")
-                self.controller.step_done()
         finally:
             self.controller.stop()
             await asyncio.gather(producer, return_exceptions=True)
