@@ -14,6 +14,10 @@ def ray_cluster():
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
+    # Ray kills workers when the machine's memory is 95% used, whoever uses it: on a shared CI machine that
+    # is other jobs' memory, and the tests would fail for it. (Runs keep Ray's default.)
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
     store = 100 * 2**20
     # Logical CPUs: enough for every actor of a test's run; the actors' torch threads are set by the runs.
     cluster = Cluster(
@@ -33,6 +37,7 @@ def ray_cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
+        monkeypatch.undo()
 
 
 @pytest.fixture(autouse=True)
