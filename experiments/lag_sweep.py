@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -120,7 +121,8 @@ def run_arm(args, task: str, arm: str, seed: int, warm: Path, out_dir: Path, tas
         return
     spec = TASKS[task]
     run_dir = args.runs / f"lag_sweep_{task}" / name
-    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run_dir, ignore_errors=True)  # an unfinished attempt (interrupted sweep) starts over
+    run_dir.mkdir(parents=True)
     overrides = [
         f"model.checkpoint={warm}",
         f"model.dtype={args.dtype}",

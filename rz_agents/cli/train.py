@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import yaml
 
+from rz_agents.cli import resume
 from rz_agents.config_io import ConfigError, load_config, to_dict
 from rz_agents.runtime import TrainConfig, build_run
 from rz_agents.runtime.loop import TrainLoop
@@ -58,9 +59,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "summary.json and report.html."
         ),
     )
-    p.add_argument("config", help="YAML config file")
+    p.add_argument("config", nargs="?", help="YAML config file (none with --resume)")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides")
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/<config name>-<time>)")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=None,
+        help="continue the run in RUN_DIR with its own config.yaml, from its checkpoint.pt (overrides may "
+        "change only steps, checkpoint_every, reporting and placement)",
+    )
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.set_defaults(func=run)
 
@@ -121,6 +129,9 @@ def _warm_start(run: TrainLoop, cfg: RunConfig, log) -> dict | None:
     ws = cfg.warm_start
     if ws.demos <= 0:
         return None
+    if cfg.resume_from:  # the checkpoint holds the weights the warm start (and RL) made: train on them
+        log(f"warm start skipped: the run continues from {cfg.resume_from}")
+        return None
     last = [0.0]
 
     def progress(phase: str):
@@ -168,18 +179,41 @@ def _warm_start(run: TrainLoop, cfg: RunConfig, log) -> dict | None:
     return result
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_config(RunConfig, args.config, args.overrides)
-    except ConfigError as exc:
-        print(f"rz train: config error: {exc}", file=sys.stderr)
-        return 2
+def _configs(args: argparse.Namespace) -> tuple[RunConfig, RunConfig, Path, bool]:
+    """(config to record in config.yaml, config to run, run directory, whether this resumes that run)."""
+    if args.resume:
+        overrides = ([args.config] if args.config else []) + list(args.overrides)
+        if any("=" not in o for o in overrides):
+            raise ConfigError(
+                f"with --resume the config is {args.resume}/config.yaml; give only key=value overrides"
+            )
+        if args.run_dir and Path(args.run_dir).resolve() != Path(args.resume).resolve():
+            raise ConfigError("--resume RUN_DIR and --run-dir name different directories")
+        recorded, cfg = resume.config_for_resume(RunConfig, args.resume, overrides)
+        return recorded, cfg, Path(args.resume), resume.resumes_run_dir(cfg, Path(args.resume))
+    if not args.config:
+        raise ConfigError("give a config file (or --resume RUN_DIR)")
+    cfg = load_config(RunConfig, args.config, args.overrides)
     run_dir = Path(
         args.run_dir or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    run_dir.mkdir(parents=True, exist_ok=True)
     cfg = dataclasses.replace(cfg, output_dir=str(run_dir))
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    if not resume.resumes_run_dir(cfg, run_dir):
+        resume.check_fresh_run_dir(run_dir)
+        return cfg, cfg, run_dir, False
+    original = resume.check_same_run(cfg, run_dir)
+    recorded = cfg if original is None else dataclasses.replace(cfg, resume_from=original.get("resume_from"))
+    return recorded, cfg, run_dir, True
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        recorded, cfg, run_dir, resuming = _configs(args)
+    except ConfigError as exc:
+        print(f"rz train: config error: {exc}", file=sys.stderr)
+        return 2
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(recorded), sort_keys=False))
 
     from rich.console import Console
 
@@ -187,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
     log = console.log if not args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     log(f"run directory: {run_dir}")
+    if resuming:
+        log(f"resuming from {cfg.resume_from}")
     try:
         runner = build_run(cfg)
     except (FileNotFoundError, ValueError) as exc:  # a missing checkpoint or tokenizer, a vocabulary mismatch

@@ -9,6 +9,12 @@ among the next max_lag + 1 batches, so its tokens would be trained at most max_l
 Groups finish out of order, so ``TrajectoryQueue.take`` also drops (and counts) any group whose oldest
 token has lag > max_lag: no trained token ever exceeds the bound. max_lag = 0 is the synchronous mode:
 one batch is generated with the current weights, trained, published, then the next one starts.
+
+Accounting: every started group is in exactly one place: in flight (or waiting to be relaunched after a
+resume), queued, taken by the learner (``next_batch`` returned it, ``step_done`` not yet called), trained,
+or dropped. ``state_dict`` saves that as a consistent cut (see checkpoint_cut.py). If the learner waits
+for a batch that no group can ever fill (nothing queued or in flight and admission closed), ``next_batch``
+raises RolloutDeadlock naming the counts instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, ReplicaLost, run_episode
+from rz_agents.rollout.checkpoint_cut import STATE_FORMAT, check_consistent_cut
 from rz_agents.rollout.task_source import TaskSource
 from rz_agents.rollout.trajectory_queue import Group, TrajectoryQueue
 from rz_agents.trajectory import Trajectory
@@ -101,6 +109,10 @@ class RolloutFailure(RuntimeError):
     """Every recent episode failed; the run cannot make progress."""
 
 
+class RolloutDeadlock(RuntimeError):
+    """The learner waits for groups that admission will never start (a broken resume state)."""
+
+
 class RolloutController:
     """Owns the episodes in flight, the env pool and the trajectory queue."""
 
@@ -130,6 +142,7 @@ class RolloutController:
             "groups_finished": 0,
             "groups_dropped_failed": 0,
             "groups_dropped_stale": 0,
+            "groups_trained": 0,
             "episodes_started": 0,
             "episodes_finished": 0,
             "episodes_failed": 0,
@@ -137,7 +150,12 @@ class RolloutController:
             "episodes_lost": 0,  # dropped after that happened more than max_episode_reruns times
         }
         self.in_flight: dict[int, dict[str, Any]] = {}  # group index -> {"task": ...}: relaunched on resume
+        # Groups in flight at the checkpoint this run resumed from: started again first (same index, task
+        # and seeds), outside admission (they were admitted before) and still counted in groups_started.
         self._relaunch: list[tuple[int, dict[str, Any] | None]] = []
+        self._taken: deque[list[Group]] = deque()  # batches returned by next_batch, not yet step_done
+        # Indices of the dropped groups (failed or stale); None after resuming a state that did not record them.
+        self._dropped_groups: list[int] | None = []
         self._idle_envs: list[Any] = []
         self._all_envs: list[Any] = []
         self._executor = ThreadPoolExecutor(
@@ -148,22 +166,24 @@ class RolloutController:
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
         self._consecutive_failures = 0
-        self._last_error = ""
         self.failure: RolloutFailure | None = None  # set when the run must stop; next_batch raises it
 
     # ---- admission ------------------------------------------------------------------------------
     def _dropped(self) -> int:
         return self.counters["groups_dropped_failed"] + self.counters["groups_dropped_stale"]
 
-    def may_start_group(self) -> bool:
-        """True while starting one more group keeps the lag bound (see the module docstring)."""
-        live = self.counters["groups_started"] - self._dropped()
+    def _ahead_batches(self) -> int:
         ahead = self.cfg.max_lag + 1
         if self.cfg.fixed_lag is not None:
             ahead = 1  # each batch is generated with the weights the runtime published for it
         elif self.cfg.max_ahead_batches is not None:
             ahead = min(ahead, self.cfg.max_ahead_batches)
-        return live < (self.steps_done + ahead) * self.cfg.groups_per_batch
+        return ahead
+
+    def may_start_group(self) -> bool:
+        """True while starting one more group keeps the lag bound (see the module docstring)."""
+        live = self.counters["groups_started"] - self._dropped()
+        return live < (self.steps_done + self._ahead_batches()) * self.cfg.groups_per_batch
 
     def _wake(self) -> None:
         self._admission.set()
@@ -173,15 +193,16 @@ class RolloutController:
         """Start groups as admission allows, until ``stop``."""
         try:
             while not self._stopping:
-                if not self.may_start_group():
+                # No await from here to the in_flight entry: a checkpoint always finds the group somewhere.
+                if self._relaunch:
+                    index, task = self._relaunch.pop(0)
+                elif self.may_start_group():
+                    index, task = self.counters["groups_started"], self.tasks.next()
+                    self.counters["groups_started"] += 1
+                else:
                     self._admission.clear()
                     await self._admission.wait()
                     continue
-                if self._relaunch:
-                    index, task = self._relaunch.pop(0)
-                else:
-                    index, task = self.counters["groups_started"], self.tasks.next()
-                self.counters["groups_started"] += 1
                 self.in_flight[index] = {"task": task}
                 members = []
                 for m in range(self.cfg.group_size):
@@ -215,7 +236,6 @@ class RolloutController:
             self.counters["episodes_failed"] += 1
             log.warning("episode (group %d, member %d) dropped: %s", spec.group_id, spec.member, e)
             self._consecutive_failures += 1
-            self._last_error = str(e)
             limit = self.cfg.max_consecutive_failures
             if limit and self._consecutive_failures >= limit and self.failure is None:
                 self.failure = RolloutFailure(f"{limit} episodes in a row failed; the last one: {e}")
@@ -260,57 +280,104 @@ class RolloutController:
             self.counters["groups_finished"] += 1
         else:
             self.counters["groups_dropped_failed"] += 1
+            self._record_dropped([index])
             self._wake()
+            self.queue.notify()  # a waiting next_batch re-checks whether any group can still come
 
     # ---- consuming ------------------------------------------------------------------------------
     async def next_batch(self, version: int) -> list[Trajectory]:
         """Wait for groups_per_batch groups trainable at ``version``; return their trajectories."""
 
-        def on_drop(n: int) -> None:
-            self.counters["groups_dropped_stale"] += n
+        def on_drop(groups: list[Group]) -> None:
+            self.counters["groups_dropped_stale"] += len(groups)
+            self._record_dropped([g.index for g in groups])
             self._wake()
 
         if self.failure is not None:
             raise self.failure
-        groups = await self.queue.take(self.cfg.groups_per_batch, version, self.cfg.max_lag, on_drop)
+        groups = await self.queue.take(
+            self.cfg.groups_per_batch, version, self.cfg.max_lag, on_drop, check=self._check_not_deadlocked
+        )
         if self.failure is not None:
             raise self.failure
+        self._taken.append(groups)
         # Group order (not completion order) fixes the summation order of the loss: reproducible steps.
         return [t for g in sorted(groups, key=lambda g: g.index) for t in g.trajectories]
+
+    def _record_dropped(self, indices: list[int]) -> None:
+        if self._dropped_groups is not None:
+            self._dropped_groups.extend(indices)
+
+    def _check_not_deadlocked(self) -> None:
+        """Raise RolloutDeadlock if the batch next_batch waits for can never be filled.
+
+        Nothing can change while no group is in flight or waiting for relaunch, no taken batch awaits its
+        step_done (which would admit more) and admission is closed: waiting would be forever.
+        """
+        if self.in_flight or self._relaunch or self._taken or self._stopping or self.may_start_group():
+            return
+        c = self.counters
+        ahead = self._ahead_batches()
+        raise RolloutDeadlock(
+            f"the learner waits for {self.cfg.groups_per_batch} groups but none can come: {len(self.queue)} "
+            f"queued, 0 in flight, and admission is closed (live groups {c['groups_started'] - self._dropped()}"
+            f" = started {c['groups_started']} - dropped {self._dropped()} >= (steps_done {self.steps_done} + "
+            f"ahead {ahead}) x {self.cfg.groups_per_batch}; trained {c['groups_trained']}). The controller "
+            "state (a checkpoint?) does not account for every started group."
+        )
 
     def publish(self, weights, version: int) -> None:
         """Send new weights to the engine (episodes in flight continue with them)."""
         self.engine.load_weights(weights, version)
 
     def step_done(self) -> None:
-        """The learner finished a step (applied or skipped): admit the next groups."""
+        """The learner finished a step (applied or skipped) on the oldest taken batch: admit the next groups."""
+        if not self._taken:
+            raise RuntimeError("step_done() without a batch taken by next_batch()")
+        self.counters["groups_trained"] += len(self._taken.popleft())
         self.steps_done += 1
         self._wake()
+        self.queue.notify()
 
     # ---- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Data position, counters, queued trajectories and the groups to relaunch."""
+        """A consistent cut: data position, counters, queued trajectories and the groups to relaunch.
+
+        Batches taken by the learner but not yet trained (``step_done``) are saved as queued, in front.
+        """
+        taken = [g for batch in self._taken for g in batch]
+        in_flight = [(i, v["task"]) for i, v in self.in_flight.items()] + list(self._relaunch)
         return {
+            "format": STATE_FORMAT,
             "tasks": self.tasks.state_dict(),
             "steps_done": self.steps_done,
             "counters": dict(self.counters),
             "queued": [
                 {"index": g.index, "trajectories": [t.to_dict() for t in g.trajectories]}
-                for g in self.queue.snapshot()
+                for g in taken + self.queue.snapshot()
             ],
-            "in_flight": sorted((i, v["task"]) for i, v in self.in_flight.items()),
+            "in_flight": sorted(in_flight, key=lambda x: x[0]),
+            "dropped_groups": None if self._dropped_groups is None else list(self._dropped_groups),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore; groups that were in flight are run again first (same index, task and seeds)."""
+        """Restore a state of the current format (checkpoint_cut.upgrade_state converts older ones); groups
+        that were in flight are run again first (same index, task and seeds). Raises InconsistentCheckpoint
+        (naming the counts) if the state is not a consistent cut."""
+        if state.get("format", 1) != STATE_FORMAT:
+            raise ValueError(
+                f"controller state of format {state.get('format', 1)}, expected {STATE_FORMAT} "
+                "(rz_agents.rollout.checkpoint_cut.upgrade_state converts format 1)"
+            )
+        check_consistent_cut(state, int(state["steps_done"]), where="controller state")
         self.tasks.load_state_dict(state["tasks"])
         self.steps_done = int(state["steps_done"])
         self.counters.update(state["counters"])
         for g in state["queued"]:
             self.queue.put(Group(g["index"], [Trajectory.from_dict(d) for d in g["trajectories"]]))
         self._relaunch = [(int(i), task) for i, task in state["in_flight"]]
-        # Relaunched groups were counted as started before the checkpoint.
-        self.counters["groups_started"] -= len(self._relaunch)
+        dropped = state.get("dropped_groups")
+        self._dropped_groups = None if dropped is None else list(dropped)
 
     # ---- shutdown ---------------------------------------------------------------------------------
     def stop(self) -> None:

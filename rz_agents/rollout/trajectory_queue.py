@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rz_agents.trajectory import Trajectory
@@ -38,12 +39,12 @@ class TrajectoryQueue:
         self._groups.append(group)
         self._changed.set()
 
-    def drop_stale(self, version: int, max_lag: int) -> int:
-        """Remove groups with a token older than ``version - max_lag``; returns how many."""
-        keep = deque(g for g in self._groups if version - g.oldest_version() <= max_lag)
-        dropped = len(self._groups) - len(keep)
-        self._groups = keep
-        self.dropped_stale += dropped
+    def drop_stale(self, version: int, max_lag: int) -> list[Group]:
+        """Remove groups with a token older than ``version - max_lag``; returns them."""
+        dropped = [g for g in self._groups if version - g.oldest_version() > max_lag]
+        if dropped:
+            self._groups = deque(g for g in self._groups if version - g.oldest_version() <= max_lag)
+            self.dropped_stale += len(dropped)
         return dropped
 
     def wake(self) -> None:
@@ -51,10 +52,23 @@ class TrajectoryQueue:
         self.closed = True
         self._changed.set()
 
-    async def take(self, n: int, version: int, max_lag: int, on_drop=None) -> list[Group]:
+    def notify(self) -> None:
+        """Wake a waiting ``take`` so that it runs its ``check`` again (something it depends on changed)."""
+        self._changed.set()
+
+    async def take(
+        self,
+        n: int,
+        version: int,
+        max_lag: int,
+        on_drop: Callable[[list[Group]], None] | None = None,
+        check: Callable[[], None] | None = None,
+    ) -> list[Group]:
         """Wait for ``n`` groups whose every token has lag <= max_lag at ``version``; oldest first.
 
-        Returns [] if the queue is closed (``wake``) while waiting.
+        ``on_drop`` receives the groups dropped as stale. ``check`` runs before every wait and may raise
+        (the caller's way to say that no group can ever arrive). Returns [] if the queue is closed
+        (``wake``) while waiting.
         """
         while not self.closed:
             dropped = self.drop_stale(version, max_lag)
@@ -62,6 +76,8 @@ class TrajectoryQueue:
                 on_drop(dropped)
             if len(self._groups) >= n:
                 return [self._groups.popleft() for _ in range(n)]
+            if check is not None:
+                check()
             self._changed.clear()
             await self._changed.wait()
         return []

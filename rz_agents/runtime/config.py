@@ -162,6 +162,10 @@ class TrainConfig:
     resume_from: str | None = None
     tensorboard: bool = False
     learner_step_delay_s: float = 0.0  # throttle the learner (tests and benchmarks of the lag bound)
+    # Stop with RunStalled (and a stack dump, run_dir/stall_stacks.txt) when no engine step, episode event or
+    # learner step happened for this long; 0 disables. Must exceed the slowest learner step (in sync mode the
+    # engine idles while the learner trains).
+    watchdog_s: float = 600.0
     # Run the learner in a child process (no GIL contention with the engine; see runtime/learner_process.py).
     learner_process: bool = False
     # CPU pinning (Linux): the learner process on learner_cpus, the engine, env threads and env subprocesses
@@ -186,6 +190,8 @@ class TrainConfig:
             )
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
+        if self.watchdog_s < 0:
+            raise ValueError(f"watchdog_s must be >= 0 (0 disables the watchdog), got {self.watchdog_s}")
         if self.rollout.limits.max_episode_tokens >= self.engine.max_len:
             raise ValueError(
                 f"rollout.limits.max_episode_tokens ({self.rollout.limits.max_episode_tokens}) must be < "

@@ -125,6 +125,9 @@ class LocalRun(TrainLoop):
     def _load_learner_state(self, state: dict[str, Any]) -> None:
         self.learner.load_state_dict(state)
 
+    def _engine_progress(self) -> int:
+        return self.engine.counters["steps"]
+
     def _engine_step_metrics(self) -> dict[str, Any]:
         return {
             "engine_generated_tokens": self.engine.counters["generated_tokens"],

@@ -18,12 +18,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rz_agents.rollout.checkpoint_cut import check_consistent_cut, upgrade_state
 from rz_agents.rollout.controller import RolloutController
 from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.fixed_lag import WeightHistory
 from rz_agents.runtime.memory import rss_bytes, trim_heap
+from rz_agents.runtime.watchdog import Watchdog
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rz_agents.trainer.metrics_log import MetricsWriter
+
+
+def _trained_groups(history: list[dict[str, Any]]) -> list[list[int]] | None:
+    """The group indices trained at each step, if every step recorded them (older histories did not)."""
+    if all("group_indices" in m for m in history):
+        return [list(m["group_indices"]) for m in history]
+    return None
 
 
 class TrainLoop:
@@ -42,17 +51,29 @@ class TrainLoop:
         self.history: list[dict[str, Any]] = []
         fixed = cfg.rollout.fixed_lag
         self.weight_history = WeightHistory(fixed, copy=self._snapshot_weights) if fixed else None
-        self.writer = MetricsWriter(cfg.output_dir, tensorboard=cfg.tensorboard) if cfg.output_dir else None
         if cfg.resume_from:
             payload = load_checkpoint(cfg.resume_from)
-            self._load_learner_state(payload["learner"])
-            self.controller.load_state_dict(payload["runtime"]["controller"])
             self.history = list(payload["runtime"].get("history", []))
+            state = upgrade_state(
+                payload["runtime"]["controller"], len(self.history), cfg.rollout.groups_per_batch
+            )
+            check_consistent_cut(
+                state, len(self.history), _trained_groups(self.history), where=str(cfg.resume_from)
+            )
+            self._load_learner_state(payload["learner"])
+            self.controller.load_state_dict(state)
             if self.weight_history is not None:
                 kept = payload["runtime"].get("weight_history", {})
                 self.weight_history.load_state_dict(
                     {v: self._weights_from_tensors(w) for v, w in kept.items()}
                 )
+        # The writer starts at the first step this run records: rows a killed run wrote after its last
+        # checkpoint are removed, so no step number repeats in metrics.jsonl.
+        self.writer = (
+            MetricsWriter(cfg.output_dir, tensorboard=cfg.tensorboard, start_step=len(self.history))
+            if cfg.output_dir
+            else None
+        )
         self.engine.load_weights(*self._to_publish())
 
     # ---- the loop ----------------------------------------------------------------------------------
@@ -63,6 +84,11 @@ class TrainLoop:
         producer = asyncio.ensure_future(self.controller.run())
         t_start = time.perf_counter()
         start_step = len(self.history)
+        watchdog = None
+        if cfg.watchdog_s:
+            dump = Path(cfg.output_dir) / "stall_stacks.txt" if cfg.output_dir else None
+            watchdog = Watchdog(cfg.watchdog_s, self._progress, self._describe, dump_path=dump)
+            watchdog.start(asyncio.current_task())
         try:
             while len(self.history) < cfg.steps:
                 t0 = time.perf_counter()
@@ -81,6 +107,7 @@ class TrainLoop:
                 step = len(self.history)
                 metrics.update(
                     step=step,
+                    group_indices=sorted({int(t.group_id) for t in batch}),
                     time_wait_data_s=t_wait,
                     time_publish_s=t_pub,
                     time_step_s=time.perf_counter() - t0,
@@ -91,22 +118,46 @@ class TrainLoop:
                     trained_tokens_per_s=metrics.get("learner_tokens", 0)
                     / max(time.perf_counter() - t0, 1e-9),
                 )
+                # The step is counted (history and controller) before it is logged or checkpointed: a
+                # checkpoint whose steps_done lagged its history shrank the admission window on every
+                # resume until nothing was admitted (issue 17).
                 self.history.append(metrics)
+                self.controller.step_done()
                 if self.writer:
                     self.writer.write(step, metrics)
-                # The step is done before the checkpoint records it: a checkpoint taken between next_batch
-                # and step_done would hold a batch that is neither queued nor trained (a resume would wait
-                # for it forever in sync mode).
-                self.controller.step_done()
                 if cfg.output_dir and cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
                     self.checkpoint(Path(cfg.output_dir) / "checkpoint.pt")
+        except asyncio.CancelledError:
+            if watchdog is not None and watchdog.error is not None:
+                raise watchdog.error from None
+            raise
         finally:
+            if watchdog is not None:
+                watchdog.stop()
             self.controller.stop()
             await asyncio.gather(producer, return_exceptions=True)
         wall = time.perf_counter() - t_start
         if cfg.output_dir:
             self.checkpoint(Path(cfg.output_dir) / "checkpoint.pt")
         return self.summary(wall, len(self.history) - start_step)
+
+    def _progress(self) -> tuple:
+        """What the watchdog compares: engine work, episode events, learner steps."""
+        c = self.controller.counters
+        return (
+            self._engine_progress(),
+            c["episodes_started"],
+            c["episodes_finished"],
+            c["episodes_failed"],
+            len(self.history),
+        )
+
+    def _describe(self) -> str:
+        c = self.controller
+        return (
+            f"learner steps {len(self.history)}/{self.cfg.steps}, steps_done {c.steps_done}, queued groups "
+            f"{len(c.queue)}, groups in flight {len(c.in_flight)}, counters {dict(c.counters)}"
+        )
 
     def _to_publish(self) -> tuple[Any, int]:
         """(weights, version) the engines should sample with now (fixed-lag mode: version v - fixed_lag)."""
@@ -116,8 +167,13 @@ class TrainLoop:
         return weights, version
 
     def checkpoint(self, path: str | Path) -> Path:
-        """Write an atomic checkpoint of learner, controller (queue, data position) and RNG states."""
-        runtime: dict[str, Any] = {"controller": self.controller.state_dict(), "history": self.history}
+        """Write an atomic checkpoint of learner, controller (queue, data position) and RNG states.
+
+        Raises InconsistentCheckpoint (and writes nothing) if the controller state is not a consistent cut.
+        """
+        state = self.controller.state_dict()
+        check_consistent_cut(state, len(self.history), _trained_groups(self.history), where="saving")
+        runtime: dict[str, Any] = {"controller": state, "history": self.history}
         if self.weight_history is not None:
             runtime["weight_history"] = {
                 v: self._weights_to_tensors(w) for v, w in self.weight_history.state_dict().items()
@@ -191,6 +247,10 @@ class TrainLoop:
     def _weights_from_tensors(self, tensors: dict) -> Any:
         """Inverse of ``_weights_to_tensors``."""
         return tensors
+
+    def _engine_progress(self) -> int:
+        """A number that grows while the engines work (for the watchdog)."""
+        raise NotImplementedError
 
     def _engine_step_metrics(self) -> dict[str, Any]:
         """Per-step engine figures: ``engine_generated_tokens`` and ``engine_version``."""

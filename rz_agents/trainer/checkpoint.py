@@ -1,7 +1,8 @@
 """Atomic checkpoints: learner state, RNG states and the runtime's state (data position, queued trajectories).
 
 A checkpoint is one file written to a temporary name in the same directory, fsynced, then renamed over the
-final name, so a crash leaves either the old checkpoint or the new one, never a torn file.
+final name (and the directory fsynced), so a crash leaves either the old checkpoint or the new one, never a
+torn file. A temporary file left by a crash is removed by the next save.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def save_checkpoint(path: str | Path, learner_state: dict[str, Any], runtime_sta
         "runtime": runtime_state,
         "rng": rng_states(),
     }
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed while writing
+        stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -55,7 +58,21 @@ def save_checkpoint(path: str | Path, learner_state: dict[str, Any], runtime_sta
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)  # the rename itself survives a power loss
     return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some filesystems do not open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def load_checkpoint(path: str | Path, restore_rng: bool = True) -> dict[str, Any]:

@@ -202,6 +202,9 @@ class RayRun(TrainLoop):
     def _weights_from_tensors(self, tensors: dict) -> Any:
         return ray.put(tensors)
 
+    def _engine_progress(self) -> int:
+        return self.engine.counters["requests"] + self.engine.counters["generated_tokens"]
+
     def _engine_step_metrics(self) -> dict[str, Any]:
         return {
             "engine_generated_tokens": self.engine.counters["generated_tokens"],
