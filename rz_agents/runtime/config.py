@@ -50,11 +50,15 @@ class RayConfig:
     as the placement asks for, at least this machine's; an object store of ``object_store_mb``).
     ``auto`` joins the cluster started on this node with ``ray start --head``; ``ray://host:10001``
     connects through Ray Client. With an address, num_cpus and object_store_mb are the cluster's own.
+    ``memory_monitor`` (local instance only): let Ray kill workers when this machine's memory is 95% used.
+    Off by default: on a machine shared with other work, that memory is mostly not the run's, and a killed
+    learner rank ends the run (clusters keep their own setting).
     """
 
     address: str | None = None
     num_cpus: int | None = None
     object_store_mb: int = 1024
+    memory_monitor: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
