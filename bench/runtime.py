@@ -133,6 +133,7 @@ def main() -> int:
     args = p.parse_args()
 
     load_before = os.getloadavg()
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")  # shared machine: see RayConfig.memory_monitor
     ray.init(num_cpus=8, object_store_memory=256 * 2**20, include_dashboard=False, logging_level="WARNING")
     result: dict = {"cores": os.cpu_count(), "load_before": load_before}
     try:
