@@ -133,7 +133,9 @@ def main() -> int:
     args = p.parse_args()
 
     load_before = os.getloadavg()
-    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")  # shared machine: see RayConfig.memory_monitor
+    # As a run's local instance does (RayConfig): no memory monitor, actors at nice 0 (Ray's default is 15).
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(num_cpus=8, object_store_memory=256 * 2**20, include_dashboard=False, logging_level="WARNING")
     result: dict = {"cores": os.cpu_count(), "load_before": load_before}
     try:

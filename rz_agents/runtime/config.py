@@ -50,15 +50,18 @@ class RayConfig:
     as the placement asks for, at least this machine's; an object store of ``object_store_mb``).
     ``auto`` joins the cluster started on this node with ``ray start --head``; ``ray://host:10001``
     connects through Ray Client. With an address, num_cpus and object_store_mb are the cluster's own.
-    ``memory_monitor`` (local instance only): let Ray kill workers when this machine's memory is 95% used.
-    Off by default: on a machine shared with other work, that memory is mostly not the run's, and a killed
-    learner rank ends the run (clusters keep their own setting).
+    Local instance only: ``memory_monitor`` lets Ray kill workers when this machine's memory is 95% used
+    (off by default: on a machine shared with other work, that memory is mostly not the run's, and a killed
+    learner rank ends the run); ``worker_niceness`` is the nice value of the actors' processes (Ray's own
+    default, 15, lets any other work on the machine starve the engines and the learner; here 0, like the
+    driver and the local runtime). A cluster keeps the settings it was started with.
     """
 
     address: str | None = None
     num_cpus: int | None = None
     object_store_mb: int = 1024
     memory_monitor: bool = False
+    worker_niceness: int = 0
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -66,6 +69,8 @@ class RayConfig:
             raise ValueError(f"ray.num_cpus must be >= 1 or None, got {self.num_cpus}")
         if self.object_store_mb < 64:
             raise ValueError(f"ray.object_store_mb must be >= 64, got {self.object_store_mb}")
+        if not 0 <= self.worker_niceness <= 19:
+            raise ValueError(f"ray.worker_niceness must be in 0..19, got {self.worker_niceness}")
 
 
 @dataclass

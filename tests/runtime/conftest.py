@@ -18,6 +18,7 @@ def ray_cluster():
     # is other jobs' memory, and the tests would fail for it. (Runs keep Ray's default.)
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
+    monkeypatch.setenv("RAY_worker_niceness", "0")  # as a run's local instance (RayConfig.worker_niceness)
     store = 100 * 2**20
     # Logical CPUs: enough for every actor of a test's run; the actors' torch threads are set by the runs.
     cluster = Cluster(

@@ -36,8 +36,10 @@ def connect(cfg: TrainConfig) -> bool:
     # Logical CPUs: at least what the placement reserves, so a small machine still schedules every actor
     # (the actors' torch threads, not these numbers, decide how many cores they use).
     num_cpus = cfg.ray.num_cpus or max(os.cpu_count() or 1, int(logical_cpus(cfg.placement) + 0.999))
-    if not cfg.ray.memory_monitor:  # read by the raylet this call starts
+    # Read by the raylet this call starts (and inherited by the workers it starts).
+    if not cfg.ray.memory_monitor:
         os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    os.environ.setdefault("RAY_worker_niceness", str(cfg.ray.worker_niceness))
     ray.init(
         num_cpus=num_cpus,
         num_gpus=None,
