@@ -12,7 +12,10 @@ trains on) with 2 engine replicas over 1, on a generation-bound workload: long s
 larger model, no env latency, one torch thread per engine. Runs alternate 1, 2, 1, 2, ...
 
 Other work on this machine slows both sides alike only when it is steady: the load average before and
-after is printed with the results.
+after is printed with the results. On Linux with autogroup scheduling (``/proc/sys/kernel/sched_autogroup_
+enabled``), all processes of this session share one session's CPU share: while other sessions keep the
+cores busy, a second engine process cannot get more CPU than the first had, and two_engines_over_one
+stays near 1 whatever the runtime does. Measure it on an otherwise idle machine.
 """
 
 from __future__ import annotations
