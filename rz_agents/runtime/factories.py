@@ -1,13 +1,17 @@
-"""Factories shared by every runtime: the policy model, tokenizer + chat template, and env constructors."""
+"""Factories shared by every runtime: the policy model, tokenizer + chat template, env constructors and the
+rollout controller."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import torch
 
 from rz_agents.model.packaged import resolve_checkpoint
-from rz_agents.runtime.config import EnvSpec, ModelSpec
+from rz_agents.rollout.controller import RolloutController
+from rz_agents.rollout.task_source import TaskSource
+from rz_agents.runtime.config import EnvSpec, ModelSpec, TrainConfig, effective_max_lag
 
 
 def build_model(spec: ModelSpec, vocab_size: int):
@@ -74,3 +78,12 @@ def tokenizer_files(tokenizer_name: str, checkpoint: str | None) -> dict[str, st
             if (source / name).is_file():
                 extra[name] = (source / name).read_text()
     return extra
+
+
+def build_controller(cfg: TrainConfig, engine, make_env, template, tokenizer) -> RolloutController:
+    """The run's rollout controller over ``engine`` (an engine, or the Ray runtime's replica router) and
+    ``make_env`` (an env factory: local envs, or handles on envs in Ray env workers)."""
+    rcfg = dataclasses.replace(cfg.rollout, max_lag=effective_max_lag(cfg), seed=cfg.seed)
+    return RolloutController(
+        engine, make_env, template, tokenizer, TaskSource(cfg.env.tasks, seed=cfg.seed), rcfg
+    )

@@ -20,10 +20,15 @@ from typing import Any
 import torch
 
 from rz_agents.engine import RZEngine
-from rz_agents.rollout.controller import RolloutController
-from rz_agents.rollout.task_source import TaskSource
-from rz_agents.runtime.config import TrainConfig, effective_kernels, effective_max_lag, learner_config
-from rz_agents.runtime.factories import build_model, build_tokenizer, env_factory, tokenizer_files, vocab_size
+from rz_agents.runtime.config import TrainConfig, effective_kernels, learner_config
+from rz_agents.runtime.factories import (
+    build_controller,
+    build_model,
+    build_tokenizer,
+    env_factory,
+    tokenizer_files,
+    vocab_size,
+)
 from rz_agents.runtime.fixed_lag import _clone
 from rz_agents.runtime.loop import TrainLoop
 from rz_agents.runtime.memory import limit_heap_growth
@@ -66,14 +71,8 @@ class LocalRun(TrainLoop):
             )
         else:
             self.learner = Learner(self.model, lcfg)
-        rcfg = dataclasses.replace(cfg.rollout, max_lag=effective_max_lag(cfg), seed=cfg.seed)
-        self.controller = RolloutController(
-            self.engine,
-            env_factory(cfg.env),
-            self.template,
-            self.tokenizer,
-            TaskSource(cfg.env.tasks, seed=cfg.seed),
-            rcfg,
+        self.controller = build_controller(
+            cfg, self.engine, env_factory(cfg.env), self.template, self.tokenizer
         )
         self._saved_affinity: set[int] | None = None
         self._init_loop()

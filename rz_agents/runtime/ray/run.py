@@ -19,10 +19,14 @@ from typing import Any
 
 import ray
 
-from rz_agents.rollout.controller import RolloutController
-from rz_agents.rollout.task_source import TaskSource
-from rz_agents.runtime.config import TrainConfig, effective_kernels, effective_max_lag, learner_config
-from rz_agents.runtime.factories import build_model, build_tokenizer, tokenizer_files, vocab_size
+from rz_agents.runtime.config import TrainConfig, effective_kernels, learner_config
+from rz_agents.runtime.factories import (
+    build_controller,
+    build_model,
+    build_tokenizer,
+    tokenizer_files,
+    vocab_size,
+)
 from rz_agents.runtime.loop import TrainLoop
 from rz_agents.runtime.memory import limit_heap_growth
 from rz_agents.runtime.ray.cluster import actor_options, connect
@@ -108,14 +112,8 @@ class RayRun(TrainLoop):
         self._broadcasting = False
         if broadcast:
             self._open_broadcast("nccl" if p.engine_gpus and p.learner_gpus else "gloo")
-        rcfg = dataclasses.replace(cfg.rollout, max_lag=effective_max_lag(cfg), seed=cfg.seed)
-        self.controller = RolloutController(
-            self.engine,
-            RemoteEnvFactory(workers),
-            self.template,
-            self.tokenizer,
-            TaskSource(cfg.env.tasks, seed=cfg.seed),
-            rcfg,
+        self.controller = build_controller(
+            cfg, self.engine, RemoteEnvFactory(workers), self.template, self.tokenizer
         )
 
     def _open_broadcast(self, backend: str) -> None:
