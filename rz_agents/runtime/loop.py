@@ -199,8 +199,9 @@ class TrainLoop:
         }
 
     def _close_loop(self) -> None:
-        if self.writer:
-            self.writer.close()
+        writer = getattr(self, "writer", None)  # absent if the run failed while it was being built
+        if writer:
+            writer.close()
 
     # ---- what every runtime offers besides the loop ---------------------------------------------------
     def push_model_weights(self) -> None:

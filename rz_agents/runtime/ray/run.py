@@ -230,8 +230,7 @@ class RayRun(TrainLoop):
         for actor in self._actors:
             ray.kill(actor)
         self._actors = []
-        if hasattr(self, "history"):
-            self._close_loop()
+        self._close_loop()
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False
