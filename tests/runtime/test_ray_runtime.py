@@ -1,8 +1,8 @@
 """The Ray runtime against the local one, on the shared two-node test cluster (conftest.py).
 
 What is deterministic under Ray, and tested here:
-- sync mode (1 engine, 1 env worker, 1 learner rank): trajectories and weights are those of the local runtime,
-  bit for bit, step after step;
+- sync mode (1 engine, 1 env worker, 1 learner rank; and 2 engines, 2 env workers): trajectories and weights
+  are those of the local runtime, bit for bit, step after step;
 - rollout.fixed_lag (async): the same, because each batch is generated with the weights published for it;
 - async mode, any placement (here 2 engines, 2 env workers, actors killed mid-run): every trajectory is a pure
   function of its task, its episode seed and the policy versions its tokens record. Replayed in one process
@@ -121,9 +121,15 @@ def local_sync():
     return run.history, batches, weights
 
 
-def test_ray_sync_run_equals_the_local_run_bit_for_bit(ray_cluster, local_sync):
+@pytest.mark.parametrize(
+    "engines, env_workers", [(1, 1), (2, 2)], ids=["1-engine", "2-engines-2-env-workers"]
+)
+def test_ray_sync_run_equals_the_local_run_bit_for_bit(ray_cluster, local_sync, engines, env_workers):
+    """Each episode is a function of its task, seed and weights: how many replicas and workers serve the
+    episodes does not change them."""
     history, batches, weights = local_sync
-    run, summary, ray_batches, ray_weights = _run(_cfg())
+    placement = PlacementConfig(engines=engines, env_workers=env_workers)
+    run, summary, ray_batches, ray_weights = _run(_cfg(placement=placement))
     assert summary["steps"] == 4 and summary["version"] == 4
     _same_trajectories(batches, ray_batches)
     _same_weights(weights, ray_weights)
