@@ -320,3 +320,33 @@ def test_a_dead_learner_rank_ends_the_run_and_resume_continues_it_bit_for_bit(
     )
     assert summary["steps"] == 4 and summary["steps_this_run"] == 3
     _same_weights(weights, resumed_weights)
+
+
+def test_rz_train_with_runtime_ray_warm_starts_trains_and_exports(ray_cluster, tmp_path, capsys):
+    """The CLI path: the warm start trains the driver's copy, then learner ranks and engines take it."""
+    import json
+
+    from rz_agents.cli import main
+    from rz_agents.model.checkpoint import load_hf_checkpoint
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(
+        "steps: 2\nnum_threads: 1\nmode: sync\nruntime: ray\n"
+        "rollout:\n  group_size: 2\n  groups_per_batch: 2\n  max_concurrent_episodes: 4\n"
+        "  limits: {max_turns: 2, max_tokens_per_turn: 8, max_episode_tokens: 200}\n"
+        "engine: {num_slots: 8, max_len: 256}\nenv:\n  kwargs: {latency_s: 0.0}\n"
+        "learner: {assert_lag0_exact: true}\n"
+        "warm_start: {demos: 16, epochs: 1, batch_size: 8, warmup_steps: 0}\n"
+    )
+    run_dir = tmp_path / "run"
+    assert main(["train", str(cfg), "--run-dir", str(run_dir), "--no-progress"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["lag0_max_abs_dlogp"] == 0.0
+    warm = load_hf_checkpoint(run_dir / "warm_start_model")
+    final = load_hf_checkpoint(run_dir / "final_model")
+    initial = build_model(_cfg().model, 320)
+    # The warm start changed the policy, RL changed it again: each export holds its own weights.
+    for a, b in ((initial, warm), (warm, final)):
+        before = a.state_dict()
+        assert any(not torch.equal(before[k], v) for k, v in b.state_dict().items())
+    assert "=== rz train: summary ===" in capsys.readouterr().out
