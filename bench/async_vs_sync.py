@@ -28,9 +28,7 @@ import sys
 import time
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime import EnvSpec, LocalRun, ModelSpec, TrainConfig
-from rz_agents.trainer.learner import LearnerConfig
+from rz_agents.runtime import EnvSpec, LearnerSpec, LocalRun, ModelSpec, RolloutSpec, TrainConfig
 from rz_agents.trainer.optim import OptimConfig
 
 
@@ -56,7 +54,7 @@ def _config(args, mode: str) -> TrainConfig:
             }
         ),
         env=env,
-        rollout=RolloutConfig(
+        rollout=RolloutSpec(
             group_size=args.group_size,
             groups_per_batch=args.groups_per_batch,
             max_concurrent_episodes=args.concurrency,
@@ -64,7 +62,7 @@ def _config(args, mode: str) -> TrainConfig:
             max_ahead_batches=args.max_ahead,
             limits=EpisodeLimits(args.turns, args.tokens_per_turn, max_episode_tokens=1000),
         ),
-        learner=LearnerConfig(optim=OptimConfig(lr=1e-3)),
+        learner=LearnerSpec(optim=OptimConfig(lr=1e-3)),
         learner_process=args.learner_process == "on",
         **_pinning(args),
     )

@@ -7,8 +7,9 @@ Measures, on this machine:
   fresh_process_p50_ms   the alternative: a fresh ``python -c`` per call (no sandbox at all)
   fresh_sandbox_p50_ms   a fresh sandboxed session per call (start + first call)
 
-  python bench/sandbox.py            # human-readable
-  python bench/sandbox.py --json     # one JSON object on stdout
+  python bench/sandbox.py                    # human-readable
+  python bench/sandbox.py --json             # one JSON object on stdout
+  python bench/sandbox.py --backend docker   # one container per session (scripts/install.sh --docker)
 Goal (issue 5): p50 <= 20 ms, >= 100 calls/s.
 """
 
@@ -32,8 +33,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def warm_round_trips(n: int) -> list[float]:
-    with PythonSandbox() as sb:
+def warm_round_trips(n: int, backend: str = "local") -> list[float]:
+    with PythonSandbox(backend=backend) as sb:
         for _ in range(20):  # warm-up
             sb.run("x = 1 + 1")
         times = []
@@ -45,9 +46,9 @@ def warm_round_trips(n: int) -> list[float]:
     return times
 
 
-def concurrent_throughput(sessions: int, calls: int) -> tuple[float, float]:
+def concurrent_throughput(sessions: int, calls: int, backend: str = "local") -> tuple[float, float]:
     """(calls per second, seconds) for ``sessions`` sessions each making ``calls`` calls at once."""
-    sandboxes = [PythonSandbox() for _ in range(sessions)]
+    sandboxes = [PythonSandbox(backend=backend) for _ in range(sessions)]
     try:
         for sb in sandboxes:
             sb.run("0")  # booted before the clock starts
@@ -87,11 +88,11 @@ def fresh_process(n: int) -> list[float]:
     return times
 
 
-def fresh_sandbox(n: int) -> list[float]:
+def fresh_sandbox(n: int, backend: str = "local") -> list[float]:
     times = []
     for _ in range(n):
         start = time.perf_counter()
-        with PythonSandbox() as sb:
+        with PythonSandbox(backend=backend) as sb:
             assert sb.run("x = 1 + 1; x").stdout == "2\n"
         times.append(time.perf_counter() - start)
     return times
@@ -107,13 +108,15 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=64, help="concurrent sessions for calls_per_s")
     parser.add_argument("--calls-per-session", type=int, default=50)
     parser.add_argument("--fresh", type=int, default=30, help="fresh processes / sandboxes to time")
+    parser.add_argument("--backend", choices=("local", "docker"), default="local", help="sandbox backend")
     args = parser.parse_args()
 
-    warm = warm_round_trips(args.calls)
-    rate, elapsed = concurrent_throughput(args.sessions, args.calls_per_session)
+    warm = warm_round_trips(args.calls, args.backend)
+    rate, elapsed = concurrent_throughput(args.sessions, args.calls_per_session, args.backend)
     fresh = fresh_process(args.fresh)
-    fresh_sb = fresh_sandbox(args.fresh)
+    fresh_sb = fresh_sandbox(args.fresh, args.backend)
     result = {
+        "backend": args.backend,
         "p50_ms": round(statistics.median(warm) * 1000, 3),
         "p99_ms": round(percentile(warm, 0.99) * 1000, 3),
         "calls_per_s": round(rate, 1),

@@ -37,27 +37,35 @@ class RouteRecorder:
     """Wraps every SparseMoE layer's routing: records (sequence, position) -> experts per layer."""
 
     def __init__(self, model) -> None:
-        import rz_kernels
         from rz_agents.model.transformer import SparseMoE
 
         self.records: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (layer, seq, pos) -> experts
         self.enabled = False
         layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
         for index, layer in enumerate(layers):
-            layer.forward = self._wrap(layer, index, rz_kernels.route)
+            layer.forward = self._wrap(layer, index)
 
-    def _wrap(self, layer, index: int, route):
+    def _wrap(self, layer, index: int):
         recorder = self
 
         def forward(x, ctx):
-            linear = ctx.ops.linear
-            weights, experts = route(linear(x, layer.gate.weight), layer.top_k, layer.normalize)
+            ops = ctx.ops
+            weights, experts = ops.route(ops.linear(x, layer.gate.weight), layer.top_k, layer.normalize)
             if recorder.enabled:
                 seqs = ctx.record_seq.tolist()
                 for s, p, e in zip(seqs, ctx.positions.tolist(), experts.tolist(), strict=True):
                     recorder.records[(index, s, p)] = tuple(e)
-            return ctx.ops.moe(
-                x, weights, experts, layer.num_experts, lambda e, xe: layer.experts[e].run(xe, linear)
+            expert_weights = tuple(
+                [getattr(mlp, n).weight for mlp in layer.experts]
+                for n in ("gate_proj", "up_proj", "down_proj")
+            )
+            return ops.moe(
+                x,
+                weights,
+                experts,
+                layer.num_experts,
+                lambda e, xe: layer.experts[e].run(xe, ops),
+                expert_weights=expert_weights,
             )
 
         return forward

@@ -29,11 +29,6 @@ class Trajectory:
     group_id: int | str
     info: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def num_sampled(self) -> int:
-        """How many tokens the policy sampled (the tokens the loss sees)."""
-        return sum(1 for m in self.loss_mask if m)
-
     def sampled_versions(self) -> list[int]:
         """The policy versions of the sampled tokens, in order."""
         return [v for v, m in zip(self.versions, self.loss_mask, strict=False) if m]

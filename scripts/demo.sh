@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec rz train configs/demo.yaml "$@"
+exec rz train demo "$@"

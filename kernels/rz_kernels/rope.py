@@ -23,15 +23,29 @@ class RopeTable:
         self.cos = emb.cos()
         self.sin = emb.sin()
         self.max_positions = max_positions
+        self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate x [T, heads, head_dim] by positions [T]; math in fp32, result in x's dtype."""
+    def tables(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) on `device` (computed once on CPU, copied once per device)."""
+        device = torch.device(device)
+        if device.type == "cpu":
+            return self.cos, self.sin
+        if device not in self._on_device:
+            self._on_device[device] = (self.cos.to(device), self.sin.to(device))
+        return self._on_device[device]
+
+    def check_positions(self, positions: torch.Tensor) -> None:
         if positions.numel() and int(positions.max()) >= self.max_positions:
             raise ValueError(
                 f"position {int(positions.max())} exceeds max_position_embeddings {self.max_positions}"
             )
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate x [T, heads, head_dim] by positions [T]; math in fp32, result in x's dtype."""
+        self.check_positions(positions)
+        cos_table, sin_table = self.tables(x.device)
+        cos = cos_table[positions].unsqueeze(1)
+        sin = sin_table[positions].unsqueeze(1)
         xf = x.float()
         half = xf.shape[-1] // 2
         rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)

@@ -1,7 +1,8 @@
 """`rz` command line: one module per subcommand in this package.
 
 Each subcommand module defines `add_parser(subparsers)`, which registers its parser and sets
-`func=run` (a callable taking the parsed namespace and returning an exit code).
+`func=run` (a callable taking the parsed namespace and returning an exit code). An exception it raises
+ends the command with one error line and exit status 1 (`rz_agents.cli.failure`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from rz_agents.cli.failure import run_command
 
 # Order shown in `rz --help`. A module listed here must exist; import errors are real errors.
 SUBCOMMANDS = ["train", "eval", "align_check", "bench", "osworld"]
@@ -29,12 +32,20 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # subcommand not built in this checkout
             raise
         module.add_parser(sub)
+    for subparser in sub.choices.values():
+        subparser.add_argument(
+            "--debug", action="store_true", help="on an error, show the traceback instead of one line"
+        )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --debug is accepted anywhere, also after a nested subcommand (rz osworld eval ... --debug)
+    debug = "--debug" in argv
+    args, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
+    args.debug = debug
     # `key=value` overrides may come after options (rz train CONFIG --run-dir D steps=10).
     if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
         args.overrides = list(args.overrides or []) + extra
@@ -43,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (pinned for the whole check)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, cuda or cuda:N (on CUDA the aligned op set is the Triton kernels)",
+    )
+    p.add_argument(
         "--checkpoint", default=None, help="HF checkpoint directory to check instead of random models"
     )
     p.add_argument(
@@ -42,6 +47,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rz_agents.runtime.device import DeviceError, resolve_device
+
+    try:
+        device = resolve_device(args.device)
+    except DeviceError as exc:
+        print(f"rz align-check: {exc}", file=sys.stderr)
+        return 2
     if args.engine == "vllm":
         try:
             from rz_agents.engine.vllm_mismatch import measure_vllm_mismatch
@@ -57,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
         reports = []
         for dtype in args.dtype:
-            model = load_hf_checkpoint(args.checkpoint, dtype=dtype)
+            model = load_hf_checkpoint(args.checkpoint, dtype=dtype, device=device)
             for kernels in ("aligned", "standard"):
                 model.set_kernels(kernels)
                 reports.append(
@@ -77,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             batch_sizes=tuple(args.batch_sizes),
             max_len=args.max_len,
             threads=args.threads,
+            device=device,
         )
     aligned = [r for r in reports if r.kernels == "aligned"]
     standard = [r for r in reports if r.kernels == "standard"]

@@ -4,8 +4,8 @@
   problem and print the per-problem table and the metrics (``--json`` prints the results JSON,
   ``--out FILE`` writes it). CONFIG is a YAML file whose ``eval:`` section sets the same fields;
   flags given on the command line override it.
-* ``rz eval osworld --tasks DIR|FILE --policy oracle|noop|module:callable``: the OSWorld success
-  table (the same run as ``rz osworld eval``).
+* ``rz eval osworld --tasks DIR|FILE ...``: the OSWorld success table (the same command as
+  ``rz osworld eval``; its options are defined once, in ``rz_agents.cli.osworld``).
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "config",
         nargs="?",
-        help="YAML file whose eval: section gives the settings below (flags override it); "
-        "or the word 'osworld' for the OSWorld evaluation",
+        help="YAML file (or a packaged config's name) whose eval: section gives the settings below (flags "
+        "override it) and whose tokenizer: is the one the checkpoint was trained with; or the word "
+        "'osworld' for the OSWorld evaluation",
     )
     m = parser.add_argument_group("math benchmarks")
     m.add_argument(
@@ -115,16 +116,16 @@ def add_parser(subparsers: Any) -> None:
     )
     m.add_argument("--rows", type=int, default=None, help="print at most N table rows")
 
-    o = parser.add_argument_group("osworld (rz eval osworld ...)")
-    o.add_argument("--tasks", help="OSWorld task folder or file")
-    o.add_argument("--policy", default="oracle", help="oracle | noop | package.module:callable")
-    o.add_argument("--max-steps", type=int, default=15)
-    o.add_argument("--action-space", choices=("pyautogui", "computer_13"), default="pyautogui")
-    o.add_argument("--provider", choices=("local", "docker"), default="local")
-    o.add_argument("--cache", default=None, help="download cache folder (default $RZ_OSWORLD_CACHE)")
-    o.add_argument("--include-unrunnable", action="store_true", help="also try tasks the check rejects")
+    from rz_agents.cli.osworld import add_eval_arguments
 
-    parser.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
+    add_eval_arguments(
+        parser.add_argument_group("osworld (rz eval osworld ...; the same options as rz osworld eval)")
+    )
+
+    if "--json" not in parser._option_string_actions:
+        parser.add_argument(
+            "--json", action="store_true", help="print the results as JSON instead of the table"
+        )
     parser.add_argument("--out", help="also write the results JSON to this file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -140,20 +141,22 @@ def run(args: argparse.Namespace) -> int:
 def _run_osworld(args: argparse.Namespace) -> int:
     from rz_agents.cli.osworld import run_eval
 
-    if not args.tasks:
-        print("error: rz eval osworld needs --tasks DIR|FILE", file=sys.stderr)
-        return 2
     return run_eval(args)
 
 
 def _run_math(args: argparse.Namespace) -> int:
-    from rz_agents.config_io import ConfigError
+    from rz_agents.cli.configs import resolve_config
+    from rz_agents.config_io import ConfigError, read_yaml_mapping
     from rz_agents.data import DatasetError
     from rz_agents.eval.math_config import load_eval_config
 
     overrides = {name: getattr(args, name) for name in _CONFIG_FLAGS}
+    tokenizer = None  # a training config's tokenizer: the one its checkpoints were trained with
     try:
-        config = load_eval_config(args.config, overrides)
+        path = resolve_config(args.config) if args.config else None
+        config = load_eval_config(path, overrides)
+        if path is not None:
+            tokenizer = read_yaml_mapping(path).get("tokenizer")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -171,7 +174,9 @@ def _run_math(args: argparse.Namespace) -> int:
     from rz_agents.model.checkpoint import CheckpointError
 
     try:
-        policy = load_checkpoint_policy(config.checkpoint, kernels=config.kernels, dtype=config.dtype)
+        policy = load_checkpoint_policy(
+            config.checkpoint, kernels=config.kernels, dtype=config.dtype, tokenizer=tokenizer
+        )
     except (FileNotFoundError, CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -16,8 +16,10 @@ import torch
 import yaml
 
 from rz_agents.cli import resume
+from rz_agents.cli.configs import describe_packaged_configs, resolve_config
+from rz_agents.cli.failure import attach_run_log
 from rz_agents.config_io import ConfigError, load_config, to_dict
-from rz_agents.runtime import TrainConfig, build_run
+from rz_agents.runtime import TrainConfig, build_run, resolve
 from rz_agents.runtime.loop import TrainLoop
 from rz_agents.warmstart import DEMO_TASKS, WarmStartConfig, supervised_warm_start
 
@@ -53,13 +55,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "train",
         help="train a policy (warm start + async REINFORCE Zero) from a YAML config",
         description=(
-            "Train a policy from a YAML config (see configs/). Any field can be overridden on the command "
-            "line as key.path=value, e.g. `rz train configs/demo.yaml steps=20 rollout.max_lag=8`. The run "
-            "directory receives config.yaml, metrics.jsonl, TensorBoard events (tb/), checkpoint.pt, "
-            "summary.json and report.html."
+            "Train a policy from a YAML config: a file, or the name of a packaged config (rz train "
+            "--list-configs). Any field can be overridden on the command line as key.path=value, e.g. "
+            "`rz train demo steps=20 rollout.max_lag=8`. The run directory receives config.yaml, "
+            "metrics.jsonl, TensorBoard events (tb/), checkpoint.pt, summary.json, report.html and rz.log."
         ),
     )
-    p.add_argument("config", nargs="?", help="YAML config file (none with --resume)")
+    p.add_argument(
+        "config",
+        nargs="?",
+        help="YAML config file, or a packaged config's name (e.g. demo); none with --resume",
+    )
     p.add_argument("overrides", nargs="*", help="key.path=value overrides")
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/<config name>-<time>)")
     p.add_argument(
@@ -70,6 +76,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "change only steps, checkpoint_every, reporting and placement)",
     )
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    p.add_argument("--list-configs", action="store_true", help="list the packaged configs and exit")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the config and print a per-GPU memory estimate (weights, optimizer, activations, KV cache); "
+        "trains nothing",
+    )
     p.set_defaults(func=run)
 
 
@@ -111,7 +124,7 @@ def build_summary(
         "rl_wall_s": run_summary.get("wall_s"),
         "warm_start": warm,
         "max_lag_seen": run_summary.get("max_lag_seen"),
-        "max_lag_allowed": 0 if cfg.mode == "sync" else cfg.rollout.max_lag,
+        "max_lag_allowed": cfg.rollout.max_lag,
         "lag0_max_abs_dlogp": max(dlogp) if dlogp else None,
         "lag0_tokens_checked": int(sum(m.get("lag0_token_count", 0) for m in history)),
         "kernels": cfg.model.kernels,
@@ -179,6 +192,16 @@ def _warm_start(run: TrainLoop, cfg: RunConfig, log) -> dict | None:
     return result
 
 
+def load_run_config(config: str, overrides: list[str] | None = None) -> RunConfig:
+    """The run ``config`` names (a YAML path or a packaged config) with ``overrides`` applied, validated,
+    derived fields filled in (``runtime.resolve``). Raises ConfigError with one line naming the field."""
+    cfg = load_config(RunConfig, resolve_config(config), overrides)
+    try:
+        return resolve(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _configs(args: argparse.Namespace) -> tuple[RunConfig, RunConfig, Path, bool]:
     """(config to record in config.yaml, config to run, run directory, whether this resumes that run)."""
     if args.resume:
@@ -192,8 +215,10 @@ def _configs(args: argparse.Namespace) -> tuple[RunConfig, RunConfig, Path, bool
         recorded, cfg = resume.config_for_resume(RunConfig, args.resume, overrides)
         return recorded, cfg, Path(args.resume), resume.resumes_run_dir(cfg, Path(args.resume))
     if not args.config:
-        raise ConfigError("give a config file (or --resume RUN_DIR)")
-    cfg = load_config(RunConfig, args.config, args.overrides)
+        raise ConfigError(
+            "name a config file or a packaged config (rz train --list-configs), or --resume RUN_DIR"
+        )
+    cfg = load_run_config(args.config, args.overrides)
     run_dir = Path(
         args.run_dir or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
@@ -207,12 +232,21 @@ def _configs(args: argparse.Namespace) -> tuple[RunConfig, RunConfig, Path, bool
 
 
 def run(args: argparse.Namespace) -> int:
+    """``rz train``: exit 2 for a config that cannot run, 1 when the run stops on an error, 0 when done."""
+    if args.list_configs:
+        print(describe_packaged_configs())
+        return 0
     try:
+        if args.dry_run:  # nothing is written: no run directory
+            if args.resume:
+                return _dry_run(resume.config_for_resume(RunConfig, args.resume, list(args.overrides))[1])
+            return _dry_run(load_config(RunConfig, args.config, args.overrides))
         recorded, cfg, run_dir, resuming = _configs(args)
     except ConfigError as exc:
         print(f"rz train: config error: {exc}", file=sys.stderr)
         return 2
     run_dir.mkdir(parents=True, exist_ok=True)
+    attach_run_log(args, run_dir)  # rz.log: the run's log messages, and the traceback if it stops on an error
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(recorded), sort_keys=False))
 
     from rich.console import Console
@@ -244,6 +278,19 @@ def run(args: argparse.Namespace) -> int:
 
         report = write_report(run_dir, result)
     _print_summary(result, run_dir, report)
+    return 0
+
+
+def _dry_run(cfg: RunConfig) -> int:
+    from rz_agents.runtime.memory_estimate import estimate_memory, model_config_of
+
+    try:
+        model_cfg, source = model_config_of(cfg.model)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"rz train: cannot size the model: {exc}", file=sys.stderr)
+        return 2
+    print(f"config ok: {cfg.description or 'run'}; model {source} on {cfg.model.device}")
+    print(estimate_memory(cfg, model_cfg, source).format())
     return 0
 
 

@@ -49,6 +49,7 @@ class RZEngine:
         version: int = 0,
     ) -> None:
         from rz_agents.model import KVCache
+        from rz_agents.model.kv_cache import bytes_per_slot
 
         self.config = config or EngineConfig()
         self.decode = decode
@@ -57,14 +58,15 @@ class RZEngine:
         cfg = model.config
         num_slots = self.config.num_slots
         if self.config.kv_cache_bytes is not None:
-            per_slot = KVCache(cfg, num_slots=1, max_len=self.config.max_len).bytes_per_slot
+            per_slot = bytes_per_slot(cfg, self.config.max_len)
             num_slots = self.config.kv_cache_bytes // per_slot
             if num_slots < 1:
                 raise ValueError(
                     f"kv_cache_bytes={self.config.kv_cache_bytes} holds no slot of max_len "
                     f"{self.config.max_len} ({per_slot} bytes each)"
                 )
-        self.kv_cache = KVCache(cfg, num_slots=num_slots, max_len=self.config.max_len)
+        device = next(model.parameters()).device
+        self.kv_cache = KVCache(cfg, num_slots=num_slots, max_len=self.config.max_len, device=device)
         self.runner = ModelRunner(model, self.kv_cache)
         slots = SlotPool(
             num_slots,

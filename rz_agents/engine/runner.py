@@ -36,15 +36,16 @@ class ModelRunner:
             slot_ids.extend([seq.slot] * chunk.length)
             if chunk.samples:
                 sample_rows.append(len(tokens) - 1)
+        device = self.kv_cache.device
         hidden = self.model(
-            torch.tensor(tokens, dtype=torch.long),
-            torch.tensor(positions, dtype=torch.long),
-            seq_ids=torch.tensor(slot_ids, dtype=torch.long),
+            torch.tensor(tokens, dtype=torch.long, device=device),
+            torch.tensor(positions, dtype=torch.long, device=device),
+            seq_ids=torch.tensor(slot_ids, dtype=torch.long, device=device),
             kv_cache=self.kv_cache,
         )
         if not sample_rows:
             return hidden.new_empty((0, 0), dtype=torch.float32)
-        return self.model.logits(hidden[torch.tensor(sample_rows)])
+        return self.model.logits(hidden[torch.tensor(sample_rows, device=device)])
 
     @torch.no_grad()
     def copy_prefix(self, src_slot: int, dst_slot: int, num_positions: int) -> None:

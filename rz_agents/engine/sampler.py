@@ -51,14 +51,15 @@ def sample(
     for (temperature, top_k, top_p), rows in groups.items():
         whole = len(rows) == n  # the common case: one group, no row gather (a 150k-wide copy per row)
         idx = None if whole else torch.tensor(rows)
-        group_logits = logits if whole else logits[idx]
+        group_logits = logits if whole else logits[idx.to(logits.device)]
         logp = logprob_fn(group_logits, temperature=temperature, top_k=top_k, top_p=top_p)
         greedy = [params[i].greedy for i in rows]
-        chosen = _draw(logp, group_logits, uniforms if whole else uniforms[idx], greedy)
+        group_uniforms = (uniforms if whole else uniforms[idx]).to(logits.device)
+        chosen = _draw(logp, group_logits, group_uniforms, greedy)
         picked = logp.gather(1, chosen[:, None])[:, 0]
-        for j, i in enumerate(rows):
-            tokens[i] = int(chosen[j])
-            values[i] = float(picked[j])
+        for i, token, value in zip(rows, chosen.tolist(), picked.tolist(), strict=True):
+            tokens[i] = int(token)
+            values[i] = float(value)
     return tokens, values
 
 
@@ -69,7 +70,8 @@ CDF_BLOCK = 1024
 
 def _draw(logp: torch.Tensor, logits: torch.Tensor, u: torch.Tensor, greedy: list[bool]) -> torch.Tensor:
     """Inverse-CDF draw from exp(logp) per row; argmax of the raw logits for greedy rows."""
-    out = torch.empty(logp.shape[0], dtype=torch.long)
+    device = logp.device
+    out = torch.empty(logp.shape[0], dtype=torch.long, device=device)
     sampled = [j for j, g in enumerate(greedy) if not g]
     greedy_rows = [j for j, g in enumerate(greedy) if g]
     if greedy_rows:
@@ -89,13 +91,9 @@ def _draw(logp: torch.Tensor, logits: torch.Tensor, u: torch.Tensor, greedy: lis
     # right=True: the first block whose cumulative mass exceeds the threshold has mass > 0.
     b = torch.searchsorted(block_cdf, threshold[:, None], right=True)[:, 0]
     b = torch.minimum(b, _last_positive(block_mass))
-    rows = torch.arange(n)
+    rows = torch.arange(n, device=device)
     rest = threshold - (block_cdf[rows, b] - block_mass[rows, b])
-    inner = torch.zeros(n, CDF_BLOCK, dtype=torch.float64)
-    for r in range(n):  # one 1024-wide slice per row: cheaper than gathering from a padded copy
-        start = int(b[r]) * CDF_BLOCK
-        chunk = probs[r, start : start + CDF_BLOCK]
-        inner[r, : chunk.numel()] = chunk
+    inner = _block_probs(probs, b, gather=device.type != "cpu")
     i = torch.searchsorted(inner.cumsum(-1), rest[:, None], right=True)[:, 0]
     # Rounding can leave the remainder at (or past) the block total: take its last token with mass.
     i = torch.minimum(i, _last_positive(inner))
@@ -103,7 +101,25 @@ def _draw(logp: torch.Tensor, logits: torch.Tensor, u: torch.Tensor, greedy: lis
     return out
 
 
+def _block_probs(probs: torch.Tensor, block: torch.Tensor, gather: bool) -> torch.Tensor:
+    """float64 [n, CDF_BLOCK]: row r's probabilities in vocabulary block block[r] (zero past the end).
+
+    On CPU one slice copy per row is cheapest; on a GPU one gather (a per-row loop would synchronise
+    once per row). Both give the same values.
+    """
+    n, vocab = probs.shape
+    if gather:
+        cols = block[:, None] * CDF_BLOCK + torch.arange(CDF_BLOCK, device=probs.device)
+        return torch.where(cols < vocab, probs.gather(1, cols.clamp(max=vocab - 1)), 0.0).double()
+    inner = torch.zeros(n, CDF_BLOCK, dtype=torch.float64)
+    for r in range(n):
+        start = int(block[r]) * CDF_BLOCK
+        chunk = probs[r, start : start + CDF_BLOCK]
+        inner[r, : chunk.numel()] = chunk
+    return inner
+
+
 def _last_positive(x: torch.Tensor) -> torch.Tensor:
     """Index of the last entry > 0 in each row (rows always have one: a distribution's support)."""
-    idx = torch.arange(x.shape[-1]).expand_as(x)
+    idx = torch.arange(x.shape[-1], device=x.device).expand_as(x)
     return torch.where(x > 0, idx, -1).amax(-1)

@@ -65,10 +65,6 @@ class Sequence:
         """Tokens still to feed through the model before the next token can be sampled."""
         return self.num_tokens - self.num_cached
 
-    @property
-    def is_prefill(self) -> bool:
-        return self.num_pending > 1
-
     def append(self, token: int, logprob: float, version: int) -> None:
         self.output.append(int(token))
         self.logprobs.append(float(logprob))

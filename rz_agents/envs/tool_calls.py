@@ -51,6 +51,8 @@ class ParsedTurn:
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[ToolCallError] = field(default_factory=list)
     items: list[ToolCall | ToolCallError] = field(default_factory=list)  # both, in text order
+    # visible text after the last closed </tool_call> (stray closing tags, commentary), stripped
+    trailing_text: str = ""
 
     @property
     def has_calls(self) -> bool:
@@ -96,6 +98,9 @@ def _parse_call(body: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | Too
         obj = json.loads(body)
     except json.JSONDecodeError as exc:
         return ToolCallError(f"invalid JSON in <tool_call>: {exc.msg} at position {exc.pos}", body)
+    except RecursionError:
+        # json's decoder recurses once per nesting level: a few thousand levels exhaust the stack
+        return ToolCallError("invalid JSON in <tool_call>: nested too deeply", body[:200])
     if not isinstance(obj, dict):
         return ToolCallError('a <tool_call> must hold a JSON object {"name": ..., "arguments": {...}}', body)
     arguments = obj.get("arguments", obj.get("parameters", {}))
@@ -103,7 +108,7 @@ def _parse_call(body: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | Too
         # some models emit arguments as a JSON-encoded string
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return ToolCallError('"arguments" must be a JSON object, got a string that is not JSON', body)
     problem = _validate(obj.get("name"), arguments, schemas)
     if problem:
@@ -123,6 +128,7 @@ def parse_tool_calls(
     visible = _THINK.sub("", text)
     found: list[tuple[int, ToolCall | ToolCallError]] = []
     pos = 0
+    last_close = -1
     while True:
         start = visible.find(OPEN, pos)
         if start == -1:
@@ -136,7 +142,7 @@ def parse_tool_calls(
             pos = stop
             continue
         found.append((start, _parse_call(visible[start + len(OPEN) : end].strip(), schemas)))
-        pos = end + len(CLOSE)
+        pos = last_close = end + len(CLOSE)
     if code_blocks:
         for m in _FENCE.finditer(visible):
             if any(s <= m.start() < s + len(getattr(i, "raw", "")) for s, i in found):
@@ -149,6 +155,8 @@ def parse_tool_calls(
                 found.append((m.start(), ToolCall(code_tool, {"code": m.group(1)})))
     found.sort(key=lambda item: item[0])
     turn = ParsedTurn(items=[item for _, item in found])
+    if last_close != -1:
+        turn.trailing_text = visible[last_close:].strip()
     turn.calls = [i for i in turn.items if isinstance(i, ToolCall)]
     turn.errors = [i for i in turn.items if isinstance(i, ToolCallError)]
     return turn

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rz_agents.model.chat_template import ChatTemplate, template_for
 from rz_agents.model.tokenizer import Tokenizer, qwen3_tokenizer
@@ -21,12 +22,14 @@ class CheckpointPolicy:
 
 
 def load_checkpoint_policy(
-    checkpoint: str | Path, kernels: str = "aligned", dtype: str | None = None
+    checkpoint: str | Path, kernels: str = "aligned", dtype: str | None = None, tokenizer: str | None = None
 ) -> CheckpointPolicy:
-    """Model from ``checkpoint`` (HF layout, or a packaged model's name); tokenizer from its tokenizer.json, else the Qwen3 tokenizer.
+    """Model from ``checkpoint`` (HF layout, or a packaged model's name) and the tokenizer its prompts use.
 
-    Raises FileNotFoundError for a missing directory and ValueError when the tokenizer's ids do not
-    fit the model's vocabulary.
+    ``tokenizer`` is a training config's ``tokenizer:`` ("byte", "qwen3", "checkpoint"); None takes the
+    directory's tokenizer.json, else Qwen3's. Raises FileNotFoundError for a missing directory and
+    ValueError when the tokenizer's ids do not fit the model's vocabulary (the message says how to pass
+    the tokenizer the model was trained with).
     """
     from rz_agents.model.checkpoint import load_hf_checkpoint
     from rz_agents.model.packaged import PACKAGED_MODELS, resolve_checkpoint
@@ -37,10 +40,32 @@ def load_checkpoint_policy(
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint}: no config.json (not an HF checkpoint directory)")
     model = load_hf_checkpoint(path, kernels=kernels, dtype=dtype).eval()
-    tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else qwen3_tokenizer()
-    if tokenizer.vocab_size > model.config.vocab_size:
+    tok, template, described = _tokenizer(path, tokenizer)
+    if tok.vocab_size > model.config.vocab_size:
+        config = path.parent / "config.yaml"  # a run directory's copy of its training config
+        config_arg = str(config) if config.is_file() else "TRAINING_CONFIG.yaml"
         raise ValueError(
-            f"checkpoint {checkpoint}: tokenizer has {tokenizer.vocab_size} tokens but the model's "
-            f"vocabulary is {model.config.vocab_size}; put the matching tokenizer.json in the directory"
+            f"checkpoint {checkpoint}: {described} has {tok.vocab_size} tokens but the model's vocabulary "
+            f"is {model.config.vocab_size}, so the model was trained with another tokenizer. Pass the "
+            f"config it was trained with (rz eval uses its tokenizer: field): rz eval {config_arg} "
+            f"--checkpoint {checkpoint} ..."
         )
-    return CheckpointPolicy(model, tokenizer, template_for(tokenizer), path.name)
+    return CheckpointPolicy(model, tok, template, path.name)
+
+
+def _tokenizer(path: Path, kind: str | None) -> tuple[Any, Any, str]:
+    """(tokenizer, chat template, a description for messages) of a checkpoint directory."""
+    if kind == "byte":
+        from rz_agents.rollout.byte_chat import ByteChatTemplate, ByteTokenizer
+
+        return ByteTokenizer(), ByteChatTemplate(), "the byte tokenizer"
+    has_json = (path / "tokenizer.json").is_file()
+    if kind == "checkpoint" and not has_json:
+        raise FileNotFoundError(f"tokenizer: checkpoint, but {path} has no tokenizer.json")
+    if kind in (None, "checkpoint") and has_json:
+        tok = Tokenizer.from_dir(path)
+        return tok, template_for(tok), "its tokenizer.json"
+    if kind not in (None, "qwen3"):
+        raise ValueError(f"tokenizer must be byte, qwen3 or checkpoint, got {kind!r}")
+    tok = qwen3_tokenizer()
+    return tok, template_for(tok), "the Qwen3 tokenizer" + ("" if kind else " (no tokenizer.json there)")

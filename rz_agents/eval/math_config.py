@@ -92,14 +92,15 @@ def load_eval_config(path: str | Path | None, overrides: dict[str, Any] | None =
     """The ``eval:`` section of the YAML file at ``path`` (defaults when None), then ``overrides``.
 
     Other top-level sections (a training config's ``model:``, ``engine:``...) are ignored, so one
-    file can drive both training and evaluation. Raises ConfigError naming a bad field or type.
+    file can drive both training and evaluation; a training config without ``eval:`` gives the
+    defaults. Raises ConfigError naming a bad field or type.
     """
     data: dict[str, Any] = {}
     if path is not None:
         doc = read_yaml_mapping(path)
-        if "eval" not in doc:
+        if "eval" not in doc and not {"model", "tokenizer"} & set(doc):
             raise ConfigError(f"{path}: no 'eval:' section (top-level keys: {', '.join(map(str, doc))})")
-        data = doc["eval"] or {}
+        data = doc.get("eval") or {}
         if not isinstance(data, dict):
             raise ConfigError(f"eval: expected a mapping, got {data!r}")
     data = {**data, **{k: v for k, v in (overrides or {}).items() if v is not None}}

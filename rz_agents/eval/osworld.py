@@ -2,7 +2,9 @@
 
 Each task runs in a fresh desktop (the env's reset); a task that fails to set up or crashes is
 recorded with its error and scores 0 without stopping the run. Tasks that cannot run here
-(``runnability.check_task``) are reported as skipped with their reasons.
+(``runnability.check_task``) are reported as skipped with their reasons. A policy may return plain
+text or a ``Reply`` with token counts (model policies do): each row then reports the prompt and
+completion tokens of its episode.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rz_agents.envs.osworld.context import default_download_cache
+from rz_agents.envs.osworld.cache import default_cache_dir
 from rz_agents.envs.osworld.policies import Policy, load_policy
 from rz_agents.envs.osworld.runnability import check_task
 from rz_agents.envs.osworld.task import Task, TaskFormatError, load_tasks
+from rz_agents.eval.osworld_policies import Reply
 
 
 def run_osworld_eval(
@@ -28,17 +31,19 @@ def run_osworld_eval(
     download_cache: str | None = None,
     include_unrunnable: bool = False,
     pause: float = 0.5,
+    max_tree_tokens: int = 10000,
     on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on the tasks at ``tasks_path`` (a file or folder).
 
     Returns ``{"tasks": [per-task dicts], "success_rate", "evaluated", "skipped", "by_domain"}``;
     each task dict has ``id``, ``domain``, ``status`` (``ok``/``error``/``skipped``), ``score``,
-    ``turns``, ``seconds`` and ``error``/``reasons`` when relevant.
+    ``turns``, ``seconds``, ``prompt_tokens``/``completion_tokens`` (summed over the episode's
+    turns, 0 for text-only policies) and ``error``/``reasons`` when relevant.
     """
     from rz_agents.envs.osworld.gym_env import OSWorldEnv
 
-    cache = download_cache or default_download_cache()
+    cache = download_cache or default_cache_dir()
     fn = load_policy(policy, tasks_path)
     results: list[dict[str, Any]] = []
     env: OSWorldEnv | None = None
@@ -71,6 +76,7 @@ def run_osworld_eval(
                             provider_options=provider_options,
                             download_cache=cache,
                             pause=pause,
+                            max_tree_tokens=max_tree_tokens,
                         )
                     row = _run_one(env, task, fn)
             results.append(row)
@@ -84,12 +90,17 @@ def run_osworld_eval(
 
 def _run_one(env: Any, task: Task, policy: Policy) -> dict[str, Any]:
     t0 = time.perf_counter()
-    row: dict[str, Any] = {"id": task.id, "domain": task.domain, "status": "ok", "score": 0.0, "turns": 0}
+    row: dict[str, Any] = {"id": task.id, "domain": task.domain, "status": "ok", "score": 0.0, "turns": 0,
+                           "prompt_tokens": 0, "completion_tokens": 0}  # fmt: skip
     try:
         messages, _info = env.reset(options={"task": task.raw})
         history = list(messages)
         while True:
             reply = policy(history, task.raw)
+            if isinstance(reply, Reply):
+                row["prompt_tokens"] += reply.prompt_tokens
+                row["completion_tokens"] += reply.completion_tokens
+                reply = reply.text
             history.append({"role": "assistant", "content": reply})
             obs, reward, terminated, truncated, info = env.step(reply)
             history.extend(obs)
@@ -127,12 +138,15 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def format_table(summary: dict[str, Any]) -> str:
     """The success table as plain text: one row per task, then per-domain and overall rates."""
-    lines = [f"{'task':<44} {'domain':<10} {'status':<8} {'score':>5} {'turns':>5} {'secs':>6}"]
+    lines = [
+        f"{'task':<44} {'domain':<10} {'status':<8} {'score':>5} {'turns':>5} {'secs':>6} {'prompt_tok':>10} {'reply_tok':>9}"
+    ]
     for r in summary["tasks"]:
         score = "-" if r["score"] is None else f"{r['score']:.2f}"
         lines.append(
             f"{r['id'][:44]:<44} {r['domain'][:10]:<10} {r['status']:<8} {score:>5} "
-            f"{r.get('turns', '-')!s:>5} {r.get('seconds', '-')!s:>6}"
+            f"{r.get('turns', '-')!s:>5} {r.get('seconds', '-')!s:>6} "
+            f"{r.get('prompt_tokens', '-')!s:>10} {r.get('completion_tokens', '-')!s:>9}"
         )
         note = r.get("error") or ("; ".join(r["reasons"][:2]) if r.get("reasons") else "")
         if note and r["status"] != "ok" or (r.get("error") and r["status"] == "ok"):

@@ -31,6 +31,7 @@ class AlignmentReport:
     dtype: str
     kernels: str
     threads: int
+    device: str = "cpu"
     cases: int = 0
     tokens_checked: int = 0
     mismatched_tokens: int = 0
@@ -92,6 +93,7 @@ def run_cached(
     and a decoded tail (one token per forward). All active sequences share every forward call.
     """
     n = len(seqs)
+    device = cache.device
     slots = rng.sample(range(cache.num_slots), n)
     decode_from = [max(1, len(s) - rng.randint(1, max(1, len(s) // 2))) for s in seqs]
     cursor = [0] * n
@@ -115,7 +117,12 @@ def run_cached(
                 cursor[i] = c + step
             if not tok:
                 break
-            hidden = model(torch.cat(tok), torch.cat(pos), torch.cat(sid), kv_cache=cache)
+            hidden = model(
+                torch.cat(tok).to(device),
+                torch.cat(pos).to(device),
+                torch.cat(sid).to(device),
+                kv_cache=cache,
+            )
             rows, targets, spans = [], [], []
             offset = 0
             for i, c, step in owner:
@@ -124,7 +131,7 @@ def run_cached(
                 targets.append(seqs[i][c + 1 : c + 1 + k])
                 spans.append((i, k))
                 offset += step
-            logp = token_logprobs(model, torch.cat(rows), torch.cat(targets))
+            logp = token_logprobs(model, torch.cat(rows), torch.cat(targets).to(device)).cpu()
             for (i, _k), part in zip(spans, torch.split(logp, [k for _, k in spans]), strict=True):
                 out[i].append(part)
     return [torch.cat(parts) if parts else torch.zeros(0) for parts in out]
@@ -139,11 +146,12 @@ def run_padded(
     for i, s in enumerate(seqs):
         tokens[i, : len(s)] = s
     positions = torch.arange(width).expand(len(seqs), width)
+    device = model.device
     with torch.no_grad():
-        hidden = model(tokens, positions)
+        hidden = model(tokens.to(device), positions.to(device))
     out = []
     for i, s in enumerate(seqs):
-        out.append(token_logprobs(model, hidden[i, : len(s) - 1], s[1:]))
+        out.append(token_logprobs(model, hidden[i, : len(s) - 1], s[1:].to(device)).cpu())
     return out
 
 
@@ -161,7 +169,9 @@ def check_model(
     cfg = model.config
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    report = AlignmentReport(cfg.model_type, cfg.dtype, model.kernels, torch.get_num_threads())
+    report = AlignmentReport(
+        cfg.model_type, cfg.dtype, model.kernels, torch.get_num_threads(), device=str(model.device)
+    )
     vocab = cfg.vocab_size
 
     def rand_seq(lo: int = 2) -> torch.Tensor:
@@ -169,8 +179,8 @@ def check_model(
 
     needle = torch.randint(0, vocab, (max_len,), generator=gen)
     with torch.no_grad():
-        needle_ref = packed_token_logprobs(model, [needle])[0]
-    cache = KVCache(cfg, num_slots=max(batch_sizes) + 1, max_len=max_len)
+        needle_ref = packed_token_logprobs(model, [needle])[0].cpu()
+    cache = KVCache(cfg, num_slots=max(batch_sizes) + 1, max_len=max_len, device=model.device)
     # Stale, finite garbage in every slot: a cache is never clean in a running engine.
     for t in cache.k + cache.v:
         t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
@@ -181,7 +191,7 @@ def check_model(
             at = rng.randint(0, b - 1)
             seqs.insert(at, needle)
             with torch.no_grad():
-                refs = packed_token_logprobs(model, seqs)  # one packed training forward
+                refs = [r.cpu() for r in packed_token_logprobs(model, seqs)]  # one packed training forward
             got = run_cached(model, seqs, cache, rng, chunked)
             report.cases += 1
             mode = "chunked" if chunked else "full"
@@ -197,7 +207,7 @@ def check_model(
         order = list(range(b))
         rng.shuffle(order)
         with torch.no_grad():
-            packed = packed_token_logprobs(model, [seqs[i] for i in order])
+            packed = [r.cpu() for r in packed_token_logprobs(model, [seqs[i] for i in order])]
         report.compare(f"packed-shuffled b={b} needle", packed[order.index(at)], needle_ref)
         padded = run_padded(model, seqs, vocab, gen)
         report.compare(f"padded b={b} needle", padded[at], needle_ref)
@@ -213,8 +223,9 @@ def check_random_models(
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
     max_len: int = 160,
     threads: int | None = None,
+    device: torch.device | str = "cpu",
 ) -> list[AlignmentReport]:
-    """check_model over random tiny models for every (arch, dtype, kernels)."""
+    """check_model over random tiny models for every (arch, dtype, kernels), on `device`."""
     reports = []
     for arch in archs:
         for dtype in dtypes:
@@ -222,6 +233,7 @@ def check_random_models(
             cfg = random_config(arch, dtype, rng)
             model = Transformer(cfg)
             model.reset_parameters(std=0.1, seed=rng.randrange(2**31))
+            model.to(device)
             for k in kernels:
                 model.set_kernels(k)
                 reports.append(

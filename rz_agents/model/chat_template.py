@@ -6,7 +6,7 @@ user turn of ``<tool_response>`` blocks, ``<think>`` blocks, and the generation 
 think block when thinking is disabled).
 
 One deliberate difference makes rendering append-only, which RL rollouts need (tokens are never
-re-tokenized; DESIGN.md): an assistant turn renders the same wherever it sits in the conversation.
+re-tokenized): an assistant turn renders the same wherever it sits in the conversation.
 
 - The official template drops the thinking of assistant turns before the last user query and
   re-parses ``<think>`` out of `content`; here `content` is rendered verbatim (it is what the model
@@ -18,6 +18,20 @@ re-tokenized; DESIGN.md): an assistant turn renders the same wherever it sits in
 Hence ``render(messages + [assistant, *obs])`` extends ``render(messages)`` by exactly the assistant's
 text, ``<|im_end|>``, and the continuation that `ChatTemplate.encode_continuation` returns.
 
+Three thinking styles cover the Qwen3 releases (``ChatTemplate.thinking``):
+
+- ``"switch"``: the hybrid Qwen3 models (``enable_thinking``, as above);
+- ``"never"``: Qwen3-*-Instruct-2507, which do not think: the generation prompt is the bare assistant
+  header whatever ``enable_thinking`` says, and an assistant turn is its content (``reasoning_content`` is
+  not rendered, as in the official template);
+- ``"always"``: Qwen3-*-Thinking-2507, whose generation prompt always opens ``<think>\n``: the model writes
+  its reasoning, ``</think>`` and its answer after it, so an assistant turn renders as ``<think>\n`` + what
+  it wrote (or ``<think>\n{reasoning}\n</think>\n\n{content}`` from ``reasoning_content``). The
+  official template renders the same for the turns of the current query and drops the thinking of
+  earlier queries; here history stays as written (append-only), as for the hybrid models.
+
+`template_for` picks the style from a checkpoint's own jinja ``chat_template``.
+
 The same template works for SmolLM2-Instruct (ChatML markers; it has no tool/think tokens, so those
 tags are tokenized as plain text). `CHAT_TEMPLATE_JINJA` is a jinja rendering of these same rules,
 written to tokenizer_config.json so other tools (transformers, vLLM) render identically.
@@ -26,6 +40,7 @@ written to tokenizer_config.json so other tools (transformers, vLLM) render iden
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -47,6 +62,8 @@ TOOLS_FOOTER = (
 )
 
 SMOLLM2_DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+THINKING_STYLES = ("switch", "never", "always")
+OPEN_THINK = "<think>\n"
 
 Message = Mapping[str, Any]
 
@@ -116,9 +133,16 @@ class ChatTemplate:
     Args:
         default_system_prompt: system prompt used when the conversation does not start with a system
             message (None for Qwen3; SmolLM2-Instruct's own template uses `SMOLLM2_DEFAULT_SYSTEM_PROMPT`).
+        thinking: "switch" (hybrid Qwen3: `enable_thinking`), "never" (Qwen3-Instruct-2507) or "always"
+            (Qwen3-Thinking-2507); see the module docstring.
     """
 
     default_system_prompt: str | None = None
+    thinking: str = "switch"
+
+    def __post_init__(self) -> None:
+        if self.thinking not in THINKING_STYLES:
+            raise ValueError(f"thinking must be one of {THINKING_STYLES}, got {self.thinking!r}")
 
     # ---- text ---------------------------------------------------------------------------------
 
@@ -145,8 +169,12 @@ class ChatTemplate:
         return "".join(parts)
 
     def generation_prompt(self, enable_thinking: bool = True) -> str:
-        """The text that opens the assistant's turn (with an empty think block when thinking is off)."""
-        return f"{IM_START}assistant\n" + ("" if enable_thinking else EMPTY_THINK)
+        """The text that opens the assistant's turn: with an empty think block when a hybrid model's thinking
+        is off, with an open ``<think>`` for a thinking-only model."""
+        if self.thinking == "always":
+            return f"{IM_START}assistant\n{OPEN_THINK}"
+        off = self.thinking == "switch" and not enable_thinking
+        return f"{IM_START}assistant\n" + (EMPTY_THINK if off else "")
 
     def render_continuation(self, new_messages: Sequence[Message], enable_thinking: bool = True) -> str:
         """Text that follows an assistant turn's closing ``<|im_end|>``: the new turns + generation prompt.
@@ -198,8 +226,12 @@ class ChatTemplate:
 
     def _render_assistant(self, message: Message, index: int, content: str, enable_thinking: bool) -> str:
         reasoning = message.get("reasoning_content")
-        if isinstance(reasoning, str):
-            body = "<think>\n" + reasoning.strip("\n") + "\n</think>\n\n" + content.lstrip("\n")
+        if self.thinking == "never":
+            body = content  # the model does not think; the official template ignores reasoning_content
+        elif isinstance(reasoning, str):
+            body = OPEN_THINK + reasoning.strip("\n") + "\n</think>\n\n" + content.lstrip("\n")
+        elif self.thinking == "always":
+            body = OPEN_THINK + content  # what the model wrote after the generation prompt's <think>
         elif not enable_thinking:
             body = EMPTY_THINK + content
         else:
@@ -266,7 +298,9 @@ class ChatTemplate:
             default = (
                 "{%- set system_text = " + json.dumps(self.default_system_prompt, ensure_ascii=False) + " %}"
             )
-        return _JINJA.replace("@DEFAULT_SYSTEM@", default)
+        # the thinking style as a jinja variable: "switch" follows enable_thinking
+        style = "{%- set style = " + json.dumps(self.thinking) + " %}\n"
+        return style + _JINJA.replace("@DEFAULT_SYSTEM@", default)
 
 
 def _required_id(tokenizer: TextEncoder, token: str) -> int:
@@ -300,9 +334,13 @@ _JINJA = (
     "        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}\n"
     "    {%- elif message.role == 'assistant' %}\n"
     "        {{- '<|im_start|>assistant\\n' }}\n"
-    "        {%- if message.reasoning_content is string %}\n"
+    "        {%- if style == 'never' %}\n"
+    "            {{- content }}\n"
+    "        {%- elif message.reasoning_content is string %}\n"
     "            {{- '<think>\\n' + message.reasoning_content.strip('\\n') + '\\n</think>\\n\\n'"
     " + content.lstrip('\\n') }}\n"
+    "        {%- elif style == 'always' %}\n"
+    "            {{- '<think>\\n' + content }}\n"
     "        {%- elif not thinking %}\n"
     "            {{- '<think>\\n\\n</think>\\n\\n' + content }}\n"
     "        {%- else %}\n"
@@ -327,16 +365,45 @@ _JINJA = (
     "{%- endfor %}\n"
     "{%- if add_generation_prompt %}\n"
     "    {{- '<|im_start|>assistant\\n' }}\n"
-    "    {%- if not thinking %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}\n"
+    "    {%- if style == 'always' %}{{- '<think>\\n' }}\n"
+    "    {%- elif style == 'switch' and not thinking %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}\n"
     "{%- endif %}\n"
 )
 
 QWEN3_CHAT_TEMPLATE = ChatTemplate()
+QWEN3_INSTRUCT_2507_CHAT_TEMPLATE = ChatTemplate(thinking="never")
+QWEN3_THINKING_2507_CHAT_TEMPLATE = ChatTemplate(thinking="always")
 SMOLLM2_CHAT_TEMPLATE = ChatTemplate(default_system_prompt=SMOLLM2_DEFAULT_SYSTEM_PROMPT)
 CHAT_TEMPLATE_JINJA = QWEN3_CHAT_TEMPLATE.to_jinja()
 
 
+def thinking_style(jinja: str) -> str:
+    """The thinking style of a checkpoint's jinja chat template (see `ChatTemplate.thinking`).
+
+    A template with an ``enable_thinking`` switch is hybrid; one whose generation prompt opens a think
+    block unconditionally is thinking-only (Qwen3-Thinking-2507); one without think blocks at all is
+    non-thinking (Qwen3-Instruct-2507). Anything else is taken as hybrid.
+    """
+    ours = re.search(r'set style = "(\w+)"', jinja)  # written by ChatTemplate.to_jinja
+    if ours and ours.group(1) in THINKING_STYLES:
+        return ours.group(1)
+    if "enable_thinking" in jinja:
+        return "switch"
+    if "assistant\\n<think>\\n'" in jinja or "assistant\n<think>\n'" in jinja:
+        return "always"
+    if "<think>" not in jinja and "<|im_start|>" in jinja:
+        return "never"
+    return "switch"
+
+
 def template_for(tokenizer: Any) -> ChatTemplate:
-    """SmolLM2's template (its default system prompt) when the tokenizer's jinja names it, else Qwen3's."""
+    """The ChatTemplate that renders like the tokenizer's own jinja ``chat_template``: SmolLM2's (its
+    default system prompt) when the jinja names it; else Qwen3's, in the jinja's thinking style."""
     jinja = tokenizer.chat_template or ""
-    return SMOLLM2_CHAT_TEMPLATE if SMOLLM2_DEFAULT_SYSTEM_PROMPT in jinja else QWEN3_CHAT_TEMPLATE
+    if SMOLLM2_DEFAULT_SYSTEM_PROMPT in jinja:
+        return SMOLLM2_CHAT_TEMPLATE
+    return {
+        "switch": QWEN3_CHAT_TEMPLATE,
+        "never": QWEN3_INSTRUCT_2507_CHAT_TEMPLATE,
+        "always": QWEN3_THINKING_2507_CHAT_TEMPLATE,
+    }[thinking_style(jinja)]

@@ -49,7 +49,7 @@ def save_hf_checkpoint(
 ) -> Path:
     """Write model as an HF checkpoint directory (transformers' AutoModelForCausalLM loads it)."""
     out = Path(out_dir)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -112,15 +112,18 @@ def load_state(ckpt_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def load_hf_checkpoint(
-    ckpt_dir: str | os.PathLike, kernels: str = "aligned", dtype: str | None = None
+    ckpt_dir: str | os.PathLike,
+    kernels: str = "aligned",
+    dtype: str | None = None,
+    device: torch.device | str = "cpu",
 ) -> Transformer:
-    """Build a Transformer from an HF checkpoint directory; every parameter must be present."""
+    """Build a Transformer from an HF checkpoint directory on `device`; every parameter must be present."""
     config = read_config(ckpt_dir, dtype)
     # Build without initialising (every parameter is overwritten below): a random init of a multi-GB
     # model would cost more than reading it.
     with torch.device("meta"):
         model = Transformer(config, kernels=kernels, init=False)
-    model.to_empty(device="cpu")
+    model.to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty gives each reference its own tensor: tie them again
         model.lm_head.weight = model.model.embed_tokens.weight
     state = load_state(ckpt_dir)

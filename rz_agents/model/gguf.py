@@ -195,3 +195,8 @@ def _is_complete(directory: Path, expected_marker: dict) -> bool:
         return json.loads(marker.read_text()) == expected_marker
     except ValueError:
         return False
+
+
+def smollm2_tokenizer(cache_dir: str | os.PathLike | None = None) -> Tokenizer:
+    """The SmolLM2-135M-Instruct tokenizer (49,152 tokens), taken from the converted GGUF checkpoint."""
+    return Tokenizer.from_dir(smollm2_checkpoint_dir(cache_dir))

@@ -7,13 +7,20 @@ from collections.abc import Sequence
 import torch
 
 from rz_agents.model.transformer import Transformer
-from rz_kernels import gather_logprobs, sampling_logprobs
+from rz_kernels import sampling_logprobs
+from rz_kernels.logprobs import token_logprobs_of_logits
 
-__all__ = ["packed_token_logprobs", "sampling_logprobs", "token_logprobs"]
+__all__ = ["pack", "packed_token_logprobs", "sampling_logprobs", "token_logprobs"]
 
 # Rows of logits materialised at a time ([rows, vocab] fp32). Any value gives the same bits: the
 # LM head GEMM is tiled and log-softmax is row-wise.
 LOGIT_CHUNK = 512
+# Above this many bytes of fp32 logits in one call, chunks are recomputed in the backward instead of kept.
+KEEP_LOGITS_BYTES = 2 << 30
+
+
+def _chunk_logprobs(model, hidden, targets, temperature, top_k, top_p) -> torch.Tensor:
+    return token_logprobs_of_logits(model.logits(hidden), targets, temperature, top_k, top_p)
 
 
 def token_logprobs(
@@ -24,16 +31,35 @@ def token_logprobs(
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> torch.Tensor:
-    """fp32 log-prob of targets[i] given hidden[i], under the sampling distribution."""
+    """fp32 log-prob of targets[i] given hidden[i], under the sampling distribution.
+
+    With gradients on and more than KEEP_LOGITS_BYTES of logits in the call, each chunk is checkpointed:
+    its [rows, vocab] logits are freed after the forward and recomputed in the backward, so a 16K-token
+    sequence with a 151,936-wide head (10 GB of fp32 logits) holds one chunk at a time (the values are
+    the same either way; smaller calls keep their logits and skip the recompute).
+    """
     out = []
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or model.lm_head.weight.requires_grad)
+    recompute = grad and hidden.shape[0] * model.config.vocab_size * 4 > KEEP_LOGITS_BYTES
     for i in range(0, hidden.shape[0], LOGIT_CHUNK):
-        logits = model.logits(hidden[i : i + LOGIT_CHUNK])
-        out.append(
-            gather_logprobs(
-                sampling_logprobs(logits, temperature, top_k, top_p), targets[i : i + LOGIT_CHUNK]
-            )
-        )
+        args = (model, hidden[i : i + LOGIT_CHUNK], targets[i : i + LOGIT_CHUNK], temperature, top_k, top_p)
+        if recompute:
+            out.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            out.append(_chunk_logprobs(*args))
     return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+
+
+def pack(
+    sequences: Sequence[Sequence[int] | torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sequences as one packed forward's inputs: (tokens, positions, seq_ids), each [total tokens]."""
+    seqs = [torch.as_tensor(s, dtype=torch.long) for s in sequences]
+    lengths = [s.numel() for s in seqs]
+    tokens = torch.cat(seqs)
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    seq_ids = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lengths)])
+    return tokens, positions, seq_ids
 
 
 def packed_token_logprobs(
@@ -44,18 +70,18 @@ def packed_token_logprobs(
     top_p: float = 1.0,
 ) -> list[torch.Tensor]:
     """For each sequence, fp32 [len-1] log-probs of tokens[1:] (one packed, differentiable forward)."""
-    seqs = [torch.as_tensor(s, dtype=torch.long) for s in sequences]
+    seqs = [torch.as_tensor(s, dtype=torch.long).cpu() for s in sequences]
     if not seqs:
         return []
+    device = model.device
     lengths = [s.numel() for s in seqs]
-    tokens = torch.cat(seqs)
-    positions = torch.cat([torch.arange(n) for n in lengths])
-    seq_ids = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lengths)])
-    hidden = model(tokens, positions, seq_ids)
+    tokens, positions, seq_ids = pack(seqs)
+    hidden = model(tokens.to(device), positions.to(device), seq_ids.to(device))
     # Row t predicts token t+1 within the same sequence: drop each sequence's last row.
     keep = torch.ones(tokens.numel(), dtype=torch.bool)
     ends = torch.cumsum(torch.tensor(lengths), 0) - 1
     keep[ends] = False
-    targets = torch.cat([s[1:] for s in seqs])
+    keep = keep.to(device)
+    targets = torch.cat([s[1:] for s in seqs]).to(device)
     logp = token_logprobs(model, hidden[keep], targets, temperature, top_k, top_p)
     return list(torch.split(logp, [max(n - 1, 0) for n in lengths]))

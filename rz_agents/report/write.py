@@ -11,6 +11,9 @@ import html
 import json
 from pathlib import Path
 
+from rz_agents.report.inspector import write_inspector
+from rz_agents.report.tables import value_html
+
 PANELS: list[tuple[str, str, list[str]]] = [
     ("reward", "Reward (mean over the step's episodes)", ["reward_mean"]),
     ("lag", "Policy lag of trained tokens (learner steps)", ["lag_min", "lag_mean", "lag_max"]),
@@ -30,7 +33,7 @@ PANELS: list[tuple[str, str, list[str]]] = [
         "IS-weight deviation (per step, and run peak/median)",
         ["is_weight_abs_dev_mean", "is_weight_abs_dev_run_peak_over_median"],
     ),
-    ("throughput", "Throughput", ["tokens_per_s", "trained_tokens_per_s", "steps_per_s"]),
+    ("throughput", "Trained tokens per second", ["trained_tokens_per_s", "learner_tokens_per_s"]),
 ]
 
 
@@ -71,7 +74,7 @@ def _plot_panel(rows: list[dict], title: str, keys: list[str], out: Path) -> boo
     fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=100)
     for k in present:
         xs, ys = _series(rows, k)
-        ax.plot(xs, ys, label=k, linewidth=1.4)
+        ax.plot(xs, ys, label=k, linewidth=1.4, marker="o" if len(xs) < 25 else None, markersize=3)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("learner step")
     ax.grid(alpha=0.3)
@@ -108,7 +111,8 @@ def _plot_time_split(rows: list[dict], out: Path) -> bool:
 
 
 def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
-    """Write <run_dir>/plots/*.png and <run_dir>/report.html; return the HTML path."""
+    """Write <run_dir>/plots/*.png, <run_dir>/report.html and, when steps were recorded for it,
+    <run_dir>/inspector.html; return the report's path."""
     run = Path(run_dir)
     rows = read_metrics(run / "metrics.jsonl")
     plots = run / "plots"
@@ -125,16 +129,17 @@ def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>rz_agents run report</title>",
         "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;"
+        "vertical-align:top}"
         "img{max-width:100%;margin:0.5em 0}</style></head><body>",
         f"<h1>Run report: {html.escape(run.name)}</h1>",
         f"<p>{len(rows)} learner steps logged in metrics.jsonl.</p>",
     ]
+    inspector = write_inspector(run)
+    if inspector is not None:
+        parts.append(f"<p>Token by token: <a href='{inspector.name}'>trajectory inspector</a>.</p>")
     if summary:
-        parts.append("<h2>Summary</h2><table>")
-        for k, v in summary.items():
-            parts.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v))}</td></tr>")
-        parts.append("</table>")
+        parts.append("<h2>Summary</h2>" + value_html(summary))
     parts.append("<h2>Plots</h2>")
     for title, path in images:
         data = base64.b64encode(path.read_bytes()).decode()

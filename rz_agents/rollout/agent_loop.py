@@ -29,12 +29,19 @@ class ReplicaLost(EpisodeError):
 
 @dataclass
 class EpisodeSpec:
-    """What to run: the task (None lets the env draw one), its group, and the seeds."""
+    """What to run: the task (None lets the env draw one), its group, and the seeds.
+
+    ``seed`` seeds the sampling of this member; ``reset_seed`` (default: ``seed``) seeds ``env.reset``.
+    The controller gives every member of a group the group's reset seed, so an env that draws its own
+    task from the seed poses the same task to the whole group (the group-mean baseline compares samples
+    of one prompt).
+    """
 
     task: dict[str, Any] | None
     group_id: int
     member: int
     seed: int
+    reset_seed: int | None = None
 
 
 @dataclass
@@ -51,12 +58,70 @@ def turn_seed(episode_seed: int, turn: int) -> int:
     return (episode_seed * 1_000_003 + turn * 7919) % (2**63 - 1)
 
 
-async def _call(executor: Executor | None, fn: Callable, *args, **kwargs):
-    if inspect.iscoroutinefunction(fn):  # an env living elsewhere (a Ray env worker) is awaited as it is
+async def call_env(executor: Executor | None, fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on ``executor``'s threads (the loop's default executor when None).
+
+    Env calls block (subprocesses, browsers, sleeps): they run off the event loop, so that other episodes and
+    the engine go on meanwhile. Size the pool to the env calls that may block at once. An env living
+    elsewhere (a Ray env worker) has coroutine methods: they are awaited as they are.
+    """
+    if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
-    # Env calls may block (subprocesses, browsers, sleeps): run them off the event loop.
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
+
+
+@dataclass
+class _Transcript:
+    """The episode's tokens so far, with their loss mask, behavior log-probs and policy versions."""
+
+    tokens: list[int]
+    mask: list[bool]
+    behavior: list[float]
+    versions: list[int]
+
+    @classmethod
+    def of_prompt(cls, prompt: Sequence[int]) -> _Transcript:
+        n = len(prompt)
+        return cls([int(t) for t in prompt], [False] * n, [0.0] * n, [NOT_SAMPLED] * n)
+
+    def add_context(self, ids: Sequence[int]) -> None:
+        """Tokens the policy did not sample (observations, template glue): masked out of the loss."""
+        self.tokens.extend(int(t) for t in ids)
+        self.mask.extend([False] * len(ids))
+        self.behavior.extend([0.0] * len(ids))
+        self.versions.extend([NOT_SAMPLED] * len(ids))
+
+    def add_sampled(self, completion) -> None:
+        """A completion's tokens with the log-probs and versions the engine sampled them at."""
+        self.tokens.extend(int(t) for t in completion.tokens)
+        self.mask.extend([True] * len(completion.tokens))
+        self.behavior.extend(float(x) for x in completion.logprobs.tolist())
+        self.versions.extend(int(v) for v in completion.versions)
+
+
+async def _sample_turn(engine, transcript: _Transcript, params):
+    """One policy turn from the engine; EpisodeError when it cannot give one."""
+    try:
+        completion = await engine.generate(list(transcript.tokens), params)
+    except ValueError as e:
+        raise EpisodeError(f"engine refused the request: {e}") from e
+    if completion.finish_reason in ("error", "cancelled"):
+        raise EpisodeError(f"engine {completion.finish_reason}: {completion.error}")
+    if not completion.tokens:
+        raise EpisodeError("engine returned no token")
+    return completion
+
+
+def _turn_text(tokenizer, tokens: Sequence[int], stops: Sequence[int]) -> tuple[str, bool]:
+    """The decoded text the env sees (without the stop token), and whether the turn ended on one."""
+    ended_with_stop = tokens[-1] in stops
+    text_ids = tokens[:-1] if ended_with_stop else tokens
+    # Ids past the tokenizer (padding rows of a larger embedding) carry no text: the env never sees them.
+    known = int(getattr(tokenizer, "vocab_size", 0) or 0)
+    if known:
+        text_ids = [t for t in text_ids if t < known]
+    return tokenizer.decode(text_ids, skip_special_tokens=True), ended_with_stop
 
 
 async def run_episode(
@@ -74,82 +139,53 @@ async def run_episode(
     ``sampling`` is the engine's SamplingParams template: max_tokens, seed and stop_token_ids are set per turn.
     """
     try:
-        messages, info = await _call(executor, env.reset, seed=spec.seed, options={"task": spec.task})
+        reset_seed = spec.seed if spec.reset_seed is None else spec.reset_seed
+        messages, info = await call_env(executor, env.reset, seed=reset_seed, options={"task": spec.task})
     except ReplicaLost:
         raise
     except Exception as e:
         raise EpisodeError(f"env.reset failed: {e!r}") from e
-    tools = info.get("tools") or None
-    tokens: list[int] = list(template.encode_prompt(tokenizer, messages, tools=tools))
-    mask = [False] * len(tokens)
-    behavior = [0.0] * len(tokens)
-    versions = [NOT_SAMPLED] * len(tokens)
-    stops: Sequence[int] = tuple(template.stop_token_ids(tokenizer))
-    total_reward = 0.0
-    turns = 0
-    finish = "max_turns"
-
-    def append(new: Sequence[int], sampled: bool, logprobs=None, vers=None) -> None:
-        tokens.extend(int(t) for t in new)
-        mask.extend([sampled] * len(new))
-        behavior.extend(logprobs if sampled else [0.0] * len(new))
-        versions.extend(vers if sampled else [NOT_SAMPLED] * len(new))
-
+    transcript = _Transcript.of_prompt(
+        template.encode_prompt(tokenizer, messages, tools=info.get("tools") or None)
+    )
+    stops: tuple[int, ...] = tuple(template.stop_token_ids(tokenizer))
+    total_reward, turns, finish = 0.0, 0, "max_turns"
     while turns < limits.max_turns:
-        budget = min(limits.max_tokens_per_turn, limits.max_episode_tokens - len(tokens))
+        budget = min(limits.max_tokens_per_turn, limits.max_episode_tokens - len(transcript.tokens))
         if budget < 1:
             if turns == 0:
                 raise EpisodeError(
-                    f"the prompt has {len(tokens)} tokens: no room to sample within "
+                    f"the prompt has {len(transcript.tokens)} tokens: no room to sample within "
                     f"max_episode_tokens={limits.max_episode_tokens}"
                 )
             finish = "max_episode_tokens"
             break
         params = dataclasses.replace(
-            sampling, max_tokens=budget, seed=turn_seed(spec.seed, turns), stop_token_ids=tuple(stops)
+            sampling, max_tokens=budget, seed=turn_seed(spec.seed, turns), stop_token_ids=stops
         )
-        try:
-            completion = await engine.generate(list(tokens), params)
-        except ValueError as e:
-            raise EpisodeError(f"engine refused the request: {e}") from e
-        if completion.finish_reason in ("error", "cancelled"):
-            raise EpisodeError(f"engine {completion.finish_reason}: {completion.error}")
-        if not completion.tokens:
-            raise EpisodeError("engine returned no token")
-        append(
-            completion.tokens,
-            True,
-            [float(x) for x in completion.logprobs.tolist()],
-            list(completion.versions),
-        )
+        completion = await _sample_turn(engine, transcript, params)
+        transcript.add_sampled(completion)
         turns += 1
-        ended_with_stop = completion.tokens[-1] in stops
-        text_ids = completion.tokens[:-1] if ended_with_stop else completion.tokens
-        # Ids past the tokenizer (padding rows of a larger embedding) carry no text: the env never sees them.
-        known = int(getattr(tokenizer, "vocab_size", 0) or 0)
-        if known:
-            text_ids = [t for t in text_ids if t < known]
-        text = tokenizer.decode(text_ids, skip_special_tokens=True)
+        text, ended_with_stop = _turn_text(tokenizer, completion.tokens, stops)
         try:
-            obs, reward, terminated, truncated, step_info = await _call(executor, env.step, text)
-            reward = float(reward)
+            obs, reward, terminated, truncated, _ = await call_env(executor, env.step, text)
+            total_reward += float(reward)
         except ReplicaLost:
             raise
         except Exception as e:
             raise EpisodeError(f"env.step failed: {e!r}") from e
-        total_reward += reward
         if terminated or truncated:
             finish = "terminated" if terminated else "truncated"
             break
         if not ended_with_stop:
-            append([stops[0]], False)  # close the cut-off turn the way the template renders it
-        append(template.encode_continuation(tokenizer, obs), False)
+            transcript.add_context([stops[0]])  # close the cut-off turn the way the template renders it
+        transcript.add_context(template.encode_continuation(tokenizer, obs))
 
     traj = Trajectory(
-        tokens=tokens,
-        loss_mask=mask,
-        behavior_logprobs=behavior,
-        versions=versions,
+        tokens=transcript.tokens,
+        loss_mask=transcript.mask,
+        behavior_logprobs=transcript.behavior,
+        versions=transcript.versions,
         reward=total_reward,
         group_id=spec.group_id,
         info={

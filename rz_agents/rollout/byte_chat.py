@@ -63,8 +63,12 @@ class ByteChatTemplate:
         tokenizer: ByteTokenizer,
         messages: Sequence[dict[str, Any]],
         tools: Sequence[dict] | None = None,
+        enable_thinking: bool = True,
     ) -> list[int]:
-        """Tokens of the conversation so far followed by the assistant generation prompt."""
+        """Tokens of the conversation so far followed by the assistant generation prompt.
+
+        ``enable_thinking`` is accepted for the ChatTemplate interface; the byte format has no think blocks.
+        """
         ids: list[int] = []
         if tools:
             ids += self._message(
@@ -75,7 +79,10 @@ class ByteChatTemplate:
         return ids + self._generation_prompt(tokenizer)
 
     def encode_continuation(
-        self, tokenizer: ByteTokenizer, new_messages: Sequence[dict[str, Any]]
+        self,
+        tokenizer: ByteTokenizer,
+        new_messages: Sequence[dict[str, Any]],
+        enable_thinking: bool = True,
     ) -> list[int]:
         """Tokens to append after an assistant turn that ended with <|im_end|>: the newline that closes it,
         the new messages, and the next generation prompt."""

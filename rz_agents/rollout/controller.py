@@ -207,7 +207,7 @@ class RolloutController:
                 members = []
                 for m in range(self.cfg.group_size):
                     await self._slots.acquire()
-                    spec = EpisodeSpec(task, index, m, self._episode_seed(index, m))
+                    spec = EpisodeSpec(task, index, m, self._episode_seed(index, m), self._reset_seed(index))
                     members.append(asyncio.ensure_future(self._episode(spec)))
                 t = asyncio.ensure_future(self._finish_group(index, members))
                 self._tasks.add(t)
@@ -217,6 +217,10 @@ class RolloutController:
 
     def _episode_seed(self, group: int, member: int) -> int:
         return (self.cfg.seed * 1_000_000_007 + group * 1009 + member) % (2**62)
+
+    def _reset_seed(self, group: int) -> int:
+        """One env.reset seed per group: an env drawing its own task poses it to every member."""
+        return (self.cfg.seed * 999_999_937 + group * 7919 + 13) % (2**62)
 
     async def _episode(self, spec: EpisodeSpec) -> Trajectory | None:
         env = self._idle_envs.pop() if self._idle_envs else None

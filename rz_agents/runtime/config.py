@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rz_agents.engine import EngineConfig
+from rz_agents.envs.registry import check_env_id
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig
+from rz_agents.runtime.device import check_device_name
 from rz_agents.trainer.learner import LearnerConfig
 
 MODES = ("async", "sync")
+KERNELS = ("aligned", "standard")
 TOKENIZERS = ("byte", "qwen3", "checkpoint")
 RUNTIMES = ("local", "ray")
 WEIGHT_TRANSPORTS = ("object_store", "broadcast")
@@ -27,8 +30,12 @@ class ModelSpec:
 
     checkpoint: str | None = None
     model_type: str = "qwen3"
-    kernels: str = "aligned"  # "standard" for the standard-kernel IS comparison
+    # "aligned" or "standard"; unset: "aligned", or "standard" under the standard_is estimator
+    kernels: str | None = None
     dtype: str = "float32"
+    # cpu | cuda | cuda:N: where model, engine (KV cache, sampler) and learner run; on CUDA the aligned
+    # op set is the Triton kernels
+    device: str = "cpu"
     init_seed: int = 0
     tiny_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -143,6 +150,27 @@ class PlacementConfig:
 
 
 @dataclass
+class RolloutSpec(RolloutConfig):
+    """``rollout:`` of a run. ``seed`` unset is the run's ``seed``; set, it must agree. ``max_lag`` is the
+    async bound: mode: sync (and the on_policy estimator) train only lag-0 tokens, so that a run switches
+    mode on the command line (``mode=sync``) without editing the bound."""
+
+    seed: int | None = None
+
+
+@dataclass
+class LearnerSpec(LearnerConfig):
+    """``learner:`` of a run. ``max_lag``, ``temperature``, ``top_k`` and ``top_p`` are not the learner's to
+    choose: it applies the rollout's lag bound and scores tokens under the distribution the engine sampled
+    from. Unset, they follow the rollout; set, they must agree with it (one error line naming both)."""
+
+    max_lag: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+
+
+@dataclass
 class TrainConfig:
     """A whole training run. Plain dataclasses all the way down, with defaults that run on a laptop CPU."""
 
@@ -155,13 +183,12 @@ class TrainConfig:
     # "byte" (tiny vocab), "qwen3", or "checkpoint" (model.checkpoint's tokenizer.json and chat template)
     tokenizer: str = "byte"
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(num_slots=32, max_len=512))
-    rollout: RolloutConfig = field(
-        default_factory=lambda: RolloutConfig(
+    rollout: RolloutSpec = field(
+        default_factory=lambda: RolloutSpec(
             limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=32, max_episode_tokens=448)
         )
     )
-    # learner.max_lag / temperature / top_k / top_p are set by the runtime from mode and rollout.
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    learner: LearnerSpec = field(default_factory=LearnerSpec)
     mode: str = "async"
     steps: int = 10
     seed: int = 0
@@ -170,6 +197,9 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps; 0: only at the end (when output_dir is set)
     resume_from: str | None = None
     tensorboard: bool = False
+    # learner steps whose batches are recorded token by token for the trajectory inspector (run_dir/inspect,
+    # inspector.html); negative counts from the end. Each costs one forward pass without gradient.
+    inspect_steps: list[int] = field(default_factory=lambda: [0, -1])
     learner_step_delay_s: float = 0.0  # throttle the learner (tests and benchmarks of the lag bound)
     # Stop with RunStalled (and a stack dump, run_dir/stall_stacks.txt) when no engine step, episode event or
     # learner step happened for this long; 0 disables. Must exceed the slowest learner step (in sync mode the
@@ -184,6 +214,9 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
+        check_device_name(self.model.device)
+        if self.learner_process and self.model.device != "cpu":
+            raise ValueError("learner_process: true needs model.device: cpu (the child shares CPU memory)")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         self._validate_runtime()
@@ -199,6 +232,9 @@ class TrainConfig:
             )
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
+        check_env_id(self.env.id)  # a typo fails here, before a model is built
+        if self.model.kernels not in (None, *KERNELS):
+            raise ValueError(f"model.kernels must be one of {KERNELS}, got {self.model.kernels!r}")
         if self.watchdog_s < 0:
             raise ValueError(f"watchdog_s must be >= 0 (0 disables the watchdog), got {self.watchdog_s}")
         if self.rollout.limits.max_episode_tokens >= self.engine.max_len:
@@ -206,15 +242,16 @@ class TrainConfig:
                 f"rollout.limits.max_episode_tokens ({self.rollout.limits.max_episode_tokens}) must be < "
                 f"engine.max_len ({self.engine.max_len})"
             )
-        self.rollout.validate()
+        self.rollout.validate()  # the values as written (resolving replaces max_lag by the bound in force)
         if self.rollout.fixed_lag and (self.mode == "sync" or self.learner.loss.estimator == "on_policy"):
             raise ValueError(
                 f"rollout.fixed_lag ({self.rollout.fixed_lag}) needs mode: async and an off-policy "
                 f"estimator (mode is {self.mode!r}, learner.loss.estimator "
                 f"{self.learner.loss.estimator!r})"
             )
-        self.learner.validate()
-        if effective_kernels(self) == "standard" and self.learner.assert_lag0_exact:
+        resolved = resolve(self)  # raises on a conflict between a field and the one it must follow
+        resolved.learner.validate()
+        if resolved.model.kernels == "standard" and self.learner.assert_lag0_exact:
             raise ValueError(
                 "learner.assert_lag0_exact needs aligned kernels; standard kernels (model.kernels or the "
                 "standard_is estimator) do not give bit-identical engine and learner log-probs"
@@ -230,7 +267,21 @@ class TrainConfig:
                 if getattr(self, name) != default:
                     raise ValueError(f"{name}: is set but runtime is 'local'; set runtime: ray to use it")
             return
-        if self.placement.weight_transport == "broadcast" and self.rollout.fixed_lag:
+        p = self.placement
+        if self.model.device not in ("cpu", "cuda"):
+            raise ValueError(
+                f"model.device must be cpu or cuda with runtime: ray (Ray assigns each actor its GPUs), "
+                f"got {self.model.device!r}"
+            )
+        # Engines and learner ranks must run one op set (Triton on CUDA, the aligned CPU kernels otherwise)
+        for name in ("engine_gpus", "learner_gpus"):
+            if (getattr(p, name) > 0) != (self.model.device == "cuda"):
+                raise ValueError(
+                    f"placement.{name} ({getattr(p, name)}) conflicts with model.device "
+                    f"({self.model.device!r}): with runtime: ray, engines and learner ranks run on "
+                    "model.device: cuda needs engine_gpus and learner_gpus > 0, cpu needs both 0"
+                )
+        if p.weight_transport == "broadcast" and self.rollout.fixed_lag:
             raise ValueError(
                 "placement.weight_transport: broadcast sends the newest weights only; rollout.fixed_lag "
                 "needs older versions kept: use weight_transport: object_store"
@@ -251,15 +302,52 @@ def effective_max_lag(cfg: TrainConfig) -> int:
     return cfg.rollout.max_lag
 
 
-def learner_config(cfg: TrainConfig) -> LearnerConfig:
-    """The learner's settings: it scores tokens under the distribution the engine sampled from, with the
-    run's lag bound."""
-    r = cfg.rollout
-    return dataclasses.replace(
-        cfg.learner, max_lag=effective_max_lag(cfg), temperature=r.temperature, top_k=r.top_k, top_p=r.top_p
-    )
-
-
 def effective_kernels(cfg: TrainConfig) -> str:
     """The standard_is estimator is REINFORCE Zero with stock PyTorch ops on both engine and learner."""
-    return "standard" if cfg.learner.loss.estimator == "standard_is" else cfg.model.kernels
+    if cfg.model.kernels is not None:
+        return cfg.model.kernels
+    return "standard" if cfg.learner.loss.estimator == "standard_is" else "aligned"
+
+
+def _agree(name: str, value: Any, source: str, derived: Any, why: str) -> None:
+    if value is not None and value != derived:
+        raise ValueError(f"{name} ({value!r}) conflicts with {source} ({derived!r}): {why}")
+
+
+def resolve(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with every derived field filled in (rollout and learner as plain ``RolloutConfig`` /
+    ``LearnerConfig``), after checking that no field written in the config contradicts the one it follows.
+
+    Raises ValueError naming both fields, e.g. ``learner.temperature (0.7) conflicts with
+    rollout.temperature (1.0): ...``. Resolving a resolved config changes nothing.
+    """
+    r, lc = cfg.rollout, cfg.learner
+    estimator = lc.loss.estimator
+    if estimator == "standard_is" and cfg.model.kernels not in (None, "standard"):
+        raise ValueError(
+            f"model.kernels ({cfg.model.kernels!r}) conflicts with learner.loss.estimator ('standard_is'), "
+            "which runs stock PyTorch ops on engine and learner: set model.kernels: standard or leave it out"
+        )
+    max_lag = effective_max_lag(cfg)
+    if (cfg.mode == "sync" or estimator == "on_policy") and lc.max_lag not in (None, 0):
+        source, value = ("mode", "sync") if cfg.mode == "sync" else ("learner.loss.estimator", "on_policy")
+        raise ValueError(
+            f"learner.max_lag ({lc.max_lag}) conflicts with {source} ({value!r}): {value} trains only "
+            "lag-0 tokens; leave learner.max_lag out"
+        )
+    source = "rollout.max_lag" if r.fixed_lag is None else "rollout.fixed_lag"
+    why = f"the learner applies the rollout's lag bound; set only {source}"
+    _agree("learner.max_lag", lc.max_lag, source, max_lag, why)
+    _agree("rollout.seed", r.seed, "seed", cfg.seed, "episode seeds come from the run's seed; set only seed")
+    for name in ("temperature", "top_k", "top_p"):
+        why = f"the learner scores tokens under the rollout's sampling distribution; set only rollout.{name}"
+        _agree(f"learner.{name}", getattr(lc, name), f"rollout.{name}", getattr(r, name), why)
+    rollout_fields = {f.name: getattr(r, f.name) for f in dataclasses.fields(RolloutConfig)}
+    learner_fields = {f.name: getattr(lc, f.name) for f in dataclasses.fields(LearnerConfig)}
+    sampling = {"temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p}
+    return dataclasses.replace(
+        cfg,
+        rollout=RolloutConfig(**{**rollout_fields, "max_lag": max_lag, "seed": cfg.seed}),
+        learner=LearnerConfig(**{**learner_fields, "max_lag": max_lag, **sampling}),
+        model=dataclasses.replace(cfg.model, kernels=effective_kernels(cfg)),
+    )

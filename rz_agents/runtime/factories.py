@@ -3,30 +3,37 @@ rollout controller."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 
 import torch
 
+from rz_agents.envs.registry import is_class_path
 from rz_agents.model.packaged import resolve_checkpoint
 from rz_agents.rollout.controller import RolloutController
 from rz_agents.rollout.task_source import TaskSource
-from rz_agents.runtime.config import EnvSpec, ModelSpec, TrainConfig, effective_max_lag
+from rz_agents.runtime.config import EnvSpec, ModelSpec, TrainConfig
+from rz_agents.runtime.device import resolve_device
 
 
 def build_model(spec: ModelSpec, vocab_size: int):
-    """The policy model (random tiny, or loaded from an HF checkpoint)."""
+    """The policy model (random tiny, or loaded from an HF checkpoint) on ``spec.device``.
+
+    Raises DeviceError (a ValueError) when the device is absent on this machine."""
     from rz_agents.model import ModelConfig, Transformer
 
+    device = resolve_device(spec.device, "model.device")
+    kernels = spec.kernels or "aligned"  # a resolved run config names them; a bare spec means aligned
     if spec.checkpoint:
         from rz_agents.model.checkpoint import load_hf_checkpoint
 
-        return load_hf_checkpoint(resolve_checkpoint(spec.checkpoint), kernels=spec.kernels, dtype=spec.dtype)
+        return load_hf_checkpoint(
+            resolve_checkpoint(spec.checkpoint), kernels=kernels, dtype=spec.dtype, device=device
+        )
     overrides = {"vocab_size": vocab_size, "dtype": spec.dtype, **spec.tiny_overrides}
     torch.manual_seed(spec.init_seed)
-    model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=spec.kernels)
+    model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=kernels)
     model.reset_parameters(seed=spec.init_seed)
-    return model
+    return model.to(device)
 
 
 def build_tokenizer(name: str, checkpoint: str | None = None):
@@ -52,13 +59,11 @@ def build_tokenizer(name: str, checkpoint: str | None = None):
 
 def env_factory(spec: EnvSpec):
     """A zero-argument callable building one env instance."""
-    if ":" in spec.id and "/" not in spec.id:
+    if is_class_path(spec.id):
         module, _, name = spec.id.partition(":")
         cls = getattr(importlib.import_module(module), name)
         return lambda: cls(**spec.kwargs)
     import gymnasium
-
-    import rz_agents.envs  # noqa: F401  (registers the rz_agents ids)
 
     # Gymnasium wrappers (order enforcing, passive checker) reject text spaces: take the env itself.
     return lambda: gymnasium.make(spec.id, disable_env_checker=True, **spec.kwargs).unwrapped
@@ -81,9 +86,9 @@ def tokenizer_files(tokenizer_name: str, checkpoint: str | None) -> dict[str, st
 
 
 def build_controller(cfg: TrainConfig, engine, make_env, template, tokenizer) -> RolloutController:
-    """The run's rollout controller over ``engine`` (an engine, or the Ray runtime's replica router) and
-    ``make_env`` (an env factory: local envs, or handles on envs in Ray env workers)."""
-    rcfg = dataclasses.replace(cfg.rollout, max_lag=effective_max_lag(cfg), seed=cfg.seed)
+    """The rollout controller of a resolved run config (``resolve``: the lag bound in force, the run's seed)
+    over ``engine`` (an engine, or the Ray runtime's replica router) and ``make_env`` (an env factory: local
+    envs, or handles on envs in Ray env workers)."""
     return RolloutController(
-        engine, make_env, template, tokenizer, TaskSource(cfg.env.tasks, seed=cfg.seed), rcfg
+        engine, make_env, template, tokenizer, TaskSource(cfg.env.tasks, seed=cfg.seed), cfg.rollout
     )

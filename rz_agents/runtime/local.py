@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from rz_agents.engine import RZEngine
-from rz_agents.runtime.config import TrainConfig, effective_kernels, learner_config
+from rz_agents.runtime.config import TrainConfig, resolve
 from rz_agents.runtime.factories import (
     build_controller,
     build_model,
@@ -32,6 +32,7 @@ from rz_agents.runtime.factories import (
 from rz_agents.runtime.fixed_lag import _clone
 from rz_agents.runtime.loop import TrainLoop
 from rz_agents.runtime.memory import limit_heap_growth
+from rz_agents.trainer.inspect import record_step
 from rz_agents.trainer.learner import Learner
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,13 @@ class LocalRun(TrainLoop):
         cfg.validate()
         if cfg.runtime != "local":
             raise ValueError(f"LocalRun needs runtime: local, got {cfg.runtime!r} (use build_run)")
-        self.cfg = cfg
+        # derived fields filled in: the lag bound, the sampling the learner scores under, the kernels
+        self.cfg = cfg = resolve(cfg)
         limit_heap_growth()  # the resident set would otherwise creep up step after step
         _set_threads(cfg.num_threads)
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         vocab = vocab_size(cfg.tokenizer, self.tokenizer)
-        self.model = build_model(dataclasses.replace(cfg.model, kernels=effective_kernels(cfg)), vocab)
+        self.model = build_model(cfg.model, vocab)
         # The engine samples from its own copy; the learner publishes into it after each step.
         engine_model = copy.deepcopy(self.model)
         engine_model.requires_grad_(False)
@@ -62,7 +64,7 @@ class LocalRun(TrainLoop):
         if cfg.num_threads is not None and eng_cfg.num_threads is None:
             eng_cfg = dataclasses.replace(eng_cfg, num_threads=cfg.num_threads)
         self.engine = RZEngine(engine_model, eng_cfg, decode=self.tokenizer.decode)
-        lcfg = learner_config(cfg)
+        lcfg = cfg.learner
         if cfg.learner_process:
             from rz_agents.runtime.learner_process import LearnerProcess
 
@@ -108,6 +110,17 @@ class LocalRun(TrainLoop):
     def _learner_step_in_thread(self, batch: list) -> dict[str, Any]:
         _set_threads(self.cfg.num_threads)  # this worker thread's torch threads
         return self.learner.step(batch)
+
+    async def _inspection_record(self, batch: list) -> dict[str, Any]:
+        return await asyncio.to_thread(self._inspection_record_in_thread, batch)
+
+    def _inspection_record_in_thread(self, batch: list) -> dict[str, Any]:
+        _set_threads(self.cfg.num_threads)
+        if self.cfg.learner_process:  # the child trains; bring its current weights here
+            with torch.no_grad():
+                self.model.load_state_dict(self.learner.weights())
+        decode = self.tokenizer.decode
+        return record_step(self.model, batch, self.cfg.learner, self.learner.version, lambda t: decode([t]))
 
     def _learner_weights(self) -> dict[str, torch.Tensor]:
         return self.learner.weights()

@@ -25,6 +25,7 @@ from rz_agents.runtime.fixed_lag import WeightHistory
 from rz_agents.runtime.memory import rss_bytes, trim_heap
 from rz_agents.runtime.watchdog import Watchdog
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
+from rz_agents.trainer.inspect import inspected_steps, write_step_record
 from rz_agents.trainer.metrics_log import MetricsWriter
 
 
@@ -96,6 +97,11 @@ class TrainLoop:
                 t_wait = time.perf_counter() - t0
                 if self.weight_history is not None:
                     self.weight_history.record(self._learner_weights(), self.learner.version)
+                step = len(self.history)
+                if cfg.output_dir and step in inspected_steps(cfg.inspect_steps, cfg.steps):
+                    # before the step: the log-probs recorded are those the step's loss uses
+                    record = await self._inspection_record(batch)
+                    write_step_record(Path(cfg.output_dir) / "inspect", step, record)
                 metrics = await self._learner_step(batch)
                 if cfg.learner_step_delay_s:
                     await asyncio.sleep(cfg.learner_step_delay_s)
@@ -104,7 +110,6 @@ class TrainLoop:
                 if not metrics.get("step_skipped_nonfinite") and not metrics.get("step_skipped_empty"):
                     await self._send_weights(*self._to_publish())
                 t_pub = time.perf_counter() - t1
-                step = len(self.history)
                 metrics.update(
                     step=step,
                     group_indices=sorted({int(t.group_id) for t in batch}),
@@ -219,6 +224,11 @@ class TrainLoop:
 
     async def _learner_step(self, batch: list) -> dict[str, Any]:
         """``Learner.step`` on ``batch`` wherever the learner runs; returns its metrics."""
+        raise NotImplementedError
+
+    async def _inspection_record(self, batch: list) -> dict[str, Any]:
+        """``trainer.inspect.record_step`` for ``batch`` under the learner's current weights (the trajectory
+        inspector's data for a step of ``cfg.inspect_steps``)."""
         raise NotImplementedError
 
     def _learner_weights(self) -> Any:

@@ -208,8 +208,16 @@ class Learner:
                     top_k=cfg.top_k,
                     top_p=cfg.top_p,
                 )
+                # Per-token data lives on the CPU; the loss is computed where the model is (a no-op on CPU).
                 loss = sum(
-                    sequence_loss(lp, behavior[i], masks[i], advantages[i], scales[i], cfg.loss)
+                    sequence_loss(
+                        lp,
+                        behavior[i].to(lp.device),
+                        masks[i].to(lp.device),
+                        advantages[i],
+                        scales[i].to(lp.device),
+                        cfg.loss,
+                    )
                     for i, lp in zip(mb, mb_logps, strict=True)
                 )
             else:  # unfiltered distribution: its log-probs are finite, so 0 * them is exactly 0
@@ -217,7 +225,7 @@ class Learner:
                 loss = packed_token_logprobs(self.model, [[0, 0]])[0].sum() * 0.0
             t1 = time.perf_counter()
             for i, lp in zip(mb, mb_logps, strict=True):
-                logps[i] = lp.detach()
+                logps[i] = lp.detach().cpu()
             # keep scoring the rest for the metrics, but never backpropagate a non-finite loss
             finite = self.ranks.all_true(finite and bool(torch.isfinite(loss)))
             if finite:

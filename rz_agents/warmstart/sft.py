@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from rz_agents.model.logprobs import token_logprobs
+from rz_agents.model.logprobs import pack, token_logprobs
 from rz_agents.model.transformer import Transformer
+from rz_agents.trainer.learner import micro_batches
+from rz_agents.trainer.optim import OptimConfig, build_optimizer
 from rz_agents.warmstart.demos import Demonstration
 
 
@@ -33,6 +35,9 @@ class WarmStartConfig:
     difficulty: int = 1
     epochs: int = 3
     batch_size: int = 32
+    # token budget of one packed forward/backward (gradients accumulate over a batch's micro-batches);
+    # null: the whole batch at once. Bounds the activation memory of long demonstrations.
+    micro_batch_tokens: int | None = None
     lr: float = 3e-3
     prior_lr: float = 1e-3
     weight_decay: float = 0.0
@@ -62,25 +67,27 @@ class WarmStartConfig:
             raise ValueError(f"warm_start.num_threads must be >= 1 or null, got {self.num_threads}")
         if self.lr <= 0:
             raise ValueError(f"warm_start.lr must be > 0, got {self.lr}")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 2:
+            raise ValueError(
+                f"warm_start.micro_batch_tokens must be >= 2 or null, got {self.micro_batch_tokens}"
+            )
 
 
-def _batch_loss(model: Transformer, batch: Sequence[Demonstration]) -> torch.Tensor:
-    lengths = [len(d.tokens) for d in batch]
-    tokens = torch.tensor([t for d in batch for t in d.tokens], dtype=torch.long)
-    positions = torch.cat([torch.arange(n) for n in lengths])
-    seq_ids = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lengths)])
-    # row t predicts token t+1 of the same sequence; train only where token t+1 is an assistant token
-    rows, targets = [], []
-    offset = 0
-    for d, n in zip(batch, lengths, strict=True):
-        for t in range(n - 1):
-            if d.loss_mask[t + 1]:
-                rows.append(offset + t)
-                targets.append(d.tokens[t + 1])
-        offset += n
-    hidden = model(tokens, positions, seq_ids)
-    logp = token_logprobs(model, hidden[torch.tensor(rows)], torch.tensor(targets))
-    return -logp.mean()
+def _summed_nll(model: Transformer, batch: Sequence[Demonstration]) -> torch.Tensor:
+    """Summed negative log-likelihood of the assistant tokens of ``batch`` (one packed forward)."""
+    tokens, positions, seq_ids = pack([d.tokens for d in batch])
+    # row t predicts token t+1 of the same sequence: the LM head runs only on rows whose target the
+    # policy wrote (most rows are prompt)
+    rows, offset = [], 0
+    for d in batch:
+        rows += [offset + t for t in range(len(d.tokens) - 1) if d.loss_mask[t + 1]]
+        offset += len(d.tokens)
+    device = model.device
+    rows_t = torch.tensor(rows, dtype=torch.long, device=device)
+    tokens = tokens.to(device)
+    hidden = model(tokens, positions.to(device), seq_ids.to(device))
+    logp = token_logprobs(model, hidden[rows_t], tokens[rows_t + 1])
+    return -logp.sum()
 
 
 def supervised_warm_start(
@@ -100,16 +107,19 @@ def supervised_warm_start(
     peak = cfg.lr if lr is None else lr
     warmup = cfg.warmup_steps if warmup_steps is None else warmup_steps
     rng = random.Random(cfg.seed)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=peak, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     order = list(range(len(demos)))
     total = epochs * math.ceil(len(demos) / cfg.batch_size)
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return peak * (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    optim = OptimConfig(
+        lr=peak,
+        betas=(0.9, 0.98),
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=1.0,
+        schedule="cosine",
+        warmup_steps=warmup,
+        total_steps=total,
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt, sched = build_optimizer(params, optim)
 
     t0 = time.perf_counter()
     losses: list[float] = []
@@ -119,14 +129,18 @@ def supervised_warm_start(
         rng.shuffle(order)
         for i in range(0, len(order), cfg.batch_size):
             batch = [demos[j] for j in order[i : i + cfg.batch_size]]
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step)
-            loss = _batch_loss(model, batch)
+            budget = cfg.micro_batch_tokens or sum(len(d.tokens) for d in batch)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            n_targets = sum(sum(d.loss_mask[1:]) for d in batch)
+            total_loss = 0.0
+            for part in micro_batches([len(d.tokens) for d in batch], budget):
+                nll = _summed_nll(model, [batch[k] for k in part])
+                (nll / n_targets).backward()  # the batch's mean NLL, accumulated part by part
+                total_loss += float(nll.detach())
+            torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm)
             opt.step()
-            losses.append(float(loss.detach()))
+            sched.step()
+            losses.append(total_loss / n_targets)
             step += 1
             if on_step:
                 on_step(step, total, losses[-1])

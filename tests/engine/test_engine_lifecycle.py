@@ -241,14 +241,17 @@ def test_requests_arriving_while_a_threaded_step_runs_are_all_served(tiny_model)
     async def main():
         tasks = []
         for i in range(12):  # arrivals interleave with steps running in the worker thread
-            tasks.append(
-                asyncio.create_task(engine.generate([i + 1, i + 2, i + 3], SamplingParams(max_tokens=4)))
-            )
+            # request 5 asks for 100 tokens, the others for 4: the other 11 are done (in ~30 steps on
+            # the 3 slots) long before it can be, so cancelling it then never races its completion
+            params = SamplingParams(max_tokens=100 if i == 5 else 4)
+            tasks.append(asyncio.create_task(engine.generate([i + 1, i + 2, i + 3], params)))
             await asyncio.sleep(0.001)
+        others = await asyncio.gather(*(t for i, t in enumerate(tasks) if i != 5))
+        assert not tasks[5].done()
         tasks[5].cancel()
-        return await asyncio.gather(*tasks, return_exceptions=True)
+        return others, (await asyncio.gather(tasks[5], return_exceptions=True))[0]
 
-    outs = asyncio.run(main())
-    assert isinstance(outs[5], asyncio.CancelledError)
-    assert all(len(o.tokens) == 4 for i, o in enumerate(outs) if i != 5)
+    others, cancelled = asyncio.run(main())
+    assert isinstance(cancelled, asyncio.CancelledError)
+    assert [len(o.tokens) for o in others] == [4] * 11
     assert engine.stats()["slots_held"] == 0 and engine.stats()["running"] == 0

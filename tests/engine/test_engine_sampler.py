@@ -80,3 +80,12 @@ def test_sampler_frequencies_hold_across_vocabulary_blocks():
     probs = sampling_logprobs(logits).exp()[0].double()
     assert (freq[hot] - probs[hot]).abs().max() < 0.015
     assert freq[hot].sum() > 0.999
+
+
+def test_block_probabilities_by_gather_equal_the_per_row_slices():
+    from rz_agents.engine.sampler import CDF_BLOCK, _block_probs
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.rand(5, 3 * CDF_BLOCK + 17, generator=gen)
+    block = torch.tensor([0, 3, 1, 3, 2])  # block 3 is the partial last one
+    assert torch.equal(_block_probs(probs, block, gather=True), _block_probs(probs, block, gather=False))

@@ -99,3 +99,13 @@ def test_code_blocks_only_when_enabled():
 
 def test_non_object_call_is_an_error():
     assert "JSON object" in parse_tool_calls("<tool_call>[1, 2]</tool_call>", TOOLS).errors[0].message
+
+
+def test_trailing_text_is_what_follows_the_last_closed_call():
+    call = format_tool_call("python", {"code": "1+1"})
+    assert parse_tool_calls(call + " \n", TOOLS).trailing_text == ""
+    assert (
+        parse_tool_calls(call + "</tool_call></tool_call>", TOOLS).trailing_text == "</tool_call></tool_call>"
+    )
+    assert parse_tool_calls("intro " + call + " so 2", TOOLS).trailing_text == "so 2"
+    assert parse_tool_calls(r"no call, \boxed{2}", TOOLS).trailing_text == ""

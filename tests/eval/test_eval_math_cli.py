@@ -135,3 +135,23 @@ def test_tool_mode_runs_episodes_with_the_real_engine_and_sandbox(tiny_checkpoin
     assert all(
         s["tool_turns"] == 0 and 1 <= s["tokens"] <= 8 for p in result["problems"] for s in p["samples"]
     )
+
+
+def test_a_tokenizer_mismatch_names_the_fix_and_the_training_config_applies_it(tmp_path, capsys):
+    # a run directory of the byte-vocabulary demo kind: config.yaml (tokenizer: byte) + final_model
+    model = Transformer(ModelConfig.tiny("qwen3", vocab_size=320, hidden_size=32, intermediate_size=64))
+    model.reset_parameters(seed=0)
+    checkpoint = save_hf_checkpoint(model, tmp_path / "run" / "final_model")
+    config = tmp_path / "run" / "config.yaml"
+    config.write_text("tokenizer: byte\nmodel: {model_type: qwen3}\neval: {}\n")
+    argv = ["--checkpoint", str(checkpoint), "--benchmark", "gsm8k", "--limit", "1", "--k", "1", *FAST]
+    assert main(["eval", *argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "the Qwen3 tokenizer (no tokenizer.json there) has 151669 tokens but the model's vocabulary is 320"
+        in err
+    )
+    assert f"rz eval {config} --checkpoint {checkpoint}" in err
+    assert main(["eval", str(config), *argv, "--quiet", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["num_samples"] == 1 and result["num_failed"] == 0

@@ -520,7 +520,7 @@ def test_tokenizer_without_chatml_markers_is_refused(qwen3):
 def smollm2():
     pytest.importorskip("gguf")
     pytest.importorskip("accelerate")
-    from rz_agents.model.tokenizer import smollm2_tokenizer
+    from rz_agents.model.gguf import smollm2_tokenizer
 
     return smollm2_tokenizer()
 

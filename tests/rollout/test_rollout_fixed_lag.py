@@ -7,9 +7,7 @@ import pytest
 import torch
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime import EnvSpec, LocalRun, TrainConfig
-from rz_agents.trainer.learner import LearnerConfig
+from rz_agents.runtime import EnvSpec, LearnerSpec, LocalRun, RolloutSpec, TrainConfig
 from rz_agents.trainer.loss import LossConfig
 from rz_agents.trainer.optim import OptimConfig
 
@@ -22,7 +20,7 @@ def _cfg(fixed_lag, steps=6, learner_delay=0.0, env_latency=0.0, **rollout):
         num_threads=1,
         learner_step_delay_s=learner_delay,
         env=EnvSpec(kwargs={"max_turns": 2, "latency_s": env_latency}),
-        rollout=RolloutConfig(
+        rollout=RolloutSpec(
             group_size=2,
             groups_per_batch=2,
             max_concurrent_episodes=8,
@@ -31,7 +29,7 @@ def _cfg(fixed_lag, steps=6, learner_delay=0.0, env_latency=0.0, **rollout):
             limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=6, max_episode_tokens=200),
             **rollout,
         ),
-        learner=LearnerConfig(optim=OptimConfig(lr=3e-3)),
+        learner=LearnerSpec(optim=OptimConfig(lr=3e-3)),
     )
 
 
@@ -96,6 +94,6 @@ def test_inconsistent_fixed_lag_settings_are_one_clear_error(change, message):
 
 def test_fixed_lag_needs_an_off_policy_async_run():
     cfg = _cfg(fixed_lag=2)
-    cfg.learner = LearnerConfig(loss=LossConfig(estimator="on_policy"))
+    cfg.learner = LearnerSpec(loss=LossConfig(estimator="on_policy"))
     with pytest.raises(ValueError, match="needs mode: async and an off-policy estimator"):
         cfg.validate()

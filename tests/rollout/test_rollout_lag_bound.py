@@ -3,9 +3,7 @@
 import pytest
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime import EnvSpec, TrainConfig, run_training
-from rz_agents.trainer.learner import LearnerConfig
+from rz_agents.runtime import EnvSpec, LearnerSpec, RolloutSpec, TrainConfig, run_training
 from rz_agents.trainer.optim import OptimConfig
 
 
@@ -16,14 +14,14 @@ def _cfg(max_lag, learner_delay, env_latency, steps=8, groups_per_batch=2):
         num_threads=1,
         learner_step_delay_s=learner_delay,
         env=EnvSpec(kwargs={"max_turns": 2, "latency_s": env_latency}),
-        rollout=RolloutConfig(
+        rollout=RolloutSpec(
             group_size=2,
             groups_per_batch=groups_per_batch,
             max_concurrent_episodes=16,
             max_lag=max_lag,
             limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=6, max_episode_tokens=200),
         ),
-        learner=LearnerConfig(optim=OptimConfig(lr=1e-3), assert_lag0_exact=True),
+        learner=LearnerSpec(optim=OptimConfig(lr=1e-3), assert_lag0_exact=True),
     )
 
 

@@ -5,9 +5,7 @@ import asyncio
 import torch
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime import LocalRun, TrainConfig
-from rz_agents.trainer.learner import LearnerConfig
+from rz_agents.runtime import LearnerSpec, LocalRun, RolloutSpec, TrainConfig
 from rz_agents.trainer.optim import OptimConfig
 
 
@@ -17,10 +15,10 @@ def _run(learner_process: bool):
         steps=3,
         num_threads=1,
         learner_process=learner_process,
-        rollout=RolloutConfig(
+        rollout=RolloutSpec(
             group_size=2, groups_per_batch=2, limits=EpisodeLimits(2, 6, 200), max_concurrent_episodes=8
         ),
-        learner=LearnerConfig(optim=OptimConfig(lr=1e-2), assert_lag0_exact=True),
+        learner=LearnerSpec(optim=OptimConfig(lr=1e-2), assert_lag0_exact=True),
     )
     run = LocalRun(cfg)
     try:
@@ -57,24 +55,19 @@ def test_pinned_learner_and_rollouts_run_on_their_cpus_and_the_pinning_is_undone
         learner_process=True,
         learner_cpus=cpus[-1:],
         rollout_cpus=cpus[:-1],
-        rollout=RolloutConfig(
+        rollout=RolloutSpec(
             group_size=2, groups_per_batch=2, limits=EpisodeLimits(2, 6, 200), max_concurrent_episodes=8
         ),
-        learner=LearnerConfig(optim=OptimConfig(lr=1e-2)),
+        learner=LearnerSpec(optim=OptimConfig(lr=1e-2)),
     )
     run = LocalRun(cfg)
     try:
         seen = {}
 
-        async def train_and_look():
-            task = asyncio.ensure_future(run.train())
-            await asyncio.sleep(0.5)
-            seen["rollout"] = os.sched_getaffinity(0)
-            result = await task
-            seen["learner"] = os.sched_getaffinity(run.learner._proc.pid)  # alive until close()
-            return result
-
-        s = asyncio.run(train_and_look())
+        s = asyncio.run(run.train())
+        # train() pinned this thread (and what it started) at its start; close() undoes it
+        seen["rollout"] = os.sched_getaffinity(0)
+        seen["learner"] = os.sched_getaffinity(run.learner._proc.pid)  # alive until close()
     finally:
         run.close()
     assert s["steps"] == 2

@@ -9,10 +9,8 @@ import pytest
 import torch
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime import EnvSpec, LocalRun, TrainConfig, run_training
+from rz_agents.runtime import EnvSpec, LearnerSpec, LocalRun, RolloutSpec, TrainConfig, run_training
 from rz_agents.runtime.synthetic_env import LowercaseLettersEnv
-from rz_agents.trainer.learner import LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
 
 _episodes = itertools.count()
@@ -46,14 +44,14 @@ def _cfg(mode="sync", steps=4, lr=1e-2, **kw):
         steps=steps,
         num_threads=1,
         env=EnvSpec(kwargs={"max_turns": 2}),
-        rollout=RolloutConfig(
+        rollout=RolloutSpec(
             group_size=4,
             groups_per_batch=4,
             max_concurrent_episodes=16,
             max_lag=64,
             limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=8, max_episode_tokens=200),
         ),
-        learner=LearnerConfig(optim=OptimConfig(lr=lr), assert_lag0_exact=True),
+        learner=LearnerSpec(optim=OptimConfig(lr=lr), assert_lag0_exact=True),
         **kw,
     )
 
@@ -105,10 +103,13 @@ def test_reward_rises_in_sync_and_async_lag64_modes():
         before, after = _before_after(s["reward_mean_per_step"])
         results[mode] = (before, after, s["max_lag_seen"])
         print(f"{mode}: reward {before:.3f} -> {after:.3f}, max lag {s['max_lag_seen']}")
-    for mode, (before, after, lag) in results.items():
+    for mode, (before, after, _) in results.items():
         assert before < 0.25, (mode, before)
         assert after > 0.6, (mode, after)  # random noise moves the mean by ~0.03, not 0.4
-        assert lag <= (0 if mode == "sync" else 64)
+    # sync trains only fresh tokens; async really trained stale ones (the next batch is generated while
+    # the learner trains on this one), so the learning above happened off-policy. (That the bound holds is
+    # test_rollout_lag_bound's, with a bound small enough to be reached.)
+    assert results["sync"][2] == 0 and results["async"][2] >= 1
 
 
 def test_a_run_where_every_episode_fails_stops_with_a_clear_error():

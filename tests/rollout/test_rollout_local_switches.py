@@ -6,9 +6,7 @@ import json
 import pytest
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime import LocalRun, TrainConfig
-from rz_agents.trainer.learner import LearnerConfig
+from rz_agents.runtime import LearnerSpec, LocalRun, RolloutSpec, TrainConfig
 from rz_agents.trainer.loss import LossConfig
 from rz_agents.trainer.optim import OptimConfig
 
@@ -26,10 +24,10 @@ def _cfg(estimator, **kw):
         mode="async",
         steps=2,
         num_threads=1,
-        rollout=RolloutConfig(
+        rollout=RolloutSpec(
             group_size=2, groups_per_batch=2, max_concurrent_episodes=8, limits=EpisodeLimits(2, 6, 200)
         ),
-        learner=LearnerConfig(loss=LossConfig(estimator=estimator), optim=OptimConfig(lr=1e-2)),
+        learner=LearnerSpec(loss=LossConfig(estimator=estimator), optim=OptimConfig(lr=1e-2)),
         **kw,
     )
 
@@ -46,7 +44,11 @@ def _run(cfg):
 def test_standard_is_uses_standard_kernels_on_engine_and_learner():
     run, s = _run(_cfg("standard_is"))
     assert run.model.kernels == "standard" and run.engine.model.kernels == "standard"
-    assert s["steps"] == 2 and "lag0_abs_dlogp_max" in run.history[0]
+    assert s["steps"] == 2
+    # negative control end to end: engine and learner on stock ops disagree on lag-0 tokens (the first
+    # step trains only tokens sampled at version 0)
+    first = run.history[0]
+    assert first["lag0_token_count"] > 0 and first["lag0_abs_dlogp_max"] > 0.0
 
 
 def test_standard_kernels_refuse_the_exact_lag0_assertion():
@@ -91,4 +93,4 @@ def test_bad_fields_are_named():
     with pytest.raises(ValueError, match="max_episode_tokens"):
         cfg.validate()
     with pytest.raises(ValueError, match=r"rollout\.group_size"):
-        RolloutConfig(group_size=0).validate()
+        RolloutSpec(group_size=0).validate()

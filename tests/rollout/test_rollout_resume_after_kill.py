@@ -12,12 +12,11 @@ import torch
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.checkpoint_cut import InconsistentCheckpoint, check_consistent_cut
-from rz_agents.rollout.controller import RolloutConfig, RolloutDeadlock
-from rz_agents.runtime import EnvSpec, LocalRun, TrainConfig
+from rz_agents.rollout.controller import RolloutDeadlock
+from rz_agents.runtime import EnvSpec, LearnerSpec, LocalRun, RolloutSpec, TrainConfig
 from rz_agents.runtime.synthetic_env import LowercaseLettersEnv
 from rz_agents.runtime.watchdog import RunStalled
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
-from rz_agents.trainer.learner import LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
 
 RESUME_TIMEOUT_S = 90  # a resume that hangs fails here instead of blocking the suite
@@ -29,7 +28,7 @@ def _cfg(steps, mode="async", ahead=2, **kw):
         steps=steps,
         num_threads=1,
         env=EnvSpec(kwargs={"max_turns": 2}),
-        rollout=RolloutConfig(
+        rollout=RolloutSpec(
             group_size=2,
             groups_per_batch=2,
             max_concurrent_episodes=8,
@@ -37,7 +36,7 @@ def _cfg(steps, mode="async", ahead=2, **kw):
             max_ahead_batches=ahead,
             limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=6, max_episode_tokens=200),
         ),
-        learner=LearnerConfig(optim=OptimConfig(lr=1e-2), assert_lag0_exact=True),
+        learner=LearnerSpec(optim=OptimConfig(lr=1e-2), assert_lag0_exact=True),
         **kw,
     )
 

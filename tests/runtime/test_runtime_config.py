@@ -1,71 +1,68 @@
-"""The runtime / ray / placement fields of the run schema: defaults, YAML round trip, one clear error each."""
-
-import re
+"""The run schema: one source of truth for the fields the learner and the rollouts share."""
 
 import pytest
 
-from rz_agents.config_io import ConfigError, from_dict, load_config, to_dict
-from rz_agents.runtime import PlacementConfig, RayConfig, TrainConfig
+from rz_agents.cli.train import RunConfig
+from rz_agents.config_io import ConfigError, load_config
+from rz_agents.runtime import LocalRun, resolve
+
+TINY = (
+    "num_threads: 1\nengine: {num_slots: 4, max_len: 256}\n"
+    "rollout: {group_size: 2, groups_per_batch: 1, max_concurrent_episodes: 2, temperature: 0.7, top_p: 0.9,"
+    " max_lag: 8, limits: {max_turns: 1, max_tokens_per_turn: 4, max_episode_tokens: 100}}\n"
+)
 
 
-def _load(tmp_path, text: str) -> TrainConfig:
+def _load(tmp_path, extra: str, overrides=()):
     path = tmp_path / "run.yaml"
-    path.write_text(text)
-    return load_config(TrainConfig, path)
-
-
-def test_local_is_the_default_and_a_ray_config_round_trips_through_yaml(tmp_path):
-    assert TrainConfig().runtime == "local"
-    cfg = _load(
-        tmp_path,
-        "runtime: ray\nray: {address: auto}\n"
-        "placement: {engines: 2, env_workers: 4, learner_ranks: 2, engine_gpus: 0, learner_gpus: 0,\n"
-        "            engine_resources: {rollout_node: 0.01}}\n",
-    )
-    assert cfg.ray == RayConfig(address="auto")
-    assert cfg.placement.engines == 2 and cfg.placement.env_workers == 4 and cfg.placement.learner_ranks == 2
-    assert cfg.placement.engine_resources == {"rollout_node": 0.01}
-    assert from_dict(TrainConfig, to_dict(cfg)) == cfg
+    path.write_text(TINY + extra)
+    return load_config(RunConfig, path, list(overrides))
 
 
 @pytest.mark.parametrize(
-    "text, message",
+    "extra, overrides, message",
     [
-        ("runtime: slurm\n", "runtime must be one of"),
-        ("runtime: ray\nplacement: {engines: 0}\n", "placement.engines must be >= 1"),
-        ("runtime: ray\nplacement: {learner_ranks: 0}\n", "placement.learner_ranks must be >= 1"),
         (
-            "runtime: ray\nplacement: {learner_gpus: 0.5}\n",
-            "placement.learner_gpus must be 0 or a whole number",
+            "learner: {temperature: 1.0}\n",
+            (),
+            "learner.temperature (1.0) conflicts with rollout.temperature (0.7): ",
         ),
-        ("runtime: ray\nplacement: {engine_gpus: -1}\n", "placement.engine_gpus must be >= 0"),
-        ("runtime: ray\nplacement: {engine_resources: {a: 0}}\n", "placement.engine_resources.a must be > 0"),
-        ("runtime: ray\nplacement: {actor_restarts: -1}\n", "placement.actor_restarts must be >= 0"),
-        ("runtime: ray\nray: {object_store_mb: 10}\n", "ray.object_store_mb must be >= 64"),
-        ("runtime: ray\nplacement: {weight_transport: nccl}\n", "placement.weight_transport must be one of"),
+        ("learner: {top_p: 1.0}\n", (), "learner.top_p (1.0) conflicts with rollout.top_p (0.9): "),
+        ("learner: {top_k: 5}\n", (), "learner.top_k (5) conflicts with rollout.top_k (0): "),
+        ("learner: {max_lag: 64}\n", (), "learner.max_lag (64) conflicts with rollout.max_lag (8): "),
+        ("learner: {max_lag: 8}\n", ("mode=sync",), "learner.max_lag (8) conflicts with mode ('sync'): "),
+        ("seed: 3\n", ("rollout.seed=4",), "rollout.seed (4) conflicts with seed (3): "),
         (
-            "runtime: ray\nplacement: {weight_transport: broadcast}\nrollout: {fixed_lag: 2, max_lag: 4, "
-            "limits: {max_episode_tokens: 100}}\n",
-            "weight_transport: broadcast sends the newest weights only",
-        ),
-        ("placement: {engines: 2}\n", "placement: is set but runtime is 'local'"),
-        ("ray: {address: auto}\n", "ray: is set but runtime is 'local'"),
-        ("runtime: ray\nlearner_process: true\n", "local-runtime settings"),
-        (
-            "runtime: ray\nplacement: {enignes: 2}\n",
-            "placement.enignes: unknown field (did you mean engines?)",
-        ),
-        (
-            "rollout: {max_episode_reruns: -1, limits: {max_episode_tokens: 100}}\n",
-            "rollout.max_episode_reruns must be >= 0",
+            "model: {kernels: aligned}\n",
+            ("learner.loss.estimator=standard_is",),
+            "model.kernels ('aligned') conflicts with learner.loss.estimator ('standard_is'), ",
         ),
     ],
 )
-def test_bad_runtime_settings_are_one_error_naming_the_field(tmp_path, text, message):
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        _load(tmp_path, text)
+def test_a_field_written_against_the_one_it_follows_is_one_error_line_naming_both(
+    tmp_path, extra, overrides, message
+):
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, extra, overrides)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
 
 
-def test_placement_defaults_are_one_of_each_on_cpu():
-    p = PlacementConfig()
-    assert (p.engines, p.env_workers, p.learner_ranks, p.engine_gpus, p.learner_gpus) == (1, 1, 1, 0, 0)
+def test_derived_fields_follow_the_rollout_and_agreeing_values_are_accepted(tmp_path):
+    cfg = resolve(_load(tmp_path, "learner: {temperature: 0.7, max_lag: 8}\nseed: 5\n"))
+    assert (cfg.learner.temperature, cfg.learner.top_p, cfg.learner.top_k) == (0.7, 0.9, 0)
+    assert (cfg.learner.max_lag, cfg.rollout.max_lag, cfg.rollout.seed) == (8, 8, 5)
+    assert cfg.model.kernels == "aligned" and resolve(cfg) == cfg  # resolving twice changes nothing
+    sync = resolve(_load(tmp_path, "", ["mode=sync"]))  # a mode switch needs no edit of the bound
+    assert sync.learner.max_lag == sync.rollout.max_lag == 0
+    standard = resolve(_load(tmp_path, "", ["learner.loss.estimator=standard_is"]))
+    assert standard.model.kernels == "standard"
+
+
+def test_the_local_runtime_runs_on_the_resolved_fields(tmp_path):
+    run = LocalRun(_load(tmp_path, ""))
+    try:
+        assert run.learner.cfg.temperature == run.controller.sampling.temperature == 0.7
+        assert run.learner.cfg.top_p == run.controller.sampling.top_p == 0.9
+        assert run.learner.cfg.max_lag == run.controller.cfg.max_lag == 8
+    finally:
+        run.close()

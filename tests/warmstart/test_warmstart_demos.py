@@ -3,6 +3,7 @@
 import json
 import re
 
+import pytest
 import torch
 
 from rz_agents.model import ModelConfig, Transformer
@@ -47,6 +48,22 @@ def test_supervised_warm_start_lowers_the_loss():
     )
     assert result["steps"] == 12
     assert result["loss_end"] < 0.75 * result["loss_start"]  # from ln(320) = 5.77
+
+
+def test_micro_batches_accumulate_to_the_same_update_as_the_whole_batch():
+    tok, tpl = ByteTokenizer(), ByteChatTemplate()
+    demos = arithmetic_tool_demos(tok, tpl, 16, seed=1, difficulty=1, tool_fraction=1.0)
+    cfg = ModelConfig.tiny("qwen3", vocab_size=320, hidden_size=64, num_hidden_layers=2)
+    weights, losses = [], []
+    for budget in (None, 300):  # 300 tokens: about 3 demonstrations per packed forward
+        model = Transformer(cfg)
+        model.reset_parameters(seed=0)
+        ws = WarmStartConfig(demos=16, epochs=1, batch_size=16, warmup_steps=0, micro_batch_tokens=budget)
+        losses.append(supervised_warm_start(model, demos, ws)["loss_start"])
+        weights.append({k: v.clone() for k, v in model.state_dict().items()})
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    for k, v in weights[0].items():
+        torch.testing.assert_close(v, weights[1][k], rtol=1e-5, atol=1e-6)
 
 
 def test_word_problem_demos_call_the_tool_with_the_story_translated_into_code():

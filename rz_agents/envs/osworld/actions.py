@@ -86,8 +86,15 @@ def parse_pyautogui(reply: str) -> list[Action]:
     actions: list[Action] = []
     for _lang, body in _FENCE.findall(text):
         body = body.strip()
+        lines = body.splitlines()
         if body in SPECIAL:
             actions.append(Action(body))
+        elif lines and lines[-1].strip() in SPECIAL:  # code, then a special word (as OSWorld parses it)
+            code = "\n".join(lines[:-1]).strip()
+            if code:
+                _check_python(code)
+                actions.append(Action("code", code))
+            actions.append(Action(lines[-1].strip()))
         elif body:
             _check_python(body)
             actions.append(Action("code", body))

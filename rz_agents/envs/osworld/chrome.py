@@ -60,14 +60,16 @@ def chromium_command(
     ]
 
 
-def write_chrome_wrapper(bin_dir: str, binary: str, cdp_port: int, profile_dir: str) -> str:
+def write_chrome_wrapper(
+    bin_dir: str, binary: str, cdp_port: int, profile_dir: str, extra_flags: list[str] | None = None
+) -> str:
     """Write a ``google-chrome`` shell wrapper into ``bin_dir`` (and its aliases); returns its path.
 
     Tasks launch ``google-chrome --remote-debugging-port=1337``; the wrapper drops the task's port
     and profile flags and starts Chromium with the episode's own, so any way of starting Chrome
     (setup step, agent code, a shell) lands on the same CDP port.
     """
-    flags = " ".join(f"'{f}'" for f in chromium_command(binary, cdp_port, profile_dir)[1:])
+    flags = " ".join(f"'{f}'" for f in chromium_command(binary, cdp_port, profile_dir, extra_flags)[1:])
     script = (
         "#!/bin/sh\n"
         "# Generated per episode by rz_agents.envs.osworld: Chromium with this episode's CDP port.\n"

@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from rz_agents.envs.osworld.chrome import ChromeLink
 from rz_agents.envs.osworld.client import VMClient
-
-
-def default_download_cache() -> str:
-    """Where downloaded task files are looked up: ``$RZ_OSWORLD_CACHE`` or ``~/.cache/rz_agents/osworld``."""
-    return os.environ.get("RZ_OSWORLD_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "rz_agents", "osworld"
-    )
 
 
 @dataclass

@@ -14,9 +14,10 @@ import time
 from typing import Any
 
 from rz_agents.envs.osworld.actions import SPECIAL, Action, ActionParseError, computer13_to_code
+from rz_agents.envs.osworld.cache import default_cache_dir
 from rz_agents.envs.osworld.chrome import ChromeLink
 from rz_agents.envs.osworld.client import VMClient
-from rz_agents.envs.osworld.context import EpisodeContext, default_download_cache
+from rz_agents.envs.osworld.context import EpisodeContext
 from rz_agents.envs.osworld.evaluate import Evaluation, evaluate_episode
 from rz_agents.envs.osworld.providers import make_provider
 from rz_agents.envs.osworld.setup_steps import SetupError, run_steps
@@ -43,7 +44,7 @@ class DesktopEnv:
         self.require_a11y_tree = require_a11y_tree
         self.require_terminal = require_terminal
         self.require_screenshot = require_screenshot
-        self.download_cache = download_cache or default_download_cache()
+        self.download_cache = download_cache or default_cache_dir()
         self.allow_network = allow_network
         self.provider = make_provider(provider_name, **(provider_options or {}))
         self.task: Task | None = None

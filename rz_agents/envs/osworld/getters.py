@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from rz_agents.envs.osworld.cache import cloud_file_items, cloud_file_path, is_local_url
 from rz_agents.envs.osworld.chrome import active_page, pages
 from rz_agents.envs.osworld.context import EpisodeContext
 
@@ -23,8 +26,13 @@ PROFILE_DIR = CHROME_DIR + "/Default"
 
 UNAVAILABLE: dict[str, str] = {
     "vm_terminal_output": "needs a GNOME terminal's accessibility tree (not on this desktop)",
+    "vm_wallpaper": "needs GNOME's desktop background setting (no GNOME here)",
     "rule_relativeTime": "needs today's date rendered in the task's format against live websites",
 }
+
+
+class GetterError(RuntimeError):
+    """A getter cannot read its state here; the message says why (e.g. a file not in the cache)."""
 
 
 def get_rule(ctx: EpisodeContext, config: dict[str, Any]) -> Any:
@@ -44,27 +52,138 @@ def get_vm_command_error(ctx: EpisodeContext, config: dict[str, Any]) -> str | N
     return result.get("error")
 
 
+def _given(paths: list[str | None], config: dict[str, Any]) -> str | list[str | None] | None:
+    """OSWorld's ``gives``: the indices handed to the metric (default ``[0]``); one path, or a list."""
+    gives = config.get("gives", [0])
+    picked = [paths[i] for i in gives if i < len(paths)]
+    return picked[0] if len(picked) == 1 else picked
+
+
+def _paths_and_dests(config: dict[str, Any]) -> list[tuple[str, str]]:
+    paths = config["path"] if isinstance(config["path"], list) else [config["path"]]
+    dests = config.get("dest")
+    dests = dests if isinstance(dests, list) else [dests] * len(paths)
+    if len(dests) != len(paths):
+        dests = [None] * len(paths)
+    return [(str(p), os.path.basename(str(d or p))) for p, d in zip(paths, dests, strict=True)]
+
+
 def get_vm_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | list[str | None] | None:
-    """Copy a file (or, with ``multi``, several) out of the desktop; the local path(s), None if missing."""
-    multi = bool(config.get("multi", False))
-    paths = config["path"] if multi else [config["path"]]
-    dests = config.get("dest") if multi else [config.get("dest")]
-    if not isinstance(dests, list) or len(dests) != len(paths):
-        dests = [os.path.basename(p) for p in paths]
+    """Copy a file (or, with ``multi``, several) out of the desktop into the evaluation folder.
+
+    Each lands as ``<work_dir>/<dest>`` (siblings matter: a metric may look for ``<name>-Sheet1.csv``
+    next to ``<name>.xlsx``); the metric gets the path(s) picked by ``gives``, None for a missing file.
+    """
     out: list[str | None] = []
-    for path, dest in zip(paths, dests, strict=True):
+    for path, dest in _paths_and_dests(config):
         data = ctx.client.get_file(path)
         if data is None:
             out.append(None)
             continue
-        local = os.path.join(ctx.work_dir, os.path.basename(str(dest or path)))
+        local = os.path.join(ctx.work_dir, dest)
         with open(local, "wb") as f:
             f.write(data)
         out.append(local)
-    if multi:
-        gives = config.get("gives")
-        return [out[i] for i in gives] if isinstance(gives, list) else out
-    return out[0]
+    return _given(out, config)
+
+
+def get_cloud_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | list[str | None] | None:
+    """A gold file from the input cache (``rz osworld fetch``), copied into the evaluation folder.
+
+    Not cached: downloaded when the episode allows the network, else ``GetterError`` saying where
+    the file is expected.
+    """
+    out: list[str | None] = []
+    for url, dest in cloud_file_items(config):
+        cached = cloud_file_path(ctx.download_cache, ctx.task_id, dest)
+        local = os.path.join(ctx.work_dir, os.path.basename(dest))
+        if os.path.isfile(cached):
+            shutil.copyfile(cached, local)
+        elif is_local_url(url) or ctx.allow_network:
+            try:
+                with urllib.request.urlopen(url, timeout=120) as resp, open(local, "wb") as f:
+                    shutil.copyfileobj(resp, f)
+            except OSError as exc:
+                raise GetterError(f"cloud_file: download of {url} failed: {exc}") from exc
+        else:
+            raise GetterError(f"needs internet download: {url} (put the file at {cached} to run offline)")
+        out.append(local)
+    return _given(out, config)
+
+
+def get_cache_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """A file an earlier step wrote (``execute`` with ``stdout``), or one in the task's input cache."""
+    name = str(config["path"])
+    for candidate in (
+        os.path.join(ctx.work_dir, os.path.basename(name)),
+        os.path.join(ctx.download_cache, ctx.task_id, name),
+    ):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _copy_out(ctx: EpisodeContext, path: str, dest: str) -> str | None:
+    """Copy one desktop file to ``<work_dir>/<dest>``; None when it does not exist."""
+    data = ctx.client.get_file(path)
+    if data is None:
+        return None
+    local = os.path.join(ctx.work_dir, os.path.basename(dest))
+    with open(local, "wb") as f:
+        f.write(data)
+    return local
+
+
+def get_gimp_config_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """A file of GIMP 2.10's settings folder (``~/.config/GIMP/2.10/<file_name>``)."""
+    name = config["file_name"]
+    return _copy_out(ctx, f"/home/user/.config/GIMP/2.10/{name}", config.get("dest") or name)
+
+
+def get_vlc_config(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """VLC's settings file (``~/.config/vlc/vlcrc``)."""
+    return _copy_out(ctx, "/home/user/.config/vlc/vlcrc", config.get("dest") or "vlcrc")
+
+
+VLC_HTTP = ("127.0.0.1", 8080, "password")  # what the desktop's vlc wrapper enables (providers/wrappers.py)
+
+
+def get_vlc_playing_info(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """VLC's ``status.xml`` from its HTTP interface (fetched inside the desktop: its loopback is its own)."""
+    host, port, password = VLC_HTTP
+    code = (
+        "import base64, sys, urllib.request\n"
+        f"req = urllib.request.Request('http://{host}:{port}/requests/status.xml')\n"
+        f"req.add_header('Authorization', 'Basic ' + base64.b64encode(b':{password}').decode())\n"
+        "sys.stdout.write(urllib.request.urlopen(req, timeout=10).read().decode())"
+    )
+    result = ctx.client.execute(["python3", "-c", code])
+    if result.get("returncode") != 0 or not result.get("output"):
+        return None
+    local = os.path.join(ctx.work_dir, os.path.basename(config.get("dest") or "status.xml"))
+    with open(local, "w") as f:
+        f.write(result["output"])
+    return local
+
+
+def get_accessibility_tree(ctx: EpisodeContext, config: dict[str, Any]) -> str:
+    """The desktop's accessibility tree (XML)."""
+    return ctx.client.accessibility_tree()
+
+
+def get_vm_screen_size(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, int]:
+    """``{"width", "height"}`` of the screen."""
+    w, h = ctx.client.screen_size()
+    return {"width": w, "height": h}
+
+
+def get_vm_window_size(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, int] | None:
+    """``{"width", "height"}`` of the first window whose class is ``app_class_name`` (case-insensitive)."""
+    want = str(config["app_class_name"]).lower()
+    for w in ctx.client.windows():
+        if str(w.get("class", "")).lower() == want:
+            return {"width": w["w"], "height": w["h"]}
+    return None
 
 
 def get_list_directory(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, Any] | None:
@@ -188,6 +307,20 @@ def get_enable_do_not_track(ctx: EpisodeContext, config: dict[str, Any]) -> str:
     return "true" if _preferences(ctx).get("enable_do_not_track") else "false"
 
 
+def get_enable_enhanced_safety_browsing(ctx: EpisodeContext, config: dict[str, Any]) -> str:
+    """``"true"`` when Safe Browsing's enhanced protection is on."""
+    return "true" if _preferences(ctx).get("safebrowsing", {}).get("enhanced") else "false"
+
+
+def get_data_delete_automacally(ctx: EpisodeContext, config: dict[str, Any]) -> str:  # (OSWorld's spelling)
+    """``"true"`` when the profile has default content settings (auto-delete of site data configured)."""
+    return (
+        "true"
+        if _preferences(ctx).get("profile", {}).get("default_content_setting_values") is not None
+        else "false"
+    )
+
+
 def get_default_search_engine(ctx: EpisodeContext, config: dict[str, Any]) -> str:
     """The default search engine's short name (``Google`` when never changed)."""
     data = _preferences(ctx).get("default_search_provider_data", {}).get("template_url_data", {})
@@ -259,7 +392,17 @@ GETTERS: dict[str, Callable[[EpisodeContext, dict[str, Any]], Any]] = {
     "vm_command_line": get_vm_command_line,
     "vm_command_error": get_vm_command_error,
     "vm_file": get_vm_file,
+    "cloud_file": get_cloud_file,
+    "cache_file": get_cache_file,
     "list_directory": get_list_directory,
+    "gimp_config_file": get_gimp_config_file,
+    "vlc_config": get_vlc_config,
+    "vlc_playing_info": get_vlc_playing_info,
+    "accessibility_tree": get_accessibility_tree,
+    "vm_screen_size": get_vm_screen_size,
+    "vm_window_size": get_vm_window_size,
+    "enable_enhanced_safety_browsing": get_enable_enhanced_safety_browsing,
+    "data_delete_automacally": get_data_delete_automacally,
     "active_tab_info": get_active_tab_info,
     "open_tabs_info": get_open_tabs_info,
     "active_url_from_accessTree": get_active_url,

@@ -1,10 +1,13 @@
 """``rz_agents/OSWorld-v0``: an OSWorld desktop as a multi-turn chat env for the rollout loop.
 
-Observations are chat messages: the instruction plus the linearised accessibility tree after
-each action (and any action error). Actions are the policy's reply text, parsed as ``pyautogui``
-code blocks or ``computer_13`` JSON, with ``WAIT``/``DONE``/``FAIL``. The reward is
-``DesktopEnv.evaluate()``, given when the agent says ``DONE``/``FAIL`` or the turn limit ends the
-episode; every other step gives 0.
+Observations are chat messages in the form of OSWorld's accessibility-tree text agent
+(``prompts.py``): a system message with the action rules and the task, then each turn a user
+message with the linearised tree, filtered and cut to ``max_tree_tokens`` (and the previous
+action's error, if any). Actions are the policy's reply text, parsed as ``pyautogui`` code blocks
+or ``computer_13`` JSON, with ``WAIT``/``DONE``/``FAIL``. The reward is ``DesktopEnv.evaluate()``,
+given when the agent says ``DONE``/``FAIL`` or the turn limit ends the episode; every other step
+gives 0. The env keeps the whole chat (a trajectory's tokens only grow); policies that see a
+window of it (``prompts.window_messages``) trim on their side.
 """
 
 from __future__ import annotations
@@ -14,28 +17,13 @@ from typing import Any
 import numpy as np
 
 from rz_agents.envs.base import Message, MultiTurnTextEnv
-from rz_agents.envs.osworld.a11y import linearize
+from rz_agents.envs.osworld.a11y import linearize, trim
 from rz_agents.envs.osworld.actions import ActionParseError, parse_action
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
+from rz_agents.envs.osworld.prompts import observation_prompt, system_prompt
 from rz_agents.envs.osworld.task import Task, load_tasks
 
 ENV_ID = "rz_agents/OSWorld-v0"
-
-SYSTEM_PYAUTOGUI = """You control a Linux desktop ({w}x{h} pixels) to complete the user's task.
-Each turn you get the screen's accessibility tree (one element per line: tag, name, text, \
-top-left position, size). Reply with ONE ```python``` code block using pyautogui (already \
-imported), e.g. ```python
-pyautogui.click(120, 340)
-pyautogui.typewrite('hello')
-```
-Positions are screen pixels; click an element's centre (position + size/2).
-Reply WAIT to wait, DONE when the task is complete, FAIL if it cannot be done."""
-
-SYSTEM_COMPUTER13 = """You control a Linux desktop ({w}x{h} pixels) to complete the user's task.
-Each turn you get the screen's accessibility tree. Reply with ONE JSON action such as \
-{{"action_type": "CLICK", "parameters": {{"x": 120, "y": 340}}}}; action types: MOVE_TO, CLICK, \
-MOUSE_DOWN, MOUSE_UP, RIGHT_CLICK, DOUBLE_CLICK, DRAG_TO, SCROLL, TYPING, PRESS, KEY_DOWN, KEY_UP, \
-HOTKEY. Reply WAIT to wait, DONE when the task is complete, FAIL if it cannot be done."""
 
 
 def register_envs() -> None:
@@ -48,9 +36,12 @@ def register_envs() -> None:
 class OSWorldEnv(MultiTurnTextEnv):
     """OSWorld tasks as a Gymnasium multi-turn text env.
 
-    ``reset(options={"task": task_json})`` runs that task; without a task one is drawn (with the
-    reset's seed) from ``tasks_path``. ``info["evaluation"]`` on the last step holds the score's
-    details; ``info["action_error"]`` is set when a reply held no valid action.
+    ``reset(options={"task": task_json})`` runs that task; a task given as ``{"id": ...}`` alone
+    (what a training config lists in ``env.tasks``) is looked up in ``tasks_path``; without a task
+    one is drawn (with the reset's seed) from ``tasks_path`` (``"local"``: the packaged task set).
+    ``info["evaluation"]`` on the last step holds the score's details; ``info["action_error"]`` is
+    set when a reply held no valid action. One env holds one desktop at a time, so the number of
+    env instances (the rollout's concurrent episodes) bounds the desktops running at once.
     """
 
     def __init__(
@@ -61,16 +52,21 @@ class OSWorldEnv(MultiTurnTextEnv):
         provider: str = "local",
         provider_options: dict[str, Any] | None = None,
         download_cache: str | None = None,
-        max_tree_chars: int = 20000,
+        max_tree_tokens: int = 10000,
         pause: float = 0.5,
     ) -> None:
         super().__init__(max_turns=max_turns)
         self.action_space_name = action_space
-        self.max_tree_chars = max_tree_chars
+        self.max_tree_tokens = max_tree_tokens
         self.pause = pause
+        if tasks_path == "local":
+            from rz_agents.envs.osworld import LOCAL_TASKS
+
+            tasks_path = LOCAL_TASKS
         self.tasks: list[Task] = (
             [t for _p, t in load_tasks(tasks_path) if isinstance(t, Task)] if tasks_path else []
         )
+        self._by_id = {t.id: t for t in self.tasks}
         self.desktop = DesktopEnv(
             provider_name=provider,
             action_space=action_space,
@@ -80,23 +76,31 @@ class OSWorldEnv(MultiTurnTextEnv):
         )
         self.screen_size = getattr(self.desktop.provider, "screen_size", (1920, 1080))
 
-    def _observation_text(self, obs: dict[str, Any]) -> str:
-        return "Accessibility tree:\n" + linearize(obs.get("accessibility_tree"), self.max_tree_chars)
+    def _observation_text(self, obs: dict[str, Any], errors: list[str] | None = None) -> str:
+        tree = trim(linearize(obs.get("accessibility_tree")), self.max_tree_tokens)
+        return observation_prompt(tree, errors)
 
     def _reset(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[list[Message], dict]:
         if task is None:
             if not self.tasks:
                 raise ValueError("no task given: pass options={'task': {...}} or tasks_path=")
             task_obj: Task | dict[str, Any] = self.tasks[int(rng.integers(len(self.tasks)))]
+        elif set(task) <= {"id", "domain"}:  # a reference into tasks_path
+            if task.get("id") not in self._by_id:
+                raise ValueError(
+                    f"task {task.get('id')!r} is not in tasks_path ({len(self.tasks)} tasks loaded)"
+                )
+            task_obj = self._by_id[task["id"]]
         else:
             task_obj = task
         obs = self.desktop.reset(task_obj)
         assert self.desktop.task is not None
-        template = SYSTEM_PYAUTOGUI if self.action_space_name == "pyautogui" else SYSTEM_COMPUTER13
-        w, h = self.screen_size
         messages = [
-            {"role": "system", "content": template.format(w=w, h=h)},
-            {"role": "user", "content": f"Task: {obs['instruction']}\n\n{self._observation_text(obs)}"},
+            {
+                "role": "system",
+                "content": system_prompt(self.action_space_name, obs["instruction"], self.screen_size),
+            },
+            {"role": "user", "content": self._observation_text(obs)},
         ]
         return messages, {"task_id": self.desktop.task.id, "timings": dict(self.desktop.timings)}
 
@@ -114,10 +118,7 @@ class OSWorldEnv(MultiTurnTextEnv):
             if done:
                 score = self.desktop.evaluate()
                 return "Episode finished.", score, True, self._final_info()
-        content = self._observation_text(obs)
-        if errors:
-            content = "Your code raised an error:\n" + "\n".join(errors) + "\n\n" + content
-        return content, 0.0, False, {"errors": errors}
+        return self._observation_text(obs, errors), 0.0, False, {"errors": errors}
 
     def _final_info(self) -> dict[str, Any]:
         ev = self.desktop.last_evaluation

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rz_agents.envs.osworld.cache import is_local_url, missing_inputs
 from rz_agents.envs.osworld.getters import GETTERS, UNAVAILABLE
-from rz_agents.envs.osworld.metrics import METRICS, SPECIAL_METRICS
-from rz_agents.envs.osworld.setup_steps import STEPS, find_cached, is_local_url
+from rz_agents.envs.osworld.metrics import METRICS, SPECIAL_METRICS, option_problem
+from rz_agents.envs.osworld.setup_steps import STEPS
 from rz_agents.envs.osworld.task import Task, TaskFormatError, load_tasks
 
 # related_apps / snapshot names -> executables any of which makes the app available.
@@ -109,8 +110,12 @@ def _check_command(command: Any, add: Any, wrapped: set[str]) -> None:
             add("command not installed", name)
 
 
-def check_task(task: Task, download_cache: str) -> Runnability:
-    """Every reason ``task`` cannot run here (empty when it can)."""
+def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> Runnability:
+    """Every reason ``task`` cannot run here (empty when it can).
+
+    ``assume_cached``: count the task's remote input files as present (what a full cache,
+    ``rz osworld fetch``, would make runnable).
+    """
     r = Runnability(task.id, task.source_path or "", task.domain)
     seen: set[tuple[str, str]] = set()
 
@@ -137,21 +142,25 @@ def check_task(task: Task, download_cache: str) -> Runnability:
             add("setup step not implemented", step.type)
             continue
         p = step.parameters
-        if step.type == "download":
-            for f in p.get("files", []) or []:
-                url, path = str(f.get("url", "")), str(f.get("path", ""))
-                if not is_local_url(url) and not find_cached(download_cache, task.id, url, path):
-                    add("needs internet download", url[:120])
+        if step.type == "open" and not shutil.which("xdg-open"):
+            add("command not installed", "xdg-open (the open step; apt-get install xdg-utils)")
         elif step.type == "chrome_open_tabs":
             for url in p.get("urls_to_open", []) or []:
                 if not is_local_url(str(url)):
                     add("needs internet (web page)", str(url))
         elif step.type in ("execute", "command", "launch"):
             _check_command(p.get("command"), add, wrapped)
+    if not assume_cached:
+        for item in missing_inputs(task, download_cache):
+            add("needs internet download", item.url[:120])
     if not ev.is_infeasible:
-        for name in ev.funcs:
+        for i, name in enumerate(ev.funcs):
             if name not in METRICS and name not in SPECIAL_METRICS:
                 add("metric not implemented", name)
+            elif name in METRICS:
+                problem = option_problem(name, ev.options[i] if i < len(ev.options) else {})
+                if problem:
+                    add("metric option not implemented", f"{name}: {problem}")
         for getter in [*ev.results, *ev.expected]:
             if not getter:
                 continue
@@ -167,16 +176,23 @@ def check_task(task: Task, download_cache: str) -> Runnability:
     return r
 
 
-def validate_dir(path: str | Path, download_cache: str) -> dict[str, Any]:
-    """Parse and check every task under ``path``.
+def validate_dir(
+    path: str | Path,
+    download_cache: str,
+    assume_cached: bool = False,
+    subset: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """Parse and check every task under ``path`` (``assume_cached``: see ``check_task``).
 
     Returns ``total``, ``parsed``, ``parse_errors`` (path -> message), ``runnable``,
     ``not_runnable`` (first reason's category -> task count), ``reasons`` (every category ->
-    task count) and ``tasks`` (per task: id, domain, path, runnable, reasons).
+    task count), ``by_domain`` and ``tasks`` (per task: id, domain, path, runnable, reasons).
+    With ``subset`` (OSWorld's ``test_all.json``: domain -> ids), ``subset`` counts the listed
+    tasks found (a task file named after its id, in its domain's folder) and runnable, per domain.
     """
     loaded = load_tasks(path)
     parse_errors = {str(p): str(t) for p, t in loaded if isinstance(t, TaskFormatError)}
-    checks = [check_task(t, download_cache) for _p, t in loaded if isinstance(t, Task)]
+    checks = [check_task(t, download_cache, assume_cached) for _p, t in loaded if isinstance(t, Task)]
     first = Counter(c.reasons[0][0] for c in checks if c.reasons)
     every = Counter(cat for c in checks for cat in {cat for cat, _ in c.reasons})
     by_domain: dict[str, dict[str, int]] = {}
@@ -185,6 +201,7 @@ def validate_dir(path: str | Path, download_cache: str) -> dict[str, Any]:
         d["total"] += 1
         d["runnable"] += int(c.runnable)
     return {
+        "subset": _subset_summary(checks, subset) if subset is not None else None,
         "total": len(loaded),
         "parsed": len(checks),
         "parse_errors": parse_errors,
@@ -202,4 +219,21 @@ def validate_dir(path: str | Path, download_cache: str) -> dict[str, Any]:
             }
             for c in checks
         ],
+    }
+
+
+def _subset_summary(checks: list[Runnability], subset: dict[str, list[str]]) -> dict[str, Any]:
+    listed = {(domain, task_id) for domain, ids in subset.items() for task_id in ids}
+    # A variant file (e.g. "<id>-win.json") repeats an id: only "<id>.json" stands for the task.
+    found = [c for c in checks if (c.domain, c.task_id) in listed and Path(c.path).stem == c.task_id]
+    by_domain: dict[str, dict[str, int]] = {}
+    for c in found:
+        d = by_domain.setdefault(c.domain, {"total": 0, "runnable": 0})
+        d["total"] += 1
+        d["runnable"] += int(c.runnable)
+    return {
+        "listed": len(listed),
+        "found": len(found),
+        "runnable": sum(c.runnable for c in found),
+        "by_domain": by_domain,
     }

@@ -1,7 +1,7 @@
 """The in-VM HTTP server: the contract OSWorld's controllers and getters talk to, on loopback.
 
-Run inside the episode sandbox (``python -m rz_agents.envs.osworld.server``); it binds
-``127.0.0.1`` on a free port and prints ``PORT <n>`` as its first line. Endpoints (JSON bodies):
+Served by the episode's session (``session.py``) inside its sandbox, on a Unix socket the host
+reaches through a relay (or, unsandboxed, on a free loopback port). Endpoints (JSON bodies):
 
 * ``GET /platform``, ``/screen_size``, ``/cursor_position``, ``/screenshot`` (PNG),
   ``/accessibility`` (``{"AT": xml}``), ``/terminal`` (``{"output": null}``: no GNOME terminal here)
@@ -22,9 +22,10 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import shlex
 import shutil
+import socket
+import socketserver
 import subprocess
 import sys
 import threading
@@ -104,10 +105,14 @@ _runner = ActionRunner()
 
 
 def _python_c_code(command: list[str] | str, shell: bool) -> str | None:
-    """The code of a ``python -c CODE`` argv (the form OSWorld uses for actions), else None."""
+    """The code of a ``python -c CODE`` argv for this desktop's Python (the form OSWorld uses for
+    actions; ``map_command`` already turned a bare ``python``/``python3`` into it), else None.
+
+    An explicit other interpreter (``/usr/bin/python3``) runs as asked.
+    """
     if shell or not isinstance(command, list) or len(command) != 3 or command[1] != "-c":
         return None
-    return command[2] if re.fullmatch(r"python[0-9.]*", os.path.basename(command[0])) else None
+    return command[2] if command[0] == sys.executable else None
 
 
 def run_command(command: list[str] | str, shell: bool, timeout: float = COMMAND_TIMEOUT_S) -> dict[str, Any]:
@@ -229,6 +234,79 @@ def find_window(name: str, strict: bool = False, by_class: bool = False) -> dict
 
 # --- accessibility tree --------------------------------------------------------------------------
 
+SYSTEM_PYTHON = os.environ.get("RZ_OSWORLD_SYSTEM_PYTHON", "/usr/bin/python3")
+ATSPI_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "atspi_tree.py")
+
+
+class AtspiTree:
+    """The server's handle on ``atspi_tree.py``, kept running under the system Python.
+
+    Used when the session switched AT-SPI on (``RZ_OSWORLD_ATSPI=1``). A dump that fails or
+    overruns its time kills the helper (the next request starts a fresh one) and returns None, so
+    the caller falls back to the X11/Chromium tree.
+    """
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self.last_error = ""
+
+    @staticmethod
+    def enabled() -> bool:
+        """True when this desktop has AT-SPI switched on."""
+        return os.environ.get("RZ_OSWORLD_ATSPI") == "1"
+
+    def _start(self) -> subprocess.Popen | None:
+        proc = subprocess.Popen(
+            [SYSTEM_PYTHON, ATSPI_SCRIPT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        ready = self._readline(proc, 30.0)
+        if not ready or not json.loads(ready).get("ready"):
+            proc.kill()
+            self.last_error = "the AT-SPI helper could not import pyatspi"
+            return None
+        return proc
+
+    @staticmethod
+    def _readline(proc: subprocess.Popen, timeout: float) -> str | None:
+        import select
+
+        if not select.select([proc.stdout], [], [], timeout)[0]:
+            return None
+        return proc.stdout.readline() or None
+
+    def dump(self, time_s: float = 20.0) -> str | None:
+        """The AT-SPI tree as XML, or None (``last_error`` says why)."""
+        with self._lock:
+            try:
+                if self._proc is None or self._proc.poll() is not None:
+                    self._proc = self._start()
+                if self._proc is None:
+                    return None
+                self._proc.stdin.write(json.dumps({"time_s": time_s}) + "\n")
+                self._proc.stdin.flush()
+                line = self._readline(self._proc, time_s + 15)
+                if line is None:
+                    raise OSError(f"no answer within {time_s + 15:.0f}s")
+                answer = json.loads(line)
+            except (OSError, ValueError) as exc:
+                self.last_error = f"AT-SPI helper: {exc}"
+                if self._proc is not None:
+                    self._proc.kill()
+                self._proc = None
+                return None
+            if "xml" not in answer:
+                self.last_error = answer.get("error", "no tree")
+                return None
+            return answer["xml"]
+
+
+_atspi = AtspiTree()
+
 _chrome_link = None
 _chrome_lock = threading.Lock()
 
@@ -239,8 +317,6 @@ def _chrome_nodes() -> list[dict[str, Any]]:
     port = os.environ.get("RZ_OSWORLD_CDP_PORT")
     if not port:
         return []
-    import socket
-
     with socket.socket() as s:
         s.settimeout(0.2)
         if s.connect_ex(("127.0.0.1", int(port))) != 0:
@@ -260,10 +336,17 @@ def _chrome_nodes() -> list[dict[str, Any]]:
 
 
 def accessibility_xml() -> str:
-    """The desktop's accessibility tree: X11 windows, with Chrome's own AX tree inside its window.
+    """The desktop's accessibility tree: AT-SPI's (every app's widgets) when the session has it,
+    else the fallback: X11 windows, with Chromium's page tree (over CDP) inside its window."""
+    if AtspiTree.enabled():
+        xml = _atspi.dump()
+        if xml is not None:
+            return xml
+    return fallback_xml()
 
-    AT-SPI is not assumed (no session bus in the sandbox); browsers expose their tree over CDP.
-    """
+
+def fallback_xml() -> str:
+    """X11 windows, with Chrome's own AX tree inside its window (no AT-SPI needed)."""
 
     def attrs(d: dict[str, Any]) -> str:
         return (
@@ -499,18 +582,36 @@ READ_ONLY_POST = (
 )
 
 
-def main() -> None:
-    """Serve on a free loopback port; print ``PORT <n>`` so the provider can connect."""
-    threading.Thread(target=_runner.start, daemon=True).start()  # preload while the desktop settles
+class UnixHTTPServer(socketserver.ThreadingUnixStreamServer):
+    """The HTTP server on an inherited listening Unix socket (the sandboxed desktop's only door)."""
+
+    daemon_threads = True
+
+    def __init__(self, fd: int) -> None:
+        super().__init__("", Handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = socket.socket(fileno=fd)
+
+    def get_request(self) -> tuple[socket.socket, tuple[str, int]]:
+        conn, _ = super().get_request()
+        return conn, ("unix", 0)  # BaseHTTPRequestHandler expects a (host, port) address
+
+
+def make_server(listen_fd: int | None) -> socketserver.BaseServer:
+    """The in-VM server on the listening socket ``listen_fd``, or on a free loopback TCP port when None."""
+    if listen_fd is not None:
+        return UnixHTTPServer(listen_fd)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    print(f"PORT {server.server_address[1]}", flush=True)
-    # The provider stops reading after the port line: later prints (library warnings) go nowhere.
+    return server
+
+
+def serve(server: socketserver.BaseServer) -> None:
+    """Serve forever; stdout and stderr go to /dev/null first (the provider stops reading after the ready line)."""
+    threading.Thread(target=_runner.start, daemon=True).start()  # preload while the desktop settles
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
     sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)
     server.serve_forever()
-
-
-if __name__ == "__main__":
-    main()

@@ -9,50 +9,19 @@ from __future__ import annotations
 
 import os
 import time
-import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Callable
 from typing import Any
 
+from rz_agents.envs.osworld.cache import download_paths, first_existing, is_local_url
 from rz_agents.envs.osworld.chrome import pages
 from rz_agents.envs.osworld.client import ServerError
 from rz_agents.envs.osworld.context import EpisodeContext
 from rz_agents.envs.osworld.task import SetupStep
 
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
-
 
 class SetupError(RuntimeError):
     """A setup step could not run; the message says why (e.g. it needs the internet)."""
-
-
-def is_local_url(url: str) -> bool:
-    """True for URLs that need no network: ``file:``, ``data:``, ``about:``, ``chrome:``, loopback HTTP."""
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme in ("file", "data", "about", "chrome", "chrome-extension", "view-source"):
-        return True
-    if parsed.scheme in ("http", "https"):
-        return (parsed.hostname or "") in LOCAL_HOSTS
-    return False
-
-
-def cached_download_paths(cache_dir: str, task_id: str, url: str, path: str) -> list[str]:
-    """Where a downloaded file may sit in the cache, in lookup order.
-
-    OSWorld's own cache layout (``<cache>/<task_id>/<uuid5(url)>_<basename>``) comes first, so
-    an existing OSWorld cache works as is; then the flat ``<cache>/<uuid5(url)>_<basename>``.
-    """
-    name = f"{uuid.uuid5(uuid.NAMESPACE_URL, url)}_{os.path.basename(path)}"
-    return [os.path.join(cache_dir, task_id, name), os.path.join(cache_dir, name)]
-
-
-def find_cached(cache_dir: str, task_id: str, url: str, path: str) -> str | None:
-    """The cached copy of ``url`` for target ``path``, or None."""
-    for candidate in cached_download_paths(cache_dir, task_id, url, path):
-        if os.path.isfile(candidate):
-            return candidate
-    return None
 
 
 def _command_ok(result: dict[str, Any], what: str) -> dict[str, Any]:
@@ -61,9 +30,19 @@ def _command_ok(result: dict[str, Any], what: str) -> dict[str, Any]:
     return result
 
 
-def step_execute(ctx: EpisodeContext, command: Any, shell: bool = False, **_: Any) -> None:
-    """Run a command to completion (its exit code is not checked, as in OSWorld)."""
-    _command_ok(ctx.client.execute(command, shell=shell), "execute")
+def step_execute(
+    ctx: EpisodeContext, command: Any, shell: bool = False, stdout: str = "", stderr: str = "", **_: Any
+) -> None:
+    """Run a command to completion (its exit code is not checked, as in OSWorld).
+
+    ``stdout``/``stderr`` name files in the episode's evaluation folder that receive the output
+    (a later ``cache_file`` getter reads them).
+    """
+    result = _command_ok(ctx.client.execute(command, shell=shell), "execute")
+    for name, text in ((stdout, result.get("output")), (stderr, result.get("error"))):
+        if name:
+            with open(os.path.join(ctx.work_dir, os.path.basename(name)), "w") as f:
+                f.write(text or "")
 
 
 def step_launch(ctx: EpisodeContext, command: Any, shell: bool = False, **_: Any) -> None:
@@ -151,7 +130,7 @@ def step_download(ctx: EpisodeContext, files: list[dict[str, str]], **_: Any) ->
     """Place files in the desktop: from the download cache, a local URL, or (if allowed) the web."""
     for item in files:
         url, path = item["url"], item["path"]
-        cached = find_cached(ctx.download_cache, ctx.task_id, url, path)
+        cached = first_existing(download_paths(ctx.download_cache, ctx.task_id, url, path))
         if cached:
             with open(cached, "rb") as f:
                 data = f.read()
@@ -162,7 +141,7 @@ def step_download(ctx: EpisodeContext, files: list[dict[str, str]], **_: Any) ->
             except OSError as exc:
                 raise SetupError(f"download of {url} failed: {exc}") from exc
         else:
-            expected = cached_download_paths(ctx.download_cache, ctx.task_id, url, path)[0]
+            expected = download_paths(ctx.download_cache, ctx.task_id, url, path)[0]
             raise SetupError(f"needs internet download: {url} (put the file at {expected} to run offline)")
         ctx.client.upload(path, data)
 

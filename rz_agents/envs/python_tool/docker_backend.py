@@ -21,7 +21,9 @@ from rz_agents.envs.python_tool.local import SANDBOX_ENV, SandboxUnavailable
 from rz_agents.envs.python_tool.transport import DeadlineExceeded, Transport, WorkerGone
 from rz_agents.envs.python_tool.worker import __file__ as WORKER_FILE
 
-DEFAULT_IMAGE = "python:3.11-slim"
+# Built locally from Debian packages by scripts/install.sh --docker (debootstrap + docker import): no
+# registry needed. With a registry, any image with Python 3.10+ works, e.g. docker_image="python:3.11-slim".
+DEFAULT_IMAGE = "rz-python-sandbox:bookworm"
 _MUX_HEADER = struct.Struct(">BxxxI")  # stream type (0 stdin, 1 stdout, 2 stderr), payload size
 
 

@@ -3,7 +3,8 @@
 Each turn of the policy either calls the ``python`` tool (Qwen3/Hermes ``<tool_call>`` blocks,
 or fenced python code when ``code_blocks=True``) and gets the results back as ``tool`` messages,
 or gives its final answer in ``\\boxed{}``, which ends the episode with reward 1 if correct, 0
-if not (``-format_penalty`` when no boxed answer is given at all).
+if not (``-format_penalty`` when no boxed answer is given at all). ``trailing_text_penalty`` is
+subtracted for each calling turn that goes on after its last complete call.
 """
 
 from __future__ import annotations
@@ -73,6 +74,11 @@ class PythonToolEnv(MultiTurnTextEnv):
     ``info["tools"]`` (so out of the rendered prompt): for policies that know their tool from training.
     Subclasses change the generated tasks by setting ``generate_task`` (``(rng, difficulty, index=,
     seed=) -> task``).
+    ``trailing_text_penalty``: reward subtracted for a turn whose text goes on after its last
+    complete ``</tool_call>`` (e.g. the call padded with repeated closing tags); the Hermes format
+    ends a calling turn at its call, and a penalty (rather than cutting the turn there) keeps every
+    sampled token in the trajectory and teaches the policy to stop by itself, whatever engine
+    samples it later.
     ``prewarm``: start the episode's sandbox at reset (it boots while the first turn is
     generated); False starts it at the first tool call, saving the start-up CPU for episodes
     that never call the tool.
@@ -91,6 +97,7 @@ class PythonToolEnv(MultiTurnTextEnv):
         prompt_style: str = "default",
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
         format_penalty: float = 0.0,
+        trailing_text_penalty: float = 0.0,
         max_calls_per_turn: int = 4,
         verifier: MathVerifier | None = None,
         backend: str = "local",
@@ -115,6 +122,7 @@ class PythonToolEnv(MultiTurnTextEnv):
         self.prompt_style = prompt_style
         self.system_prompt = system_prompt
         self.format_penalty = format_penalty
+        self.trailing_text_penalty = trailing_text_penalty
         self.max_calls_per_turn = max_calls_per_turn
         self.verifier = verifier
         self.backend = backend
@@ -200,8 +208,14 @@ class PythonToolEnv(MultiTurnTextEnv):
                         f"{skipped} more were not run",
                     }
                 )
-            info = {"tool_calls": ran, "tool_errors": errors, "malformed_calls": len(turn.errors)}
-            return messages, 0.0, False, info
+            info = {
+                "tool_calls": ran,
+                "tool_errors": errors,
+                "malformed_calls": len(turn.errors),
+                "trailing_text": bool(turn.trailing_text),
+            }
+            reward = -float(self.trailing_text_penalty) if turn.trailing_text else 0.0
+            return messages, reward, False, info
         answer = extract_boxed(text)
         reward = math_reward(
             text, str(self.task["answer"]), format_penalty=self.format_penalty, verifier=self.verifier

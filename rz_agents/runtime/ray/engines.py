@@ -16,6 +16,7 @@ them, and counts both), and the router sends it the latest weights before routin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import weakref
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ class EngineServer:
         if engine_cfg.num_threads is not None:
             torch.set_num_threads(engine_cfg.num_threads)
         tok, _ = build_tokenizer(tokenizer, spec.checkpoint)
-        model = build_model(spec, vocab).to(device)
+        model = build_model(dataclasses.replace(spec, device=device), vocab)
         model.requires_grad_(False)
         self.engine = RZEngine(model, engine_cfg, decode=tok.decode)
 

@@ -11,6 +11,7 @@ Ranks are never restarted: a rank's death ends the run (``LearnerLost``) with it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 from typing import Any
@@ -69,7 +70,7 @@ class LearnerRank:
             backend = "nccl" if self.device == "cuda" else "gloo"
             dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world)
             ranks = ShardedRanks(self.device)
-        model = build_model(self.spec, self.vocab).to(self.device)
+        model = build_model(dataclasses.replace(self.spec, device=self.device), self.vocab)
         self.learner = Learner(model, self.cfg, ranks=ranks)
         return node_id()
 
@@ -77,6 +78,19 @@ class LearnerRank:
         """Learner.step; rank 0 returns (metrics, version, skipped steps)."""
         metrics = self.learner.step(batch)
         return (metrics, self.learner.version, self.learner.skipped_steps) if self.rank == 0 else None
+
+    def inspection_record(self, batch: list, tokenizer: str) -> dict[str, Any] | None:
+        """``trainer.inspect.record_step`` under this group's current weights (every rank runs the same
+        forwards, which FSDP2's all-gathers need); rank 0 returns the record."""
+        from rz_agents.runtime.factories import build_tokenizer
+        from rz_agents.trainer.inspect import record_step
+
+        decode_piece: Any = str
+        if self.rank == 0:
+            tok, _ = build_tokenizer(tokenizer, self.spec.checkpoint)
+            decode_piece = lambda t: tok.decode([t])  # noqa: E731
+        record = record_step(self.learner.model, batch, self.cfg, self.learner.version, decode_piece)
+        return record if self.rank == 0 else None
 
     def weights(self) -> list | None:
         """The whole weights (a collective); rank 0 puts them in the object store (one ``ray.put``) and
@@ -168,6 +182,11 @@ class LearnerGroup:
             results = await self._await([a.weights.remote() for a in self.actors])
             self._ref = (results[0][0], self.version)
         return metrics
+
+    async def inspection_record(self, batch: list, tokenizer: str) -> dict[str, Any]:
+        """The trajectory inspector's record of ``batch`` under the current weights (computed on the ranks)."""
+        ref = ray.put(batch)
+        return (await self._await([a.inspection_record.remote(ref, tokenizer) for a in self.actors]))[0]
 
     def cached_ref(self) -> Any:
         """The object ref of the current weights, if they are in the store already (else None)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 
-from rz_agents.runtime.config import TrainConfig, effective_kernels, learner_config
+from rz_agents.runtime.config import TrainConfig, resolve
 from rz_agents.runtime.factories import (
     build_controller,
     build_model,
@@ -44,9 +44,10 @@ class RayRun(TrainLoop):
         cfg.validate()
         if cfg.runtime != "ray":
             raise ValueError(f"RayRun needs runtime: ray, got {cfg.runtime!r} (use build_run)")
-        self.cfg = cfg
+        # derived fields filled in: the lag bound, the sampling the learner scores under, the kernels
+        self.cfg = resolve(cfg)
         limit_heap_growth()
-        self._owns_ray = connect(cfg)
+        self._owns_ray = connect(self.cfg)
         self._actors: list[Any] = []
         try:
             self._place()
@@ -59,7 +60,11 @@ class RayRun(TrainLoop):
         cfg, p = self.cfg, self.cfg.placement
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         self.vocab = vocab_size(cfg.tokenizer, self.tokenizer)
-        self.spec = dataclasses.replace(cfg.model, kernels=effective_kernels(cfg))
+        # model.device is where engines and learner ranks run (validate: it agrees with their GPUs); the
+        # driver's own copy of the policy (warm start, export) stays on the CPU
+        self.spec = dataclasses.replace(cfg.model, device="cpu")
+        engine_device = "cuda" if p.engine_gpus else "cpu"
+        learner_device = "cuda" if p.learner_gpus else "cpu"
         # Engines and learner ranks must run the same number of torch threads (the arithmetic may depend on
         # it); unset, it is what both reserve (Ray would otherwise give each its own reservation).
         threads = cfg.num_threads or max(1, int(min(p.cpus_per_engine, p.cpus_per_learner_rank)))
@@ -72,7 +77,7 @@ class RayRun(TrainLoop):
         engines = [
             engine_cls.options(
                 **actor_options(p.cpus_per_engine, p.engine_gpus, p.engine_resources, **restarts)
-            ).remote(self.spec, self.vocab, eng_cfg, cfg.tokenizer, "cuda" if p.engine_gpus else "cpu")
+            ).remote(self.spec, self.vocab, eng_cfg, cfg.tokenizer, engine_device)
             for _ in range(p.engines)
         ]
         self._actors += engines
@@ -97,9 +102,9 @@ class RayRun(TrainLoop):
                 p.learner_ranks,
                 self.spec,
                 self.vocab,
-                learner_config(cfg),
+                cfg.learner,
                 threads,
-                "cuda" if p.learner_gpus else "cpu",
+                learner_device,
             )
             for r in range(p.learner_ranks)
         ]
@@ -172,6 +177,9 @@ class RayRun(TrainLoop):
     # ---- placement hooks (runtime/loop.py) ---------------------------------------------------------
     async def _learner_step(self, batch: list) -> dict[str, Any]:
         return await self.learner.step(batch)
+
+    async def _inspection_record(self, batch: list) -> dict[str, Any]:
+        return await self.learner.inspection_record(batch, self.cfg.tokenizer)
 
     def _learner_weights(self) -> Any:
         # None while the weights travel by broadcast and are not in the store (_send_weights copes).

@@ -15,11 +15,12 @@ import gymnasium
 import pytest
 
 from rz_agents.envs.osworld import LOCAL_TASKS, register_envs
+from rz_agents.envs.osworld.cache import cloud_file_path, download_paths
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
 from rz_agents.envs.osworld.getters import get_vm_command_line
 from rz_agents.envs.osworld.gym_env import ENV_ID, OSWorldEnv
 from rz_agents.envs.osworld.providers.local import episode_pids
-from rz_agents.envs.osworld.setup_steps import SetupError, cached_download_paths
+from rz_agents.envs.osworld.setup_steps import SetupError
 from rz_agents.eval.osworld import run_osworld_eval
 
 pytestmark = pytest.mark.skipif(
@@ -59,10 +60,13 @@ def env():
 
 
 def test_oracles_score_one_and_empty_trajectories_zero():
-    oracle = run_osworld_eval(TASKS, "oracle", pause=0.2)
+    # Scoring, not the tree, is under test: the fallback tree is cheaper than AT-SPI's (covered in
+    # test_osworld_atspi.py), which keeps this 26-episode test's time down.
+    fast = {"accessibility": "fallback"}
+    oracle = run_osworld_eval(TASKS, "oracle", pause=0.2, provider_options=fast)
     assert oracle["evaluated"] >= 10 and oracle["skipped"] == 0
     assert {r["id"]: r["score"] for r in oracle["tasks"]} == {r["id"]: 1.0 for r in oracle["tasks"]}, oracle
-    empty = run_osworld_eval(TASKS, "noop", pause=0.2)
+    empty = run_osworld_eval(TASKS, "noop", pause=0.2, provider_options=fast)
     assert {r["id"]: r["score"] for r in empty["tasks"]} == {r["id"]: 0.0 for r in empty["tasks"]}, empty
     assert all(r["status"] == "ok" for r in oracle["tasks"] + empty["tasks"])
 
@@ -156,7 +160,7 @@ def test_download_steps_are_served_from_the_cache(tmp_path):
     url, path = "https://example.org/files/report.txt", "/home/user/Desktop/report.txt"
     task = _task("os", "rz-os-mkdir-nested")
     task["config"] = [{"type": "download", "parameters": {"files": [{"url": url, "path": path}]}}]
-    cached = Path(cached_download_paths(str(tmp_path), task["id"], url, path)[0])
+    cached = Path(download_paths(str(tmp_path), task["id"], url, path)[0])
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"offline copy\n")
     with DesktopEnv(download_cache=str(tmp_path), require_a11y_tree=False) as e:
@@ -190,7 +194,13 @@ def test_gymnasium_env_chat_turns_parse_errors_and_truncation_reward():
         assert isinstance(env.unwrapped, OSWorldEnv)
         messages, info = env.reset(options={"task": _task("os", "rz-os-mkdir-nested")})
         assert [m["role"] for m in messages] == ["system", "user"] and info["task_id"] == "rz-os-mkdir-nested"
-        assert "pyautogui" in messages[0]["content"] and "Task: Create the folder" in messages[1]["content"]
+        assert (
+            "pyautogui" in messages[0]["content"]
+            and "following task: Create the folder" in messages[0]["content"]
+        )
+        assert messages[1]["content"].startswith(
+            "Given the info from accessibility tree as below:\ntag\tname"
+        )
         obs, reward, terminated, truncated, info = env.step("let me think about it")
         assert (reward, terminated, truncated) == (0.0, False, False)
         assert obs[0]["content"].startswith("Action error:") and "action_error" in info
@@ -200,3 +210,44 @@ def test_gymnasium_env_chat_turns_parse_errors_and_truncation_reward():
         assert (reward, terminated, truncated) == (1.0, False, True)
     finally:
         env.close()
+
+
+def test_gold_files_come_from_the_cache_and_command_output_is_kept(tmp_path):
+    gold_url = "https://example.org/gold/notes.txt"
+    task = {
+        "id": "rz-cache-eval",
+        "instruction": "Write the notes.",
+        "config": [
+            {
+                "type": "execute",
+                "parameters": {"command": "printf 'a\\nb\\n' > ~/Desktop/notes.txt", "shell": True},
+            }
+        ],
+        "evaluator": {
+            "postconfig": [
+                {
+                    "type": "execute",
+                    "parameters": {"command": ["ls", "/home/user/Desktop"], "stdout": "desktop.ls"},
+                }
+            ],
+            "func": ["compare_text_file", "check_list"],
+            "result": [
+                {"type": "vm_file", "path": "/home/user/Desktop/notes.txt", "dest": "notes.txt"},
+                {"type": "cache_file", "path": "desktop.ls"},
+            ],
+            "expected": [
+                {"type": "cloud_file", "path": gold_url, "dest": "notes_gold.txt"},
+                {"type": "rule", "rules": {"expect": [r"^notes\.txt$"]}},
+            ],
+        },
+    }
+    with DesktopEnv(download_cache=str(tmp_path), require_a11y_tree=False, require_screenshot=False) as e:
+        e.reset(task)
+        e.step("DONE")
+        assert e.evaluate() == 0.0 and "needs internet download" in e.last_evaluation.errors[0]
+        gold = Path(cloud_file_path(str(tmp_path), task["id"], "notes_gold.txt"))
+        gold.parent.mkdir(parents=True, exist_ok=True)
+        gold.write_text("a\nb\n")
+        e.reset(task)
+        e.step("DONE")
+        assert e.evaluate() == 1.0, e.last_evaluation

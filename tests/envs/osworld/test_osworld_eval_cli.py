@@ -23,7 +23,7 @@ def scripted_policy(messages, task):
     """A module:callable policy for the CLI test: solves the rename task through the chat."""
     turn = sum(m["role"] == "assistant" for m in messages)
     if turn == 0:
-        assert messages[1]["content"].startswith("Task: Rename the file draft.txt")
+        assert "following task: Rename the file draft.txt" in messages[0]["content"]
         return "```python\nimport os\nos.rename('/home/user/Desktop/draft.txt', '/home/user/Desktop/final.txt')\n```"
     return "DONE"
 

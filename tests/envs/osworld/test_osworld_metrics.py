@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from rz_agents.envs.osworld import metrics as m
 from rz_agents.envs.osworld.evaluate import evaluate_episode
+from rz_agents.envs.osworld.metrics import METRICS
 from rz_agents.envs.osworld.task import parse_evaluator
+
+m = SimpleNamespace(**METRICS)
 
 
 def test_exact_match_and_include_exclude():
@@ -42,8 +46,14 @@ def test_url_metrics_normalise_trailing_slash_and_www():
 
 
 def test_check_direct_json_object_exact_and_contained():
-    assert m.check_direct_json_object({"a": "x ", "b": 1}, {"expected": {"a": "x"}}) == 1.0
+    assert m.check_direct_json_object({"a": "x", "b": 1}, {"expected": {"a": "x"}}) == 1.0
+    assert m.check_direct_json_object({"a": "x "}, {"expected": {"a": "x"}}) == 0.0  # exact, as OSWorld
+    assert m.check_direct_json_object("{'a': 'x'}", {"expected": {"a": "x"}}) == 1.0  # JSON text, ' quotes
     assert m.check_direct_json_object({"a": "y"}, {"expected": {"a": "x"}}) == 0.0
+    alternatives = {"expected": {"q": ["flights", "trains"]}, "expect_in_result": True}
+    assert m.check_direct_json_object({"q": "trains"}, alternatives) == 1.0
+    assert m.check_direct_json_object({"q": ["buses", "flights"]}, alternatives) == 1.0
+    assert m.check_direct_json_object({"q": "cheap trains"}, alternatives) == 0.0  # a list: equality
     assert (
         m.check_direct_json_object(
             {"q": "cheap flights"}, {"expected": {"q": "flights"}, "expect_in_result": True}

@@ -13,8 +13,8 @@ import pytest
 from osworld_cli_helper import rz_osworld
 
 from rz_agents.envs.osworld import LOCAL_TASKS
+from rz_agents.envs.osworld.cache import download_paths
 from rz_agents.envs.osworld.runnability import check_task, validate_dir
-from rz_agents.envs.osworld.setup_steps import cached_download_paths
 from rz_agents.envs.osworld.task import parse_task
 
 # shared/ lies beside the repository checkout (CI clones elsewhere with a copy of shared/ beside it).
@@ -59,7 +59,7 @@ def test_download_needs_internet_unless_cached(tmp_path):
     url, path = "https://example.org/f.txt", "/home/user/Desktop/f.txt"
     task = _task([{"type": "download", "parameters": {"files": [{"url": url, "path": path}]}}])
     assert _categories(task, str(tmp_path)) == ["needs internet download"]
-    cached = Path(cached_download_paths(str(tmp_path), "t", url, path)[0])
+    cached = Path(download_paths(str(tmp_path), "t", url, path)[0])
     cached.parent.mkdir(parents=True)
     cached.write_text("data")
     assert check_task(task, str(tmp_path)).runnable
@@ -92,7 +92,9 @@ def test_missing_app_step_getter_metric_are_each_named():
     assert _categories(_task(apps=["gimp"])) == (["app not installed"] if not shutil.which("gimp") else [])
     assert _categories(_task([{"type": "googledrive", "parameters": {}}])) == ["setup step not implemented"]
     assert _categories(_task(result={"type": "pdf_from_url"})) == ["getter not implemented"]
-    assert _categories(_task(func="compare_pdfs")) == ["metric not implemented"]
+    assert _categories(_task(func="compare_audios")) == ["metric not implemented"]
+    bad_rule = _task(func="compare_table", options={"rules": [{"type": "sheet_magic"}]})
+    assert _categories(bad_rule) == ["metric option not implemented"]
     assert _categories(_task(result={"type": "vm_terminal_output"})) == ["getter unavailable here"]
     assert _categories(_task(func="")) == ["no evaluator defined"]
 

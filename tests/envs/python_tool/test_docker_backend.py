@@ -1,18 +1,31 @@
-"""The docker backend: container arguments and stream handling (no Docker engine runs here)."""
+"""The docker backend: container arguments and stream handling, without an engine. (With one, the
+hostile-program tests in test_sandbox_hostile.py run against real containers.)"""
 
 import json
 import shutil
 import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from rz_agents.envs.python_tool import PythonSandbox, SandboxLimits, SandboxUnavailable
-from rz_agents.envs.python_tool.docker_backend import StreamDemux, docker_run_kwargs
+from rz_agents.envs.python_tool.docker_backend import DEFAULT_IMAGE, StreamDemux, docker_run_kwargs
 from rz_agents.envs.python_tool.local import SANDBOX_ENV
 from rz_agents.envs.python_tool.worker import HEADER, read_frame, write_frame
 
+ROOT = Path(__file__).resolve().parents[3]
 LIMITS = SandboxLimits(memory_bytes=256 << 20, processes=32, tmp_bytes=16 << 20, file_bytes=4 << 20)
+
+
+def test_the_default_image_is_the_locally_built_one():
+    # scripts/docker_sandbox.sh builds it without a registry; a registry image must be asked for
+    assert DEFAULT_IMAGE == "rz-python-sandbox:bookworm"
+    assert (
+        f"IMAGE=${{RZ_SANDBOX_IMAGE:-{DEFAULT_IMAGE}}}"
+        in (ROOT / "scripts" / "docker_sandbox.sh").read_text()
+    )
+    assert docker_run_kwargs(LIMITS)["image"] == DEFAULT_IMAGE
 
 
 def test_container_is_locked_down():

@@ -1,5 +1,7 @@
 """Episodes of PythonToolEnv driven by scripted policy outputs."""
 
+import json
+
 import gymnasium
 import pytest
 from sandbox_test_support import FAST
@@ -66,6 +68,31 @@ def test_malformed_call_gets_an_error_observation_and_the_episode_continues(env)
     obs = env.step('<tool_call>{"name": "shell", "arguments": {}}</tool_call>')[0]
     assert obs[0]["content"] == "Error: unknown tool 'shell'; available: python"
     assert env.step(r"\boxed{1788}")[1] == 1.0
+
+
+def test_deeply_nested_call_arguments_are_an_error_observation_not_a_recursion_error(env):
+    env.reset(options={"task": TASK})
+    deep = '{"a": ' * 5000 + "1" + "}" * 5000
+    text = '<tool_call>{"name": "python", "arguments": ' + deep + "}</tool_call>"
+    obs, reward, terminated, truncated, info = env.step(text)
+    assert obs[0]["content"] == "Error: invalid JSON in <tool_call>: nested too deeply"
+    assert not terminated and not truncated and info["malformed_calls"] == 1
+    # a string-encoded arguments object nested as deep takes the same path
+    text = '<tool_call>{"name": "python", "arguments": ' + json.dumps(deep) + "}</tool_call>"
+    assert env.step(text)[0][0]["content"].startswith("Error: ")
+    assert env.step(r"\boxed{1788}")[1] == 1.0
+
+
+def test_text_after_the_last_call_costs_the_trailing_text_penalty(verifier):
+    with PythonToolEnv(limits=FAST, verifier=verifier, trailing_text_penalty=0.25) as env:
+        env.reset(options={"task": TASK})
+        padded = call("print(37*48+12)") + "</tool_call></tool_call>\n</tool_call>"
+        obs, reward, terminated, _, info = env.step(padded)
+        assert obs == [{"role": "tool", "content": "1788"}]  # the call still runs
+        assert (reward, terminated, info["trailing_text"]) == (-0.25, False, True)
+        obs, reward, _, _, info = env.step(call("print(1)") + "\n  \n")  # whitespace is not text
+        assert (reward, info["trailing_text"]) == (0.0, False)
+        assert env.step(r"\boxed{1788}")[1] == 1.0
 
 
 def test_no_call_answers_directly(env):

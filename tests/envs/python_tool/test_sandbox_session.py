@@ -1,7 +1,6 @@
 """PythonSandbox as a persistent notebook-like session."""
 
 import os
-import time
 
 import pytest
 
@@ -57,12 +56,11 @@ def test_close_kills_the_worker_and_run_after_close_is_an_error():
         sb.run("1")
 
 
-def test_warm_call_costs_milliseconds_not_an_interpreter_start(sandbox):
-    sandbox.run("0")
-    start = time.perf_counter()
-    for _ in range(20):
-        sandbox.run("1 + 1")
-    assert (time.perf_counter() - start) / 20 < 0.05
+def test_warm_calls_reuse_one_interpreter_instead_of_starting_one_each(sandbox):
+    # (milliseconds per call: bench/sandbox.py measures it; a wall-clock bound here would be flaky)
+    worker = sandbox._worker  # the bubblewrap process, or the container
+    pids = {sandbox.run("import os; os.getpid()").stdout for _ in range(20)}
+    assert len(pids) == 1 and sandbox._worker is worker
 
 
 def test_private_tmp_is_writable_and_invisible_to_the_host(sandbox):

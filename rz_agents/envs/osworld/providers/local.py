@@ -1,35 +1,46 @@
 """The ``local`` provider: one desktop per episode on this machine.
 
-Per episode: an Xvfb display (``-noreset``, number picked by Xvfb itself via ``-displayfd``),
-openbox as window manager, a fresh home directory mounted at ``/home/user`` inside a bubblewrap
-sandbox (own PID namespace, so killing the sandbox kills every program the episode started),
-and the in-VM HTTP server on a free loopback port. ``google-chrome`` and ``python`` resolve to
-per-episode wrappers (Chromium with this episode's CDP port and profile; this Python).
+Per episode, a session (``session.py``: Xvfb, openbox, the in-VM server) inside a bubblewrap
+sandbox (``sandbox.py``: read-only system, its own home at ``/home/user`` and ``/tmp``, loopback-only
+network, own PID namespace, a uid of its own, no host secrets). The host reaches the desktop's
+server and Chromium's DevTools port through Unix sockets, relayed to loopback ports here
+(``relay.py``). ``google-chrome``, ``python`` and ``sudo`` resolve to per-episode wrappers.
 
-Every process carries ``RZ_OSWORLD_EPISODE=<id>`` in its environment, so ``stop`` can find and
-end any straggler even without a PID namespace (bubblewrap unavailable: the server then runs
-unsandboxed with ``$HOME`` at the episode directory and maps ``/home/user`` paths itself).
+Without bubblewrap namespaces (``sandbox="none"``) the session runs as a plain process: same
+programs, but no containment at all; ``$HOME`` is the episode folder and the server maps
+``/home/user`` paths itself. Every process carries ``RZ_OSWORLD_EPISODE=<id>`` in its environment,
+so ``stop`` can find and end stragglers in either mode.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 
+import rz_agents
 from rz_agents.envs.osworld.chrome import chromium_binary, write_chrome_wrapper
+from rz_agents.envs.osworld.providers import sandbox
+from rz_agents.envs.osworld.providers.home_defaults import write_home_defaults
+from rz_agents.envs.osworld.providers.wrappers import write_sudo_shim, write_vlc_wrapper
+from rz_agents.envs.osworld.relay import Relay, connect_unix, tcp_listener, unix_listener
+from rz_agents.envs.osworld.session import SessionError, atspi_problem, read_line
 
 MARKER = "RZ_OSWORLD_EPISODE"
-VM_HOME = "/home/user"
+VM_HOME = sandbox.VM_HOME
 HOME_DIRS = ("Desktop", "Documents", "Downloads", "Pictures", "Music", "Videos", ".config")
+MAX_PROCESSES = 4096  # threads count too: Chromium + LibreOffice use a few hundred
+# The folder holding the ``rz_agents`` package (the session imports it from there).
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(rz_agents.__file__)))
 
 
 class ProviderError(RuntimeError):
@@ -43,19 +54,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def bwrap_works() -> bool:
-    """True when bubblewrap can create a mount + PID namespace here."""
-    if not shutil.which("bwrap"):
-        return False
-    try:
-        r = subprocess.run(
-            ["bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc", "true"],
-            capture_output=True,
-            timeout=10,
-        )
-        return r.returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+def sandbox_problem() -> str | None:
+    """Why the desktop cannot be sandboxed here, or None when it can."""
+    return sandbox.bwrap_problem()
 
 
 def episode_pids(episode_id: str) -> list[int]:
@@ -74,39 +75,6 @@ def episode_pids(episode_id: str) -> list[int]:
     return pids
 
 
-def write_xauthority(path: str, display_number: str) -> None:
-    """An ``.Xauthority`` entry for this display (python-xlib, hence pyautogui, warns on stdout without one).
-
-    Xvfb runs without ``-auth`` so it accepts the cookie; the entry only keeps clients quiet.
-    """
-
-    def field(b: bytes) -> bytes:
-        return struct.pack(">H", len(b)) + b
-
-    family_local = 256
-    entry = (
-        struct.pack(">H", family_local)
-        + field(socket.gethostname().encode())
-        + field(str(display_number).encode())
-        + field(b"MIT-MAGIC-COOKIE-1")
-        + field(os.urandom(16))
-    )
-    with open(path, "wb") as f:
-        f.write(entry)
-
-
-def _write_sudo_shim(path: str) -> None:
-    """A ``sudo`` that drops its options and runs the command (for a desktop already running as root)."""
-    with open(path, "w") as f:
-        f.write(
-            "#!/bin/sh\n"
-            "# rz_agents.envs.osworld: the episode runs as root; sudo only strips its options.\n"
-            'while [ $# -gt 0 ]; do case "$1" in -u|-g) shift 2;; -*) shift;; *) break;; esac; done\n'
-            '[ $# -gt 0 ] && exec "$@"\n'
-        )
-    os.chmod(path, 0o755)
-
-
 @dataclass
 class Desktop:
     """A running desktop: where to reach it and what to clean up."""
@@ -118,6 +86,7 @@ class Desktop:
     root_dir: str
     home_dir: str
     sandboxed: bool
+    relays: list[Relay] = field(default_factory=list)
 
 
 class LocalProvider:
@@ -129,25 +98,29 @@ class LocalProvider:
         sandbox: str = "auto",
         window_manager: str = "openbox",
         start_timeout_s: float = 30.0,
+        accessibility: str = "auto",
     ) -> None:
         if sandbox not in ("auto", "bwrap", "none"):
             raise ValueError(f"sandbox must be 'auto', 'bwrap' or 'none', got {sandbox!r}")
-        for tool in ("Xvfb",):
-            if not shutil.which(tool):
-                raise ProviderError(f"{tool} is not installed (apt-get install xvfb)")
+        if accessibility not in ("auto", "atspi", "fallback"):
+            raise ValueError(f"accessibility must be 'auto', 'atspi' or 'fallback', got {accessibility!r}")
+        a11y_problem = atspi_problem() if accessibility != "fallback" else "switched off"
+        if accessibility == "atspi" and a11y_problem:
+            raise ProviderError(f"no AT-SPI accessibility tree: {a11y_problem}")
+        self.atspi = a11y_problem is None
+        if not shutil.which("Xvfb"):
+            raise ProviderError("Xvfb is not installed (apt-get install xvfb)")
         self.screen_size = screen_size
-        self.window_manager = window_manager if shutil.which(window_manager) else None
+        self.window_manager = window_manager
         self.start_timeout_s = start_timeout_s
-        if sandbox == "auto":
-            self.sandboxed = bwrap_works()
-        elif sandbox == "bwrap":
-            if not bwrap_works():
-                raise ProviderError(
-                    "bubblewrap cannot create namespaces here (install bubblewrap, run as root)"
-                )
-            self.sandboxed = True
-        else:
-            self.sandboxed = False
+        problem = sandbox_problem() if sandbox != "none" else None
+        if sandbox == "bwrap" and problem:
+            raise ProviderError(f"cannot sandbox the desktop: {problem}")
+        if sandbox == "auto" and problem:
+            warnings.warn(
+                f"OSWorld desktops run UNSANDBOXED (full access to this machine): {problem}", stacklevel=2
+            )
+        self.sandboxed = sandbox != "none" and not problem
         self._procs: list[subprocess.Popen] = []
         self.desktop: Desktop | None = None
 
@@ -157,132 +130,162 @@ class LocalProvider:
         self.stop()
         episode_id = uuid.uuid4().hex[:12]
         root = tempfile.mkdtemp(prefix=f"rz-osworld-{episode_id}-")
+        self.desktop = Desktop(
+            episode_id, "", free_port(), "", root, os.path.join(root, "home"), self.sandboxed
+        )
         try:
-            return self._start(episode_id, root)
+            return self._start(self.desktop)
         except BaseException:
             self.stop()
-            shutil.rmtree(root, ignore_errors=True)
             raise
 
-    def _start(self, episode_id: str, root: str) -> Desktop:
-        home = os.path.join(root, "home")
-        bin_dir = os.path.join(root, "bin")
-        for d in (home, bin_dir, *(os.path.join(home, h) for h in HOME_DIRS)):
+    def _start(self, desktop: Desktop) -> Desktop:
+        uid = sandbox.desktop_uid() if self.sandboxed and os.geteuid() == 0 else None
+        layout = self._make_layout(desktop, uid)
+        env = self._session_env(desktop, layout)
+        if self.sandboxed:
+            ready = self._launch_sandboxed(desktop, layout, env, uid)
+        else:
+            ready = self._launch(self._session_command(desktop), env, ())
+            desktop.server_url = f"http://127.0.0.1:{int(ready['port'])}"
+        desktop.display = ready["display"]
+        return desktop
+
+    def _launch_sandboxed(
+        self, desktop: Desktop, layout: sandbox.SandboxLayout, env: dict[str, str], uid: int | None
+    ) -> dict:
+        """The session inside bubblewrap, reached through Unix sockets relayed to host loopback ports.
+
+        The sockets are made here, in a folder the sandbox does not see, and handed to the session
+        as open descriptors: the desktop can serve on them but cannot replace them with links to
+        other sockets of the host.
+        """
+        sockets = os.path.join(desktop.root_dir, "run")
+        os.makedirs(sockets, mode=0o700)
+        paths = {name: os.path.join(sockets, f"{name}.sock") for name in ("server", "cdp")}
+        listeners = {name: unix_listener(path) for name, path in paths.items()}
+        seccomp_fd = _seccomp_pipe() if uid is not None else None
+        try:
+            fds = {name: sock.fileno() for name, sock in listeners.items()}
+            argv = self._session_command(desktop, fds["server"], fds["cdp"])
+            extra = [os.path.dirname(os.path.realpath(b)) for b in [chromium_binary()] if b]
+            package = os.path.join(SOURCE_ROOT, "rz_agents")
+            argv = sandbox.bwrap_command(layout, argv, env, uid, package, extra, seccomp_fd)
+            pass_fds = (*fds.values(), *([] if seccomp_fd is None else [seccomp_fd]))
+            ready = self._launch(argv, {}, pass_fds)  # the sandbox's environment is --setenv's alone
+        finally:
+            for sock in listeners.values():
+                sock.close()
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+        server = Relay(tcp_listener(), connect_unix(paths["server"]), "server").start()
+        cdp = Relay(tcp_listener(desktop.cdp_port), connect_unix(paths["cdp"]), "cdp").start()
+        desktop.relays = [server, cdp]
+        desktop.server_url = f"http://127.0.0.1:{server.port}"
+        return ready
+
+    def _make_layout(self, desktop: Desktop, uid: int | None) -> sandbox.SandboxLayout:
+        """The episode's folders, the wrappers in its ``bin`` and (sandboxed) its passwd/group/hosts."""
+        root = desktop.root_dir
+        layout = sandbox.SandboxLayout(*(os.path.join(root, d) for d in ("home", "tmp", "bin", "etc")))
+        for d in (layout.home, layout.tmp, layout.bin, *(os.path.join(layout.home, h) for h in HOME_DIRS)):
             os.makedirs(d, exist_ok=True)
-        inner_home = VM_HOME if self.sandboxed else home
-        cdp_port = free_port()
-        os.symlink(sys.executable, os.path.join(bin_dir, "python"))
-        os.symlink(sys.executable, os.path.join(bin_dir, "python3"))
-        if not shutil.which("sudo"):
-            # Tasks run "echo password | sudo -S cmd"; the desktop user is already root here.
-            _write_sudo_shim(os.path.join(bin_dir, "sudo"))
+        os.chmod(layout.tmp, 0o1777)
+        write_home_defaults(layout.home)
+        for name in ("python", "python3"):
+            os.symlink(sys.executable, os.path.join(layout.bin, name))
+        if self.sandboxed or not shutil.which("sudo"):
+            # Tasks run "echo password | sudo -S cmd"; there is no root to become.
+            write_sudo_shim(layout.bin)
+        write_vlc_wrapper(layout.bin)
         chromium = chromium_binary()
         if chromium:
+            home = VM_HOME if self.sandboxed else layout.home
             write_chrome_wrapper(
-                bin_dir, chromium, cdp_port, os.path.join(inner_home, ".config", "google-chrome")
+                layout.bin,
+                chromium,
+                desktop.cdp_port,
+                os.path.join(home, ".config", "google-chrome"),
+                ["--force-renderer-accessibility"] if self.atspi else [],
             )
-
-        base_env = {
-            k: v for k, v in os.environ.items() if k not in ("DISPLAY", "XAUTHORITY", "WAYLAND_DISPLAY")
-        }
-        base_env[MARKER] = episode_id
-        self.desktop = Desktop(episode_id, "", cdp_port, "", root, home, self.sandboxed)
-
-        # Xvfb picks a free display number and writes it to the pipe we give it.
-        read_fd, write_fd = os.pipe()
-        w, h = self.screen_size
-        xvfb = subprocess.Popen(
-            [
-                "Xvfb",
-                "-displayfd",
-                str(write_fd),
-                "-screen",
-                "0",
-                f"{w}x{h}x24",
-                "-noreset",
-                "-nolisten",
-                "tcp",
-            ],
-            env=base_env,
-            pass_fds=(write_fd,),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        self._procs.append(xvfb)
-        os.close(write_fd)
-        try:
-            number = self._read_line(read_fd, "Xvfb did not report its display number")
-        finally:
-            os.close(read_fd)
-        display = f":{number}"
-        self.desktop.display = display
-        write_xauthority(os.path.join(home, ".Xauthority"), number)
-
-        env = dict(base_env, DISPLAY=display, PATH=f"{bin_dir}:{base_env.get('PATH', '/usr/bin:/bin')}")
-        env["HOME"] = inner_home
-        env["RZ_OSWORLD_CDP_PORT"] = str(cdp_port)
-        env["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
-        env["USER"] = "user"
-        if self.window_manager:
-            wm_env = dict(env, HOME=home)
-            self._procs.append(
-                subprocess.Popen(
-                    [self.window_manager],
-                    env=wm_env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            )
-
-        server_cmd = [sys.executable, "-m", "rz_agents.envs.osworld.server"]
         if self.sandboxed:
-            # /home becomes an empty tmpfs with the episode home at /home/user; PID namespace dies
-            # with bwrap, taking every program the episode started with it.
-            server_cmd = [
-                "bwrap", "--dev-bind", "/", "/", "--tmpfs", "/home", "--bind", home, VM_HOME,
-                "--unshare-pid", "--proc", "/proc", "--die-with-parent", "--chdir", VM_HOME,
-                *server_cmd,
-            ]  # fmt: skip
-        pkg_root = os.path.dirname(
-            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            sandbox.write_identity(layout.etc, uid if uid is not None else sandbox.UNPRIVILEGED_UID)
+        if uid is not None:
+            for d in (layout.home, layout.tmp):
+                _chown_tree(d, uid)
+        return layout
+
+    def _session_env(self, desktop: Desktop, layout: sandbox.SandboxLayout) -> dict[str, str]:
+        """The session's whole environment (sandboxed: nothing of the host's leaks in)."""
+        if self.sandboxed:
+            bin_dir, home, pythonpath = sandbox.BIN_DIR, VM_HOME, sandbox.PACKAGE_DIR
+            path = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+            env = {"TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+        else:
+            bin_dir, home, pythonpath = layout.bin, layout.home, SOURCE_ROOT
+            path = f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+            env = {
+                k: v for k, v in os.environ.items() if k not in ("DISPLAY", "XAUTHORITY", "WAYLAND_DISPLAY")
+            }
+            if env.get("PYTHONPATH"):
+                pythonpath += os.pathsep + env["PYTHONPATH"]
+        env.update(
+            {
+                MARKER: desktop.episode_id,
+                "HOME": home,
+                "USER": "user",
+                "LOGNAME": "user",
+                "PATH": path,
+                "PYTHONPATH": pythonpath,
+                "RZ_OSWORLD_CDP_PORT": str(desktop.cdp_port),
+                "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1",
+            }
         )
-        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        server = subprocess.Popen(
-            server_cmd,
+        return env
+
+    def _session_command(
+        self, desktop: Desktop, server_fd: int | None = None, cdp_fd: int | None = None
+    ) -> list[str]:
+        w, h = self.screen_size
+        argv = [sys.executable, "-m", "rz_agents.envs.osworld.session", "--screen", f"{w}x{h}"]
+        argv += ["--window-manager", self.window_manager or ""]
+        if self.atspi:
+            argv.append("--a11y")
+        if server_fd is not None and cdp_fd is not None:
+            argv += [
+                "--server-fd",
+                str(server_fd),
+                "--cdp-fd",
+                str(cdp_fd),
+                "--cdp-port",
+                str(desktop.cdp_port),
+            ]
+        if self.sandboxed and os.geteuid() == 0:
+            argv += ["--max-processes", str(MAX_PROCESSES)]  # the desktop has a uid of its own
+        return argv
+
+    def _launch(self, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...]) -> dict:
+        """Start the session and wait for its ready line (``{"display", "port"}``)."""
+        proc = subprocess.Popen(
+            argv,
             env=env,
-            cwd=home,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            cwd="/",
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=pass_fds,
             start_new_session=True,
         )
-        self._procs.append(server)
+        self._procs.append(proc)
         try:
-            line = self._read_line(server.stdout.fileno(), "the desktop server did not start")
+            line = read_line(proc.stdout.fileno(), self.start_timeout_s, "the desktop session did not start")
+            return json.loads(line)
+        except (SessionError, ValueError) as exc:
+            err = _drain(proc)
+            raise ProviderError(f"{exc}" + (f": {err}" if err else "")) from None
         finally:
-            server.stdout.close()  # the server sends its later output to /dev/null
-        if not line.startswith("PORT "):
-            raise ProviderError(f"the desktop server printed {line!r} instead of its port")
-        self.desktop.server_url = f"http://127.0.0.1:{int(line.split()[1])}"
-        return self.desktop
-
-    def _read_line(self, fd: int, what: str) -> str:
-        """Read one line from ``fd`` within the start timeout."""
-        import select
-
-        buf = b""
-        deadline = time.monotonic() + self.start_timeout_s
-        while not buf.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise ProviderError(f"{what} within {self.start_timeout_s:.0f}s")
-            chunk = os.read(fd, 64)
-            if not chunk:
-                raise ProviderError(f"{what} (process exited)")
-            buf += chunk
-        return buf.decode().strip()
+            proc.stdout.close()  # the session sends its later output to /dev/null
+            proc.stderr.close()
 
     # -- stop --------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -314,7 +317,9 @@ class LocalProvider:
                 except OSError:
                     pass
             time.sleep(0.05)
-        if desktop.display:
+        for relay in desktop.relays:
+            relay.close()
+        if desktop.display and not desktop.sandboxed:
             n = desktop.display.lstrip(":")
             for stale in (f"/tmp/.X{n}-lock", f"/tmp/.X11-unix/X{n}"):
                 try:
@@ -340,3 +345,38 @@ class LocalProvider:
             self.stop()
         except Exception:
             pass
+
+
+def _seccomp_pipe() -> int | None:
+    """A readable fd holding the seccomp filter that refuses nested user namespaces (x86-64 only)."""
+    from rz_agents.envs.python_tool.seccomp import user_namespace_filter
+
+    prog = user_namespace_filter()
+    if prog is None:
+        return None
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, prog)  # a few hundred bytes: fits the pipe buffer
+    os.close(write_fd)
+    return read_fd
+
+
+def _chown_tree(path: str, uid: int) -> None:
+    os.chown(path, uid, uid)
+    for parent, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.lchown(os.path.join(parent, name), uid, uid)
+
+
+def _drain(proc: subprocess.Popen) -> str:
+    """The last lines a failed session wrote to stderr (bubblewrap's or Python's error)."""
+    import select
+
+    fd, data = proc.stderr.fileno(), b""
+    for _ in range(64):
+        if not select.select([fd], [], [], 0.5)[0]:
+            break
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    return " | ".join(data.decode(errors="replace").strip().splitlines()[-3:])

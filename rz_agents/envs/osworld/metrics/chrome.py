@@ -1,9 +1,4 @@
-"""Metrics: compare a getter's result with the expected state; each returns a score in [0, 1].
-
-Signatures follow OSWorld: ``metric(result, expected, **options)`` (or ``metric(result, **options)``
-when the task has no ``expected`` getter). A ``None`` result (state missing) scores 0.
-``infeasible`` is scored by the evaluator from the action history, not here.
-"""
+"""Chrome metrics: tabs and URLs, bookmarks, settings, history and cookies."""
 
 from __future__ import annotations
 
@@ -11,65 +6,6 @@ import re
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
-
-
-def exact_match(result: Any, rules: dict[str, Any], **_: Any) -> float:
-    """1 when the result equals ``rules["expected"]``."""
-    return float(result is not None and result == rules["expected"])
-
-
-def check_include_exclude(result: Any, rules: dict[str, Any], **_: Any) -> float:
-    """1 when every ``include`` string is in the result and no ``exclude`` string is."""
-    if result is None:
-        return 0.0
-    text = str(result)
-    ok = all(s in text for s in rules.get("include", [])) and not any(
-        s in text for s in rules.get("exclude", [])
-    )
-    return float(ok)
-
-
-def is_in_list(result: Any, rules: dict[str, Any], **_: Any) -> float:
-    """1 when ``rules["expected"]`` is an element (or substring) of the result."""
-    return float(result is not None and rules["expected"] in result)
-
-
-def match_in_list(result: Any, rules: dict[str, Any], **_: Any) -> float:
-    """1 when the result is one of ``rules["expected"]``."""
-    return float(result is not None and result in rules["expected"])
-
-
-def literal_match(result: Any, expected: Any, ignore_case: bool = False, **_: Any) -> float:
-    """1 when result and expected are equal (strings optionally ignoring case)."""
-    if result is None:
-        return 0.0
-    if ignore_case and isinstance(result, str) and isinstance(expected, str):
-        return float(result.lower() == expected.lower())
-    return float(result == expected)
-
-
-def _read_text(path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def compare_text_file(
-    file1: str | None, file2: str | None, ignore_blanks: bool = False, ignore_case: bool = False, **_: Any
-) -> float:
-    """1 when the two text files match (optionally ignoring whitespace runs and case)."""
-    a, b = _read_text(file1), _read_text(file2)
-    if a is None or b is None:
-        return 0.0
-    if ignore_blanks:
-        a, b = re.sub(r"\s+", " ", a).strip(), re.sub(r"\s+", " ", b).strip()
-    if ignore_case:
-        a, b = a.lower(), b.lower()
-    return float(a == b)
 
 
 def normalize_url(url: str) -> str:
@@ -112,35 +48,6 @@ def is_expected_url_pattern_match(result: Any, rules: dict[str, Any], **_: Any) 
     if url is None:
         return 0.0
     return float(all(re.search(p, url) for p in rules["expected"]))
-
-
-def check_direct_json_object(result: Any, rules: dict[str, Any], **_: Any) -> float:
-    """1 when the result dict has every expected key/value (``expect_in_result``: value contained)."""
-    if not isinstance(result, dict):
-        return 0.0
-    expected = rules["expected"]
-    contained = bool(rules.get("expect_in_result", False))
-    for key, want in expected.items():
-        if key not in result:
-            return 0.0
-        got = result[key]
-        if contained:
-            wants = want if isinstance(want, list) else [want]
-            if not any(str(w) in str(got) for w in wants):
-                return 0.0
-        elif (got.strip() if isinstance(got, str) else got) != (
-            want.strip() if isinstance(want, str) else want
-        ):
-            return 0.0
-    return 1.0
-
-
-def check_moved_jpgs(directory_list: Any, rule: dict[str, Any], **_: Any) -> float:
-    """1 when the directory holds exactly the expected file names (top level)."""
-    if not isinstance(directory_list, dict):
-        return 0.0
-    names = {c["name"] for c in directory_list.get("children", []) if c.get("type") == "file"}
-    return float(names == set(rule["expected"]))
 
 
 def _bookmark_bar(bookmarks: Any) -> list[dict[str, Any]]:
@@ -203,17 +110,9 @@ def is_cookie_deleted(cookie_data: Any, rule: dict[str, Any], **_: Any) -> float
 
 
 METRICS: dict[str, Callable[..., float]] = {
-    "exact_match": exact_match,
-    "check_include_exclude": check_include_exclude,
-    "is_in_list": is_in_list,
-    "match_in_list": match_in_list,
-    "literal_match": literal_match,
-    "compare_text_file": compare_text_file,
     "is_expected_active_tab": is_expected_active_tab,
     "is_expected_tabs": is_expected_tabs,
     "is_expected_url_pattern_match": is_expected_url_pattern_match,
-    "check_direct_json_object": check_direct_json_object,
-    "check_moved_jpgs": check_moved_jpgs,
     "is_expected_bookmarks": is_expected_bookmarks,
     "check_font_size": check_font_size,
     "check_enabled_experiments": check_enabled_experiments,
@@ -221,6 +120,3 @@ METRICS: dict[str, Callable[..., float]] = {
     "check_history_deleted": check_history_deleted,
     "is_cookie_deleted": is_cookie_deleted,
 }
-
-# Scored from the action history by the evaluator.
-SPECIAL_METRICS = ("infeasible",)

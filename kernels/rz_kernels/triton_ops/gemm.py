@@ -1,0 +1,193 @@
+"""Batch-invariant GEMM in Triton: `x @ weight.T` with a fixed reduction order per output element.
+
+Every output element is one fp32 accumulator fed by `tl.dot` over K in blocks of BLOCK_K, always in
+the same order (k = 0, BLOCK_K, 2 BLOCK_K, ...), with no split-K and no atomics. The tile shape
+(BLOCK_M x BLOCK_N, warps, stages) may follow the number of rows M — small tiles for decode, big ones
+for prefill and training — because none of those changes an element's reduction: BLOCK_K and the K
+loop are fixed per dtype. M is never specialized (`do_not_specialize`), so M = 1 and M = 16 run the
+same binary. fp32 uses `input_precision="ieee"` (the default would be TF32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# (largest M, config) per dtype: the first row whose bound is >= M applies. BLOCK_K is one value per
+# dtype (64 for 16-bit inputs, 32 for fp32): that is what keeps a row's arithmetic independent of M.
+GEMM_CONFIGS: dict[torch.dtype, tuple[tuple[int, GemmConfig], ...]] = {
+    torch.bfloat16: (
+        (16, GemmConfig(16, 32, 64, 4, 5)),
+        (64, GemmConfig(64, 64, 64, 4, 4)),
+        (256, GemmConfig(64, 128, 64, 4, 4)),
+        (1 << 62, GemmConfig(128, 256, 64, 8, 3)),
+    ),
+    torch.float16: (
+        (16, GemmConfig(16, 32, 64, 4, 5)),
+        (64, GemmConfig(64, 64, 64, 4, 4)),
+        (256, GemmConfig(64, 128, 64, 4, 4)),
+        (1 << 62, GemmConfig(128, 256, 64, 8, 3)),
+    ),
+    torch.float32: (
+        (16, GemmConfig(16, 32, 32, 4, 4)),
+        (64, GemmConfig(64, 64, 32, 4, 3)),
+        (1 << 62, GemmConfig(128, 128, 32, 8, 3)),
+    ),
+}
+
+
+def config_for(dtype: torch.dtype, m: int, table=None) -> GemmConfig:
+    """The tile config for M rows of `dtype` (from `table`, default GEMM_CONFIGS)."""
+    rows = (table or GEMM_CONFIGS)[dtype]
+    for bound, cfg in rows:
+        if m <= bound:
+            return cfg
+    return rows[-1][1]
+
+
+def precision_for(dtype: torch.dtype) -> str | None:
+    # fp32 must not silently run in TF32 on the GPU; 16-bit inputs ignore input_precision.
+    return "ieee" if dtype == torch.float32 else None
+
+
+@triton.jit(do_not_specialize=["M"])
+def _matmul_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bn,
+    stride_bk,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # Grouped launch order (L2 reuse of weight tiles); it changes which program computes a tile, not how.
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] + k0 < K), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] + k0 < K) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def matmul(x: torch.Tensor, weight: torch.Tensor, table=None) -> torch.Tensor:
+    """[M, K] @ weight[N, K].T -> [M, N] in x's dtype, batch-invariant (see module docstring)."""
+    if x.dtype != weight.dtype:
+        raise ValueError(f"matmul: x is {x.dtype}, weight is {weight.dtype}")
+    m, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    x = x.contiguous()
+    cfg = config_for(x.dtype, m, table)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    stages = _STAGES.get(cfg, cfg.num_stages)
+    while True:
+        try:
+            _launch(x, weight, out, m, n, k, cfg, grid, stages)
+            return out
+        except OutOfResources:
+            # A GPU with less shared memory: pipeline fewer K blocks ahead. Same tiles, same K order,
+            # so the same arithmetic; remembered for the process.
+            if stages <= 1:
+                raise
+            stages -= 1
+            _STAGES[cfg] = stages
+
+
+# Pipeline depth actually used per config (lowered once if the GPU lacks the shared memory).
+_STAGES: dict[GemmConfig, int] = {}
+
+
+def _launch(x, weight, out, m, n, k, cfg: GemmConfig, grid, stages: int) -> None:
+    _matmul_kernel[grid](
+        x,
+        weight,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        x.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=8,
+        PRECISION=precision_for(x.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=stages,
+    )
+
+
+class _TritonLinear(torch.autograd.Function):
+    """Aligned forward; backward as two plain GEMMs (gradients are not part of the bit-identity contract)."""
+
+    @staticmethod
+    def forward(ctx, x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x2, weight)
+        return matmul(x2, weight)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        x2, weight = ctx.saved_tensors
+        grad_x = grad_out.mm(weight) if ctx.needs_input_grad[0] else None
+        grad_w = grad_out.t().mm(x2) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T (+ bias)` on the aligned Triton GEMM (the op set's `linear`)."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if torch.is_grad_enabled() and (x2.requires_grad or weight.requires_grad):
+        out = _TritonLinear.apply(x2, weight)
+    else:
+        out = matmul(x2, weight)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*lead, weight.shape[0])

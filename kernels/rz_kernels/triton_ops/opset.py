@@ -1,0 +1,18 @@
+"""The Triton op set (selected by rz_kernels.get_ops for "aligned" on CUDA, or by name "triton")."""
+
+from __future__ import annotations
+
+from rz_kernels.opset import OpSet
+from rz_kernels.triton_ops import attention, gemm, moe, rowwise
+
+TRITON = OpSet(
+    "triton",
+    linear=gemm.linear,
+    plan_attention=attention.plan_attention,
+    attention=attention.attention,
+    moe=moe.aligned_moe,
+    rms_norm=rowwise.rms_norm,
+    rope=rowwise.rope,
+    silu_mul=rowwise.silu_mul,
+    route=moe.route,
+)

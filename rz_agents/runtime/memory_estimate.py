@@ -1,0 +1,229 @@
+"""Per-GPU memory estimate of a training run, from its config alone (`rz train CONFIG --dry-run`).
+
+The model is built on the meta device (no memory, no weights) to count its parameters exactly; the
+other terms follow from the config: the learner's weights, fp32 master weights, gradients and AdamW
+state, its activations for one micro-batch (with or without activation checkpointing), the LM head's
+logits, and the engine's weights, KV cache and step activations. Under ``runtime: ray`` the two sides have
+GPUs of their own: one engine replica per GPU, and the learner's state sharded over its FSDP2 ranks. Figures are estimates of what PyTorch
+holds (allocator slack, CUDA context and fragmentation come on top: keep ~10% free).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rz_agents.model.config import ModelConfig
+from rz_agents.model.kv_cache import bytes_per_slot
+from rz_agents.model.logprobs import KEEP_LOGITS_BYTES, LOGIT_CHUNK
+
+GIB = 1024**3
+# Accelerators the estimate is compared with (usable GiB).
+GPUS = {"H100 80GB": 80, "H200 141GB": 141}
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes per component; `learner` and `engine` are the two sides of a run, `one_device` both together."""
+
+    model: str
+    parameters: int
+    dtype: str
+    activation_checkpointing: bool
+    learner: dict[str, int] = field(default_factory=dict)
+    engine: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    # runtime: ray places each engine replica and each FSDP2 learner rank on GPUs of its own; 0: the local
+    # runtime, learner and engine on one device
+    engine_replicas: int = 0
+    learner_ranks: int = 0
+
+    @property
+    def learner_total(self) -> int:
+        return sum(self.learner.values())
+
+    @property
+    def engine_total(self) -> int:
+        return sum(self.engine.values())
+
+    @property
+    def one_device_total(self) -> int:
+        return self.learner_total + self.engine_total
+
+    def learner_sharded(self, shards: int) -> int:
+        """Per-GPU learner bytes with weights, masters, gradients and optimizer state sharded (FSDP2)."""
+        sharded = ("weights", "master_weights_fp32", "gradients", "adamw_state_fp32")
+        return sum(v // shards if k in sharded else v for k, v in self.learner.items())
+
+    @property
+    def placed(self) -> bool:
+        """Whether the run places engine replicas and learner ranks apart (runtime: ray)."""
+        return self.learner_ranks > 0
+
+    @property
+    def learner_rank_total(self) -> int:
+        """Per-GPU bytes of one learner rank (the whole learner when it is not sharded)."""
+        return self.learner_sharded(self.learner_ranks) if self.learner_ranks > 1 else self.learner_total
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model,
+            "parameters": self.parameters,
+            "dtype": self.dtype,
+            "activation_checkpointing": self.activation_checkpointing,
+            "learner_gib": {k: round(v / GIB, 2) for k, v in self.learner.items()},
+            "engine_gib": {k: round(v / GIB, 2) for k, v in self.engine.items()},
+            "learner_total_gib": round(self.learner_total / GIB, 2),
+            "engine_total_gib": round(self.engine_total / GIB, 2),
+            "one_device_total_gib": round(self.one_device_total / GIB, 2),
+            "engine_replicas": self.engine_replicas,
+            "learner_ranks": self.learner_ranks,
+            "learner_rank_total_gib": round(self.learner_rank_total / GIB, 2),
+            "notes": self.notes,
+        }
+
+    def format(self) -> str:
+        lines = [
+            f"memory estimate per GPU: {self.model}, {self.parameters / 1e9:.2f}B parameters, {self.dtype}, "
+            f"activation checkpointing {'on' if self.activation_checkpointing else 'off'}"
+        ]
+        for title, part, total in (
+            ("learner", self.learner, self.learner_total),
+            ("engine", self.engine, self.engine_total),
+        ):
+            lines.append(f"  {title}: {total / GIB:8.1f} GiB")
+            lines += [f"    {k:28s} {v / GIB:8.2f} GiB" for k, v in part.items()]
+
+        def fits(total: int) -> str:
+            return ", ".join(
+                f"{name}: {'fits' if total <= cap * GIB * 0.9 else 'does NOT fit'}"
+                for name, cap in GPUS.items()
+            )
+
+        if self.placed:
+            lines.append(
+                f"  per engine replica (runtime: ray, {self.engine_replicas} replicas): "
+                f"{self.engine_total / GIB:.1f} GiB ({fits(self.engine_total)})"
+            )
+            lines.append(
+                f"  per learner rank (runtime: ray, FSDP2 over {self.learner_ranks} ranks): "
+                f"{self.learner_rank_total / GIB:.1f} GiB ({fits(self.learner_rank_total)})"
+            )
+        else:
+            lines.append(
+                f"  one device (local runtime: learner + engine): {self.one_device_total / GIB:.1f} GiB "
+                f"({fits(self.one_device_total)})"
+            )
+            lines.append(
+                "  learner state sharded (runtime: ray, FSDP2): "
+                + ", ".join(f"{n} GPUs {self.learner_sharded(n) / GIB:.1f} GiB" for n in (8, 16, 32))
+            )
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def count_parameters(config: ModelConfig) -> int:
+    """Exact parameter count, from a model built on the meta device (no memory used)."""
+    from rz_agents.model.transformer import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(config, init=False)
+    return model.num_parameters()
+
+
+def _layer_activation_bytes(c: ModelConfig, tokens: int, moe: bool) -> int:
+    """What one decoder layer's autograd graph keeps for `tokens` tokens (model dtype, fp32 where fp32)."""
+    e = torch.empty(0, dtype=c.torch_dtype).element_size()
+    h, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    # two norm inputs/outputs, q/k/v and their normed and rotated copies, the K/V buffers, attention output
+    attn = tokens * e * (4 * h + 3 * q + 5 * kv + q) + tokens * c.num_attention_heads * 4
+    if moe:
+        rows = tokens * c.num_experts_per_tok
+        mlp = rows * e * (h + 3 * c.moe_intermediate_size) + rows * h * 4 + tokens * c.num_experts * 4
+    else:
+        mlp = tokens * e * (h + 3 * c.intermediate_size)
+    return attn + mlp
+
+
+def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> MemoryEstimate:
+    """Estimate the per-GPU memory of a TrainConfig `cfg` whose policy has `model_config`."""
+    c = model_config
+    n = count_parameters(c)
+    e = torch.empty(0, dtype=c.torch_dtype).element_size()
+    ckpt = bool(getattr(cfg.model, "activation_checkpointing", False))
+    est = MemoryEstimate(model_name or c.model_type, n, c.dtype, ckpt)
+
+    # Learner.
+    est.learner["weights"] = n * e
+    low_precision = c.torch_dtype != torch.float32
+    if low_precision:
+        est.learner["master_weights_fp32"] = n * 4
+    # The model's own gradients (one micro-batch) plus, in bf16, their fp32 sums on the masters.
+    est.learner["gradients"] = n * e + (n * 4 if low_precision else 0)
+    est.learner["adamw_state_fp32"] = 2 * n * 4
+    # A micro-batch fills its token budget; one episode longer than the budget gets a micro-batch alone.
+    tokens = max(cfg.learner.micro_batch_tokens, cfg.rollout.limits.max_episode_tokens)
+    layers = [c.is_moe_layer(i) for i in range(c.num_hidden_layers)]
+    per_layer = [_layer_activation_bytes(c, tokens, moe) for moe in layers]
+    # With checkpointing each layer keeps its input and one layer's graph is rebuilt at a time in the backward.
+    act_on = len(layers) * tokens * c.hidden_size * e + max(per_layer)
+    act_off = sum(per_layer)
+    edges = tokens * c.hidden_size * e * 2  # embeddings and final norm
+    est.learner["activations"] = (act_on if ckpt else act_off) + edges
+    est.notes.append(
+        f"activations with layer checkpointing {(act_on + edges) / GIB:.1f} GiB, without {(act_off + edges) / GIB:.1f} GiB"
+    )
+    logits_all = tokens * c.vocab_size * 4
+    if logits_all > KEEP_LOGITS_BYTES:  # chunks recomputed in the backward: a few chunks live at once
+        est.learner["lm_head_logits"] = 3 * min(tokens, LOGIT_CHUNK) * c.vocab_size * 4
+    else:
+        est.learner["lm_head_logits"] = 2 * logits_all
+    # Engine.
+    eng = cfg.engine
+    slot = bytes_per_slot(c, eng.max_len)
+    slots = eng.kv_cache_bytes // slot if eng.kv_cache_bytes is not None else eng.num_slots
+    est.engine["weights"] = n * e
+    est.engine["kv_cache"] = slots * slot
+    step_tokens = eng.max_batch_tokens
+    sampled = min(slots, step_tokens)
+    est.engine["step_activations"] = (
+        step_tokens
+        * e
+        * (4 * c.hidden_size + 3 * max(c.intermediate_size, c.num_experts_per_tok * c.moe_intermediate_size))
+    )
+    est.engine["sampling_logits"] = 4 * sampled * c.vocab_size * 4  # logits, log-probs, probs, CDF scratch
+    est.notes.append(
+        f"KV cache: {slots} slots x {eng.max_len} positions = {slot / GIB:.2f} GiB per slot"
+        + (" (from engine.kv_cache_bytes)" if eng.kv_cache_bytes is not None else " (engine.num_slots)")
+    )
+    est.notes.append(f"learner micro-batch: {tokens} tokens")
+    if getattr(cfg, "runtime", "local") == "ray":
+        est.engine_replicas, est.learner_ranks = cfg.placement.engines, cfg.placement.learner_ranks
+    return est
+
+
+def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, str]:
+    """The architecture a ModelSpec names, without loading weights: the checkpoint's config.json when
+    it is on this machine, else the published config matching the checkpoint's directory name, else
+    the tiny random model. Returns (config, a description of where it came from)."""
+    from rz_agents.model.checkpoint import read_config
+    from rz_agents.model.presets import preset_config, preset_for_checkpoint
+
+    if spec.checkpoint:
+        path = Path(spec.checkpoint)
+        if (path / "config.json").is_file():
+            return read_config(path, spec.dtype), f"{spec.checkpoint} (config.json)"
+        preset = preset_for_checkpoint(spec.checkpoint)
+        if preset is None:
+            raise FileNotFoundError(
+                f"model.checkpoint {spec.checkpoint} is not on this machine and its name matches no preset"
+            )
+        return preset_config(
+            preset, dtype=spec.dtype
+        ), f"{preset} (published config; {spec.checkpoint} absent here)"
+    overrides = {"dtype": spec.dtype, **spec.tiny_overrides}
+    if vocab_size is not None:
+        overrides.setdefault("vocab_size", vocab_size)
+    return ModelConfig.tiny(spec.model_type, **overrides), "tiny random model"

@@ -1,0 +1,94 @@
+"""What one learner step trains on, token by token: the data of the trajectory inspector (report/inspector).
+
+For chosen steps the runtime calls `record_step` with the batch the learner is about to train on. One extra
+forward (no gradient) scores every token under the learner's current weights and the sampling distribution,
+exactly as the learner's own forward does (the aligned forward does not depend on the batch), so the
+recorded IS weights are the ones the loss uses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rz_agents.trainer.advantages import group_advantages
+from rz_agents.trainer.learner import LearnerConfig, micro_batches
+from rz_agents.trajectory import Trajectory
+
+
+def inspected_steps(chosen: Sequence[int], total: int) -> set[int]:
+    """The step indices ``chosen`` names; negative ones count from the end (-1: the last of ``total``)."""
+    return {s if s >= 0 else total + s for s in chosen if -total <= s < total}
+
+
+def record_step(
+    model: torch.nn.Module,
+    batch: Sequence[Trajectory],
+    cfg: LearnerConfig,
+    version: int,
+    decode_piece: Callable[[int], str],
+) -> dict[str, Any]:
+    """Per episode: each token's text, loss mask, policy version and lag, behavior and learner log-probs;
+    the episode's reward and advantage. ``version`` is the learner's (the weights in ``model``)."""
+    from rz_agents.model.logprobs import packed_token_logprobs
+
+    def piece(token: int) -> str:
+        try:
+            return decode_piece(token)
+        except ValueError:  # an id past the tokenizer (a padding row of a larger embedding)
+            return f"<id {token}>"
+
+    trajs = list(batch)
+    advantages = group_advantages([float(t.reward) for t in trajs], [t.group_id for t in trajs], cfg.baseline)
+    learner: list[list[float]] = [[] for _ in trajs]
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for mb in micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens):
+            scored = packed_token_logprobs(
+                model, [trajs[i].tokens for i in mb], cfg.temperature, cfg.top_k, cfg.top_p
+            )
+            for i, lp in zip(mb, scored, strict=True):
+                learner[i] = [math.nan, *lp.tolist()]  # token 0 has no context
+    model.train(was_training)
+    episodes = []
+    for t, lp, adv in zip(trajs, learner, advantages, strict=True):
+        episodes.append(
+            {
+                "group_id": t.group_id,
+                "reward": float(t.reward),
+                "advantage": float(adv),
+                "info": {k: v for k, v in t.info.items() if isinstance(v, (int, float, str, bool))},
+                "tokens": [int(x) for x in t.tokens],
+                "pieces": [piece(int(x)) for x in t.tokens],
+                "loss_mask": [bool(m) for m in t.loss_mask],
+                "versions": [int(v) for v in t.versions],
+                "behavior_logprobs": [float(x) for x in t.behavior_logprobs],
+                "learner_logprobs": lp,
+            }
+        )
+    return {"version": int(version), "max_lag": cfg.max_lag, "episodes": episodes}
+
+
+def write_step_record(directory: str | Path, step: int, record: dict[str, Any]) -> Path:
+    """``directory/step_XXXXX.json`` (non-finite floats as null)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"step_{step:05d}.json"
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        return x
+
+    path.write_text(json.dumps({"step": step, **clean(record)}))
+    return path

@@ -1,0 +1,27 @@
+"""The Triton op set runs here on CPU through the Triton interpreter (no GPU in CI).
+
+TRITON_INTERPRET must be set before any kernel module is imported (`@triton.jit` reads it), and the
+interpreter's dot and bf16 casts are replaced by GPU-faithful ones (rz_kernels.triton_ops.interpreter).
+Shapes stay tiny: the interpreter runs every program of a launch in Python.
+"""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+if importlib.util.find_spec("triton") is not None:
+    from rz_kernels.triton_ops.interpreter import patch_interpreter
+
+    patch_interpreter()
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,74 @@
+"""RMSNorm, RoPE, SiLU-mul (one program per row): close to the CPU op set, row alone == row in a batch,
+gradients close to autograd through the CPU op set."""
+
+import pytest
+
+pytest.importorskip("triton")
+
+import torch  # noqa: E402
+
+from rz_kernels import RopeTable, activation, norm  # noqa: E402
+from rz_kernels.triton_ops import rowwise  # noqa: E402
+
+BATCHES = (1, 7, 64, 129)
+
+
+def _tol(dtype):
+    return dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_matches_cpu_op_and_is_row_invariant(dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(129, 48, generator=gen).to(dtype)
+    w = (1 + 0.1 * torch.randn(48, generator=gen)).to(dtype)
+    full = rowwise.rms_norm(x, w, 1e-6)
+    torch.testing.assert_close(full, norm.rms_norm(x, w, 1e-6), **_tol(dtype))
+    for m in BATCHES:
+        assert torch.equal(rowwise.rms_norm(x[:m], w, 1e-6), full[:m]), m
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_matches_cpu_op_and_is_row_invariant(dtype):
+    gen = torch.Generator().manual_seed(1)
+    gate = torch.randn(129, 40, generator=gen).to(dtype)
+    up = torch.randn(129, 40, generator=gen).to(dtype)
+    full = rowwise.silu_mul(gate, up)
+    torch.testing.assert_close(full, activation.silu_mul(gate, up), **_tol(dtype))
+    for m in BATCHES:
+        assert torch.equal(rowwise.silu_mul(gate[:m], up[:m]), full[:m]), m
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_matches_cpu_table_and_depends_only_on_position(dtype):
+    gen = torch.Generator().manual_seed(2)
+    table = RopeTable(16, 10_000.0, 256)
+    x = torch.randn(129, 3, 16, generator=gen).to(dtype)
+    pos = torch.randint(0, 256, (129,), generator=gen)
+    full = rowwise.rope(table, x, pos)
+    torch.testing.assert_close(full, table.apply(x, pos), **_tol(dtype))
+    for m in BATCHES:
+        assert torch.equal(rowwise.rope(table, x[:m], pos[:m]), full[:m]), m
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        rowwise.rope(table, x[:1], torch.tensor([256]))
+
+
+def test_rowwise_gradients_match_autograd_through_the_cpu_ops():
+    gen = torch.Generator().manual_seed(3)
+    table = RopeTable(16, 10_000.0, 64)
+    pos = torch.randint(0, 64, (6,), generator=gen)
+    x = torch.randn(6, 2, 16, generator=gen, requires_grad=True)
+    w = torch.randn(16, generator=gen, requires_grad=True)
+    up = torch.randn(6, 2, 16, generator=gen, requires_grad=True)
+    g = torch.randn(6, 2, 16, generator=gen)
+
+    def run(rms, rope, silu):
+        return silu(rope(rms(x, w, 1e-6), pos), up)
+
+    run(rowwise.rms_norm, lambda h, p: rowwise.rope(table, h, p), rowwise.silu_mul).backward(g)
+    ours = [t.grad.clone() for t in (x, w, up)]
+    for t in (x, w, up):
+        t.grad = None
+    run(norm.rms_norm, table.apply, activation.silu_mul).backward(g)
+    for a, t in zip(ours, (x, w, up), strict=True):
+        torch.testing.assert_close(a, t.grad, rtol=1e-4, atol=1e-5)

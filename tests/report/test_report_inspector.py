@@ -1,0 +1,87 @@
+"""The trajectory inspector page, rendered in headless Chromium; report numbers as readable tables."""
+
+import math
+import shutil
+import subprocess
+
+import pytest
+
+from rz_agents.report.inspector import write_inspector
+from rz_agents.report.tables import fmt_number, value_html
+from rz_agents.trainer.inspect import inspected_steps, write_step_record
+
+
+def _episode(group, reward, advantage, logp_shift, lag):
+    text = list("<|user|>What is 6*7?\n") + list("<tool_call>print(6*7)</tool_call>") + list("\n42\n")
+    text += list("The answer is \\boxed{42}.")
+    prompt, call, tool = 21, 34, 4
+    mask = [False] * prompt + [True] * call + [False] * tool + [True] * (len(text) - prompt - call - tool)
+    behavior = [-0.5 if m else 0.0 for m in mask]
+    learner = [math.nan] + [
+        b + (logp_shift if m else 0.0) for b, m in zip(behavior[1:], mask[1:], strict=True)
+    ]
+    return {
+        "group_id": group,
+        "reward": reward,
+        "advantage": advantage,
+        "info": {"turns": 2, "finish": "terminated"},
+        "tokens": [ord(c) for c in text],
+        "pieces": text,
+        "loss_mask": mask,
+        "versions": [3 - lag if m else -1 for m in mask],
+        "behavior_logprobs": behavior,
+        "learner_logprobs": learner,
+    }
+
+
+def test_steps_to_inspect_count_from_the_end_when_negative():
+    assert inspected_steps([0, -1], 30) == {0, 29}
+    assert inspected_steps([5, -40], 30) == {5}
+
+
+def test_summary_values_become_rounded_numbers_and_nested_tables():
+    assert (
+        fmt_number(0.123456789) == "0.1235"
+        and fmt_number(2602.4) == "2602"
+        and fmt_number(1234567.0) == "1,234,567"
+    )
+    assert (
+        fmt_number(4.76837158203125e-07) == "4.77e-07" and fmt_number(None) == "—" and fmt_number(12) == "12"
+    )
+    table = value_html(
+        {"rollout": {"episodes_finished": 64, "failed": 0}, "reward_per_step": [0.1234567, 0.5]}
+    )
+    assert "<th>rollout</th><td><table><tr><th>episodes_finished</th><td>64</td>" in table
+    assert "<td>0.1235, 0.5</td>" in table
+
+
+def test_inspector_page_renders_in_headless_chromium(tmp_path):
+    episodes = [
+        _episode(0, 1.0, 0.5, 0.0, 0),
+        _episode(0, 0.0, -0.5, 0.04, 1),
+        _episode(1, 1.0, 0.0, -0.3, 2),
+    ]
+    write_step_record(tmp_path / "inspect", 7, {"version": 3, "max_lag": 64, "episodes": episodes})
+    page = write_inspector(tmp_path)
+    text = page.read_text()
+    assert text.count('<div class="ep">') == 3 and "Learner step 7 (version 3)" in text
+    assert 'class="tok l1"' in text and 'class="tok l2"' in text  # lag 1 and lag 2 underlines
+    assert "background:#ffffff" in text and "rgba(214,39,40" in text and "rgba(31,119,180" in text
+    assert "w 1.04081 · logp -0.46 · behavior -0.5" in text  # a token's tooltip
+    assert "<script" not in text  # static: nothing runs
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium")
+    shot = tmp_path / "inspector.png"
+    subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
+         "--window-size=1200,700", page.as_uri()],
+        capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    from matplotlib.image import imread
+
+    pixels = imread(shot)  # RGBA floats in [0, 1]
+    assert pixels.shape[:2] == (700, 1200)
+    red = (pixels[..., 0] > 0.75) & (pixels[..., 2] < 0.7)  # tokens with a weight above 1
+    blue = (pixels[..., 2] > 0.6) & (pixels[..., 0] < 0.5)  # below 1
+    assert red.sum() > 200 and blue.sum() > 200

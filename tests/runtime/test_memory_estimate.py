@@ -1,0 +1,73 @@
+"""Per-GPU memory estimate: exact parameter counts from meta-device builds of the real Qwen3 shapes, and
+components that follow the config (dtype, checkpointing, KV cache)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rz_agents.cli import main as rz_main
+from rz_agents.engine import EngineConfig
+from rz_agents.model import KVCache, ModelConfig, Transformer
+from rz_agents.model.presets import preset_config, preset_for_checkpoint
+from rz_agents.runtime import ModelSpec, TrainConfig
+from rz_agents.runtime.memory_estimate import GIB, count_parameters, estimate_memory, model_config_of
+
+
+def test_qwen3_4b_shape_builds_on_the_meta_device_with_its_published_size():
+    cfg = preset_config("qwen3-4b")
+    with torch.device("meta"):
+        model = Transformer(cfg, init=False)
+    assert all(p.is_meta for p in model.parameters())
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, as in the checkpoint
+    assert 4.0e9 < model.num_parameters() < 4.05e9  # "4.0B parameters, 3.6B non-embedding"
+    assert 3.6e9 < model.num_parameters() - cfg.vocab_size * cfg.hidden_size < 3.65e9
+    assert 30.4e9 < count_parameters(preset_config("qwen3-30b-a3b")) < 30.6e9
+    assert 0.59e9 < count_parameters(preset_config("qwen3-0.6b")) < 0.61e9
+
+
+def test_a_missing_checkpoint_is_sized_by_its_directory_name():
+    assert preset_for_checkpoint("/models/Qwen3-4B") == "qwen3-4b"
+    assert preset_for_checkpoint("/models/other") is None
+    cfg, source = model_config_of(ModelSpec(checkpoint="/nowhere/Qwen3-30B-A3B", dtype="bfloat16"))
+    assert cfg.num_experts == 128 and "absent here" in source
+    with pytest.raises(FileNotFoundError, match="matches no preset"):
+        model_config_of(ModelSpec(checkpoint="/nowhere/mystery"))
+
+
+def test_bf16_estimate_has_fp32_masters_and_adam_and_checkpointing_shrinks_activations():
+    cfg = TrainConfig(engine=EngineConfig(num_slots=4, max_len=1024), model=ModelSpec(dtype="bfloat16"))
+    model_cfg = preset_config("qwen3-0.6b")
+    est = estimate_memory(cfg, model_cfg)
+    n = est.parameters
+    assert est.learner["weights"] == 2 * n
+    assert est.learner["master_weights_fp32"] == 4 * n
+    assert est.learner["adamw_state_fp32"] == 8 * n
+    # 28 layers x K and V x 8 kv heads x 1024 positions x 128 dims x 2 bytes, 4 slots
+    assert est.engine["kv_cache"] == 4 * 28 * 2 * 8 * 1024 * 128 * 2
+    assert est.learner_sharded(8) < est.learner_total
+    fp32 = estimate_memory(cfg, model_cfg.replace(dtype="float32"))
+    assert "master_weights_fp32" not in fp32.learner
+    assert any("checkpointing" in note for note in est.notes)
+    assert est.one_device_total / GIB > 10
+
+
+def test_kv_cache_bytes_setting_sizes_the_cache():
+    cfg = TrainConfig(engine=EngineConfig(max_len=512, kv_cache_bytes=10 * 2**20))
+    tiny = ModelConfig.tiny("qwen3")
+    est = estimate_memory(cfg, tiny)
+    per_slot = KVCache(tiny, 1, 512).bytes_per_slot
+    assert est.engine["kv_cache"] == (10 * 2**20 // per_slot) * per_slot
+
+
+def test_rz_train_dry_run_prints_the_estimate_for_the_production_config(capsys):
+    config = Path(__file__).resolve().parents[2] / "configs" / "qwen3-4b-python-tool.yaml"
+    assert rz_main(["train", str(config), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "4.02B parameters" in out and "kv_cache" in out and "adamw_state_fp32" in out
+    assert "published config" in out
+    # runtime: ray: each side on GPUs of its own, the KV cache sized to one replica's GPU
+    replica = next(line for line in out.splitlines() if "per engine replica" in line)
+    rank = next(line for line in out.splitlines() if "per learner rank" in line)
+    assert "8 replicas" in replica and "H200 141GB: fits" in replica
+    assert "FSDP2 over 8 ranks" in rank and "H200 141GB: fits" in rank
