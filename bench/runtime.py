@@ -31,9 +31,15 @@ import ray
 
 from rz_agents.engine import EngineConfig
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime import EnvSpec, ModelSpec, PlacementConfig, TrainConfig, build_run
-from rz_agents.trainer.learner import LearnerConfig
+from rz_agents.runtime import (
+    EnvSpec,
+    LearnerSpec,
+    ModelSpec,
+    PlacementConfig,
+    RolloutSpec,
+    TrainConfig,
+    build_run,
+)
 from rz_agents.trainer.optim import OptimConfig
 
 
@@ -50,7 +56,7 @@ def training_config(args, runtime: str) -> TrainConfig:
         ),
         env=EnvSpec(kwargs={"max_turns": 2, "latency_s": 0.01}),
         engine=EngineConfig(num_slots=48, max_len=256, max_batch_tokens=2048),
-        rollout=RolloutConfig(
+        rollout=RolloutSpec(
             group_size=4,
             groups_per_batch=4,
             max_concurrent_episodes=32,
@@ -58,7 +64,7 @@ def training_config(args, runtime: str) -> TrainConfig:
             max_ahead_batches=2,
             limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=32, max_episode_tokens=200),
         ),
-        learner=LearnerConfig(optim=OptimConfig(lr=1e-3)),
+        learner=LearnerSpec(optim=OptimConfig(lr=1e-3)),
         **extra,
     )
 
@@ -75,7 +81,7 @@ def generation_config(args, engines: int) -> TrainConfig:
         ),
         env=EnvSpec(kwargs={"max_turns": 1, "latency_s": 0.0}),
         engine=EngineConfig(num_slots=64, max_len=256, max_batch_tokens=4096),
-        rollout=RolloutConfig(
+        rollout=RolloutSpec(
             group_size=4,
             groups_per_batch=4,
             max_concurrent_episodes=args.gen_concurrency,

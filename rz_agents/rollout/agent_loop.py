@@ -193,7 +193,9 @@ async def run_episode(
             "turns": turns,
             "finish": finish,
             "member": spec.member,
-            "seed": spec.seed,  # with the task and the versions, what reproduces the episode
+            # with the task and the versions, what reproduces the episode
+            "seed": spec.seed,
+            "reset_seed": reset_seed,
         },
     )
     try:

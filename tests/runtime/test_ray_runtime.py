@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 
 import pytest
@@ -23,12 +24,18 @@ import torch
 
 from rz_agents.engine import EngineConfig, RZEngine, SamplingParams
 from rz_agents.rollout.agent_loop import EpisodeLimits, EpisodeSpec, run_episode
-from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime import EnvSpec, LocalRun, PlacementConfig, TrainConfig, build_run
+from rz_agents.runtime import (
+    EnvSpec,
+    LearnerSpec,
+    LocalRun,
+    PlacementConfig,
+    RolloutSpec,
+    TrainConfig,
+    build_run,
+)
 from rz_agents.runtime.factories import build_model, build_tokenizer, vocab_size
 from rz_agents.runtime.synthetic_env import LowercaseLettersEnv
 from rz_agents.trainer.checkpoint import load_checkpoint
-from rz_agents.trainer.learner import LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
 
 ray = pytest.importorskip("ray")
@@ -50,8 +57,8 @@ def _cfg(runtime="ray", mode="sync", steps=4, placement=None, env_latency=0.0, *
         num_threads=1,
         env=EnvSpec(kwargs={"max_turns": 2, "latency_s": env_latency}),
         engine=EngineConfig(num_slots=16, max_len=256, max_batch_tokens=512),
-        rollout=RolloutConfig(**rollout),
-        learner=LearnerConfig(optim=OptimConfig(lr=1e-2), assert_lag0_exact=kw.pop("exact", True)),
+        rollout=RolloutSpec(**rollout),
+        learner=LearnerSpec(optim=OptimConfig(lr=1e-2), assert_lag0_exact=kw.pop("exact", True)),
         **extra,
         **kw,
     )
@@ -162,7 +169,7 @@ def _when_alive(method, timeout_s=120.0):
 
 
 def _replay(cfg, trajectory, weights, version):
-    """Run the trajectory's episode again in one process: same task, seed and (single) policy version."""
+    """Run the trajectory's episode again in one process: same task, seeds and (single) policy version."""
     tokenizer, template = build_tokenizer(cfg.tokenizer)
     model = build_model(cfg.model, vocab_size(cfg.tokenizer, tokenizer))
     model.load_state_dict(weights)
@@ -171,7 +178,8 @@ def _replay(cfg, trajectory, weights, version):
     )
     env = LowercaseLettersEnv(max_turns=2)
     r = cfg.rollout
-    spec = EpisodeSpec(None, trajectory.group_id, trajectory.info["member"], trajectory.info["seed"])
+    info = trajectory.info
+    spec = EpisodeSpec(None, trajectory.group_id, info["member"], info["seed"], info["reset_seed"])
     sampling = SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p)
     return asyncio.run(run_episode(engine, env, template, tokenizer, spec, sampling, r.limits))
 
@@ -257,7 +265,9 @@ class _RecordingReplica:
         return _Generate
 
 
-def test_two_nodes_learner_ranks_sharded_with_fsdp2_and_engines_on_the_other_node(ray_cluster, local_sync):
+def test_two_nodes_learner_ranks_sharded_with_fsdp2_and_engines_on_the_other_node(
+    ray_cluster, local_sync, tmp_path
+):
     history, _, _ = local_sync
     placement = PlacementConfig(
         engines=2,
@@ -267,7 +277,7 @@ def test_two_nodes_learner_ranks_sharded_with_fsdp2_and_engines_on_the_other_nod
         env_worker_resources=ROLLOUT_NODE,
         learner_resources=LEARNER_NODE,
     )
-    run = build_run(_cfg(steps=2, placement=placement))
+    run = build_run(_cfg(steps=2, placement=placement, output_dir=str(tmp_path)))
     try:
         head = ray_cluster.head_node.node_id
         engine_nodes = {ray.get(r.actor.node.remote()) for r in run.engine.replicas}
@@ -294,6 +304,14 @@ def test_two_nodes_learner_ranks_sharded_with_fsdp2_and_engines_on_the_other_nod
     # Same initial weights and seeds: the first batch and its loss are the one-process learner's, bitwise.
     assert run.history[0]["loss"] == history[0]["loss"]
     assert run.history[0]["reward_mean"] == history[0]["reward_mean"]
+    # The inspector's records (inspect_steps 0 and -1) were scored on the sharded ranks: in sync mode every
+    # sampled token's learner log-prob is its behavior log-prob, bitwise.
+    for step in (0, 1):
+        record = json.loads((tmp_path / "inspect" / f"step_{step:05d}.json").read_text())
+        assert record["version"] == step and len(record["episodes"]) == 4
+        for e in record["episodes"]:
+            sampled = [i for i, m in enumerate(e["loss_mask"]) if m]
+            assert sampled and all(e["learner_logprobs"][i] == e["behavior_logprobs"][i] for i in sampled)
 
 
 def test_a_dead_learner_rank_ends_the_run_and_resume_continues_it_bit_for_bit(

@@ -61,7 +61,7 @@ def test_local_is_the_default_and_a_ray_config_round_trips_through_yaml(tmp_path
         ),
         (
             "runtime: ray\nplacement: {engine_gpus: 1}\n",
-            "placement.engine_gpus (1) conflicts with model.device",
+            "placement.engine_gpus (1.0) conflicts with model.device",
         ),
         ("runtime: ray\nmodel: {device: 'cuda:1'}\n", "model.device must be cpu or cuda with runtime: ray"),
         (
