@@ -7,7 +7,9 @@ differs is behind the placement hooks at the end of ``TrainLoop``: where the lea
 published set of weights is (tensors, or a reference into Ray's object store) and how it reaches the engines.
 
 ``rollout.fixed_lag: k`` keeps the engines exactly k versions behind: before each step the loop records the
-weights the step starts from, and after it publishes those of version v - k (runtime/fixed_lag.py).
+weights the step starts from, and after it publishes those of version v - k (runtime/fixed_lag.py). The steps
+of ``inspect_steps`` are recorded for the trajectory inspector before they train (run_dir/inspect/), scored
+wherever the learner runs (``_inspection_record``).
 """
 
 from __future__ import annotations
