@@ -75,3 +75,15 @@ def test_rz_train_dry_run_prints_the_estimate_for_the_production_config(capsys):
     assert "4.02B parameters" in out and "kv_cache" in out and "adamw_state_fp32" in out
     assert "published config" in out
     assert "activation checkpointing on" in out  # the production configs turn it on
+    # runtime: ray: each side on GPUs of its own, the KV cache sized to one replica's GPU
+    replica = next(line for line in out.splitlines() if "per engine replica" in line)
+    rank = next(line for line in out.splitlines() if "per learner rank" in line)
+    assert "8 replicas" in replica and "H200 141GB: fits" in replica
+    assert "FSDP2 over 8 ranks" in rank and "H200 141GB: fits" in rank
+
+
+def test_rz_train_dry_run_finds_a_packaged_config_by_name(capsys):
+    assert rz_main(["train", "qwen3-30b-a3b-python-tool", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    rank = next(line for line in out.splitlines() if "per learner rank" in line)
+    assert "FSDP2 over 16 ranks" in rank and "H200 141GB: fits" in rank  # with activation checkpointing
