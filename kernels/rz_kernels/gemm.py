@@ -77,10 +77,15 @@ def _operand(form: str, weight: torch.Tensor, a: int, b: int):
     """The right-hand operand of weight rows a:b in the given form (packed weights are cached)."""
     if form == "mm":
         return weight[a:b].t()
-    if weight.is_inference():  # no version counter to key a cache on: pack for this call only
-        return torch.ops.mkldnn._reorder_linear_weight(weight[a:b].contiguous(), None)
-    # Packed copies live on the weight tensor, keyed by its storage and version counter: an
-    # in-place update (optimizer step, engine weight load) makes them stale and they are rebuilt.
+    if weight.is_inference() or not torch.is_inference_mode_enabled():
+        # Pack for this call only: an inference tensor has no version counter to key a cache on, and
+        # outside the engine's inference-mode step (training and scoring forwards, many rows per call)
+        # the weight may be a parameter whose storage is refilled without bumping its version counter
+        # (FSDP2 all-gathers into the same unsharded parameter every step), so a cache keyed on
+        # (data_ptr, version) would hand back last step's weights.
+        return torch.ops.mkldnn._reorder_linear_weight(weight[a:b].detach().contiguous(), None)
+    # The engine's weights change only by in-place loads (copy_), which bump the version counter: packed
+    # copies live on the weight tensor, keyed by its storage and version counter, and are rebuilt when stale.
     stamp = (weight.data_ptr(), weight._version)
     cache = getattr(weight, "_rz_packed", None)
     if cache is None or cache[0] != stamp:
