@@ -1,18 +1,24 @@
 """Training-step throughput of async (max_lag 64) vs sync REINFORCE Zero on the same multi-turn workload.
 
     python bench/async_vs_sync.py --json
-    python bench/async_vs_sync.py --env python_tool --json      # the Python tool env, when it is installed
+    python bench/async_vs_sync.py --env python_tool --json      # the Python tool env
 
 Both modes run the same code (the local runtime); sync is max_lag = 0: generate a batch, train, publish.
+Both keep the same number of episodes in flight: sync can only ever run one batch at a time (its
+lag bound admits nothing more), so async's max_concurrent_episodes is one batch too (--concurrency,
+default group_size x groups_per_batch; a larger value is allowed and reported, but then async also
+gains from overlapping several batches' env latency, and the ideal bound below no longer bounds it).
+The episodes actually in flight are sampled every 20 ms in both runs and reported.
+
 The sync run also measures where its time goes: waiting for data (generation + env) and the learner step
 (training + weight publication). From those, in the same process:
 
-    ideal_ratio   = (gen_env + train) / max(gen_env, train)   what overlapping the two phases can give
-    async_over_sync = async steps/s / sync steps/s            what the async runtime achieved
+    ideal_ratio     = (gen_env + train) / max(gen_env, train)   what overlapping the two phases can give
+    async_over_sync = async steps/s / sync steps/s              what the async runtime achieved
+    fraction_of_ideal = async_over_sync / ideal_ratio           goal >= 0.9
 
-Async can exceed ideal_ratio: it also keeps more episodes in flight than one batch (max_concurrent_episodes),
-so env latency of several batches overlaps and the engine decodes bigger batches. ``ideal_ratio_3way`` =
-(gen + env + train) / max(gen, env, train) counts that overlap too.
+Every per-step figure (steps/s, wait, train, publish, engine forward) covers the same steps: those after
+the --warmup first steps of each run.
 
 On 2 CPU cores, generation and training share the cores: both use ``--threads`` torch threads (1 each by
 default, so each phase has one core; torch's thread count is process-wide, and alignment needs the engine
@@ -76,6 +82,11 @@ def _pinning(args) -> dict:
     return {"learner_cpus": cpus[-1:], "rollout_cpus": cpus[:-1]}
 
 
+def _mean_positive(values: list[int]) -> float:
+    pos = [v for v in values if v > 0]
+    return sum(pos) / len(pos) if pos else 0.0
+
+
 def _measure(args, mode: str) -> dict:
     import asyncio
 
@@ -84,21 +95,49 @@ def _measure(args, mode: str) -> dict:
     cfg = _config(args, mode)
     cfg.engine = EngineConfig(num_slots=args.concurrency + 8, max_len=1040, max_batch_tokens=1024)
     run = LocalRun(cfg)
+    samples: list[
+        tuple[float, int, int, float]
+    ] = []  # (time, steps done, episodes in flight, engine forward s)
+
+    async def sample(done: asyncio.Event) -> None:
+        c = run.controller.counters
+        while not done.is_set():
+            in_flight = c["episodes_started"] - c["episodes_finished"] - c["episodes_failed"]
+            samples.append(
+                (time.perf_counter(), len(run.history), in_flight, run.engine.counters["forward_s"])
+            )
+            try:
+                await asyncio.wait_for(done.wait(), 0.02)
+            except TimeoutError:
+                pass
+
+    async def train_and_sample():
+        done = asyncio.Event()
+        sampler = asyncio.ensure_future(sample(done))
+        try:
+            return await run.train()
+        finally:
+            done.set()
+            await sampler
+
     try:
         t0 = time.perf_counter()
-        summary = asyncio.run(run.train())
+        summary = asyncio.run(train_and_sample())
         wall = time.perf_counter() - t0
     finally:
         run.close()
     h = run.history[args.warmup :]
-    # Steady state: the span from the end of the last warmup step to the end of the run.
-    step_ends = []
-    t = 0.0
+    n = len(h)
+    # Steady state: from the end of the last warm-up step to the end of the run.
+    step_ends, t = [], 0.0
     for m in run.history:
         t += m["time_step_s"]
         step_ends.append(t)
     span = step_ends[-1] - step_ends[args.warmup - 1] if args.warmup else step_ends[-1]
-    n = len(h)
+    measured = [s for s in samples if s[1] >= args.warmup]
+    # engine forward seconds over the measured steps (the counter at the first measured sample is the
+    # value at the end of the warm-up, within one 20 ms sample)
+    gen_s = (summary["engine"]["forward_s"] - measured[0][3]) / n if measured else float("nan")
 
     def mean(key):
         return sum(m[key] for m in h) / n
@@ -108,16 +147,21 @@ def _measure(args, mode: str) -> dict:
         "steps_measured": n,
         "steps_per_s": n / span,
         "wall_s_total": wall,
+        "episodes_in_flight_mean": sum(s[2] for s in measured) / max(len(measured), 1),
+        # sync idles while it trains: its mean over the samples where anything was running
+        "episodes_in_flight_mean_while_running": _mean_positive([s[2] for s in measured]),
+        "episodes_in_flight_max": max((s[2] for s in measured), default=0),
+        "max_concurrent_episodes": cfg.rollout.max_concurrent_episodes,
         "wait_data_s": mean("time_wait_data_s"),
         "train_s": mean("time_forward_s") + mean("time_backward_s") + mean("time_optimizer_s"),
         "publish_s": mean("time_publish_s"),
+        "engine_forward_s": gen_s,
         "train_thread_cpu_s": mean("learner_thread_cpu_s"),
         "step_s": mean("time_step_s"),
         "max_lag_seen": max(m.get("lag_max", 0) for m in h),
         "lag_mean": sum(m.get("lag_mean", 0) for m in h) / n,
         "reward_first": run.history[0].get("reward_mean"),
         "reward_last": run.history[-1].get("reward_mean"),
-        "engine_forward_s_total": summary["engine"]["forward_s"],
         "dropped_stale_groups": summary["rollout"]["groups_dropped_stale"],
         "episodes_failed": summary["rollout"]["episodes_failed"],
     }
@@ -133,7 +177,12 @@ def main(argv=None) -> int:
     p.add_argument("--tokens-per-turn", type=int, default=16)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--groups-per-batch", type=int, default=4)
-    p.add_argument("--concurrency", type=int, default=64, help="episodes in flight (async)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="episodes in flight in both modes (default: one batch, group_size x groups_per_batch)",
+    )
     p.add_argument("--max-lag", type=int, default=64)
     p.add_argument(
         "--max-ahead", type=int, default=None, help="batches rollouts may run ahead (default: max_lag + 1)"
@@ -154,14 +203,19 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.concurrency is None:
+        args.concurrency = args.group_size * args.groups_per_batch
+    if args.warmup < 1:
+        p.error("--warmup must be >= 1 (the first step includes start-up costs)")
 
+    load0 = os.getloadavg()[0]
     sync = _measure(args, "sync")
     asyn = _measure(args, "async")
     gen_env, train = sync["wait_data_s"], sync["train_s"] + sync["publish_s"]
     ideal = (gen_env + train) / max(gen_env, train)
     ratio = asyn["steps_per_s"] / sync["steps_per_s"]
     # Generation vs env inside the sync wait: the engine's forward time is generation; the rest is env + glue.
-    gen = sync["engine_forward_s_total"] / (args.warmup + args.steps)
+    gen = sync["engine_forward_s"]
     env = max(gen_env - gen, 0.0)
     ideal3 = (gen + env + train) / max(gen, env, train)
     out = {
@@ -169,6 +223,10 @@ def main(argv=None) -> int:
         "ideal_ratio": ideal,
         "fraction_of_ideal": ratio / ideal,
         "ideal_ratio_3way": ideal3,
+        "episodes_in_flight_mean": {
+            "sync": sync["episodes_in_flight_mean"],
+            "async": asyn["episodes_in_flight_mean"],
+        },
         "max_lag_seen": asyn["max_lag_seen"],
         "sync": sync,
         "async": asyn,
@@ -176,12 +234,16 @@ def main(argv=None) -> int:
         "sync_env_s_per_step": env,
         "sync_train_s_per_step": train,
         "workload": vars(args),
+        "loadavg_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
     }
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         print(
             f"async/sync = {ratio:.2f}x  (ideal {ideal:.2f}x, {ratio / ideal:.0%} of it; 3-way ideal {ideal3:.2f}x)\n"
+            f"episodes in flight: max sync {sync['episodes_in_flight_max']} / async {asyn['episodes_in_flight_max']}, "
+            f"mean while running sync {sync['episodes_in_flight_mean_while_running']:.1f} / "
+            f"async {asyn['episodes_in_flight_mean_while_running']:.1f}\n"
             f"sync: gen {gen:.2f}s + env {env:.2f}s + train {train:.2f}s per step; "
             f"async max lag {asyn['max_lag_seen']:.0f}"
         )

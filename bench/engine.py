@@ -9,14 +9,23 @@ generates exactly --gen tokens). Workloads:
   multiturn      --episodes concurrent episodes x --turns turns: each turn's prompt is the previous
                  prompt + completion + --obs observation tokens (what an agent rollout does)
 
-Throughput = generated tokens / time of the whole workload (prefill included), best of --repeats,
-reported per wall-second and per CPU-second (this process and its children, e.g. vLLM's workers).
-Ratios use --metric (default cpu: on a shared machine wall time mostly measures the neighbours;
-run with --threads 1 there, as OpenMP spin-waits inflate CPU time when cores are oversubscribed).
+Multi-turn, what each backend reuses between turns: rz keeps the finished turn's KV as a prefix-cache
+entry and prefills only the new tokens; vLLM uses its automatic prefix caching; HF gets the same
+advantage explicitly (its DynamicCache from the previous turn is passed back to generate, so it too
+prefills only the new tokens).
+
+Throughput = generated tokens / time of the whole workload (prefill included), per wall-second and per
+CPU-second (rz and HF: this process; vLLM: its worker process and that worker's children, measured
+there). The backends run interleaved: one warm-up round, then --repeats rounds in which every workload
+runs once on every backend, back to back; each ratio is the median over rounds of that round's ratio
+(ours vs the peer measured minutes apart at most). Ratios use --metric (default cpu: on a shared
+machine wall time mostly measures the neighbours; run with --threads 1 there, as OpenMP spin-waits
+inflate CPU time when cores are oversubscribed).
 
   python bench/engine.py --json                 # all backends found, full sizes
   python bench/engine.py --quick                # smaller sizes, for a smoke run
-  python bench/engine.py --profile              # where rz aligned spends a batch-64 decode step
+  python bench/engine.py --profile              # where rz aligned spends a decode step (--profile-batch)
+  python bench/engine.py --long --json          # long contexts (1K/4K/16K): see bench/long_context.py
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +50,7 @@ from rz_agents.model.checkpoint import save_hf_checkpoint
 
 VOCAB = 151_669
 VLLM_PYTHON_DEFAULT = "/opt/vllm-venv/bin/python"
+RESULT_MARK = "RZBENCH "  # prefix of the vLLM worker's protocol lines (vLLM logs to stdout too)
 
 
 def bench_config() -> ModelConfig:
@@ -63,12 +74,13 @@ def workloads(args) -> dict[str, dict]:
     return out
 
 
-def cpu_seconds_tree() -> float:
-    """CPU seconds (user + system) used so far by this process and its live descendants.
+def generated_tokens(args, spec: dict) -> int:
+    turns = args.turns if spec["kind"] == "multiturn" else 1
+    return len(spec["prompts"]) * turns * args.gen
 
-    On a shared machine wall time mostly measures the neighbours; CPU time measures our work
-    (vLLM computes in child processes, so they are counted too).
-    """
+
+def cpu_seconds_tree() -> float:
+    """CPU seconds (user + system) used so far by this process and its live descendants."""
     ticks = os.sysconf("SC_CLK_TCK")
     stats = {}
     for entry in Path("/proc").iterdir():
@@ -88,23 +100,11 @@ def cpu_seconds_tree() -> float:
     return sum(stats[pid][1] for pid in tree if pid in stats)
 
 
-def best_of(repeats: int, fn) -> dict[str, float]:
-    """Best wall and best CPU seconds of fn() over repeats runs (after one warm-up run)."""
+def timed(fn, cpu_clock=time.process_time) -> dict[str, float]:
+    """Wall and CPU seconds of one fn() call."""
+    c0, t0 = cpu_clock(), time.perf_counter()
     fn()
-    walls, cpus = [], []
-    for _ in range(repeats):
-        c0, t0 = cpu_seconds_tree(), time.perf_counter()
-        fn()
-        walls.append(time.perf_counter() - t0)
-        cpus.append(cpu_seconds_tree() - c0)
-    return {"wall": min(walls), "cpu": min(cpus)}
-
-
-def throughput(tokens: int, seconds: dict[str, float]) -> dict[str, float]:
-    return {
-        "tok_per_s": round(tokens / seconds["wall"], 1),
-        "tok_per_cpu_s": round(tokens / seconds["cpu"], 1),
-    }
+    return {"wall": time.perf_counter() - t0, "cpu": cpu_clock() - c0}
 
 
 # -- rz ------------------------------------------------------------------------------------------
@@ -119,42 +119,39 @@ def rz_engine(model: Transformer, args, batch: int) -> RZEngine:
     return RZEngine(model, cfg)
 
 
-def run_rz(model: Transformer, args, spec: dict) -> float:
-    """Tokens/s of one workload on a fresh rz engine (a fresh engine: no prefix cache from the warm-up)."""
+def run_rz_once(model: Transformer, args, spec: dict) -> None:
+    """One workload on a fresh rz engine (fresh: no prefix cache carried over from another run)."""
     params = SamplingParams(temperature=1.0, max_tokens=args.gen, ignore_eos=True)
-    n_req = len(spec["prompts"])
+    engine = rz_engine(model, args, len(spec["prompts"]))
 
-    def once():
-        engine = rz_engine(model, args, n_req)
+    async def batch():
+        outs = await asyncio.gather(*(engine.generate(p, params) for p in spec["prompts"]))
+        assert all(len(o.tokens) == args.gen for o in outs), [o.finish_reason for o in outs]
 
-        async def batch():
-            await asyncio.gather(*(engine.generate(p, params) for p in spec["prompts"]))
+    async def episodes():
+        async def episode(i: int):
+            tokens = list(spec["prompts"][i])
+            for turn in range(args.turns):
+                out = await engine.generate(tokens, params)
+                tokens = tokens + out.tokens + spec["obs"][i * args.turns + turn]
 
-        async def episodes():
-            async def episode(i: int):
-                tokens = list(spec["prompts"][i])
-                for turn in range(args.turns):
-                    out = await engine.generate(tokens, params)
-                    tokens = tokens + out.tokens + spec["obs"][i * args.turns + turn]
+        await asyncio.gather(*(episode(i) for i in range(len(spec["prompts"]))))
 
-            await asyncio.gather(*(episode(i) for i in range(n_req)))
-
-        asyncio.run(batch() if spec["kind"] == "batch" else episodes())
-
-    turns = args.turns if spec["kind"] == "multiturn" else 1
-    return throughput(n_req * turns * args.gen, best_of(args.repeats, once))
+    asyncio.run(batch() if spec["kind"] == "batch" else episodes())
 
 
 # -- HF transformers ----------------------------------------------------------------------------
-def run_hf(hf_model, args, spec: dict) -> float:
-    """Tokens/s with transformers' generate; multi-turn runs each turn as one batched generate."""
+def run_hf_once(hf_model, args, spec: dict) -> None:
+    """One workload with transformers' generate; multi-turn: one batched generate per turn, reusing
+    the previous turn's KV cache (so HF, like rz and vLLM, prefills only the new tokens)."""
 
-    def generate(prompts: list[list[int]]) -> list[list[int]]:
+    def generate(prompts: list[list[int]], cache=None):
         ids = torch.tensor(prompts)  # equal lengths by construction: no padding needed
         with torch.inference_mode():
             out = hf_model.generate(
                 input_ids=ids,
                 attention_mask=torch.ones_like(ids),
+                past_key_values=cache,
                 do_sample=True,
                 temperature=1.0,
                 top_k=0,
@@ -162,48 +159,73 @@ def run_hf(hf_model, args, spec: dict) -> float:
                 max_new_tokens=args.gen,
                 min_new_tokens=args.gen,
                 pad_token_id=0,
+                return_dict_in_generate=True,
             )
-        return [row[ids.shape[1] :] for row in out.tolist()]
+        return [row[ids.shape[1] :] for row in out.sequences.tolist()], out.past_key_values
 
-    def once():
-        if spec["kind"] == "batch":
-            generate(spec["prompts"])
-            return
-        prompts = [list(p) for p in spec["prompts"]]
-        for turn in range(args.turns):
-            outs = generate(prompts)
-            prompts = [
-                p + o + spec["obs"][i * args.turns + turn]
-                for i, (p, o) in enumerate(zip(prompts, outs, strict=True))
-            ]
-
-    torch.set_num_threads(args.threads)
-    turns = args.turns if spec["kind"] == "multiturn" else 1
-    return throughput(len(spec["prompts"]) * turns * args.gen, best_of(args.repeats, once))
+    if spec["kind"] == "batch":
+        generate(spec["prompts"])
+        return
+    prompts = [list(p) for p in spec["prompts"]]
+    cache = None
+    for turn in range(args.turns):
+        outs, cache = generate(prompts, cache)
+        prompts = [
+            p + o + spec["obs"][i * args.turns + turn]
+            for i, (p, o) in enumerate(zip(prompts, outs, strict=True))
+        ]
 
 
-# -- vLLM (separate interpreter) -------------------------------------------------------------------
-def run_vllm(ckpt: Path, args, specs: dict) -> dict[str, float] | None:
-    """Run the vLLM workloads in the vLLM venv's interpreter; None if that interpreter is missing."""
-    python = args.vllm_python
-    if not python or not Path(python).exists():
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        spec_file = Path(tmp) / "spec.json"
-        result_file = Path(tmp) / "result.json"
+# -- vLLM (separate interpreter, kept alive so its runs interleave with ours) -----------------------
+class VLLMWorker:
+    """The vLLM backend in the vLLM venv's interpreter, driven over stdin/stdout one workload at a time."""
+
+    def __init__(self, python: str, ckpt: Path, args, specs: dict) -> None:
+        self._tmp = tempfile.TemporaryDirectory()
+        spec_file = Path(self._tmp.name) / "spec.json"
         spec_file.write_text(json.dumps({"ckpt": str(ckpt), "args": vars(args), "workloads": specs}))
         root = Path(__file__).resolve().parents[1]
         env = {**os.environ, "PYTHONPATH": f"{root}:{root / 'kernels'}", "OMP_NUM_THREADS": str(args.threads)}
-        cmd = [python, str(Path(__file__).resolve()), "--vllm-worker", str(spec_file), str(result_file)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.vllm_timeout)
-        if proc.returncode != 0 or not result_file.exists():
-            sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-            raise RuntimeError(f"vLLM benchmark failed (exit {proc.returncode})")
-        return json.loads(result_file.read_text())
+        # the worker's own log stays on disk after a failure (its path is in the error)
+        self._log = tempfile.NamedTemporaryFile("w+", prefix="rz-bench-vllm-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            [python, str(Path(__file__).resolve()), "--vllm-worker", str(spec_file)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        self._read()  # "ready"
+
+    def _read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(RESULT_MARK):
+                return json.loads(line[len(RESULT_MARK) :])
+        self._log.seek(0)
+        tail = self._log.read()[-3000:]
+        raise RuntimeError(f"vLLM worker exited ({self.proc.wait()}), log {self._log.name}:\n{tail}")
+
+    def run(self, workload: str) -> dict[str, float]:
+        self.proc.stdin.write(workload + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            try:
+                self.proc.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
+        os.unlink(self._log.name)
+        self._tmp.cleanup()
 
 
-def vllm_worker(spec_file: str, result_file: str) -> None:
-    """Inside the vLLM venv: run every workload on a VLLMEngine and write tokens/s as JSON."""
+def vllm_worker(spec_file: str) -> None:
+    """Inside the vLLM venv: build a VLLMEngine, then run the workloads named on stdin."""
     from types import SimpleNamespace
 
     from rz_agents.engine.vllm_backend import VLLMEngine
@@ -215,51 +237,62 @@ def vllm_worker(spec_file: str, result_file: str) -> None:
         spec["ckpt"], max_len=max_len, dtype="float32", max_num_seqs=max(max(args.batches), args.episodes)
     )
     params = SamplingParams(temperature=1.0, max_tokens=args.gen, ignore_eos=True)
-    results = {}
-    for name, wl in spec["workloads"].items():
 
-        def once(wl=wl):
-            async def batch():
-                outs = await asyncio.gather(*(engine.generate(p, params) for p in wl["prompts"]))
-                assert all(len(o.tokens) == args.gen for o in outs), [o.finish_reason for o in outs]
+    def once(wl) -> None:
+        async def batch():
+            outs = await asyncio.gather(*(engine.generate(p, params) for p in wl["prompts"]))
+            assert all(len(o.tokens) == args.gen for o in outs), [o.finish_reason for o in outs]
 
-            async def episodes():
-                async def episode(i: int):
-                    tokens = list(wl["prompts"][i])
-                    for turn in range(args.turns):
-                        out = await engine.generate(tokens, params)
-                        tokens = tokens + out.tokens + wl["obs"][i * args.turns + turn]
+        async def episodes():
+            async def episode(i: int):
+                tokens = list(wl["prompts"][i])
+                for turn in range(args.turns):
+                    out = await engine.generate(tokens, params)
+                    tokens = tokens + out.tokens + wl["obs"][i * args.turns + turn]
 
-                await asyncio.gather(*(episode(i) for i in range(len(wl["prompts"]))))
+            await asyncio.gather(*(episode(i) for i in range(len(wl["prompts"]))))
 
-            asyncio.run(batch() if wl["kind"] == "batch" else episodes())
+        asyncio.run(batch() if wl["kind"] == "batch" else episodes())
 
-        turns = args.turns if wl["kind"] == "multiturn" else 1
-        results[name] = throughput(len(wl["prompts"]) * turns * args.gen, best_of(args.repeats, once))
+    print(RESULT_MARK + json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        name = line.strip()
+        if name == "quit":
+            break
+        print(
+            RESULT_MARK + json.dumps(timed(lambda wl=spec["workloads"][name]: once(wl), cpu_seconds_tree)),
+            flush=True,
+        )
     engine.close()
-    Path(result_file).write_text(json.dumps(results))
 
 
 # -- profile ------------------------------------------------------------------------------------
-def profile_decode(model: Transformer, args, batch: int = 64) -> str:
-    """Top ops of rz aligned decode steps at the given batch (torch profiler table)."""
+def profile_decode(model: Transformer, args, batch: int) -> str:
+    """Top ops of rz decode steps at the given batch (torch profiler table, CPU time per op)."""
     engine = rz_engine(model, args, batch)
     params = SamplingParams(temperature=1.0, max_tokens=args.gen, ignore_eos=True)
     prompts = make_prompts(batch, args.prompt_len, seed=batch)
 
     async def main():
         tasks = [asyncio.create_task(engine.generate(p, params)) for p in prompts]
-        while not engine.scheduler.running or engine.scheduler.running[0].num_pending > 1:
+        while len(engine.scheduler.running) < batch or any(
+            s.num_pending > 1 for s in engine.scheduler.running
+        ):
             await asyncio.sleep(0)
-        await asyncio.sleep(0)
+            engine.step()
+        c0 = time.process_time()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             for _ in range(8):
                 engine.step()
-        await asyncio.gather(*tasks)
-        return prof
+        cpu = (time.process_time() - c0) / 8
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return prof, cpu
 
-    prof = asyncio.run(main())
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    prof, cpu = asyncio.run(main())
+    head = f"{model.kernels} decode, batch {batch}: {cpu * 1000:.1f} ms CPU per step (with profiler on)\n"
+    return head + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
 
 
 def ratio(a, b):
@@ -267,8 +300,13 @@ def ratio(a, b):
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--vllm-worker":
-        vllm_worker(sys.argv[2], sys.argv[3])
+    if len(sys.argv) == 3 and sys.argv[1] == "--vllm-worker":
+        vllm_worker(sys.argv[2])
+        return
+    if "--long" in sys.argv:
+        from long_context import main as long_main
+
+        long_main([a for a in sys.argv[1:] if a != "--long"])
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -279,19 +317,21 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--obs", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds after the warm-up round")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-batch-tokens", type=int, default=512)
     ap.add_argument("--backends", nargs="+", default=["rz_aligned", "rz_standard", "hf", "vllm"])
+    ap.add_argument("--workloads", nargs="+", default=None, help="subset of b<N> / multiturn")
     ap.add_argument("--vllm-python", default=os.environ.get("RZ_VLLM_PYTHON", VLLM_PYTHON_DEFAULT))
-    ap.add_argument("--vllm-timeout", type=int, default=1800)
     ap.add_argument(
         "--metric",
         choices=["cpu", "wall"],
         default="cpu",
         help="ratios from tokens per CPU-second (default; robust on a shared machine) or per wall-second",
     )
-    ap.add_argument("--profile", action="store_true", help="print where rz aligned spends a b64 decode step")
+    ap.add_argument("--profile", action="store_true", help="print where an rz decode step spends its time")
+    ap.add_argument("--profile-batch", type=int, default=64)
+    ap.add_argument("--profile-kernels", default="aligned", choices=["aligned", "standard"])
     args = ap.parse_args()
     if args.quick:
         args.gen, args.prompt_len, args.episodes, args.turns, args.obs, args.repeats = 16, 32, 8, 2, 16, 1
@@ -302,39 +342,80 @@ def main() -> None:
     model.reset_parameters(seed=0)
     model.eval()
     if args.profile:
-        print(profile_decode(model, args))
+        model.set_kernels(args.profile_kernels)
+        print(profile_decode(model, args, args.profile_batch))
         return
     specs = workloads(args)
-    results: dict[str, dict[str, float] | None] = {}
+    if args.workloads:
+        specs = {k: v for k, v in specs.items() if k in args.workloads}
     t_start = time.time()
+    load_start = os.getloadavg()
+
+    runners = {}
+    vllm: VLLMWorker | None = None
+    tmp = tempfile.TemporaryDirectory()
+    ckpt = save_hf_checkpoint(model, Path(tmp.name) / "ckpt")
     for backend in args.backends:
         if backend in ("rz_aligned", "rz_standard"):
-            model.set_kernels(backend.removeprefix("rz_"))
-            results[backend] = {name: run_rz(model, args, spec) for name, spec in specs.items()}
-            model.set_kernels("aligned")
+            kernels = backend.removeprefix("rz_")
+
+            def run(name, kernels=kernels):
+                model.set_kernels(kernels)
+                return timed(lambda: run_rz_once(model, args, specs[name]))
+
+            runners[backend] = run
         elif backend == "hf":
             from transformers import Qwen3ForCausalLM
 
-            with tempfile.TemporaryDirectory() as tmp:
-                save_hf_checkpoint(model, Path(tmp) / "ckpt")
-                hf = Qwen3ForCausalLM.from_pretrained(Path(tmp) / "ckpt", dtype=torch.float32).eval()
-            results["hf"] = {name: run_hf(hf, args, spec) for name, spec in specs.items()}
-            del hf
+            hf = Qwen3ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+            runners["hf"] = lambda name, hf=hf: timed(lambda: run_hf_once(hf, args, specs[name]))
         elif backend == "vllm":
-            with tempfile.TemporaryDirectory() as tmp:
-                ckpt = save_hf_checkpoint(model, Path(tmp) / "ckpt")
-                results["vllm"] = run_vllm(ckpt, args, specs)
+            if args.vllm_python and Path(args.vllm_python).exists():
+                vllm = VLLMWorker(args.vllm_python, ckpt, args, specs)
+                runners["vllm"] = vllm.run
+            elif not args.json:
+                print(f"vllm: interpreter {args.vllm_python} not found, skipped (scripts/install_vllm.sh)")
         else:
             raise SystemExit(f"unknown backend {backend!r}")
-        if not args.json:
-            print(f"{backend}: {results[backend]}", flush=True)
 
-    def get(backend, workload):
-        return ((results.get(backend) or {}).get(workload) or {}).get(metric)
+    rounds: list[dict[str, dict[str, dict[str, float]]]] = []
+    try:
+        for r in range(args.repeats + 1):  # round 0: warm-up, not recorded
+            this = {}
+            for name in specs:
+                for backend, run in runners.items():
+                    torch.set_num_threads(args.threads)
+                    this.setdefault(backend, {})[name] = run(name)
+            if r:
+                rounds.append(this)
+                if not args.json:
+                    print(f"round {r}: " + json.dumps(_throughputs(this, args, specs)), flush=True)
+    finally:
+        if vllm is not None:
+            vllm.close()
+        tmp.cleanup()
 
-    metric = "tok_per_cpu_s" if args.metric == "cpu" else "tok_per_s"
+    metric = "cpu" if args.metric == "cpu" else "wall"
+    per_round = [_throughputs(rd, args, specs) for rd in rounds]
 
-    summary = {
+    def median_of(backend, name, key):
+        values = [pr[backend][name][key] for pr in per_round if backend in pr]
+        return round(statistics.median(values), 1) if values else None
+
+    results = {
+        b: {n: {k: median_of(b, n, k) for k in ("tok_per_s", "tok_per_cpu_s")} for n in specs}
+        for b in runners
+    }
+    key = "tok_per_cpu_s" if metric == "cpu" else "tok_per_s"
+
+    def paired(a: str, b: str, name: str):
+        """Median over rounds of (a / b) measured in the same round, and the per-round values."""
+        if a not in runners or b not in runners:
+            return None, []
+        rs = [pr[a][name][key] / pr[b][name][key] for pr in per_round]
+        return round(statistics.median(rs), 3), [round(x, 3) for x in rs]
+
+    summary: dict = {
         "config": {
             k: getattr(cfg, k) for k in ("hidden_size", "num_hidden_layers", "head_dim", "vocab_size")
         },
@@ -342,16 +423,39 @@ def main() -> None:
             k: getattr(args, k) for k in ("batches", "prompt_len", "gen", "episodes", "turns", "obs")
         },
         "threads": args.threads,
-        "ratio_metric": metric,
+        "ratio_metric": key,
+        "rounds": len(rounds),
+        "multiturn_reuse": "rz: prefix cache; vllm: automatic prefix caching; hf: DynamicCache passed back each turn",
         "results": results,
-        "rz_over_hf_b64": ratio(get("rz_aligned", "b64"), get("hf", "b64")),
-        "rz_over_vllm_b64": ratio(get("rz_aligned", "b64"), get("vllm", "b64")),
-        "aligned_over_standard_b64": ratio(get("rz_aligned", "b64"), get("rz_standard", "b64")),
-        "rz_over_hf_multiturn": ratio(get("rz_aligned", "multiturn"), get("hf", "multiturn")),
-        "rz_over_vllm_multiturn": ratio(get("rz_aligned", "multiturn"), get("vllm", "multiturn")),
-        "seconds": round(time.time() - t_start, 1),
     }
+    per_round_ratios = {}
+    for name in specs:
+        for label, (a, b) in {
+            "rz_over_vllm": ("rz_aligned", "vllm"),
+            "rz_over_hf": ("rz_aligned", "hf"),
+            "aligned_over_standard": ("rz_aligned", "rz_standard"),
+        }.items():
+            value, values = paired(a, b, name)
+            summary[f"{label}_{name}"] = value
+            if values:
+                per_round_ratios[f"{label}_{name}"] = values
+    summary["per_round_ratios"] = per_round_ratios
+    summary["loadavg_start_end"] = [round(x, 2) for x in (*load_start[:1], os.getloadavg()[0])]
+    summary["seconds"] = round(time.time() - t_start, 1)
     print(json.dumps(summary, indent=None if args.json else 2))
+
+
+def _throughputs(rd, args, specs) -> dict:
+    out = {}
+    for backend, per in rd.items():
+        out[backend] = {}
+        for name, sec in per.items():
+            tokens = generated_tokens(args, specs[name])
+            out[backend][name] = {
+                "tok_per_s": round(tokens / sec["wall"], 2),
+                "tok_per_cpu_s": round(tokens / sec["cpu"], 2),
+            }
+    return out
 
 
 if __name__ == "__main__":

@@ -3,13 +3,24 @@
 Config: Qwen3 architecture, hidden 512, 8 layers, 8 heads / 4 KV heads, head_dim 64,
 intermediate 1536, vocab 151,936. Prints throughput ratios (higher = ours faster).
 
+- train: the learner's forward (no grad) of --seqs packed sequences of --seq-len tokens, to per-token
+  log-probs of tokens[1:]. HF gets the same job the same way: its decoder on a right-padded batch,
+  then the LM head + log-softmax on the real rows in the same LOGIT_CHUNK-row chunks as ours.
+- decode: one batched decode step of --decode-batch sequences with --context cached tokens each,
+  model forward + LM head + log-softmax (the engine's step without the sampler).
+
+Each quantity is timed in CPU seconds (this process) over --repeats interleaved rounds (aligned,
+standard and HF back to back in every round); a ratio is the median over rounds of that round's ratio.
+
   python bench/kernels.py --json
+  python bench/kernels.py --json --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -17,17 +28,13 @@ import torch
 from bench_model import bench_config  # bench/ is on sys.path when run as a script
 
 from rz_agents.model import KVCache, Transformer
-from rz_agents.model.logprobs import packed_token_logprobs, token_logprobs
+from rz_agents.model.logprobs import LOGIT_CHUNK, packed_token_logprobs, token_logprobs
 
 
-def timeit(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def cpu_time(fn) -> float:
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
 
 
 def train_forward(model: Transformer, seqs: list[torch.Tensor]) -> None:
@@ -36,7 +43,8 @@ def train_forward(model: Transformer, seqs: list[torch.Tensor]) -> None:
 
 
 def hf_train_forward(hf, seqs: list[torch.Tensor]) -> None:
-    # HF's usual training batch: right-padded [B, S] with an attention mask; logprobs of tokens[1:].
+    """HF's usual training batch (right-padded [B, S] with an attention mask), log-probs of tokens[1:]
+    computed like ours: the LM head and log-softmax in LOGIT_CHUNK-row chunks of the real rows."""
     width = max(len(s) for s in seqs)
     tokens = torch.zeros(len(seqs), width, dtype=torch.long)
     mask = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -44,28 +52,36 @@ def hf_train_forward(hf, seqs: list[torch.Tensor]) -> None:
         tokens[i, : len(s)] = s
         mask[i, : len(s)] = 1
     with torch.no_grad():
-        logits = hf(input_ids=tokens, attention_mask=mask).logits[:, :-1].float()
-        torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None])
+        hidden = hf.model(input_ids=tokens, attention_mask=mask).last_hidden_state
+        keep = mask.clone()
+        keep[torch.arange(len(seqs)), mask.sum(1) - 1] = 0  # each sequence's last row predicts nothing
+        rows = hidden[keep.bool()]
+        targets = torch.cat([s[1:] for s in seqs])
+        for i in range(0, rows.shape[0], LOGIT_CHUNK):
+            logits = hf.lm_head(rows[i : i + LOGIT_CHUNK]).float()
+            torch.log_softmax(logits, -1).gather(-1, targets[i : i + LOGIT_CHUNK, None])
 
 
-def decode_steps(model: Transformer, batch: int, context: int, steps: int, vocab: int) -> float:
-    """Seconds per batched decode step (batch sequences, each with `context` cached tokens)."""
-    cache = KVCache(model.config, num_slots=batch, max_len=context + steps + 1)
-    gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(0, vocab, (batch, context), generator=gen)
-    slots = torch.arange(batch)
-    with torch.no_grad():
-        for i in range(batch):  # prefill each sequence
-            model(prompts[i], torch.arange(context), torch.full((context,), i), kv_cache=cache)
-        last = prompts[:, -1]
-        times = []
-        for s in range(steps):
-            pos = torch.full((batch,), context + s)
-            t0 = time.perf_counter()
-            h = model(last, pos, slots, kv_cache=cache)
-            token_logprobs(model, h, last)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:] if len(times) > 1 else times)
+class DecodeBench:
+    """A batch of sequences with `context` cached tokens; `step()` runs one batched decode step."""
+
+    def __init__(self, model: Transformer, batch: int, context: int, vocab: int) -> None:
+        self.model = model
+        self.cache = KVCache(model.config, num_slots=batch, max_len=context + 1)
+        gen = torch.Generator().manual_seed(0)
+        prompts = torch.randint(0, vocab, (batch, context), generator=gen)
+        with torch.no_grad():
+            for i in range(batch):  # prefill each sequence (the cache is shared by both op sets:
+                # only timing matters here, and a decode step rewrites only position `context`)
+                model(prompts[i], torch.arange(context), torch.full((context,), i), kv_cache=self.cache)
+        self.last = prompts[:, -1]
+        self.slots = torch.arange(batch)
+        self.pos = torch.full((batch,), context)
+
+    def step(self) -> None:
+        with torch.no_grad():
+            h = self.model(self.last, self.pos, self.slots, kv_cache=self.cache)
+            token_logprobs(self.model, h, self.last)
 
 
 def main() -> None:
@@ -78,52 +94,76 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--decode-batch", type=int, default=64)
     ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds after a warm-up round")
+    ap.add_argument("--decode-steps", type=int, default=4, help="decode steps timed per round and op set")
+    ap.add_argument("--no-hf", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     cfg = bench_config(args.vocab, args.dtype)
     model = Transformer(cfg)
     model.reset_parameters(seed=0)
+    model.eval()
+    model.verify_kernels()  # the GEMM guard's one-off cost, outside the timings
     gen = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, args.vocab, (args.seq_len,), generator=gen) for _ in range(args.seqs)]
     tokens = sum(len(s) for s in seqs)
+    decode = DecodeBench(model, args.decode_batch, args.context, args.vocab)
 
+    hf = None
+    if not args.no_hf:
+        import tempfile
+
+        from transformers import AutoModelForCausalLM
+
+        from rz_agents.model.checkpoint import save_hf_checkpoint
+
+        with tempfile.TemporaryDirectory() as tmp:
+            save_hf_checkpoint(model, tmp)
+            hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=cfg.torch_dtype).eval()
+
+    load0 = os.getloadavg()[0]
+    rounds = []
+    for r in range(args.repeats + 1):  # round 0 warms up
+        t = {}
+        for kernels in ("aligned", "standard"):
+            model.set_kernels(kernels)
+            t[f"{kernels}_train"] = cpu_time(lambda: train_forward(model, seqs))
+            t[f"{kernels}_decode"] = cpu_time(lambda: [decode.step() for _ in range(args.decode_steps)])
+        if hf is not None:
+            t["hf_train"] = cpu_time(lambda: hf_train_forward(hf, seqs))
+        if r:
+            rounds.append(t)
+    model.set_kernels("aligned")
+
+    def rate(name: str, work: int) -> float:
+        return statistics.median(work / rd[name] for rd in rounds)
+
+    def paired(a: str, b: str) -> float:
+        return round(statistics.median(rd[b] / rd[a] for rd in rounds), 3)  # time ratio inverted: speed
+
+    decode_tokens = args.decode_batch * args.decode_steps
     results: dict = {
         "config": {"hidden": 512, "layers": 8, "vocab": args.vocab, "dtype": args.dtype},
         "threads": args.threads,
+        "rounds": len(rounds),
+        "aligned_train_tokens_per_cpu_s": round(rate("aligned_train", tokens), 1),
+        "standard_train_tokens_per_cpu_s": round(rate("standard_train", tokens), 1),
+        "aligned_decode_tokens_per_cpu_s": round(rate("aligned_decode", decode_tokens), 1),
+        "standard_decode_tokens_per_cpu_s": round(rate("standard_decode", decode_tokens), 1),
+        "aligned_over_standard_train": paired("aligned_train", "standard_train"),
+        "aligned_over_standard_decode": paired("aligned_decode", "standard_decode"),
     }
-    for kernels in ("aligned", "standard"):
-        model.set_kernels(kernels)
-        t = timeit(lambda: train_forward(model, seqs), args.repeats)
-        results[f"{kernels}_train_tokens_per_s"] = tokens / t
-        d = decode_steps(model, args.decode_batch, args.context, 6, args.vocab)
-        results[f"{kernels}_decode_tokens_per_s"] = args.decode_batch / d
-
-    import tempfile
-
-    from transformers import AutoModelForCausalLM
-
-    from rz_agents.model.checkpoint import save_hf_checkpoint
-
-    with tempfile.TemporaryDirectory() as tmp:
-        save_hf_checkpoint(model, tmp)
-        hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=cfg.torch_dtype).eval()
-    t = timeit(lambda: hf_train_forward(hf, seqs), args.repeats)
-    results["hf_train_tokens_per_s"] = tokens / t
-
-    results["aligned_over_standard_train"] = (
-        results["aligned_train_tokens_per_s"] / results["standard_train_tokens_per_s"]
-    )
-    results["aligned_over_standard_decode"] = (
-        results["aligned_decode_tokens_per_s"] / results["standard_decode_tokens_per_s"]
-    )
-    results["ours_over_hf_train"] = results["aligned_train_tokens_per_s"] / results["hf_train_tokens_per_s"]
+    if hf is not None:
+        results["hf_train_tokens_per_cpu_s"] = round(rate("hf_train", tokens), 1)
+        results["ours_over_hf_train"] = paired("aligned_train", "hf_train")
+    results["per_round_cpu_s"] = [{k: round(v, 3) for k, v in rd.items()} for rd in rounds]
+    results["loadavg_start_end"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
     if args.json:
-        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in results.items()}))
+        print(json.dumps(results))
     else:
         for k, v in results.items():
-            print(f"{k:36s} {v:.3f}" if isinstance(v, float) else f"{k:36s} {v}")
+            print(f"{k:36s} {v}")
 
 
 if __name__ == "__main__":

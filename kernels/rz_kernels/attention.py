@@ -10,16 +10,34 @@ Both op sets have the same two-step interface: `plan_*(q_seq, q_pos, H, Hkv)` on
 returning [T, H, D] in q's dtype.
 
 `blocked_attention` (aligned) gives each query row the same arithmetic whatever else is in the
-call: rows are grouped into tiles of QUERY_TILE rows of one (sequence, kv head); keys are walked
-in fixed KEY_BLOCK-sized blocks from absolute position 0; every score and value product is a
-GEMM of one fixed shape; the softmax max is exact (order-free) and the per-block sums are added
-in block order. Blocks past a row's position contribute exact zeros (masked to -inf -> p = 0),
-so padding to the longest row in the call changes no bit. That makes a full prefill, a chunked
-prefill, a single-token decode and the packed training forward agree bitwise.
+call. Rows of one (sequence, kv head) are cut into *tiles* (up to `TILE_ROWS` rows: consecutive
+tokens x the query heads that share the kv head). Keys are walked in fixed `KEY_BLOCK`-sized blocks
+from absolute position 0; per block, the scores and the probability-weighted values are GEMMs
+[rows, D] x [D, 64] and [rows, 64] x [64, D]; the softmax max is exact (order-free); each block's
+sum is one fixed-size reduction; and the per-block results are added in a fixed binary tree over
+the block index (adjacent pairs, level by level). Blocks past a row's position contribute exact
+zeros (masked to -inf -> p = 0), and a tree over absolute block indices gives the same bits
+whatever number of trailing zero blocks it is padded with. So a full prefill, a chunked prefill, a
+single-token decode and the packed training forward agree bitwise.
+
+The tile size only changes how many rows share a GEMM. That a row's result does not depend on it
+is an empirical property of the BLAS (measured: identical from 4 rows up; 1-3 rows take other
+kernels), so it is guarded like the linear layers: `verify_tile_rows` checks every tile size the
+plan can produce against a 64-row tile before first use, and on failure every tile is padded to
+`FIXED_TILE_ROWS` rows (invariant by construction), logged. A decode then pays a 4-row tile for
+its `group` real rows instead of a 16-row one.
+
+Memory stays linear in the context: tiles are processed in groups bounded by `WORK_BUDGET`
+(scores of one group), long spans read K/V in place instead of gathering them, and in training
+the attention is one autograd function that saves only q, K/V, the output and two numbers per row,
+recomputing the probabilities tile by tile in the backward (gradients are not part of the
+bit-identity contract, only the forward is).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -27,133 +45,378 @@ import torch.nn.functional as F
 
 from rz_kernels.elementwise import aligned_unary
 
+log = logging.getLogger(__name__)
+
 KEY_BLOCK = 64
-QUERY_TILE = 16
+TILE_ROWS = 64  # rows per prefill tile (tokens per tile = TILE_ROWS // group)
+MIN_TILE_ROWS = 4  # tiles are padded to a multiple of this (BLAS takes GEMV-like paths below 4 rows)
+FIXED_TILE_ROWS = 16  # the guard's fallback: every tile exactly this many rows (times ceil(group / 16))
+# Score elements (rows x keys) computed at once; bounds the temporary memory of one tile group.
+WORK_BUDGET = 1 << 22
+# From this many key blocks on, tiles read K/V from the buffer in place, one tile per call, instead
+# of gathering the blocks of a batch of tiles into one tensor (a copy as big as the keys).
+IN_PLACE_BLOCKS = 16
 
 
-def _row_layout(q_seq: torch.Tensor, num_kv_heads: int, group: int, tile: int):
-    """Map every (token, query head) to (tile, row-in-tile).
+# -- guard ----------------------------------------------------------------------------------------
+_tile_verdicts: dict[tuple[int, int, int], bool] = {}
+_tile_lock = threading.Lock()
 
-    Rows of one (sequence, kv head) are laid out token-major then group-member, and cut into tiles of
-    `tile` rows; a tile never mixes sequences or kv heads. Returns (flat_row_index [T, Hkv, g],
-    tile_seq [NT], tile_head [NT], num_tiles).
+
+def verify_tile_rows(head_dim: int, max_rows: int) -> bool:
+    """True when block GEMMs give every row the same bits at every tile size 4..max_rows (cached).
+
+    Checks the two GEMMs of a block (scores and weighted values) in fp32 at every multiple of
+    MIN_TILE_ROWS up to max_rows, and at several batch counts, against a 64-row tile: each row
+    position holds a replicated probe row, so every position of every tile size is compared.
+    """
+    key = (head_dim, max_rows, torch.get_num_threads())
+    ok = _tile_verdicts.get(key)
+    if ok is not None:
+        return ok
+    with _tile_lock:
+        ok = _tile_verdicts.get(key)
+        if ok is None:
+            with torch.inference_mode(False), torch.no_grad():
+                ok, failed = _check_tile_rows(head_dim, max_rows)
+            _tile_verdicts[key] = ok
+            if not ok:
+                log.warning(
+                    "aligned attention guard: head_dim %d at %d threads gives different rows at tile "
+                    "sizes %s; every tile is padded to %d rows",
+                    head_dim,
+                    key[2],
+                    failed,
+                    FIXED_TILE_ROWS,
+                )
+    return ok
+
+
+def _check_tile_rows(d: int, max_rows: int) -> tuple[bool, list[int]]:
+    gen = torch.Generator().manual_seed(d)
+    q = torch.randn(64, d, generator=gen)
+    k = torch.randn(KEY_BLOCK, d, generator=gen)
+    p = torch.rand(64, KEY_BLOCK, generator=gen)
+    v = torch.randn(KEY_BLOCK, d, generator=gen)
+    ref_s = torch.bmm(q.unsqueeze(0), k.t().unsqueeze(0))[0]
+    ref_pv = torch.bmm(p.unsqueeze(0), v.unsqueeze(0))[0]
+    ref_sum = p.sum(-1)
+    failed = []
+    for rows in range(MIN_TILE_ROWS, max(max_rows, 64) + 1, MIN_TILE_ROWS):
+        reps = -(-rows // 64)
+        for batch in (1, 3, 17):
+            qb = q.repeat(reps, 1)[:rows].unsqueeze(0).expand(batch, rows, d).contiguous()
+            kb = k.unsqueeze(0).expand(batch, KEY_BLOCK, d).contiguous()
+            pb = p.repeat(reps, 1)[:rows].unsqueeze(0).expand(batch, rows, KEY_BLOCK).contiguous()
+            vb = v.unsqueeze(0).expand(batch, KEY_BLOCK, d).contiguous()
+            s = torch.bmm(qb, kb.transpose(1, 2))
+            # one tile's queries against many key blocks: the stride-0 (broadcast) operand
+            s0 = torch.bmm(qb[:1].expand(batch, rows, d), kb.transpose(1, 2))
+            pv = torch.bmm(pb, vb)
+            sums = pb.sum(-1)
+            if not (
+                torch.equal(s, ref_s.repeat(reps, 1)[:rows].expand(batch, rows, KEY_BLOCK))
+                and torch.equal(s0, s)
+                and torch.equal(pv, ref_pv.repeat(reps, 1)[:rows].expand(batch, rows, d))
+                and torch.equal(sums, ref_sum.repeat(reps)[:rows].expand(batch, rows))
+            ):
+                failed.append(rows)
+                break
+    return not failed, failed
+
+
+def clear_tile_verdicts() -> None:
+    """Forget cached guard decisions (tests)."""
+    with _tile_lock:
+        _tile_verdicts.clear()
+
+
+# -- plan -----------------------------------------------------------------------------------------
+@dataclass
+class _Bucket:
+    """Tiles with the same row count and key-block count."""
+
+    rows: int  # R: rows per tile (padded)
+    num_blocks: int  # nb: key blocks every tile of the bucket walks
+    tile_seq: torch.Tensor  # [n] buffer sequence of each tile
+    tile_head: torch.Tensor  # [n] kv head of each tile
+    row_index: torch.Tensor  # [n, R] index into the flat (token, head) rows; padding -> the zero row
+    row_pos: torch.Tensor  # [n, R] absolute position of each row (padding rows: 0)
+
+
+class BlockedPlan:
+    """Row layout of one call, shared by every layer of a forward (built on first use)."""
+
+    def __init__(self, q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int) -> None:
+        self.q_seq, self.q_pos = q_seq, q_pos
+        self.num_tokens = q_seq.shape[0]
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self._buckets: dict[int, list[_Bucket]] = {}
+
+    def buckets(self, head_dim: int) -> list[_Bucket]:
+        """The tiles, grouped by (rows, key blocks); the tile size depends on the guard for head_dim."""
+        got = self._buckets.get(head_dim)
+        if got is None:
+            got = _layout(self.q_seq, self.q_pos, self.num_heads, self.num_kv_heads, head_dim)
+            self._buckets[head_dim] = got
+        return got
+
+
+def verify_attention(group: int, head_dim: int) -> bool:
+    """Run the tile-size guard for a model with `group` query heads per kv head (see verify_tile_rows)."""
+    return _tile_rows(group, head_dim)[1]
+
+
+def _tile_rows(group: int, head_dim: int) -> tuple[int, bool]:
+    """(rows per full tile, whether partial tiles may be smaller) for this model shape."""
+    max_rows = max(TILE_ROWS // group, 1) * group
+    max_rows = -(-max_rows // MIN_TILE_ROWS) * MIN_TILE_ROWS
+    if verify_tile_rows(head_dim, max_rows):
+        return max_rows, True
+    fixed = -(-group // FIXED_TILE_ROWS) * FIXED_TILE_ROWS
+    return fixed, False
+
+
+def plan_blocked(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int) -> BlockedPlan:
+    """The plan of one forward: which sequence and position every query has (layout built lazily)."""
+    return BlockedPlan(q_seq, q_pos, num_heads, num_kv_heads)
+
+
+def _layout(
+    q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int
+) -> list[_Bucket]:
+    """Cut the rows into tiles and group tiles by (rows, key blocks).
+
+    A tile holds consecutive tokens (in call order) of one sequence times the `group` query heads of
+    one kv head. Its key-block count is set by its last position, so blocks wholly in the future of
+    every row of a tile are skipped (about half the work of a causal prefill) without changing a bit.
     """
     t = q_seq.shape[0]
     device = q_seq.device
+    group = num_heads // num_kv_heads
+    full_rows, variable = _tile_rows(group, head_dim)
+    tokens_per_tile = max(full_rows // group, 1)
+    if t == 0:
+        return []
+
     order = torch.sort(q_seq, stable=True).indices
     seq_sorted = q_seq[order]
     uniq, counts = torch.unique_consecutive(seq_sorted, return_counts=True)
     starts = torch.cumsum(counts, 0) - counts
     seq_rank = torch.repeat_interleave(torch.arange(uniq.numel(), device=device), counts)
-    local = torch.empty(t, dtype=torch.long, device=device)
-    local[order] = torch.arange(t, device=device) - starts[seq_rank]
-    rank = torch.empty(t, dtype=torch.long, device=device)
-    rank[order] = seq_rank
+    local = torch.arange(t, device=device) - starts[seq_rank]  # token index within its sequence
+    chunk = local // tokens_per_tile
+    chunks_per_seq = -(-counts // tokens_per_tile)
+    # tile id: sequence-major, then kv head, then chunk
+    seq_tile_base = torch.cumsum(chunks_per_seq * num_kv_heads, 0) - chunks_per_seq * num_kv_heads
+    num_tiles = int((chunks_per_seq * num_kv_heads).sum())
+    token_tiles = (
+        seq_tile_base[seq_rank].view(t, 1)
+        + torch.arange(num_kv_heads, device=device).view(1, -1) * chunks_per_seq[seq_rank].view(t, 1)
+        + chunk.view(t, 1)
+    )  # [t, Hkv], in sorted token order
 
-    tiles_per_group = -(-(counts * group) // tile)  # per sequence, for each kv head
-    tiles_per_seq = tiles_per_group * num_kv_heads
-    seq_tile_base = torch.cumsum(tiles_per_seq, 0) - tiles_per_seq
-    num_tiles = int(tiles_per_seq.sum())
+    # per tile: sequence, head, real rows, last position
+    tile_seq = torch.repeat_interleave(uniq, chunks_per_seq * num_kv_heads)
+    within = torch.arange(num_tiles, device=device) - torch.repeat_interleave(
+        seq_tile_base, chunks_per_seq * num_kv_heads
+    )
+    per_head = torch.repeat_interleave(chunks_per_seq, chunks_per_seq * num_kv_heads)
+    tile_head = within // per_head
+    tile_chunk = within % per_head
+    tile_count = torch.repeat_interleave(counts, chunks_per_seq * num_kv_heads)
+    tile_tokens = torch.clamp(tile_count - tile_chunk * tokens_per_tile, max=tokens_per_tile)
+    real_rows = tile_tokens * group
+    if variable:
+        tile_rows = -(-real_rows // MIN_TILE_ROWS) * MIN_TILE_ROWS
+    else:
+        tile_rows = torch.full_like(real_rows, full_rows)
+    pos_sorted = q_pos[order]
+    tile_last = torch.zeros(num_tiles, dtype=q_pos.dtype, device=device)
+    tile_last.scatter_reduce_(
+        0, token_tiles.reshape(-1), pos_sorted.view(t, 1).expand(t, num_kv_heads).reshape(-1), "amax"
+    )
+    tile_blocks = tile_last // KEY_BLOCK + 1
 
-    h = torch.arange(num_kv_heads, device=device).view(1, num_kv_heads, 1)
+    # flat row slots: every tile gets tile_rows slots; real rows are filled, padding points at the
+    # appended zero row (index t * num_heads) with position 0
+    row_base = torch.cumsum(tile_rows, 0) - tile_rows
+    total_rows = int(tile_rows.sum())
+    dummy = t * num_heads
+    slot_index = torch.full((total_rows,), dummy, dtype=torch.long, device=device)
+    slot_pos = torch.zeros(total_rows, dtype=q_pos.dtype, device=device)
     j = torch.arange(group, device=device).view(1, 1, group)
-    r = local.view(t, 1, 1) * group + j  # row index inside its (sequence, kv head) group
-    tile_idx = seq_tile_base[rank].view(t, 1, 1) + h * tiles_per_group[rank].view(t, 1, 1) + r // tile
-    flat = tile_idx * tile + r % tile  # [T, Hkv, g]
+    h = torch.arange(num_kv_heads, device=device).view(1, num_kv_heads, 1)
+    local_in_tile = (local % tokens_per_tile).view(t, 1, 1)
+    slots = row_base[token_tiles].view(t, num_kv_heads, 1) + local_in_tile * group + j  # [t, Hkv, g]
+    token = order.view(t, 1, 1)
+    slot_index[slots.reshape(-1)] = (token * num_heads + h * group + j).reshape(-1)
+    slot_pos[slots.reshape(-1)] = pos_sorted.view(t, 1, 1).expand(t, num_kv_heads, group).reshape(-1)
 
-    tile_seq = torch.repeat_interleave(uniq, tiles_per_seq)
-    within = torch.arange(num_tiles, device=device) - torch.repeat_interleave(seq_tile_base, tiles_per_seq)
-    tile_head = within // torch.repeat_interleave(tiles_per_group, tiles_per_seq)
-    return flat, tile_seq, tile_head, num_tiles
-
-
-@dataclass
-class _Bucket:
-    tiles: torch.Tensor  # tile indices in this bucket
-    tile_seq: torch.Tensor
-    tile_head: torch.Tensor
-    num_blocks: int
-    hidden: torch.Tensor  # [n, num_blocks, tile, KEY_BLOCK] bool: key is in the row's future (or padding)
-
-
-@dataclass
-class BlockedPlan:
-    """Row layout and masks of one call, shared by every layer of a forward."""
-
-    num_tokens: int
-    num_heads: int
-    num_kv_heads: int
-    flat: torch.Tensor  # [T * H] row of each (token, head) in tile space
-    num_tiles: int
-    buckets: list[_Bucket]
-
-
-def plan_blocked(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int) -> BlockedPlan:
-    """Lay rows out in tiles and group tiles by how many key blocks they need.
-
-    Grouping tiles by block count skips blocks that are fully in the future of every row of a tile
-    (half the work of a causal prefill); it changes no bit, because a tile's result does not depend
-    on the trailing all-masked blocks it would otherwise add (exact zeros).
-    """
-    t = q_seq.shape[0]
-    group = num_heads // num_kv_heads
-    tile = QUERY_TILE
-    flat, tile_seq, tile_head, num_tiles = _row_layout(q_seq, num_kv_heads, group, tile)
-    rows = num_tiles * tile
-    idx = flat.reshape(-1)
-    # Padding rows get position 0: they attend to key 0 only (finite), and are discarded.
-    pos_rows = q_pos.new_zeros(rows).index_copy(0, idx, q_pos.view(t, 1, 1).expand_as(flat).reshape(-1))
-    pos_rows = pos_rows.view(num_tiles, tile)
-    tile_blocks = pos_rows.amax(dim=1) // KEY_BLOCK + 1
     buckets = []
-    for nb in torch.unique(tile_blocks).tolist():
-        tiles = (tile_blocks == nb).nonzero().squeeze(1)
-        key_pos = torch.arange(nb * KEY_BLOCK, device=q_seq.device).view(1, nb, 1, KEY_BLOCK)
-        hidden = key_pos > pos_rows[tiles].view(-1, 1, tile, 1)
-        buckets.append(_Bucket(tiles, tile_seq[tiles], tile_head[tiles], nb, hidden))
-    return BlockedPlan(t, num_heads, num_kv_heads, idx, num_tiles, buckets)
+    key = tile_rows * (int(tile_blocks.max()) + 1) + tile_blocks
+    for k in torch.unique(key).tolist():
+        tiles = (key == k).nonzero().squeeze(1)
+        rows = int(tile_rows[tiles[0]])
+        idx = row_base[tiles].view(-1, 1) + torch.arange(rows, device=device).view(1, rows)
+        buckets.append(
+            _Bucket(
+                rows,
+                int(tile_blocks[tiles[0]]),
+                tile_seq[tiles],
+                tile_head[tiles],
+                slot_index[idx],
+                slot_pos[idx],
+            )
+        )
+    return buckets
+
+
+# -- forward ----------------------------------------------------------------------------------------
+def _tree_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over dim 1 in a fixed binary tree over the absolute index (adjacent pairs, level by level).
+
+    A missing right partner counts as an exact zero, so appending zero blocks changes no bit.
+    """
+    while x.shape[1] > 1:
+        even, odd = x[:, 0::2], x[:, 1::2]
+        if even.shape[1] == odd.shape[1]:
+            x = even + odd
+        else:
+            x = torch.cat([even[:, :-1] + odd, even[:, -1:]], dim=1)
+    return x[:, 0]
+
+
+def _key_blocks(buf: torch.Tensor, seqs: torch.Tensor, heads: torch.Tensor, span: int) -> torch.Tensor:
+    """[n, span // 64, 64, D] fp32 key (or value) blocks of n (sequence, head) pairs."""
+    s, hkv, length, d = buf.shape
+    if seqs.numel() == 1:
+        blocks = buf[int(seqs[0]), int(heads[0]), :span].unsqueeze(0)  # in place: a view
+    else:  # one row copy per pair (index_select is several times faster than advanced indexing)
+        blocks = buf.reshape(s * hkv, length, d)[:, :span].index_select(0, seqs * hkv + heads)
+    return blocks.float().reshape(seqs.numel(), span // KEY_BLOCK, KEY_BLOCK, d)
+
+
+def _tile_group(qf, k, v, b: _Bucket, sel, scale: float):
+    """Attention of the tiles `sel` of bucket b: (out [n, R, D], row max [n, R], denominator [n, R])."""
+    n, rows, nb, d = sel.numel(), b.rows, b.num_blocks, qf.shape[-1]
+    span = nb * KEY_BLOCK
+    kb = _key_blocks(k, b.tile_seq[sel], b.tile_head[sel], span)
+    vb = _key_blocks(v, b.tile_seq[sel], b.tile_head[sel], span)
+    q_tiles = qf[b.row_index[sel]]  # [n, R, D]
+    if n == 1:  # one tile against its key blocks: a broadcast view, no copy (the guard checks both)
+        q_blocks = q_tiles.expand(nb, rows, d)
+    else:
+        q_blocks = q_tiles.unsqueeze(1).expand(n, nb, rows, d).reshape(n * nb, rows, d)
+    scores = torch.bmm(q_blocks, kb.reshape(n * nb, KEY_BLOCK, d).transpose(1, 2)).view(
+        n, nb, rows, KEY_BLOCK
+    )
+    scores = scores * scale
+    key_pos = torch.arange(span, device=qf.device).view(1, nb, 1, KEY_BLOCK)
+    scores = scores.masked_fill(key_pos > b.row_pos[sel].view(n, 1, rows, 1), float("-inf"))
+    row_max = scores.amax(dim=(1, 3), keepdim=True)
+    p = aligned_unary(torch.exp, scores - row_max)
+    block_sums = p.sum(-1)  # [n, nb, R], each a sum over one fixed-size block
+    block_out = torch.bmm(p.view(n * nb, rows, KEY_BLOCK), vb.reshape(n * nb, KEY_BLOCK, d)).view(
+        n, nb, rows, d
+    )
+    denom = _tree_sum(block_sums)
+    out = _tree_sum(block_out) / denom.unsqueeze(-1)
+    return out, row_max.view(n, rows), denom
+
+
+def _groups(b: _Bucket):
+    """Index tensors of tile groups of bucket b whose scores fit WORK_BUDGET (one tile per group for long spans)."""
+    n = b.tile_seq.numel()
+    per_tile = b.rows * b.num_blocks * KEY_BLOCK
+    step = 1 if b.num_blocks >= IN_PLACE_BLOCKS else max(1, WORK_BUDGET // per_tile)
+    return [torch.arange(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def _forward(q, k, v, plan: BlockedPlan, scale: float, with_stats: bool):
+    t, num_heads, d = q.shape
+    qf = torch.cat([q.float().reshape(-1, d), q.new_zeros(1, d, dtype=torch.float32)])
+    out = torch.empty(t * num_heads + 1, d, dtype=torch.float32, device=q.device)
+    stats = torch.empty(t * num_heads + 1, 2, dtype=torch.float32, device=q.device) if with_stats else None
+    for b in plan.buckets(d):
+        if b.num_blocks * KEY_BLOCK > k.shape[2]:
+            raise ValueError(
+                f"key buffer holds {k.shape[2]} positions, attention needs {b.num_blocks * KEY_BLOCK}"
+            )
+        for sel in _groups(b):
+            o, m, den = _tile_group(qf, k, v, b, sel, scale)
+            idx = b.row_index[sel].reshape(-1)
+            out[idx] = o.reshape(-1, d)  # padding rows all land on the discarded last row
+            if stats is not None:
+                stats[idx] = torch.stack([m.reshape(-1), den.reshape(-1)], dim=1)
+    out = out[:-1].view(t, num_heads, d).to(q.dtype)
+    return out, (stats[:-1] if stats is not None else None)
+
+
+# -- backward (training) -----------------------------------------------------------------------------
+def _backward(q, k, v, out, stats, grad_out, plan: BlockedPlan, scale: float):
+    """Gradients of q, k, v by recomputing each tile's probabilities (plain fp32 arithmetic)."""
+    t, num_heads, d = q.shape
+    qf = torch.cat([q.float().reshape(-1, d), q.new_zeros(1, d, dtype=torch.float32)])
+    go = torch.cat([grad_out.float().reshape(-1, d), grad_out.new_zeros(1, d, dtype=torch.float32)])
+    of = torch.cat([out.float().reshape(-1, d), out.new_zeros(1, d, dtype=torch.float32)])
+    st = torch.cat([stats, stats.new_ones(1, 2)])
+    dq = torch.zeros_like(qf)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    for b in plan.buckets(d):
+        span = b.num_blocks * KEY_BLOCK
+        for sel in _groups(b):
+            n = sel.numel()
+            seqs, heads = b.tile_seq[sel], b.tile_head[sel]
+            kt = _key_blocks(k, seqs, heads, span).reshape(n, span, d)
+            vt = _key_blocks(v, seqs, heads, span).reshape(n, span, d)
+            idx = b.row_index[sel]  # [n, R]
+            qt, got, ot = qf[idx], go[idx], of[idx]
+            m, den = st[idx, 0].unsqueeze(-1), st[idx, 1].unsqueeze(-1)
+            s = torch.bmm(qt, kt.transpose(1, 2)) * scale
+            key_pos = torch.arange(span, device=q.device).view(1, 1, span)
+            s = s.masked_fill(key_pos > b.row_pos[sel].unsqueeze(-1), float("-inf"))
+            p = torch.exp(s - m) / den  # [n, R, span]
+            real = (idx != t * num_heads).unsqueeze(-1)  # padding rows carry no gradient
+            p = p * real
+            dv_t = torch.bmm(p.transpose(1, 2), got)
+            dp = torch.bmm(got, vt.transpose(1, 2))
+            ds = p * (dp - (got * ot).sum(-1, keepdim=True)) * scale
+            dq.index_add_(0, idx.reshape(-1), torch.bmm(ds, kt).reshape(-1, d))
+            dk_t = torch.bmm(ds.transpose(1, 2), qt)
+            dk[:, :, :span].index_put_((seqs, heads), dk_t, accumulate=True)
+            dv[:, :, :span].index_put_((seqs, heads), dv_t, accumulate=True)
+    return dq[:-1].view(t, num_heads, d).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _BlockedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, plan, scale):
+        out, stats = _forward(q, k, v, plan, scale, with_stats=True)
+        ctx.save_for_backward(q, k, v, out, stats)
+        ctx.plan, ctx.scale = plan, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, stats = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, out, stats, grad_out, ctx.plan, ctx.scale)
+        return dq, dk, dv, None, None
 
 
 def blocked_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockedPlan, scale: float
 ) -> torch.Tensor:
     """Batch-invariant causal attention (see module docstring). Math in fp32."""
-    t, num_heads, d = q.shape
-    if t == 0:
+    if q.shape[0] == 0:
         return q.new_zeros(q.shape)
-    tile = QUERY_TILE
-    rows = plan.num_tiles * tile
-    qt = q.new_zeros(rows, d, dtype=torch.float32).index_copy(0, plan.flat, q.float().reshape(-1, d))
-    qt = qt.view(plan.num_tiles, tile, d)
-    out_tiles = []
-    for b in plan.buckets:
-        n, nb = b.tiles.numel(), b.num_blocks
-        span = nb * KEY_BLOCK
-        if span > k.shape[2]:
-            raise ValueError(f"key buffer holds {k.shape[2]} positions, attention needs {span}")
-        kt = k[b.tile_seq, b.tile_head, :span].float().reshape(n * nb, KEY_BLOCK, d)
-        vt = v[b.tile_seq, b.tile_head, :span].float().reshape(n * nb, KEY_BLOCK, d)
-        qb = qt[b.tiles].unsqueeze(1).expand(n, nb, tile, d).reshape(n * nb, tile, d)
-        scores = torch.bmm(qb, kt.transpose(1, 2)).view(n, nb, tile, KEY_BLOCK) * scale
-        scores = scores.masked_fill(b.hidden, float("-inf"))
-        row_max = scores.detach().amax(dim=(1, 3), keepdim=True)
-        p = aligned_unary(torch.exp, scores - row_max)
-        block_sums = p.sum(-1)  # [n, nb, tile], each a sum over one fixed-size block
-        block_out = torch.bmm(p.view(n * nb, tile, KEY_BLOCK), vt).view(n, nb, tile, d)
-        denom = block_sums[:, 0]
-        acc = block_out[:, 0]
-        for j in range(1, nb):  # fixed block order
-            denom = denom + block_sums[:, j]
-            acc = acc + block_out[:, j]
-        out_tiles.append(acc / denom.unsqueeze(-1))
-    if len(plan.buckets) == 1:
-        out = out_tiles[0]
-    else:
-        order = torch.cat([b.tiles for b in plan.buckets])
-        out = torch.cat(out_tiles).index_select(0, torch.argsort(order))
-    return out.reshape(rows, d).index_select(0, plan.flat).view(t, num_heads, d).to(q.dtype)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _BlockedAttention.apply(q, k, v, plan, scale)
+    return _forward(q, k, v, plan, scale, with_stats=False)[0]
 
 
+# -- standard (SDPA) --------------------------------------------------------------------------------
 @dataclass
 class SdpaPlan:
     groups: list[tuple[int, torch.Tensor, int, torch.Tensor]]  # (seq, token index, length, mask)

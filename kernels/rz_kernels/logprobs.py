@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from rz_kernels.elementwise import aligned_unary
+
 
 def sampling_logprobs(
     logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
@@ -27,12 +29,7 @@ def sampling_logprobs(
         kth = torch.topk(x, top_k, dim=-1).values[:, -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_x, sorted_idx = torch.sort(x, dim=-1, descending=True, stable=True)
-        probs = torch.softmax(sorted_x, dim=-1)
-        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly before each token
-        drop_sorted = before >= top_p  # keeps the smallest prefix reaching top_p (never empty)
-        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
-        x = x.masked_fill(drop, float("-inf"))
+        x = x.masked_fill(~_nucleus(x, top_p), float("-inf"))
     return row_log_softmax(x)
 
 
@@ -43,6 +40,35 @@ def row_log_softmax(x: torch.Tensor) -> torch.Tensor:
 
         return log_softmax(x)
     return torch.log_softmax(x, dim=-1)
+
+
+# Candidates looked at first for top-p on CPU: the nucleus of a trained model's distribution almost
+# always lies within its 1,024 most likely tokens, and a partial sort of those is far cheaper than
+# sorting a 150k vocabulary (1.1 s per step for 64 rows). Rows whose 1,024 best tokens hold less than
+# top_p fall back to the full sort, decided row by row, so a row's result never depends on its neighbours.
+NUCLEUS_CANDIDATES = 1024
+
+
+def _nucleus(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Bool mask of the smallest set of most likely tokens whose mass reaches top_p (never empty)."""
+    if x.is_cuda:  # the GPU op set's form: one full sort per row
+        sorted_x, sorted_idx = torch.sort(x, dim=-1, descending=True, stable=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly before each token
+        return torch.zeros_like(x, dtype=torch.bool).scatter(-1, sorted_idx, before < top_p)
+    logp = torch.log_softmax(x, dim=-1)
+    keep = torch.zeros_like(x, dtype=torch.bool)
+    k = min(NUCLEUS_CANDIDATES, x.shape[-1])
+    rows = torch.arange(x.shape[0], device=x.device)
+    while rows.numel():
+        top, idx = torch.topk(logp[rows], k, dim=-1)  # sorted, most likely first
+        probs = aligned_unary(torch.exp, top)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly before each token
+        done = (before[:, -1] + probs[:, -1] >= top_p) | (k == x.shape[-1])
+        sel = rows[done]
+        keep[sel] = torch.zeros_like(keep[sel]).scatter(-1, idx[done], before[done] < top_p)
+        rows, k = rows[~done], x.shape[-1]  # the rest: every token is a candidate
+    return keep
 
 
 def token_logprobs_of_logits(

@@ -41,7 +41,7 @@ def _per_expert(fn: Callable) -> Callable:
 
 ALIGNED = OpSet(
     "aligned",
-    gemm.tiled_linear,
+    gemm.aligned_linear,
     attention.plan_blocked,
     attention.blocked_attention,
     _per_expert(moe.aligned_moe),

@@ -36,6 +36,9 @@ RESUMABLE = (
     "rollout_cpus",
     "learner_step_delay_s",
     "eval",
+    "runtime",  # checkpoints are the same in both runtimes and for any placement
+    "ray",
+    "placement",
 )
 # Fields that always differ between the first start and a resume.
 _IGNORED = ("resume_from", "output_dir")

@@ -19,7 +19,8 @@ from rz_agents.cli import resume
 from rz_agents.cli.configs import describe_packaged_configs, resolve_config
 from rz_agents.cli.failure import attach_run_log
 from rz_agents.config_io import ConfigError, load_config, to_dict
-from rz_agents.runtime import LocalRun, TrainConfig, resolve
+from rz_agents.runtime import TrainConfig, build_run, resolve
+from rz_agents.runtime.loop import TrainLoop
 from rz_agents.warmstart import DEMO_TASKS, WarmStartConfig, supervised_warm_start
 
 
@@ -137,7 +138,7 @@ def build_summary(
     }
 
 
-def _warm_start(run: LocalRun, cfg: RunConfig, log) -> dict | None:
+def _warm_start(run: TrainLoop, cfg: RunConfig, log) -> dict | None:
     ws = cfg.warm_start
     if ws.demos <= 0:
         return None
@@ -184,10 +185,10 @@ def _warm_start(run: LocalRun, cfg: RunConfig, log) -> dict | None:
     finally:
         run.model.set_kernels(kernels)
         torch.set_num_threads(threads)
+    # The learner (and its fp32 masters) and the engines take the warm-started weights (same version).
+    run.push_model_weights()
     if cfg.output_dir:
         run.export_model(Path(cfg.output_dir) / "warm_start_model")
-    # The engine samples from its own copy of the weights: publish the warm-started ones (same version).
-    run.engine.load_weights(run.learner.weights(), run.learner.version)
     return result
 
 
@@ -239,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
         if args.dry_run:  # nothing is written: no run directory
             if args.resume:
                 return _dry_run(resume.config_for_resume(RunConfig, args.resume, list(args.overrides))[1])
-            return _dry_run(load_config(RunConfig, args.config, args.overrides))
+            return _dry_run(load_config(RunConfig, resolve_config(args.config), args.overrides))
         recorded, cfg, run_dir, resuming = _configs(args)
     except ConfigError as exc:
         print(f"rz train: config error: {exc}", file=sys.stderr)
@@ -257,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     if resuming:
         log(f"resuming from {cfg.resume_from}")
     try:
-        runner = LocalRun(cfg)
+        runner = build_run(cfg)
     except (FileNotFoundError, ValueError) as exc:  # a missing checkpoint or tokenizer, a vocabulary mismatch
         print(f"rz train: cannot build the run: {exc}", file=sys.stderr)
         return 2
@@ -293,7 +294,7 @@ def _dry_run(cfg: RunConfig) -> int:
     return 0
 
 
-def _train_with_progress(runner: LocalRun, cfg: RunConfig, console, plain: bool, log) -> dict:
+def _train_with_progress(runner: TrainLoop, cfg: RunConfig, console, plain: bool, log) -> dict:
     import asyncio
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn

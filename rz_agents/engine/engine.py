@@ -55,6 +55,9 @@ class RZEngine:
         self.decode = decode
         self.model = model
         self._pin_threads()
+        verify = getattr(model, "verify_kernels", None)
+        if verify is not None:  # the aligned kernels' guards, paid (and logged) before any request
+            verify()
         cfg = model.config
         num_slots = self.config.num_slots
         if self.config.kv_cache_bytes is not None:
@@ -270,7 +273,7 @@ class RZEngine:
             return done
         t0 = time.perf_counter()
         try:
-            logits = self.runner.forward(batch)
+            hidden = self.runner.forward(batch)
         except Exception as e:
             log.exception("model forward failed; failing the %d sequences of this step", len(batch.chunks))
             for chunk in batch.chunks:
@@ -287,9 +290,18 @@ class RZEngine:
         if not sampling:
             return done
         try:
-            tokens, values = sample(
-                logits, [s.params for s in sampling], [s.generator for s in sampling], self._generator
-            )
+            tokens, values = [], []
+            step = self.runner.logit_rows_per_chunk()
+            for i in range(0, len(sampling), step):  # LM head + sampler in chunks of rows
+                part = sampling[i : i + step]
+                got = sample(
+                    self.runner.logits(hidden[i : i + step]),
+                    [s.params for s in part],
+                    [s.generator for s in part],
+                    self._generator,
+                )
+                tokens.extend(got[0])
+                values.extend(got[1])
         except Exception as e:
             log.exception("sampling failed")
             for seq in sampling:

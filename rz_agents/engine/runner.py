@@ -11,6 +11,8 @@ import torch
 
 from rz_agents.engine.scheduler import ScheduledBatch
 
+LOGIT_CHUNK_BYTES = 15 << 20
+
 
 class ModelRunner:
     """Runs ``model`` over packed chunks of many sequences, each in its own cache slot."""
@@ -21,10 +23,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch) -> torch.Tensor:
-        """Feed every chunk; return fp32 logits [k, vocab] for the k chunks that end at a sampling point.
-
-        Rows follow the order of ``[c for c in batch.chunks if c.samples]``.
-        """
+        """Feed every chunk; return the final hidden states [k, hidden] of the k chunks that end at a
+        sampling point (rows in the order of ``[c for c in batch.chunks if c.samples]``)."""
         tokens: list[int] = []
         positions: list[int] = []
         slot_ids: list[int] = []
@@ -43,9 +43,23 @@ class ModelRunner:
             seq_ids=torch.tensor(slot_ids, dtype=torch.long, device=device),
             kv_cache=self.kv_cache,
         )
-        if not sample_rows:
-            return hidden.new_empty((0, 0), dtype=torch.float32)
-        return self.model.logits(hidden[torch.tensor(sample_rows, device=device)])
+        return hidden[torch.tensor(sample_rows, dtype=torch.long, device=device)]
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [k, vocab] of hidden rows (the LM head)."""
+        return self.model.logits(hidden)
+
+    def logit_rows_per_chunk(self) -> int:
+        """Rows of logits to materialise at once: [rows, vocab] fp32 stays under LOGIT_CHUNK_BYTES.
+
+        A [64, 151,669] fp32 tensor is 39 MB: glibc maps a block that large fresh from the kernel at
+        every allocation, and the page faults of the logits, their log-softmax and its exp cost more
+        than the sampling itself. Chunks of at most 15 MiB are reused from the heap instead. Any
+        chunking gives the same bits (the LM head's rows do not depend on the batch).
+        """
+        vocab = self.model.config.vocab_size
+        return max(8, (LOGIT_CHUNK_BYTES // (4 * vocab)) // 8 * 8)
 
     @torch.no_grad()
     def copy_prefix(self, src_slot: int, dst_slot: int, num_positions: int) -> None:

@@ -49,6 +49,10 @@ class ModelConfig:
     mlp_only_layers: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    # Training memory, not architecture (never written to config.json): recompute each decoder layer's
+    # activations (and each LM-head chunk's logits) in the backward instead of keeping them, so a
+    # long sequence trains in memory linear in its length. No effect on forward values.
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         self.validate()

@@ -33,14 +33,18 @@ def token_logprobs(
 ) -> torch.Tensor:
     """fp32 log-prob of targets[i] given hidden[i], under the sampling distribution.
 
-    With gradients on and more than KEEP_LOGITS_BYTES of logits in the call, each chunk is checkpointed:
-    its [rows, vocab] logits are freed after the forward and recomputed in the backward, so a 16K-token
-    sequence with a 151,936-wide head (10 GB of fp32 logits) holds one chunk at a time (the values are
-    the same either way; smaller calls keep their logits and skip the recompute).
+    With gradients on and more than KEEP_LOGITS_BYTES of logits in the call, or with
+    ``model.config.activation_checkpointing``, each chunk is checkpointed: its [rows, vocab] logits are
+    freed after the forward and recomputed in the backward, so a 16K-token sequence with a 151,936-wide
+    head (10 GB of fp32 logits) holds one chunk at a time (the values are the same either way; smaller
+    calls keep their logits and skip the recompute).
     """
     out = []
     grad = torch.is_grad_enabled() and (hidden.requires_grad or model.lm_head.weight.requires_grad)
-    recompute = grad and hidden.shape[0] * model.config.vocab_size * 4 > KEEP_LOGITS_BYTES
+    recompute = grad and (
+        hidden.shape[0] * model.config.vocab_size * 4 > KEEP_LOGITS_BYTES
+        or getattr(model.config, "activation_checkpointing", False)
+    )
     for i in range(0, hidden.shape[0], LOGIT_CHUNK):
         args = (model, hidden[i : i + LOGIT_CHUNK], targets[i : i + LOGIT_CHUNK], temperature, top_k, top_p)
         if recompute:

@@ -16,11 +16,13 @@ import math
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from rz_agents.model.config import ModelConfig
 from rz_agents.model.kv_cache import KVCache
 from rz_kernels import ALIGNED, OpSet, RopeTable, get_ops
-from rz_kernels.attention import KEY_BLOCK
+from rz_kernels.attention import KEY_BLOCK, verify_attention
+from rz_kernels.gemm import verify_weights
 
 
 class RMSNorm(nn.Module):
@@ -199,6 +201,19 @@ class Transformer(nn.Module):
         get_ops(kernels)
         self.kernels = kernels
 
+    def verify_kernels(self) -> None:
+        """Run the aligned CPU kernels' start-up guards for this model's shapes at the current thread count.
+
+        Every GEMM weight shape is checked at every row bucket, and attention at every tile size
+        (see rz_kernels.gemm / rz_kernels.attention); shapes that fail fall back to the tiled forms,
+        logged. Checks are cached per process, so this costs once; without it they run on first use.
+        """
+        if self.kernels != "aligned" or self.device.type != "cpu":
+            return
+        verify_weights(m.weight for m in self.modules() if isinstance(m, nn.Linear))
+        cfg = self.config
+        verify_attention(cfg.num_attention_heads // cfg.num_key_value_heads, cfg.head_dim)
+
     def ops_for(self, device: torch.device | str) -> OpSet:
         """The op set this model's `kernels` names, for tensors on `device` (aligned on CUDA: Triton)."""
         return get_ops(self.kernels, device)
@@ -250,8 +265,9 @@ class Transformer(nn.Module):
             seq_ids = torch.cumsum((positions == 0).long(), 0) - 1
         ctx = _Context(self, positions, seq_ids, kv_cache)
         x = self.model.embed_tokens(tokens)
+        recompute = self.config.activation_checkpointing and torch.is_grad_enabled() and kv_cache is None
         for layer in self.model.layers:
-            x = layer(x, ctx)
+            x = checkpoint(layer, x, ctx, use_reentrant=False) if recompute else layer(x, ctx)
         x = self.model.norm(x, ctx.ops)
         return x.view(*shape, -1)
 

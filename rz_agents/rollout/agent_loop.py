@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -19,6 +20,11 @@ from rz_agents.trajectory import NOT_SAMPLED, Trajectory
 
 class EpisodeError(RuntimeError):
     """An episode could not complete (engine error, env failure, bad observation); it is dropped."""
+
+
+class ReplicaLost(EpisodeError):
+    """The engine replica or env worker serving the episode died (Ray runtime); the episode can be run
+    again from its start (the controller does, up to ``rollout.max_episode_reruns`` times)."""
 
 
 @dataclass
@@ -56,8 +62,11 @@ async def call_env(executor: Executor | None, fn: Callable, *args, **kwargs):
     """``fn(*args, **kwargs)`` on ``executor``'s threads (the loop's default executor when None).
 
     Env calls block (subprocesses, browsers, sleeps): they run off the event loop, so that other episodes and
-    the engine go on meanwhile. Size the pool to the env calls that may block at once.
+    the engine go on meanwhile. Size the pool to the env calls that may block at once. An env living
+    elsewhere (a Ray env worker) has coroutine methods: they are awaited as they are.
     """
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
 
@@ -132,6 +141,8 @@ async def run_episode(
     try:
         reset_seed = spec.seed if spec.reset_seed is None else spec.reset_seed
         messages, info = await call_env(executor, env.reset, seed=reset_seed, options={"task": spec.task})
+    except ReplicaLost:
+        raise
     except Exception as e:
         raise EpisodeError(f"env.reset failed: {e!r}") from e
     transcript = _Transcript.of_prompt(
@@ -159,6 +170,8 @@ async def run_episode(
         try:
             obs, reward, terminated, truncated, _ = await call_env(executor, env.step, text)
             total_reward += float(reward)
+        except ReplicaLost:
+            raise
         except Exception as e:
             raise EpisodeError(f"env.step failed: {e!r}") from e
         if terminated or truncated:
@@ -175,7 +188,15 @@ async def run_episode(
         versions=transcript.versions,
         reward=total_reward,
         group_id=spec.group_id,
-        info={"task_id": info.get("task_id"), "turns": turns, "finish": finish, "member": spec.member},
+        info={
+            "task_id": info.get("task_id"),
+            "turns": turns,
+            "finish": finish,
+            "member": spec.member,
+            # with the task and the versions, what reproduces the episode
+            "seed": spec.seed,
+            "reset_seed": reset_seed,
+        },
     )
     try:
         traj.validate()

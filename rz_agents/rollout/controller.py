@@ -20,6 +20,8 @@ raises RolloutDeadlock naming the counts instead of waiting forever.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -27,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, run_episode
+from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, ReplicaLost, run_episode
 from rz_agents.rollout.checkpoint_cut import STATE_FORMAT, check_consistent_cut
 from rz_agents.rollout.task_source import TaskSource
 from rz_agents.rollout.trajectory_queue import Group, TrajectoryQueue
@@ -61,12 +63,17 @@ class RolloutConfig:
     # Stop the run (RolloutFailure) after this many episodes in a row failed: a broken env or a prompt that
     # cannot fit is a configuration error, not bad luck. 0 disables the check.
     max_consecutive_failures: int = 256
+    # An episode whose engine replica or env worker died (Ray runtime) is run again from its start, same
+    # task, new sampling seed, up to this many times; then it is dropped. Both are counted.
+    max_episode_reruns: int = 2
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
         for name in ("group_size", "groups_per_batch", "max_concurrent_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_episode_reruns < 0:
+            raise ValueError(f"rollout.max_episode_reruns must be >= 0, got {self.max_episode_reruns}")
         if self.max_ahead_batches is not None and self.max_ahead_batches < 1:
             raise ValueError(f"rollout.max_ahead_batches must be >= 1 or None, got {self.max_ahead_batches}")
         if self.max_lag < 0:
@@ -91,6 +98,11 @@ class RolloutConfig:
             )
         if self.limits.max_turns < 1 or self.limits.max_tokens_per_turn < 1:
             raise ValueError("rollout.limits.max_turns and max_tokens_per_turn must be >= 1")
+
+
+def rerun_seed(seed: int, attempt: int) -> int:
+    """The episode seed of the ``attempt``-th run of an episode (a new sample, still reproducible)."""
+    return (seed * 1_000_003 + attempt * 999_983) % (2**62)
 
 
 class RolloutFailure(RuntimeError):
@@ -134,6 +146,8 @@ class RolloutController:
             "episodes_started": 0,
             "episodes_finished": 0,
             "episodes_failed": 0,
+            "episodes_rerun": 0,  # runs started again after their engine replica or env worker died
+            "episodes_lost": 0,  # dropped after that happened more than max_episode_reruns times
         }
         self.in_flight: dict[int, dict[str, Any]] = {}  # group index -> {"task": ...}: relaunched on resume
         # Groups in flight at the checkpoint this run resumed from: started again first (same index, task
@@ -215,16 +229,7 @@ class RolloutController:
             if env is None:
                 env = await asyncio.get_running_loop().run_in_executor(self._executor, self.env_factory)
                 self._all_envs.append(env)
-            traj = await run_episode(
-                self.engine,
-                env,
-                self.template,
-                self.tokenizer,
-                spec,
-                self.sampling,
-                self.cfg.limits,
-                self._executor,
-            )
+            traj = await self._run_with_reruns(spec, env)
             self.counters["episodes_finished"] += 1
             self._consecutive_failures = 0
             self._idle_envs.append(env)
@@ -245,6 +250,30 @@ class RolloutController:
             return None
         finally:
             self._slots.release()
+
+    async def _run_with_reruns(self, spec: EpisodeSpec, env) -> Trajectory:
+        """run_episode; if its engine replica or env worker dies, run it again (same task, new seed).
+
+        A lost run leaves nothing behind: a trajectory exists only once an episode has run to its end.
+        """
+        for attempt in itertools.count():
+            try:
+                return await run_episode(
+                    self.engine,
+                    env,
+                    self.template,
+                    self.tokenizer,
+                    spec if attempt == 0 else dataclasses.replace(spec, seed=rerun_seed(spec.seed, attempt)),
+                    self.sampling,
+                    self.cfg.limits,
+                    self._executor,
+                )
+            except ReplicaLost:
+                if attempt >= self.cfg.max_episode_reruns:
+                    self.counters["episodes_lost"] += 1
+                    raise
+                self.counters["episodes_rerun"] += 1
+        raise AssertionError("unreachable")
 
     async def _finish_group(self, index: int, members: list[asyncio.Future]) -> None:
         results = await asyncio.gather(*members)

@@ -1,16 +1,29 @@
-"""How the pieces are placed: the schema and factories every runtime shares, and the local one-process
-runtime (learner optionally in a child process)."""
+"""How the pieces are placed: the schema, factories and training loop every runtime shares, the local
+one-process runtime (learner optionally in a child process) and the Ray runtime (rz_agents.runtime.ray)."""
 
-from rz_agents.runtime.config import EnvSpec, LearnerSpec, ModelSpec, RolloutSpec, TrainConfig, resolve
-from rz_agents.runtime.local import LocalRun, run_training
+from rz_agents.runtime.config import (
+    EnvSpec,
+    LearnerSpec,
+    ModelSpec,
+    PlacementConfig,
+    RayConfig,
+    RolloutSpec,
+    TrainConfig,
+    resolve,
+)
+from rz_agents.runtime.launch import build_run, run_training
+from rz_agents.runtime.local import LocalRun
 
 __all__ = [
     "EnvSpec",
     "LearnerSpec",
     "LocalRun",
     "ModelSpec",
+    "PlacementConfig",
+    "RayConfig",
     "RolloutSpec",
     "TrainConfig",
+    "build_run",
     "resolve",
     "run_training",
 ]

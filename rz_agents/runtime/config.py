@@ -16,6 +16,8 @@ from rz_agents.trainer.learner import LearnerConfig
 MODES = ("async", "sync")
 KERNELS = ("aligned", "standard")
 TOKENIZERS = ("byte", "qwen3", "checkpoint")
+RUNTIMES = ("local", "ray")
+WEIGHT_TRANSPORTS = ("object_store", "broadcast")
 
 
 @dataclass
@@ -36,6 +38,9 @@ class ModelSpec:
     device: str = "cpu"
     init_seed: int = 0
     tiny_overrides: dict[str, Any] = field(default_factory=dict)
+    # Recompute activations in the learner's backward (memory linear in sequence length; forward
+    # values unchanged). For long trajectories (16K tokens and more).
+    activation_checkpointing: bool = False
 
 
 @dataclass
@@ -45,6 +50,106 @@ class EnvSpec:
     id: str = "rz_agents.runtime.synthetic_env:LowercaseLettersEnv"
     kwargs: dict[str, Any] = field(default_factory=dict)
     tasks: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class RayConfig:
+    """Where the ``ray`` runtime runs.
+
+    ``address`` None starts a local Ray instance in this process (``num_cpus`` logical CPUs, None: as many
+    as the placement asks for, at least this machine's; an object store of ``object_store_mb``).
+    ``auto`` joins the cluster started on this node with ``ray start --head``; ``ray://host:10001``
+    connects through Ray Client. With an address, num_cpus and object_store_mb are the cluster's own.
+    Local instance only: ``memory_monitor`` lets Ray kill workers when this machine's memory is 95% used
+    (off by default: on a machine shared with other work, that memory is mostly not the run's, and a killed
+    learner rank ends the run); ``worker_niceness`` is the nice value of the actors' processes (Ray's own
+    default, 15, lets any other work on the machine starve the engines and the learner; here 0, like the
+    driver and the local runtime). A cluster keeps the settings it was started with.
+    """
+
+    address: str | None = None
+    num_cpus: int | None = None
+    object_store_mb: int = 1024
+    memory_monitor: bool = False
+    worker_niceness: int = 0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad field."""
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ValueError(f"ray.num_cpus must be >= 1 or None, got {self.num_cpus}")
+        if self.object_store_mb < 64:
+            raise ValueError(f"ray.object_store_mb must be >= 64, got {self.object_store_mb}")
+        if not 0 <= self.worker_niceness <= 19:
+            raise ValueError(f"ray.worker_niceness must be in 0..19, got {self.worker_niceness}")
+
+
+@dataclass
+class PlacementConfig:
+    """How many Ray actors of each kind, and what each one reserves (``runtime: ray`` only).
+
+    engines: RZEngine replicas; each episode is served by one replica for its whole life.
+    env_workers: actors holding the envs (sandboxes, desktops); episodes' reset/step run there.
+    learner_ranks: processes of one torch.distributed group training the model sharded with FSDP2
+      (gloo on CPU, NCCL on GPU); 1 runs the plain learner in one actor.
+    engine_gpus / learner_gpus: GPUs per engine replica (a fraction shares a GPU) / per learner rank
+      (0 or a whole number: one NCCL rank per device).
+    cpus_per_*: CPUs each actor reserves (Ray's logical resources). Engines and learner ranks run
+      num_threads torch threads, or, when it is unset, min(cpus_per_engine, cpus_per_learner_rank): the
+      same count on both sides, which alignment needs.
+    *_resources: custom Ray resources each actor of that kind needs, to pin it to nodes started with
+      e.g. ``ray start --resources '{"rollout_node": 1}'`` (request a fraction, 0.01, per actor).
+    actor_restarts: how many times Ray restarts a dead engine or env-worker actor (its in-flight
+      episodes are run again or dropped, see rollout.max_episode_reruns). Learner ranks are not
+      restarted: a learner failure ends the run, and ``resume_from`` continues from its last checkpoint.
+    weight_transport: how new weights reach the engines. object_store: learner rank 0 puts them in Ray's
+      object store, every replica fetches them. broadcast: a torch.distributed broadcast from rank 0 to
+      the replicas (NCCL when both sides have GPUs, gloo otherwise); once a replica dies, the object store
+      takes over for the rest of the run.
+    """
+
+    engines: int = 1
+    env_workers: int = 1
+    learner_ranks: int = 1
+    engine_gpus: float = 0.0
+    learner_gpus: float = 0.0
+    cpus_per_engine: float = 1.0
+    cpus_per_env_worker: float = 1.0
+    cpus_per_learner_rank: float = 1.0
+    engine_resources: dict[str, float] = field(default_factory=dict)
+    env_worker_resources: dict[str, float] = field(default_factory=dict)
+    learner_resources: dict[str, float] = field(default_factory=dict)
+    actor_restarts: int = 3
+    weight_transport: str = "object_store"
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad field."""
+        for name in ("engines", "env_workers", "learner_ranks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"placement.{name} must be >= 1, got {getattr(self, name)}")
+        for name in (
+            "engine_gpus",
+            "learner_gpus",
+            "cpus_per_engine",
+            "cpus_per_env_worker",
+            "cpus_per_learner_rank",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"placement.{name} must be >= 0, got {getattr(self, name)}")
+        if self.learner_gpus and self.learner_gpus != int(self.learner_gpus):
+            raise ValueError(
+                f"placement.learner_gpus must be 0 or a whole number (one NCCL rank per GPU), "
+                f"got {self.learner_gpus}"
+            )
+        for name in ("engine_resources", "env_worker_resources", "learner_resources"):
+            for key, amount in getattr(self, name).items():
+                if not amount > 0:
+                    raise ValueError(f"placement.{name}.{key} must be > 0, got {amount}")
+        if self.actor_restarts < 0:
+            raise ValueError(f"placement.actor_restarts must be >= 0, got {self.actor_restarts}")
+        if self.weight_transport not in WEIGHT_TRANSPORTS:
+            raise ValueError(
+                f"placement.weight_transport must be one of {WEIGHT_TRANSPORTS}, got {self.weight_transport!r}"
+            )
 
 
 @dataclass
@@ -72,6 +177,10 @@ class LearnerSpec(LearnerConfig):
 class TrainConfig:
     """A whole training run. Plain dataclasses all the way down, with defaults that run on a laptop CPU."""
 
+    # Where the pieces run: "local" (one process; see learner_process) or "ray" (actors, see placement).
+    runtime: str = "local"
+    ray: RayConfig = field(default_factory=RayConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     model: ModelSpec = field(default_factory=ModelSpec)
     env: EnvSpec = field(default_factory=EnvSpec)
     # "byte" (tiny vocab), "qwen3", or "checkpoint" (model.checkpoint's tokenizer.json and chat template)
@@ -113,6 +222,7 @@ class TrainConfig:
             raise ValueError("learner_process: true needs model.device: cpu (the child shares CPU memory)")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        self._validate_runtime()
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
         if self.tokenizer == "checkpoint" and not self.model.checkpoint:
@@ -148,6 +258,41 @@ class TrainConfig:
             raise ValueError(
                 "learner.assert_lag0_exact needs aligned kernels; standard kernels (model.kernels or the "
                 "standard_is estimator) do not give bit-identical engine and learner log-probs"
+            )
+
+    def _validate_runtime(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"runtime must be one of {RUNTIMES}, got {self.runtime!r}")
+        self.ray.validate()
+        self.placement.validate()
+        if self.runtime == "local":
+            for name, default in (("ray", RayConfig()), ("placement", PlacementConfig())):
+                if getattr(self, name) != default:
+                    raise ValueError(f"{name}: is set but runtime is 'local'; set runtime: ray to use it")
+            return
+        p = self.placement
+        if self.model.device not in ("cpu", "cuda"):
+            raise ValueError(
+                f"model.device must be cpu or cuda with runtime: ray (Ray assigns each actor its GPUs), "
+                f"got {self.model.device!r}"
+            )
+        # Engines and learner ranks must run one op set (Triton on CUDA, the aligned CPU kernels otherwise)
+        for name in ("engine_gpus", "learner_gpus"):
+            if (getattr(p, name) > 0) != (self.model.device == "cuda"):
+                raise ValueError(
+                    f"placement.{name} ({getattr(p, name)}) conflicts with model.device "
+                    f"({self.model.device!r}): with runtime: ray, engines and learner ranks run on "
+                    "model.device: cuda needs engine_gpus and learner_gpus > 0, cpu needs both 0"
+                )
+        if p.weight_transport == "broadcast" and self.rollout.fixed_lag:
+            raise ValueError(
+                "placement.weight_transport: broadcast sends the newest weights only; rollout.fixed_lag "
+                "needs older versions kept: use weight_transport: object_store"
+            )
+        if self.learner_process or self.learner_cpus or self.rollout_cpus:
+            raise ValueError(
+                "learner_process / learner_cpus / rollout_cpus are local-runtime settings; with runtime: ray "
+                "the learner is an actor and placement decides where it runs"
             )
 
 

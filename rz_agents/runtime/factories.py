@@ -1,4 +1,5 @@
-"""Factories shared by every runtime: the policy model, tokenizer + chat template, and env constructors."""
+"""Factories shared by every runtime: the policy model, tokenizer + chat template, env constructors and the
+rollout controller."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import torch
 
 from rz_agents.envs.registry import is_class_path
 from rz_agents.model.packaged import resolve_checkpoint
-from rz_agents.runtime.config import EnvSpec, ModelSpec
+from rz_agents.rollout.controller import RolloutController
+from rz_agents.rollout.task_source import TaskSource
+from rz_agents.runtime.config import EnvSpec, ModelSpec, TrainConfig
 from rz_agents.runtime.device import resolve_device
 
 
@@ -23,10 +26,17 @@ def build_model(spec: ModelSpec, vocab_size: int):
     if spec.checkpoint:
         from rz_agents.model.checkpoint import load_hf_checkpoint
 
-        return load_hf_checkpoint(
+        model = load_hf_checkpoint(
             resolve_checkpoint(spec.checkpoint), kernels=kernels, dtype=spec.dtype, device=device
         )
-    overrides = {"vocab_size": vocab_size, "dtype": spec.dtype, **spec.tiny_overrides}
+        model.config.activation_checkpointing = spec.activation_checkpointing
+        return model
+    overrides = {
+        "vocab_size": vocab_size,
+        "dtype": spec.dtype,
+        "activation_checkpointing": spec.activation_checkpointing,
+        **spec.tiny_overrides,
+    }
     torch.manual_seed(spec.init_seed)
     model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=kernels)
     model.reset_parameters(seed=spec.init_seed)
@@ -64,3 +74,28 @@ def env_factory(spec: EnvSpec):
 
     # Gymnasium wrappers (order enforcing, passive checker) reject text spaces: take the env itself.
     return lambda: gymnasium.make(spec.id, disable_env_checker=True, **spec.kwargs).unwrapped
+
+
+def vocab_size(tokenizer_name: str, tokenizer) -> int:
+    """The model's vocabulary size for the run's tokenizer (the byte tokenizer's tiny vocab is padded)."""
+    return max(int(tokenizer.vocab_size), 320) if tokenizer_name == "byte" else len(tokenizer)
+
+
+def tokenizer_files(tokenizer_name: str, checkpoint: str | None) -> dict[str, str]:
+    """The source checkpoint's tokenizer files, exported with the model when the run uses its tokenizer."""
+    extra: dict[str, str] = {}
+    if tokenizer_name == "checkpoint":
+        source = resolve_checkpoint(checkpoint or "")
+        for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+            if (source / name).is_file():
+                extra[name] = (source / name).read_text()
+    return extra
+
+
+def build_controller(cfg: TrainConfig, engine, make_env, template, tokenizer) -> RolloutController:
+    """The rollout controller of a resolved run config (``resolve``: the lag bound in force, the run's seed)
+    over ``engine`` (an engine, or the Ray runtime's replica router) and ``make_env`` (an env factory: local
+    envs, or handles on envs in Ray env workers)."""
+    return RolloutController(
+        engine, make_env, template, tokenizer, TaskSource(cfg.env.tasks, seed=cfg.seed), cfg.rollout
+    )

@@ -7,28 +7,34 @@ small models; a 135M-parameter bf16 model at k = 64 would hold ~17 GB).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
+
+
+def _clone(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in weights.items()}
 
 
 class WeightHistory:
     """The weights of the last ``lag`` policy versions, so the engine can be held exactly ``lag`` behind."""
 
-    def __init__(self, lag: int) -> None:
+    def __init__(self, lag: int, copy: Callable[[Any], Any] | None = None) -> None:
+        """``copy`` makes the kept copy of a runtime's weights (default: clone each tensor; the Ray runtime
+        keeps its object-store references, which never change)."""
         if lag < 0:
             raise ValueError(f"fixed lag must be >= 0, got {lag}")
         self.lag = lag
-        self._versions: dict[int, dict[str, torch.Tensor]] = {}
+        self.copy = copy or _clone
+        self._versions: dict[int, Any] = {}
 
-    def record(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+    def record(self, weights: Any, version: int) -> None:
         """Keep a copy of the weights of ``version`` (call before a step changes them)."""
         if self.lag and version not in self._versions:
-            self._versions[version] = {k: v.detach().clone() for k, v in weights.items()}
+            self._versions[version] = self.copy(weights)
 
-    def to_publish(
-        self, current: Mapping[str, torch.Tensor], version: int
-    ) -> tuple[Mapping[str, torch.Tensor], int]:
+    def to_publish(self, current: Any, version: int) -> tuple[Any, int]:
         """(weights, version) the engine should sample with while the learner is at ``version``."""
         target = max(version - self.lag, 0)
         for old in [v for v in self._versions if v < target]:
@@ -39,10 +45,10 @@ class WeightHistory:
             raise RuntimeError(f"fixed lag {self.lag}: weights of version {target} were not recorded")
         return self._versions[target], target
 
-    def state_dict(self) -> dict[int, dict[str, torch.Tensor]]:
+    def state_dict(self) -> dict[int, Any]:
         """The kept versions (for checkpoints: a resumed run keeps the same lag)."""
         return dict(self._versions)
 
-    def load_state_dict(self, state: Mapping[int, Mapping[str, torch.Tensor]]) -> None:
+    def load_state_dict(self, state: Mapping[int, Any]) -> None:
         """Restore what ``state_dict`` saved."""
-        self._versions = {int(v): dict(w) for v, w in state.items()}
+        self._versions = {int(v): w for v, w in state.items()}

@@ -54,6 +54,10 @@ def _serve(
                 learner.load_state_dict(arg)
                 publish()
                 conn.send(("ok", (learner.version, learner.skipped_steps)))
+            elif cmd == "load_weights":
+                learner.load_weights(arg)
+                publish()
+                conn.send(("ok", None))
             else:
                 conn.send(("error", f"unknown command {cmd!r}"))
         except Exception as e:  # report to the parent; it decides
@@ -117,6 +121,10 @@ class LearnerProcess:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Learner.load_state_dict in the child."""
         self.version, self.skipped_steps = self._call("load", state)
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Learner.load_weights in the child."""
+        self._call("load_weights", {k: v.detach().clone() for k, v in weights.items()})
 
     def close(self) -> None:
         """Stop the child process."""

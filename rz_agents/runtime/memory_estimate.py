@@ -3,7 +3,8 @@
 The model is built on the meta device (no memory, no weights) to count its parameters exactly; the
 other terms follow from the config: the learner's weights, fp32 master weights, gradients and AdamW
 state, its activations for one micro-batch (with or without activation checkpointing), the LM head's
-logits, and the engine's weights, KV cache and step activations. Figures are estimates of what PyTorch
+logits, and the engine's weights, KV cache and step activations. Under ``runtime: ray`` the two sides have
+GPUs of their own: one engine replica per GPU, and the learner's state sharded over its FSDP2 ranks. Figures are estimates of what PyTorch
 holds (allocator slack, CUDA context and fragmentation come on top: keep ~10% free).
 """
 
@@ -34,6 +35,10 @@ class MemoryEstimate:
     learner: dict[str, int] = field(default_factory=dict)
     engine: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # runtime: ray places each engine replica and each FSDP2 learner rank on GPUs of its own; 0: the local
+    # runtime, learner and engine on one device
+    engine_replicas: int = 0
+    learner_ranks: int = 0
 
     @property
     def learner_total(self) -> int:
@@ -52,6 +57,16 @@ class MemoryEstimate:
         sharded = ("weights", "master_weights_fp32", "gradients", "adamw_state_fp32")
         return sum(v // shards if k in sharded else v for k, v in self.learner.items())
 
+    @property
+    def placed(self) -> bool:
+        """Whether the run places engine replicas and learner ranks apart (runtime: ray)."""
+        return self.learner_ranks > 0
+
+    @property
+    def learner_rank_total(self) -> int:
+        """Per-GPU bytes of one learner rank (the whole learner when it is not sharded)."""
+        return self.learner_sharded(self.learner_ranks) if self.learner_ranks > 1 else self.learner_total
+
     def to_json(self) -> dict:
         return {
             "model": self.model,
@@ -63,6 +78,9 @@ class MemoryEstimate:
             "learner_total_gib": round(self.learner_total / GIB, 2),
             "engine_total_gib": round(self.engine_total / GIB, 2),
             "one_device_total_gib": round(self.one_device_total / GIB, 2),
+            "engine_replicas": self.engine_replicas,
+            "learner_ranks": self.learner_ranks,
+            "learner_rank_total_gib": round(self.learner_rank_total / GIB, 2),
             "notes": self.notes,
         }
 
@@ -77,17 +95,31 @@ class MemoryEstimate:
         ):
             lines.append(f"  {title}: {total / GIB:8.1f} GiB")
             lines += [f"    {k:28s} {v / GIB:8.2f} GiB" for k, v in part.items()]
-        fits = ", ".join(
-            f"{name}: {'fits' if self.one_device_total <= cap * GIB * 0.9 else 'does NOT fit'}"
-            for name, cap in GPUS.items()
-        )
-        lines.append(
-            f"  one device (today's runtime: learner + engine): {self.one_device_total / GIB:.1f} GiB ({fits})"
-        )
-        lines.append(
-            "  learner state sharded (FSDP2, not built yet): "
-            + ", ".join(f"{n} GPUs {self.learner_sharded(n) / GIB:.1f} GiB" for n in (8, 16, 32))
-        )
+
+        def fits(total: int) -> str:
+            return ", ".join(
+                f"{name}: {'fits' if total <= cap * GIB * 0.9 else 'does NOT fit'}"
+                for name, cap in GPUS.items()
+            )
+
+        if self.placed:
+            lines.append(
+                f"  per engine replica (runtime: ray, {self.engine_replicas} replicas): "
+                f"{self.engine_total / GIB:.1f} GiB ({fits(self.engine_total)})"
+            )
+            lines.append(
+                f"  per learner rank (runtime: ray, FSDP2 over {self.learner_ranks} ranks): "
+                f"{self.learner_rank_total / GIB:.1f} GiB ({fits(self.learner_rank_total)})"
+            )
+        else:
+            lines.append(
+                f"  one device (local runtime: learner + engine): {self.one_device_total / GIB:.1f} GiB "
+                f"({fits(self.one_device_total)})"
+            )
+            lines.append(
+                "  learner state sharded (runtime: ray, FSDP2): "
+                + ", ".join(f"{n} GPUs {self.learner_sharded(n) / GIB:.1f} GiB" for n in (8, 16, 32))
+            )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -120,7 +152,7 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
     c = model_config
     n = count_parameters(c)
     e = torch.empty(0, dtype=c.torch_dtype).element_size()
-    ckpt = bool(getattr(cfg.model, "activation_checkpointing", False))
+    ckpt = cfg.model.activation_checkpointing  # ModelSpec: layers and LM-head chunks recomputed
     est = MemoryEstimate(model_name or c.model_type, n, c.dtype, ckpt)
 
     # Learner.
@@ -144,7 +176,9 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
         f"activations with layer checkpointing {(act_on + edges) / GIB:.1f} GiB, without {(act_off + edges) / GIB:.1f} GiB"
     )
     logits_all = tokens * c.vocab_size * 4
-    if logits_all > KEEP_LOGITS_BYTES:  # chunks recomputed in the backward: a few chunks live at once
+    # Chunks recomputed in the backward (above KEEP_LOGITS_BYTES, or with checkpointing on, as
+    # rz_agents.model.logprobs.token_logprobs does): a few chunks live at once.
+    if logits_all > KEEP_LOGITS_BYTES or ckpt:
         est.learner["lm_head_logits"] = 3 * min(tokens, LOGIT_CHUNK) * c.vocab_size * 4
     else:
         est.learner["lm_head_logits"] = 2 * logits_all
@@ -167,6 +201,8 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
         + (" (from engine.kv_cache_bytes)" if eng.kv_cache_bytes is not None else " (engine.num_slots)")
     )
     est.notes.append(f"learner micro-batch: {tokens} tokens")
+    if getattr(cfg, "runtime", "local") == "ray":
+        est.engine_replicas, est.learner_ranks = cfg.placement.engines, cfg.placement.learner_ranks
     return est
 
 

@@ -26,6 +26,7 @@ from rz_agents.trainer.metrics import (
     reward_and_advantage_metrics,
 )
 from rz_agents.trainer.optim import OptimConfig, build_optimizer
+from rz_agents.trainer.sharding import SingleProcess
 from rz_agents.trajectory import Trajectory, TrajectoryError
 
 
@@ -94,9 +95,22 @@ class Learner:
     model, whose weights are the ones the engine samples with (so lag-0 tokens stay bit-identical).
     """
 
-    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, version: int = 0) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: LearnerConfig,
+        version: int = 0,
+        ranks: SingleProcess | None = None,
+    ) -> None:
+        """``ranks``: this process's place among the learner ranks (``ShardedRanks`` shards the model with
+        FSDP2 over a torch.distributed group; default: one process)."""
         cfg.validate()
-        self.model = model
+        verify = getattr(model, "verify_kernels", None)
+        if verify is not None:  # the aligned kernels' guards, paid (and logged) before the first step
+            verify()
+        self.ranks = ranks or SingleProcess()
+        self.dtype = next(model.parameters()).dtype  # the dtype of the weights the engine samples with
+        self.model = self.ranks.shard(model)
         self.cfg = cfg
         self.version = version
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -170,48 +184,65 @@ class Learner:
         behavior: list[torch.Tensor],
         advantages: list[float],
     ) -> _Scored:
-        """Packed forward, loss and backward per micro-batch; gradients accumulate (in fp32 on the masters)."""
+        """Packed forward, loss and backward per micro-batch; gradients accumulate (in fp32 on the masters).
+
+        With several ranks each runs its share of the micro-batches; the log-probs and per-micro-batch
+        losses are then exchanged, so every rank returns the whole batch's, summed in micro-batch order.
+        """
         cfg = self.cfg
         scales = token_scales(masks, cfg.loss.normalization)
         self.model.train()
         self._zero_grads()
         t_fwd = t_bwd = 0.0
-        loss_value = 0.0
         finite = True
-        logps: list[torch.Tensor] = [torch.empty(0)] * len(trajs)
-        for mb in micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens):
+        plan = micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens)
+        logps: dict[int, torch.Tensor] = {}
+        losses: dict[int, float] = {}
+        for j in self.ranks.share(len(plan)):
             t0 = time.perf_counter()
-            mb_logps = packed_token_logprobs(
-                self.model,
-                [trajs[i].tokens for i in mb],
-                temperature=cfg.temperature,
-                top_k=cfg.top_k,
-                top_p=cfg.top_p,
-            )
-            # Per-token data lives on the CPU; the loss is computed where the model is (a no-op on CPU).
-            loss = sum(
-                sequence_loss(
-                    lp,
-                    behavior[i].to(lp.device),
-                    masks[i].to(lp.device),
-                    advantages[i],
-                    scales[i].to(lp.device),
-                    cfg.loss,
+            mb = plan[j] if j is not None else []
+            # An idle pass (this rank has fewer micro-batches than another) runs a 2-token dummy sequence
+            # with zero weight, so that every rank joins the same all-gathers and reduce-scatters.
+            if mb:
+                mb_logps = packed_token_logprobs(
+                    self.model,
+                    [trajs[i].tokens for i in mb],
+                    temperature=cfg.temperature,
+                    top_k=cfg.top_k,
+                    top_p=cfg.top_p,
                 )
-                for i, lp in zip(mb, mb_logps, strict=True)
-            )
+                # Per-token data lives on the CPU; the loss is computed where the model is (a no-op on CPU).
+                loss = sum(
+                    sequence_loss(
+                        lp,
+                        behavior[i].to(lp.device),
+                        masks[i].to(lp.device),
+                        advantages[i],
+                        scales[i].to(lp.device),
+                        cfg.loss,
+                    )
+                    for i, lp in zip(mb, mb_logps, strict=True)
+                )
+            else:  # unfiltered distribution: its log-probs are finite, so 0 * them is exactly 0
+                mb_logps = []
+                loss = packed_token_logprobs(self.model, [[0, 0]])[0].sum() * 0.0
             t1 = time.perf_counter()
             for i, lp in zip(mb, mb_logps, strict=True):
                 logps[i] = lp.detach().cpu()
-            if not torch.isfinite(loss):
-                finite = False  # keep scoring the rest for the metrics, but never backpropagate this
+            # keep scoring the rest for the metrics, but never backpropagate a non-finite loss
+            finite = self.ranks.all_true(finite and bool(torch.isfinite(loss)))
             if finite:
                 loss.backward()
                 self._accumulate_into_masters()
-            loss_value += float(loss.detach())
+            if j is not None:
+                losses[j] = float(loss.detach())
             t_fwd += t1 - t0
             t_bwd += time.perf_counter() - t1
-        return _Scored(logps, loss_value, finite, t_fwd, t_bwd)
+        for their_logps, their_losses in self.ranks.all_gather((logps, losses)):
+            logps.update(their_logps)
+            losses.update(their_losses)
+        loss_value = sum(losses[j] for j in range(len(plan)))
+        return _Scored([logps[i] for i in range(len(trajs))], loss_value, finite, t_fwd, t_bwd)
 
     def _mismatch_metrics(
         self,
@@ -246,9 +277,8 @@ class Learner:
         max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else math.inf
         grad_norm = math.nan
         if scored.finite:
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(self._optimized(), max_norm, error_if_nonfinite=False)
-            )
+            norm = torch.nn.utils.clip_grad_norm_(self._optimized(), max_norm, error_if_nonfinite=False)
+            grad_norm = float(self.ranks.full(norm))
         skipped = not (scored.finite and math.isfinite(scored.loss) and math.isfinite(grad_norm))
         if skipped:
             self.skipped_steps += 1
@@ -309,16 +339,36 @@ class Learner:
         return keep, invalid, over_lag
 
     # ---- weights and state ----------------------------------------------------------------------------
+    # With several ranks these gather the whole tensors (collectives: call them on every rank) and hold the
+    # same layout as one process's, so a checkpoint moves between learner_ranks 1 and N.
     def weights(self) -> dict[str, torch.Tensor]:
-        """The current weights to publish (detached views; the receiver copies them)."""
-        return {k: v.detach() for k, v in self.model.state_dict().items()}
+        """The current weights to publish (detached views in one process; the receiver copies them)."""
+        return {k: self.ranks.full(v.detach()).to(self.dtype) for k, v in self.model.state_dict().items()}
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Replace the weights (and fp32 masters) with ``weights``, keeping version and optimizer state
+        (the policy changed outside the learner, e.g. by a supervised warm start)."""
+        state = {"model": weights, "masters": None}
+        self._load_model(state)
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, schedule, version and counters (for checkpoints)."""
+        if self.masters is not None:
+            masters = [m.detach().clone() for m in self.masters]
+        elif self.dtype != torch.float32:  # sharded: the fp32 shards are the masters
+            masters = [self.ranks.full(p.detach()) for p in self.params]
+        else:
+            masters = None
+        optimizer = self.optimizer.state_dict()
+        if self.ranks.world > 1:  # (the per-parameter dicts are the optimizer's own: build new ones)
+            optimizer["state"] = {
+                index: {k: self.ranks.full(v) if isinstance(v, torch.Tensor) else v for k, v in per.items()}
+                for index, per in optimizer["state"].items()
+            }
         return {
-            "model": self.model.state_dict(),
-            "masters": [m.detach().clone() for m in self.masters] if self.masters is not None else None,
-            "optimizer": self.optimizer.state_dict(),
+            "model": self.weights() if self.ranks.world > 1 else self.model.state_dict(),
+            "masters": masters,
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
             "skipped_steps": self.skipped_steps,
@@ -328,15 +378,34 @@ class Learner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` saved."""
-        self.model.load_state_dict(state["model"])
-        if self.masters is not None:
-            saved = state.get("masters")
-            with torch.no_grad():
-                for i, (p, m) in enumerate(zip(self.params, self.masters, strict=True)):
-                    m.copy_(saved[i] if saved is not None else p)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_model(state)
+        optimizer = state["optimizer"]
+        if self.ranks.world > 1:
+            optimizer = {**optimizer, "state": dict(optimizer["state"])}
+            for index, per_param in optimizer["state"].items():
+                param = self._optimized()[int(index)]
+                optimizer["state"][index] = {
+                    k: self.ranks.shard_like(v, param) if isinstance(v, torch.Tensor) and v.dim() else v
+                    for k, v in per_param.items()
+                }
+        self.optimizer.load_state_dict(optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
         self.skipped_steps = int(state["skipped_steps"])
         self.dropped_over_lag = int(state["dropped_over_lag"])
         self.deviation.history = list(state["deviation_history"])
+
+    @torch.no_grad()
+    def _load_model(self, state: dict[str, Any]) -> None:
+        """Weights from ``state["model"]``, fp32 masters from ``state["masters"]`` (or the weights)."""
+        saved = state.get("masters")
+        if self.ranks.world == 1:
+            self.model.load_state_dict(state["model"])
+            if self.masters is not None:
+                for i, (p, m) in enumerate(zip(self.params, self.masters, strict=True)):
+                    m.copy_(saved[i] if saved is not None else p)
+            return
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for i, p in enumerate(self.params):
+            full = saved[i] if saved is not None else state["model"][names[id(p)]]
+            p.copy_(self.ranks.shard_like(full.float(), p))

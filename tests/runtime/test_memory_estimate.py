@@ -50,6 +50,14 @@ def test_bf16_estimate_has_fp32_masters_and_adam_and_checkpointing_shrinks_activ
     assert "master_weights_fp32" not in fp32.learner
     assert any("checkpointing" in note for note in est.notes)
     assert est.one_device_total / GIB > 10
+    # the switch the model honours (ModelSpec -> ModelConfig.activation_checkpointing) sizes activations
+    on = estimate_memory(
+        TrainConfig(engine=cfg.engine, model=ModelSpec(dtype="bfloat16", activation_checkpointing=True)),
+        model_cfg,
+    )
+    assert est.activation_checkpointing is False and on.activation_checkpointing is True
+    assert on.learner["activations"] < est.learner["activations"]
+    assert on.learner["lm_head_logits"] <= est.learner["lm_head_logits"]
 
 
 def test_kv_cache_bytes_setting_sizes_the_cache():
@@ -66,3 +74,16 @@ def test_rz_train_dry_run_prints_the_estimate_for_the_production_config(capsys):
     out = capsys.readouterr().out
     assert "4.02B parameters" in out and "kv_cache" in out and "adamw_state_fp32" in out
     assert "published config" in out
+    assert "activation checkpointing on" in out  # the production configs turn it on
+    # runtime: ray: each side on GPUs of its own, the KV cache sized to one replica's GPU
+    replica = next(line for line in out.splitlines() if "per engine replica" in line)
+    rank = next(line for line in out.splitlines() if "per learner rank" in line)
+    assert "8 replicas" in replica and "H200 141GB: fits" in replica
+    assert "FSDP2 over 8 ranks" in rank and "H200 141GB: fits" in rank
+
+
+def test_rz_train_dry_run_finds_a_packaged_config_by_name(capsys):
+    assert rz_main(["train", "qwen3-30b-a3b-python-tool", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    rank = next(line for line in out.splitlines() if "per learner rank" in line)
+    assert "FSDP2 over 16 ranks" in rank and "H200 141GB: fits" in rank  # with activation checkpointing

@@ -294,3 +294,18 @@ def test_bf16_resume_restores_the_masters_bitwise(tmp_path):
         assert torch.equal(ma, mc)
     for k, v in learner_a.model.state_dict().items():
         assert torch.equal(v, learner_c.model.state_dict()[k]), k
+
+
+def test_load_weights_replaces_weights_and_fp32_masters_and_keeps_the_version():
+    """A warm start changes the policy outside the learner: the masters must follow, or the next step
+    would round the old masters back into the model."""
+    learner = Learner(_bf16_model(), _cfg(assert_lag0_exact=False, optim=OptimConfig(lr=1e-3)))
+    learner.step(_batch(learner.model))
+    new = {k: v.clone() for k, v in _bf16_model(seed=4).state_dict().items()}
+    learner.load_weights(new)
+    assert learner.version == 1
+    for k, v in learner.model.state_dict().items():
+        assert torch.equal(v, new[k]), k
+    for p, master in zip(learner.params, learner.masters, strict=True):
+        assert torch.equal(master, p.float())
+    assert learner.step(_batch(learner.model, version=1, seed=5))["step_skipped_nonfinite"] == 0

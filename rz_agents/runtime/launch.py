@@ -1,0 +1,27 @@
+"""Build the run a config asks for (``runtime: local | ray``) and train it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from rz_agents.runtime.config import TrainConfig
+from rz_agents.runtime.local import LocalRun
+
+
+def build_run(cfg: TrainConfig):
+    """A ``LocalRun`` or a ``RayRun`` (rz_agents.runtime.ray, imported only then) for ``cfg``."""
+    if cfg.runtime == "ray":
+        from rz_agents.runtime.ray import RayRun
+
+        return RayRun(cfg)
+    return LocalRun(cfg)
+
+
+def run_training(cfg: TrainConfig) -> dict[str, Any]:
+    """Build everything from ``cfg``, train ``cfg.steps`` steps, and return a summary."""
+    run = build_run(cfg)
+    try:
+        return asyncio.run(run.train())
+    finally:
+        run.close()

@@ -1,0 +1,248 @@
+"""Engine replicas as Ray actors, and the driver's router that the rollout controller uses as its engine.
+
+Each replica is an ``RZEngine`` in its own process, served by a Ray async actor: ``generate`` calls from the
+driver's episodes join the engine's continuous batch there. ``EngineReplicas`` (in the driver) has the
+engine interface the agent loop calls (``generate``, ``load_weights``, ``version``) and routes each episode
+to one replica for its whole life, so the replica's prefix cache holds the episode's previous turns; a new
+episode goes to the replica serving the fewest live episodes. An episode is the asyncio task that runs it
+(the controller runs every episode in its own task), so routing needs nothing from the agent loop.
+
+Weights reach the replicas as one reference into Ray's object store (published by learner rank 0); each
+replica fetches the object (once per node) and applies it between engine steps. A replica that dies is
+restarted by Ray; its episodes in flight fail with ``ReplicaLost`` (the controller runs them again or drops
+them, and counts both), and the router sends it the latest weights before routing to it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import RayActorError
+
+from rz_agents.engine import EngineConfig, RZEngine
+from rz_agents.engine.params import Completion, SamplingParams
+from rz_agents.rollout.agent_loop import EpisodeError, ReplicaLost
+from rz_agents.runtime.config import ModelSpec
+from rz_agents.runtime.factories import build_model, build_tokenizer
+from rz_agents.runtime.ray.cluster import call_when_alive, node_id
+
+log = logging.getLogger(__name__)
+
+
+class EngineServer:
+    """One engine replica (the body of a Ray async actor): builds the model from the run's spec."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        vocab: int,
+        engine_cfg: EngineConfig,
+        tokenizer: str,
+        device: str = "cpu",
+    ) -> None:
+        if engine_cfg.num_threads is not None:
+            torch.set_num_threads(engine_cfg.num_threads)
+        tok, _ = build_tokenizer(tokenizer, spec.checkpoint)
+        model = build_model(dataclasses.replace(spec, device=device), vocab)
+        model.requires_grad_(False)
+        self.engine = RZEngine(model, engine_cfg, decode=tok.decode)
+
+    async def generate(self, prompt: list[int], params: SamplingParams) -> Completion:
+        """RZEngine.generate: joins this replica's continuous batch."""
+        return await self.engine.generate(prompt, params)
+
+    async def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> int:
+        """RZEngine.load_weights (between engine steps: this actor's event loop runs one step at a time)."""
+        self.engine.load_weights(weights, version)
+        return version
+
+    async def open_broadcast(self, address: str, rank: int, world: int, backend: str) -> None:
+        """Join the weights group (placement.weight_transport: broadcast) as member ``rank``."""
+        from rz_agents.runtime.ray.weight_broadcast import WeightBroadcast
+
+        self.broadcast = await asyncio.to_thread(WeightBroadcast, address, rank, world, backend)
+
+    async def receive_weights(self, version: int) -> int:
+        """Receive the weights learner rank 0 broadcasts (in a thread: generation goes on meanwhile), then
+        apply them between engine steps."""
+        state = await asyncio.to_thread(self.broadcast.receive, self.engine.model.state_dict())
+        self.engine.load_weights(state, version)
+        return version
+
+    async def close_broadcast(self) -> None:
+        """Leave the weights group."""
+        broadcast = getattr(self, "broadcast", None)
+        if broadcast is not None:
+            broadcast.close()
+            self.broadcast = None
+
+    async def stats(self) -> dict[str, Any]:
+        """RZEngine.stats (numbers only)."""
+        return {k: v for k, v in self.engine.stats().items() if isinstance(v, (int, float))}
+
+    async def node(self) -> str:
+        """The Ray node this replica runs on."""
+        return node_id()
+
+
+@dataclass(eq=False)
+class _Replica:
+    index: int
+    actor: Any
+    healthy: bool = True
+    reviving: bool = False
+    episodes: int = 0  # live episodes routed here
+
+
+class EngineReplicas:
+    """The driver's view of the engine replicas; the rollout controller uses it as its engine."""
+
+    def __init__(self, actors: list[Any]) -> None:
+        self.replicas = [_Replica(i, a) for i, a in enumerate(actors)]
+        self._version = 0
+        self._weights: tuple[Any, int] | None = None  # what every replica must hold: (object ref, version)
+        self._routes: weakref.WeakKeyDictionary[asyncio.Task, _Replica] = weakref.WeakKeyDictionary()
+        self._changed: asyncio.Event | None = None
+        self._revivals: set[asyncio.Task] = set()
+        self.counters = {"generated_tokens": 0, "requests": 0, "replicas_lost": 0, "replicas_revived": 0}
+
+    @property
+    def version(self) -> int:
+        """The policy version every healthy replica samples with."""
+        return self._version
+
+    # ---- generation ----------------------------------------------------------------------------------
+    async def generate(self, prompt: list[int], params: SamplingParams) -> Completion:
+        """Generate on the replica serving the calling episode (raises ReplicaLost if it dies meanwhile)."""
+        replica = await self._route(asyncio.current_task())
+        self.counters["requests"] += 1
+        try:
+            completion = await replica.actor.generate.remote(list(prompt), params)
+        except RayActorError as e:
+            self._lost(replica)
+            raise ReplicaLost(f"engine replica {replica.index} died: {type(e).__name__}") from e
+        self.counters["generated_tokens"] += len(completion.tokens)
+        return completion
+
+    async def _route(self, task: asyncio.Task | None) -> _Replica:
+        replica = self._routes.get(task) if task is not None else None
+        if replica is not None and replica.healthy:
+            return replica
+        while True:
+            healthy = [r for r in self.replicas if r.healthy]
+            if healthy:
+                break
+            if not any(r.reviving for r in self.replicas):
+                raise EpisodeError("no engine replica is left (each died more often than Ray restarts it)")
+            await self._wait_for_change()
+        replica = min(healthy, key=lambda r: (r.episodes, r.index))
+        if task is not None:
+            self._unbind(task)
+            self._routes[task] = replica
+            replica.episodes += 1
+            task.add_done_callback(self._unbind)
+        return replica
+
+    def _unbind(self, task: asyncio.Task) -> None:
+        replica = self._routes.pop(task, None)
+        if replica is not None:
+            replica.episodes -= 1
+
+    async def _wait_for_change(self) -> None:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        self._changed.clear()
+        await self._changed.wait()
+
+    def _signal(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    # ---- failures ------------------------------------------------------------------------------------
+    def _lost(self, replica: _Replica) -> None:
+        """Stop routing to ``replica``; once Ray has restarted it, give it the latest weights and route again."""
+        if not replica.healthy:
+            return
+        replica.healthy = False
+        self.counters["replicas_lost"] += 1
+        log.warning("engine replica %d died; its episodes in flight are lost", replica.index)
+        for task, r in list(self._routes.items()):
+            if r is replica:
+                self._unbind(task)
+        replica.reviving = True
+        revival = asyncio.ensure_future(self._revive(replica))
+        self._revivals.add(revival)
+        revival.add_done_callback(self._revivals.discard)
+
+    async def _revive(self, replica: _Replica) -> None:
+        try:
+            await call_when_alive(replica.actor.stats)
+            while True:
+                while self._weights is None:  # the newest weights are not in the store (broadcast mode)
+                    await self._wait_for_change()
+                target = self._weights
+                await call_when_alive(replica.actor.load_weights, *target)
+                if self._weights is target:  # no newer publication meanwhile
+                    break
+            replica.healthy = True
+            self.counters["replicas_revived"] += 1
+            log.warning("engine replica %d is back", replica.index)
+        except RayActorError:
+            log.warning("engine replica %d is gone for good (restarts exhausted)", replica.index)
+        finally:
+            replica.reviving = False
+            self._signal()
+
+    # ---- weights -------------------------------------------------------------------------------------
+    async def publish(self, weights: Any, version: int) -> None:
+        """Every healthy replica applies ``weights`` (an object ref or a dict) as ``version``; returns once
+        they all did. A replica that died meanwhile gets them when it is back."""
+        self._weights = (weights, version)
+        self._signal()  # a replica being revived waits for weights in the store
+        healthy = [r for r in self.replicas if r.healthy]
+        results = await asyncio.gather(
+            *(r.actor.load_weights.remote(weights, version) for r in healthy), return_exceptions=True
+        )
+        for replica, result in zip(healthy, results, strict=True):
+            if isinstance(result, RayActorError):
+                self._lost(replica)
+            elif isinstance(result, BaseException):
+                raise result
+        self._version = version
+
+    def received_broadcast(self, version: int) -> None:
+        """Every replica applied ``version``, broadcast by learner rank 0 (not in the object store)."""
+        self._weights = None
+        self._version = version
+
+    def load_weights(self, weights: Any, version: int) -> None:
+        """``publish`` from outside the event loop (blocks until every replica applied the weights)."""
+        self._weights = (weights, version)
+        ray.get([r.actor.load_weights.remote(weights, version) for r in self.replicas])
+        self._version = version
+
+    # ---- figures -------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counters summed over the live replicas, plus the router's own."""
+        total: dict[str, Any] = {}
+        for replica in self.replicas:
+            try:
+                stats = ray.get(replica.actor.stats.remote(), timeout=30)
+            except (RayActorError, ray.exceptions.GetTimeoutError):
+                continue
+            for k, v in stats.items():
+                if k != "version":
+                    total[k] = total.get(k, 0) + v
+        total.update(
+            version=self._version,
+            replicas=len(self.replicas),
+            **{f"router_{k}": v for k, v in self.counters.items()},
+        )
+        return total

@@ -1,0 +1,232 @@
+"""The learner as Ray actors: ``learner_ranks`` processes in one torch.distributed group (gloo on CPU, NCCL
+on GPU), the model sharded with FSDP2 when there are several (trainer/sharding.py). Only rank 0 answers the
+driver: every rank receives the same batch (one object in the store), runs ``Learner.step`` on its share of
+the micro-batches, and rank 0 returns the metrics; after a step every rank joins the all-gather of the
+weights and rank 0 puts the whole state in Ray's object store (one ``ray.put``) and returns the reference;
+the driver hands it to the engines, which fetch the object (the driver never does).
+
+Ranks are never restarted: a rank's death ends the run (``LearnerLost``) with its last checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import socket
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import RayActorError
+
+from rz_agents.runtime.config import ModelSpec
+from rz_agents.runtime.factories import build_model
+from rz_agents.trainer.learner import Learner, LearnerConfig
+
+log = logging.getLogger(__name__)
+
+
+class LearnerLost(RuntimeError):
+    """A learner rank died; the run stops (resume it from its last checkpoint)."""
+
+
+class LearnerRank:
+    """One learner rank (the body of a Ray actor)."""
+
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        spec: ModelSpec,
+        vocab: int,
+        cfg: LearnerConfig,
+        num_threads: int | None,
+        device: str = "cpu",
+    ) -> None:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.rank, self.world = rank, world
+        self.spec, self.vocab, self.cfg, self.device = spec, vocab, cfg, device
+        self.learner: Learner | None = None
+
+    def rendezvous(self) -> str:
+        """(rank 0) A tcp:// address on this node with a free port for the group's rendezvous."""
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return f"tcp://{host}:{s.getsockname()[1]}"
+
+    def start(self, address: str | None) -> str:
+        """Join the group (several ranks), build and shard the model, build the learner; returns the node id."""
+        from rz_agents.runtime.ray.cluster import node_id
+
+        ranks = None
+        if self.world > 1:
+            import torch.distributed as dist
+
+            from rz_agents.trainer.sharding import ShardedRanks
+
+            backend = "nccl" if self.device == "cuda" else "gloo"
+            dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world)
+            ranks = ShardedRanks(self.device)
+        model = build_model(dataclasses.replace(self.spec, device=self.device), self.vocab)
+        self.learner = Learner(model, self.cfg, ranks=ranks)
+        return node_id()
+
+    def step(self, batch: list) -> tuple[dict[str, Any], int, int] | None:
+        """Learner.step; rank 0 returns (metrics, version, skipped steps)."""
+        metrics = self.learner.step(batch)
+        return (metrics, self.learner.version, self.learner.skipped_steps) if self.rank == 0 else None
+
+    def inspection_record(self, batch: list, tokenizer: str) -> dict[str, Any] | None:
+        """``trainer.inspect.record_step`` under this group's current weights (every rank runs the same
+        forwards, which FSDP2's all-gathers need); rank 0 returns the record."""
+        from rz_agents.runtime.factories import build_tokenizer
+        from rz_agents.trainer.inspect import record_step
+
+        decode_piece: Any = str
+        if self.rank == 0:
+            tok, _ = build_tokenizer(tokenizer, self.spec.checkpoint)
+            decode_piece = lambda t: tok.decode([t])  # noqa: E731
+        record = record_step(self.learner.model, batch, self.cfg, self.learner.version, decode_piece)
+        return record if self.rank == 0 else None
+
+    def weights(self) -> list | None:
+        """The whole weights (a collective); rank 0 puts them in the object store (one ``ray.put``) and
+        returns ``[reference]`` (in a list, so that Ray hands the driver the reference, not the tensors)."""
+        w = self.learner.weights()
+        if self.rank != 0:
+            return None
+        return [ray.put({k: v.detach().to("cpu") for k, v in w.items()})]
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """Learner.state_dict with whole tensors (a collective); rank 0 returns it."""
+        state = self.learner.state_dict()
+        return state if self.rank == 0 else None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Learner.load_state_dict (every rank cuts its shard from the whole state)."""
+        self.learner.load_state_dict(state)
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Learner.load_weights."""
+        self.learner.load_weights(weights)
+
+    def open_broadcast(self, address: str, world: int, backend: str) -> None:
+        """(rank 0) Serve the weights group's rendezvous at ``address`` and join it as its root."""
+        from rz_agents.runtime.ray.weight_broadcast import WeightBroadcast
+
+        self.broadcast = WeightBroadcast(address, 0, world, backend)
+
+    def broadcast_weights(self) -> None:
+        """The whole weights (a collective of the learner ranks), broadcast by rank 0 to the engines."""
+        w = self.learner.weights()
+        if self.rank == 0:
+            self.broadcast.send(w)
+
+    def close_broadcast(self) -> None:
+        """(rank 0) Leave the weights group."""
+        broadcast = getattr(self, "broadcast", None)
+        if broadcast is not None:
+            broadcast.close()
+            self.broadcast = None
+
+    def stop(self) -> None:
+        """Leave the process group."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+class LearnerGroup:
+    """The driver's handle on the learner ranks: ``step``, the published weights, checkpoints.
+
+    ``store_weights``: after each step, put the new weights in the object store at once (the engines
+    fetch them from there); off while the weights travel by broadcast, then ``weights_ref`` makes the
+    reference on demand (exports, checkpoints of the fixed-lag history)."""
+
+    def __init__(self, actors: list[Any], store_weights: bool = True) -> None:
+        self.actors = actors
+        self.version = 0
+        self.skipped_steps = 0
+        self.store_weights = store_weights
+        address = ray.get(actors[0].rendezvous.remote()) if len(actors) > 1 else None
+        self.nodes = self._get([a.start.remote(address) for a in actors])
+        self._ref: tuple[Any, int] | None = None  # (object ref of the weights, their version)
+        self.weights_ref()
+
+    def _get(self, refs: list) -> list:
+        """ray.get that fails as soon as one rank fails (the others may be blocked in a collective)."""
+        pending = list(refs)
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                ray.get(done[0])
+            return ray.get(refs)
+        except RayActorError as e:
+            raise LearnerLost(f"a learner rank died: {e}") from e
+
+    async def _await(self, refs: list) -> list:
+        """``_get`` without blocking the event loop."""
+        return await asyncio.to_thread(self._get, refs)
+
+    async def step(self, batch: list) -> dict[str, Any]:
+        """Learner.step on every rank (one copy of the batch in the object store), then the new weights."""
+        ref = ray.put(batch)
+        results = await self._await([a.step.remote(ref) for a in self.actors])
+        metrics, self.version, self.skipped_steps = results[0]
+        if self.store_weights and self.cached_ref() is None:
+            results = await self._await([a.weights.remote() for a in self.actors])
+            self._ref = (results[0][0], self.version)
+        return metrics
+
+    async def inspection_record(self, batch: list, tokenizer: str) -> dict[str, Any]:
+        """The trajectory inspector's record of ``batch`` under the current weights (computed on the ranks)."""
+        ref = ray.put(batch)
+        return (await self._await([a.inspection_record.remote(ref, tokenizer) for a in self.actors]))[0]
+
+    def cached_ref(self) -> Any:
+        """The object ref of the current weights, if they are in the store already (else None)."""
+        return self._ref[0] if self._ref is not None and self._ref[1] == self.version else None
+
+    def weights_ref(self) -> Any:
+        """The object ref of the current weights, gathered into the store if they are not yet."""
+        if self.cached_ref() is None:
+            self._ref = (self._get([a.weights.remote() for a in self.actors])[0][0], self.version)
+        return self._ref[0]
+
+    async def weights_ref_async(self) -> Any:
+        """``weights_ref`` without blocking the event loop."""
+        return await asyncio.to_thread(self.weights_ref)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The learner state (rank 0's whole tensors)."""
+        return self._get([a.state_dict.remote() for a in self.actors])[0]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Every rank loads ``state`` (one copy in the object store)."""
+        ref = ray.put(state)
+        self._get([a.load_state_dict.remote(ref) for a in self.actors])
+        self.version = int(state["version"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self._ref = None
+        self.weights_ref()
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Every rank takes ``weights`` (same version)."""
+        ref = ray.put(weights)
+        self._get([a.load_weights.remote(ref) for a in self.actors])
+        self._ref = None
+        self.weights_ref()
+
+    def close(self) -> None:
+        """Leave the process group and end the rank actors."""
+        try:
+            ray.get([a.stop.remote() for a in self.actors], timeout=30)
+        except Exception as e:  # a dead or hung rank: killed below anyway
+            log.warning("learner ranks did not stop cleanly: %r", e)
+        for actor in self.actors:
+            ray.kill(actor)

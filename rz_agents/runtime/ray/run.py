@@ -1,0 +1,244 @@
+"""The Ray runtime: the run's engines, env workers and learner ranks as Ray actors, placed by config.
+
+The driver (this process) runs what the local runtime runs: the rollout controller with its agent loop
+per episode, the lag bound and the trajectory queue, and the training loop (runtime/loop.py). Only the
+placement differs: the controller's engine is ``EngineReplicas`` (routing episodes to engine actors), its env
+factory hands out handles on envs living in ``EnvHost`` actors, and the learner step runs in the learner
+ranks. The same ``Trajectory`` objects and versioned weights move between them through Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from rz_agents.runtime.config import TrainConfig, resolve
+from rz_agents.runtime.factories import (
+    build_controller,
+    build_model,
+    build_tokenizer,
+    tokenizer_files,
+    vocab_size,
+)
+from rz_agents.runtime.loop import TrainLoop
+from rz_agents.runtime.memory import limit_heap_growth
+from rz_agents.runtime.ray.cluster import actor_options, connect
+from rz_agents.runtime.ray.engines import EngineReplicas, EngineServer
+from rz_agents.runtime.ray.env_workers import EnvHost, RemoteEnvFactory
+from rz_agents.runtime.ray.learner import LearnerGroup, LearnerRank
+
+log = logging.getLogger(__name__)
+
+
+class RayRun(TrainLoop):
+    """The wired actors of one run; ``train`` (runtime/loop.py) drives them from this process."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        cfg.validate()
+        if cfg.runtime != "ray":
+            raise ValueError(f"RayRun needs runtime: ray, got {cfg.runtime!r} (use build_run)")
+        # derived fields filled in: the lag bound, the sampling the learner scores under, the kernels
+        self.cfg = resolve(cfg)
+        limit_heap_growth()
+        self._owns_ray = connect(self.cfg)
+        self._actors: list[Any] = []
+        try:
+            self._place()
+            self._init_loop()
+        except BaseException:
+            self.close()
+            raise
+
+    def _place(self) -> None:
+        cfg, p = self.cfg, self.cfg.placement
+        self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
+        self.vocab = vocab_size(cfg.tokenizer, self.tokenizer)
+        # model.device is where engines and learner ranks run (validate: it agrees with their GPUs); the
+        # driver's own copy of the policy (warm start, export) stays on the CPU
+        self.spec = dataclasses.replace(cfg.model, device="cpu")
+        engine_device = "cuda" if p.engine_gpus else "cpu"
+        learner_device = "cuda" if p.learner_gpus else "cpu"
+        # Engines and learner ranks must run the same number of torch threads (the arithmetic may depend on
+        # it); unset, it is what both reserve (Ray would otherwise give each its own reservation).
+        threads = cfg.num_threads or max(1, int(min(p.cpus_per_engine, p.cpus_per_learner_rank)))
+        eng_cfg = cfg.engine
+        if eng_cfg.num_threads is None:
+            eng_cfg = dataclasses.replace(eng_cfg, num_threads=threads)
+        restarts = {"max_restarts": p.actor_restarts}
+
+        engine_cls = ray.remote(EngineServer)
+        engines = [
+            engine_cls.options(
+                **actor_options(p.cpus_per_engine, p.engine_gpus, p.engine_resources, **restarts)
+            ).remote(self.spec, self.vocab, eng_cfg, cfg.tokenizer, engine_device)
+            for _ in range(p.engines)
+        ]
+        self._actors += engines
+        # Each env call holds one thread of its worker while it blocks: enough threads for every env there.
+        per_worker = math.ceil(cfg.rollout.max_concurrent_episodes / p.env_workers) + 2
+        env_cls = ray.remote(EnvHost)
+        workers = [
+            env_cls.options(
+                **actor_options(
+                    p.cpus_per_env_worker, 0, p.env_worker_resources, max_concurrency=per_worker, **restarts
+                )
+            ).remote(cfg.env)
+            for _ in range(p.env_workers)
+        ]
+        self._actors += workers
+        rank_cls = ray.remote(LearnerRank)
+        ranks = [
+            rank_cls.options(
+                **actor_options(p.cpus_per_learner_rank, p.learner_gpus, p.learner_resources, max_restarts=0)
+            ).remote(
+                r,
+                p.learner_ranks,
+                self.spec,
+                self.vocab,
+                cfg.learner,
+                threads,
+                learner_device,
+            )
+            for r in range(p.learner_ranks)
+        ]
+        self._actors += ranks
+        self.engine = EngineReplicas(engines)
+        self.env_workers = workers
+        broadcast = p.weight_transport == "broadcast"
+        self.learner = LearnerGroup(ranks, store_weights=not broadcast)
+        self.publications = {"broadcast": 0, "object_store": 0}
+        self._broadcasting = False
+        if broadcast:
+            self._open_broadcast("nccl" if p.engine_gpus and p.learner_gpus else "gloo")
+        self.controller = build_controller(
+            cfg, self.engine, RemoteEnvFactory(workers), self.template, self.tokenizer
+        )
+
+    def _open_broadcast(self, backend: str) -> None:
+        """Learner rank 0 and every engine replica form the weights group (weight_broadcast.py)."""
+        rank0, engines = self.learner.actors[0], [r.actor for r in self.engine.replicas]
+        address = ray.get(rank0.rendezvous.remote())
+        world = 1 + len(engines)
+        ray.get(
+            [rank0.open_broadcast.remote(address, world, backend)]
+            + [e.open_broadcast.remote(address, i + 1, world, backend) for i, e in enumerate(engines)]
+        )
+        self._broadcasting = True
+
+    async def _broadcast(self, version: int) -> bool:
+        """Publish ``version`` by broadcast; False (and the object store from now on) if it cannot be."""
+        if self._broadcasting and self.engine.counters["replicas_lost"] == 0:
+            try:
+                await asyncio.gather(
+                    *(a.broadcast_weights.remote() for a in self.learner.actors),
+                    *(r.actor.receive_weights.remote(version) for r in self.engine.replicas),
+                )
+                self.engine.received_broadcast(version)
+                self.publications["broadcast"] += 1
+                return True
+            except ray.exceptions.RayError as e:
+                log.warning("weight broadcast failed (%s); publishing through the object store", e)
+        if self._broadcasting:  # a replica was lost: the group's membership is gone for good
+            self._broadcasting = False
+            self.learner.store_weights = True
+            for actor in [self.learner.actors[0]] + [r.actor for r in self.engine.replicas]:
+                actor.close_broadcast.remote()
+        return False
+
+    @functools.cached_property
+    def model(self):
+        """A copy of the policy in this process, for a supervised warm start (then ``push_model_weights``)
+        and for exporting; built on first use, with the learner's current weights."""
+        model = build_model(self.spec, self.vocab)
+        model.load_state_dict(ray.get(self.learner.weights_ref()))
+        return model
+
+    def push_model_weights(self) -> None:
+        """``model`` was changed in place (a supervised warm start): the learner ranks take its weights
+        (fp32 masters included), keeping their version, and the engines sample with them."""
+        self.learner.load_weights({k: v.detach() for k, v in self.model.state_dict().items()})
+        self.engine.load_weights(*self._to_publish())
+
+    def export_model(self, out_dir: str | Path) -> Path:
+        """The learner's current weights as an HF checkpoint directory (``rz eval --checkpoint`` reads it)."""
+        from rz_agents.model.checkpoint import save_hf_checkpoint
+
+        self.model.load_state_dict(ray.get(self.learner.weights_ref()))
+        extra = tokenizer_files(self.cfg.tokenizer, self.cfg.model.checkpoint)
+        return save_hf_checkpoint(self.model, out_dir, extra_files=extra)
+
+    # ---- placement hooks (runtime/loop.py) ---------------------------------------------------------
+    async def _learner_step(self, batch: list) -> dict[str, Any]:
+        return await self.learner.step(batch)
+
+    async def _inspection_record(self, batch: list) -> dict[str, Any]:
+        return await self.learner.inspection_record(batch, self.cfg.tokenizer)
+
+    def _learner_weights(self) -> Any:
+        # None while the weights travel by broadcast and are not in the store (_send_weights copes).
+        return self.learner.cached_ref()
+
+    def _snapshot_weights(self, weights: Any) -> Any:
+        return weights  # an object in the store never changes
+
+    async def _send_weights(self, weights: Any, version: int) -> None:
+        if await self._broadcast(version):
+            return
+        if weights is None:
+            weights = await self.learner.weights_ref_async()
+        await self.engine.publish(weights, version)
+        self.publications["object_store"] += 1
+
+    def _learner_state(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+    def _load_learner_state(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state)
+
+    def _weights_to_tensors(self, weights: Any) -> dict:
+        return ray.get(weights)
+
+    def _weights_from_tensors(self, tensors: dict) -> Any:
+        return ray.put(tensors)
+
+    def _engine_progress(self) -> int:
+        return self.engine.counters["requests"] + self.engine.counters["generated_tokens"]
+
+    def _engine_step_metrics(self) -> dict[str, Any]:
+        return {
+            "engine_generated_tokens": self.engine.counters["generated_tokens"],
+            "engine_version": self.engine.version,
+            "engine_replicas_lost": self.engine.counters["replicas_lost"],
+            **{f"weights_published_by_{k}": v for k, v in self.publications.items()},
+        }
+
+    def _engine_summary(self) -> dict[str, Any]:
+        return self.engine.stats()
+
+    def close(self) -> None:
+        """Close envs and end every actor of this run (and the local Ray instance if this run started it)."""
+        controller = getattr(self, "controller", None)
+        if controller is not None:
+            controller.close()
+        for worker in getattr(self, "env_workers", []):
+            try:
+                ray.get(worker.close_all.remote(), timeout=30)
+            except Exception as e:  # a dead worker has nothing left to close
+                log.warning("env worker did not close its envs: %r", e)
+        learner = getattr(self, "learner", None)
+        if learner is not None:
+            learner.close()
+        for actor in self._actors:
+            ray.kill(actor)
+        self._actors = []
+        self._close_loop()
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False

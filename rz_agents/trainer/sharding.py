@@ -1,0 +1,130 @@
+"""Learner ranks: a batch's micro-batches spread over the ranks of a torch.distributed group, the model
+sharded with PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+The ``Learner`` runs one code for one process and for N ranks; what differs is behind ``SingleProcess`` (no
+collectives) or ``ShardedRanks`` (FSDP2). Every rank receives the whole batch, computes the same micro-batch
+plan, runs the micro-batches ``i`` with ``i % world == rank``, and the ranks then exchange their log-probs and
+per-micro-batch losses, so the metrics and the reported loss are the one-process values, bit for bit.
+
+Why lag-0 tokens stay bit-identical to the engine: FSDP2 all-gathers each layer's full parameters before
+its forward (a concatenation, exact; with a bf16 compute dtype each fp32 shard is rounded to bf16 first, the
+same rounding the one-process learner applies to its fp32 masters), and the forward runs the model's own
+op set on them. Per-sequence log-probs do not depend on which rank or which packing computes them.
+
+Why the gradients (and so the updated weights) are not bitwise those of one process: each rank sums the
+gradients of its own micro-batches, FSDP2 reduce-scatters (sums) the ranks' partial sums, and the gradient
+norm of a sharded gradient is assembled from per-shard partial sums. The same terms are added in another
+grouping, so results agree to float rounding (tests/trainer/test_trainer_sharding.py states the tolerance).
+
+gloo on CPU (torch 2.13) implements all_gather_into_tensor and reduce_scatter_tensor with SUM, but not
+ReduceOp.AVG or PREMUL_SUM, which FSDP2 uses by default to average gradients. The learner's loss is already
+normalised over the whole batch, so gradients must be summed over ranks anyway: every FSDP module gets a
+gradient divide factor of 1 with sum-only reductions (plain SUM reduce-scatter, no division).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class SingleProcess:
+    """The one-process learner: every micro-batch runs here and there is nothing to exchange."""
+
+    rank = 0
+    world = 1
+
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Prepare ``model`` for training on these ranks (here: as it is)."""
+        return model
+
+    def share(self, num_micro_batches: int) -> list[int | None]:
+        """Indices of the micro-batches this rank runs (None: an idle pass that keeps ranks in step)."""
+        return list(range(num_micro_batches))
+
+    def all_true(self, flag: bool) -> bool:
+        """True when ``flag`` holds on every rank."""
+        return flag
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        return [obj]
+
+    def full(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The whole tensor of a (possibly sharded) parameter, gradient or optimizer state."""
+        return tensor
+
+    def shard_like(self, full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """``full`` cut the way ``like`` is sharded (here: unchanged)."""
+        return full
+
+
+class ShardedRanks(SingleProcess):
+    """One rank of a learner whose model FSDP2 shards over the default torch.distributed group.
+
+    Call after ``torch.distributed.init_process_group`` (gloo on CPU, NCCL on GPU), with the same model
+    (same weights) on every rank; ``shard`` then keeps 1/world of each parameter here.
+    """
+
+    def __init__(self, device: str = "cpu") -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not dist.is_initialized():
+            raise RuntimeError("ShardedRanks needs torch.distributed.init_process_group first")
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.device = device
+        self.mesh = init_device_mesh(device, (self.world,))
+
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Shard ``model`` in place: each decoder layer is one FSDP2 unit, the root holds the embeddings,
+        final norm and LM head (tied embeddings stay one parameter). The sharded parameters are fp32 (the
+        master weights); the forward computes in the model's own dtype."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+        compute = next(model.parameters()).dtype
+        model.to(device=self.device, dtype=torch.float32)
+        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=self.mesh, mp_policy=policy)
+        fully_shard(model, mesh=self.mesh, mp_policy=policy)
+        # The LM head runs in Transformer.logits, outside forward: FSDP must see that call too.
+        register_fsdp_forward_method(model, "logits")
+        for module in model.modules():
+            if hasattr(module, "set_gradient_divide_factor"):
+                module.set_gradient_divide_factor(1.0)  # sum over ranks: the loss is normalised globally
+                module.set_force_sum_reduction_for_comms(True)  # gloo has no AVG / PREMUL_SUM
+                # MoE experts that no token of this rank reached still join the reduce-scatter.
+                module.set_reduce_scatter_unused_params(True, recurse=False)
+        return model
+
+    def share(self, num_micro_batches: int) -> list[int | None]:
+        mine: list[int | None] = list(range(self.rank, num_micro_batches, self.world))
+        per_rank = math.ceil(num_micro_batches / self.world)
+        return mine + [None] * (per_rank - len(mine))
+
+    def all_true(self, flag: bool) -> bool:
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def full(self, tensor: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+    def shard_like(self, full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        if not isinstance(like, DTensor):
+            return full.to(like.dtype)
+        # Every rank holds the same full tensor: each keeps its own chunk, nothing is sent.
+        return distribute_tensor(full.to(like.dtype), like.device_mesh, like.placements, src_data_rank=None)

@@ -1,0 +1,108 @@
+"""Blocked attention: small decode tiles, long spans, the tile-size guard, gradients."""
+
+import pytest
+import torch
+
+from rz_kernels import attention as attn
+
+
+def blocked(q, k, v, seq, pos, scale=0.25):
+    return attn.blocked_attention(q, k, v, attn.plan_blocked(seq, pos, q.shape[1], k.shape[1]), scale)
+
+
+def _case(gen, t, h=8, hkv=2, d=16, seqs=3, length=1216):
+    return (
+        torch.randn(t, h, d, generator=gen),
+        torch.randn(seqs, hkv, length, d, generator=gen),
+        torch.randn(seqs, hkv, length, d, generator=gen),
+    )
+
+
+@pytest.fixture
+def fresh_guard():
+    attn.clear_tile_verdicts()
+    yield
+    attn.clear_tile_verdicts()
+
+
+def test_long_span_decode_rows_equal_the_prefill_rows_and_a_crowded_batch():
+    # 1,200 keys: tiles past IN_PLACE_BLOCKS read K/V in place; short tiles are gathered in batches.
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = _case(gen, 1200)
+    seq = torch.zeros(1200, dtype=torch.long)
+    full = blocked(q, k, v, seq, torch.arange(1200))
+    for p in (0, 5, 1023, 1024, 1199):
+        assert torch.equal(blocked(q[p : p + 1], k, v, seq[:1], torch.tensor([p]))[0], full[p])
+    # the same rows decoded next to other sequences (short and long ones) in one call
+    crowd_q = torch.cat([q[1199:1200], torch.randn(3, 8, 16, generator=gen), q[5:6]])
+    crowd_seq = torch.tensor([0, 1, 2, 1, 0])
+    crowd_pos = torch.tensor([1199, 30, 700, 31, 5])
+    crowd = blocked(crowd_q, k, v, crowd_seq, crowd_pos)
+    assert torch.equal(crowd[0], full[1199]) and torch.equal(crowd[4], full[5])
+    chunks = torch.cat(
+        [blocked(q[i : i + 300], k, v, seq[:300], torch.arange(i, i + 300)) for i in range(0, 1200, 300)]
+    )
+    assert torch.equal(chunks, full)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(8, 8), (8, 2), (16, 1)])
+def test_decode_equals_prefill_for_any_group_size(heads, kv_heads):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = _case(gen, 140, h=heads, hkv=kv_heads, length=192)
+    seq = torch.zeros(140, dtype=torch.long)
+    full = blocked(q, k, v, seq, torch.arange(140))
+    for p in (0, 63, 64, 139):
+        assert torch.equal(blocked(q[p : p + 1], k, v, seq[:1], torch.tensor([p]))[0], full[p])
+
+
+def test_decode_tile_is_smaller_than_the_old_16_row_tile():
+    plan = attn.plan_blocked(torch.tensor([0, 1]), torch.tensor([70, 9]), 8, 4)
+    assert all(b.rows == 4 for b in plan.buckets(64))  # group 2 -> 4 rows, not 16
+
+
+def test_guard_failure_pads_every_tile_to_the_fixed_size_and_stays_invariant(monkeypatch, fresh_guard):
+    monkeypatch.setattr(attn, "_check_tile_rows", lambda d, rows: (False, [4]))
+    plan = attn.plan_blocked(torch.tensor([0]), torch.tensor([70]), 8, 4)
+    assert all(b.rows == attn.FIXED_TILE_ROWS for b in plan.buckets(16))
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = _case(gen, 100, h=8, hkv=4, length=128)
+    seq = torch.zeros(100, dtype=torch.long)
+    full = blocked(q, k, v, seq, torch.arange(100))
+    for p in (0, 64, 99):
+        assert torch.equal(blocked(q[p : p + 1], k, v, seq[:1], torch.tensor([p]))[0], full[p])
+
+
+def test_tile_guard_accepts_this_blas_from_four_rows(fresh_guard):
+    assert attn.verify_tile_rows(16, 64)
+
+
+def test_gradients_match_sdpa():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = _case(gen, 150, h=4, hkv=2, length=192)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    seq = torch.tensor([0] * 60 + [2] * 90)
+    pos = torch.cat([torch.arange(60), torch.arange(30, 120)])
+    out = blocked(q, k, v, seq, pos)
+    g = torch.randn(out.shape, generator=gen)
+    out.backward(g)
+    q2, k2, v2 = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    ref = attn.sdpa_attention(q2, k2, v2, attn.plan_sdpa(seq, pos, 4, 2), 0.25)
+    ref.backward(g)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for a, b in ((q, q2), (k, k2), (v, v2)):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_tree_sum_ignores_trailing_zero_blocks():
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 5, 3, generator=gen)
+    ref = attn._tree_sum(x)
+    for extra in (1, 3, 11):
+        padded = torch.cat([x, torch.zeros(2, extra, 3)], dim=1)
+        assert torch.equal(attn._tree_sum(padded), ref)
+    # Negative control: a sequential sum of the same blocks rounds differently somewhere.
+    y = torch.randn(64, 37, 16, generator=gen)
+    seq = y[:, 0]
+    for j in range(1, 37):
+        seq = seq + y[:, j]
+    assert not torch.equal(attn._tree_sum(y), seq)
