@@ -121,8 +121,11 @@ def open_sessions(n: int, calls: int, backend: str = "local") -> tuple[dict, lis
     }, sandboxes
 
 
-def concurrent_throughput(sandboxes: list[PythonSandbox], calls: int) -> tuple[float, float]:
-    """(calls per second, seconds) for every open session making ``calls`` calls at once."""
+def concurrent_throughput(sandboxes: list[PythonSandbox], calls: int) -> tuple[float, float, list[str]]:
+    """(calls per second, seconds, wrong results) for every open session making ``calls`` calls at once.
+
+    A call that times out or answers wrongly is counted (and its session goes on), not fatal: with
+    1,024 sessions on a loaded 2-core machine a few calls can outlast the per-call wall limit."""
     sessions = len(sandboxes)
     try:
         barrier = threading.Barrier(sessions + 1)
@@ -143,9 +146,7 @@ def concurrent_throughput(sandboxes: list[PythonSandbox], calls: int) -> tuple[f
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - start
-        if errors:
-            raise RuntimeError(f"{len(errors)} wrong results, first: {errors[0]}")
-        return sessions * calls / elapsed, elapsed
+        return sessions * calls / elapsed, elapsed, errors
     finally:
         for sb in sandboxes:
             sb.close()
@@ -197,7 +198,7 @@ def main() -> None:
     opened, sandboxes = open_sessions(
         args.sessions, args.open_calls or max(1000, 2 * args.sessions), args.backend
     )
-    rate, elapsed = concurrent_throughput(sandboxes, args.calls_per_session)
+    rate, elapsed, wrong = concurrent_throughput(sandboxes, args.calls_per_session)
     fresh = fresh_process(args.fresh)
     fresh_sb = fresh_sandbox(args.fresh, args.backend)
     result = {
@@ -208,10 +209,12 @@ def main() -> None:
         "concurrent_sessions": args.sessions,
         "concurrent_calls": args.sessions * args.calls_per_session,
         "concurrent_seconds": round(elapsed, 3),
+        "concurrent_wrong_results": len(wrong),
+        "concurrent_first_wrong": wrong[0][:300] if wrong else None,
         "fresh_process_p50_ms": round(statistics.median(fresh) * 1000, 2),
         "fresh_sandbox_p50_ms": round(statistics.median(fresh_sb) * 1000, 2),
         "cpus": os.cpu_count(),
-        "goal_met": statistics.median(warm) <= 0.020 and rate >= 100,
+        "goal_met": statistics.median(warm) <= 0.020 and rate >= 100 and not wrong,
         **opened,
         "open_goal_met": opened["open_call_p99_ms"] <= 5.0 and opened["open_sessions_alive"] == args.sessions,
         "loadavg_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
@@ -224,7 +227,7 @@ def main() -> None:
     )
     print(
         f"{args.sessions} concurrent sessions  {result['calls_per_s']:.0f} calls/s "
-        f"({result['concurrent_calls']} calls in {elapsed:.2f} s, {result['cpus']} CPUs)"
+        f"({result['concurrent_calls']} calls in {elapsed:.2f} s, {result['cpus']} CPUs; {len(wrong)} wrong or timed out)"
     )
     print(
         f"{args.sessions} sessions open: started {result['open_start_per_s']:.1f}/s, "
