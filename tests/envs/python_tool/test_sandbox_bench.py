@@ -16,3 +16,4 @@ def test_bench_json_has_required_keys_and_warm_calls_beat_fresh_processes():
     for key in ("p50_ms", "p99_ms", "calls_per_s", "fresh_process_p50_ms"):
         assert isinstance(result[key], (int, float)) and result[key] > 0
     assert result["p50_ms"] < result["fresh_process_p50_ms"]
+    assert result["concurrent_wrong_results"] == 0 and result["concurrent_first_wrong"] is None
