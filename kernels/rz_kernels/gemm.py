@@ -77,15 +77,14 @@ def _operand(form: str, weight: torch.Tensor, a: int, b: int):
     """The right-hand operand of weight rows a:b in the given form (packed weights are cached)."""
     if form == "mm":
         return weight[a:b].t()
-    if weight.is_inference() or not torch.is_inference_mode_enabled():
-        # Pack for this call only: an inference tensor has no version counter to key a cache on, and
-        # outside the engine's inference-mode step (training and scoring forwards, many rows per call)
-        # the weight may be a parameter whose storage is refilled without bumping its version counter
-        # (FSDP2 all-gathers into the same unsharded parameter every step), so a cache keyed on
-        # (data_ptr, version) would hand back last step's weights.
+    if weight.is_inference() or not _packed_cache:
+        # Pack for this call only: an inference tensor has no version counter to key a cache on, and a
+        # process whose weights are refilled without a version bump turns the cache off (FSDP2 learner
+        # ranks: every all-gather writes the same unsharded parameter's storage through another tensor,
+        # so a cache keyed on (data_ptr, version) would hand back the previous step's weights).
         return torch.ops.mkldnn._reorder_linear_weight(weight[a:b].detach().contiguous(), None)
-    # The engine's weights change only by in-place loads (copy_), which bump the version counter: packed
-    # copies live on the weight tensor, keyed by its storage and version counter, and are rebuilt when stale.
+    # Packed copies live on the weight tensor, keyed by its storage and version counter: an in-place
+    # update through the parameter (optimizer step, engine weight load) makes them stale, and they are rebuilt.
     stamp = (weight.data_ptr(), weight._version)
     cache = getattr(weight, "_rz_packed", None)
     if cache is None or cache[0] != stamp:
@@ -96,6 +95,15 @@ def _operand(form: str, weight: torch.Tensor, a: int, b: int):
         packed = torch.ops.mkldnn._reorder_linear_weight(weight[a:b].detach().contiguous(), None)
         cache[1][(a, b)] = packed
     return packed
+
+
+_packed_cache = True
+
+
+def set_packed_cache(enabled: bool) -> None:
+    """Turn the per-weight cache of packed operands on or off for this process (see `_operand`)."""
+    global _packed_cache
+    _packed_cache = enabled
 
 
 def _run(form: str, xs: torch.Tensor, operand) -> torch.Tensor:

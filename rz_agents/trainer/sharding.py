@@ -85,6 +85,11 @@ class ShardedRanks(SingleProcess):
         master weights); the forward computes in the model's own dtype."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+        from rz_kernels.gemm import set_packed_cache
+
+        # FSDP2 refills the unsharded parameters without bumping their version counters: no packed-weight
+        # cache in this process (the aligned GEMM packs per call; results are the same bits)
+        set_packed_cache(False)
         compute = next(model.parameters()).dtype
         model.to(device=self.device, dtype=torch.float32)
         policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)

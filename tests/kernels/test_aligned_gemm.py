@@ -157,21 +157,34 @@ def test_aligned_linear_gradients_match_f_linear(dtype):
 @pytest.mark.skipif("packed" not in gemm.FORMS_AVAILABLE, reason="no oneDNN packed linear in this build")
 def test_packed_form_never_uses_stale_weights_refilled_without_a_version_bump():
     # FSDP2 all-gathers each step into the same unsharded parameter, writing its storage through another
-    # tensor: the parameter's (data_ptr, version) stays the same while its values change. Training and
-    # scoring forwards (outside inference mode) must see the new values; the engine (inference mode)
-    # keeps its packed cache, which an in-place load (copy_, version bump) invalidates.
+    # tensor: the parameter's (data_ptr, version) stays the same while its values change. A process
+    # sharded with FSDP2 turns the packed cache off (ShardedRanks.shard); elsewhere an in-place load
+    # through the parameter (copy_, a version bump) invalidates the cached copy.
     gen = torch.Generator().manual_seed(0)
     w = torch.nn.Parameter(torch.randn(64, 48, generator=gen))
     x = torch.randn(8, 48, generator=gen)
     new = torch.randn(64, 48, generator=gen)
     reference = gemm.bucketed_linear(x, new.clone(), form="packed")
-    with torch.no_grad():
-        gemm.bucketed_linear(x, w, form="packed")  # a forward before the refill
+
+    def refill_without_version_bump():
         alias = torch.empty(0).set_(w.untyped_storage(), 0, w.shape, w.stride())  # own version counter
         version = w._version
         alias.copy_(new)
         assert w._version == version and torch.equal(w, new)
-        assert torch.equal(gemm.bucketed_linear(x, w, form="packed"), reference)
+
+    with torch.no_grad():
+        old = gemm.bucketed_linear(x, w, form="packed")
+        refill_without_version_bump()
+        # the negative control: with the cache on, the stale packed copy is what the GEMM uses
+        assert torch.equal(gemm.bucketed_linear(x, w, form="packed"), old)
+        w.copy_(torch.randn(64, 48, generator=gen))
+        gemm.bucketed_linear(x, w, form="packed")
+        gemm.set_packed_cache(False)
+        try:
+            refill_without_version_bump()
+            assert torch.equal(gemm.bucketed_linear(x, w, form="packed"), reference)
+        finally:
+            gemm.set_packed_cache(True)
     engine_w = torch.randn(64, 48, generator=gen)
     with torch.inference_mode():
         gemm.bucketed_linear(x, engine_w, form="packed")
