@@ -18,7 +18,12 @@ ExpertFn = Callable[[int, torch.Tensor], torch.Tensor]
 
 def route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (weights [T, k] fp32, experts [T, k]) from router logits [T, E]."""
-    probs = torch.softmax(router_logits.float(), dim=-1)
+    return top_k_of(torch.softmax(router_logits.float(), dim=-1), top_k, normalize)
+
+
+def top_k_of(probs: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, experts) of router probabilities [T, E]: stable descending top-k (ties go to the lowest
+    expert), renormalized in a fixed order when ``normalize``. Shared by every op set's ``route``."""
     sorted_probs, sorted_idx = torch.sort(probs, dim=-1, descending=True, stable=True)
     weights, experts = sorted_probs[:, :top_k], sorted_idx[:, :top_k]
     if normalize:

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rz_kernels.moe import top_k_of
 from rz_kernels.triton_ops.gemm import precision_for
 from rz_kernels.triton_ops.rowwise import silu_mul
 from rz_kernels.triton_ops.softmax import softmax
@@ -178,16 +179,8 @@ def grouped_linear(x: torch.Tensor, weights: Sequence[torch.Tensor], counts: Seq
 
 
 def route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [T, k] fp32, experts [T, k]): row softmax in Triton, stable descending top-k."""
-    probs = softmax(router_logits.float())
-    sorted_probs, sorted_idx = torch.sort(probs, dim=-1, descending=True, stable=True)
-    weights, experts = sorted_probs[:, :top_k], sorted_idx[:, :top_k]
-    if normalize:
-        total = weights[:, 0]
-        for j in range(1, top_k):  # fixed order
-            total = total + weights[:, j]
-        weights = weights / total.unsqueeze(-1)
-    return weights, experts
+    """(weights [T, k] fp32, experts [T, k]): row softmax in Triton, then the CPU op set's top-k."""
+    return top_k_of(softmax(router_logits.float()), top_k, normalize)
 
 
 def aligned_moe(
