@@ -6,7 +6,6 @@ node or the other. Small on purpose (the machine has 2 cores): 100 MB object sto
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(scope="session")
@@ -42,8 +41,5 @@ def ray_cluster():
 
 
 @pytest.fixture(autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_torch_thread(one_torch_thread):  # tests/conftest.py
     yield
-    torch.set_num_threads(before)

@@ -2,12 +2,8 @@
 are shared (2-core CI, parallel jobs), which otherwise make these tests several times slower."""
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_torch_thread(one_torch_thread):  # tests/conftest.py
     yield
-    torch.set_num_threads(before)

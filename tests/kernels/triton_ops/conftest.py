@@ -9,7 +9,6 @@ import importlib.util
 import os
 
 import pytest
-import torch
 
 os.environ["TRITON_INTERPRET"] = "1"
 
@@ -20,8 +19,5 @@ if importlib.util.find_spec("triton") is not None:
 
 
 @pytest.fixture(autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_torch_thread(one_torch_thread):  # tests/conftest.py
     yield
-    torch.set_num_threads(before)
