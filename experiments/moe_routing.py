@@ -15,6 +15,7 @@ warm-started on the demo task (trained routers have other margins than random on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -46,27 +47,25 @@ class RouteRecorder:
             layer.forward = self._wrap(layer, index)
 
     def _wrap(self, layer, index: int):
-        recorder = self
+        """The layer's own forward, with an op set whose ``route`` also records its top-k decisions."""
+        recorder, original = self, layer.forward
 
         def forward(x, ctx):
             ops = ctx.ops
-            weights, experts = ops.route(ops.linear(x, layer.gate.weight), layer.top_k, layer.normalize)
-            if recorder.enabled:
-                seqs = ctx.record_seq.tolist()
-                for s, p, e in zip(seqs, ctx.positions.tolist(), experts.tolist(), strict=True):
-                    recorder.records[(index, s, p)] = tuple(e)
-            expert_weights = tuple(
-                [getattr(mlp, n).weight for mlp in layer.experts]
-                for n in ("gate_proj", "up_proj", "down_proj")
-            )
-            return ops.moe(
-                x,
-                weights,
-                experts,
-                layer.num_experts,
-                lambda e, xe: layer.experts[e].run(xe, ops),
-                expert_weights=expert_weights,
-            )
+
+            def route(logits, top_k, normalize):
+                weights, experts = ops.route(logits, top_k, normalize)
+                if recorder.enabled:
+                    seqs = ctx.record_seq.tolist()
+                    for s, p, e in zip(seqs, ctx.positions.tolist(), experts.tolist(), strict=True):
+                        recorder.records[(index, s, p)] = tuple(e)
+                return weights, experts
+
+            ctx.ops = dataclasses.replace(ops, route=route)
+            try:
+                return original(x, ctx)
+            finally:
+                ctx.ops = ops
 
         return forward
 
