@@ -12,7 +12,8 @@ each final policy is evaluated on held-out tasks (k samples each at the training
 
 Outputs (experiments/results/lag_sweep_<task>/): <arm>-s<seed>.csv (per-step figures),
 <arm>-s<seed>.json (run summary + held-out eval), summary.json / summary.md (per arm: mean and spread
-over seeds), and docs/img/lag_sweep_<task>_*.png.
+over seeds), and docs/img/<results folder name>_curves.png / _heldout.png. ``--summarize-only`` rebuilds
+the summaries and figures from a results folder's files without training.
 """
 
 from __future__ import annotations
@@ -212,8 +213,9 @@ def summarize(task: str, out_dir: Path, window: int) -> dict[str, Any]:
         summaries = [json.loads(p.read_text()) for p in runs]
         figs = [run_figures(read_step_csv(p.with_suffix(".csv")), window) for p in runs]
         entry: dict[str, Any] = {"seeds": [s["seed"] for s in summaries]}
-        acc = [s["heldout_accuracy"] for s in summaries]
-        entry["heldout_accuracy"] = dict(zip(("mean", "std"), mean_std(acc), strict=True)) | {"per_seed": acc}
+        for key in ("heldout_accuracy", "heldout_no_answer_rate"):
+            vals = [s[key] for s in summaries]
+            entry[key] = dict(zip(("mean", "std"), mean_std(vals), strict=True)) | {"per_seed": vals}
         for key in figs[0]:
             vals = [f[key] for f in figs]
             entry[key] = dict(zip(("mean", "std"), mean_std(vals), strict=True)) | {"per_seed": vals}
@@ -227,13 +229,15 @@ def markdown_table(per_arm: dict[str, Any]) -> str:
         return "n/a" if not math.isfinite(m) else f"{m:{spec}} ± {s:{spec}}"
 
     lines = [
-        "| arm | seeds | held-out reward | train reward first → last window | IS dev peak/median | "
-        "KL k3 last/first | max IS weight | skipped steps |",
-        "|---|---|---|---|---|---|---|---|",
+        "| arm | seeds | held-out reward (per seed) | no answer | train reward first → last window | "
+        "IS dev peak/median | KL k3 last/first | max IS weight | skipped steps |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, e in per_arm.items():
+        per_seed = " / ".join(f"{v:.3f}" for v in e["heldout_accuracy"]["per_seed"])
         lines.append(
-            f"| {arm} | {len(e['seeds'])} | {fmt(e['heldout_accuracy'])} | "
+            f"| {arm} | {len(e['seeds'])} | {fmt(e['heldout_accuracy'])} ({per_seed}) | "
+            f"{fmt(e['heldout_no_answer_rate'], '.2f')} | "
             f"{fmt(e['train_reward_first'])} → {fmt(e['train_reward_last'])} | "
             f"{fmt(e['is_dev_peak_over_median'], '.2f')} | {fmt(e['kl_k3_last_over_first'], '.2f')} | "
             f"{fmt(e['is_weight_max'], '.3g')} | {fmt(e['skipped_nonfinite'], '.1f')} |"
@@ -272,10 +276,52 @@ def plot(task: str, out_dir: Path, name: str, smooth: int) -> list[Path]:
             if key != "reward_mean":
                 ax.set_yscale("log")
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"lag sweep, task {task} (mean over seeds, {smooth}-step moving average)")
+    fig.suptitle(f"{name}: task {task} (mean over seeds, {smooth}-step moving average)")
     paths.append(save_figure(fig, f"{name}_curves"))
     plt.close(fig)
+
+    # The final policies on held-out tasks: mean over seeds (bar) and every seed (dots).
+    per_arm = summarize(task, out_dir, window=1)
+    fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(per_arm), 4.0))
+    for x, (arm, e) in enumerate(per_arm.items()):
+        acc = e["heldout_accuracy"]
+        ax.bar(x, acc["mean"], color=colors[list(ARMS).index(arm) % len(colors)], alpha=0.6)
+        ax.plot([x] * len(acc["per_seed"]), acc["per_seed"], "k.", ms=7)
+    ax.set_xticks(range(len(per_arm)), list(per_arm), rotation=35, ha="right", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("held-out reward of the final policy")
+    ax.set_title(f"{name}: held-out reward (bar: mean; dots: seeds)")
+    paths.append(save_figure(fig, f"{name}_heldout"))
+    plt.close(fig)
     return paths
+
+
+def previous_commands(summary: Path) -> list[str]:
+    """The commands recorded in an existing summary.json (older files hold a single "command")."""
+    if not summary.exists():
+        return []
+    old = json.loads(summary.read_text())
+    return list(old.get("commands", [old["command"]] if "command" in old else []))
+
+
+def train_and_evaluate(args, out_dir: Path) -> list[str]:
+    """Train and evaluate every (arm, seed) not already in out_dir, args.jobs at a time; the errors."""
+    spec = TASKS[args.task]
+    # One warm start per run config (the task variants share it: it does not depend on the env's tasks).
+    warm_name = f"warm_{Path(spec['config']).stem}" + ("_quick" if args.quick else "")
+    warm = warm_start_checkpoint(args.runs, spec["config"], name=warm_name, quick=args.quick)
+    tasks_file = heldout_file(args.task, args.eval_tasks)
+    jobs = [(arm, seed) for seed in args.seeds for arm in args.arms]
+    errors = []
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(run_arm, args, args.task, a, s, warm, out_dir, tasks_file) for a, s in jobs]
+        for f in futures:
+            try:
+                f.result()
+            except Exception as e:  # one failed run does not stop the sweep; it is reported at the end
+                errors.append(str(e))
+                log(f"run failed: {e}")
+    return errors
 
 
 def main() -> int:
@@ -292,6 +338,11 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=None, help="results folder (default experiments/results/...)")
     p.add_argument("--window", type=int, default=10, help="steps in the first/last windows")
     p.add_argument("--quick", action="store_true", help="CI: 2 arms, 1 seed, 3 steps, tiny warm start")
+    p.add_argument(
+        "--summarize-only",
+        action="store_true",
+        help="rebuild summary.json / summary.md and the figures from the results folder; train nothing",
+    )
     p.add_argument("extra", nargs="*", help="more key=value overrides for every run")
     args = p.parse_args()
     name = f"lag_sweep_{args.task}"
@@ -302,27 +353,21 @@ def main() -> int:
         name += "_quick"
     out_dir = args.out or RESULTS / name
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec = TASKS[args.task]
-    # One warm start per run config (the task variants share it: it does not depend on the env's tasks).
-    warm_name = f"warm_{Path(spec['config']).stem}" + ("_quick" if args.quick else "")
-    warm = warm_start_checkpoint(args.runs, spec["config"], name=warm_name, quick=args.quick)
-    tasks_file = heldout_file(args.task, args.eval_tasks)
-    jobs = [(arm, seed) for seed in args.seeds for arm in args.arms]
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run_arm, args, args.task, a, s, warm, out_dir, tasks_file) for a, s in jobs]
-        errors = []
-        for f in futures:
-            try:
-                f.result()
-            except Exception as e:  # one failed run does not stop the sweep; it is reported at the end
-                errors.append(str(e))
-                log(f"run failed: {e}")
+    errors = [] if args.summarize_only else train_and_evaluate(args, out_dir)
     per_arm = summarize(args.task, out_dir, args.window)
+    if not per_arm:
+        print(f"no runs in {out_dir}", file=sys.stderr)
+        return 1
     table = markdown_table(per_arm)
-    write_json(out_dir / "summary.json", {"command": command_line(), "steps": args.steps, "arms": per_arm})
-    (out_dir / "summary.md").write_text(f"`{command_line()}`\n\n{table}\n")
+    # Every command that trained runs into this folder, in order (a sweep may be extended seed by seed).
+    commands = previous_commands(out_dir / "summary.json")
+    if not args.summarize_only and command_line() not in commands:
+        commands.append(command_line())
+    write_json(out_dir / "summary.json", {"commands": commands, "steps": args.steps, "arms": per_arm})
+    shown = "\n".join(f"    {c}" for c in commands)
+    (out_dir / "summary.md").write_text(f"Commands:\n\n{shown}\n\n{table}\n")
     if not args.quick:
-        plot(args.task, out_dir, name, smooth=5)
+        plot(args.task, out_dir, out_dir.name if args.out else name, smooth=5)
     print(table)
     if errors:
         print(f"{len(errors)} run(s) failed; first: {errors[0][:2000]}", file=sys.stderr)

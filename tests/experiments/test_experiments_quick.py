@@ -44,6 +44,14 @@ def test_lag_sweep_quick_trains_two_arms_evaluates_them_and_summarizes(dirs):
     # Synchronous aligned training has IS weights of exactly 1; the standard op set's do not.
     assert summary["arms"]["sync"]["is_weight_max"]["mean"] == 1.0
     assert (out / "summary.md").read_text().count("\n| ") >= 3
+    assert len(summary["commands"]) == 1 and "--quick" in summary["commands"][0]
+    # Rebuilding the summary from the files trains nothing and keeps the command that trained the runs.
+    mtime = (out / "sync-s0.json").stat().st_mtime_ns
+    _run("lag_sweep.py", dirs, "--summarize-only")
+    rebuilt = json.loads((out / "summary.json").read_text())
+    assert rebuilt["commands"] == summary["commands"]
+    assert json.dumps(rebuilt["arms"]) == json.dumps(summary["arms"])  # (NaN-safe comparison)
+    assert (out / "sync-s0.json").stat().st_mtime_ns == mtime
 
 
 def test_mismatch_quick_separates_aligned_from_standard(dirs):
