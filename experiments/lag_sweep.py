@@ -230,8 +230,8 @@ def markdown_table(per_arm: dict[str, Any]) -> str:
 
     lines = [
         "| arm | seeds | held-out reward (per seed) | no answer | train reward first → last window | "
-        "IS dev peak/median | KL k3 last/first | max IS weight | skipped steps |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "IS dev peak/median | KL k3 last window | KL k3 last/first | max IS weight | skipped steps |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, e in per_arm.items():
         per_seed = " / ".join(f"{v:.3f}" for v in e["heldout_accuracy"]["per_seed"])
@@ -239,7 +239,8 @@ def markdown_table(per_arm: dict[str, Any]) -> str:
             f"| {arm} | {len(e['seeds'])} | {fmt(e['heldout_accuracy'])} ({per_seed}) | "
             f"{fmt(e['heldout_no_answer_rate'], '.2f')} | "
             f"{fmt(e['train_reward_first'])} → {fmt(e['train_reward_last'])} | "
-            f"{fmt(e['is_dev_peak_over_median'], '.2f')} | {fmt(e['kl_k3_last_over_first'], '.2f')} | "
+            f"{fmt(e['is_dev_peak_over_median'], '.2f')} | {fmt(e['kl_k3_last'], '.3g')} | "
+            f"{fmt(e['kl_k3_last_over_first'], '.2f')} | "
             f"{fmt(e['is_weight_max'], '.3g')} | {fmt(e['skipped_nonfinite'], '.1f')} |"
         )
     return "\n".join(lines)
@@ -363,7 +364,10 @@ def main() -> int:
     commands = previous_commands(out_dir / "summary.json")
     if not args.summarize_only and command_line() not in commands:
         commands.append(command_line())
-    write_json(out_dir / "summary.json", {"commands": commands, "steps": args.steps, "arms": per_arm})
+    steps = args.steps
+    if args.summarize_only and (out_dir / "summary.json").exists():  # the trained runs' step count
+        steps = json.loads((out_dir / "summary.json").read_text()).get("steps", steps)
+    write_json(out_dir / "summary.json", {"commands": commands, "steps": steps, "arms": per_arm})
     shown = "\n".join(f"    {c}" for c in commands)
     (out_dir / "summary.md").write_text(f"Commands:\n\n{shown}\n\n{table}\n")
     if not args.quick:

@@ -49,7 +49,7 @@ def test_lag_sweep_quick_trains_two_arms_evaluates_them_and_summarizes(dirs):
     mtime = (out / "sync-s0.json").stat().st_mtime_ns
     _run("lag_sweep.py", dirs, "--summarize-only")
     rebuilt = json.loads((out / "summary.json").read_text())
-    assert rebuilt["commands"] == summary["commands"]
+    assert rebuilt["commands"] == summary["commands"] and rebuilt["steps"] == summary["steps"] == 3
     assert json.dumps(rebuilt["arms"]) == json.dumps(summary["arms"])  # (NaN-safe comparison)
     assert (out / "sync-s0.json").stat().st_mtime_ns == mtime
 
