@@ -83,15 +83,19 @@ TASKS: dict[str, dict[str, Any]] = {
     "demo": {
         "config": "configs/demo.yaml",
         "overrides": [],
+        "warm_start": [],
         "difficulty": 1,
         "max_tokens": 96,
         "max_turns": 3,
     },
-    # Harder: the same policy and warm start, trained and evaluated on three-operand arithmetic (a*b+c),
-    # where copying the expression into the call and the result into the answer is longer and rarer.
+    # Harder: the same policy, trained and evaluated on three-operand arithmetic (a*b+c), where copying
+    # the expression into the call and the result into the answer is longer and rarer. Its warm start
+    # shows that format (the demo's, shown only a+b, never calls the tool on a*b+c: reward 0, nothing
+    # to learn from).
     "demo_d2": {
         "config": "configs/demo.yaml",
         "overrides": ["env.kwargs.difficulty=2"],
+        "warm_start": ["warm_start.difficulty=2"],
         "difficulty": 2,
         "max_tokens": 96,
         "max_turns": 3,
@@ -308,9 +312,13 @@ def previous_commands(summary: Path) -> list[str]:
 def train_and_evaluate(args, out_dir: Path) -> list[str]:
     """Train and evaluate every (arm, seed) not already in out_dir, args.jobs at a time; the errors."""
     spec = TASKS[args.task]
-    # One warm start per run config (the task variants share it: it does not depend on the env's tasks).
-    warm_name = f"warm_{Path(spec['config']).stem}" + ("_quick" if args.quick else "")
-    warm = warm_start_checkpoint(args.runs, spec["config"], name=warm_name, quick=args.quick)
+    # One warm start per run config and warm-start difficulty, shared by every arm and seed.
+    warm_name = f"warm_{Path(spec['config']).stem}"
+    warm_name += f"_d{spec['difficulty']}" if spec["warm_start"] else ""
+    warm_name += "_quick" if args.quick else ""
+    warm = warm_start_checkpoint(
+        args.runs, spec["config"], overrides=spec["warm_start"], name=warm_name, quick=args.quick
+    )
     tasks_file = heldout_file(args.task, args.eval_tasks)
     jobs = [(arm, seed) for seed in args.seeds for arm in args.arms]
     errors = []
