@@ -250,7 +250,7 @@ def markdown_table(per_arm: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(task: str, out_dir: Path, name: str, smooth: int) -> list[Path]:
+def plot(task: str, out_dir: Path, name: str, smooth: int, per_arm: dict[str, Any]) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -286,7 +286,6 @@ def plot(task: str, out_dir: Path, name: str, smooth: int) -> list[Path]:
     plt.close(fig)
 
     # The final policies on held-out tasks: mean over seeds (bar) and every seed (dots).
-    per_arm = summarize(task, out_dir, window=1)
     fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(per_arm), 4.0))
     for x, (arm, e) in enumerate(per_arm.items()):
         acc = e["heldout_accuracy"]
@@ -299,14 +298,6 @@ def plot(task: str, out_dir: Path, name: str, smooth: int) -> list[Path]:
     paths.append(save_figure(fig, f"{name}_heldout"))
     plt.close(fig)
     return paths
-
-
-def previous_commands(summary: Path) -> list[str]:
-    """The commands recorded in an existing summary.json (older files hold a single "command")."""
-    if not summary.exists():
-        return []
-    old = json.loads(summary.read_text())
-    return list(old.get("commands", [old["command"]] if "command" in old else []))
 
 
 def train_and_evaluate(args, out_dir: Path) -> list[str]:
@@ -368,18 +359,18 @@ def main() -> int:
         print(f"no runs in {out_dir}", file=sys.stderr)
         return 1
     table = markdown_table(per_arm)
-    # Every command that trained runs into this folder, in order (a sweep may be extended seed by seed).
-    commands = previous_commands(out_dir / "summary.json")
+    old = json.loads((out_dir / "summary.json").read_text()) if (out_dir / "summary.json").exists() else {}
+    # Every command that trained runs into this folder, in order (a sweep may be extended seed by seed;
+    # older files hold a single "command").
+    commands = list(old.get("commands", [old["command"]] if "command" in old else []))
     if not args.summarize_only and command_line() not in commands:
         commands.append(command_line())
-    steps = args.steps
-    if args.summarize_only and (out_dir / "summary.json").exists():  # the trained runs' step count
-        steps = json.loads((out_dir / "summary.json").read_text()).get("steps", steps)
+    steps = old.get("steps", args.steps) if args.summarize_only else args.steps  # the trained runs' count
     write_json(out_dir / "summary.json", {"commands": commands, "steps": steps, "arms": per_arm})
     shown = "\n".join(f"    {c}" for c in commands)
     (out_dir / "summary.md").write_text(f"Commands:\n\n{shown}\n\n{table}\n")
     if not args.quick:
-        plot(args.task, out_dir, out_dir.name if args.out else name, smooth=5)
+        plot(args.task, out_dir, out_dir.name if args.out else name, smooth=5, per_arm=per_arm)
     print(table)
     if errors:
         print(f"{len(errors)} run(s) failed; first: {errors[0][:2000]}", file=sys.stderr)
