@@ -37,6 +37,7 @@ from pathlib import Path
 from rz_agents.envs.python_tool.limits import MiB, SandboxLimits
 from rz_agents.envs.python_tool.seccomp import user_namespace_filter
 from rz_agents.envs.python_tool.spawn import spawn
+from rz_agents.envs.python_tool.spawner import on_spawner
 from rz_agents.envs.python_tool.transport import DeadlineExceeded, Transport, WorkerGone
 from rz_agents.envs.python_tool.usage import tree_usage
 
@@ -232,7 +233,9 @@ class LocalWorker(Transport):
             os.close(fd3_write)
             child_ends.append(fd3)
         try:
-            self.proc = spawn(spec.argv, spec.env, in_read, out_write, err_write, fd3=fd3)
+            # on the process's spawner thread: --die-with-parent (and the unsandboxed worker's
+            # PR_SET_PDEATHSIG) follow the forking thread, which must live as long as the process
+            self.proc = on_spawner(spawn, spec.argv, spec.env, in_read, out_write, err_write, fd3=fd3)
         except BaseException:
             for fd in (in_write, out_read, err_read):
                 os.close(fd)
@@ -325,8 +328,8 @@ class LocalWorker(Transport):
                     pass
         if self.proc.poll() is None:
             try:
-                # the process group holds setpriv/bwrap; --die-with-parent and the pid namespace
-                # take every sandboxed process down with them
+                # the process group holds setpriv/bwrap; the pid namespace takes every sandboxed
+                # process down with bwrap
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass

@@ -296,7 +296,11 @@ def _set_rlimits(limits: dict[str, Any]) -> None:
 
 
 def _die_with_parent() -> None:
-    """Without a sandbox around us (unsandboxed mode) nothing else ties our life to the host's."""
+    """Without a sandbox around us (unsandboxed mode) nothing else ties our life to the host's.
+
+    The signal follows the host's forking *thread*: the host forks on its process-long spawner
+    thread (``spawner.py``), so this fires when the host process dies, not a thread of it.
+    """
     try:
         import ctypes
 

@@ -34,6 +34,7 @@ from rz_agents.envs.osworld.providers.home_defaults import write_home_defaults
 from rz_agents.envs.osworld.providers.wrappers import write_sudo_shim, write_vlc_wrapper
 from rz_agents.envs.osworld.relay import Relay, connect_unix, tcp_listener, unix_listener
 from rz_agents.envs.osworld.session import SessionError, atspi_problem, read_line
+from rz_agents.envs.python_tool.spawner import on_spawner
 
 MARKER = "RZ_OSWORLD_EPISODE"
 VM_HOME = sandbox.VM_HOME
@@ -265,8 +266,14 @@ class LocalProvider:
         return argv
 
     def _launch(self, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...]) -> dict:
-        """Start the session and wait for its ready line (``{"display", "port"}``)."""
-        proc = subprocess.Popen(
+        """Start the session and wait for its ready line (``{"display", "port"}``).
+
+        The fork happens on the process's spawner thread: bubblewrap's ``--die-with-parent``
+        follows the forking *thread*, so a desktop reset on a short-lived worker thread would die
+        with it; the wait for the ready line stays on the caller's thread.
+        """
+        proc = on_spawner(
+            subprocess.Popen,
             argv,
             env=env,
             cwd="/",
