@@ -32,9 +32,9 @@ def test_compare_text_file_options(tmp_path):
     assert m.compare_text_file(None, str(b)) == 0.0
 
 
-def test_url_metrics_normalise_trailing_slash_and_www():
-    tab = {"url": "https://www.Example.com/about/", "title": "About"}
-    assert m.is_expected_active_tab(tab, {"type": "url", "url": "https://example.com/about"}) == 1.0
+def test_url_metrics_normalise_host_case_www_and_a_bare_slash_path():
+    tab = {"url": "https://www.Example.com/", "title": "Home"}
+    assert m.is_expected_active_tab(tab, {"type": "url", "url": "https://example.com"}) == 1.0
     assert m.is_expected_active_tab(tab, {"type": "url", "url": "https://example.com/contact"}) == 0.0
     tabs = [{"url": "file:///b"}, {"url": "file:///a"}]
     assert m.is_expected_tabs(tabs, {"type": "url", "urls": ["file:///a", "file:///b"]}) == 1.0
@@ -64,11 +64,9 @@ def test_check_direct_json_object_exact_and_contained():
 
 
 def test_check_moved_jpgs_compares_top_level_names():
-    tree = {
-        "children": [{"name": "a.jpg", "type": "file"}, {"name": "sub", "type": "directory", "children": []}]
-    }
-    assert m.check_moved_jpgs(tree, {"expected": ["a.jpg"]}) == 1.0
-    assert m.check_moved_jpgs(tree, {"expected": ["a.jpg", "b.jpg"]}) == 0.0
+    tree = {"children": [{"name": "a.jpg", "type": "file"}, {"name": "b.jpg", "type": "file"}]}
+    assert m.check_moved_jpgs(tree, {"expected": ["b.jpg", "a.jpg"]}) == 1.0
+    assert m.check_moved_jpgs(tree, {"expected": ["a.jpg"]}) == 0.0
 
 
 def test_bookmarks_history_cookies_font_size():
@@ -81,8 +79,13 @@ def test_bookmarks_history_cookies_font_size():
     assert (
         m.is_expected_bookmarks(bm, {"type": "bookmark_bar_websites_urls", "urls": ["https://b.org/"]}) == 0.0
     )
-    assert m.check_history_deleted([("https://amazon.com/x", "t", 1)], {"keywords": ["amazon"]}) == 0.0
-    assert m.is_cookie_deleted([(0, ".amazon.com")], {"domains": ["amazon.com"]}) == 0.0
+    assert (
+        m.check_history_deleted(
+            [("https://amazon.com/x", "t", 1)], {"type": "keywords", "keywords": ["amazon"]}
+        )
+        == 0.0
+    )
+    assert m.is_cookie_deleted([(0, ".amazon.com")], {"type": "domains", "domains": [".amazon.com"]}) == 0.0
     assert m.check_font_size({"default_font_size": 20}, {"type": "range", "min": 16, "max": 24}) == 1.0
 
 

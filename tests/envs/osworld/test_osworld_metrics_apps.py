@@ -78,11 +78,14 @@ def test_saturation_green_background_triangle_and_text_position(tmp_path):
         )
         == 0.0
     )
+    # OSWorld picks the second *rarest* colour: here the yellow square (a red dot is rarer).
     canvas = np.full((50, 50, 3), 255)
     canvas[20:30, 20:30] = (250, 250, 0)
+    canvas[0, 0] = (255, 0, 0)
     assert M["check_triangle_position"](picture(tmp_path / "t.png", canvas)) == 1.0
     canvas2 = np.full((50, 50, 3), 255)
     canvas2[0:10, 0:10] = (250, 250, 0)
+    canvas2[49, 49] = (255, 0, 0)
     assert M["check_triangle_position"](picture(tmp_path / "t2.png", canvas2)) == 0.0
     text = np.full((50, 100, 3), 255)
     text[20:30, 2:40] = 0

@@ -52,7 +52,8 @@ def test_compare_pptx_files_examines_text_fonts_geometry_notes_and_count(tmp_pat
     assert M["compare_pptx_files"](moved, gold, examine_shape=False) == 1.0
     assert M["compare_pptx_files"](deck(tmp_path / "notes.pptx", notes="remember"), gold) == 0.0
     assert M["compare_pptx_files"](deck(tmp_path / "two.pptx", slides=2), gold) == 0.0
-    assert M["compare_pptx_files"](deck(tmp_path / "bg.pptx", background=(0, 0, 255)), gold) == 0.0
+    # OSWorld's background reader always yields None: a changed background passes (its quirk, kept)
+    assert M["compare_pptx_files"](deck(tmp_path / "bg.pptx", background=(0, 0, 255)), gold) == 1.0
     assert M["compare_pptx_files"](None, gold) == 0.0
     (tmp_path / "junk.pptx").write_text("junk")
     assert M["compare_pptx_files"](str(tmp_path / "junk.pptx"), gold) == 0.0

@@ -35,14 +35,12 @@ ROWS = [("Name", "Score"), ("ann", 1.00001), ("bob", 2)]
 
 def test_sheet_data_rounds_numbers_and_ignores_trailing_blanks(tmp_path):
     gold = book(tmp_path / "gold.xlsx", ROWS)
-    same = book(tmp_path / "same.xlsx", [("Name", "Score"), ("ann", 1.0), ("bob", 2.0), (None, None)])
+    same = book(tmp_path / "same.xlsx", [("Name", "Score"), ("ann", 1.00002), ("bob", 2.0), (None, None)])
     off = book(tmp_path / "off.xlsx", [("Name", "Score"), ("ann", 1.001), ("bob", 2)])
-    text = book(tmp_path / "text.xlsx", [("Name", "Score"), ("ann", 1), ("bob", "2")])
     rule = {"rules": [{"type": "sheet_data", "sheet_idx0": 0, "sheet_idx1": "EI0"}]}
     assert compare_table(same, gold, **rule) == 1.0
     assert compare_table(off, gold, **rule) == 0.0  # beyond 4 decimals
     assert compare_table(off, gold, rules=[{**rule["rules"][0], "precision": 2}]) == 1.0
-    assert compare_table(text, gold, **rule) == 0.0  # "2" is not 2
     by_name = {"rules": [{"type": "sheet_data", "sheet_idx0": "RNSheet1", "sheet_idx1": "ENSheet1"}]}
     assert compare_table(same, gold, **by_name) == 1.0
     missing = {"rules": [{"type": "sheet_data", "sheet_idx0": "RNNope", "sheet_idx1": "ENSheet1"}]}
@@ -50,6 +48,41 @@ def test_sheet_data_rounds_numbers_and_ignores_trailing_blanks(tmp_path):
     (tmp_path / "broken.xlsx").write_text("not a zip")
     assert compare_table(str(tmp_path / "broken.xlsx"), gold, **rule) == 0.0
     assert compare_table(None, gold, **rule) == 0.0
+
+
+def test_sheet_data_reads_numbers_stored_as_text_as_numbers(tmp_path):
+    # pandas.read_excel converts a column whose text is numeric: "2" is 2, so these compare equal.
+    gold = book(tmp_path / "gold.xlsx", ROWS)
+    text = book(tmp_path / "text.xlsx", [("Name", "Score"), ("ann", "1.00001"), ("bob", "2")])
+    rule = {"rules": [{"type": "sheet_data", "sheet_idx0": 0, "sheet_idx1": "EI0"}]}
+    assert compare_table(text, gold, **rule) == 1.0
+    words = book(tmp_path / "words.xlsx", [("Name", "Score"), ("ann", "1.00001"), ("bob", "two")])
+    assert compare_table(words, gold, **rule) == 0.0  # one non-number keeps the column text
+
+
+def test_sheet_data_int_column_never_equals_a_float_column(tmp_path):
+    # DataFrame.equals compares dtypes: [1, 2] (int64) vs [1.00001, 2] rounded to [1.0, 2.0] (float64).
+    ints = book(tmp_path / "ints.xlsx", [("Name", "Score"), ("ann", 1), ("bob", 2)])
+    gold = book(tmp_path / "gold.xlsx", ROWS)
+    rule = {"rules": [{"type": "sheet_data", "sheet_idx0": 0, "sheet_idx1": "EI0"}]}
+    assert compare_table(ints, gold, **rule) == 0.0
+    assert compare_table(ints, ints, **rule) == 1.0
+
+
+def test_sheet_data_missing_text_and_blank_rows_as_pandas_reads_them(tmp_path):
+    rule = {"rules": [{"type": "sheet_data", "sheet_idx0": 0, "sheet_idx1": "EI0"}]}
+    na = book(tmp_path / "na.xlsx", [("A", "B"), ("x", "N/A"), ("y", 3)])
+    blank = book(tmp_path / "blank.xlsx", [("A", "B"), ("x", None), ("y", 3)])
+    assert compare_table(na, blank, **rule) == 1.0  # "N/A" is a missing value, like an empty cell
+    one_col = book(tmp_path / "one.xlsx", [("A",), (None,), ("x",)])
+    one_col_packed = book(tmp_path / "packed.xlsx", [("A",), ("x",)])
+    assert compare_table(one_col, one_col_packed, **rule) == 1.0  # pandas skips a blank one-cell line
+    two_col = book(tmp_path / "two.xlsx", [("A", "B"), (None, None), ("x", 1)])
+    two_col_packed = book(tmp_path / "two_packed.xlsx", [("A", "B"), ("x", 1)])
+    assert compare_table(two_col, two_col_packed, **rule) == 0.0  # a wider blank row is a NaN row
+    unrounded = book(tmp_path / "obj.xlsx", [("A",), ("x",), (1.234561,)])
+    rounded = book(tmp_path / "obj2.xlsx", [("A",), ("x",), (1.23456,)])
+    assert compare_table(unrounded, rounded, **rule) == 0.0  # object columns are not rounded
 
 
 def test_sheet_name_and_sheet_print_read_the_csv_exports(tmp_path):

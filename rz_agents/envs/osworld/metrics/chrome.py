@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import urllib.parse
 from collections.abc import Callable
@@ -9,12 +10,30 @@ from typing import Any
 
 
 def normalize_url(url: str) -> str:
-    """Scheme and host lowercased, ``www.`` and a trailing ``/`` dropped, so equal pages compare equal."""
-    parsed = urllib.parse.urlparse(url.strip())
-    host = (parsed.hostname or "").lower().removeprefix("www.")
-    netloc = host + (f":{parsed.port}" if parsed.port else "")
-    path = parsed.path.rstrip("/")
-    return urllib.parse.urlunparse((parsed.scheme.lower(), netloc, path, "", parsed.query, parsed.fragment))
+    """OSWorld's URL normalisation (``compare_urls`` of its metrics' utils).
+
+    The scheme defaults to ``http`` and is lowercased; the network location is lowercased with
+    every ``www.`` removed (anywhere in it, as OSWorld's ``str.replace``); a path of exactly ``/``
+    becomes empty. Nothing else changes: ``/about/`` and ``/about`` differ, queries and fragments
+    count, and a bare host (``example.com``, no scheme) parses as a path. Kept as OSWorld has it so
+    scores are comparable with its leaderboard.
+    """
+    parsed = urllib.parse.urlparse(url)
+    path = "" if parsed.path == "/" else parsed.path
+    return urllib.parse.urlunparse(
+        parsed._replace(
+            scheme=(parsed.scheme or "http").lower(),
+            netloc=parsed.netloc.lower().replace("www.", ""),
+            path=path,
+        )
+    )
+
+
+def compare_urls(url1: str | None, url2: str | None) -> bool:
+    """Equal after ``normalize_url``; a missing URL equals only another missing one."""
+    if url1 is None or url2 is None:
+        return url1 == url2
+    return normalize_url(url1) == normalize_url(url2)
 
 
 def _url_of(tab: Any) -> str | None:
@@ -24,22 +43,29 @@ def _url_of(tab: Any) -> str | None:
 
 
 def is_expected_active_tab(active_tab_info: Any, rule: dict[str, Any], **_: Any) -> float:
-    """1 when the active tab shows ``rule["url"]`` (``rule["type"] == "url"``)."""
-    actual = _url_of(active_tab_info)
-    if actual is None or rule.get("type", "url") != "url":
+    """1 when the active tab (its info dict or its URL) shows ``rule["url"]`` (``compare_urls``).
+
+    Only ``rule["type"] == "url"`` exists; any other type scores 0, as in OSWorld.
+    """
+    if not active_tab_info or rule["type"] != "url":
         return 0.0
-    return float(normalize_url(actual) == normalize_url(rule["url"]))
+    actual = active_tab_info.get("url") if isinstance(active_tab_info, dict) else active_tab_info
+    return float(compare_urls(rule["url"], actual))
 
 
 def is_expected_tabs(open_tabs: Any, rule: dict[str, Any], **_: Any) -> float:
-    """1 when the open tabs' URLs are exactly ``rule["urls"]`` (as a multiset).
+    """1 when there are as many open tabs as ``rule["urls"]`` and each expected URL matches some tab.
 
-    Order is ignored, as in OSWorld: CDP lists targets in no guaranteed tab-strip order.
+    OSWorld's ``are_lists_equal``: lengths equal and every expected URL found among the tabs, so
+    order is ignored and duplicates are not counted (``[a, a]`` matches tabs ``[a, b]``).
     """
-    if not open_tabs or rule.get("type", "url") != "url":
+    if rule["type"] != "url":
         return 0.0
-    actual = sorted(normalize_url(_url_of(t) or "") for t in open_tabs)
-    return float(actual == sorted(normalize_url(u) for u in rule["urls"]))
+    actual = [tab["url"] for tab in open_tabs]  # no tabs (None) raises: the evaluator scores 0
+    expected = rule["urls"]
+    if len(actual) != len(expected):
+        return 0.0
+    return float(all(any(compare_urls(e, a) for a in actual) for e in expected))
 
 
 def is_expected_url_pattern_match(result: Any, rules: dict[str, Any], **_: Any) -> float:
@@ -50,63 +76,90 @@ def is_expected_url_pattern_match(result: Any, rules: dict[str, Any], **_: Any) 
     return float(all(re.search(p, url) for p in rules["expected"]))
 
 
-def _bookmark_bar(bookmarks: Any) -> list[dict[str, Any]]:
-    if not isinstance(bookmarks, dict):
-        return []
-    return bookmarks.get("bookmark_bar", {}).get("children", [])
+def _bookmark_bar(bookmarks: dict[str, Any]) -> list[dict[str, Any]]:
+    return bookmarks["bookmark_bar"]["children"]
 
 
 def is_expected_bookmarks(bookmarks: Any, rule: dict[str, Any], **_: Any) -> float:
-    """Bookmark bar checks: folder names (``bookmark_bar_folders_names``) or site URLs."""
-    bar = _bookmark_bar(bookmarks)
-    if rule["type"] == "bookmark_bar_folders_names":
-        return float({b["name"] for b in bar if b.get("type") == "folder"} == set(rule["names"]))
-    if rule["type"] == "bookmark_bar_websites_urls":
-        return float({b["url"] for b in bar if b.get("type") == "url"} == set(rule["urls"]))
-    raise ValueError(f"is_expected_bookmarks: rule type {rule['type']!r} not supported")
+    """Bookmark bar checks: folder names, site URLs (as sets), or a ``Liked Authors`` folder.
+
+    ``liked_authors_websites_urls``: the folder's URLs equal (as a set) one choice per entry of
+    ``rule["urls"]`` (an entry is a URL or a list of acceptable URLs).
+    """
+    if not bookmarks:
+        return 0.0
+    kind = rule["type"]
+    if kind == "bookmark_bar_folders_names":
+        return float(
+            {b["name"] for b in _bookmark_bar(bookmarks) if b["type"] == "folder"} == set(rule["names"])
+        )
+    if kind == "bookmark_bar_websites_urls":
+        return float({b["url"] for b in _bookmark_bar(bookmarks) if b["type"] == "url"} == set(rule["urls"]))
+    if kind == "liked_authors_websites_urls":
+        folder = next(
+            (b for b in _bookmark_bar(bookmarks) if b["type"] == "folder" and b["name"] == "Liked Authors"),
+            None,
+        )
+        if folder is None:
+            return 0.0
+        urls = {b["url"] for b in folder["children"] if b["type"] == "url"}
+        choices = [[u] if isinstance(u, str) else list(u) for u in rule["urls"]]
+        return float(any(set(combo) == urls for combo in itertools.product(*choices)))
+    raise ValueError(f"is_expected_bookmarks: rule type {kind!r} not supported")
 
 
 def check_font_size(font_size: Any, rule: dict[str, Any], **_: Any) -> float:
     """The default font size equals ``rule["value"]`` or lies strictly inside ``(min, max)``."""
-    if not isinstance(font_size, dict):
-        return 0.0
-    size = font_size.get("default_font_size")
+    size = font_size["default_font_size"]
     if rule["type"] == "value":
         return float(size == rule["value"])
-    return float(rule["min"] < size < rule["max"])
+    if rule["type"] == "range":
+        return float(rule["min"] < size < rule["max"])
+    raise ValueError(f"check_font_size: rule type {rule['type']!r} not supported")
 
 
 def check_enabled_experiments(enabled_experiments: Any, rule: dict[str, Any], **_: Any) -> float:
-    """1 when the enabled ``chrome://flags`` entries are exactly ``rule["names"]``."""
-    if enabled_experiments is None:
-        return 0.0
-    names = {e.split("@")[0] for e in enabled_experiments}
-    return float(names == set(rule["names"]))
+    """1 when the enabled ``chrome://flags`` names (``@<option>`` dropped) equal ``rule["names"]``.
+
+    Compared as lists, in order, as OSWorld does: the same flags in another order score 0.
+    """
+    if rule["type"] != "names":
+        raise ValueError(f"check_enabled_experiments: rule type {rule['type']!r} not supported")
+    names = [e.split("@")[0] for e in enabled_experiments]  # None raises: the evaluator scores 0
+    return float(names == list(rule["names"]))
 
 
 def is_shortcut_on_desktop(shortcuts: Any, rule: dict[str, Any], **_: Any) -> float:
-    """1 when a Desktop launcher has ``Name=<name>`` (type ``name``) or ``Exec=<exec>`` (type ``exec``)."""
-    if not shortcuts:
-        return 0.0
-    key = {"name": "Name=", "exec": "Exec="}.get(rule["type"])
-    if key is None:
+    """1 when some Desktop launcher's text contains ``Name=<name>`` followed by a newline.
+
+    OSWorld's substring test: a last line without its newline does not count, and
+    ``GenericName=<name>`` does. Only the ``name`` rule exists (``url``/``id`` raise, as there).
+    """
+    if rule["type"] != "name":
         raise ValueError(f"is_shortcut_on_desktop: rule type {rule['type']!r} not supported")
-    want = key + rule[rule["type"]]
-    return float(any(want in content.splitlines() for content in shortcuts.values()))
+    want = "Name=" + rule["name"] + "\n"
+    return float(any(want in content for content in shortcuts.values()))
 
 
 def check_history_deleted(history: Any, rule: dict[str, Any], **_: Any) -> float:
-    """1 when no history URL contains any of ``rule["keywords"]``."""
-    if history is None:
-        return 1.0  # no History database: nothing was kept
+    """1 when no history URL contains any of ``rule["keywords"]`` (no database raises: scored 0)."""
+    if rule["type"] != "keywords":
+        raise ValueError(f"check_history_deleted: rule type {rule['type']!r} not supported")
     return float(not any(kw in row[0] for row in history for kw in rule["keywords"]))
 
 
 def is_cookie_deleted(cookie_data: Any, rule: dict[str, Any], **_: Any) -> float:
-    """1 when no cookie's host ends with one of ``rule["domains"]``."""
-    if cookie_data is None:
-        return 1.0
-    return float(not any(str(row[1]).endswith(d) for row in cookie_data for d in rule["domains"]))
+    """1 when no cookie's host equals (``compare_urls``) one of ``rule["domains"]``.
+
+    OSWorld compares hosts whole, not by suffix (a scheme-less host parses as a path, so not even
+    ``www.`` is dropped): with ``domains: [".amazon.com"]`` cookies of ``amazon.com``,
+    ``www.amazon.com`` or ``.smile.amazon.com`` do not count, and the task passes while they remain.
+    Arguably wrong; kept for leaderboard comparability.
+    """
+    if rule["type"] != "domains":
+        raise ValueError(f"is_cookie_deleted: rule type {rule['type']!r} not supported")
+    hosts = [row[1] for row in cookie_data]  # no database (None) raises: the evaluator scores 0
+    return float(not any(compare_urls(d, h) for d in rule["domains"] for h in hosts))
 
 
 METRICS: dict[str, Callable[..., float]] = {

@@ -17,11 +17,31 @@ from typing import Any
 from rz_agents.envs.osworld.metrics.rules import match_record, match_value_to_rule
 
 
+def lcs_length(a: str, b: str) -> int:
+    """Length of the longest common subsequence (bit-parallel, Hyyrö 2004)."""
+    if len(a) < len(b):
+        a, b = b, a
+    if not b:
+        return 0
+    masks: dict[str, int] = {}
+    for i, ch in enumerate(a):
+        masks[ch] = masks.get(ch, 0) | (1 << i)
+    full = (1 << len(a)) - 1
+    v = full
+    for ch in b:
+        u = v & masks.get(ch, 0)
+        v = ((v + u) | (v - u)) & full
+    return len(a) - bin(v).count("1")
+
+
 def fuzz_ratio(a: str, b: str) -> float:
-    """Similarity of two strings in [0, 100] (2 * matches / total length, as rapidfuzz's ``ratio``)."""
+    """rapidfuzz's ``fuzz.ratio``: 100 * 2 * LCS / total length (100 for two empty strings).
+
+    The normalised Indel similarity, computed exactly (difflib's ratio is a heuristic that can differ).
+    """
     if not a and not b:
         return 100.0
-    return 100.0 * difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+    return 100.0 * 2 * lcs_length(a, b) / (len(a) + len(b))
 
 
 def exact_match(result: Any, rules: dict[str, Any], **_: Any) -> float:
@@ -294,11 +314,14 @@ def check_accessibility_tree(result: str | None, rules: list[dict[str, Any]], **
 
 
 def check_moved_jpgs(directory_list: Any, rule: dict[str, Any], **_: Any) -> float:
-    """1 when the directory holds exactly the expected file names (top level)."""
-    if not isinstance(directory_list, dict):
-        return 0.0
-    names = {c["name"] for c in directory_list.get("children", []) if c.get("type") == "file"}
-    return float(names == set(rule["expected"]))
+    """1 when the directory's entries (files and folders alike) are exactly the expected names.
+
+    As OSWorld: every child counts, so an extra subdirectory fails the task, and the counts must
+    match too (an expected list with a repeated name never passes).
+    """
+    names = [child["name"] for child in directory_list["children"]]  # None raises: scored 0
+    expected = rule["expected"]
+    return float(len(names) == len(expected) and set(names) == set(expected))
 
 
 METRICS: dict[str, Callable[..., float]] = {

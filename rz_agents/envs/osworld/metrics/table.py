@@ -111,7 +111,7 @@ def _check_rule(books: Books, r: dict[str, Any]) -> bool:
         s1, s2 = books.sheet(r["sheet_idx0"], True), books.sheet(r["sheet_idx1"], True)
         if s1 is None or s2 is None:
             return False
-        return xlsx.grids_equal(xlsx.value_grid(s1), xlsx.value_grid(s2), int(r.get("precision", 4)))
+        return xlsx.frames_equal(xlsx.sheet_frame(s1), xlsx.sheet_frame(s2), int(r.get("precision", 4)))
     if kind == "sheet_print":
         (w1, n1), (w2, n2) = books.resolve(r["sheet_idx0"]), books.resolve(r["sheet_idx1"])
         l1, l2 = xlsx.csv_lines(books.paths[w1], n1), xlsx.csv_lines(books.paths[w2], n2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import posixpath
+import re
 import zipfile
 from typing import Any
 from xml.etree import ElementTree as ET
@@ -87,38 +88,132 @@ def raw_cell_values(path: str, sheet_name: str) -> dict[str, Any]:
 # --- the value grid, as pandas.read_excel sees a sheet -----------------------------------------
 
 
-def value_grid(ws: Any) -> list[list[Any]]:
-    """Rows of cached values with trailing empty cells and rows dropped, padded to one width.
+NA = float("nan")
+# pandas' default ``na_values``: text read as missing.
+NA_STRINGS = frozenset(
+    ["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>", "N/A",
+     "NA", "NULL", "NaN", "None", "n/a", "nan", "null"]
+)  # fmt: skip
+TRUE_STRINGS, FALSE_STRINGS = frozenset(["True", "TRUE", "true"]), frozenset(["False", "FALSE", "false"])
+INT_TEXT = re.compile(r"^\s*[+-]?\d+\s*$")
 
-    This is the table ``pandas.read_excel`` builds (header row included); integral floats become
-    ints, as pandas' reader makes them.
+
+def value_grid(ws: Any) -> list[list[Any]]:
+    """Rows of cached values as pandas' openpyxl reader returns them (before parsing).
+
+    Empty cells are ``""``, error cells NaN, integral floats ints; trailing empty cells and rows
+    dropped, rows padded with ``""`` to one width.
     """
     rows: list[list[Any]] = []
-    for row in ws.iter_rows(values_only=True):
-        values = [int(v) if isinstance(v, float) and v.is_integer() else v for v in row]
-        values = ["" if v is None else v for v in values]
+    last = -1
+    for i, row in enumerate(ws.iter_rows()):
+        values = []
+        for cell in row:
+            v = cell.value
+            if v is None:
+                v = ""
+            elif cell.data_type == "e":
+                v = NA
+            elif isinstance(v, float) and v.is_integer():
+                v = int(v)
+            values.append(v)
         while values and values[-1] == "":
             values.pop()
+        if values:
+            last = i
         rows.append(values)
-    while rows and not rows[-1]:
-        rows.pop()
+    rows = rows[: last + 1]
     width = max((len(r) for r in rows), default=0)
     return [r + [""] * (width - len(r)) for r in rows]
 
 
-def grids_equal(a: list[list[Any]], b: list[list[Any]], precision: int) -> bool:
-    """Cell-wise equality with numbers rounded to ``precision`` decimals (empty equals empty)."""
-    if len(a) != len(b) or any(len(x) != len(y) for x, y in zip(a, b, strict=True)):
-        return False
+def _is_na(v: Any) -> bool:
+    return isinstance(v, float) and v != v
 
-    def norm(v: Any) -> Any:
+
+def _column(values: list[Any]) -> tuple[str, list[Any]]:
+    """A data column as ``pandas`` types it: ``(kind, values)``, kind int/float/bool/object.
+
+    Text that is a number becomes that number, pandas' ``maybe_convert_numeric``: a column of
+    ``"1"`` (number stored as text) and ``2`` is the integers ``[1, 2]``. Missing text (``NA_STRINGS``)
+    is NaN; a column with a NaN is float. Otherwise all-``True``/``False`` (or their text) is bool,
+    and anything else stays object (its missing text NaN, its numbers as they are).
+    """
+    values = [NA if isinstance(v, str) and v in NA_STRINGS else v for v in values]
+    nums: list[Any] = []
+    for v in values:
         if isinstance(v, bool):
-            return v
+            break
         if isinstance(v, (int, float)):
-            return round(float(v), precision)
-        return v
+            nums.append(v)
+        elif isinstance(v, str):
+            if "_" in v:
+                break
+            try:
+                nums.append(int(v) if INT_TEXT.match(v) else float(v))
+            except ValueError:
+                break
+        else:
+            break
+    else:
+        if all(isinstance(v, int) for v in nums) and nums:
+            return "int", nums
+        return "float", [float(v) for v in nums]
+    if all(v is True or v is False or v in TRUE_STRINGS or v in FALSE_STRINGS for v in values):
+        return "bool", [v is True or v in TRUE_STRINGS for v in values]
+    return "object", values
 
-    return all(norm(x) == norm(y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
+
+def _header(row: list[Any]) -> list[Any]:
+    """Column names from the header row: ``Unnamed: i`` for empty cells, ``name.1`` for repeats."""
+    names: list[Any] = []
+    seen: dict[Any, int] = {}
+    for i, v in enumerate(row):
+        name = f"Unnamed: {i}" if v == "" else v
+        n = seen.get(name, 0)
+        seen[name] = n + 1
+        names.append(f"{name}.{n}" if n else name)
+    return names
+
+
+def sheet_frame(ws: Any) -> tuple[list[Any], list[tuple[str, list[Any]]]]:
+    """The sheet as ``pandas.read_excel(book, sheet)`` sees it: column names and typed columns.
+
+    The first row is the header; one-column sheets lose their blank rows (pandas' parser skips
+    a line holding one empty string, not a wider row of them).
+    """
+    grid = [r for r in value_grid(ws) if not (len(r) == 1 and isinstance(r[0], str) and not r[0].strip())]
+    if not grid:
+        return [], []
+    names, body = _header(grid[0]), grid[1:]
+    return names, [_column([row[j] for row in body]) for j in range(len(names))]
+
+
+def frames_equal(a: Any, b: Any, precision: int) -> bool:
+    """``DataFrame.round(precision).equals``: names, row count, each column's type and values.
+
+    Only int/float columns are rounded (an object column's 1.23456 is not), with numpy's
+    rounding; an int column never equals a float one (``[1, 2]`` vs ``[1.0, 2.0000001]``);
+    NaN equals NaN. Object columns compare with ``==`` (``1 == 1.0``).
+    """
+    import numpy as np
+
+    (names1, cols1), (names2, cols2) = a, b
+    if len(names1) != len(names2) or any(not _same(x, y) for x, y in zip(names1, names2, strict=True)):
+        return False
+    for (k1, v1), (k2, v2) in zip(cols1, cols2, strict=True):
+        if k1 != k2 or len(v1) != len(v2):
+            return False
+        if k1 == "float":
+            v1 = np.round(np.array(v1, dtype=float), precision).tolist()
+            v2 = np.round(np.array(v2, dtype=float), precision).tolist()
+        if any(not _same(x, y) for x, y in zip(v1, v2, strict=True)):
+            return False
+    return True
+
+
+def _same(x: Any, y: Any) -> bool:
+    return (_is_na(x) and _is_na(y)) or x == y
 
 
 def csv_lines(book_path: str, sheet_name: str) -> list[str] | None:

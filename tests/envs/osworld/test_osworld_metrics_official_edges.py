@@ -1,0 +1,169 @@
+"""The edge cases where OSWorld's metrics (commit 8942695) decide differently from a "fixed" reading.
+
+Each case is built from a branch of the official function; the score is the one that function
+gives (arguably wrong ones included: a leaderboard-comparable score reproduces them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+from pptx import Presentation
+from pptx.dml.color import RGBColor
+from pptx.enum.text import PP_ALIGN
+from pptx.util import Inches
+
+from rz_agents.envs.osworld.metrics import METRICS
+from rz_agents.envs.osworld.metrics.chrome import compare_urls
+
+M = METRICS
+
+
+# --- URLs (compare_urls) ---------------------------------------------------------------------
+
+
+def test_compare_urls_keeps_a_trailing_slash_on_a_longer_path():
+    assert compare_urls("https://a.org/about/", "https://a.org/about") is False
+    assert compare_urls("https://a.org/", "https://a.org") is True
+
+
+def test_compare_urls_drops_www_anywhere_in_the_host_and_defaults_the_scheme():
+    assert compare_urls("https://awww.x.org", "https://ax.org") is True  # str.replace, not a prefix
+    assert compare_urls("HTTPS://WWW.A.ORG/P", "https://a.org/P") is True
+    assert compare_urls("https://a.org/P", "https://a.org/p") is False  # paths keep their case
+    assert compare_urls(None, None) is True and compare_urls(None, "x") is False
+
+
+def test_is_expected_active_tab_takes_a_url_string_and_rejects_other_rule_types():
+    rule = {"type": "url", "url": "https://a.org/x"}
+    assert M["is_expected_active_tab"]("https://www.a.org/x", rule) == 1.0
+    assert M["is_expected_active_tab"]({"url": "https://a.org/x/"}, rule) == 0.0
+    assert M["is_expected_active_tab"]({"url": "https://a.org/x?q=1"}, rule) == 0.0
+    assert M["is_expected_active_tab"]({"url": "https://a.org/x"}, {"type": "title", "url": "x"}) == 0.0
+    assert M["is_expected_active_tab"](None, rule) == 0.0
+
+
+def test_is_expected_tabs_needs_equal_counts_but_not_a_multiset():
+    rule = {"type": "url", "urls": ["https://a.org", "https://a.org"]}
+    assert M["is_expected_tabs"]([{"url": "https://a.org/"}, {"url": "https://b.org"}], rule) == 1.0
+    assert M["is_expected_tabs"]([{"url": "https://a.org/"}], rule) == 0.0
+
+
+# --- cookies, shortcuts, flags ----------------------------------------------------------------
+
+
+def test_is_cookie_deleted_matches_whole_hosts_not_subdomains():
+    rule = {"type": "domains", "domains": [".amazon.com"]}
+    assert M["is_cookie_deleted"]([(1, ".amazon.com")], rule) == 0.0
+    # subdomain and bare-host cookies remain, yet OSWorld scores the task as done
+    assert (
+        M["is_cookie_deleted"]([(1, ".smile.amazon.com"), (2, "www.amazon.com"), (3, "amazon.com")], rule)
+        == 1.0
+    )
+    with pytest.raises(TypeError):
+        M["is_cookie_deleted"](None, rule)  # no Cookies database: the evaluator scores the error 0
+
+
+def test_is_shortcut_on_desktop_is_a_substring_test_that_needs_the_newline():
+    rule = {"type": "name", "name": "2048"}
+    assert M["is_shortcut_on_desktop"]({"a.desktop": "[Desktop Entry]\nName=2048\nExec=x\n"}, rule) == 1.0
+    assert M["is_shortcut_on_desktop"]({"a.desktop": "[Desktop Entry]\nExec=x\nName=2048"}, rule) == 0.0
+    assert M["is_shortcut_on_desktop"]({"a.desktop": "GenericName=2048\n"}, rule) == 1.0
+    assert M["is_shortcut_on_desktop"]({}, rule) == 0.0
+    with pytest.raises(ValueError):
+        M["is_shortcut_on_desktop"]({"a": "Exec=x\n"}, {"type": "exec", "exec": "x"})
+
+
+def test_check_enabled_experiments_compares_names_in_order():
+    rule = {"type": "names", "names": ["a", "b"]}
+    assert M["check_enabled_experiments"](["a@1", "b"], rule) == 1.0
+    assert M["check_enabled_experiments"](["b", "a@1"], rule) == 0.0
+    assert M["check_enabled_experiments"](["a", "b", "c"], rule) == 0.0
+
+
+# --- files and images ---------------------------------------------------------------------------
+
+
+def test_check_moved_jpgs_counts_subdirectories():
+    rule = {"expected": ["a.jpg"]}
+    tree = {"children": [{"name": "a.jpg", "type": "file"}, {"name": "sub", "type": "directory"}]}
+    assert M["check_moved_jpgs"](tree, rule) == 0.0
+    assert M["check_moved_jpgs"]({"children": [{"name": "a.jpg", "type": "file"}]}, rule) == 1.0
+    assert M["check_moved_jpgs"]({"children": [{"name": "a.jpg"}]}, {"expected": ["a.jpg", "a.jpg"]}) == 0.0
+
+
+def _png(path, array):
+    Image.fromarray(np.asarray(array, dtype=np.uint8)).save(path)
+    return str(path)
+
+
+def test_check_triangle_position_with_two_colours_picks_the_background(tmp_path):
+    img = np.full((60, 60, 3), 255)
+    img[0:12, 0:12] = (0, 0, 255)  # an off-centre square; the background's centroid is still central
+    assert M["check_triangle_position"](_png(tmp_path / "a.png", img)) == 1.0
+
+
+def test_check_triangle_position_keeps_the_alpha_channel(tmp_path):
+    img = np.zeros((60, 60, 4))
+    img[..., 3] = 255
+    img[0:10, 0:10] = (0, 0, 0, 128)  # off-centre; same RGB as the background, told apart by alpha only
+    img[59, 59] = (9, 9, 9, 255)
+    assert M["check_triangle_position"](_png(tmp_path / "a.png", img)) == 0.0
+    grey = tmp_path / "g.png"
+    Image.new("L", (10, 10)).save(grey)
+    with pytest.raises(ValueError):
+        M["check_triangle_position"](str(grey))
+
+
+# --- compare_pptx_files ---------------------------------------------------------------------------
+
+
+def _deck(path, extra_picture=None, extra_text=False, colour=None, align=None, bold=None):
+    prs = Presentation()
+    slide = prs.slides.add_slide(prs.slide_layouts[6])
+    box = slide.shapes.add_textbox(Inches(1), Inches(1), Inches(4), Inches(1))
+    para = box.text_frame.paragraphs[0]
+    para.alignment = align
+    run = para.add_run()
+    run.text = "Hello"
+    run.font.bold = bold
+    if colour:
+        run.font.color.rgb = RGBColor(*colour)
+    if extra_text:
+        slide.shapes.add_textbox(Inches(1), Inches(3), Inches(4), Inches(1)).text_frame.text = "More"
+    if extra_picture:
+        slide.shapes.add_picture(extra_picture, Inches(5), Inches(3))
+    prs.save(path)
+    return str(path)
+
+
+def test_compare_pptx_files_ignores_an_extra_picture_but_not_an_extra_text_box(tmp_path):
+    pic = _png(tmp_path / "p.png", np.zeros((8, 8, 3)))
+    gold = _deck(tmp_path / "gold.pptx")
+    assert M["compare_pptx_files"](_deck(tmp_path / "pic.pptx", extra_picture=pic), gold) == 1.0
+    assert M["compare_pptx_files"](_deck(tmp_path / "txt.pptx", extra_text=True), gold) == 0.0  # via bullets
+    no_bullets = _deck(tmp_path / "txt2.pptx", extra_text=True)
+    assert M["compare_pptx_files"](no_bullets, gold, examine_bullets=False) == 1.0
+
+
+def test_compare_pptx_files_colour_set_on_one_side_only_is_not_compared(tmp_path):
+    gold = _deck(tmp_path / "gold.pptx")
+    assert M["compare_pptx_files"](_deck(tmp_path / "red.pptx", colour=(255, 0, 0)), gold) == 1.0
+    red = _deck(tmp_path / "red2.pptx", colour=(255, 0, 0))
+    assert M["compare_pptx_files"](_deck(tmp_path / "blue.pptx", colour=(0, 0, 255)), red) == 0.0
+
+
+def test_compare_pptx_files_inherited_values_differ_from_explicit_defaults(tmp_path):
+    gold = _deck(tmp_path / "gold.pptx")
+    assert M["compare_pptx_files"](_deck(tmp_path / "left.pptx", align=PP_ALIGN.LEFT), gold) == 0.0
+    assert M["compare_pptx_files"](_deck(tmp_path / "notbold.pptx", bold=False), gold) == 0.0
+
+
+def test_compare_pptx_files_compares_geometry_exactly(tmp_path):
+    gold = _deck(tmp_path / "gold.pptx")
+    prs = Presentation(gold)
+    prs.slides[0].shapes[0].left += 1  # one EMU
+    prs.save(tmp_path / "nudged.pptx")
+    assert M["compare_pptx_files"](str(tmp_path / "nudged.pptx"), gold) == 0.0
+    assert M["compare_pptx_files"](str(tmp_path / "nudged.pptx"), gold, examine_shape=False) == 1.0
