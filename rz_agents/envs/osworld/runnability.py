@@ -18,7 +18,7 @@ from typing import Any
 
 from rz_agents.envs.osworld.cache import is_local_url, missing_inputs
 from rz_agents.envs.osworld.getters import GETTERS, UNAVAILABLE
-from rz_agents.envs.osworld.metrics import METRICS, SPECIAL_METRICS, option_problem
+from rz_agents.envs.osworld.metrics import METRICS, SPECIAL_METRICS, blocker, option_problem
 from rz_agents.envs.osworld.setup_steps import STEPS
 from rz_agents.envs.osworld.task import Task, TaskFormatError, load_tasks
 
@@ -161,6 +161,9 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
                 problem = option_problem(name, ev.options[i] if i < len(ev.options) else {})
                 if problem:
                     add("metric option not implemented", f"{name}: {problem}")
+                missing = blocker(name)
+                if missing:
+                    add("metric needs a library or tool not here", f"{name}: {missing}")
         for getter in [*ev.results, *ev.expected]:
             if not getter:
                 continue

@@ -92,7 +92,8 @@ def test_missing_app_step_getter_metric_are_each_named():
     assert _categories(_task(apps=["gimp"])) == (["app not installed"] if not shutil.which("gimp") else [])
     assert _categories(_task([{"type": "googledrive", "parameters": {}}])) == ["setup step not implemented"]
     assert _categories(_task(result={"type": "pdf_from_url"})) == ["getter not implemented"]
-    assert _categories(_task(func="compare_audios")) == ["metric not implemented"]
+    assert _categories(_task(func="no_such_metric")) == ["metric not implemented"]
+    assert _categories(_task(func="compare_audios")) == ["metric needs a library or tool not here"]
     bad_rule = _task(func="compare_table", options={"rules": [{"type": "sheet_magic"}]})
     assert _categories(bad_rule) == ["metric option not implemented"]
     assert _categories(_task(result={"type": "vm_terminal_output"})) == ["getter unavailable here"]

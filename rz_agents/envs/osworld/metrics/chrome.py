@@ -162,6 +162,83 @@ def is_cookie_deleted(cookie_data: Any, rule: dict[str, Any], **_: Any) -> float
     return float(not any(compare_urls(d, h) for d in rule["domains"] for h in hosts))
 
 
+def is_expected_installed_extensions(installed_extensions: Any, expected: dict[str, Any], **_: Any) -> float:
+    """1 when every expected extension name is among the installed ones (a subset test)."""
+    return float(set(expected["expected"]) <= set(installed_extensions))
+
+
+def is_expected_search_query(active_tab_info: Any, rules: dict[str, Any], **_: Any) -> float:
+    """1 when the active tab's URL matches ``rules["expect"]["pattern"]`` (``re.search``)."""
+    return float(re.search(rules["expect"]["pattern"], active_tab_info["url"]) is not None)
+
+
+def is_added_to_steam_cart(active_tab_info: Any, rule: dict[str, Any], **_: Any) -> float:
+    """1 when every item name occurs in the page's content."""
+    content = active_tab_info["content"]
+    return float(all(item in content for item in rule["items"]))
+
+
+# bs4's multi-valued attributes (whitespace-separated lists) under its default HTML builder.
+_MULTI_VALUED = {
+    "class", "rel", "rev", "accept-charset", "headers", "accesskey", "dropzone", "archive", "sizes",
+}  # fmt: skip
+_OWN_STRINGS = {"script", "style", "template"}
+
+
+def _html_nodes(path: str) -> list[Any]:
+    """The document in ``BeautifulSoup(f, "lxml").recursiveChildGenerator()`` order: each element as
+    ``(tag, text, attrs)``, each text node (comments included) as its string."""
+    from lxml import etree
+
+    with open(path, encoding="utf-8") as f:
+        root = etree.fromstring(f.read().encode(), etree.HTMLParser())
+    out: list[Any] = []
+    if root is None:
+        return out
+
+    def attrs(el: Any) -> dict[str, Any]:
+        return {k: (v.split() if k in _MULTI_VALUED else v) for k, v in el.attrib.items()}
+
+    def strings(el: Any, top: bool) -> list[str]:
+        # bs4 keeps script/style/template strings out of an enclosing tag's text
+        if not top and el.tag in _OWN_STRINGS:
+            return []
+        parts = [el.text] if el.text else []
+        for child in el:
+            if isinstance(child.tag, str):
+                parts += strings(child, False)
+            if child.tail:
+                parts.append(child.tail)
+        return parts
+
+    def text(el: Any) -> str:
+        return "".join(strings(el, True))
+
+    def walk(el: Any) -> None:
+        if not isinstance(el.tag, str):  # a comment or processing instruction: a string in bs4
+            out.append(el.text or "")
+            return
+        out.append((el.tag, text(el).strip(), attrs(el)))
+        if el.text:
+            out.append(el.text)
+        for child in el:
+            walk(child)
+            if child.tail:
+                out.append(child.tail)
+
+    walk(root)
+    return out
+
+
+def compare_htmls(html_path1: str, html_path2: str, **_: Any) -> float:
+    """1 when the two documents' nodes agree pairwise: elements by name, stripped text and attributes,
+    text nodes by value. As OSWorld (``zip``), nodes past the shorter document are not compared."""
+    for a, b in zip(_html_nodes(html_path1), _html_nodes(html_path2), strict=False):
+        if a != b:
+            return 0.0
+    return 1.0
+
+
 METRICS: dict[str, Callable[..., float]] = {
     "is_expected_active_tab": is_expected_active_tab,
     "is_expected_tabs": is_expected_tabs,
@@ -172,4 +249,8 @@ METRICS: dict[str, Callable[..., float]] = {
     "is_shortcut_on_desktop": is_shortcut_on_desktop,
     "check_history_deleted": check_history_deleted,
     "is_cookie_deleted": is_cookie_deleted,
+    "is_expected_installed_extensions": is_expected_installed_extensions,
+    "is_expected_search_query": is_expected_search_query,
+    "is_added_to_steam_cart": is_added_to_steam_cart,
+    "compare_htmls": compare_htmls,
 }

@@ -408,8 +408,137 @@ def check_tabstops(file1: str | None, file2: str | None, **options: Any) -> floa
     return 1.0 - minus / len(p1)
 
 
+def _docx(path: str) -> Any:
+    from docx import Document
+
+    return Document(path)
+
+
+def compare_docx_files_and_ignore_new_lines(file1: str | None, file2: str | None, **options: Any) -> float:
+    """1 when the .docx files' non-empty paragraphs agree.
+
+    ``ignore_blanks`` (default True): the paragraphs joined by newlines, whitespace runs collapsed
+    and stripped, are equal; otherwise the paragraph lists are equal. Both files must be .docx.
+    """
+    if not file1 or not file2:
+        return 0.0
+    if not (file1.endswith(".docx") and file2.endswith(".docx")):
+        return 0.0
+    try:
+        p1 = [p.text for p in _docx(file1).paragraphs if p.text != ""]
+        p2 = [p.text for p in _docx(file2).paragraphs if p.text != ""]
+    except Exception:
+        return 0.0
+    if options.get("ignore_blanks", True):
+        norm = lambda ps: re.sub(r"\s+", " ", "\n".join(ps)).strip()  # noqa: E731
+        return float(norm(p1) == norm(p2))
+    return float(p1 == p2)
+
+
+def _highlighted_texts(path: str) -> list[str | None]:
+    """The first ``w:t`` text of every run with a ``w:highlight`` other than ``none``."""
+    with zipfile.ZipFile(path) as z:
+        root = ET.fromstring(z.read("word/document.xml"))
+    out = []
+    for run in root.iter(f"{{{W}}}r"):
+        mark = run.find(f".//{{{W}}}highlight")
+        if mark is not None and mark.get(f"{{{W}}}val") != "none":
+            t = run.find(f".//{{{W}}}t")
+            if t is not None:
+                out.append(t.text)
+    return out
+
+
+def compare_highlighted_text(file1: str | None, file2: str | None, **_: Any) -> float:
+    """1 when the sets of highlighted run texts are equal (runs, not words or phrases)."""
+    if not file1 or not file2:
+        return 0.0
+    return float(set(_highlighted_texts(file1)) == set(_highlighted_texts(file2)))
+
+
+def compare_insert_equation(docx_file1: str | None, docx_file2: str | None, **_: Any) -> float:
+    """1 when ``compare_docx_files`` passes and some paired run holds an OLE object (``w:object``) in
+    both documents (OSWorld's test for an inserted equation)."""
+    if not docx_file1 or not docx_file2:
+        return 0.0
+    if not compare_docx_files(docx_file1, docx_file2):
+        return 0.0
+    try:
+        d1, d2 = _docx(docx_file1), _docx(docx_file2)
+    except Exception:
+        return 0.0
+    for para1, para2 in zip(d1.paragraphs, d2.paragraphs, strict=False):
+        for run1, run2 in zip(para1.runs, para2.runs, strict=False):
+            if run1.element.xpath(".//w:object") and run2.element.xpath(".//w:object"):
+                return 1.0
+    return 0.0
+
+
+def compare_image_text(image_path: str | None, rule: dict[str, Any], **_: Any) -> float:
+    """1 when ``rule["text"]`` occurs in the image's OCR text (OSWorld: EasyOCR, English)."""
+    if not image_path:
+        return 0.0
+    if rule["type"] != "text":
+        raise ValueError("compare_image_text: unsupported rule type")
+    try:
+        import easyocr  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise RuntimeError(f"compare_image_text: {_ocr_blocker()}") from exc
+    found = " ".join(entry[1] for entry in easyocr.Reader(["en"]).readtext(image_path))
+    return float(rule["text"] in found)
+
+
+def _ocr_blocker() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("easyocr") is None:
+        return "OCR needs easyocr and its model weights (not installed; OSWorld's choice, no stand-in)"
+    return None
+
+
+def compare_references(file1: str | None, file2: str | None, **options: Any) -> float:
+    """Similarity of the reference lists after the first ``reference_indicator`` paragraph.
+
+    Both without the heading: 1; one without: 0; different counts of non-empty references: 0.
+    Otherwise the mean fuzz ratio ``r`` of paired references, rescaled above
+    ``reference_base_result`` (default 0.5): ``(r - base) / (1 - base)``, 0 below it.
+    """
+    if not file1 or not file2:
+        return 0.0
+    indicator = options.get("reference_indicator", "References")
+    base = options.get("reference_base_result", 0.5)
+    if not (file1.endswith(".docx") and file2.endswith(".docx")):
+        return 0.0
+    try:
+        p1 = [p.text for p in _docx(file1).paragraphs]
+        p2 = [p.text for p in _docx(file2).paragraphs]
+    except Exception:
+        return 0.0
+    i1 = p1.index(indicator) if indicator in p1 else -1
+    i2 = p2.index(indicator) if indicator in p2 else -1
+    if i1 == -1 and i2 == -1:
+        return 1.0
+    if i1 == -1 or i2 == -1:
+        return 0.0
+    r1 = [p for p in p1[i1 + 1 :] if p.strip()]
+    r2 = [p for p in p2[i2 + 1 :] if p.strip()]
+    if len(r1) != len(r2):
+        return 0.0
+    if not r1:
+        raise ZeroDivisionError("compare_references: no references after the heading")  # as OSWorld
+    mean = sum(fuzz_ratio(a, b) / 100.0 for a, b in zip(r1, r2, strict=True)) / len(r1)
+    return (mean - base) / (1 - base) if mean >= base else 0.0
+
+
+BLOCKERS: dict[str, Callable[[], str | None]] = {"compare_image_text": _ocr_blocker}
+
 METRICS: dict[str, Callable[..., float]] = {
     "compare_docx_files": compare_docx_files,
+    "compare_docx_files_and_ignore_new_lines": compare_docx_files_and_ignore_new_lines,
+    "compare_highlighted_text": compare_highlighted_text,
+    "compare_insert_equation": compare_insert_equation,
+    "compare_image_text": compare_image_text,
+    "compare_references": compare_references,
     "compare_docx_lines": compare_docx_lines,
     "compare_init_lines": compare_init_lines,
     "compare_docx_tables": compare_docx_tables,

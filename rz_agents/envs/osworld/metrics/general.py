@@ -7,8 +7,10 @@ a ``None`` result (the getter found nothing) scores 0; the score is in [0, 1].
 from __future__ import annotations
 
 import csv
+import datetime
 import difflib
 import json
+import os
 import re
 import sqlite3
 from collections.abc import Callable
@@ -324,6 +326,75 @@ def check_moved_jpgs(directory_list: Any, rule: dict[str, Any], **_: Any) -> flo
     return float(len(names) == len(expected) and set(names) == set(expected))
 
 
+def file_contains(file_path: str | None, config: dict[str, Any], **_: Any) -> float:
+    """1 when the text file contains every string of ``config["expected"]``."""
+    if not file_path:
+        return 0.0
+    try:
+        with open(file_path) as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError):
+        return 0.0
+    return float(all(item in text for item in config["expected"]))
+
+
+TIME_OF_DAY = re.compile(r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)")
+
+
+def check_line_number(file_path: str | None, line_number: dict[str, Any], **_: Any) -> float:
+    """1 when the number of lines holding an ``HH:MM:SS`` time equals ``int(expected)``."""
+    if file_path is None or not os.path.isfile(file_path):
+        return 0.0
+    try:
+        with open(file_path) as f:
+            count = sum(1 for line in f if TIME_OF_DAY.search(line))
+        return float(count == int(line_number["expected"]))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return 0.0
+
+
+def compare_python_pure_text(py_file_path: str | None, gold_file_path: str | None, **_: Any) -> float:
+    """1 when the two files are equal once every whitespace character is removed."""
+    if not py_file_path or not gold_file_path:
+        return 0.0
+    with open(py_file_path) as f1, open(gold_file_path) as f2:
+        return float("".join(f1.read().split()) == "".join(f2.read().split()))
+
+
+def compare_time_in_speedtest_results(speedtest_result_path: str | None, time_diff: Any, **_: Any) -> float:
+    """1 when the time (``HH:MM``, the last 5 characters of the second CSV row's second field) is
+    within ``time_diff`` minutes of now; any unreadable file or field scores 0. Clock times only:
+    across midnight the difference is nearly a day, as in OSWorld."""
+    if not speedtest_result_path:
+        return 0.0
+    try:
+        with open(speedtest_result_path) as f:
+            date = None
+            for i, line in enumerate(f):
+                if i == 1:
+                    date = line.split(",")[1]
+                    break
+        fmt = "%H:%M"
+        now = datetime.datetime.strptime(datetime.datetime.now().strftime(fmt), fmt)
+        then = datetime.datetime.strptime(date[-5:], fmt)
+        return float(abs((then - now).total_seconds()) / 60 < int(time_diff))
+    except Exception:
+        return 0.0
+
+
+def fuzzy_place_math(result_file_path: str | None, rules: dict[str, Any], **_: Any) -> float:
+    """Mean, over the document's whitespace-separated words, of each word's best fuzz ratio against
+    the expected answers; exactly 3 words are required (else 0)."""
+    if result_file_path is None:
+        return 0.0
+    from docx import Document
+
+    words = [w for para in Document(result_file_path).paragraphs for w in para.text.split()]
+    if len(words) != 3:
+        return 0.0
+    return sum(max([0.0] + [fuzz_ratio(w, ans) / 100 for ans in rules["expected"]]) for w in words) / 3
+
+
 METRICS: dict[str, Callable[..., float]] = {
     "exact_match": exact_match,
     "check_include_exclude": check_include_exclude,
@@ -342,4 +413,9 @@ METRICS: dict[str, Callable[..., float]] = {
     "run_sqlite3": run_sqlite3,
     "check_accessibility_tree": check_accessibility_tree,
     "check_moved_jpgs": check_moved_jpgs,
+    "file_contains": file_contains,
+    "check_line_number": check_line_number,
+    "compare_python_pure_text": compare_python_pure_text,
+    "compare_time_in_speedtest_results": compare_time_in_speedtest_results,
+    "fuzzy_place_math": fuzzy_place_math,
 }

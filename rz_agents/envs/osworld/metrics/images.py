@@ -236,6 +236,33 @@ def check_image_size(src: str | None, rule: dict[str, Any], **_: Any) -> float:
     return float(rule.get("height") in (None, height) and rule.get("width") in (None, width))
 
 
+def check_image_file_size(src_path: str | None, rule: dict[str, Any], **_: Any) -> float:
+    """1 when the file is smaller than ``rule["max_size"]`` bytes."""
+    if src_path is None:
+        return 0.0
+    return float(os.path.getsize(src_path) < rule["max_size"])
+
+
+def _grey_like_cv2(path: str) -> Any:
+    """``cv2.imread(path, IMREAD_GRAYSCALE)``: BT.601 weights in OpenCV's 14-bit fixed point."""
+    img = np.asarray(_open(path).convert("RGB"), dtype=np.int64)
+    r, g, b = img[..., 0], img[..., 1], img[..., 2]
+    return ((r * 4899 + g * 9617 + b * 1868 + (1 << 13)) >> 14).astype(np.float64)
+
+
+def laplacian_variance(path: str) -> float:
+    """Variance of ``cv2.Laplacian(grey, CV_64F)`` (3x3 kernel 0 1 0 / 1 -4 1 / 0 1 0, borders
+    reflected without repeating the edge, OpenCV's default)."""
+    g = np.pad(_grey_like_cv2(path), 1, mode="reflect")
+    lap = g[:-2, 1:-1] + g[2:, 1:-1] + g[1:-1, :-2] + g[1:-1, 2:] - 4 * g[1:-1, 1:-1]
+    return float(np.var(lap))
+
+
+def check_sharper(src_path: str, tgt_path: str, **_: Any) -> float:
+    """1 when the first image's Laplacian variance (sharpness) is above the second's."""
+    return float(laplacian_variance(src_path) > laplacian_variance(tgt_path))
+
+
 METRICS: dict[str, Callable[..., float]] = {
     "compare_images": compare_images,
     "compare_image_list": compare_image_list,
@@ -249,6 +276,8 @@ METRICS: dict[str, Callable[..., float]] = {
     "check_palette_and_structure_sim": check_palette_and_structure_sim,
     "check_green_background": check_green_background,
     "check_triangle_position": check_triangle_position,
+    "check_image_file_size": check_image_file_size,
+    "check_sharper": check_sharper,
     "check_textbox_on_leftside": check_textbox_on_leftside,
     "check_image_size": check_image_size,
 }

@@ -44,4 +44,55 @@ def compare_pdfs(pdf1: str | list[str] | None, pdf2: str | list[str] | None, **_
     return total / len(seconds) if seconds else 0.0
 
 
-METRICS: dict[str, Callable[..., float]] = {"check_pdf_pages": check_pdf_pages, "compare_pdfs": compare_pdfs}
+def _render(path: str, out_dir: str) -> list[bytes]:
+    """Each page rendered to RGB pixels (``pdftoppm``, 72 dpi as PyMuPDF's default pixmap)."""
+    import glob
+    import os
+    import subprocess
+
+    from PIL import Image
+
+    os.makedirs(out_dir, exist_ok=True)
+    prefix = os.path.join(out_dir, "page")
+    subprocess.run(
+        ["pdftoppm", "-r", "72", "-png", path, prefix], check=True, capture_output=True, timeout=300
+    )
+    return [Image.open(p).convert("RGB").tobytes() for p in sorted(glob.glob(prefix + "*.png"))]
+
+
+def compare_pdf_images(pdf1_path: str | None, pdf2_path: str | None, **_: Any) -> float:
+    """1 when both PDFs render to the same number of pages with identical pixels.
+
+    OSWorld rewrites both files with borb, then renders each page with PyMuPDF; here poppler's
+    ``pdftoppm`` renders them (``BLOCKERS`` says when it is missing). Same decision when the two
+    renderers agree on equality; the pixels themselves differ between renderers.
+    """
+    import shutil
+    import tempfile
+
+    if not pdf1_path or not pdf2_path:
+        return 0.0
+    if not shutil.which("pdftoppm"):
+        raise RuntimeError(f"compare_pdf_images: {_render_blocker()}")
+    with tempfile.TemporaryDirectory(prefix="rz_pdf_") as tmp:
+        a, b = _render(pdf1_path, tmp + "/a"), _render(pdf2_path, tmp + "/b")
+    return float(len(a) == len(b) and a == b)
+
+
+def _render_blocker() -> str | None:
+    import shutil
+
+    return (
+        None
+        if shutil.which("pdftoppm")
+        else "rendering PDF pages needs pdftoppm (apt-get install poppler-utils)"
+    )
+
+
+BLOCKERS: dict[str, Callable[[], str | None]] = {"compare_pdf_images": _render_blocker}
+
+METRICS: dict[str, Callable[..., float]] = {
+    "check_pdf_pages": check_pdf_pages,
+    "compare_pdfs": compare_pdfs,
+    "compare_pdf_images": compare_pdf_images,
+}

@@ -230,5 +230,37 @@ def compare_csv(result: str | None, expected: str | list[str] | None, **options:
     return 0.0
 
 
-METRICS: dict[str, Callable[..., float]] = {"compare_table": compare_table, "compare_csv": compare_csv}
+def compare_conference_city_in_order(
+    actual_city_list_path: str, expected_city: dict[str, Any], **_: Any
+) -> float:
+    """1 when each cell of C2:C22 of the active sheet contains its expected city (a string, or any of
+    a list of spellings), in order. As OSWorld: all 21 cells are checked, so a shorter expected
+    list, an empty cell or a formula's cell (the workbook is read with formulas, not values) scores 0.
+    """
+    import openpyxl
+
+    expected = expected_city["expected"]
+    ws = openpyxl.load_workbook(actual_city_list_path).active
+    actual = [cell.value for row in ws["C2:C22"] for cell in row]
+    try:
+        for i, value in enumerate(actual):
+            want = expected[i]
+            if isinstance(want, str):
+                if want not in value:
+                    return 0.0
+            elif isinstance(want, list):
+                if not any(option in value for option in want):
+                    return 0.0
+            else:
+                raise TypeError("an expected city is a string or a list of strings")
+    except Exception:
+        return 0.0
+    return 1.0
+
+
+METRICS: dict[str, Callable[..., float]] = {
+    "compare_table": compare_table,
+    "compare_csv": compare_csv,
+    "compare_conference_city_in_order": compare_conference_city_in_order,
+}
 OPTION_CHECKS = {"compare_table": compare_table_options}
