@@ -27,7 +27,10 @@ PROFILE_DIR = CHROME_DIR + "/Default"
 UNAVAILABLE: dict[str, str] = {
     "vm_terminal_output": "needs a GNOME terminal's accessibility tree (not on this desktop)",
     "vm_wallpaper": "needs GNOME's desktop background setting (no GNOME here)",
-    "rule_relativeTime": "needs today's date rendered in the task's format against live websites",
+    "googledrive_file": "reads a Google Drive account through its API (needs internet and the user's credentials)",
+    "info_from_website": "reads a live website (needs internet)",
+    "gotoRecreationPage_and_get_html_content": "navigates recreation.gov (needs internet)",
+    "calc_insensitive_md5": "not a getter of OSWorld (its task cannot be scored there either)",
 }
 
 
@@ -419,6 +422,15 @@ GETTERS: dict[str, Callable[[EpisodeContext, dict[str, Any]], Any]] = {
     "cookie_data": get_cookie_data,
     "shortcuts_on_desktop": get_shortcuts_on_desktop,
 }
+
+
+def _more_getters() -> dict[str, Callable[[EpisodeContext, dict[str, Any]], Any]]:
+    from rz_agents.envs.osworld.getters_more import GETTERS as MORE
+
+    return MORE
+
+
+GETTERS.update(_more_getters())
 
 
 def get_state(ctx: EpisodeContext, config: dict[str, Any]) -> Any:

@@ -176,6 +176,8 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
                 _check_command(getter.get("command"), add, wrapped)
             elif kind == "page_info" and not is_local_url(str(getter.get("url", ""))):
                 add("needs internet (web page)", str(getter.get("url")))
+            elif kind == "pdf_from_url" and not is_local_url(str(getter.get("path", ""))):
+                add("needs internet (web page)", str(getter.get("path")))
     return r
 
 

@@ -91,7 +91,9 @@ def test_remote_pages_and_package_installs_need_internet():
 def test_missing_app_step_getter_metric_are_each_named():
     assert _categories(_task(apps=["gimp"])) == (["app not installed"] if not shutil.which("gimp") else [])
     assert _categories(_task([{"type": "googledrive", "parameters": {}}])) == ["setup step not implemented"]
-    assert _categories(_task(result={"type": "pdf_from_url"})) == ["getter not implemented"]
+    assert _categories(_task(result={"type": "no_such_getter"})) == ["getter not implemented"]
+    web_pdf = _task(result={"type": "pdf_from_url", "path": "https://example.org/a", "dest": "a.pdf"})
+    assert _categories(web_pdf) == ["needs internet (web page)"]
     assert _categories(_task(func="no_such_metric")) == ["metric not implemented"]
     assert _categories(_task(func="compare_audios")) == ["metric needs a library or tool not here"]
     bad_rule = _task(func="compare_table", options={"rules": [{"type": "sheet_magic"}]})
