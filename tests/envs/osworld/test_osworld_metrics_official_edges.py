@@ -167,3 +167,85 @@ def test_compare_pptx_files_compares_geometry_exactly(tmp_path):
     prs.save(tmp_path / "nudged.pptx")
     assert M["compare_pptx_files"](str(tmp_path / "nudged.pptx"), gold) == 0.0
     assert M["compare_pptx_files"](str(tmp_path / "nudged.pptx"), gold, examine_shape=False) == 1.0
+
+
+# --- more metrics whose official branches had no test by name ------------------------------------
+
+
+def test_check_structure_sim_resized_resizes_without_cropping_transparency(tmp_path):
+    base = np.zeros((40, 40, 3), np.uint8)
+    base[10:30, 10:30] = 255
+    tgt = _png(tmp_path / "t.png", base)
+    big = np.array(Image.fromarray(base).resize((80, 80), Image.Resampling.NEAREST))
+    assert M["check_structure_sim_resized"](_png(tmp_path / "b.png", big), tgt) == 1.0
+    rgba = np.zeros((80, 80, 4), np.uint8)
+    rgba[..., :3], rgba[..., 3] = big, 255
+    assert M["check_structure_sim_resized"](_png(tmp_path / "a.png", rgba), tgt) == 0.0  # 4 vs 3 channels
+    assert M["check_structure_sim_resized"](None, tgt) == 0.0
+
+
+def test_literal_match_compares_text_and_lists():
+    assert M["literal_match"](3, "3") == 1.0
+    assert M["literal_match"]("A", "a", ignore_case=True) == 1.0
+    assert M["literal_match"](None, "None") == 1.0  # no guard, as OSWorld
+    assert M["literal_match"](["a", 1], ("a", "1"), type="list") == 1.0
+    assert M["literal_match"](["a"], ["a", "b"], type="list") == 0.0
+    assert M["literal_match"]("a", ["a"], type="list") == 0.0
+
+
+def test_diff_text_file_is_a_line_level_ratio(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text("x\ny\nz\n")
+    b.write_text("x\ny\nw\n")
+    assert M["diff_text_file"](str(a), str(b)) == pytest.approx(2 * 2 / 6)
+    assert M["diff_text_file"](None, str(b)) == 0.0
+
+
+def _docx_runs(path, runs, picture=None, second_text=None):
+    from docx import Document
+
+    doc = Document()
+    para = doc.add_paragraph()
+    for text, sub in runs:
+        para.add_run(text).font.subscript = sub
+    if picture:
+        doc.add_paragraph().add_run().add_picture(picture)
+    if second_text:
+        doc.add_paragraph(second_text)
+    doc.save(path)
+    return str(path)
+
+
+def test_docx_subscript_image_and_picture_metrics_pair_runs_in_order(tmp_path):
+    gold = _docx_runs(tmp_path / "g.docx", [("H", None), ("2", True), ("O", None)])
+    assert (
+        M["compare_subscript_contains"](_docx_runs(tmp_path / "a.docx", [("H", None), ("2", True)]), gold)
+        == 1.0
+    )
+    shifted = _docx_runs(tmp_path / "b.docx", [("H", None), ("2", None), ("O", True)])
+    assert M["compare_subscript_contains"](shifted, gold) == 0.0  # subscript runs not paired
+    pic = _png(tmp_path / "p.png", np.zeros((4, 4, 3)))
+    with_pic = _docx_runs(tmp_path / "c.docx", [("x", None)], picture=pic)
+    assert (
+        M["compare_contains_image"](with_pic, _docx_runs(tmp_path / "d.docx", [("x", None)], picture=pic))
+        == 1.0
+    )
+    text_there = _docx_runs(tmp_path / "e.docx", [("x", None)], second_text="no picture")
+    assert M["compare_contains_image"](with_pic, text_there) == 0.0
+    unpaired = _docx_runs(tmp_path / "e2.docx", [("x", None), ("y", None)])
+    assert M["compare_contains_image"](with_pic, unpaired) == 1.0  # the picture's paragraph has no pair
+    assert M["compare_docx_images"](with_pic, str(tmp_path / "d.docx")) == 1.0
+    other = _png(tmp_path / "q.png", np.full((4, 4, 3), 9))
+    assert (
+        M["compare_docx_images"](with_pic, _docx_runs(tmp_path / "f.docx", [("x", None)], picture=other))
+        == 0.0
+    )
+
+
+def test_check_one_instance_reads_the_last_matching_line_and_defaults_to_one(tmp_path):
+    rc = tmp_path / "vlcrc"
+    rc.write_text("#one-instance-when-started-from-file=1\none-instance-when-started-from-file=0\n")
+    rule = {"expected_one_instance_when_started_from_file": 0}
+    assert M["check_one_instance_when_started_from_file"](str(rc), rule) == 1.0
+    rc.write_text("[qt]\n")
+    assert M["check_one_instance_when_started_from_file"](str(rc), rule) == 0.0  # default "1"

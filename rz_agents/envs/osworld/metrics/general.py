@@ -70,9 +70,10 @@ def match_in_list(result: Any, rules: dict[str, Any], **_: Any) -> float:
 
 
 def literal_match(result: Any, expected: Any, **options: Any) -> float:
-    """1 when result and expected are equal as strings (``type: str``) or as lists of strings (``list``)."""
-    if result is None:
-        return 0.0
+    """1 when result and expected are equal as strings (``type: str``) or as lists of strings (``list``).
+
+    No guard for a missing result, as OSWorld: ``None`` compares as the text ``"None"``.
+    """
     fold = (lambda s: str(s).lower()) if options.get("ignore_case") else str
     kind = options.get("type", "str")
     if kind == "str":

@@ -150,17 +150,15 @@ def check_structure_sim(src: str | None, tgt: str | None, **_: Any) -> float:
 
 
 def check_structure_sim_resized(src: str | None, tgt: str | None, **_: Any) -> float:
-    """1 when ``src`` (cropped to its opaque content when transparent) resized to ``tgt``'s size is similar."""
-    if not src or not tgt:
+    """1 when ``src`` resized to ``tgt``'s size is structurally similar (SSIM >= 0.9).
+
+    As OSWorld (8942695): a plain resize of the whole image, modes as they are (an RGBA source
+    against an RGB target has another shape and is not similar); no crop to the opaque content.
+    """
+    if src is None or tgt is None:
         return 0.0
     a, b = _open(src), _open(tgt)
-    if a.mode in ("RGBA", "LA") or "transparency" in a.info:
-        a = a.convert("RGBA")
-        box = a.split()[-1].getbbox()
-        if box is None:
-            return 0.0
-        a = a.crop(box).convert("RGB")
-    return float(structure_same(a.resize(b.size), b.convert("RGB") if b.mode != "RGB" else b))
+    return float(structure_same(a.resize(b.size), b))
 
 
 def check_image_mirror(src: str | None, tgt: str | None, **_: Any) -> float:
