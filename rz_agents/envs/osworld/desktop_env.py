@@ -60,6 +60,9 @@ class DesktopEnv:
     ) -> dict[str, Any]:
         """Start a fresh desktop for ``task_config`` and run its setup; returns the first observation.
 
+        (A provider with ``warm_reset`` may instead reset the running desktop in place, once its
+        clean state verifies; see ``providers/warm.py``.)
+
         Raises ``TaskFormatError`` for a malformed task and ``SetupError`` when a setup step
         cannot run (the message says why, e.g. it needs the internet); the desktop is then stopped.
         """
@@ -67,8 +70,8 @@ class DesktopEnv:
         task = (
             task_config if isinstance(task_config, Task) or task_config is None else parse_task(task_config)
         )
-        self._stop_episode()
-        desktop = self.provider.start()
+        self._end_episode()
+        desktop = self.provider.start()  # stops the previous desktop (or resets it in place)
         client = VMClient(desktop.server_url)
         client.wait_ready()
         self.ctx = EpisodeContext(
@@ -167,10 +170,13 @@ class DesktopEnv:
             self._link.retarget(cdp_port)
         return self._link
 
-    def _stop_episode(self) -> None:
+    def _end_episode(self) -> None:
         ctx, self.ctx = self.ctx, None
         if ctx is not None:
             shutil.rmtree(ctx.work_dir, ignore_errors=True)
+
+    def _stop_episode(self) -> None:
+        self._end_episode()
         self.provider.stop()
 
     def close(self) -> None:

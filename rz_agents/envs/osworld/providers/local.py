@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import rz_agents
 from rz_agents.envs.osworld.chrome import chromium_binary, write_chrome_wrapper
-from rz_agents.envs.osworld.providers import sandbox
+from rz_agents.envs.osworld.providers import sandbox, warm
 from rz_agents.envs.osworld.providers.home_defaults import write_home_defaults
 from rz_agents.envs.osworld.providers.wrappers import write_sudo_shim, write_vlc_wrapper
 from rz_agents.envs.osworld.relay import Relay, connect_unix, tcp_listener, unix_listener
@@ -61,7 +61,11 @@ def sandbox_problem() -> str | None:
 
 
 def episode_pids(episode_id: str) -> list[int]:
-    """PIDs of live processes whose environment carries this episode's marker."""
+    """PIDs of live processes whose environment carries this episode's marker.
+
+    Chromium rewrites its environment block (its process titles), so its processes do not show
+    here: :meth:`LocalProvider.pids` adds the desktop's uid and process tree.
+    """
     needle = f"{MARKER}={episode_id}".encode()
     pids = []
     for entry in os.listdir("/proc"):
@@ -76,6 +80,36 @@ def episode_pids(episode_id: str) -> list[int]:
     return pids
 
 
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, real uid) of every live (non-zombie) process."""
+    table: dict[int, tuple[int, int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                continue
+            table[int(entry)] = (int(fields[1]), os.stat(f"/proc/{entry}").st_uid)
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+def process_tree(roots: list[int], uid: int | None = None) -> list[int]:
+    """Live descendants of ``roots`` (roots included), plus every process of ``uid`` when given."""
+    table = _proc_table()
+    out = {p for p in roots if p in table}
+    if uid is not None:
+        out |= {p for p, (_, u) in table.items() if u == uid}
+    frontier = set(out)
+    while frontier:
+        frontier = {p for p, (pp, _) in table.items() if pp in frontier} - out
+        out |= frontier
+    return sorted(out)
+
+
 @dataclass
 class Desktop:
     """A running desktop: where to reach it and what to clean up."""
@@ -88,6 +122,7 @@ class Desktop:
     home_dir: str
     sandboxed: bool
     relays: list[Relay] = field(default_factory=list)
+    uid: int | None = None  # the desktop's own uid (sandboxed on a root host)
 
 
 class LocalProvider:
@@ -100,7 +135,12 @@ class LocalProvider:
         window_manager: str = "openbox",
         start_timeout_s: float = 30.0,
         accessibility: str = "auto",
+        warm_reset: bool = False,
     ) -> None:
+        self.warm_reset = warm_reset
+        self.warm_resets = 0  # starts answered by resetting the running desktop in place
+        self.warm_reset_failures: list[str] = []  # why a reset in place was refused (fresh start instead)
+        self._baseline: warm.Baseline | None = None
         if sandbox not in ("auto", "bwrap", "none"):
             raise ValueError(f"sandbox must be 'auto', 'bwrap' or 'none', got {sandbox!r}")
         if accessibility not in ("auto", "atspi", "fallback"):
@@ -127,7 +167,20 @@ class LocalProvider:
 
     # -- start -------------------------------------------------------------------------------------
     def start(self) -> Desktop:
-        """Start a fresh desktop (stopping any previous one) and return where to reach it."""
+        """Start a fresh desktop (stopping any previous one) and return where to reach it.
+
+        With ``warm_reset`` a running sandboxed desktop is reset in place instead (``warm.py``),
+        when its clean state verifies; otherwise it is replaced by a fresh one.
+        """
+        if self.warm_reset and self.desktop is not None and self._baseline is not None:
+            try:
+                problem = self._reset_in_place()
+            except Exception as exc:  # noqa: BLE001 - any failure means a fresh desktop
+                problem = f"{type(exc).__name__}: {exc}"
+            if problem is None:
+                self.warm_resets += 1
+                return self.desktop
+            self.warm_reset_failures.append(problem)
         self.stop()
         episode_id = uuid.uuid4().hex[:12]
         root = tempfile.mkdtemp(prefix=f"rz-osworld-{episode_id}-")
@@ -135,13 +188,53 @@ class LocalProvider:
             episode_id, "", free_port(), "", root, os.path.join(root, "home"), self.sandboxed
         )
         try:
-            return self._start(self.desktop)
+            desktop = self._start(self.desktop)
+            if self.warm_reset and desktop.sandboxed:
+                self._baseline = self._take_baseline(desktop)
+            return desktop
         except BaseException:
             self.stop()
             raise
 
+    def _take_baseline(self, desktop: Desktop) -> warm.Baseline:
+        """The desktop's state once every helper is up (the AT-SPI dump starts the last ones)."""
+        from rz_agents.envs.osworld.client import VMClient
+
+        client = VMClient(desktop.server_url)
+        client.wait_ready()
+        if self.atspi:
+            client.accessibility_tree()
+        self._center_pointer(client)
+        layout_tmp = os.path.join(desktop.root_dir, "tmp")
+        return warm.take_baseline(
+            self.pids(), desktop.home_dir, layout_tmp, os.path.join(desktop.root_dir, "home.base")
+        )
+
+    def _center_pointer(self, client) -> None:
+        w, h = self.screen_size
+        client.run_python(f"pyautogui.moveTo({w // 2}, {h // 2})")
+
+    def _reset_in_place(self) -> str | None:
+        """Reset the running desktop to its baseline; None when verified clean, else why not."""
+        from rz_agents.envs.osworld.client import VMClient
+
+        desktop, baseline = self.desktop, self._baseline
+        current = self.pids()
+        if not baseline.pids <= set(current):
+            return "a desktop process died"
+        warm.kill_extra(current, baseline)
+        warm.wait_until_gone(set(current) - baseline.pids)
+        warm.restore_files(baseline, desktop.home_dir, desktop.uid)
+        client = VMClient(desktop.server_url, timeout_s=20)
+        self._center_pointer(client)
+        problem = warm.verify(self.pids(), baseline, desktop.home_dir)
+        if problem is None and client.windows():
+            problem = f"windows still open: {[w.get('title') for w in client.windows()][:3]}"
+        return problem
+
     def _start(self, desktop: Desktop) -> Desktop:
         uid = sandbox.desktop_uid() if self.sandboxed and os.geteuid() == 0 else None
+        desktop.uid = uid
         layout = self._make_layout(desktop, uid)
         env = self._session_env(desktop, layout)
         if self.sandboxed:
@@ -294,11 +387,21 @@ class LocalProvider:
             proc.stdout.close()  # the session sends its later output to /dev/null
             proc.stderr.close()
 
+    def pids(self) -> list[int]:
+        """Every live process of the current desktop: the session's tree, the desktop uid's
+        processes and those carrying the episode marker (empty when no desktop runs)."""
+        desktop = self.desktop
+        if desktop is None:
+            return []
+        tree = process_tree([p.pid for p in self._procs if p.poll() is None], desktop.uid)
+        return sorted(set(tree) | set(episode_pids(desktop.episode_id)))
+
     # -- stop --------------------------------------------------------------------------------------
     def stop(self) -> None:
         """Stop every process of the current desktop and delete its files; safe to call twice."""
         desktop, self.desktop = self.desktop, None
         procs, self._procs = self._procs, []
+        self._baseline = None
         # Ask politely first (Chromium flushes its profile, Xvfb removes its lock), then insist.
         for p in reversed(procs):
             self._signal_group(p, signal.SIGTERM)
@@ -316,6 +419,8 @@ class LocalProvider:
             return
         for _ in range(20):  # stragglers that left the process groups (daemonised helpers)
             pids = episode_pids(desktop.episode_id)
+            if desktop.uid is not None:
+                pids += process_tree([], desktop.uid)
             if not pids:
                 break
             for pid in pids:
