@@ -16,7 +16,8 @@ m = SimpleNamespace(**METRICS)
 def test_exact_match_and_include_exclude():
     assert m.exact_match("100\n", {"expected": "100\n"}) == 1.0
     assert m.exact_match("99\n", {"expected": "100\n"}) == 0.0
-    assert m.exact_match(None, {"expected": None}) == 0.0
+    assert m.exact_match(None, {"expected": None}) == 1.0  # None == None, as OSWorld
+    assert m.exact_match(None, {"expected": "x"}) == 0.0
     rules = {"include": ["43 132"], "exclude": ["error"]}
     assert m.check_include_exclude("43 132\n", rules) == 1.0
     assert m.check_include_exclude("43 132 error", rules) == 0.0

@@ -249,3 +249,10 @@ def test_check_one_instance_reads_the_last_matching_line_and_defaults_to_one(tmp
     assert M["check_one_instance_when_started_from_file"](str(rc), rule) == 1.0
     rc.write_text("[qt]\n")
     assert M["check_one_instance_when_started_from_file"](str(rc), rule) == 0.0  # default "1"
+
+
+def test_is_expected_url_pattern_match_without_patterns_passes_even_without_a_url():
+    assert M["is_expected_url_pattern_match"]({"url": None}, {"expected": []}) == 1.0
+    assert M["is_expected_url_pattern_match"](None, {"expected": []}) == 0.0
+    with pytest.raises(TypeError):
+        M["is_expected_url_pattern_match"]({"url": None}, {"expected": ["a"]})

@@ -36,12 +36,6 @@ def compare_urls(url1: str | None, url2: str | None) -> bool:
     return normalize_url(url1) == normalize_url(url2)
 
 
-def _url_of(tab: Any) -> str | None:
-    if isinstance(tab, dict):
-        return tab.get("url")
-    return tab if isinstance(tab, str) else None
-
-
 def is_expected_active_tab(active_tab_info: Any, rule: dict[str, Any], **_: Any) -> float:
     """1 when the active tab (its info dict or its URL) shows ``rule["url"]`` (``compare_urls``).
 
@@ -69,10 +63,14 @@ def is_expected_tabs(open_tabs: Any, rule: dict[str, Any], **_: Any) -> float:
 
 
 def is_expected_url_pattern_match(result: Any, rules: dict[str, Any], **_: Any) -> float:
-    """1 when the (active tab's) URL matches every regex in ``rules["expected"]``."""
-    url = _url_of(result)
-    if url is None:
+    """1 when the (active tab's) URL matches every regex in ``rules["expected"]`` (``re.search``).
+
+    As OSWorld: a falsy result scores 0; a tab dict's ``url`` is used as it is (an empty pattern
+    list passes even when the URL is missing; a pattern against a missing URL raises, scored 0).
+    """
+    if not result:
         return 0.0
+    url = result["url"] if isinstance(result, dict) else result
     return float(all(re.search(p, url) for p in rules["expected"]))
 
 

@@ -47,8 +47,8 @@ def fuzz_ratio(a: str, b: str) -> float:
 
 
 def exact_match(result: Any, rules: dict[str, Any], **_: Any) -> float:
-    """1 when the result equals ``rules["expected"]``."""
-    return float(result is not None and result == rules["expected"])
+    """1 when the result equals ``rules["expected"]`` (a missing result equals an expected ``None``, as OSWorld)."""
+    return float(result == rules["expected"])
 
 
 def check_include_exclude(result: Any, rules: dict[str, Any], **_: Any) -> float:
