@@ -1,4 +1,5 @@
-"""RL on OSWorld through the local runtime: configs/osworld-local.yaml's env, real desktops, 2 learner steps."""
+"""RL on OSWorld: configs/osworld-local.yaml's env, real desktops, 2 learner steps (the file runs on Ray's
+env-worker pool; CI runs it through the local runtime)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.skipif(
 # keeps the learner's logits small) instead of SmolLM2, two short os tasks and two learner steps:
 # what CI can afford.
 TINY = [
+    "runtime=local",
+    "placement.env_workers=1",
     "model.checkpoint=null",
     "tokenizer=byte",
     "model.model_type=qwen3",
@@ -61,6 +64,10 @@ def test_the_config_file_is_valid():
     cfg = load_config(RunConfig, CONFIG)
     assert cfg.env.id == "rz_agents/OSWorld-v0" and len(cfg.env.tasks) == 13
     assert cfg.rollout.limits.max_episode_tokens < cfg.engine.max_len
+    # the desktops live in the Ray env-worker pool, an equal share each, reset in place
+    assert cfg.runtime == "ray" and cfg.placement.env_workers == 2
+    assert cfg.rollout.max_concurrent_episodes % cfg.placement.env_workers == 0
+    assert cfg.env.kwargs["provider_options"] == {"warm_reset": True}
 
 
 def test_two_learner_steps_on_real_desktops():
