@@ -98,6 +98,7 @@ class ChromeLink:
     def __init__(self, cdp_port: int, connect_timeout_s: float = 10.0) -> None:
         self.endpoint = f"http://127.0.0.1:{cdp_port}"
         self.connect_timeout_s = connect_timeout_s
+        self.generation = 0  # bumped by retarget: the next call connects afresh, even on the same port
         self._jobs: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -108,7 +109,7 @@ class ChromeLink:
 
         pw = sync_playwright().start()
         browser = None
-        connected_to = ""
+        connected_to = ("", -1)
         try:
             while True:
                 job = self._jobs.get()
@@ -117,14 +118,16 @@ class ChromeLink:
                 fn, box, done = job
                 try:
                     if browser is not None and (
-                        connected_to != self.endpoint or not browser.is_connected() or self._stale(browser)
+                        connected_to != (self.endpoint, self.generation)
+                        or not browser.is_connected()
+                        or self._stale(browser)
                     ):
                         _disconnect(browser)
                         browser = None
                     if browser is None:
-                        connected_to = self.endpoint
+                        connected_to = (self.endpoint, self.generation)
                         browser = pw.chromium.connect_over_cdp(
-                            connected_to, timeout=self.connect_timeout_s * 1000
+                            connected_to[0], timeout=self.connect_timeout_s * 1000
                         )
                     box.append(("ok", fn(browser)))
                 except Exception as exc:  # shipped back to the caller's thread
@@ -155,8 +158,10 @@ class ChromeLink:
         return sum(t.get("type") == "page" for t in targets) != len(pages(browser))
 
     def retarget(self, cdp_port: int) -> None:
-        """Point the link at another browser (the next episode's); Playwright's driver is kept."""
+        """Point the link at the next episode's browser (a desktop reset in place keeps its port, but
+        its Chromium is new); Playwright's driver is kept."""
         self.endpoint = f"http://127.0.0.1:{cdp_port}"
+        self.generation += 1
 
     def call(self, fn: Callable[[Any], Any], timeout_s: float = 30.0) -> Any:
         """Run ``fn(browser)`` on the worker thread and return its result (or raise its error)."""

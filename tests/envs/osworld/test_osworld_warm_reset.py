@@ -129,3 +129,16 @@ def test_restore_files_puts_home_back_and_removes_only_new_entries(tmp_path):
     warm.restore_files(base, str(home), None)
     assert warm.verify([], base, str(home)) is None
     assert sorted(os.listdir(tmp)) == [".X11-unix"] and (home / ".Xauthority").read_bytes() == b"cookie"
+
+
+@needs_desktop
+def test_chrome_steps_and_getters_reach_the_new_chromium_after_a_reset_in_place():
+    # the CDP port stays, the browser behind it is new: the Playwright link must reconnect
+    task = _task("chrome", "rz-chrome-close-ad-tab")  # its setup opens tabs over CDP
+    with DesktopEnv(require_screenshot=False, provider_options={"warm_reset": True}) as env:
+        for episode in range(2):
+            env.reset(task)
+            assert env.provider.warm_resets == episode, env.provider.warm_reset_failures
+            env.step("DONE")
+            assert env.evaluate() == 0.0  # the ad tab is still open: scored through CDP
+            assert env.last_evaluation.errors == []
