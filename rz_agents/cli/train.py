@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from rz_agents.cli import resume
+from rz_agents.cli.episode_summary import episode_counts, episode_line, failed_note
 from rz_agents.cli.configs import describe_packaged_configs, resolve_config
 from rz_agents.cli.failure import attach_run_log
 from rz_agents.config_io import ConfigError, load_config, to_dict
@@ -136,6 +137,7 @@ def build_summary(
         "skipped_steps": run_summary.get("skipped_steps"),
         "rollout": run_summary.get("rollout"),
     }
+        "episodes": episode_counts(run_summary),
 
 
 def _warm_start(run: TrainLoop, cfg: RunConfig, log) -> dict | None:
@@ -296,6 +298,7 @@ def _dry_run(cfg: RunConfig) -> int:
 
 def _train_with_progress(runner: TrainLoop, cfg: RunConfig, console, plain: bool, log) -> dict:
     import asyncio
+        episode_line(s.get("episodes")),
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -303,7 +306,7 @@ def _train_with_progress(runner: TrainLoop, cfg: RunConfig, console, plain: bool
         r = metrics.get("reward_mean", float("nan"))
         lag = metrics.get("lag_max", 0)
         tps = metrics.get("trained_tokens_per_s", 0.0)
-        return f"reward {r:.3f}  lag<= {lag}  {tps:,.0f} tok/s"
+        return f"reward {r:.3f}  lag<= {lag}  {tps:,.0f} tok/s{failed_note(metrics)}"
 
     if plain:
 

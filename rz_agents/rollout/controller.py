@@ -180,6 +180,7 @@ class RolloutController:
             ahead = min(ahead, self.cfg.max_ahead_batches)
         return ahead
 
+        self.first_error: str | None = None  # the run's first failed episode, for the summary
     def may_start_group(self) -> bool:
         """True while starting one more group keeps the lag bound (see the module docstring)."""
         live = self.counters["groups_started"] - self._dropped()
@@ -238,7 +239,12 @@ class RolloutController:
             raise
         except (EpisodeError, Exception) as e:  # one bad episode never stops the run
             self.counters["episodes_failed"] += 1
-            log.warning("episode (group %d, member %d) dropped: %s", spec.group_id, spec.member, e)
+            where = f"group {spec.group_id}, member {spec.member}"
+            first = self.first_error is None
+            if first:
+                self.first_error = f"{e} ({where})"
+            # the first failure with its traceback (the env's own frames, through ``raise ... from``)
+            log.warning("episode (%s) dropped: %s", where, e, exc_info=e if first else None)
             self._consecutive_failures += 1
             limit = self.cfg.max_consecutive_failures
             if limit and self._consecutive_failures >= limit and self.failure is None:
@@ -257,6 +263,7 @@ class RolloutController:
         A lost run leaves nothing behind: a trajectory exists only once an episode has run to its end.
         """
         for attempt in itertools.count():
+                self.failure.__cause__ = e  # rz.log shows the episode's traceback under the failure's
             try:
                 return await run_episode(
                     self.engine,
