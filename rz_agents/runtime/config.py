@@ -175,6 +175,7 @@ class LearnerSpec(LearnerConfig):
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    skip_uniform_groups: bool | None = None  # follows rollout.skip_uniform_groups
 
 
 @dataclass
@@ -364,7 +365,16 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
         _agree(f"learner.{name}", getattr(lc, name), f"rollout.{name}", getattr(r, name), why)
     rollout_fields = {f.name: getattr(r, f.name) for f in dataclasses.fields(RolloutConfig)}
     learner_fields = {f.name: getattr(lc, f.name) for f in dataclasses.fields(LearnerConfig)}
+    why = "the rollout decides which groups are trained; set only rollout.skip_uniform_groups"
+    _agree(
+        "learner.skip_uniform_groups",
+        lc.skip_uniform_groups,
+        "rollout.skip_uniform_groups",
+        r.skip_uniform_groups,
+        why,
+    )
     sampling = {"temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p}
+    sampling["skip_uniform_groups"] = r.skip_uniform_groups
     return dataclasses.replace(
         cfg,
         rollout=RolloutConfig(**{**rollout_fields, "max_lag": max_lag, "seed": cfg.seed}),
