@@ -25,8 +25,10 @@ def episode_line(episodes: dict[str, Any] | None) -> str:
     e = episodes
     line = (
         f"episodes: {e['finished']} finished, {e['failed']} failed, {e['rerun']} rerun, {e['lost']} lost"
-        f" (of {e['started']} started)"
+        f" (of {e['started']} started"
     )
+    running = e["started"] - e["finished"] - e["failed"]
+    line += f"; {running} stopped with the run)" if running > 0 else ")"
     if e["failed"] and e.get("first_error"):
         line += f"\n  first failed episode: {e['first_error']} (traceback: rz.log)"
     return line

@@ -69,12 +69,6 @@ def register_builtin_envs() -> None:
         register_env(env_id, entry_point)
 
 
-def is_class_path(env_id: str) -> bool:
-    """True for ``package.module:Class`` as written (a ``:`` and no ``/``); ``module:Name`` may still name a
-    Gymnasium id the module registers: ``rz_agents.envs.resolve.resolve_env`` decides after importing it."""
-    return ":" in env_id and "/" not in env_id
-
-
 def check_env_id(env_id: str) -> None:
     """Raise ValueError with a did-you-mean when ``env_id`` names nothing that can be built."""
     from rz_agents.envs.resolve import resolve_env

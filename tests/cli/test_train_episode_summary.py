@@ -44,9 +44,10 @@ def test_failed_episodes_are_counted_on_the_console_with_the_first_error(tmp_pat
         "env.step failed: KeyError: 'flaky lookup'"
     )
     line = next(x for x in out.splitlines() if x.startswith("episodes: "))
+    running = summary["started"] - summary["finished"] - summary["failed"]
     assert line == (
         f"episodes: {summary['finished']} finished, {summary['failed']} failed, 0 rerun, 0 lost "
-        f"(of {summary['started']} started)"
+        f"(of {summary['started']} started" + (f"; {running} stopped with the run)" if running else ")")
     )
     assert "first failed episode: env.step failed: KeyError: 'flaky lookup' (group" in out
     assert "episodes failed" in err  # the progress lines say it as it happens
