@@ -18,18 +18,14 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def tasks(rng: random.Random, n: int, prefix: str, taken: set) -> list[dict]:
+    """``n`` tasks whose (key, code) pairs are not in ``taken``: the code of a key differs between tasks,
+    so only the tool knows it."""
     out = []
     while len(out) < n:
-        key = "".join(rng.choice(LETTERS) for _ in range(4))
-        if key not in taken:
-            taken.add(key)
-            out.append(
-                {
-                    "id": f"{prefix}{len(out)}",
-                    "key": key,
-                    "code": "".join(rng.choice(LETTERS) for _ in range(3)),
-                }
-            )
+        pair = (rng.choice(LETTERS), rng.choice(LETTERS))
+        if pair not in taken:
+            taken.add(pair)
+            out.append({"id": f"{prefix}{len(out)}", "key": pair[0], "code": pair[1]})
     return out
 
 
@@ -45,7 +41,7 @@ def scripted_episode(env: KeyLookupEnv, task: dict) -> dict:
     return {"messages": messages}
 
 
-def main(out: Path = Path(__file__).parent, n_train: int = 400, n_eval: int = 64, n_demos: int = 300) -> None:
+def main(out: Path = Path(__file__).parent, n_train: int = 400, n_eval: int = 64, n_demos: int = 400) -> None:
     rng = random.Random(0)
     taken: set = set()
     train, held_out = tasks(rng, n_train, "t", taken), tasks(rng, n_eval, "e", taken)

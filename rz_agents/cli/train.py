@@ -18,7 +18,7 @@ from rz_agents.cli import resume
 from rz_agents.cli.configs import describe_packaged_configs, resolve_config
 from rz_agents.cli.episode_summary import episode_counts, episode_line, failed_note
 from rz_agents.cli.failure import attach_run_log
-from rz_agents.cli.warm_start import WarmStartMismatch, run_warm_start
+from rz_agents.cli.warm_start import WarmStartMismatch, check_demos_fit, run_warm_start
 from rz_agents.config_io import ConfigError, load_config, to_dict
 from rz_agents.runtime import TrainConfig, build_run, resolve
 from rz_agents.runtime.loop import TrainLoop
@@ -45,6 +45,11 @@ class RunConfig(TrainConfig):
         self.warm_start.validate()
         if self.summary_window < 1:
             raise ValueError(f"summary_window must be >= 1, got {self.summary_window}")
+        if self.warm_start.demos > 0:
+            from rz_agents.envs.resolve import resolve_env
+
+            target = resolve_env(self.env.id)
+            check_demos_fit(self.warm_start, self.env.id, target.cls or target.constructor())
         if self.warm_start.enabled and self.learner_process:
             raise ValueError(
                 "warm_start with learner_process: true is not supported (the warm start trains this "
@@ -296,7 +301,9 @@ def _print_summary(s: dict, run_dir: Path, report: Path | None) -> None:
         f"steps: {s['steps']}   wall: {fmt(s['wall_s'], '.1f')} s (RL {fmt(s['rl_wall_s'], '.1f')} s)",
         f"max policy lag reached: {s['max_lag_seen']} (bound {s['max_lag_allowed']})",
         f"lag-0 max |dlogp|: {s['lag0_max_abs_dlogp']} over {s['lag0_tokens_checked']} tokens "
-        f"({'bit-identical' if s['lag0_max_abs_dlogp'] == 0.0 else 'NOT bit-identical'}, kernels={s['kernels']})",
+        f"({'bit-identical' if s['lag0_max_abs_dlogp'] == 0.0 else 'NOT bit-identical'}, kernels={s['kernels']})"
+        if s["lag0_max_abs_dlogp"] is not None
+        else "lag-0 max |dlogp|: no lag-0 token was trained, none checked",
         f"generated tokens/s: {fmt(s['generated_tokens_per_s'], ',.0f')}",
         episode_line(s.get("episodes")),
         f"run directory: {run_dir}",

@@ -1,7 +1,8 @@
 """`rz train`'s warm start: episodes from a file, a rejection-sampling bootstrap, synthetic tool demos.
 
-Runs on the run's own model, tokenizer, chat template, env factory and engine (before RL), then hands the
-weights to the learner and the engines. A warm start that does not fit the run's env is a
+Runs on the run's own model, tokenizer, chat template, env and engine (before RL), then hands the weights
+to the learner and the engines. Writes run_dir/warm_start_model (and run_dir/initial_model when the policy
+is a random init, which exists nowhere else: ``rz eval --checkpoint`` scores the policy before and after). A warm start that does not fit the run's env is a
 ``WarmStartMismatch`` (one line), raised before anything trains.
 """
 
@@ -36,8 +37,11 @@ class WarmStartMismatch(ValueError):
     """The configured warm start cannot teach the run's env anything (e.g. arithmetic demos elsewhere)."""
 
 
-def _one_env(run) -> Any:
-    return run.controller.env_factory()
+def _local_env_factory(run) -> Callable[[], Any]:
+    """Envs built in this process (the Ray runtime's own factory gives remote proxies)."""
+    from rz_agents.runtime.factories import run_env_factory
+
+    return run_env_factory(run.cfg)
 
 
 def _close(env: Any) -> None:
@@ -47,18 +51,20 @@ def _close(env: Any) -> None:
         pass
 
 
-def check_demos_fit(ws: WarmStartConfig, env: Any, env_id: str) -> None:
-    """WarmStartMismatch unless the synthetic demos (``warm_start.demos``) were written for ``env``."""
+def check_demos_fit(ws: WarmStartConfig, env_id: str, env_class: Any) -> None:
+    """WarmStartMismatch unless the synthetic demos (``warm_start.demos``) were written for ``env_class``
+    (what ``env.id`` builds)."""
     import importlib
 
+    if ws.demos <= 0:
+        return
     module, name = DEMO_ENVS[ws.task]
     cls = getattr(importlib.import_module(module), name)
-    if not isinstance(getattr(env, "unwrapped", env), cls):
+    if not (isinstance(env_class, type) and issubclass(env_class, cls)):
         raise WarmStartMismatch(
             f"warm_start.demos makes {ws.task!r} demonstrations for {module}:{name}, but env.id is {env_id!r}: "
             "they would teach this env nothing. Give your own episodes (warm_start.episodes: FILE.jsonl), "
-            "a bootstrap (warm_start.bootstrap.rounds: N), or set warm_start.demos: 0 "
-            "(docs/custom_env.md)"
+            "a bootstrap (warm_start.bootstrap.rounds: N), or set warm_start.demos: 0 (docs/custom_env.md)"
         )
 
 
@@ -68,7 +74,7 @@ def episode_demos(run, path: str, log: Callable[[str], None]) -> list[Demonstrat
     episodes = load_episodes(path)
     env_tools = None
     if any("tools" not in e for e in episodes):
-        env = _one_env(run)
+        env = _local_env_factory(run)()
         try:
             _, info = env.reset(seed=0, options={"task": None})
             env_tools = info.get("tools") or None
@@ -103,7 +109,7 @@ def bootstrap(run, ws: WarmStartConfig, log: Callable[[str], None]) -> dict[str,
         result = asyncio.run(
             sample_round(
                 run.engine,
-                run.controller.env_factory,
+                _local_env_factory(run),
                 run.template,
                 run.tokenizer,
                 picked,
@@ -149,7 +155,7 @@ def run_warm_start(run, cfg, log: Callable[[str], None]) -> dict | None:
         log(f"warm start skipped: the run continues from {cfg.resume_from}")
         return None
     if ws.demos > 0:
-        env = _one_env(run)
+        env = _local_env_factory(run)()
         try:
             check_demos_fit(ws, env, cfg.env.id)
         finally:
@@ -164,6 +170,8 @@ def run_warm_start(run, cfg, log: Callable[[str], None]) -> dict | None:
 
         return on_step
 
+    if cfg.output_dir and not cfg.model.checkpoint:  # a random init exists nowhere else: keep it for rz eval
+        run.export_model(Path(cfg.output_dir) / "initial_model")
     result: dict[str, Any] = {}
     # The SFT may run on the standard ops (faster); RL then samples and trains on the run's kernels.
     kernels, threads = run.model.kernels, torch.get_num_threads()

@@ -58,6 +58,13 @@ def _templates():
     yield "qwen3", tok, ChatTemplate()
 
 
+def _task_of(episode, tasks):
+    """The task an episode of the tutorial file was recorded on (its key and the code the tool gave)."""
+    key = episode["messages"][0]["content"].split()[-1].rstrip("?")
+    code = episode["messages"][2]["content"]
+    return next(t for t in tasks if t["key"] == key and t["code"] == code)
+
+
 def _tutorial_episodes():
     return [json.loads(line) for line in (TUTORIAL / "episodes.jsonl").read_text().splitlines()[:5]]
 
@@ -68,8 +75,7 @@ def _tutorial_episodes():
 def test_a_tutorial_episode_renders_to_the_rollouts_tokens_and_mask(name, tokenizer, template):
     tasks = [json.loads(line) for line in (TUTORIAL / "tasks.jsonl").read_text().splitlines()]
     for episode in _tutorial_episodes():
-        key = episode["messages"][0]["content"].split()[-1].rstrip("?")
-        task = next(t for t in tasks if t["key"] == key)
+        task = _task_of(episode, tasks)
         env = KeyLookupEnv()
         traj = _rollout(env, tokenizer, template, episode, task)
         assert traj.reward == 1.0 and traj.info["turns"] == 2
@@ -85,15 +91,15 @@ def test_openai_style_tool_calls_render_as_the_text_the_env_parses():
     env answers the call, and the rollout of that text is the demonstration's tokens."""
     tok, template = ByteTokenizer(), ByteChatTemplate()
     env = KeyLookupEnv()
-    task = {"key": "abcd", "code": "xyz"}
+    task = {"key": "a", "code": "x"}
     messages, info = env.reset(options={"task": task})
-    call = {"type": "function", "function": {"name": "lookup", "arguments": json.dumps({"key": "abcd"})}}
+    call = {"type": "function", "function": {"name": "lookup", "arguments": json.dumps({"key": "a"})}}
     episode = {
         "messages": [
             *messages,
             {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "content": "xyz"},
-            {"role": "assistant", "content": "xyz"},
+            {"role": "tool", "content": "x"},
+            {"role": "assistant", "content": "x"},
         ]
     }
     traj = _rollout(KeyLookupEnv(), tok, template, episode, task)
@@ -107,8 +113,7 @@ def test_a_wrong_observation_in_the_file_no_longer_matches_the_rollout():
     tok, template = ByteTokenizer(), ByteChatTemplate()
     episode = _tutorial_episodes()[0]
     tasks = [json.loads(line) for line in (TUTORIAL / "tasks.jsonl").read_text().splitlines()]
-    key = episode["messages"][0]["content"].split()[-1].rstrip("?")
-    task = next(t for t in tasks if t["key"] == key)
+    task = _task_of(episode, tasks)
     traj = _rollout(KeyLookupEnv(), tok, template, episode, task)
     bad = json.loads(json.dumps(episode))
     bad["messages"][2]["content"] = "zzz"

@@ -1,6 +1,6 @@
 """KeyLookup: find the code of a key with a ``lookup`` tool, then answer with the code.
 
-A task is ``{"id": ..., "key": "plum", "code": "xqv"}``. The policy cannot know the code: it must call
+A task is ``{"id": ..., "key": "q", "code": "x"}`` (one letter each; a key's code differs between tasks). The policy cannot know the code: it must call
 ``lookup`` with the task's key (one turn), read the tool's answer, and reply with the code (next turn).
 Reward 1.0 for the exact code, 0 otherwise.
 """
@@ -12,12 +12,12 @@ from typing import Any
 from rz_agents.envs import MultiTurnTextEnv
 from rz_agents.envs.tool_calls import parse_tool_calls
 
+# The tool's schema, shown to the policy in its prompt (kept short: a tiny policy reads it every episode).
 LOOKUP = {
     "type": "function",
     "function": {
         "name": "lookup",
-        "description": "code of a key",
-        "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+        "parameters": {"type": "object", "properties": {"key": {"type": "string"}}},
     },
 }
 
