@@ -1,7 +1,7 @@
 """Write the tutorial's data: tasks.jsonl (train), eval_tasks.jsonl (held-out), episodes.jsonl (demos).
 
 The demonstrations are recorded by playing the env itself with a scripted policy, so their messages are
-exactly the env's own (prompts, tool results), tool calls included.
+exactly the env's own (prompts, tool calls, tool results).
 
     python make_data.py            # in docs/tutorial/
 """
@@ -32,8 +32,7 @@ def tasks(rng: random.Random, n: int, prefix: str, taken: set) -> list[dict]:
 def scripted_episode(env: KeyLookupEnv, task: dict) -> dict:
     """Play one episode the right way; return its messages (the env's own) and tools."""
     messages, info = env.reset(options={"task": task})
-    call = "<tool_call>" + json.dumps({"name": "lookup", "arguments": {"key": task["key"]}}) + "</tool_call>"
-    for action in (call, task["code"]):
+    for action in (f"lookup {task['key']}", task["code"]):
         messages = messages + [{"role": "assistant", "content": action}]
         obs, reward, terminated, truncated, _ = env.step(action)
         messages += obs
