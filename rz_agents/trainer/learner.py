@@ -41,7 +41,8 @@ class LearnerConfig:
     max_lag: int | None = 64  # tokens older than this are not trained (dropped and counted); None: no bound
     assert_lag0_exact: bool = False  # raise if a lag-0 token has logp_learner != behavior logprob
     # Leave groups whose rewards are all equal (advantage 0: no gradient) out of the forward/backward; the
-    # loss normalizer still counts their tokens, so the update is the one the whole batch gives.
+    # loss normalizer still counts their tokens, so the update is the whole batch's (bit for bit within one
+    # micro-batch; across micro-batches the gradient sums run in another order).
     skip_uniform_groups: bool = False
     # The sampling distribution the engine used; the learner scores tokens under the same one.
     temperature: float = 1.0

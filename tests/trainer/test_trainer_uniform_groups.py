@@ -53,7 +53,7 @@ def test_skipping_a_uniform_group_trains_fewer_tokens_to_the_same_update():
     # the reward figures are the whole batch's
     assert m_skip["reward_mean"] == m_full["reward_mean"]
     assert m_skip["lag0_abs_dlogp_max"] == 0.0 and skip.version == full.version == 1
-    # Same update, bit for bit: the skipped sequences add exact zeros to the gradient sums.
+    # Same update, bit for bit (one micro-batch): the skipped sequences add exact zeros to the gradient sums.
     assert m_skip["loss"] == m_full["loss"]
     assert _same_weights(full_model, skip_model)
 
