@@ -159,3 +159,16 @@ def test_the_run_turn_limit_is_given_to_the_env_and_a_different_env_max_turns_is
     ):
         _load(tmp_path, overrides=[f"env.id={pkg}:ReverseWordEnv", "env.kwargs.max_turns=2"])
     _load(tmp_path, overrides=[f"env.id={pkg}:ReverseWordEnv", "env.kwargs.max_turns=1"])  # agreeing: fine
+
+
+def test_rz_train_dry_run_reports_an_env_kwargs_typo_in_one_line(tmp_path, pkg, capsys):
+    from rz_agents.cli import main
+
+    path = tmp_path / "run.yaml"
+    path.write_text(BASE + f"env: {{id: '{pkg}:ReverseWordEnv', kwargs: {{partal: 0.5}}}}\n")
+    assert main(["train", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "rz train: config error: env.kwargs.partal: ReverseWordEnv() takes no argument 'partal' "
+        "(did you mean partial?); it takes partial, max_turns\n"
+    )
