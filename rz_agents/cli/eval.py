@@ -4,6 +4,9 @@
   problem and print the per-problem table and the metrics (``--json`` prints the results JSON,
   ``--out FILE`` writes it). CONFIG is a YAML file whose ``eval:`` section sets the same fields;
   flags given on the command line override it.
+* ``rz eval RUN/config.yaml --checkpoint DIR [--tasks FILE] [--k 4] [--threshold 1.0]``: a training config
+  (it has ``env:``) and no benchmark (``--benchmark`` or ``eval.benchmark``): the run's own env on its eval
+  tasks (``env.eval_tasks`` or ``--tasks``), with the env's prompt, tools and reward (rz_agents.eval.env_eval).
 * ``rz eval osworld --tasks DIR|FILE ...``: the OSWorld success table (the same command as
   ``rz osworld eval``; its options are defined once, in ``rz_agents.cli.osworld``).
 """
@@ -115,6 +118,19 @@ def add_parser(subparsers: Any) -> None:
         "compact (the question alone; for policies trained on compact prompts, e.g. smollm2-gsm8k)",
     )
     m.add_argument("--rows", type=int, default=None, help="print at most N table rows")
+    e = parser.add_argument_group(
+        "the run's own env (CONFIG is a training config, e.g. RUN/config.yaml, and no benchmark is named); "
+        "--tasks FILE (JSONL/JSON/Parquet or a packaged name) replaces env.eval_tasks, and --k, --temperature, "
+        "--top-p, --top-k, --seed, --limit, --num-slots, --num-threads, --kernels, --dtype apply; sampling "
+        "defaults to the run's rollout settings, turn and token limits are the run's"
+    )
+    e.add_argument("--threshold", type=float, default=None, help="success means reward >= this (default 1.0)")
+    e.add_argument(
+        "--num-tasks",
+        type=int,
+        default=None,
+        help="with no task list, evaluate N tasks the env draws itself (seeded)",
+    )
 
     from rz_agents.cli.osworld import add_eval_arguments
 
@@ -135,7 +151,26 @@ def run(args: argparse.Namespace) -> int:
     """Dispatch: OSWorld or a math benchmark. Exit 2 for a bad config, checkpoint or dataset."""
     if args.config == "osworld":
         return _run_osworld(args)
+    if _is_env_eval(args):
+        from rz_agents.cli.eval_env import run_env
+
+        return run_env(args)
     return _run_math(args)
+
+
+def _is_env_eval(args: argparse.Namespace) -> bool:
+    """A training config (it has ``env:``) and no benchmark named: evaluate the run's own env."""
+    from rz_agents.cli.configs import resolve_config
+    from rz_agents.config_io import ConfigError, read_yaml_mapping
+
+    if not args.config or args.benchmark:
+        return False
+    try:
+        doc = read_yaml_mapping(resolve_config(args.config))
+    except ConfigError:
+        return False  # the math path reports it
+    section = doc.get("eval")
+    return "env" in doc and not (isinstance(section, dict) and section.get("benchmark"))
 
 
 def _run_osworld(args: argparse.Namespace) -> int:

@@ -12,16 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from rz_agents.cli import resume
 from rz_agents.cli.configs import describe_packaged_configs, resolve_config
+from rz_agents.cli.episode_summary import episode_counts, episode_line, failed_note
 from rz_agents.cli.failure import attach_run_log
+from rz_agents.cli.warm_start import WarmStartMismatch, check_demos_fit, run_warm_start
 from rz_agents.config_io import ConfigError, load_config, to_dict
 from rz_agents.runtime import TrainConfig, build_run, resolve
 from rz_agents.runtime.loop import TrainLoop
-from rz_agents.warmstart import DEMO_TASKS, WarmStartConfig, supervised_warm_start
+from rz_agents.warmstart import WarmStartConfig
+from rz_agents.warmstart.episodes import EpisodeFileError
 
 
 @dataclass
@@ -43,7 +45,12 @@ class RunConfig(TrainConfig):
         self.warm_start.validate()
         if self.summary_window < 1:
             raise ValueError(f"summary_window must be >= 1, got {self.summary_window}")
-        if self.warm_start.demos > 0 and self.learner_process:
+        if self.warm_start.demos > 0:
+            from rz_agents.envs.resolve import resolve_env
+
+            target = resolve_env(self.env.id)
+            check_demos_fit(self.warm_start, self.env.id, target.cls or target.constructor())
+        if self.warm_start.enabled and self.learner_process:
             raise ValueError(
                 "warm_start with learner_process: true is not supported (the warm start trains this "
                 "process's model; the learner process holds its own copy)"
@@ -135,61 +142,8 @@ def build_summary(
         else None,
         "skipped_steps": run_summary.get("skipped_steps"),
         "rollout": run_summary.get("rollout"),
+        "episodes": episode_counts(run_summary),
     }
-
-
-def _warm_start(run: TrainLoop, cfg: RunConfig, log) -> dict | None:
-    ws = cfg.warm_start
-    if ws.demos <= 0:
-        return None
-    if cfg.resume_from:  # the checkpoint holds the weights the warm start (and RL) made: train on them
-        log(f"warm start skipped: the run continues from {cfg.resume_from}")
-        return None
-    last = [0.0]
-
-    def progress(phase: str):
-        def on_step(step: int, total: int, loss: float) -> None:
-            if step == total or time.perf_counter() - last[0] > 10:
-                last[0] = time.perf_counter()
-                log(f"  warm start ({phase}) step {step}/{total}  loss {loss:.3f}")
-
-        return on_step
-
-    make_demos = DEMO_TASKS[ws.task]
-    fmt = make_demos(
-        run.tokenizer, run.template, ws.demos, seed=ws.seed, difficulty=ws.difficulty, tool_fraction=1.0
-    )
-    # The SFT may run on the standard ops (faster); RL then samples and trains on the run's kernels.
-    kernels, threads = run.model.kernels, torch.get_num_threads()
-    run.model.set_kernels(ws.kernels or kernels)
-    torch.set_num_threads(ws.num_threads or threads)
-    try:
-        log(f"warm start, format phase: {len(fmt)} tool-use demonstrations ({ws.task}) x {ws.epochs} epochs")
-        result = {"format": supervised_warm_start(run.model, fmt, ws, on_step=progress("format"))}
-        if ws.prior_demos > 0:
-            prior = make_demos(
-                run.tokenizer,
-                run.template,
-                ws.prior_demos,
-                seed=ws.seed + 1,
-                difficulty=ws.difficulty,
-                tool_fraction=ws.tool_fraction,
-            )
-            log(
-                f"warm start, prior phase: {len(prior)} demonstrations, "
-                f"{sum(d.uses_tool for d in prior)} use the tool (the rest guess)"
-            )
-            result["prior"] = supervised_warm_start(
-                run.model, prior, ws, on_step=progress("prior"), epochs=1, lr=ws.prior_lr, warmup_steps=0
-            )
-    finally:
-        run.model.set_kernels(kernels)
-        torch.set_num_threads(threads)
-    # The learner (and its fp32 masters) and the engines take the warm-started weights (same version).
-    run.push_model_weights()
-    if cfg.output_dir:
-        run.export_model(Path(cfg.output_dir) / "warm_start_model")
-    return result
 
 
 def load_run_config(config: str, overrides: list[str] | None = None) -> RunConfig:
@@ -263,7 +217,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"rz train: cannot build the run: {exc}", file=sys.stderr)
         return 2
     try:
-        warm = _warm_start(runner, cfg, log)
+        try:
+            warm = run_warm_start(runner, cfg, log)
+        except (WarmStartMismatch, EpisodeFileError) as exc:
+            print(f"rz train: warm start: {exc}", file=sys.stderr)
+            return 2
         summary = _train_with_progress(runner, cfg, console, args.no_progress, log)
         if cfg.export_final_model:
             runner.export_model(run_dir / "final_model")
@@ -303,7 +261,7 @@ def _train_with_progress(runner: TrainLoop, cfg: RunConfig, console, plain: bool
         r = metrics.get("reward_mean", float("nan"))
         lag = metrics.get("lag_max", 0)
         tps = metrics.get("trained_tokens_per_s", 0.0)
-        return f"reward {r:.3f}  lag<= {lag}  {tps:,.0f} tok/s"
+        return f"reward {r:.3f}  lag<= {lag}  {tps:,.0f} tok/s{failed_note(metrics)}"
 
     if plain:
 
@@ -343,8 +301,11 @@ def _print_summary(s: dict, run_dir: Path, report: Path | None) -> None:
         f"steps: {s['steps']}   wall: {fmt(s['wall_s'], '.1f')} s (RL {fmt(s['rl_wall_s'], '.1f')} s)",
         f"max policy lag reached: {s['max_lag_seen']} (bound {s['max_lag_allowed']})",
         f"lag-0 max |dlogp|: {s['lag0_max_abs_dlogp']} over {s['lag0_tokens_checked']} tokens "
-        f"({'bit-identical' if s['lag0_max_abs_dlogp'] == 0.0 else 'NOT bit-identical'}, kernels={s['kernels']})",
+        f"({'bit-identical' if s['lag0_max_abs_dlogp'] == 0.0 else 'NOT bit-identical'}, kernels={s['kernels']})"
+        if s["lag0_max_abs_dlogp"] is not None
+        else "lag-0 max |dlogp|: no lag-0 token was trained, none checked",
         f"generated tokens/s: {fmt(s['generated_tokens_per_s'], ',.0f')}",
+        episode_line(s.get("episodes")),
         f"run directory: {run_dir}",
         f"summary: {run_dir / 'summary.json'}",
     ]

@@ -35,7 +35,9 @@ DATASETS: dict[str, PackagedSet] = {
 ALIASES = {"aime2024": "aime24", "aime2025": "aime25", "aime2026": "aime26", "gsm8k_test": "gsm8k"}
 
 
-def _read_records(path: Path) -> list[dict[str, Any]]:
+def read_records(path: Path) -> list[Any]:
+    """The records of a ``.jsonl`` (one JSON value a line), ``.json`` (a list) or ``.parquet`` file, as is;
+    DatasetError naming the file (and line) when it cannot be read."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         try:
@@ -124,7 +126,7 @@ def load_dataset(
     unknown = set(field_map or {}) - {"id", "question", "answer"}
     if unknown:
         raise DatasetError(f"field_map keys must be among id, question, answer; got {sorted(unknown)}")
-    records = _read_records(path)
+    records = read_records(path)
     if limit is not None:
         records = records[:limit]
     return _normalize(records, str(path), prefix, fields)

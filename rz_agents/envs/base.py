@@ -90,6 +90,11 @@ def as_messages(obs: str | Message | Sequence[Message] | None, role: str = "user
         return [{"role": role, "content": obs}]
     if isinstance(obs, dict):
         obs = [obs]
+    if not isinstance(obs, (list, tuple)):
+        raise TypeError(
+            f"an observation must be a str, a {{'role', 'content'}} message dict, a list of them or None; "
+            f"got {type(obs).__name__} {obs!r:.80}"
+        )
     out: list[Message] = []
     for i, m in enumerate(obs):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
@@ -98,6 +103,14 @@ def as_messages(obs: str | Message | Sequence[Message] | None, role: str = "user
             )
         out.append({"role": m["role"], "content": m["content"]})
     return out
+
+
+def _checked(obs: Any, method: str, role: str) -> list[Message]:
+    """``as_messages(obs)``, or a TypeError naming the method that returned the bad observation."""
+    try:
+        return as_messages(obs, role=role)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{method} returned a bad observation: {exc}") from None
 
 
 class MultiTurnTextEnv(gymnasium.Env):
@@ -159,6 +172,7 @@ class MultiTurnTextEnv(gymnasium.Env):
         if task is not None and not isinstance(task, dict):
             raise TypeError(f"options['task'] must be a dict, got {type(task).__name__}")
         obs, info = self._reset(task, self.np_random)
+        messages = _checked(obs, f"{type(self).__name__}._reset", role="user")
         info = dict(info or {})
         info.setdefault("tools", list(self.tools))
         if "task_id" not in info:
@@ -167,7 +181,7 @@ class MultiTurnTextEnv(gymnasium.Env):
         self.turn = 0
         self._done = False
         self._started = True
-        return as_messages(obs, role="user"), info
+        return messages, info
 
     def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         """Apply one policy turn; returns ``(obs, reward, terminated, truncated, info)``."""
@@ -178,6 +192,7 @@ class MultiTurnTextEnv(gymnasium.Env):
         if not isinstance(action, str):
             raise TypeError(f"action must be the decoded turn text (str), got {type(action).__name__}")
         obs, reward, terminated, info = self._step(action)
+        messages = _checked(obs, f"{type(self).__name__}._step", role="tool" if self.tools else "user")
         self.turn += 1
         info = dict(info or {})
         info["turn"] = self.turn
@@ -186,7 +201,6 @@ class MultiTurnTextEnv(gymnasium.Env):
             truncated = True
             reward = float(reward) + self._on_truncate()
         self._done = bool(terminated or truncated)
-        messages = as_messages(obs, role="tool" if self.tools else "user")
         return messages, float(reward), bool(terminated), truncated, info
 
     def close(self) -> None:

@@ -124,6 +124,24 @@ def _turn_text(tokenizer, tokens: Sequence[int], stops: Sequence[int]) -> tuple[
     return tokenizer.decode(text_ids, skip_special_tokens=True), ended_with_stop
 
 
+def _returned(result: Any, method: str, expected: str, n: int) -> tuple:
+    """``result`` as the n-tuple ``method`` must return; EpisodeError saying what came instead."""
+    if not isinstance(result, tuple) or len(result) != n:
+        got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+        raise EpisodeError(f"{method} returned {got}; expected a tuple {expected}")
+    return result
+
+
+def _observation(obs: Any, method: str, role: str) -> list[dict[str, str]]:
+    """The env's observation as chat messages; EpisodeError naming the method and what it returned."""
+    from rz_agents.envs.base import as_messages
+
+    try:
+        return as_messages(obs, role=role)
+    except (TypeError, ValueError) as e:
+        raise EpisodeError(f"{method} returned a bad observation: {e}") from e
+
+
 async def run_episode(
     engine,
     env,
@@ -138,13 +156,18 @@ async def run_episode(
 
     ``sampling`` is the engine's SamplingParams template: max_tokens, seed and stop_token_ids are set per turn.
     """
+    name = type(getattr(env, "unwrapped", env)).__name__
     try:
         reset_seed = spec.seed if spec.reset_seed is None else spec.reset_seed
-        messages, info = await call_env(executor, env.reset, seed=reset_seed, options={"task": spec.task})
+        result = await call_env(executor, env.reset, seed=reset_seed, options={"task": spec.task})
     except ReplicaLost:
         raise
     except Exception as e:
-        raise EpisodeError(f"env.reset failed: {e!r}") from e
+        raise EpisodeError(f"env.reset failed: {type(e).__name__}: {e}") from e
+    obs, info = _returned(result, f"{name}.reset", "(observation, info)", 2)
+    messages = _observation(obs, f"{name}.reset", "user")
+    if not isinstance(info, dict):
+        raise EpisodeError(f"{name}.reset returned info of type {type(info).__name__}; expected a dict")
     transcript = _Transcript.of_prompt(
         template.encode_prompt(tokenizer, messages, tools=info.get("tools") or None)
     )
@@ -168,12 +191,21 @@ async def run_episode(
         turns += 1
         text, ended_with_stop = _turn_text(tokenizer, completion.tokens, stops)
         try:
-            obs, reward, terminated, truncated, _ = await call_env(executor, env.step, text)
-            total_reward += float(reward)
+            result = await call_env(executor, env.step, text)
         except ReplicaLost:
             raise
         except Exception as e:
-            raise EpisodeError(f"env.step failed: {e!r}") from e
+            raise EpisodeError(f"env.step failed: {type(e).__name__}: {e}") from e
+        obs, reward, terminated, truncated, _ = _returned(
+            result, f"{name}.step", "(observation, reward, terminated, truncated, info)", 5
+        )
+        obs = _observation(obs, f"{name}.step", "tool" if info.get("tools") else "user")
+        try:
+            total_reward += float(reward)
+        except (TypeError, ValueError):
+            raise EpisodeError(
+                f"{name}.step returned a reward of type {type(reward).__name__} ({reward!r:.40}); expected a number"
+            ) from None
         if terminated or truncated:
             finish = "terminated" if terminated else "truncated"
             break

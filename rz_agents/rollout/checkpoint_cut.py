@@ -6,8 +6,9 @@ Each group index in ``range(groups_started)`` is, in a checkpoint, exactly one o
 - queued: finished, its trajectories saved (``queued``; a batch the learner took but has not trained
   yet is saved here too, at the front);
 - in flight: relaunched on resume with the same index, task and seeds (``in_flight``);
-- dropped: every episode failed, or a token went past the lag bound (``groups_dropped_failed`` +
-  ``groups_dropped_stale``, indices in ``dropped_groups``).
+- dropped: every episode failed, a token went past the lag bound, or its rewards were all equal and
+  another group replaced it (``groups_dropped_failed`` + ``groups_dropped_stale`` +
+  ``groups_dropped_uniform``, indices in ``dropped_groups``).
 
 A resume from a state that breaks this would wait for groups that can never come (admission counts them
 as live) or train a group twice, so the state is checked when it is saved and when it is loaded.
@@ -38,16 +39,19 @@ def check_consistent_cut(
     c = state["counters"]
     started, trained = int(c["groups_started"]), int(c["groups_trained"])
     failed, stale = int(c["groups_dropped_failed"]), int(c["groups_dropped_stale"])
+    uniform = int(c.get("groups_dropped_uniform", 0))  # replaced uniform-reward groups (rollout.oversample)
     queued = [int(g["index"]) for g in state["queued"]]
     in_flight = [int(i) for i, _ in state["in_flight"]]
     problems = []
     if int(state["steps_done"]) != steps:
         problems.append(f"steps_done {state['steps_done']} != {steps} learner steps in the history")
-    total = trained + len(queued) + len(in_flight) + failed + stale
+    total = trained + len(queued) + len(in_flight) + failed + stale + uniform
     if total != started:
         problems.append(
             f"groups_started {started} != trained {trained} + queued {len(queued)} + in flight "
-            f"{len(in_flight)} + dropped {failed} failed + {stale} stale (= {total})"
+            f"{len(in_flight)} + dropped {failed} failed + {stale} stale"
+            + (f" + {uniform} uniform" if uniform else "")
+            + f" (= {total})"
         )
     position = int(state["tasks"]["position"])
     if position != started:
@@ -55,8 +59,11 @@ def check_consistent_cut(
     places = {"queued": queued, "in flight": in_flight}
     dropped = state.get("dropped_groups")
     if dropped is not None:
-        if len(dropped) != failed + stale:
-            problems.append(f"{len(dropped)} dropped group indices != dropped {failed} + {stale}")
+        if len(dropped) != failed + stale + uniform:
+            problems.append(
+                f"{len(dropped)} dropped group indices != dropped {failed} + {stale}"
+                + (f" + {uniform} uniform" if uniform else "")
+            )
         places["dropped"] = [int(i) for i in dropped]
     if trained_groups is not None:
         flat = [int(i) for batch in trained_groups for i in batch]

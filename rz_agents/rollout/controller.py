@@ -66,6 +66,12 @@ class RolloutConfig:
     # An episode whose engine replica or env worker died (Ray runtime) is run again from its start, same
     # task, new sampling seed, up to this many times; then it is dropped. Both are counted.
     max_episode_reruns: int = 2
+    # A group whose rewards are all equal has advantage 0: the learner leaves it out of its forward/backward
+    # (counted per step: groups_skipped_uniform). With oversample: k > 0, up to k such groups per learner
+    # step are dropped as they finish (groups_dropped_uniform) and replacements are started, so batches hold
+    # groups that teach something; beyond k per step they are queued and skipped by the learner.
+    skip_uniform_groups: bool = False
+    oversample: int = 0
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -74,6 +80,12 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_episode_reruns < 0:
             raise ValueError(f"rollout.max_episode_reruns must be >= 0, got {self.max_episode_reruns}")
+        if self.oversample < 0:
+            raise ValueError(f"rollout.oversample must be >= 0, got {self.oversample}")
+        if self.oversample and not self.skip_uniform_groups:
+            raise ValueError(
+                "rollout.oversample replaces uniform-reward groups: set rollout.skip_uniform_groups"
+            )
         if self.max_ahead_batches is not None and self.max_ahead_batches < 1:
             raise ValueError(f"rollout.max_ahead_batches must be >= 1 or None, got {self.max_ahead_batches}")
         if self.max_lag < 0:
@@ -142,6 +154,7 @@ class RolloutController:
             "groups_finished": 0,
             "groups_dropped_failed": 0,
             "groups_dropped_stale": 0,
+            "groups_dropped_uniform": 0,  # all rewards equal, replaced by another group (rollout.oversample)
             "groups_trained": 0,
             "episodes_started": 0,
             "episodes_finished": 0,
@@ -167,10 +180,12 @@ class RolloutController:
         self._stopping = False
         self._consecutive_failures = 0
         self.failure: RolloutFailure | None = None  # set when the run must stop; next_batch raises it
+        self.first_error: str | None = None  # the run's first failed episode, for the summary
 
     # ---- admission ------------------------------------------------------------------------------
     def _dropped(self) -> int:
-        return self.counters["groups_dropped_failed"] + self.counters["groups_dropped_stale"]
+        c = self.counters
+        return c["groups_dropped_failed"] + c["groups_dropped_stale"] + c["groups_dropped_uniform"]
 
     def _ahead_batches(self) -> int:
         ahead = self.cfg.max_lag + 1
@@ -238,11 +253,17 @@ class RolloutController:
             raise
         except (EpisodeError, Exception) as e:  # one bad episode never stops the run
             self.counters["episodes_failed"] += 1
-            log.warning("episode (group %d, member %d) dropped: %s", spec.group_id, spec.member, e)
+            where = f"group {spec.group_id}, member {spec.member}"
+            first = self.first_error is None
+            if first:
+                self.first_error = f"{e} ({where})"
+            # the first failure with its traceback (the env's own frames, through ``raise ... from``)
+            log.warning("episode (%s) dropped: %s", where, e, exc_info=e if first else None)
             self._consecutive_failures += 1
             limit = self.cfg.max_consecutive_failures
             if limit and self._consecutive_failures >= limit and self.failure is None:
                 self.failure = RolloutFailure(f"{limit} episodes in a row failed; the last one: {e}")
+                self.failure.__cause__ = e  # rz.log shows the episode's traceback under the failure's
                 self.stop()
                 self.queue.wake()
             if env is not None:  # it may be broken: do not reuse it
@@ -279,7 +300,12 @@ class RolloutController:
         results = await asyncio.gather(*members)
         self.in_flight.pop(index, None)
         trajs = [t for t in results if t is not None]
-        if trajs:
+        if trajs and self._replace_uniform(trajs):
+            self.counters["groups_dropped_uniform"] += 1
+            self._record_dropped([index])
+            self._wake()  # admission starts a replacement
+            self.queue.notify()
+        elif trajs:
             self.queue.put(Group(index, trajs))
             self.counters["groups_finished"] += 1
         else:
@@ -287,6 +313,13 @@ class RolloutController:
             self._record_dropped([index])
             self._wake()
             self.queue.notify()  # a waiting next_batch re-checks whether any group can still come
+
+    def _replace_uniform(self, trajs: list[Trajectory]) -> bool:
+        """Whether to drop this finished group and start another: its rewards are all equal and the
+        oversample budget (``oversample`` per learner step, counted from the first) is not spent."""
+        if not self.cfg.oversample or len({float(t.reward) for t in trajs}) != 1:
+            return False
+        return self.counters["groups_dropped_uniform"] < (self.steps_done + 1) * self.cfg.oversample
 
     # ---- consuming ------------------------------------------------------------------------------
     async def next_batch(self, version: int) -> list[Trajectory]:

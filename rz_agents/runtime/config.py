@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rz_agents.engine import EngineConfig
-from rz_agents.envs.registry import check_env_id
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig
 from rz_agents.runtime.device import check_device_name
@@ -45,11 +44,16 @@ class ModelSpec:
 
 @dataclass
 class EnvSpec:
-    """A Gymnasium id (``rz_agents/PythonTool-v0``) or ``package.module:Class``, its kwargs, and tasks."""
+    """The env of a run: ``id`` (a registered Gymnasium id, ``module:env-id`` or ``module:Class``; see
+    ``rz_agents.envs.resolve``), its constructor ``kwargs``, and its tasks. ``tasks`` / ``eval_tasks``: a
+    list of task mappings, or a JSONL / JSON / Parquet file of them, or a packaged dataset's name (see
+    ``rz_agents.envs.tasks``); None lets the env draw its own. ``eval_tasks`` are what ``rz eval CONFIG``
+    evaluates."""
 
     id: str = "rz_agents.runtime.synthetic_env:LowercaseLettersEnv"
     kwargs: dict[str, Any] = field(default_factory=dict)
-    tasks: list[dict[str, Any]] | None = None
+    tasks: list[Any] | str | None = None
+    eval_tasks: list[Any] | str | None = None
 
 
 @dataclass
@@ -171,6 +175,7 @@ class LearnerSpec(LearnerConfig):
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    skip_uniform_groups: bool | None = None  # follows rollout.skip_uniform_groups
 
 
 @dataclass
@@ -183,6 +188,8 @@ class TrainConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     model: ModelSpec = field(default_factory=ModelSpec)
     env: EnvSpec = field(default_factory=EnvSpec)
+    # Modules imported before env.id is resolved (they register the user's envs), e.g. [mypkg.envs].
+    imports: list[str] = field(default_factory=list)
     # "byte" (tiny vocab), "qwen3", or "checkpoint" (model.checkpoint's tokenizer.json and chat template)
     tokenizer: str = "byte"
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(num_slots=32, max_len=512))
@@ -235,7 +242,7 @@ class TrainConfig:
             )
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
-        check_env_id(self.env.id)  # a typo fails here, before a model is built
+        self._validate_env()  # a typo fails here, before a model is built
         if self.model.kernels not in (None, *KERNELS):
             raise ValueError(f"model.kernels must be one of {KERNELS}, got {self.model.kernels!r}")
         if self.watchdog_s < 0:
@@ -259,6 +266,17 @@ class TrainConfig:
                 "learner.assert_lag0_exact needs aligned kernels; standard kernels (model.kernels or the "
                 "standard_is estimator) do not give bit-identical engine and learner log-probs"
             )
+
+    def _validate_env(self) -> None:
+        from rz_agents.envs.resolve import check_env_kwargs, check_turn_limit, import_modules, resolve_env
+        from rz_agents.envs.tasks import check_tasks
+
+        import_modules(self.imports)
+        target = resolve_env(self.env.id)
+        check_env_kwargs(target, self.env.kwargs)
+        check_turn_limit(self.env.kwargs, self.rollout.limits.max_turns)
+        check_tasks(self.env.tasks, "env.tasks")
+        check_tasks(self.env.eval_tasks, "env.eval_tasks")
 
     def _validate_runtime(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -347,7 +365,16 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
         _agree(f"learner.{name}", getattr(lc, name), f"rollout.{name}", getattr(r, name), why)
     rollout_fields = {f.name: getattr(r, f.name) for f in dataclasses.fields(RolloutConfig)}
     learner_fields = {f.name: getattr(lc, f.name) for f in dataclasses.fields(LearnerConfig)}
+    why = "the rollout decides which groups are trained; set only rollout.skip_uniform_groups"
+    _agree(
+        "learner.skip_uniform_groups",
+        lc.skip_uniform_groups,
+        "rollout.skip_uniform_groups",
+        r.skip_uniform_groups,
+        why,
+    )
     sampling = {"temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p}
+    sampling["skip_uniform_groups"] = r.skip_uniform_groups
     return dataclasses.replace(
         cfg,
         rollout=RolloutConfig(**{**rollout_fields, "max_lag": max_lag, "seed": cfg.seed}),

@@ -3,11 +3,10 @@ rollout controller."""
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Sequence
 
 import torch
 
-from rz_agents.envs.registry import is_class_path
 from rz_agents.model.packaged import resolve_checkpoint
 from rz_agents.rollout.controller import RolloutController
 from rz_agents.rollout.task_source import TaskSource
@@ -64,16 +63,20 @@ def build_tokenizer(name: str, checkpoint: str | None = None):
     return qwen3_tokenizer(), ChatTemplate()
 
 
-def env_factory(spec: EnvSpec):
-    """A zero-argument callable building one env instance."""
-    if is_class_path(spec.id):
-        module, _, name = spec.id.partition(":")
-        cls = getattr(importlib.import_module(module), name)
-        return lambda: cls(**spec.kwargs)
-    import gymnasium
+def env_factory(spec: EnvSpec, imports: Sequence[str] = (), max_turns: int | None = None):
+    """A zero-argument callable building one env instance.
 
-    # Gymnasium wrappers (order enforcing, passive checker) reject text spaces: take the env itself.
-    return lambda: gymnasium.make(spec.id, disable_env_checker=True, **spec.kwargs).unwrapped
+    ``imports`` (the config's ``imports:``) are imported and the ``rz_agents.envs`` plugins loaded first, in
+    whichever process builds the envs (a Ray env worker too); ``max_turns`` is the run's turn limit, given to
+    the env when its constructor takes one (``rz_agents.envs.resolve.run_kwargs``). A registered id keeps
+    its Gymnasium wrappers.
+    """
+    from rz_agents.envs.resolve import import_modules, resolve_env, run_kwargs
+
+    import_modules(imports)
+    target = resolve_env(spec.id)
+    kwargs = run_kwargs(target, spec.kwargs, max_turns)
+    return lambda: target.make(**kwargs)
 
 
 def vocab_size(tokenizer_name: str, tokenizer) -> int:
@@ -92,10 +95,16 @@ def tokenizer_files(tokenizer_name: str, checkpoint: str | None) -> dict[str, st
     return extra
 
 
+def run_env_factory(cfg: TrainConfig):
+    """The env factory of a run: its ``env``, ``imports`` and turn limit."""
+    return env_factory(cfg.env, cfg.imports, cfg.rollout.limits.max_turns)
+
+
 def build_controller(cfg: TrainConfig, engine, make_env, template, tokenizer) -> RolloutController:
     """The rollout controller of a resolved run config (``resolve``: the lag bound in force, the run's seed)
     over ``engine`` (an engine, or the Ray runtime's replica router) and ``make_env`` (an env factory: local
     envs, or handles on envs in Ray env workers)."""
-    return RolloutController(
-        engine, make_env, template, tokenizer, TaskSource(cfg.env.tasks, seed=cfg.seed), cfg.rollout
-    )
+    from rz_agents.envs.tasks import load_tasks
+
+    tasks = TaskSource(load_tasks(cfg.env.tasks, "env.tasks"), seed=cfg.seed)
+    return RolloutController(engine, make_env, template, tokenizer, tasks, cfg.rollout)

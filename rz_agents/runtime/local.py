@@ -25,7 +25,7 @@ from rz_agents.runtime.factories import (
     build_controller,
     build_model,
     build_tokenizer,
-    env_factory,
+    run_env_factory,
     tokenizer_files,
     vocab_size,
 )
@@ -74,7 +74,7 @@ class LocalRun(TrainLoop):
         else:
             self.learner = Learner(self.model, lcfg)
         self.controller = build_controller(
-            cfg, self.engine, env_factory(cfg.env), self.template, self.tokenizer
+            cfg, self.engine, run_env_factory(cfg), self.template, self.tokenizer
         )
         self._saved_affinity: set[int] | None = None
         self._init_loop()

@@ -202,6 +202,7 @@ class TrainLoop:
             "max_lag_seen": lag_max,
             "skipped_steps": self.learner.skipped_steps,
             "rollout": dict(self.controller.counters),
+            "first_episode_error": self.controller.first_error,
             "engine": self._engine_summary(),
         }
 

@@ -35,3 +35,12 @@ def group_advantages(
             else:
                 adv[i] = r - (total - r) / (n - 1) if n > 1 else 0.0
     return adv
+
+
+def uniform_groups(rewards: Sequence[float], group_ids: Sequence[Hashable]) -> set[Hashable]:
+    """The groups whose rewards are all equal: every member's advantage is 0 under either baseline, so
+    they add nothing to the gradient (``rollout.skip_uniform_groups`` leaves them out of the learner pass)."""
+    seen: dict[Hashable, set[float]] = defaultdict(set)
+    for r, g in zip(rewards, group_ids, strict=True):
+        seen[g].add(float(r))
+    return {g for g, values in seen.items() if len(values) == 1}

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rz_agents.model.logprobs import packed_token_logprobs
-from rz_agents.trainer.advantages import BASELINES, group_advantages
+from rz_agents.trainer.advantages import BASELINES, group_advantages, uniform_groups
 from rz_agents.trainer.loss import LossConfig, sequence_loss, token_scales
 from rz_agents.trainer.metrics import (
     DeviationTracker,
@@ -40,6 +40,10 @@ class LearnerConfig:
     micro_batch_tokens: int = 4096  # token budget of one packed forward/backward
     max_lag: int | None = 64  # tokens older than this are not trained (dropped and counted); None: no bound
     assert_lag0_exact: bool = False  # raise if a lag-0 token has logp_learner != behavior logprob
+    # Leave groups whose rewards are all equal (advantage 0: no gradient) out of the forward/backward; the
+    # loss normalizer still counts their tokens, so the update is the whole batch's (bit for bit within one
+    # micro-batch; across micro-batches the gradient sums run in another order).
+    skip_uniform_groups: bool = False
     # The sampling distribution the engine used; the learner scores tokens under the same one.
     temperature: float = 1.0
     top_k: int = 0
@@ -148,11 +152,29 @@ class Learner:
         # Per predicted token (tokens[1:]) data of each sequence.
         masks = [torch.tensor(t.loss_mask[1:], dtype=torch.bool) for t in trajs]
         behavior = [torch.tensor(t.behavior_logprobs[1:], dtype=torch.float32) for t in trajs]
+        scales = token_scales(masks, cfg.loss.normalization)  # over the whole batch, skipped groups included
+        uniform = uniform_groups(rewards, [t.group_id for t in trajs])
+        metrics["groups_uniform"] = len(uniform)  # all rewards equal: advantage 0, no gradient
+        kept = list(range(len(trajs)))
+        if cfg.skip_uniform_groups:
+            kept = [i for i, t in enumerate(trajs) if t.group_id not in uniform]
+            metrics.update(
+                groups_skipped_uniform=len(uniform),
+                trajectories_skipped_uniform=len(trajs) - len(kept),
+                tokens_skipped_uniform=sum(len(trajs[i].tokens) for i in set(range(len(trajs))) - set(kept)),
+            )
+        trajs, masks, behavior = (
+            [trajs[i] for i in kept],
+            [masks[i] for i in kept],
+            [behavior[i] for i in kept],
+        )
+        advantages, scales = [advantages[i] for i in kept], [scales[i] for i in kept]
 
         cpu0 = time.thread_time()  # CPU time of this thread: wall >> cpu means the cores were busy elsewhere
-        scored = self._forward_backward(trajs, masks, behavior, advantages)
+        scored = self._forward_backward(trajs, masks, behavior, advantages, scales)
         # Mismatch metrics on sampled tokens, before any weight change.
-        metrics.update(self._mismatch_metrics(trajs, masks, behavior, scored.logps, learner_version))
+        if trajs:
+            metrics.update(self._mismatch_metrics(trajs, masks, behavior, scored.logps, learner_version))
         t0 = time.perf_counter()
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
         grad_norm, skipped = self._apply_update(scored)
@@ -183,6 +205,7 @@ class Learner:
         masks: list[torch.Tensor],
         behavior: list[torch.Tensor],
         advantages: list[float],
+        scales: list[torch.Tensor],
     ) -> _Scored:
         """Packed forward, loss and backward per micro-batch; gradients accumulate (in fp32 on the masters).
 
@@ -190,7 +213,6 @@ class Learner:
         losses are then exchanged, so every rank returns the whole batch's, summed in micro-batch order.
         """
         cfg = self.cfg
-        scales = token_scales(masks, cfg.loss.normalization)
         self.model.train()
         self._zero_grads()
         t_fwd = t_bwd = 0.0
@@ -238,6 +260,9 @@ class Learner:
                 losses[j] = float(loss.detach())
             t_fwd += t1 - t0
             t_bwd += time.perf_counter() - t1
+        if not plan:  # every group skipped: zero gradients, so AdamW still steps as it would on the batch
+            for p in self._optimized():
+                p.grad = torch.zeros_like(p)
         for their_logps, their_losses in self.ranks.all_gather((logps, losses)):
             logps.update(their_logps)
             losses.update(their_losses)

@@ -6,7 +6,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -14,20 +14,27 @@ from rz_agents.model.logprobs import pack, token_logprobs
 from rz_agents.model.transformer import Transformer
 from rz_agents.trainer.learner import micro_batches
 from rz_agents.trainer.optim import OptimConfig, build_optimizer
+from rz_agents.warmstart.bootstrap import BootstrapConfig
 from rz_agents.warmstart.demos import Demonstration
 
 
 @dataclass
 class WarmStartConfig:
-    """Supervised warm start before RL, in two phases. `demos: 0` disables it.
+    """Supervised warm start before RL. Three sources, each off by default, run in this order:
 
-    1. format: `demos` tool-use demonstrations for `epochs` epochs (the call format, copying the
-       expression into the call and the tool's output into the answer);
-    2. prior: `prior_demos` demonstrations of which only `tool_fraction` use the tool, the rest
-       answer at once with a guess, for one epoch: the policy ends up rarely calling its tool, as
-       base models often do. RL then has to learn when the tool pays.
+    * ``episodes: PATH``: a JSON Lines file of episodes for any env (warmstart/episodes.py), trained on
+      for ``epochs`` epochs;
+    * ``bootstrap``: rejection sampling on the env's own tasks (warmstart/bootstrap.py);
+    * ``demos: N`` (synthetic, for the built-in arithmetic / word-problem tool envs only), in two phases:
+      1. format: `demos` tool-use demonstrations for `epochs` epochs (the call format, copying the
+         expression into the call and the tool's output into the answer);
+      2. prior: `prior_demos` demonstrations of which only `tool_fraction` use the tool, the rest
+         answer at once with a guess, for one epoch: the policy ends up rarely calling its tool, as
+         base models often do. RL then has to learn when the tool pays.
     """
 
+    episodes: str | None = None
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     demos: int = 0
     prior_demos: int = 0
     task: str = "arithmetic"  # demonstrations' tasks: "arithmetic" ("Compute 37*48+12.") or "word_problems"
@@ -48,7 +55,18 @@ class WarmStartConfig:
     # torch threads of the SFT (it runs before RL, alone): null keeps the run's num_threads
     num_threads: int | None = None
 
+    @property
+    def enabled(self) -> bool:
+        """Whether any warm start runs."""
+        return self.demos > 0 or bool(self.episodes) or self.bootstrap.rounds > 0
+
     def validate(self) -> None:
+        """Raise ValueError naming the bad field."""
+        self.bootstrap.validate()
+        if self.episodes is not None and not isinstance(self.episodes, str):
+            raise ValueError(
+                f"warm_start.episodes must be a path to a JSON Lines file, got {self.episodes!r}"
+            )
         if self.demos < 0 or self.prior_demos < 0:
             raise ValueError(
                 f"warm_start.demos and prior_demos must be >= 0, got {self.demos}, {self.prior_demos}"

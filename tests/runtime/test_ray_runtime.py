@@ -347,6 +347,14 @@ def test_rz_train_with_runtime_ray_warm_starts_trains_and_exports(ray_cluster, t
     from rz_agents.cli import main
     from rz_agents.model.checkpoint import load_hf_checkpoint
 
+    episodes = tmp_path / "episodes.jsonl"  # the default env (lowercase letters): answers of its own
+    prompt = {"role": "user", "content": "Write lowercase letters, like abc."}
+    episodes.write_text(
+        "".join(
+            json.dumps({"messages": [prompt, {"role": "assistant", "content": w}]}) + "\n"
+            for w in ("abcdef", "qwerty", "zxcvbn", "lowercase")
+        )
+    )
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(
         "steps: 2\nnum_threads: 1\nmode: sync\nruntime: ray\n"
@@ -354,7 +362,7 @@ def test_rz_train_with_runtime_ray_warm_starts_trains_and_exports(ray_cluster, t
         "  limits: {max_turns: 2, max_tokens_per_turn: 8, max_episode_tokens: 200}\n"
         "engine: {num_slots: 8, max_len: 256}\nenv:\n  kwargs: {latency_s: 0.0}\n"
         "learner: {assert_lag0_exact: true}\n"
-        "warm_start: {demos: 16, epochs: 1, batch_size: 8, warmup_steps: 0}\n"
+        f"warm_start: {{episodes: {episodes}, epochs: 1, batch_size: 8, warmup_steps: 0}}\n"
     )
     run_dir = tmp_path / "run"
     assert main(["train", str(cfg), "--run-dir", str(run_dir), "--no-progress"]) == 0

@@ -36,8 +36,8 @@ class EnvGone(LookupError):
 class EnvHost:
     """One env worker (the body of a threaded Ray actor)."""
 
-    def __init__(self, spec: EnvSpec) -> None:
-        self._make = env_factory(spec)
+    def __init__(self, spec: EnvSpec, imports: tuple[str, ...] = (), max_turns: int | None = None) -> None:
+        self._make = env_factory(spec, imports, max_turns)
         self._envs: dict[int, Any] = {}
         self._lock = threading.Lock()
 

@@ -89,7 +89,7 @@ class RayRun(TrainLoop):
                 **actor_options(
                     p.cpus_per_env_worker, 0, p.env_worker_resources, max_concurrency=per_worker, **restarts
                 )
-            ).remote(cfg.env)
+            ).remote(cfg.env, tuple(cfg.imports), cfg.rollout.limits.max_turns)
             for _ in range(p.env_workers)
         ]
         self._actors += workers
