@@ -40,7 +40,10 @@ def connect(cfg: TrainConfig) -> bool:
     if not cfg.ray.memory_monitor:
         os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     os.environ.setdefault("RAY_worker_niceness", str(cfg.ray.worker_niceness))
+    # address="local": always a new instance of our own; without it ray.init joins any Ray cluster already
+    # running on the machine and then refuses num_cpus ("must not be provided").
     ray.init(
+        address="local",
         num_cpus=num_cpus,
         num_gpus=None,
         object_store_memory=cfg.ray.object_store_mb * 2**20,
