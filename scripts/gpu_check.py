@@ -747,7 +747,8 @@ def section_train_16k(check: Check) -> dict:
         "step_ms": round(step_ms, 1),
         "tokens_per_s": round(tokens / step_ms * 1e3, 1),
         "step_skipped": first.get("step_skipped_nonfinite"),
-        "estimate_learner_gib": round(est.learner_total / GIB, 2),
+        "estimate_learner_gib": round(est.learner_total / GIB, 3),
+        "estimate_learner_mib": round(est.learner_total / 2**20, 1),
     }
     if check.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(check.device) - base
@@ -1003,7 +1004,7 @@ def main() -> int:
         missing = _missing(*needs)
         if missing:
             result = {"skipped": f"needs {', '.join(missing)} (not installed here)"}
-        elif allowed < 1.0:
+        elif left < 1.0:
             result = {"skipped": f"total time budget {check.budget_s:.0f} s spent"}
         else:
             try:
