@@ -1,41 +1,64 @@
 #!/usr/bin/env python3
-"""One-shot GPU check: alignment, kernel speed and model steps on a CUDA machine, as one JSON summary.
+"""One-shot GPU check: alignment, kernel speed and learner/engine steps on a CUDA machine.
 
-    python3 scripts/gpu_check.py [--out FILE] [--budget-s 450]   # on a CUDA machine with this repo
-    python3 scripts/gpu_check.py --dry-run                       # here: every section on CPU, tiny shapes,
-                                                                 # the Triton kernels in the interpreter
+    python3 scripts/gpu_check.py --out RESULTS/gpu_check.json     # on a CUDA machine, ends inside ~480 s
+    python3 scripts/gpu_check.py --only gemm attention --out g.json
+    python3 scripts/gpu_check.py --dry-run --out /tmp/g.json      # here: every section on CPU, tiny shapes,
+                                                                  # the Triton kernels in the interpreter
 
-Needs only torch (+ triton, numpy) besides this repository: the sections that need more (the demo's
-environment stack: yaml, gymnasium, ...) report what is missing and the rest still runs. Sections, in
-order (a section that would start past the time budget is skipped and says so):
+Built to survive a command limit: the results go to ``--out`` (default ./gpu_check.json) after EVERY section,
+written atomically (a kill leaves the finished sections), output is unbuffered, one short line per section
+and a short human summary come last (no JSON dump on stdout). Each section runs under its own time budget
+(SIGALRM) capped by what is left of the total (``--budget-s``, GPU default 450 s); Triton JIT compile time is
+inside those budgets and recorded per kernel (``triton_compile``).
 
-  env            torch / triton / GPU
-  gemm           aligned Triton GEMM vs cuBLAS (bf16) at M = 1, 64, 1024, 8192 on 4096x4096 and
-                 4096x14336; a row alone vs inside every M, bit for bit (and cuBLAS, for contrast)
-  attention      aligned attention vs SDPA: prefill (4 x 2048 tokens) and decode (64 x 2048 context);
-                 decode rows == prefill rows bit for bit
-  alignment      `rz align-check`'s suite on the GPU: dense + MoE, bf16, its batch compositions;
-                 aligned bit-identical, standard (cuBLAS + SDPA) differs
-  model_0.6b     Qwen3-0.6B-shaped random model, bf16: decode step (64 sequences at 1,024 context) and
-                 learner train step (8 x 1,024 tokens), aligned vs standard, interleaved; engine path
-                 vs training forward bit for bit
-  model_moe      a small Qwen3-MoE-shaped model (64 experts, top-8), the same measurements
-  rl_loop        3 RL steps: the rz engine samples on the GPU, the learner trains, weights go back;
-                 lag-0 |dlogp|
-  rl_demo        3 RL steps of configs/demo.yaml with model.device=cuda (needs the demo's packages)
+Needs only Python 3.12, torch (2.11+), triton (3.6+) and numpy besides this repository: nothing else is
+imported at module level. The rl sections import the runtime; what is missing (yaml, gymnasium, ...) is named
+in a clean skip. (To bring a missing pure-Python package to a machine without a registry: on a machine with
+one, ``pip download --only-binary=:all: --python-version 3.12 --no-deps -d wheels PACKAGE``, carry ``wheels/``,
+then ``pip install --no-index --no-deps --target .deps wheels/*.whl`` and ``PYTHONPATH=.deps``.)
 
-Goals (from the issue): aligned GEMM >= 0.8x cuBLAS at M >= 1024 (bf16); aligned decode step and
-train step >= 0.9x of standard; every aligned row bit-identical.
+Sections, in order (owner: the issue that maintains the section; other issues add theirs to this table):
+
+  section          owner  GPU budget s  what
+  env              #23      10  torch / triton / GPU
+  gemm             #23      75  aligned Triton GEMM vs cuBLAS (bf16) on Qwen3-4B's GEMM shapes (N = 1024, 2560,
+                                4096, 9728, 151936 over K = 2560 / 4096 / 9728) at M = 1, 16, 24, 48, 512, 16384;
+                                every row bit-identical across M (cuBLAS for contrast)
+  attention        #23      30  aligned attention vs batched SDPA (one call, padded): prefill 4 x 2048 and decode
+                                64 x 2048; decode rows == prefill rows bit for bit
+  alignment        #23      60  `rz align-check`'s suite: dense + MoE, bf16; aligned bit-identical, standard differs
+  fp32_triton      #23      40  the same suite in fp32 on the Triton op set (its fp32 paths, once)
+  logprobs_vocab   #23      20  full 151,936-token vocabulary: engine log-softmax vs trainer log-softmax+gather
+                                (multi-block), bit for bit, and a row alone == the row in the batch
+  grad_determinism #23      45  the same train step twice (dense and MoE): gradients bitwise equal
+  nccl_one_rank    #23      30  a one-rank NCCL group (gloo in a dry run) running the sharded learner step: every
+                                collective on the device its group takes
+  model_0.6b       #23      70  Qwen3-0.6B-shaped random model, bf16: decode step (64 x 1,024 context) and train step
+                                (8 x 1,024 tokens), aligned vs standard, interleaved; engine path == training forward
+  model_moe        #23      50  a small Qwen3-MoE-shaped model (64 experts, top-8), the same measurements
+  train_16k        #23      60  Qwen3-4B-shaped learner (8 of its 36 layers) train step on one 16,384-token sequence
+                                with activation checkpointing: time and peak memory vs the `--dry-run` estimator
+  decode_profile   #23      25  torch.profiler over one decode step: kernel count, GPU-busy vs wall time
+  rl_loop          #23      30  3 RL steps: the rz engine samples on the GPU, the learner trains, weights go back
+  rl_demo          #23      30  3 RL steps of configs/demo.yaml (needs the demo's packages: skips, naming them)
+
+Goals (from issue 23): aligned GEMM >= 0.8x cuBLAS at M >= 1024 (bf16); aligned train step >= 0.9x standard;
+every aligned row bit-identical; gradients bitwise reproducible.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import importlib.util
 import json
 import os
+import signal
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -46,16 +69,20 @@ REPO = Path(__file__).resolve().parent.parent
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, Triton interpreter")
-    p.add_argument("--out", default=None, help="also write the JSON summary to this file")
+    p.add_argument("--out", default="gpu_check.json", help="JSON results, rewritten after every section")
     p.add_argument(
-        "--budget-s", type=float, default=None, help="skip sections that would start later (GPU default 450)"
+        "--budget-s", type=float, default=None, help="total time budget in s (GPU default 450; dry run: none)"
     )
+    p.add_argument("--section-budget-scale", type=float, default=1.0, help="scale every section's budget")
     p.add_argument("--only", nargs="*", default=None, help="run only these sections")
     p.add_argument("--device", default="cuda", help="CUDA device (ignored with --dry-run)")
     return p.parse_args()
 
 
 ARGS = parse_args()
+for _stream in (sys.stdout, sys.stderr):  # unbuffered: a kill keeps every line printed so far
+    with contextlib.suppress(AttributeError, ValueError):
+        _stream.reconfigure(line_buffering=True, write_through=True)
 if ARGS.dry_run:  # must precede any import of the kernels (@triton.jit reads it)
     os.environ["TRITON_INTERPRET"] = "1"
 sys.path[:0] = [str(REPO), str(REPO / "kernels")]
@@ -146,9 +173,17 @@ def section_gemm(check: Check) -> dict:
     if check.dry:
         ms, shapes, dtype = (1, 7, 64, 129), {"96x64": (96, 64), "80x64": (80, 64)}, torch.bfloat16
     else:
-        # weight [N, K]: "4096x14336" is a 4096 -> 14336 projection (an MLP's up/gate), its reverse the down
-        shapes = {"4096x4096": (4096, 4096), "4096x14336": (14336, 4096), "14336x4096": (4096, 14336)}
-        ms, dtype = (1, 64, 1024, 8192), torch.bfloat16
+        # Qwen3-4B's GEMMs, weight [N, K]: q (2560 -> 4096), k/v (-> 1024), gate/up (-> 9728), down
+        # (9728 -> 2560), o (4096 -> 2560), LM head (2560 -> 151936); M: decode batches to a 16K-token step
+        shapes = {
+            "q_2560x4096": (4096, 2560),
+            "kv_2560x1024": (1024, 2560),
+            "up_2560x9728": (9728, 2560),
+            "down_9728x2560": (2560, 9728),
+            "o_4096x2560": (2560, 4096),
+            "lm_head_2560x151936": (151936, 2560),
+        }
+        ms, dtype = (1, 16, 24, 48, 512, 16384), torch.bfloat16
     out: dict = {"dtype": str(dtype).removeprefix("torch."), "shapes": {}}
     gen = torch.Generator(device=check.device).manual_seed(0)
     for label, (n, k) in shapes.items():
@@ -161,8 +196,9 @@ def section_gemm(check: Check) -> dict:
             xm = x[:m].contiguous()
             aligned = gemm.matmul(xm, w)
             cublas = F.linear(xm, w)
-            t_al = check.time_ms(lambda xm=xm, w=w: gemm.matmul(xm, w))
-            t_cb = check.time_ms(lambda xm=xm, w=w: F.linear(xm, w))
+            iters = 3 if m * n * k > 2**38 else 10
+            t_al = check.time_ms(lambda xm=xm, w=w: gemm.matmul(xm, w), iters=iters)
+            t_cb = check.time_ms(lambda xm=xm, w=w: F.linear(xm, w), iters=iters)
             cfg = gemm.config_for(dtype, m)
             rows[str(m)] = {
                 "aligned_ms": round(t_al, 4),
@@ -170,8 +206,9 @@ def section_gemm(check: Check) -> dict:
                 "aligned_vs_cublas": round(t_cb / t_al, 3),  # >1: aligned faster
                 "tflops_aligned": round(2 * m * n * k / t_al / 1e9, 1),
                 "row0_equals_alone": bool(torch.equal(aligned[0], alone)),
+                "last_row_equals_alone": bool(torch.equal(aligned[m - 1], gemm.matmul(xm[m - 1 :], w)[0])),
                 "cublas_row0_equals_alone": bool(torch.equal(cublas[0], alone_cublas)),
-                "max_abs_diff_vs_cublas": float((aligned.float() - cublas.float()).abs().max()),
+                "max_abs_diff_vs_cublas": float((aligned - cublas).abs().max()),
                 "tile": [cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages],
             }
         out["shapes"][label] = rows
@@ -187,7 +224,9 @@ def section_gemm(check: Check) -> dict:
     big = [r for rows in out["shapes"].values() for m, r in rows.items() if int(m) >= 1024]
     out["min_ratio_at_M_ge_1024"] = min((r["aligned_vs_cublas"] for r in big), default=None)
     out["rows_bit_identical"] = all(
-        r["row0_equals_alone"] for rows in out["shapes"].values() for r in rows.values()
+        r["row0_equals_alone"] and r["last_row_equals_alone"]
+        for rows in out["shapes"].values()
+        for r in rows.values()
     )
     return out
 
@@ -524,15 +563,285 @@ def section_rl_demo(check: Check) -> dict:
     }
 
 
+def section_fp32_triton(check: Check) -> dict:
+    """The alignment suite in fp32 on the Triton op set: its fp32 GEMM, attention and norm paths, once."""
+    from rz_agents.model.alignment import check_random_models
+
+    reports = check_random_models(
+        archs=("qwen3", "qwen3_moe"),
+        dtypes=("float32",),
+        kernels=(check.aligned,),
+        batch_sizes=(2,) if check.dry else (1, 7),
+        max_len=8 if check.dry else 64,
+        device=check.device,
+    )
+    return {
+        "reports": [r.to_json() for r in reports],
+        "aligned_bit_identical": all(r.bit_identical for r in reports),
+        "aligned_tokens_checked": sum(r.tokens_checked for r in reports),
+    }
+
+
+def section_logprobs_vocab(check: Check) -> dict:
+    """The full 151,936-token vocabulary through the multi-block log-softmax: engine (log-softmax, then a
+    gather) vs trainer (log-softmax + gather in one kernel), and one row alone vs inside the batch."""
+    from rz_kernels.triton_ops import softmax
+
+    vocab, rows = 151_936, (3 if check.dry else 64)
+    gen = torch.Generator(device=check.device).manual_seed(3)
+    x = torch.randn(rows, vocab, generator=gen, device=check.device) * 4.0
+    targets = torch.randint(0, vocab, (rows,), generator=gen, device=check.device)
+    engine = softmax.log_softmax(x).gather(1, targets[:, None])[:, 0]
+    trainer = softmax.log_softmax_gather(x, targets)
+    alone = softmax.log_softmax_gather(x[rows - 1 :].contiguous(), targets[rows - 1 :])
+    reference = torch.log_softmax(x.double(), dim=-1).gather(1, targets[:, None])[:, 0]
+    return {
+        "rows": rows,
+        "vocab": vocab,
+        "engine_equals_trainer": bool(torch.equal(engine, trainer)),
+        "row_alone_equals_batch_row": bool(torch.equal(alone[0], trainer[rows - 1])),
+        "max_abs_diff_vs_fp64": float((trainer.double() - reference).abs().max()),
+        "trainer_ms": round(check.time_ms(lambda: softmax.log_softmax_gather(x, targets)), 4),
+        "torch_log_softmax_ms": round(check.time_ms(lambda: torch.log_softmax(x, dim=-1)), 4),
+    }
+
+
+def _gradients(check: Check, config, trajs) -> list[torch.Tensor]:
+    """Gradients of one learner loss (packed forward, REINFORCE Zero loss, backward) from a fixed init."""
+    from rz_agents.model.logprobs import packed_token_logprobs
+    from rz_agents.trainer.loss import LossConfig, sequence_loss, token_scales
+
+    model = random_model(check, config, check.aligned).train()
+    masks = [torch.tensor(t.loss_mask[1:]) for t in trajs]
+    behavior = [torch.tensor(t.behavior_logprobs[1:]) for t in trajs]
+    scales = token_scales(masks, "token")
+    logps = packed_token_logprobs(model, [t.tokens for t in trajs])
+    dev = check.device
+    loss = sum(
+        sequence_loss(lp, b.to(dev), m.to(dev), 1.0 - 2.0 * (i % 2), s.to(dev), LossConfig())
+        for i, (lp, b, m, s) in enumerate(zip(logps, behavior, masks, scales, strict=True))
+    )
+    loss.backward()
+    return [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+
+def section_grad_determinism(check: Check) -> dict:
+    """The same train step twice from the same weights and batch: every gradient bitwise equal."""
+    from rz_agents.model import ModelConfig
+    from rz_agents.model.presets import preset_config
+
+    out: dict = {}
+    if check.dry:
+        configs = {
+            "dense": ModelConfig.tiny("qwen3", dtype="bfloat16", num_hidden_layers=1, vocab_size=256),
+            "moe": ModelConfig.tiny("qwen3_moe", dtype="bfloat16", num_hidden_layers=1, vocab_size=256),
+        }
+        seqs, length = 2, 12
+    else:
+        configs = {
+            "dense": preset_config("qwen3-0.6b", num_hidden_layers=4, max_position_embeddings=4096),
+            "moe": preset_config(
+                "qwen3-30b-a3b",
+                hidden_size=1024,
+                num_hidden_layers=4,
+                num_attention_heads=16,
+                num_key_value_heads=4,
+                num_experts=64,
+                moe_intermediate_size=384,
+                max_position_embeddings=4096,
+            ),
+        }
+        seqs, length = 4, 1024
+    for name, config in configs.items():
+        trajs = _trajectories(config.vocab_size, seqs, length, torch.Generator().manual_seed(5))
+        first = _gradients(check, config, trajs)
+        second = _gradients(check, config, trajs)
+        out[name] = {
+            "tensors": len(first),
+            "bitwise_equal": len(first) == len(second) and all(map(torch.equal, first, second)),
+        }
+    out["gradients_bitwise_reproducible"] = all(v["bitwise_equal"] for v in out.values())
+    return out
+
+
+def section_nccl_one_rank(check: Check) -> dict:
+    """A one-rank NCCL group (gloo in a dry run) running the sharded learner step: every collective's tensors
+    on the device its group takes (the CPU-tensor-on-NCCL class of bug fails here on one GPU)."""
+    import torch.distributed as dist
+
+    from rz_agents.model import ModelConfig
+    from rz_agents.trainer.learner import Learner, LearnerConfig
+    from rz_agents.trainer.sharding import ShardedRanks
+
+    backend = "gloo" if check.dry else "nccl"
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        try:
+            cfg = ModelConfig.tiny("qwen3", dtype="bfloat16", vocab_size=256)
+            model = random_model(check, cfg, check.aligned)
+            ranks = ShardedRanks(check.device.type)
+            learner = Learner(model, LearnerConfig(micro_batch_tokens=32, max_lag=None), ranks=ranks)
+            trajs = _trajectories(cfg.vocab_size, 4, 16, torch.Generator().manual_seed(6))
+            metrics = [learner.step(trajs) for _ in range(2)]
+            weights = learner.weights()
+        finally:
+            dist.destroy_process_group()
+    return {
+        "backend": backend,
+        "collective_device": str(ranks.comm_device),
+        "steps": len(metrics),
+        "steps_skipped": sum(m.get("step_skipped_nonfinite", 0) for m in metrics),
+        "version": learner.version,
+        "weights_finite": all(bool(torch.isfinite(w.float()).all()) for w in weights.values()),
+        "ok": learner.version == 2,
+    }
+
+
+def section_train_16k(check: Check) -> dict:
+    """Qwen3-4B-shaped learner train step on one 16K-token sequence with activation checkpointing: time and
+    peak memory against the estimator's figure for the same model and micro-batch."""
+    from types import SimpleNamespace
+
+    from rz_agents.model import ModelConfig
+    from rz_agents.model.presets import preset_config
+    from rz_agents.runtime.memory_estimate import GIB, estimate_memory
+    from rz_agents.trainer.learner import Learner, LearnerConfig
+    from rz_agents.trainer.optim import OptimConfig
+
+    if check.dry:
+        config = ModelConfig.tiny(
+            "qwen3", dtype="bfloat16", num_hidden_layers=2, vocab_size=256, activation_checkpointing=True
+        )
+        tokens = 64
+    else:
+        config = preset_config(
+            "qwen3-4b", num_hidden_layers=8, max_position_embeddings=16384, activation_checkpointing=True
+        )
+        tokens = 16384
+    if check.device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(check.device)
+        base = torch.cuda.memory_allocated(check.device)
+    model = random_model(check, config, check.aligned)
+    learner = Learner(
+        model, LearnerConfig(micro_batch_tokens=tokens, max_lag=None, optim=OptimConfig(lr=1e-6))
+    )
+    trajs = _trajectories(config.vocab_size, 1, tokens, torch.Generator().manual_seed(7))
+    t0 = time.perf_counter()
+    first = learner.step(trajs)  # (compiles)
+    check.sync()
+    first_s = time.perf_counter() - t0
+    step_ms = check.time_ms(lambda: learner.step(trajs), iters=1, warmup=0)
+    cfg = SimpleNamespace(
+        model=SimpleNamespace(activation_checkpointing=True),
+        learner=SimpleNamespace(micro_batch_tokens=tokens),
+        rollout=SimpleNamespace(limits=SimpleNamespace(max_episode_tokens=tokens)),
+        engine=SimpleNamespace(max_len=tokens, kv_cache_bytes=None, num_slots=1, max_batch_tokens=1),
+    )
+    est = estimate_memory(cfg, config)
+    out = {
+        "layers": config.num_hidden_layers,
+        "tokens": tokens,
+        "parameters": est.parameters,
+        "first_step_s": round(first_s, 2),
+        "step_ms": round(step_ms, 1),
+        "tokens_per_s": round(tokens / step_ms * 1e3, 1),
+        "step_skipped": first.get("step_skipped_nonfinite"),
+        "estimate_learner_gib": round(est.learner_total / GIB, 3),
+        "estimate_learner_mib": round(est.learner_total / 2**20, 1),
+    }
+    if check.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(check.device) - base
+        out["peak_gib"] = round(peak / GIB, 2)
+        out["peak_over_estimate"] = round(peak / est.learner_total, 3)
+    return out
+
+
+def section_decode_profile(check: Check) -> dict:
+    """torch.profiler over one decode step of a Qwen3-0.6B-shaped model: kernels launched, device-busy time
+    vs wall time (a low ratio: the step waits on the host)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from rz_agents.model import ModelConfig
+    from rz_agents.model.kv_cache import KVCache
+    from rz_agents.model.presets import preset_config
+
+    if check.dry:
+        config, batch, context = (
+            ModelConfig.tiny("qwen3", dtype="bfloat16", num_hidden_layers=1, vocab_size=256),
+            3,
+            8,
+        )
+    else:
+        config, batch, context = preset_config("qwen3-0.6b", max_position_embeddings=4096), 64, 1024
+    model = random_model(check, config, check.aligned).eval()
+    dev = check.device
+    cache = KVCache(config, num_slots=batch, max_len=context + 8, device=dev)
+    gen = torch.Generator().manual_seed(8)
+    with torch.inference_mode():
+        toks = torch.randint(0, config.vocab_size, (batch * context,), generator=gen).to(dev)
+        model(
+            toks,
+            torch.arange(context, device=dev).repeat(batch),
+            torch.arange(batch, device=dev).repeat_interleave(context),
+            kv_cache=cache,
+        )
+        tok = torch.randint(0, config.vocab_size, (batch,), generator=gen).to(dev)
+        pos = torch.full((batch,), context, device=dev)
+        slots = torch.arange(batch, device=dev)
+
+        def step():
+            return model.logits(model(tok, pos, slots, kv_cache=cache)).argmax(-1)
+
+        step()  # warm (compiles)
+        check.sync()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            t0 = time.perf_counter()
+            step()
+            check.sync()
+            wall_ms = (time.perf_counter() - t0) * 1e3
+    events = prof.key_averages()
+    if dev.type == "cuda":
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        busy_ms = sum(e.device_time for e in kernels) / 1e3
+        top = sorted(events, key=lambda e: -getattr(e, "device_time_total", 0))[:6]
+        top_rows = [[e.key[:60], e.count, round(getattr(e, "device_time_total", 0) / 1e3, 3)] for e in top]
+    else:
+        kernels = [e for e in prof.events() if e.name.startswith("aten::")]
+        busy_ms = float("nan")
+        top = sorted(events, key=lambda e: -e.cpu_time_total)[:6]
+        top_rows = [[e.key[:60], e.count, round(e.cpu_time_total / 1e3, 3)] for e in top]
+    return {
+        "shape": f"{batch} sequences at context {context}",
+        "wall_ms": round(wall_ms, 3),
+        "kernels": len(kernels),
+        "device_busy_ms": round(busy_ms, 3),
+        "device_busy_fraction": round(busy_ms / wall_ms, 3) if wall_ms > 0 and busy_ms == busy_ms else None,
+        "top": top_rows,
+    }
+
+
+def _missing(*modules: str) -> list[str]:
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+# name -> (function, GPU time budget in s, modules it needs beyond torch / triton / numpy); order = run order
 SECTIONS = {
-    "env": section_env,
-    "gemm": section_gemm,
-    "attention": section_attention,
-    "alignment": section_alignment,
-    "model_0.6b": section_model_dense,
-    "model_moe": section_model_moe,
-    "rl_loop": section_rl_loop,
-    "rl_demo": section_rl_demo,
+    "env": (section_env, 10, ()),
+    "gemm": (section_gemm, 75, ()),
+    "attention": (section_attention, 30, ()),
+    "alignment": (section_alignment, 60, ()),
+    "fp32_triton": (section_fp32_triton, 40, ()),
+    "logprobs_vocab": (section_logprobs_vocab, 20, ()),
+    "grad_determinism": (section_grad_determinism, 45, ()),
+    "nccl_one_rank": (section_nccl_one_rank, 30, ()),
+    "model_0.6b": (section_model_dense, 70, ()),
+    "model_moe": (section_model_moe, 50, ()),
+    "train_16k": (section_train_16k, 60, ()),
+    "decode_profile": (section_decode_profile, 25, ()),
+    "rl_loop": (section_rl_loop, 30, ()),
+    "rl_demo": (section_rl_demo, 30, ("yaml", "gymnasium")),
 }
 
 
@@ -543,64 +852,190 @@ def goals(results: dict) -> dict:
             node = node.get(k) if isinstance(node, dict) else None
         return node
 
-    ratio = get("gemm", "min_ratio_at_M_ge_1024")
+    def at_least(value, bound):
+        return None if value is None else value >= bound
+
     identical = [
         get("gemm", "rows_bit_identical"),
         get("attention", "decode_rows_equal_prefill_rows"),
         get("alignment", "aligned_bit_identical"),
+        get("fp32_triton", "aligned_bit_identical"),
+        get("logprobs_vocab", "engine_equals_trainer"),
         get("model_0.6b", "engine_vs_training_bit_identical"),
         get("model_moe", "engine_vs_training_bit_identical"),
-        get("rl_loop", "lag0_abs_dlogp_max") == 0.0
-        if get("rl_loop", "lag0_abs_dlogp_max") is not None
-        else None,
+        None if get("rl_loop", "lag0_abs_dlogp_max") is None else get("rl_loop", "lag0_abs_dlogp_max") == 0.0,
     ]
-    out = {
-        "gemm_bf16_ge_0.8x_cublas_at_M_ge_1024": None if ratio is None else ratio >= 0.8,
-        "decode_step_ge_0.9x_standard": None
-        if get("model_0.6b", "decode_step_ratio") is None
-        else get("model_0.6b", "decode_step_ratio") >= 0.9,
-        "train_step_ge_0.9x_standard": None
-        if get("model_0.6b", "train_step_ratio") is None
-        else get("model_0.6b", "train_step_ratio") >= 0.9,
+    return {
+        "gemm_bf16_ge_0.8x_cublas_at_M_ge_1024": at_least(get("gemm", "min_ratio_at_M_ge_1024"), 0.8),
+        "train_step_ge_0.9x_standard": at_least(get("model_0.6b", "train_step_ratio"), 0.9),
+        "decode_step_ge_0.9x_standard": at_least(get("model_0.6b", "decode_step_ratio"), 0.9),
         "every_aligned_row_bit_identical": None if any(v is None for v in identical) else all(identical),
+        "gradients_bitwise_reproducible": get("grad_determinism", "gradients_bitwise_reproducible"),
+        "sharded_step_on_one_rank_group": get("nccl_one_rank", "ok"),
         "standard_differs": get("alignment", "standard_differs"),
     }
-    return out
+
+
+class SectionTimeout(Exception):
+    """A section ran past its time budget."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raise SectionTimeout in this (main) thread after ``seconds`` (none in a dry run: no limit given)."""
+    if seconds == float("inf"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise SectionTimeout(f"past its budget of {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class CompileTimes:
+    """Triton JIT compile time per kernel, from triton.knobs' cache / post-compile hooks (when present)."""
+
+    def __init__(self) -> None:
+        self.per_kernel: dict[str, float] = {}
+        self._started: dict = {}
+        self.available = False
+        try:
+            from triton import knobs
+
+            knobs.runtime.jit_cache_hook = self._before
+            knobs.runtime.jit_post_compile_hook = self._after
+            self.available = True
+        except Exception:  # an older triton, or none: compile time stays inside the section budgets
+            pass
+
+    @staticmethod
+    def _name(kw: dict) -> str:
+        fn = kw.get("fn")
+        return str(getattr(fn, "name", None) or getattr(fn, "__name__", None) or fn)
+
+    def _before(self, *args, **kw):
+        self._started[str(kw.get("key"))] = time.perf_counter()
+        return False  # never skips the compile
+
+    def _after(self, *args, **kw):
+        t0 = self._started.pop(str(kw.get("key")), None)
+        if t0 is not None:
+            name = self._name(kw)
+            self.per_kernel[name] = round(self.per_kernel.get(name, 0.0) + time.perf_counter() - t0, 3)
+        return False
+
+    def to_json(self) -> dict:
+        return {
+            "available": self.available,
+            "total_s": round(sum(self.per_kernel.values()), 2),
+            "per_kernel_s": dict(sorted(self.per_kernel.items(), key=lambda kv: -kv[1])),
+        }
+
+
+def write_atomically(path: Path, payload: dict) -> None:
+    """Write JSON to ``path`` through a temporary file in the same folder and a rename (never half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=1, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def status_of(result: dict) -> str:
+    if "error" in result:
+        return "ERROR"
+    if "skipped" in result:
+        return "skipped"
+    return "ok"
+
+
+def human_summary(payload: dict, out: Path) -> str:
+    lines = [f"[gpu_check] {payload['total_s']} s total, results in {out}"]
+    for name, result in payload["sections"].items():
+        note = result.get("error") or result.get("skipped") or ""
+        seconds = payload["section_seconds"].get(name, 0.0)
+        lines.append(f"  {name:17s} {status_of(result):8s} {seconds:6.1f} s  {str(note)[:90]}")
+    lines.append("  goals: " + ", ".join(f"{k}={v}" for k, v in payload["goals"].items()))
+    compile_s = payload.get("triton_compile", {}).get("total_s")
+    if compile_s:
+        lines.append(f"  triton compile: {compile_s} s in all")
+    return "\n".join(lines)
 
 
 def main() -> int:
     check = Check(ARGS)
+    out = Path(ARGS.out)
     if check.device.type == "cuda" and not torch.cuda.is_available():
-        print(json.dumps({"error": "no CUDA device here; use --dry-run on CPU"}))
+        print("[gpu_check] no CUDA device here; use --dry-run on CPU")
         return 2
-    results: dict = {}
-    timings: dict = {}
-    for name, fn in SECTIONS.items():
+    compiles = CompileTimes()
+    payload: dict = {
+        "goals": {},
+        "sections": {},
+        "section_seconds": {},
+        "total_s": 0.0,
+        "budget_s": check.budget_s,
+        "complete": False,
+    }
+    for name, (fn, budget, needs) in SECTIONS.items():
         if ARGS.only and name not in ARGS.only:
             continue
-        if check.elapsed() > check.budget_s:
-            results[name] = {"skipped": f"time budget {check.budget_s:.0f} s spent"}
-            continue
+        left = check.budget_s - check.elapsed()
+        allowed = (
+            float("inf")
+            if check.dry and ARGS.budget_s is None
+            else min(budget * ARGS.section_budget_scale, left)
+        )
         t0 = time.perf_counter()
-        try:
-            results[name] = fn(check)
+        missing = _missing(*needs)
+        if missing:
+            result = {"skipped": f"needs {', '.join(missing)} (not installed here)"}
+        elif left < 1.0:
+            result = {"skipped": f"total time budget {check.budget_s:.0f} s spent"}
+        else:
+            try:
+                with time_limit(allowed):
+                    result = fn(check)
+            except ModuleNotFoundError as exc:
+                result = {"skipped": f"needs {exc.name} (not installed here)"}
+            except Exception as exc:  # one broken (or slow) section must not hide the others
+                result = {
+                    "error": f"{type(exc).__name__}: {exc}"[:500],
+                    "trace": traceback.format_exc()[-2000:],
+                }
             if check.device.type == "cuda":
-                torch.cuda.empty_cache()  # the previous section's models are gone
-        except Exception as exc:  # one broken section must not hide the others
-            results[name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
-        timings[name] = round(time.perf_counter() - t0, 1)
-        print(f"[gpu_check] {name}: {timings[name]} s", file=sys.stderr, flush=True)
-    summary = {
-        "goals": goals(results),
-        "sections": results,
-        "section_seconds": timings,
-        "total_s": round(check.elapsed(), 1),
-    }
-    text = json.dumps(summary)
-    print(text)
-    if ARGS.out:
-        Path(ARGS.out).write_text(text)
-    return 0 if not any("error" in r for r in results.values() if isinstance(r, dict)) else 1
+                with contextlib.suppress(Exception):
+                    torch.cuda.synchronize(check.device)
+                    torch.cuda.empty_cache()  # the previous section's models are gone
+        result["budget_s"] = None if allowed == float("inf") else round(allowed, 1)
+        payload["sections"][name] = result
+        payload["section_seconds"][name] = round(time.perf_counter() - t0, 1)
+        payload["total_s"] = round(check.elapsed(), 1)
+        payload["goals"] = goals(payload["sections"])
+        payload["triton_compile"] = compiles.to_json()
+        write_atomically(out, payload)
+        note = result.get("error") or result.get("skipped") or ""
+        print(
+            f"[gpu_check] {name}: {status_of(result)} in {payload['section_seconds'][name]} s {str(note)[:120]}"
+        )
+    payload["complete"] = True
+    write_atomically(out, payload)
+    print(human_summary(payload, out))
+    return 0 if not any("error" in r for r in payload["sections"].values()) else 1
 
 
 if __name__ == "__main__":

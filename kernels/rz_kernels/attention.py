@@ -419,33 +419,46 @@ def blocked_attention(
 # -- standard (SDPA) --------------------------------------------------------------------------------
 @dataclass
 class SdpaPlan:
-    groups: list[tuple[int, torch.Tensor, int, torch.Tensor]]  # (seq, token index, length, mask)
+    """Where each query row goes in one padded SDPA batch: [sequences, rows per sequence, keys]."""
+
+    seqs: torch.Tensor  # [b] sequence (cache slot) ids, ascending
+    contiguous: bool  # seqs == seqs[0] + arange(b): K/V are a view of the cache, not a copy
+    batch_index: torch.Tensor  # [rows] which of the b sequences each query row belongs to
+    row_index: torch.Tensor  # [rows] its row within that sequence's padded queries
+    mask: torch.Tensor  # [b, 1, rows per sequence, keys] bool: key j visible to the query
+    rows_per_seq: int
+    keys: int
 
 
 def plan_sdpa(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int) -> SdpaPlan:
-    groups = []
-    for s in torch.unique(q_seq).tolist():
-        sel = (q_seq == s).nonzero().squeeze(1)
-        pos = q_pos[sel]
-        length = int(pos.max()) + 1
-        mask = torch.arange(length, device=q_seq.device).view(1, length) <= pos.view(-1, 1)
-        groups.append((s, sel, length, mask))
-    return SdpaPlan(groups)
+    seqs, batch_index, counts = torch.unique(q_seq, return_inverse=True, return_counts=True)
+    order = torch.argsort(batch_index, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    row_index = torch.empty_like(batch_index)
+    row_index[order] = torch.arange(q_seq.numel(), device=q_seq.device) - starts[batch_index[order]]
+    rows, keys = int(counts.max()), int(q_pos.max()) + 1
+    pos = torch.zeros(seqs.numel(), rows, dtype=q_pos.dtype, device=q_pos.device)  # padded rows see key 0
+    pos[batch_index, row_index] = q_pos
+    mask = (torch.arange(keys, device=q_seq.device).view(1, 1, keys) <= pos.unsqueeze(-1)).unsqueeze(1)
+    first = int(seqs[0])
+    contiguous = bool(torch.equal(seqs, torch.arange(first, first + seqs.numel(), device=seqs.device)))
+    return SdpaPlan(seqs, contiguous, batch_index, row_index, mask, rows, keys)
 
 
 def sdpa_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SdpaPlan, scale: float
 ) -> torch.Tensor:
-    """Stock PyTorch SDPA, one call per sequence (the unaligned reference/negative control)."""
-    out = torch.empty_like(q)
-    for s, sel, length, mask in plan.groups:
-        o = F.scaled_dot_product_attention(
-            q[sel].transpose(0, 1).unsqueeze(0),
-            k[s : s + 1, :, :length],
-            v[s : s + 1, :, :length],
-            attn_mask=mask,
-            scale=scale,
-            enable_gqa=True,
-        )
-        out[sel] = o.squeeze(0).transpose(0, 1)
-    return out
+    """Stock PyTorch SDPA in one batched call (the sequences padded to the longest; the unaligned
+    reference/negative control, and the fair baseline a standard engine would run)."""
+    b = plan.seqs.numel()
+    if plan.contiguous:
+        first = int(plan.seqs[0])
+        keys, values = k[first : first + b, :, : plan.keys], v[first : first + b, :, : plan.keys]
+    else:
+        keys, values = k[plan.seqs, :, : plan.keys], v[plan.seqs, :, : plan.keys]
+    padded = q.new_zeros(b, plan.rows_per_seq, q.shape[1], q.shape[2])
+    padded = padded.index_put((plan.batch_index, plan.row_index), q)
+    o = F.scaled_dot_product_attention(
+        padded.transpose(1, 2), keys, values, attn_mask=plan.mask, scale=scale, enable_gqa=True
+    )
+    return o.transpose(1, 2)[plan.batch_index, plan.row_index]

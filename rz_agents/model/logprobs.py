@@ -85,7 +85,8 @@ def packed_token_logprobs(
     keep = torch.ones(tokens.numel(), dtype=torch.bool)
     ends = torch.cumsum(torch.tensor(lengths), 0) - 1
     keep[ends] = False
-    keep = keep.to(device)
-    targets = torch.cat([s[1:] for s in seqs]).to(device)
-    logp = token_logprobs(model, hidden[keep], targets, temperature, top_k, top_p)
+    # Row indices made on the host: a boolean mask on the device would wait for the GPU to count it.
+    rows = keep.nonzero().squeeze(1).to(device, non_blocking=True)
+    targets = torch.cat([s[1:] for s in seqs]).to(device, non_blocking=True)
+    logp = token_logprobs(model, hidden[rows], targets, temperature, top_k, top_p)
     return list(torch.split(logp, [max(n - 1, 0) for n in lengths]))

@@ -4,7 +4,10 @@ The model is built on the meta device (no memory, no weights) to count its param
 other terms follow from the config: the learner's weights, fp32 master weights, gradients and AdamW
 state, its activations for one micro-batch (with or without activation checkpointing), the LM head's
 logits, and the engine's weights, KV cache and step activations. Under ``runtime: ray`` the two sides have
-GPUs of their own: one engine replica per GPU, and the learner's state sharded over its FSDP2 ranks. Figures are estimates of what PyTorch
+GPUs of their own: one engine replica per GPU, and the learner's state sharded over its FSDP2 ranks; a rank
+then also holds what is gathered whole for a while: FSDP2's unsharded layers (the running one and the one
+prefetched) and, when weights are published, one gathered tensor (``Learner.iter_weights``) or, with
+``weight_transport: broadcast``, one bucket and its packed copy. Figures are estimates of what PyTorch
 holds (allocator slack, CUDA context and fragmentation come on top: keep ~10% free).
 """
 
@@ -133,6 +136,17 @@ def count_parameters(config: ModelConfig) -> int:
     return model.num_parameters()
 
 
+def largest_tensors(config: ModelConfig) -> tuple[int, int]:
+    """(elements of the largest parameter, elements of the largest decoder layer), from the meta device."""
+    from rz_agents.model.transformer import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(config, init=False)
+    largest = max(p.numel() for p in model.parameters())
+    layer = max(sum(p.numel() for p in layer.parameters()) for layer in model.model.layers)
+    return largest, layer
+
+
 def _layer_activation_bytes(c: ModelConfig, tokens: int, moe: bool) -> int:
     """What one decoder layer's autograd graph keeps for `tokens` tokens (model dtype, fp32 where fp32)."""
     e = torch.empty(0, dtype=c.torch_dtype).element_size()
@@ -203,6 +217,21 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
     est.notes.append(f"learner micro-batch: {tokens} tokens")
     if getattr(cfg, "runtime", "local") == "ray":
         est.engine_replicas, est.learner_ranks = cfg.placement.engines, cfg.placement.learner_ranks
+        if est.learner_ranks > 1:
+            from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES
+
+            largest, layer = largest_tensors(c)
+            est.learner["fsdp_unsharded_layers"] = 2 * layer * e  # the running layer and the prefetched one
+            publish = largest * e  # one tensor gathered whole at a time, copied to the host at once
+            if (
+                cfg.placement.weight_transport == "broadcast"
+            ):  # a bucket of gathered tensors and its packed copy
+                publish = max(publish, 2 * BUCKET_BYTES)
+            est.learner["publication_transient"] = publish
+            est.notes.append(
+                f"weight publication gathers one tensor at a time: {publish / GIB:.2f} GiB transient per rank "
+                f"(a whole copy of the weights would be {n * e / GIB:.1f} GiB)"
+            )
     return est
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,17 +209,26 @@ class Learner:
     ) -> _Scored:
         """Packed forward, loss and backward per micro-batch; gradients accumulate (in fp32 on the masters).
 
-        With several ranks each runs its share of the micro-batches; the log-probs and per-micro-batch
-        losses are then exchanged, so every rank returns the whole batch's, summed in micro-batch order.
+        With several ranks each runs its share of the micro-batches. Nothing leaves the device per
+        micro-batch: the log-probs, per-micro-batch losses and a count of non-finite losses go into one flat
+        fp32 tensor (zeros where another rank's micro-batch goes), summed over the ranks once per step (x + 0
+        is exact) and copied to the host once, so every rank returns the whole batch's values, the loss summed
+        in micro-batch order as one process does. A non-finite micro-batch is still backpropagated (deciding
+        not to would need its value on the host now); the step is then skipped and its gradients discarded.
         """
         cfg = self.cfg
         self.model.train()
         self._zero_grads()
         t_fwd = t_bwd = 0.0
-        finite = True
         plan = micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens)
-        logps: dict[int, torch.Tensor] = {}
-        losses: dict[int, float] = {}
+        # The flat layout every rank derives alike: log-probs of tokens[1:] per trajectory, then one loss per
+        # micro-batch, then the non-finite count.
+        offsets = [0]
+        for t in trajs:
+            offsets.append(offsets[-1] + len(t.tokens) - 1)
+        n_logps = offsets[-1]
+        device = next(self.model.parameters()).device
+        flat = torch.zeros(n_logps + len(plan) + 1, dtype=torch.float32, device=device)
         for j in self.ranks.share(len(plan)):
             t0 = time.perf_counter()
             mb = plan[j] if j is not None else []
@@ -237,10 +246,10 @@ class Learner:
                 loss = sum(
                     sequence_loss(
                         lp,
-                        behavior[i].to(lp.device),
-                        masks[i].to(lp.device),
+                        behavior[i].to(lp.device, non_blocking=True),
+                        masks[i].to(lp.device, non_blocking=True),
                         advantages[i],
-                        scales[i].to(lp.device),
+                        scales[i].to(lp.device, non_blocking=True),
                         cfg.loss,
                     )
                     for i, lp in zip(mb, mb_logps, strict=True)
@@ -250,24 +259,23 @@ class Learner:
                 loss = packed_token_logprobs(self.model, [[0, 0]])[0].sum() * 0.0
             t1 = time.perf_counter()
             for i, lp in zip(mb, mb_logps, strict=True):
-                logps[i] = lp.detach().cpu()
-            # keep scoring the rest for the metrics, but never backpropagate a non-finite loss
-            finite = self.ranks.all_true(finite and bool(torch.isfinite(loss)))
-            if finite:
-                loss.backward()
-                self._accumulate_into_masters()
+                flat[offsets[i] : offsets[i + 1]] = lp.detach().float()
+            flat[-1] += (~torch.isfinite(loss.detach())).float()
             if j is not None:
-                losses[j] = float(loss.detach())
+                flat[n_logps + j] = loss.detach().float()
+            loss.backward()
+            self._accumulate_into_masters()
             t_fwd += t1 - t0
             t_bwd += time.perf_counter() - t1
         if not plan:  # every group skipped: zero gradients, so AdamW still steps as it would on the batch
             for p in self._optimized():
                 p.grad = torch.zeros_like(p)
-        for their_logps, their_losses in self.ranks.all_gather((logps, losses)):
-            logps.update(their_logps)
-            losses.update(their_losses)
-        loss_value = sum(losses[j] for j in range(len(plan)))
-        return _Scored([logps[i] for i in range(len(trajs))], loss_value, finite, t_fwd, t_bwd)
+        total = self.ranks.reduce_sum(flat).cpu()  # the step's one exchange and one host copy
+        values = total.tolist()
+        loss_value = sum(values[n_logps + j] for j in range(len(plan)))
+        finite = values[-1] == 0.0
+        logps = [total[offsets[i] : offsets[i + 1]] for i in range(len(trajs))]
+        return _Scored(logps, loss_value, finite, t_fwd, t_bwd)
 
     def _mismatch_metrics(
         self,
@@ -368,7 +376,24 @@ class Learner:
     # same layout as one process's, so a checkpoint moves between learner_ranks 1 and N.
     def weights(self) -> dict[str, torch.Tensor]:
         """The current weights to publish (detached views in one process; the receiver copies them)."""
-        return {k: self.ranks.full(v.detach()).to(self.dtype) for k, v in self.model.state_dict().items()}
+        return dict(self.iter_weights())
+
+    def iter_weights(self, names: Sequence[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, whole tensor in the model's dtype), one at a time, in ``names`` order (default: the state
+        dict's). With several ranks each tensor is gathered when it is reached (every rank must iterate, in
+        the same order), so a consumer that keeps nothing (the ranks that do not publish) or sends each
+        tensor on (the publisher) never holds a second copy of the weights. A sharded fp32 master is
+        rounded to the model's dtype before the gather: the same bits, half the bytes sent."""
+        state = self.model.state_dict()
+        for name in names if names is not None else list(state):
+            yield name, self.ranks.full(state[name].detach().to(self.dtype))
+
+    def weight_shapes(self) -> dict[str, torch.Tensor]:
+        """Meta tensors with the names, whole shapes and dtype of ``weights()`` (nothing gathered)."""
+        return {
+            k: torch.empty(v.shape, dtype=self.dtype, device="meta")
+            for k, v in self.model.state_dict().items()
+        }
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Replace the weights (and fp32 masters) with ``weights``, keeping version and optimizer state

@@ -60,7 +60,7 @@ def build_optimizer(params, cfg: OptimConfig) -> tuple[torch.optim.AdamW, torch.
         betas=cfg.betas,
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
-        foreach=False,  # the per-parameter loop is deterministic and cheap at our sizes
+        foreach=True,  # one launch per op over all tensors (the same bits as the per-parameter loop)
     )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
     return opt, sched

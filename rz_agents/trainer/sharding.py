@@ -3,8 +3,9 @@ sharded with PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``).
 
 The ``Learner`` runs one code for one process and for N ranks; what differs is behind ``SingleProcess`` (no
 collectives) or ``ShardedRanks`` (FSDP2). Every rank receives the whole batch, computes the same micro-batch
-plan, runs the micro-batches ``i`` with ``i % world == rank``, and the ranks then exchange their log-probs and
-per-micro-batch losses, so the metrics and the reported loss are the one-process values, bit for bit.
+plan, runs the micro-batches ``i`` with ``i % world == rank``, and the ranks then sum one tensor holding every
+rank's log-probs and per-micro-batch losses (zeros elsewhere), so the metrics and the reported loss are the
+one-process values, bit for bit.
 
 Why lag-0 tokens stay bit-identical to the engine: FSDP2 all-gathers each layer's full parameters before
 its forward (a concatenation, exact; with a bf16 compute dtype each fp32 shard is rounded to bf16 first, the
@@ -20,15 +21,44 @@ gloo on CPU (torch 2.13) implements all_gather_into_tensor and reduce_scatter_te
 ReduceOp.AVG or PREMUL_SUM, which FSDP2 uses by default to average gradients. The learner's loss is already
 normalised over the whole batch, so gradients must be summed over ranks anyway: every FSDP module gets a
 gradient divide factor of 1 with sum-only reductions (plain SUM reduce-scatter, no division).
+
+Every tensor a collective here sends lives on the group's collective device (``collective_device``): NCCL
+takes CUDA tensors only, so a CPU flag all-reduced on an NCCL group fails ("No backend type associated with
+device type cpu"). The learner exchanges its step's figures in one ``reduce_sum`` per step, never per
+micro-batch and never as pickled objects.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.distributed as dist
+
+
+def accepted_devices(backend: str) -> list[str]:
+    """The device types whose tensors a process group with ``backend`` takes ("gloo", "nccl",
+    "cpu:gloo,cuda:nccl", or a backend registered with ``torch.distributed.Backend.register_backend``)."""
+    accepted: list[str] = []
+    for part in backend.split(","):
+        device, _, name = part.rpartition(":")
+        if device:
+            accepted.append(device)
+        else:
+            accepted += dist.Backend.backend_capability.get(name.lower(), ["cpu", "cuda"])
+    return accepted
+
+
+def collective_device(model_device: str | torch.device = "cpu", backend: str | None = None) -> torch.device:
+    """The device for the tensors of this process's collectives (``backend``: the default group's).
+
+    The model's device when the group's backend takes its tensors (NCCL and CUDA; gloo and the CPU), else the
+    CPU when the backend takes CPU tensors, else the first device type the backend was registered for."""
+    accepted = accepted_devices(str(dist.get_backend()) if backend is None else backend)
+    model = torch.device(model_device)
+    if model.type in accepted:
+        return model
+    return torch.device("cpu" if "cpu" in accepted else accepted[0])
 
 
 class SingleProcess:
@@ -45,13 +75,9 @@ class SingleProcess:
         """Indices of the micro-batches this rank runs (None: an idle pass that keeps ranks in step)."""
         return list(range(num_micro_batches))
 
-    def all_true(self, flag: bool) -> bool:
-        """True when ``flag`` holds on every rank."""
-        return flag
-
-    def all_gather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj``, in rank order."""
-        return [obj]
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The elementwise sum of ``tensor`` over the ranks, on ``tensor``'s device (one collective)."""
+        return tensor
 
     def full(self, tensor: torch.Tensor) -> torch.Tensor:
         """The whole tensor of a (possibly sharded) parameter, gradient or optimizer state."""
@@ -77,6 +103,7 @@ class ShardedRanks(SingleProcess):
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.device = device
+        self.comm_device = collective_device(device)
         self.mesh = init_device_mesh(device, (self.world,))
 
     def shard(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -111,15 +138,10 @@ class ShardedRanks(SingleProcess):
         per_rank = math.ceil(num_micro_batches / self.world)
         return mine + [None] * (per_rank - len(mine))
 
-    def all_true(self, flag: bool) -> bool:
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return bool(t.item())
-
-    def all_gather(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj)
-        return out
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        t = tensor.to(self.comm_device, copy=True)  # (a copy: the caller's tensor stays as it was)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.to(tensor.device)
 
     def full(self, tensor: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
@@ -132,4 +154,5 @@ class ShardedRanks(SingleProcess):
         if not isinstance(like, DTensor):
             return full.to(like.dtype)
         # Every rank holds the same full tensor: each keeps its own chunk, nothing is sent.
-        return distribute_tensor(full.to(like.dtype), like.device_mesh, like.placements, src_data_rank=None)
+        full = full.to(device=like.device, dtype=like.dtype)
+        return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)

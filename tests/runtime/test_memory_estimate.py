@@ -87,3 +87,29 @@ def test_rz_train_dry_run_finds_a_packaged_config_by_name(capsys):
     out = capsys.readouterr().out
     rank = next(line for line in out.splitlines() if "per learner rank" in line)
     assert "FSDP2 over 16 ranks" in rank and "H200 141GB: fits" in rank  # with activation checkpointing
+
+
+def test_sharded_ranks_count_one_gathered_tensor_for_publication_not_a_whole_copy():
+    from rz_agents.runtime.config import PlacementConfig
+    from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES
+
+    model_cfg = preset_config("qwen3-0.6b")
+    spec = ModelSpec(dtype="bfloat16")
+    est = {}
+    for transport in ("object_store", "broadcast"):
+        cfg = TrainConfig(
+            model=spec, runtime="ray", placement=PlacementConfig(learner_ranks=8, weight_transport=transport)
+        )
+        est[transport] = estimate_memory(cfg, model_cfg)
+    largest = model_cfg.vocab_size * model_cfg.hidden_size  # the embedding (tied with the LM head)
+    assert est["object_store"].learner["publication_transient"] == 2 * largest
+    assert est["broadcast"].learner["publication_transient"] == max(2 * largest, 2 * BUCKET_BYTES)
+    assert est["object_store"].learner["publication_transient"] < est["object_store"].learner["weights"] / 3
+    # per rank: the sharded state plus what is gathered whole (publication, FSDP2's unsharded layers)
+    rank = est["object_store"]
+    assert rank.learner_rank_total == rank.learner_sharded(8)
+    assert rank.learner["fsdp_unsharded_layers"] > 0
+    single = estimate_memory(
+        TrainConfig(model=spec, runtime="ray", placement=PlacementConfig(learner_ranks=1)), model_cfg
+    )
+    assert "publication_transient" not in single.learner  # one rank publishes views of its own weights

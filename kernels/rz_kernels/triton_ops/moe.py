@@ -143,8 +143,10 @@ def grouped_matmul(
 
 
 class _GroupedLinear(torch.autograd.Function):
-    """Grouped GEMM forward; backward: input gradient by the transposed grouped GEMM, weight gradients
-    one plain GEMM per expert (gradients are not part of the bit-identity contract)."""
+    """Grouped GEMM forward; backward: the input gradient by the transposed grouped GEMM (one launch), the
+    weight gradients of every expert by one batched GEMM over the experts' rows padded to the longest run
+    (one launch per layer and weight, not one per expert; the zero rows add exact zeros). Fixed shapes and
+    no atomics: run to run the same bits (gradients are not part of the engine/trainer bit-identity)."""
 
     @staticmethod
     def forward(ctx, x, counts, *weights):
@@ -160,15 +162,46 @@ class _GroupedLinear(torch.autograd.Function):
         grad_x = (
             grouped_matmul(grad_out, weights, counts, transpose=True) if ctx.needs_input_grad[0] else None
         )
-        grad_ws = []
-        start = 0
-        for e, n in enumerate(counts):
-            if ctx.needs_input_grad[2 + e] and n:
-                grad_ws.append(grad_out[start : start + n].t().mm(x[start : start + n]))
-            else:
-                grad_ws.append(None)
-            start += n
+        wanted = [ctx.needs_input_grad[2 + e] and n > 0 for e, n in enumerate(counts)]
+        grad_ws: list[torch.Tensor | None] = [None] * len(counts)
+        if any(wanted):
+            longest = max(counts)
+            # Row r of expert e's run goes to [e, r]: a gather by a precomputed index, no scatter-add.
+            starts = torch.tensor([0, *counts[:-1]], device=x.device).cumsum(0)
+            rows = torch.arange(longest, device=x.device)
+            index = (starts[:, None] + rows[None, :]).clamp(max=x.shape[0] - 1)
+            valid = (rows[None, :] < torch.tensor(counts, device=x.device)[:, None]).unsqueeze(-1)
+            xs = torch.where(valid, x[index], 0)  # [E, longest, K]
+            gs = torch.where(valid, grad_out[index], 0)  # [E, longest, N]
+            grads = torch.bmm(gs.transpose(1, 2), xs)  # [E, N, K], one launch
+            for e, want in enumerate(wanted):
+                if want:  # an expert no row reached keeps no gradient (as a plain autograd graph would)
+                    grad_ws[e] = grads[e]
         return (grad_x, None, *grad_ws)
+
+
+class _GatherRows(torch.autograd.Function):
+    """rows = x[pair // top_k] in dispatch order; its backward sums each token's top_k row gradients in slot
+    order (a gather by the inverse permutation and a fixed-order sum) instead of index_select's index_add_,
+    whose atomics make the order of the additions, and so the bits, vary from run to run on CUDA."""
+
+    @staticmethod
+    def forward(ctx, x, order, top_k):
+        ctx.top_k = top_k
+        ctx.save_for_backward(order)
+        return x.index_select(0, order // top_k)
+
+    @staticmethod
+    def backward(ctx, grad_rows):
+        (order,) = ctx.saved_tensors
+        top_k = ctx.top_k
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        per_slot = grad_rows.index_select(0, inverse).view(-1, top_k, grad_rows.shape[-1]).float()
+        grad = per_slot[:, 0]
+        for j in range(1, top_k):  # fixed order, fp32
+            grad = grad + per_slot[:, j]
+        return grad.to(grad_rows.dtype), None, None
 
 
 def grouped_linear(x: torch.Tensor, weights: Sequence[torch.Tensor], counts: Sequence[int]) -> torch.Tensor:
@@ -203,7 +236,10 @@ def aligned_moe(
     flat_expert = experts.reshape(-1)
     order = torch.sort(flat_expert, stable=True).indices
     counts = torch.bincount(flat_expert, minlength=num_experts).tolist()
-    xs = x.index_select(0, order // top_k)
+    if torch.is_grad_enabled() and x.requires_grad:
+        xs = _GatherRows.apply(x, order, top_k)
+    else:
+        xs = x.index_select(0, order // top_k)
     h = silu_mul(grouped_linear(xs, gate_w, counts), grouped_linear(xs, up_w, counts))
     y = grouped_linear(h, down_w, counts)
     outputs = x.new_zeros(t * top_k, x.shape[-1], dtype=torch.float32).index_copy(0, order, y.float())

@@ -93,12 +93,14 @@ class LearnerRank:
         return record if self.rank == 0 else None
 
     def weights(self) -> list | None:
-        """The whole weights (a collective); rank 0 puts them in the object store (one ``ray.put``) and
-        returns ``[reference]`` (in a list, so that Ray hands the driver the reference, not the tensors)."""
-        w = self.learner.weights()
-        if self.rank != 0:
-            return None
-        return [ray.put({k: v.detach().to("cpu") for k, v in w.items()})]
+        """The whole weights (a collective, gathered tensor by tensor); rank 0 copies each to the host as it
+        arrives, puts them in the object store (one ``ray.put``) and returns ``[reference]`` (in a list, so
+        that Ray hands the driver the reference, not the tensors). The other ranks drop each at once."""
+        host: dict[str, torch.Tensor] = {}
+        for name, tensor in self.learner.iter_weights():
+            if self.rank == 0:
+                host[name] = tensor.detach().to("cpu")
+        return [ray.put(host)] if self.rank == 0 else None
 
     def state_dict(self) -> dict[str, Any] | None:
         """Learner.state_dict with whole tensors (a collective); rank 0 returns it."""
@@ -120,10 +122,19 @@ class LearnerRank:
         self.broadcast = WeightBroadcast(address, 0, world, backend)
 
     def broadcast_weights(self) -> None:
-        """The whole weights (a collective of the learner ranks), broadcast by rank 0 to the engines."""
-        w = self.learner.weights()
+        """The whole weights (a collective of the learner ranks, gathered tensor by tensor in the broadcast's
+        bucket order), broadcast by rank 0 to the engines bucket by bucket."""
+        from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES, buckets
+
+        shapes = self.learner.weight_shapes()
+        bucket_bytes = self.broadcast.bucket_bytes if self.rank == 0 else BUCKET_BYTES
+        order = [name for _, entries in buckets(shapes, bucket_bytes) for name, _ in entries]
+        stream = self.learner.iter_weights(order)
         if self.rank == 0:
-            self.broadcast.send(w)
+            self.broadcast.send(shapes, stream)
+        else:
+            for _ in stream:  # join each gather; keep nothing
+                pass
 
     def close_broadcast(self) -> None:
         """(rank 0) Leave the weights group."""
