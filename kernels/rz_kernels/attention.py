@@ -5,9 +5,13 @@ Both op sets have the same two-step interface: `plan_*(q_seq, q_pos, H, Hkv)` on
 `*_attention(q, k, v, plan, scale)` with
   q      [T, H, D]            queries, already rotated
   k, v   [S, Hkv, L, D]       keys/values of every sequence, position p at index p (zero beyond)
-  q_seq  [T]                  which sequence (index into S) each query belongs to
+         or, with a page table, [P, Hkv, 64, D] pages: position p of sequence s sits in page
+         page_table[s, p // 64] at offset p % 64 (the engine's paged KV cache)
+  q_seq  [T]                  which sequence (index into S, or into page_table's rows) each query belongs to
   q_pos  [T]                  absolute position of each query; it attends to keys 0..q_pos
-returning [T, H, D] in q's dtype.
+returning [T, H, D] in q's dtype. A page is exactly one key block, so walking a sequence's pages in
+position order reads the same 64-key blocks, in the same order, as the contiguous buffer: the
+arithmetic and therefore the bits do not depend on where the pages lie in memory.
 
 `blocked_attention` (aligned) gives each query row the same arithmetic whatever else is in the
 call. Rows of one (sequence, kv head) are cut into *tiles* (up to `TILE_ROWS` rows: consecutive
@@ -147,8 +151,16 @@ class _Bucket:
 class BlockedPlan:
     """Row layout of one call, shared by every layer of a forward (built on first use)."""
 
-    def __init__(self, q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int) -> None:
+    def __init__(
+        self,
+        q_seq: torch.Tensor,
+        q_pos: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        page_table: torch.Tensor | None = None,
+    ) -> None:
         self.q_seq, self.q_pos = q_seq, q_pos
+        self.page_table = page_table  # [S, W] page of each key block, or None for [S, Hkv, L, D] buffers
         self.num_tokens = q_seq.shape[0]
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self._buckets: dict[int, list[_Bucket]] = {}
@@ -177,9 +189,19 @@ def _tile_rows(group: int, head_dim: int) -> tuple[int, bool]:
     return fixed, False
 
 
-def plan_blocked(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int) -> BlockedPlan:
-    """The plan of one forward: which sequence and position every query has (layout built lazily)."""
-    return BlockedPlan(q_seq, q_pos, num_heads, num_kv_heads)
+def plan_blocked(
+    q_seq: torch.Tensor,
+    q_pos: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    page_table: torch.Tensor | None = None,
+) -> BlockedPlan:
+    """The plan of one forward: which sequence and position every query has (layout built lazily).
+
+    With ``page_table`` [S, W] (long), k/v are pages [P, Hkv, 64, D] and block j of sequence s is
+    page ``page_table[s, j]``.
+    """
+    return BlockedPlan(q_seq, q_pos, num_heads, num_kv_heads, page_table)
 
 
 def _layout(
@@ -287,8 +309,20 @@ def _tree_sum(x: torch.Tensor) -> torch.Tensor:
     return x[:, 0]
 
 
-def _key_blocks(buf: torch.Tensor, seqs: torch.Tensor, heads: torch.Tensor, span: int) -> torch.Tensor:
+def _key_blocks(
+    buf: torch.Tensor,
+    seqs: torch.Tensor,
+    heads: torch.Tensor,
+    span: int,
+    page_table: torch.Tensor | None = None,
+) -> torch.Tensor:
     """[n, span // 64, 64, D] fp32 key (or value) blocks of n (sequence, head) pairs."""
+    if page_table is not None:  # pages [P, Hkv, 64, D]: gather the sequence's pages in block order
+        p, hkv, _, d = buf.shape
+        nb = span // KEY_BLOCK
+        rows = page_table[seqs, :nb] * hkv + heads.view(-1, 1)
+        blocks = buf.reshape(p * hkv, KEY_BLOCK, d).index_select(0, rows.reshape(-1))
+        return blocks.float().reshape(seqs.numel(), nb, KEY_BLOCK, d)
     s, hkv, length, d = buf.shape
     if seqs.numel() == 1:
         blocks = buf[int(seqs[0]), int(heads[0]), :span].unsqueeze(0)  # in place: a view
@@ -297,12 +331,12 @@ def _key_blocks(buf: torch.Tensor, seqs: torch.Tensor, heads: torch.Tensor, span
     return blocks.float().reshape(seqs.numel(), span // KEY_BLOCK, KEY_BLOCK, d)
 
 
-def _tile_group(qf, k, v, b: _Bucket, sel, scale: float):
+def _tile_group(qf, k, v, b: _Bucket, sel, scale: float, page_table=None):
     """Attention of the tiles `sel` of bucket b: (out [n, R, D], row max [n, R], denominator [n, R])."""
     n, rows, nb, d = sel.numel(), b.rows, b.num_blocks, qf.shape[-1]
     span = nb * KEY_BLOCK
-    kb = _key_blocks(k, b.tile_seq[sel], b.tile_head[sel], span)
-    vb = _key_blocks(v, b.tile_seq[sel], b.tile_head[sel], span)
+    kb = _key_blocks(k, b.tile_seq[sel], b.tile_head[sel], span, page_table)
+    vb = _key_blocks(v, b.tile_seq[sel], b.tile_head[sel], span, page_table)
     q_tiles = qf[b.row_index[sel]]  # [n, R, D]
     if n == 1:  # one tile against its key blocks: a broadcast view, no copy (the guard checks both)
         q_blocks = q_tiles.expand(nb, rows, d)
@@ -338,13 +372,15 @@ def _forward(q, k, v, plan: BlockedPlan, scale: float, with_stats: bool):
     qf = torch.cat([q.float().reshape(-1, d), q.new_zeros(1, d, dtype=torch.float32)])
     out = torch.empty(t * num_heads + 1, d, dtype=torch.float32, device=q.device)
     stats = torch.empty(t * num_heads + 1, 2, dtype=torch.float32, device=q.device) if with_stats else None
+    pages = plan.page_table
+    capacity = k.shape[2] if pages is None else pages.shape[1] * KEY_BLOCK
     for b in plan.buckets(d):
-        if b.num_blocks * KEY_BLOCK > k.shape[2]:
+        if b.num_blocks * KEY_BLOCK > capacity:
             raise ValueError(
-                f"key buffer holds {k.shape[2]} positions, attention needs {b.num_blocks * KEY_BLOCK}"
+                f"key buffer holds {capacity} positions, attention needs {b.num_blocks * KEY_BLOCK}"
             )
         for sel in _groups(b):
-            o, m, den = _tile_group(qf, k, v, b, sel, scale)
+            o, m, den = _tile_group(qf, k, v, b, sel, scale, pages)
             idx = b.row_index[sel].reshape(-1)
             out[idx] = o.reshape(-1, d)  # padding rows all land on the discarded last row
             if stats is not None:
@@ -412,6 +448,8 @@ def blocked_attention(
     if q.shape[0] == 0:
         return q.new_zeros(q.shape)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if plan.page_table is not None:
+            raise ValueError("blocked attention over a paged KV cache is inference-only (no backward)")
         return _BlockedAttention.apply(q, k, v, plan, scale)
     return _forward(q, k, v, plan, scale, with_stats=False)[0]
 
@@ -420,9 +458,24 @@ def blocked_attention(
 @dataclass
 class SdpaPlan:
     groups: list[tuple[int, torch.Tensor, int, torch.Tensor]]  # (seq, token index, length, mask)
+    page_table: torch.Tensor | None = None
 
 
-def plan_sdpa(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int) -> SdpaPlan:
+def _sequence_kv(buf: torch.Tensor, s: int, length: int, page_table: torch.Tensor | None) -> torch.Tensor:
+    """[1, Hkv, length, D] keys (or values) of sequence s, from a contiguous buffer or its pages."""
+    if page_table is None:
+        return buf[s : s + 1, :, :length]
+    pages = buf[page_table[s, : -(-length // KEY_BLOCK)]]  # [n, Hkv, 64, D]
+    return pages.transpose(0, 1).reshape(1, buf.shape[1], -1, buf.shape[3])[:, :, :length]
+
+
+def plan_sdpa(
+    q_seq: torch.Tensor,
+    q_pos: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    page_table: torch.Tensor | None = None,
+) -> SdpaPlan:
     groups = []
     for s in torch.unique(q_seq).tolist():
         sel = (q_seq == s).nonzero().squeeze(1)
@@ -430,7 +483,7 @@ def plan_sdpa(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_h
         length = int(pos.max()) + 1
         mask = torch.arange(length, device=q_seq.device).view(1, length) <= pos.view(-1, 1)
         groups.append((s, sel, length, mask))
-    return SdpaPlan(groups)
+    return SdpaPlan(groups, page_table)
 
 
 def sdpa_attention(
@@ -441,8 +494,8 @@ def sdpa_attention(
     for s, sel, length, mask in plan.groups:
         o = F.scaled_dot_product_attention(
             q[sel].transpose(0, 1).unsqueeze(0),
-            k[s : s + 1, :, :length],
-            v[s : s + 1, :, :length],
+            _sequence_kv(k, s, length, plan.page_table),
+            _sequence_kv(v, s, length, plan.page_table),
             attn_mask=mask,
             scale=scale,
             enable_gqa=True,

@@ -12,11 +12,17 @@ KV_ON_UPDATE = ("keep", "recompute")
 class EngineConfig:
     """How the rz engine batches, caches and updates.
 
-    num_slots: sequences that hold KV at once (running + kept prefixes). With kv_cache_bytes set,
-      num_slots is derived from it instead (as many slots as fit).
-    max_len: positions per slot (prompt + completion); longer prompts are refused with ValueError and
-      a completion that reaches it finishes with "length".
-    max_batch_tokens: tokens per forward (decodes first, then prefill chunks).
+    num_slots: the most sequences running at once (the decode batch). The KV cache is paged (pages
+      of 64 positions, held in proportion to each sequence's real length, prompt pages shared within
+      a group); requests beyond what the pages hold wait, and when running sequences outgrow the
+      pages the newest is preempted and later recomputes its K/V (never an error).
+    kv_cache_bytes: the KV cache's size in bytes (as many pages as fit). None gives
+      num_slots x max_len positions, the memory a slot cache would reserve.
+    max_len: positions per sequence (prompt + completion); longer prompts are refused with ValueError
+      and a completion that reaches it finishes with "length".
+    max_batch_tokens: the most tokens in one forward (decodes first, then prefill chunks).
+    min_prefill_chunk: tokens of prefill every step keeps room for when prefills are waiting, even
+      when decodes alone would fill max_batch_tokens (the decodes then take turns).
     kv_on_update: what a weight update does to running sequences' K/V. "recompute" (default) prefills
       each running sequence's whole history again with the new weights, so every later token equals
       the trainer's forward with the new weights; "keep" leaves the K/V as they are (cheaper; later
@@ -37,6 +43,7 @@ class EngineConfig:
     num_slots: int = 16
     max_len: int = 2048
     max_batch_tokens: int = 512
+    min_prefill_chunk: int = 16
     kv_on_update: Literal["keep", "recompute"] = "recompute"
     prefix_cache: bool = True
     prefix_cache_ttl_s: float = 300.0
@@ -50,12 +57,18 @@ class EngineConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    def num_kv_pages(self, bytes_per_page: int) -> int:
+        """Pages of 64 positions the KV cache gets (see kv_cache_bytes)."""
+        if self.kv_cache_bytes is not None:
+            return self.kv_cache_bytes // bytes_per_page
+        return self.num_slots * -(-self.max_len // 64)
+
     def validate(self) -> None:
         if self.kv_on_update not in KV_ON_UPDATE:
             raise ValueError(
                 f"EngineConfig.kv_on_update must be one of {KV_ON_UPDATE}, got {self.kv_on_update!r}"
             )
-        for name in ("num_slots", "max_len", "max_batch_tokens"):
+        for name in ("num_slots", "max_len", "max_batch_tokens", "min_prefill_chunk"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")
