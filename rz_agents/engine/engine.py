@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from rz_agents.engine.config import EngineConfig
+from rz_agents.engine.decode_step import DecodeStep
 from rz_agents.engine.pages import PagePool
 from rz_agents.engine.params import Completion, SamplingParams
 from rz_agents.engine.runner import ModelRunner
@@ -60,16 +61,26 @@ class RZEngine:
         if verify is not None:  # the aligned kernels' guards, paid (and logged) before any request
             verify()
         cfg = model.config
-        num_pages = self.config.num_kv_pages(bytes_per_page(cfg))
+        total_pages = self.config.num_kv_pages(bytes_per_page(cfg))
+        num_pages = total_pages - 1  # the last page is the scratch page of padding rows
         if num_pages < pages_for(self.config.max_len):
             raise ValueError(
-                f"kv_cache_bytes={self.config.kv_cache_bytes} holds {num_pages} pages of 64 positions "
+                f"kv_cache_bytes={self.config.kv_cache_bytes} holds {total_pages} pages of 64 positions "
                 f"({bytes_per_page(cfg)} bytes each); one sequence of max_len {self.config.max_len} needs "
-                f"{pages_for(self.config.max_len)}"
+                f"{pages_for(self.config.max_len)} plus one scratch page"
             )
         device = next(model.parameters()).device
-        self.kv_cache = KVCache(cfg, num_pages=num_pages, device=device)
-        self.runner = ModelRunner(model, self.kv_cache)
+        self.kv_cache = KVCache(cfg, num_pages=total_pages, device=device)
+        decode_step = None
+        if self.config.static_decode:
+            decode_step = DecodeStep(
+                model,
+                self.kv_cache,
+                max_batch=min(self.config.num_slots, self.config.max_batch_tokens),
+                width=pages_for(self.config.max_len),
+                scratch_page=num_pages,
+            )
+        self.runner = ModelRunner(model, self.kv_cache, decode_step)
         pages = PagePool(
             num_pages,
             self.kv_cache.bytes_per_page,

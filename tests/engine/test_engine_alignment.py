@@ -297,3 +297,37 @@ def test_shared_prompt_pages_give_the_same_bits_as_private_ones(tiny_model):
     for sp, x, y in zip(params, a, b, strict=True):
         assert x.tokens == y.tokens and torch.equal(x.logprobs, y.logprobs)
         assert torch.equal(x.logprobs, _trainer_logprobs(model, prompt, x, sp))
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+def test_static_decode_step_padding_changes_no_bit(tiny_model, model_type):
+    # 3 and 11 decoding sequences are padded to buckets of 4 and 16 rows (scratch-page sequences).
+    model = tiny_model(model_type)
+    prompts = _prompts(11, model.config.vocab_size, seed=31)
+    params = [SamplingParams(temperature=1.0, max_tokens=10, seed=i, ignore_eos=True) for i in range(11)]
+    cfg = dict(max_len=256, max_batch_tokens=512, num_threads=1)
+    for n in (3, 11):
+        static = RZEngine(model, EngineConfig(num_slots=16, static_decode=True, **cfg))
+        eager = RZEngine(model, EngineConfig(num_slots=16, static_decode=False, **cfg))
+        rows = []
+        real_run = static.runner.decode_step.run
+
+        def run(tokens, positions, tables, real_run=real_run, rows=rows, step=static.runner.decode_step):
+            rows.append(step.bucket(len(tokens)))
+            return real_run(tokens, positions, tables)
+
+        static.runner.decode_step.run = run
+        a = generate_batch(static, prompts[:n], params[:n])
+        b = generate_batch(eager, prompts[:n], params[:n])
+        assert max(rows) == {3: 4, 11: 16}[n]  # padded steps really ran
+        for p, sp, x, y in zip(prompts, params, a, b, strict=False):
+            assert x.tokens == y.tokens and torch.equal(x.logprobs, y.logprobs)
+            assert torch.equal(x.logprobs, _trainer_logprobs(model, p, x, sp))
+
+
+def test_decode_buckets_cover_every_batch_size():
+    from rz_agents.engine.decode_step import decode_buckets
+
+    assert decode_buckets(1) == [1]
+    assert decode_buckets(20) == [1, 2, 4, 8, 16, 20]
+    assert decode_buckets(64)[-3:] == [48, 56, 64]

@@ -85,11 +85,13 @@ def test_engine_queues_requests_when_the_cache_is_full_and_serves_them_all(tiny_
 def test_engine_sizes_the_paged_cache_from_a_memory_budget(tiny_model):
     model = tiny_model()
     page = bytes_per_page(model.config)
-    assert _engine(model, num_slots=3).kv_cache.num_pages == 3 * 2  # default: 3 x max_len 128
+    # default: 3 x max_len 128 for the sequences, plus the scratch page of padding rows
+    assert _engine(model, num_slots=3).stats()["kv_pages"] == 3 * 2
     engine = _engine(model, kv_cache_bytes=10 * page + page // 2)
-    assert engine.kv_cache.num_pages == 10 and engine.stats()["kv_bytes_total"] == 10 * page
+    assert engine.kv_cache.num_pages == 10 and engine.stats()["kv_pages"] == 9
+    assert engine.stats()["kv_bytes_total"] == 9 * page
     with pytest.raises(ValueError, match="needs 2"):  # one max_len sequence must always fit
-        _engine(model, kv_cache_bytes=page)
+        _engine(model, kv_cache_bytes=2 * page)
 
 
 def test_cancelling_a_request_frees_its_pages_and_others_finish(tiny_model):
