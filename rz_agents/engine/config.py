@@ -33,7 +33,7 @@ class EngineConfig:
       tokens then attend to keys/values the old weights computed). bench/kv_on_update.py measures
       both: keep is ~1.8x the tokens per CPU-second with an update every 20 steps, but its lag-0
       IS weights are no longer exactly 1; recompute stays the default for that guarantee.
-    prefix_cache / prefix_cache_ttl_s: keep a finished sequence's slot keyed by its tokens so the next
+    prefix_cache / prefix_cache_ttl_s: keep a finished sequence's pages keyed by its tokens so the next
       turn reuses the matching prefix (bit-identical to a cold prefill in aligned mode).
     share_prefix_min_tokens: a request whose prompt shares at least this many leading tokens with a
       running sequence copies that sequence's K/V instead of prefilling them (it waits until they are

@@ -50,8 +50,9 @@ def test_bf16_estimate_has_fp32_masters_and_adam_and_checkpointing_shrinks_activ
     assert est.learner["weights"] == 2 * n
     assert est.learner["master_weights_fp32"] == 4 * n
     assert est.learner["adamw_state_fp32"] == 8 * n
-    # 28 layers x K and V x 8 kv heads x 1024 positions x 128 dims x 2 bytes, 4 slots
-    assert est.engine["kv_cache"] == 4 * 28 * 2 * 8 * 1024 * 128 * 2
+    # 28 layers x K and V x 8 kv heads x 64 positions x 128 dims x 2 bytes a page; 4 x 1024 positions
+    # of pages plus the scratch page of padded decode rows
+    assert est.engine["kv_cache"] == (4 * 1024 // 64 + 1) * 28 * 2 * 8 * 64 * 128 * 2
     assert est.learner_sharded(8) < est.learner_total
     fp32 = estimate_memory(cfg, model_cfg.replace(dtype="float32"))
     assert "master_weights_fp32" not in fp32.learner
