@@ -27,7 +27,8 @@ import time
 import torch
 from bench_model import bench_config  # bench/ is on sys.path when run as a script
 
-from rz_agents.model import KVCache, Transformer
+from rz_agents.model import Transformer
+from rz_agents.model.kv_cache import sequence_cache
 from rz_agents.model.logprobs import LOGIT_CHUNK, packed_token_logprobs, token_logprobs
 
 
@@ -67,7 +68,7 @@ class DecodeBench:
 
     def __init__(self, model: Transformer, batch: int, context: int, vocab: int) -> None:
         self.model = model
-        self.cache = KVCache(model.config, num_slots=batch, max_len=context + 1)
+        self.cache = sequence_cache(model.config, batch, context + 1)  # a paged cache, pages in order
         gen = torch.Generator().manual_seed(0)
         prompts = torch.randint(0, vocab, (batch, context), generator=gen)
         with torch.no_grad():

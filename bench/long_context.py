@@ -89,7 +89,7 @@ def engine_worker(context: int, args) -> dict:
         "prefill_tok_per_cpu_s": round(context / pc, 1),
         "decode_tok_per_s": round(args.gen / dw, 2),
         "decode_tok_per_cpu_s": round(args.gen / dc, 2),
-        "kv_cache_mb": round(engine.kv_cache.bytes_per_slot * engine.kv_cache.num_slots / 2**20, 1),
+        "kv_cache_mb": round(engine.kv_cache.bytes_total / 2**20, 1),
         "rss_after_model_mb": round(rss_model, 1),
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "peak_over_model_mb": round(peak_rss_mb() - rss_model, 1),

@@ -355,7 +355,7 @@ def _model_steps(
     from rz_agents.engine.params import SamplingParams
     from rz_agents.engine.sampler import sample
     from rz_agents.model.alignment import check_model
-    from rz_agents.model.kv_cache import KVCache
+    from rz_agents.model.kv_cache import sequence_cache
     from rz_agents.trainer.learner import Learner, LearnerConfig
     from rz_agents.trainer.optim import OptimConfig
 
@@ -369,7 +369,7 @@ def _model_steps(
     out["engine_vs_training_bit_identical"] = rep.bit_identical
     out["engine_vs_training_tokens"] = rep.tokens_checked
     # Decode step: decode_batch sequences whose first `context` positions are cached.
-    cache = KVCache(config, num_slots=decode_batch, max_len=context + 64, device=dev)
+    cache = sequence_cache(config, decode_batch, context + 64, device=dev)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         chunk = max(1, 8192 // context)

@@ -5,9 +5,13 @@ Both op sets have the same two-step interface: `plan_*(q_seq, q_pos, H, Hkv)` on
 `*_attention(q, k, v, plan, scale)` with
   q      [T, H, D]            queries, already rotated
   k, v   [S, Hkv, L, D]       keys/values of every sequence, position p at index p (zero beyond)
-  q_seq  [T]                  which sequence (index into S) each query belongs to
+         or, with a page table, [P, Hkv, 64, D] pages: position p of sequence s sits in page
+         page_table[s, p // 64] at offset p % 64 (the engine's paged KV cache)
+  q_seq  [T]                  which sequence (index into S, or into page_table's rows) each query belongs to
   q_pos  [T]                  absolute position of each query; it attends to keys 0..q_pos
-returning [T, H, D] in q's dtype.
+returning [T, H, D] in q's dtype. A page is exactly one key block, so walking a sequence's pages in
+position order reads the same 64-key blocks, in the same order, as the contiguous buffer: the
+arithmetic and therefore the bits do not depend on where the pages lie in memory.
 
 `blocked_attention` (aligned) gives each query row the same arithmetic whatever else is in the
 call. Rows of one (sequence, kv head) are cut into *tiles* (up to `TILE_ROWS` rows: consecutive
@@ -147,8 +151,16 @@ class _Bucket:
 class BlockedPlan:
     """Row layout of one call, shared by every layer of a forward (built on first use)."""
 
-    def __init__(self, q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int) -> None:
+    def __init__(
+        self,
+        q_seq: torch.Tensor,
+        q_pos: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        page_table: torch.Tensor | None = None,
+    ) -> None:
         self.q_seq, self.q_pos = q_seq, q_pos
+        self.page_table = page_table  # [S, W] page of each key block, or None for [S, Hkv, L, D] buffers
         self.num_tokens = q_seq.shape[0]
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self._buckets: dict[int, list[_Bucket]] = {}
@@ -177,9 +189,19 @@ def _tile_rows(group: int, head_dim: int) -> tuple[int, bool]:
     return fixed, False
 
 
-def plan_blocked(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int) -> BlockedPlan:
-    """The plan of one forward: which sequence and position every query has (layout built lazily)."""
-    return BlockedPlan(q_seq, q_pos, num_heads, num_kv_heads)
+def plan_blocked(
+    q_seq: torch.Tensor,
+    q_pos: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    page_table: torch.Tensor | None = None,
+) -> BlockedPlan:
+    """The plan of one forward: which sequence and position every query has (layout built lazily).
+
+    With ``page_table`` [S, W] (long), k/v are pages [P, Hkv, 64, D] and block j of sequence s is
+    page ``page_table[s, j]``.
+    """
+    return BlockedPlan(q_seq, q_pos, num_heads, num_kv_heads, page_table)
 
 
 def _layout(
@@ -287,8 +309,20 @@ def _tree_sum(x: torch.Tensor) -> torch.Tensor:
     return x[:, 0]
 
 
-def _key_blocks(buf: torch.Tensor, seqs: torch.Tensor, heads: torch.Tensor, span: int) -> torch.Tensor:
+def _key_blocks(
+    buf: torch.Tensor,
+    seqs: torch.Tensor,
+    heads: torch.Tensor,
+    span: int,
+    page_table: torch.Tensor | None = None,
+) -> torch.Tensor:
     """[n, span // 64, 64, D] fp32 key (or value) blocks of n (sequence, head) pairs."""
+    if page_table is not None:  # pages [P, Hkv, 64, D]: gather the sequence's pages in block order
+        p, hkv, _, d = buf.shape
+        nb = span // KEY_BLOCK
+        rows = page_table[seqs, :nb] * hkv + heads.view(-1, 1)
+        blocks = buf.reshape(p * hkv, KEY_BLOCK, d).index_select(0, rows.reshape(-1))
+        return blocks.float().reshape(seqs.numel(), nb, KEY_BLOCK, d)
     s, hkv, length, d = buf.shape
     if seqs.numel() == 1:
         blocks = buf[int(seqs[0]), int(heads[0]), :span].unsqueeze(0)  # in place: a view
@@ -297,12 +331,12 @@ def _key_blocks(buf: torch.Tensor, seqs: torch.Tensor, heads: torch.Tensor, span
     return blocks.float().reshape(seqs.numel(), span // KEY_BLOCK, KEY_BLOCK, d)
 
 
-def _tile_group(qf, k, v, b: _Bucket, sel, scale: float):
+def _tile_group(qf, k, v, b: _Bucket, sel, scale: float, page_table=None):
     """Attention of the tiles `sel` of bucket b: (out [n, R, D], row max [n, R], denominator [n, R])."""
     n, rows, nb, d = sel.numel(), b.rows, b.num_blocks, qf.shape[-1]
     span = nb * KEY_BLOCK
-    kb = _key_blocks(k, b.tile_seq[sel], b.tile_head[sel], span)
-    vb = _key_blocks(v, b.tile_seq[sel], b.tile_head[sel], span)
+    kb = _key_blocks(k, b.tile_seq[sel], b.tile_head[sel], span, page_table)
+    vb = _key_blocks(v, b.tile_seq[sel], b.tile_head[sel], span, page_table)
     q_tiles = qf[b.row_index[sel]]  # [n, R, D]
     if n == 1:  # one tile against its key blocks: a broadcast view, no copy (the guard checks both)
         q_blocks = q_tiles.expand(nb, rows, d)
@@ -338,13 +372,15 @@ def _forward(q, k, v, plan: BlockedPlan, scale: float, with_stats: bool):
     qf = torch.cat([q.float().reshape(-1, d), q.new_zeros(1, d, dtype=torch.float32)])
     out = torch.empty(t * num_heads + 1, d, dtype=torch.float32, device=q.device)
     stats = torch.empty(t * num_heads + 1, 2, dtype=torch.float32, device=q.device) if with_stats else None
+    pages = plan.page_table
+    capacity = k.shape[2] if pages is None else pages.shape[1] * KEY_BLOCK
     for b in plan.buckets(d):
-        if b.num_blocks * KEY_BLOCK > k.shape[2]:
+        if b.num_blocks * KEY_BLOCK > capacity:
             raise ValueError(
-                f"key buffer holds {k.shape[2]} positions, attention needs {b.num_blocks * KEY_BLOCK}"
+                f"key buffer holds {capacity} positions, attention needs {b.num_blocks * KEY_BLOCK}"
             )
         for sel in _groups(b):
-            o, m, den = _tile_group(qf, k, v, b, sel, scale)
+            o, m, den = _tile_group(qf, k, v, b, sel, scale, pages)
             idx = b.row_index[sel].reshape(-1)
             out[idx] = o.reshape(-1, d)  # padding rows all land on the discarded last row
             if stats is not None:
@@ -412,6 +448,8 @@ def blocked_attention(
     if q.shape[0] == 0:
         return q.new_zeros(q.shape)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if plan.page_table is not None:
+            raise ValueError("blocked attention over a paged KV cache is inference-only (no backward)")
         return _BlockedAttention.apply(q, k, v, plan, scale)
     return _forward(q, k, v, plan, scale, with_stats=False)[0]
 
@@ -428,9 +466,16 @@ class SdpaPlan:
     mask: torch.Tensor  # [b, 1, rows per sequence, keys] bool: key j visible to the query
     rows_per_seq: int
     keys: int
+    page_table: torch.Tensor | None = None  # [sequences, pages]: K/V live in 64-position pages
 
 
-def plan_sdpa(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int) -> SdpaPlan:
+def plan_sdpa(
+    q_seq: torch.Tensor,
+    q_pos: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    page_table: torch.Tensor | None = None,
+) -> SdpaPlan:
     seqs, batch_index, counts = torch.unique(q_seq, return_inverse=True, return_counts=True)
     order = torch.argsort(batch_index, stable=True)
     starts = torch.cumsum(counts, 0) - counts
@@ -441,8 +486,22 @@ def plan_sdpa(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_h
     pos[batch_index, row_index] = q_pos
     mask = (torch.arange(keys, device=q_seq.device).view(1, 1, keys) <= pos.unsqueeze(-1)).unsqueeze(1)
     first = int(seqs[0])
-    contiguous = bool(torch.equal(seqs, torch.arange(first, first + seqs.numel(), device=seqs.device)))
-    return SdpaPlan(seqs, contiguous, batch_index, row_index, mask, rows, keys)
+    contiguous = page_table is None and bool(
+        torch.equal(seqs, torch.arange(first, first + seqs.numel(), device=seqs.device))
+    )
+    return SdpaPlan(seqs, contiguous, batch_index, row_index, mask, rows, keys, page_table)
+
+
+def _batch_kv(buf: torch.Tensor, plan: SdpaPlan) -> torch.Tensor:
+    """[b, Hkv, keys, D] keys (or values) of the plan's sequences, from a contiguous buffer or their pages."""
+    if plan.page_table is None:
+        if plan.contiguous:
+            first = int(plan.seqs[0])
+            return buf[first : first + plan.seqs.numel(), :, : plan.keys]
+        return buf[plan.seqs, :, : plan.keys]
+    pages = buf[plan.page_table[plan.seqs, : -(-plan.keys // KEY_BLOCK)]]  # [b, n, Hkv, 64, D]
+    b, n, hkv, block, d = pages.shape
+    return pages.transpose(1, 2).reshape(b, hkv, n * block, d)[:, :, : plan.keys]
 
 
 def sdpa_attention(
@@ -451,11 +510,7 @@ def sdpa_attention(
     """Stock PyTorch SDPA in one batched call (the sequences padded to the longest; the unaligned
     reference/negative control, and the fair baseline a standard engine would run)."""
     b = plan.seqs.numel()
-    if plan.contiguous:
-        first = int(plan.seqs[0])
-        keys, values = k[first : first + b, :, : plan.keys], v[first : first + b, :, : plan.keys]
-    else:
-        keys, values = k[plan.seqs, :, : plan.keys], v[plan.seqs, :, : plan.keys]
+    keys, values = _batch_kv(k, plan), _batch_kv(v, plan)
     padded = q.new_zeros(b, plan.rows_per_seq, q.shape[1], q.shape[2])
     padded = padded.index_put((plan.batch_index, plan.row_index), q)
     o = F.scaled_dot_product_attention(

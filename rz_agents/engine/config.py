@@ -12,16 +12,28 @@ KV_ON_UPDATE = ("keep", "recompute")
 class EngineConfig:
     """How the rz engine batches, caches and updates.
 
-    num_slots: sequences that hold KV at once (running + kept prefixes). With kv_cache_bytes set,
-      num_slots is derived from it instead (as many slots as fit).
-    max_len: positions per slot (prompt + completion); longer prompts are refused with ValueError and
-      a completion that reaches it finishes with "length".
-    max_batch_tokens: tokens per forward (decodes first, then prefill chunks).
+    num_slots: the most sequences running at once (the decode batch). The KV cache is paged (pages
+      of 64 positions, held in proportion to each sequence's real length, prompt pages shared within
+      a group); requests beyond what the pages hold wait, and when running sequences outgrow the
+      pages the newest is preempted and later recomputes its K/V (never an error).
+    kv_cache_bytes: the KV cache's size in bytes (as many pages as fit, one kept as the scratch page
+      of padding rows). None gives num_slots x max_len positions (the memory a slot cache would
+      reserve) plus the scratch page.
+    static_decode: run decode-only steps through the static decode step (rz_agents.engine.decode_step):
+      the batch padded to a bucket over preallocated buffers, the CUDA-graph-capturable form. The
+      aligned kernels make padding change no bit of the real rows (tested).
+    max_len: positions per sequence (prompt + completion); longer prompts are refused with ValueError
+      and a completion that reaches it finishes with "length".
+    max_batch_tokens: the most tokens in one forward (decodes first, then prefill chunks).
+    min_prefill_chunk: tokens of prefill every step keeps room for when prefills are waiting, even
+      when decodes alone would fill max_batch_tokens (the decodes then take turns).
     kv_on_update: what a weight update does to running sequences' K/V. "recompute" (default) prefills
       each running sequence's whole history again with the new weights, so every later token equals
       the trainer's forward with the new weights; "keep" leaves the K/V as they are (cheaper; later
-      tokens then attend to keys/values the old weights computed).
-    prefix_cache / prefix_cache_ttl_s: keep a finished sequence's slot keyed by its tokens so the next
+      tokens then attend to keys/values the old weights computed). bench/kv_on_update.py measures
+      both: keep is ~1.8x the tokens per CPU-second with an update every 20 steps, but its lag-0
+      IS weights are no longer exactly 1; recompute stays the default for that guarantee.
+    prefix_cache / prefix_cache_ttl_s: keep a finished sequence's pages keyed by its tokens so the next
       turn reuses the matching prefix (bit-identical to a cold prefill in aligned mode).
     share_prefix_min_tokens: a request whose prompt shares at least this many leading tokens with a
       running sequence copies that sequence's K/V instead of prefilling them (it waits until they are
@@ -37,6 +49,7 @@ class EngineConfig:
     num_slots: int = 16
     max_len: int = 2048
     max_batch_tokens: int = 512
+    min_prefill_chunk: int = 16
     kv_on_update: Literal["keep", "recompute"] = "recompute"
     prefix_cache: bool = True
     prefix_cache_ttl_s: float = 300.0
@@ -46,16 +59,24 @@ class EngineConfig:
     seed: int = 0
     eos_token_ids: tuple[int, ...] | None = None
     kv_cache_bytes: int | None = None
+    static_decode: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
+
+    def num_kv_pages(self, bytes_per_page: int) -> int:
+        """Pages of 64 positions the KV cache allocates (see kv_cache_bytes), one of them the scratch
+        page that padding rows of a static decode step write to."""
+        if self.kv_cache_bytes is not None:
+            return self.kv_cache_bytes // bytes_per_page
+        return self.num_slots * -(-self.max_len // 64) + 1
 
     def validate(self) -> None:
         if self.kv_on_update not in KV_ON_UPDATE:
             raise ValueError(
                 f"EngineConfig.kv_on_update must be one of {KV_ON_UPDATE}, got {self.kv_on_update!r}"
             )
-        for name in ("num_slots", "max_len", "max_batch_tokens"):
+        for name in ("num_slots", "max_len", "max_batch_tokens", "min_prefill_chunk"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")

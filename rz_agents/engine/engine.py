@@ -2,7 +2,8 @@
 
 ``await engine.generate(prompt, params)`` queues a sequence and waits for its Completion. A step
 loop (an asyncio task, started on demand and ended when idle) runs one engine step at a time:
-schedule -> packed forward over the KV cache -> sample -> stop checks -> resolve finished requests,
+schedule -> runner (packed forward over the paged KV cache) -> sample -> scheduler.postprocess (append,
+stop checks, free pages) -> resolve finished requests,
 yielding to the event loop between steps so episode coroutines and the learner run in between.
 ``load_weights`` swaps weights between steps (a lock keeps it out of a running step).
 """
@@ -19,19 +20,20 @@ from collections.abc import Callable, Mapping
 import torch
 
 from rz_agents.engine.config import EngineConfig
+from rz_agents.engine.decode_step import DecodeStep
+from rz_agents.engine.pages import PagePool
 from rz_agents.engine.params import Completion, SamplingParams
 from rz_agents.engine.runner import ModelRunner
 from rz_agents.engine.sampler import sample
 from rz_agents.engine.scheduler import Scheduler
 from rz_agents.engine.sequence import Sequence
-from rz_agents.engine.slots import SlotPool
 from rz_agents.engine.stops import check_stop
 
 log = logging.getLogger(__name__)
 
 
 class RZEngine:
-    """Continuous-batching engine over one ``Transformer`` and a slot-based KV cache.
+    """Continuous-batching engine over one ``Transformer`` and a paged KV cache.
 
     Args:
         model: the model to sample from (its op set decides alignment: ``kernels="aligned"`` gives
@@ -49,7 +51,7 @@ class RZEngine:
         version: int = 0,
     ) -> None:
         from rz_agents.model import KVCache
-        from rz_agents.model.kv_cache import bytes_per_slot
+        from rz_agents.model.kv_cache import bytes_per_page, pages_for
 
         self.config = config or EngineConfig()
         self.decode = decode
@@ -59,29 +61,39 @@ class RZEngine:
         if verify is not None:  # the aligned kernels' guards, paid (and logged) before any request
             verify()
         cfg = model.config
-        num_slots = self.config.num_slots
-        if self.config.kv_cache_bytes is not None:
-            per_slot = bytes_per_slot(cfg, self.config.max_len)
-            num_slots = self.config.kv_cache_bytes // per_slot
-            if num_slots < 1:
-                raise ValueError(
-                    f"kv_cache_bytes={self.config.kv_cache_bytes} holds no slot of max_len "
-                    f"{self.config.max_len} ({per_slot} bytes each)"
-                )
+        total_pages = self.config.num_kv_pages(bytes_per_page(cfg))
+        num_pages = total_pages - 1  # the last page is the scratch page of padding rows
+        if num_pages < pages_for(self.config.max_len):
+            raise ValueError(
+                f"kv_cache_bytes={self.config.kv_cache_bytes} holds {total_pages} pages of 64 positions "
+                f"({bytes_per_page(cfg)} bytes each); one sequence of max_len {self.config.max_len} needs "
+                f"{pages_for(self.config.max_len)} plus one scratch page"
+            )
         device = next(model.parameters()).device
-        self.kv_cache = KVCache(cfg, num_slots=num_slots, max_len=self.config.max_len, device=device)
-        self.runner = ModelRunner(model, self.kv_cache)
-        slots = SlotPool(
-            num_slots,
-            self.kv_cache.bytes_per_slot,
+        self.kv_cache = KVCache(cfg, num_pages=total_pages, device=device)
+        decode_step = None
+        if self.config.static_decode:
+            decode_step = DecodeStep(
+                model,
+                self.kv_cache,
+                max_batch=min(self.config.num_slots, self.config.max_batch_tokens),
+                width=pages_for(self.config.max_len),
+                scratch_page=num_pages,
+            )
+        self.runner = ModelRunner(model, self.kv_cache, decode_step)
+        pages = PagePool(
+            num_pages,
+            self.kv_cache.bytes_per_page,
             prefix_cache=self.config.prefix_cache,
             ttl_s=self.config.prefix_cache_ttl_s,
         )
         self.scheduler = Scheduler(
-            slots,
+            pages,
             max_batch_tokens=self.config.max_batch_tokens,
-            copy_kv=self.runner.copy_prefix,
+            min_prefill_chunk=self.config.min_prefill_chunk,
+            copy_page=self.runner.copy_page,
             share_min_tokens=self.config.share_prefix_min_tokens,
+            max_running=self.config.num_slots,
         )
         eos = self.config.eos_token_ids
         if eos is None:
@@ -114,7 +126,7 @@ class RZEngine:
         """Generate a completion of ``prompt`` (token ids); raises ValueError for bad input.
 
         Failures inside the engine do not raise: the Completion then has finish_reason "error" and
-        says why in ``error``. Cancelling the awaiting task frees the sequence's slot.
+        says why in ``error``. Cancelling the awaiting task frees the sequence's pages.
         """
         params = params or SamplingParams()
         prompt = self._check_request(prompt, params)
@@ -127,7 +139,7 @@ class RZEngine:
         try:
             return await fut
         except asyncio.CancelledError:
-            seq.cancelled = True  # the step loop frees its slot before the next step
+            seq.cancelled = True  # the step loop frees its pages before the next step
             raise
 
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
@@ -146,20 +158,22 @@ class RZEngine:
 
     def stats(self) -> dict[str, float | int]:
         """Queue, memory and throughput counters."""
-        slots = self.scheduler.slots
+        pages = self.scheduler.pages
         return {
             "version": self._version,
             "waiting": len(self.scheduler.waiting),
             "running": len(self.scheduler.running),
-            "num_slots": slots.num_slots,
-            "slots_held": slots.num_held,
-            "prefix_entries": slots.num_prefix_entries,
-            "prefix_hits": slots.prefix_hits,
-            "prefix_tokens_reused": slots.prefix_tokens_reused,
+            "max_running": self.config.num_slots,
+            "kv_pages": pages.num_pages,
+            "kv_pages_free": pages.num_free,
+            "prefix_entries": pages.num_prefix_entries,
+            "prefix_hits": pages.prefix_hits,
+            "prefix_tokens_reused": pages.prefix_tokens_reused,
             "shared_prefix_tokens": self.scheduler.shared_prefix_tokens,
-            "kv_bytes_total": slots.bytes_total,
-            "kv_bytes_held": slots.bytes_held,
-            "kv_bytes_prefix_cache": slots.bytes_prefix_cache,
+            "preemptions": self.scheduler.preemptions,
+            "kv_bytes_total": pages.bytes_total,
+            "kv_bytes_held": pages.bytes_held,
+            "kv_bytes_prefix_cache": pages.bytes_prefix_cache,
             **self.counters,
         }
 
@@ -261,13 +275,10 @@ class RZEngine:
             torch.set_num_threads(n)
 
     def _step(self) -> list[Sequence]:
+        """schedule -> runner -> sample -> scheduler.postprocess; returns the sequences that finished."""
         self._pin_threads()
         self._take_incoming()
-        done: list[Sequence] = []
-        for seq in [s for s in (*self.scheduler.waiting, *self.scheduler.running) if s.cancelled]:
-            seq.finish("cancelled")
-            self.scheduler.remove(seq, keep_prefix=True, version=self._version)
-            done.append(seq)
+        done = self._sweep_cancelled()
         batch = self.scheduler.schedule(self._version)
         if not batch.chunks:
             return done
@@ -283,41 +294,47 @@ class RZEngine:
         self.counters["steps"] += 1
         self.counters["forward_s"] += time.perf_counter() - t0
         for chunk in batch.chunks:
-            chunk.seq.num_cached = chunk.start + chunk.length
             if not chunk.samples or chunk.length > 1:
                 self.counters["prefill_tokens"] += chunk.length
-        sampling = [c.seq for c in batch.chunks if c.samples]
-        if not sampling:
-            return done
+        sampling = batch.sampling
         try:
-            tokens, values = [], []
-            step = self.runner.logit_rows_per_chunk()
-            for i in range(0, len(sampling), step):  # LM head + sampler in chunks of rows
-                part = sampling[i : i + step]
-                got = sample(
-                    self.runner.logits(hidden[i : i + step]),
-                    [s.params for s in part],
-                    [s.generator for s in part],
-                    self._generator,
-                )
-                tokens.extend(got[0])
-                values.extend(got[1])
+            tokens, values = self._sample(sampling, hidden)
         except Exception as e:
             log.exception("sampling failed")
             for seq in sampling:
                 self._fail(seq, f"sampling failed: {e!r}")
-            return done + sampling
-        for seq, token, value in zip(sampling, tokens, values, strict=True):
-            seq.append(token, value, self._version)
-            self.counters["generated_tokens"] += 1
-            try:
-                stop = check_stop(seq, self.eos_token_ids, self.config.max_len, self.decode)
-            except Exception as e:
-                self._fail(seq, f"stop check failed: {e!r}")
-                done.append(seq)
-                continue
-            if stop is not None:
-                seq.finish(*stop)
-                self.scheduler.remove(seq, keep_prefix=True, version=self._version)
-                done.append(seq)
+            batch.chunks = [c for c in batch.chunks if not c.samples]
+            tokens, values, done = [], [], done + sampling
+        finished = self.scheduler.postprocess(batch, tokens, values, self._version, self._stop)
+        self.counters["generated_tokens"] += len(tokens)
+        self.counters["errors"] += sum(1 for s in finished if s.finish_reason == "error")
+        return done + finished
+
+    def _sweep_cancelled(self) -> list[Sequence]:
+        """Finish the sequences whose callers went away (their pages are kept as a prefix entry)."""
+        done = []
+        for seq in [s for s in (*self.scheduler.waiting, *self.scheduler.running) if s.cancelled]:
+            seq.finish("cancelled")
+            self.scheduler.remove(seq, keep_prefix=True, version=self._version)
+            done.append(seq)
         return done
+
+    def _sample(self, sampling: list[Sequence], hidden: torch.Tensor) -> tuple[list[int], list[float]]:
+        """LM head + sampler over the sampling rows, in chunks of rows (see logit_rows_per_chunk)."""
+        tokens: list[int] = []
+        values: list[float] = []
+        step = self.runner.logit_rows_per_chunk()
+        for i in range(0, len(sampling), step):
+            part = sampling[i : i + step]
+            got = sample(
+                self.runner.logits(hidden[i : i + step]),
+                [s.params for s in part],
+                [s.generator for s in part],
+                self._generator,
+            )
+            tokens.extend(got[0])
+            values.extend(got[1])
+        return tokens, values
+
+    def _stop(self, seq: Sequence):
+        return check_stop(seq, self.eos_token_ids, self.config.max_len, self.decode)

@@ -1,4 +1,4 @@
-"""The model runner executes a scheduled batch: one packed forward over the KV cache, then logits.
+"""The model runner executes a scheduled batch: one packed forward over the paged KV cache, then logits.
 
 It owns the model and the cache; it knows nothing about queues or sampling policy.
 """
@@ -6,44 +6,92 @@ It owns the model and the cache; it knows nothing about queues or sampling polic
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
+from rz_agents.engine.decode_step import DecodeStep
 from rz_agents.engine.scheduler import ScheduledBatch
 
 LOGIT_CHUNK_BYTES = 15 << 20
 
 
-class ModelRunner:
-    """Runs ``model`` over packed chunks of many sequences, each in its own cache slot."""
+@dataclass
+class StepInputs:
+    """One forward's metadata on the model's device (views into one uploaded tensor)."""
 
-    def __init__(self, model: torch.nn.Module, kv_cache) -> None:
+    tokens: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    rows: torch.Tensor  # [T] row of each token's sequence in page_table
+    sample_rows: torch.Tensor  # [k] rows of the hidden states that yield a token
+    page_table: torch.Tensor  # [chunks, W] pages of each chunk's sequence
+    max_position: int  # known on the host: no device read-back to check capacity
+
+
+class ModelRunner:
+    """Runs ``model`` over packed chunks of many sequences, each reading and writing its own pages."""
+
+    def __init__(self, model: torch.nn.Module, kv_cache, decode_step: DecodeStep | None = None) -> None:
         self.model = model
         self.kv_cache = kv_cache
+        self.decode_step = decode_step  # decode-only steps go through it (static, bucketed buffers)
+
+    def step_inputs(self, batch: ScheduledBatch) -> StepInputs:
+        """The forward's inputs, built on the host from what the scheduler knows and uploaded in one copy.
+
+        Tokens, positions, row of each token in the page table, sampled rows and the page tables
+        travel as one int64 tensor (pinned and non-blocking on CUDA), then split into views.
+        """
+        tokens: list[int] = []
+        positions: list[int] = []
+        rows: list[int] = []
+        sample_rows: list[int] = []
+        width = max(len(c.seq.pages) for c in batch.chunks)
+        table: list[int] = []
+        for i, chunk in enumerate(batch.chunks):
+            seq = chunk.seq
+            end = chunk.start + chunk.length
+            tokens.extend(seq.tokens[chunk.start : end])
+            positions.extend(range(chunk.start, end))
+            rows.extend([i] * chunk.length)
+            if chunk.samples:
+                sample_rows.append(len(tokens) - 1)
+            table.extend(seq.pages)
+            table.extend([0] * (width - len(seq.pages)))  # never read: past the sequence's last block
+        n, k = len(tokens), len(sample_rows)
+        host = torch.tensor(tokens + positions + rows + sample_rows + table, dtype=torch.long)
+        device = self.kv_cache.device
+        if device.type == "cuda":
+            flat = host.pin_memory().to(device, non_blocking=True)
+        else:
+            flat = host
+        return StepInputs(
+            tokens=flat[:n],
+            positions=flat[n : 2 * n],
+            rows=flat[2 * n : 3 * n],
+            sample_rows=flat[3 * n : 3 * n + k],
+            page_table=flat[3 * n + k :].view(len(batch.chunks), width),
+            max_position=max(c.start + c.length for c in batch.chunks) - 1,
+        )
 
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch) -> torch.Tensor:
         """Feed every chunk; return the final hidden states [k, hidden] of the k chunks that end at a
-        sampling point (rows in the order of ``[c for c in batch.chunks if c.samples]``)."""
-        tokens: list[int] = []
-        positions: list[int] = []
-        slot_ids: list[int] = []
-        sample_rows: list[int] = []
-        for chunk in batch.chunks:
-            seq = chunk.seq
-            tokens.extend(seq.tokens[chunk.start : chunk.start + chunk.length])
-            positions.extend(range(chunk.start, chunk.start + chunk.length))
-            slot_ids.extend([seq.slot] * chunk.length)
-            if chunk.samples:
-                sample_rows.append(len(tokens) - 1)
-        device = self.kv_cache.device
+        sampling point (rows in the order of ``batch.sampling``)."""
+        if self.decode_step is not None and all(c.length == 1 and c.samples for c in batch.chunks):
+            return self.decode_step.run(
+                [c.seq.last_token for c in batch.chunks],
+                [c.start for c in batch.chunks],
+                [c.seq.pages for c in batch.chunks],
+            )
+        inputs = self.step_inputs(batch)
         hidden = self.model(
-            torch.tensor(tokens, dtype=torch.long, device=device),
-            torch.tensor(positions, dtype=torch.long, device=device),
-            seq_ids=torch.tensor(slot_ids, dtype=torch.long, device=device),
-            kv_cache=self.kv_cache,
+            inputs.tokens,
+            inputs.positions,
+            seq_ids=inputs.rows,
+            kv_cache=self.kv_cache.view(inputs.page_table, inputs.max_position),
         )
-        return hidden[torch.tensor(sample_rows, dtype=torch.long, device=device)]
+        return hidden[inputs.sample_rows]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -61,12 +109,9 @@ class ModelRunner:
         vocab = self.model.config.vocab_size
         return max(8, (LOGIT_CHUNK_BYTES // (4 * vocab)) // 8 * 8)
 
-    @torch.no_grad()
-    def copy_prefix(self, src_slot: int, dst_slot: int, num_positions: int) -> None:
-        """Copy the K/V of positions 0..num_positions-1 from one slot to another (every layer)."""
-        for layer in range(len(self.kv_cache.k)):
-            for buf in (self.kv_cache.k[layer], self.kv_cache.v[layer]):
-                buf[dst_slot, :, :num_positions].copy_(buf[src_slot, :, :num_positions])
+    def copy_page(self, src: int, dst: int, num_positions: int) -> None:
+        """Copy the K/V of the first num_positions positions of page src into page dst (every layer)."""
+        self.kv_cache.copy_page(src, dst, num_positions)
 
     def _named_tensors(self) -> dict[str, torch.Tensor]:
         # remove_duplicate=False: with tied embeddings both HF names (embed_tokens, lm_head) resolve.

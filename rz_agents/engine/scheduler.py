@@ -2,13 +2,22 @@
 
 Continuous batching: every step takes one token from each decoding sequence, then fills the rest
 of the token budget with prefill chunks (oldest first), so new requests join between decode steps
-and a long prompt never stalls the running ones for more than one chunk. Requests wait in FIFO
-order while no cache slot is free; they never fail for lack of memory.
+and a long prompt never stalls the running ones for more than one chunk. A forward never holds
+more than ``max_batch_tokens`` tokens: when decodes alone would fill it while a prefill waits,
+``min_prefill_chunk`` tokens are kept for the prefill and the decodes take turns.
+
+Memory is paged (rz_agents.engine.pages): a request is admitted when the pages of its tokens can
+be found (FIFO; at most ``max_running`` at once), and a running sequence takes one more page each
+time it crosses a 64-position boundary. When none is left, the most recently admitted sequence is
+preempted: its pages are freed, it goes back to the head of the queue, and when re-admitted it
+recomputes its K/V (prompt and generated tokens alike; in aligned mode bit-identical to before).
+Requests never fail for lack of memory.
 
 Prompts shared by concurrent requests (a group of samples of one prompt, a common system prompt)
 are prefilled once: a request whose prompt shares at least ``share_min_tokens`` leading tokens with
-a running sequence waits until that sequence has the shared prefix in its slot, then gets a copy of
-those K/V (a bit-exact copy, so the result equals a cold prefill) and prefills only the rest.
+a running sequence waits until that sequence has the shared prefix cached, then references its
+full pages (no copy) and gets a bit-exact copy of the partial page, so the result equals a cold
+prefill. A finished sequence's pages stay as a prefix entry that the next turn reuses the same way.
 """
 
 from __future__ import annotations
@@ -17,15 +26,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rz_agents.engine.pages import PagePool, common_prefix_len
 from rz_agents.engine.sequence import Sequence, SequenceStatus
-from rz_agents.engine.slots import SlotPool, common_prefix_len
+from rz_agents.model.kv_cache import PAGE_SIZE, pages_for
 
-CopyKV = Callable[[int, int, int], None]  # (src_slot, dst_slot, num_positions)
+CopyPage = Callable[[int, int, int], None]  # (src_page, dst_page, num_positions)
+StopCheck = Callable[[Sequence], "tuple[str, int | str | None] | None"]  # -> (finish_reason, stop_reason)
 
 
 @dataclass
 class ScheduledChunk:
-    """Feed ``seq.tokens[start:start + length]`` at positions start.. into ``seq.slot``."""
+    """Feed ``seq.tokens[start:start + length]`` at positions start.. into ``seq.pages``."""
 
     seq: Sequence
     start: int
@@ -45,29 +56,38 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(c.length for c in self.chunks)
 
+    @property
+    def sampling(self) -> list[Sequence]:
+        """Sequences that get a new token from this step, in chunk order."""
+        return [c.seq for c in self.chunks if c.samples]
+
 
 class Scheduler:
-    """Queues, admits and batches sequences; owns the slot pool."""
+    """Queues, admits, batches and preempts sequences; owns the page pool."""
 
     def __init__(
         self,
-        slots: SlotPool,
+        pages: PagePool,
         max_batch_tokens: int = 512,
         min_prefill_chunk: int = 16,
-        copy_kv: CopyKV | None = None,
+        copy_page: CopyPage | None = None,
         share_min_tokens: int = 32,
+        max_running: int | None = None,
     ) -> None:
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
-        self.slots = slots
+        self.pages = pages
         self.max_batch_tokens = max_batch_tokens
         # Prefill always progresses by at least this many tokens, even when decodes fill the budget.
         self.min_prefill_chunk = max(1, min(min_prefill_chunk, max_batch_tokens))
-        self.copy_kv = copy_kv
+        self.copy_page = copy_page
         self.share_min_tokens = share_min_tokens
+        self.max_running = max_running
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
-        self.shared_prefix_tokens = 0  # prompt tokens copied from running sequences instead of prefilled
+        self.shared_prefix_tokens = 0  # prompt tokens shared from running sequences instead of prefilled
+        self.preemptions = 0
+        self._decode_turn = 0  # rotates which decodes wait when the budget cannot hold them all
 
     @property
     def has_work(self) -> bool:
@@ -77,85 +97,187 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
+    # -- admission ----------------------------------------------------------------------------
     def admit(self, version: int) -> None:
-        """Move waiting sequences into slots while slots are available (FIFO).
+        """Move waiting sequences into pages while pages and running places are available (FIFO).
 
-        A sequence whose prompt prefix a running sequence is still prefilling steps aside (keeping
-        its place) until that prefix is cached; the others behind it may go first meanwhile.
+        A sequence whose prefix a running sequence is still prefilling steps aside (keeping its
+        place) until that prefix is cached; the others behind it may go first meanwhile.
         """
         deferred: list[Sequence] = []
         while self.waiting:
+            if self.max_running is not None and len(self.running) >= self.max_running:
+                break
             seq = self.waiting.popleft()
-            donor, shared = self._find_donor(seq.prompt)
+            donor, shared = self._find_donor(seq.tokens)
             if donor is not None and donor.num_cached < shared:
                 deferred.append(seq)
                 continue
-            got = self.slots.acquire(seq.prompt, version)
-            if got is None:
+            if not self._place(seq, donor, shared, version):
                 self.waiting.appendleft(seq)
                 break
-            slot, cached = got
-            if donor is not None and shared > cached:
-                self.copy_kv(donor.slot, slot, shared)
-                self.shared_prefix_tokens += shared - cached
-                cached = shared
-            seq.slot, seq.num_cached = slot, cached
-            seq.num_cached_prompt_tokens = cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
         self.waiting.extendleft(reversed(deferred))
 
-    def _find_donor(self, prompt: list[int]) -> tuple[Sequence | None, int]:
-        """The running sequence sharing the longest prompt prefix (>= share_min_tokens), and its length."""
+    def _place(self, seq: Sequence, donor: Sequence | None, shared: int, version: int) -> bool:
+        """Give ``seq`` pages for all its tokens, reusing the longest cached prefix; False if none."""
+        entry, cached = self.pages.match(seq.tokens, version)
+        from_donor = donor is not None and shared > cached
+        if from_donor:
+            source, reuse = donor.pages, shared
+        elif entry is not None:
+            source, reuse = entry.pages, cached
+        else:
+            source, reuse = [], 0
+        full, partial = divmod(reuse, PAGE_SIZE)
+        if self.copy_page is None:
+            full, partial = 0, 0
+            reuse = 0
+        held = source[: full + (1 if partial else 0)]
+        self.pages.ref(held)  # keep them alive while allocating (which may evict the entry)
+        fresh = self.pages.allocate(pages_for(seq.num_tokens) - full)
+        if fresh is None:
+            self.pages.unref(held)
+            return False
+        if partial:
+            self.copy_page(source[full], fresh[0], partial)
+            self.pages.unref([source[full]])
+        seq.pages = held[:full] + fresh
+        seq.num_cached = reuse
+        if not seq.admitted:  # what the first admission found (re-admissions recompute, not report)
+            seq.num_cached_prompt_tokens = min(reuse, len(seq.prompt))
+            seq.admitted = True
+        if reuse and from_donor:
+            self.shared_prefix_tokens += reuse
+        elif reuse:
+            self.pages.prefix_hits += 1
+            self.pages.prefix_tokens_reused += reuse
+            self.pages.touch(entry)
+        return True
+
+    def _find_donor(self, tokens: list[int]) -> tuple[Sequence | None, int]:
+        """The running sequence sharing the longest prefix (>= share_min_tokens), and its length."""
         k = self.share_min_tokens
-        if self.copy_kv is None or k < 1 or len(prompt) <= k:
+        if self.copy_page is None or k < 1 or len(tokens) <= k:
             return None, 0
-        head = prompt[:k]
+        head = tokens[:k]
         best, best_len = None, 0
         for seq in self.running:
-            if seq.kv_from_old_weights or seq.prompt[:k] != head:
+            if seq.kv_from_old_weights or seq.tokens[:k] != head:
                 continue
-            n = min(common_prefix_len(seq.tokens, prompt), len(prompt) - 1)
+            n = min(common_prefix_len(seq.tokens, tokens), len(tokens) - 1)
             if n >= k and n > best_len:
                 best, best_len = seq, n
         return best, best_len
 
+    # -- batching -----------------------------------------------------------------------------
     def schedule(self, version: int) -> ScheduledBatch:
-        """Admit what fits, then pick this step's tokens: all decodes, then prefill chunks."""
+        """Admit what fits, then pick this step's tokens (decodes, then prefill chunks) and make
+        sure every chunk's positions have pages, preempting the newest sequences if needed."""
         self.admit(version)
         decodes = [s for s in self.running if s.num_pending == 1]
         prefills = [s for s in self.running if s.num_pending > 1]
+        reserve = self.min_prefill_chunk if prefills else 0
+        room = self.max_batch_tokens - reserve
+        if len(decodes) > room:  # take turns, so no decode waits twice in a row behind the others
+            turn = self._decode_turn % len(decodes)
+            decodes = (decodes[turn:] + decodes[:turn])[:room]
+            self._decode_turn += room
         chunks = [ScheduledChunk(s, s.num_cached, 1) for s in decodes]
-        budget = max(self.max_batch_tokens - len(decodes), self.min_prefill_chunk if prefills else 0)
+        budget = self.max_batch_tokens - len(decodes)
         for seq in prefills:
             if budget <= 0:
                 break
             n = min(seq.num_pending, budget)
             chunks.append(ScheduledChunk(seq, seq.num_cached, n))
             budget -= n
-        return ScheduledBatch(chunks)
+        return ScheduledBatch(self._grow(chunks))
+
+    def _grow(self, chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
+        """Allocate the pages each chunk writes into; preempt the newest sequences when pages run out."""
+        for chunk in chunks:
+            seq = chunk.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted for an earlier chunk
+            need = pages_for(chunk.start + chunk.length) - len(seq.pages)
+            while need > 0:
+                got = self.pages.allocate(need)
+                if got is not None:
+                    seq.pages.extend(got)
+                    break
+                victim = self.running[-1]
+                self.preempt(victim)
+                if victim is seq:
+                    break
+        return [c for c in chunks if c.seq.status is SequenceStatus.RUNNING]
+
+    def preempt(self, seq: Sequence, count: bool = True) -> None:
+        """Free a running sequence's pages and queue it first: it recomputes its K/V when re-admitted."""
+        self.running.remove(seq)
+        self.pages.unref(seq.pages)
+        seq.pages = []
+        seq.num_cached = 0
+        seq.kv_from_old_weights = False
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        if count:
+            seq.num_preemptions += 1
+            self.preemptions += 1
+
+    # -- after a step -------------------------------------------------------------------------
+    def postprocess(
+        self,
+        batch: ScheduledBatch,
+        tokens: list[int],
+        logprobs: list[float],
+        version: int,
+        stop: StopCheck,
+    ) -> list[Sequence]:
+        """Record the step: every chunk's K/V are now cached, each sampling sequence gets its token;
+        sequences that meet a stop condition finish and give back their pages. Returns those.
+
+        ``tokens``/``logprobs`` follow ``batch.sampling``; a stop check that raises fails only its
+        sequence (finish_reason "error").
+        """
+        for chunk in batch.chunks:
+            chunk.seq.num_cached = chunk.start + chunk.length
+        finished = []
+        for seq, token, value in zip(batch.sampling, tokens, logprobs, strict=True):
+            seq.append(token, value, version)
+            try:
+                got = stop(seq)
+            except Exception as e:
+                seq.error = f"stop check failed: {e!r}"
+                got = ("error", None)
+            if got is not None:
+                seq.finish(*got)
+                self.remove(seq, keep_prefix=got[0] != "error", version=version)
+                finished.append(seq)
+        return finished
 
     def remove(self, seq: Sequence, keep_prefix: bool, version: int) -> None:
-        """Take a sequence out of the queues and give back its slot (kept as a prefix entry if asked)."""
+        """Take a sequence out of the queues and give back its pages (kept as a prefix entry if asked)."""
         if seq in self.waiting:
             self.waiting.remove(seq)
         if seq in self.running:
             self.running.remove(seq)
-        if seq.slot is not None:
-            cached = seq.tokens[: seq.num_cached] if keep_prefix and not seq.kv_from_old_weights else None
-            self.slots.release(seq.slot, cached, version)
-            seq.slot = None
+        if seq.pages:
+            if keep_prefix and not seq.kv_from_old_weights and seq.num_cached:
+                self.pages.store(seq.tokens[: seq.num_cached], seq.pages, version)
+            self.pages.unref(seq.pages)
+            seq.pages = []
 
     def on_weights_updated(self, recompute: bool) -> None:
         """Apply the kv_on_update policy to running sequences after a weight swap.
 
-        recompute: forget their K/V, so each one prefills its whole history with the new weights.
-        keep: their K/V stays; mark it as coming from old weights.
+        recompute: free their pages and queue them first, so each one prefills its whole history
+        with the new weights (shared prompts are again computed once per group). keep: their K/V
+        stay; mark them as coming from old weights.
         """
-        self.slots.invalidate()
-        for seq in self.running:
+        self.pages.invalidate()
+        for seq in list(reversed(self.running)):
             if recompute:
-                seq.num_cached = 0
-                seq.kv_from_old_weights = False
+                self.preempt(seq, count=False)  # not for lack of memory
             elif seq.num_cached > 0:
                 seq.kv_from_old_weights = True

@@ -14,8 +14,8 @@ _ids = itertools.count()
 
 
 class SequenceStatus(enum.Enum):
-    WAITING = "waiting"  # queued, holds no cache slot
-    RUNNING = "running"  # holds a slot; prefilling or decoding
+    WAITING = "waiting"  # queued (new, or preempted), holds no KV pages
+    RUNNING = "running"  # holds a page table; prefilling or decoding
     FINISHED = "finished"
 
 
@@ -23,7 +23,8 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """One request: its tokens, how many of them have K/V in the cache, and what it generated.
 
-    ``num_cached`` counts the leading tokens whose K/V are written in the slot; the next forward
+    ``pages`` is its page table (page of positions 64j..64j+63 at index j). ``num_cached`` counts
+    the leading tokens whose K/V are written in those pages; the next forward
     feeds ``tokens[num_cached:]`` (a prefill chunk) or, once only the newest token is missing, that
     token alone (a decode step). The last sampled token never has K/V until it is fed.
     """
@@ -32,7 +33,7 @@ class Sequence:
     params: SamplingParams
     seq_id: int = field(default_factory=lambda: next(_ids))
     status: SequenceStatus = SequenceStatus.WAITING
-    slot: int | None = None
+    pages: list[int] = field(default_factory=list)
     num_cached: int = 0
     num_cached_prompt_tokens: int = 0  # prompt tokens reused from the prefix cache at admission
     output: list[int] = field(default_factory=list)
@@ -42,23 +43,30 @@ class Sequence:
     stop_reason: int | str | None = None
     error: str | None = None
     cancelled: bool = False
-    # True once a weight update kept this slot's K/V ("keep" policy): the slot then mixes versions
-    # and must not become a prefix entry, whose reuse has to equal a cold prefill.
+    # True once a weight update kept this sequence's K/V ("keep" policy): its pages then mix
+    # versions and must not become a prefix entry, whose reuse has to equal a cold prefill.
     kv_from_old_weights: bool = False
+    admitted: bool = False  # set at its first admission (num_cached_prompt_tokens is from then)
+    num_preemptions: int = 0  # times its pages were taken back (it then recomputes its K/V)
     generator: torch.Generator | None = None
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed)
+        self._tokens = list(self.prompt) + list(self.output)
 
     @property
     def tokens(self) -> list[int]:
-        """Prompt followed by every generated token."""
-        return self.prompt + self.output
+        """Prompt followed by every generated token (one list kept up to date; do not mutate)."""
+        return self._tokens
+
+    @property
+    def last_token(self) -> int:
+        return self._tokens[-1]
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
+        return len(self._tokens)
 
     @property
     def num_pending(self) -> int:
@@ -66,6 +74,7 @@ class Sequence:
         return self.num_tokens - self.num_cached
 
     def append(self, token: int, logprob: float, version: int) -> None:
+        self._tokens.append(int(token))
         self.output.append(int(token))
         self.logprobs.append(float(logprob))
         self.versions.append(int(version))

@@ -2,8 +2,8 @@
 
 For a model, many random batch compositions are pushed through
 - the cached-inference path: sequences share forward calls in any mix of chunked prefill, full
-  prefill and single-token decode (teacher-forced), in random KV-cache slots that hold stale data
-  from earlier cases;
+  prefill and single-token decode (teacher-forced), in random pages of the paged KV cache (scattered
+  in memory, out of order) that hold stale data from earlier cases;
 - the training forward: packed streams in random order, and padded [B, S] batches;
 and each sequence's per-token log-probs are compared with `torch.equal` against one reference:
 the sequence's own packed training forward. `bit_identical` is the verdict; `max_abs_dlogp` the
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from rz_agents.model.config import ModelConfig
-from rz_agents.model.kv_cache import KVCache
+from rz_agents.model.kv_cache import KVCache, pages_for
 from rz_agents.model.logprobs import packed_token_logprobs, token_logprobs
 from rz_agents.model.transformer import Transformer
 
@@ -89,12 +89,19 @@ def run_cached(
 ) -> list[torch.Tensor]:
     """Log-probs of tokens[1:] for each sequence via the KV-cache path, continuous-batching style.
 
-    Each sequence gets a random slot, a prompt part (prefilled in one piece or in random chunks)
-    and a decoded tail (one token per forward). All active sequences share every forward call.
+    Each sequence gets random pages (a page table scattered over the cache, in no particular order),
+    a prompt part (prefilled in one piece or in random chunks) and a decoded tail (one token per
+    forward). All active sequences share every forward call.
     """
     n = len(seqs)
     device = cache.device
-    slots = rng.sample(range(cache.num_slots), n)
+    width = max(pages_for(len(s)) for s in seqs)
+    picked = rng.sample(range(cache.num_pages), sum(pages_for(len(s)) for s in seqs))
+    table = torch.zeros(n, width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        mine, picked = picked[: pages_for(len(s))], picked[pages_for(len(s)) :]
+        table[i, : len(mine)] = torch.tensor(mine, dtype=torch.long)
+    view = cache.view(table)
     decode_from = [max(1, len(s) - rng.randint(1, max(1, len(s) // 2))) for s in seqs]
     cursor = [0] * n
     out: list[list[torch.Tensor]] = [[] for _ in range(n)]
@@ -112,7 +119,7 @@ def run_cached(
                     step = 1
                 tok.append(s[c : c + step])
                 pos.append(torch.arange(c, c + step))
-                sid.append(torch.full((step,), slots[i], dtype=torch.long))
+                sid.append(torch.full((step,), i, dtype=torch.long))
                 owner.append((i, c, step))
                 cursor[i] = c + step
             if not tok:
@@ -121,7 +128,7 @@ def run_cached(
                 torch.cat(tok).to(device),
                 torch.cat(pos).to(device),
                 torch.cat(sid).to(device),
-                kv_cache=cache,
+                kv_cache=view,
             )
             rows, targets, spans = [], [], []
             offset = 0
@@ -180,8 +187,8 @@ def check_model(
     needle = torch.randint(0, vocab, (max_len,), generator=gen)
     with torch.no_grad():
         needle_ref = packed_token_logprobs(model, [needle])[0].cpu()
-    cache = KVCache(cfg, num_slots=max(batch_sizes) + 1, max_len=max_len, device=model.device)
-    # Stale, finite garbage in every slot: a cache is never clean in a running engine.
+    cache = KVCache(cfg, num_pages=(max(batch_sizes) + 1) * pages_for(max_len), device=model.device)
+    # Stale, finite garbage in every page: a cache is never clean in a running engine.
     for t in cache.k + cache.v:
         t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
 

@@ -3,7 +3,8 @@
 One model code serves the rollout engine (cached inference) and the trainer (packed forward).
 Tokens travel as one flat stream with absolute positions and a sequence id per token; attention
 reads keys/values from a buffer addressed by (sequence, position): a temporary one built from the
-batch itself in training, the engine's KVCache in inference. With `kernels="aligned"` both paths
+batch itself in training, the engine's paged KVCache (through a CacheView of page tables) in
+inference. With `kernels="aligned"` both paths
 run the same arithmetic per token, so their log-probs agree bitwise.
 
 Parameter names are the HF checkpoint names (model.layers.N.self_attn.q_proj.weight, ...), so
@@ -19,7 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rz_agents.model.config import ModelConfig
-from rz_agents.model.kv_cache import KVCache
+from rz_agents.model.kv_cache import PAGE_SIZE, CacheView
 from rz_kernels import ALIGNED, OpSet, RopeTable, get_ops
 from rz_kernels.attention import KEY_BLOCK, verify_attention
 from rz_kernels.gemm import verify_weights
@@ -145,32 +146,43 @@ class DecoderStack(nn.Module):
 class _Context:
     """Per-forward state shared by the layers: op set, positions, and where K/V live."""
 
-    def __init__(self, model: Transformer, positions, seq_ids, kv_cache: KVCache | None) -> None:
+    def __init__(self, model: Transformer, positions, seq_ids, kv_cache: CacheView | None) -> None:
         self.ops = model.ops_for(positions.device)
         self.rope = model.rope
         self.positions = positions
         self.kv_cache = kv_cache
         cfg = model.config
+        page_table = None
         if kv_cache is not None:
-            if positions.numel() and int(positions.max()) >= kv_cache.max_len:
-                raise ValueError(
-                    f"position {int(positions.max())} exceeds KV cache length {kv_cache.max_len}"
+            if not isinstance(kv_cache, CacheView):
+                raise TypeError(
+                    f"kv_cache must be a CacheView (KVCache.view(page_table)), got {type(kv_cache).__name__}"
                 )
+            top = kv_cache.max_position
+            if top is None and positions.numel():  # the engine passes it; other callers pay one sync
+                top = int(positions.max())
+            if top is not None and top >= kv_cache.capacity:
+                raise ValueError(f"position {top} exceeds the page table's {kv_cache.capacity} positions")
             self.buf_seq = seq_ids
+            page_table = kv_cache.page_table
+            # flat cache row of each token: page * 64 + offset (computed on the device, no sync)
+            pages = page_table[seq_ids, torch.div(positions, PAGE_SIZE, rounding_mode="floor")]
+            self.write_page, self.write_offset = pages, positions % PAGE_SIZE
         else:
             uniq, self.buf_seq = torch.unique(seq_ids, return_inverse=True)
             span = -(-(int(positions.max()) + 1) // KEY_BLOCK) * KEY_BLOCK if positions.numel() else KEY_BLOCK
             self.buf_shape = (uniq.numel(), cfg.num_key_value_heads, span, cfg.head_dim)
         self.attention_plan = self.ops.plan_attention(
-            self.buf_seq, positions, cfg.num_attention_heads, cfg.num_key_value_heads
+            self.buf_seq, positions, cfg.num_attention_heads, cfg.num_key_value_heads, page_table=page_table
         )
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kv_cache is not None:
-            k_buf, v_buf = self.kv_cache.k[layer], self.kv_cache.v[layer]
+            cache = self.kv_cache.cache
+            k_buf, v_buf = cache.k[layer], cache.v[layer]
             with torch.no_grad():
-                k_buf[self.buf_seq, :, self.positions] = k.detach()
-                v_buf[self.buf_seq, :, self.positions] = v.detach()
+                k_buf[self.write_page, :, self.write_offset] = k.detach()
+                v_buf[self.write_page, :, self.write_offset] = v.detach()
             return k_buf, v_buf
         k_buf = torch.zeros(self.buf_shape, dtype=k.dtype, device=k.device)
         v_buf = torch.zeros(self.buf_shape, dtype=v.dtype, device=v.device)
@@ -242,12 +254,12 @@ class Transformer(nn.Module):
         tokens: torch.Tensor,
         positions: torch.Tensor,
         seq_ids: torch.Tensor | None = None,
-        kv_cache: KVCache | None = None,
+        kv_cache: CacheView | None = None,
     ) -> torch.Tensor:
         """Final hidden states for a flat token stream [T] (or a padded batch [B, S]).
 
-        positions: absolute positions, same shape as tokens. seq_ids: sequence index per token (cache
-        slot when kv_cache is given); None means a new sequence starts wherever positions == 0, and
+        positions: absolute positions, same shape as tokens. seq_ids: sequence index per token (row of
+        the view's page table when kv_cache is given); None means a new sequence starts wherever positions == 0, and
         for a [B, S] batch each row is a sequence. Without kv_cache, each sequence attends to its own
         tokens in this call; with it, to its cached positions 0..position (the prefix must be cached).
         """

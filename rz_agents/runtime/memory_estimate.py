@@ -13,13 +13,14 @@ holds (allocator slack, CUDA context and fragmentation come on top: keep ~10% fr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from rz_agents.model.config import ModelConfig
-from rz_agents.model.kv_cache import bytes_per_slot
+from rz_agents.model.kv_cache import PAGE_SIZE, bytes_per_page, pages_for
 from rz_agents.model.logprobs import KEEP_LOGITS_BYTES, LOGIT_CHUNK
 
 GIB = 1024**3
@@ -42,6 +43,10 @@ class MemoryEstimate:
     # runtime, learner and engine on one device
     engine_replicas: int = 0
     learner_ranks: int = 0
+    # sequences one engine replica's paged KV cache holds at once at the assumed length distribution
+    # (capped by engine.num_slots), and what a slot cache of max_len positions would hold
+    concurrent_sequences: int = 0
+    slot_cache_sequences: int = 0
 
     @property
     def learner_total(self) -> int:
@@ -84,6 +89,8 @@ class MemoryEstimate:
             "engine_replicas": self.engine_replicas,
             "learner_ranks": self.learner_ranks,
             "learner_rank_total_gib": round(self.learner_rank_total / GIB, 2),
+            "concurrent_sequences_per_replica": self.concurrent_sequences,
+            "slot_cache_sequences_per_replica": self.slot_cache_sequences,
             "notes": self.notes,
         }
 
@@ -198,21 +205,37 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
         est.learner["lm_head_logits"] = 2 * logits_all
     # Engine.
     eng = cfg.engine
-    slot = bytes_per_slot(c, eng.max_len)
-    slots = eng.kv_cache_bytes // slot if eng.kv_cache_bytes is not None else eng.num_slots
+    page = bytes_per_page(c)
+    pages = eng.num_kv_pages(page)
     est.engine["weights"] = n * e
-    est.engine["kv_cache"] = slots * slot
+    est.engine["kv_cache"] = pages * page
     step_tokens = eng.max_batch_tokens
-    sampled = min(slots, step_tokens)
+    sampled = min(eng.num_slots, step_tokens)
     est.engine["step_activations"] = (
         step_tokens
         * e
         * (4 * c.hidden_size + 3 * max(c.intermediate_size, c.num_experts_per_tok * c.moe_intermediate_size))
     )
     est.engine["sampling_logits"] = 4 * sampled * c.vocab_size * 4  # logits, log-probs, probs, CDF scratch
+    mean_positions = expected_sequence_positions(eng.max_len)
+    by_memory = int(pages * PAGE_SIZE // (mean_positions + PAGE_SIZE / 2))  # half a page wasted per sequence
+    est.concurrent_sequences = min(eng.num_slots, by_memory)
+    est.slot_cache_sequences = pages // pages_for(eng.max_len)
     est.notes.append(
-        f"KV cache: {slots} slots x {eng.max_len} positions = {slot / GIB:.2f} GiB per slot"
-        + (" (from engine.kv_cache_bytes)" if eng.kv_cache_bytes is not None else " (engine.num_slots)")
+        f"KV cache: {pages} pages of {PAGE_SIZE} positions ({page / 2**20:.1f} MiB each) = "
+        f"{pages * page / GIB:.1f} GiB"
+        + (
+            " (from engine.kv_cache_bytes)"
+            if eng.kv_cache_bytes is not None
+            else " (engine.num_slots x max_len)"
+        )
+    )
+    est.notes.append(
+        f"concurrent sequences per replica (paged cache): {est.concurrent_sequences} "
+        f"(the pages hold {by_memory} at a mean of {mean_positions:.0f} positions, sequence lengths "
+        f"log-uniform on [{SHORTEST_SEQUENCE}, {eng.max_len}], group prompts not counted as shared; "
+        f"engine.num_slots caps running at {eng.num_slots}); a slot cache of max_len {eng.max_len} "
+        f"would hold {est.slot_cache_sequences}"
     )
     est.notes.append(f"learner micro-batch: {tokens} tokens")
     if getattr(cfg, "runtime", "local") == "ray":
@@ -233,6 +256,21 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
                 f"(a whole copy of the weights would be {n * e / GIB:.1f} GiB)"
             )
     return est
+
+
+SHORTEST_SEQUENCE = 256  # a prompt and a first turn: the shortest episodes the recipes produce
+
+
+def expected_sequence_positions(max_len: int, shortest: int = SHORTEST_SEQUENCE) -> float:
+    """Mean positions per sequence when lengths are log-uniform on [shortest, max_len].
+
+    The assumed distribution of agent episodes (most end long before max_len, a few reach it):
+    its mean is (max_len - shortest) / ln(max_len / shortest).
+    """
+    lo = min(shortest, max_len)
+    if max_len <= lo:
+        return float(max_len)
+    return (max_len - lo) / math.log(max_len / lo)
 
 
 def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, str]:

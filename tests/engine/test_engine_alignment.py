@@ -9,6 +9,7 @@ import torch
 
 from rz_agents.engine import EngineConfig, RZEngine, SamplingParams, generate_batch
 from rz_agents.model import KVCache
+from rz_agents.model.kv_cache import bytes_per_page
 from rz_agents.model.logprobs import packed_token_logprobs, sampling_logprobs
 
 
@@ -144,7 +145,7 @@ def _keep_reference(old, new, prompt, out, params, split):
     """Log-probs when positions fed before the swap hold old-weight K/V and the rest new-weight K/V."""
     full = torch.tensor(prompt + out.tokens)
     fed_before = len(prompt) + split - 1  # tokens whose K/V the old weights wrote
-    cache = KVCache(old.config, num_slots=1, max_len=256)
+    cache = KVCache(old.config, num_pages=6).view(torch.tensor([[5, 2, 0, 3]]))  # pages out of order
     with torch.no_grad():
         old(full[:fed_before], torch.arange(fed_before), torch.zeros(fed_before, dtype=torch.long), cache)
         rest = full[fed_before:-1]
@@ -250,3 +251,83 @@ def test_sampling_in_row_chunks_gives_the_same_tokens_and_logprobs(tiny_model, m
     chunked = run()
     for a, b in zip(whole, chunked, strict=True):
         assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
+
+
+def test_preemption_and_readmission_give_the_same_tokens_and_logprobs(tiny_model):
+    # Six pages for six sequences that grow past two pages each: running sequences are preempted,
+    # recompute their K/V (prompt + generated tokens) when re-admitted into other pages, and go on.
+    model = tiny_model()
+    page = bytes_per_page(model.config)
+    prompts = _prompts(6, model.config.vocab_size, seed=17, lengths=(60, 100, 20, 130, 45, 70))
+    params = [SamplingParams(temperature=1.0, max_tokens=40, seed=i, ignore_eos=True) for i in range(6)]
+    tight = RZEngine(
+        model,
+        EngineConfig(num_slots=6, max_len=256, max_batch_tokens=48, kv_cache_bytes=6 * page, num_threads=1),
+    )
+    roomy = RZEngine(model, EngineConfig(num_slots=6, max_len=256, max_batch_tokens=48, num_threads=1))
+    got, want = generate_batch(tight, prompts, params), generate_batch(roomy, prompts, params)
+    assert tight.stats()["preemptions"] > 0 and roomy.stats()["preemptions"] == 0
+    for p, sp, a, b in zip(prompts, params, got, want, strict=True):
+        assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
+        assert torch.equal(a.logprobs, _trainer_logprobs(model, p, a, sp))
+    assert tight.stats()["kv_bytes_held"] == 0
+
+
+def test_shared_prompt_pages_give_the_same_bits_as_private_ones(tiny_model):
+    # A 150-token prompt: two full pages shared by reference among the group, the third copied.
+    model = tiny_model()
+    prompt = _prompts(1, model.config.vocab_size, seed=23, lengths=(150,))[0]
+    params = [SamplingParams(temperature=1.0, max_tokens=8, seed=i) for i in range(4)]
+    cfg = dict(num_slots=4, max_len=256, max_batch_tokens=64, prefix_cache=False, num_threads=1)
+    shared = RZEngine(model, EngineConfig(**cfg, share_prefix_min_tokens=16))
+    private = RZEngine(model, EngineConfig(**cfg, share_prefix_min_tokens=0))
+
+    async def run(engine):
+        tasks = [asyncio.create_task(engine.generate(prompt, p)) for p in params]
+        refcounts = set()
+        while not all(t.done() for t in tasks):
+            for seq in engine.scheduler.running:
+                refcounts |= {engine.scheduler.pages.refcount(p) for p in seq.pages}
+            await asyncio.sleep(0)
+        return [t.result() for t in tasks], refcounts
+
+    (a, shared_refs), (b, private_refs) = asyncio.run(run(shared)), asyncio.run(run(private))
+    assert max(shared_refs) == 4 and max(private_refs) == 1  # the group really shared pages
+    assert shared.stats()["shared_prefix_tokens"] == 3 * 149
+    for sp, x, y in zip(params, a, b, strict=True):
+        assert x.tokens == y.tokens and torch.equal(x.logprobs, y.logprobs)
+        assert torch.equal(x.logprobs, _trainer_logprobs(model, prompt, x, sp))
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+def test_static_decode_step_padding_changes_no_bit(tiny_model, model_type):
+    # 3 and 11 decoding sequences are padded to buckets of 4 and 16 rows (scratch-page sequences).
+    model = tiny_model(model_type)
+    prompts = _prompts(11, model.config.vocab_size, seed=31)
+    params = [SamplingParams(temperature=1.0, max_tokens=10, seed=i, ignore_eos=True) for i in range(11)]
+    cfg = dict(max_len=256, max_batch_tokens=512, num_threads=1)
+    for n in (3, 11):
+        static = RZEngine(model, EngineConfig(num_slots=16, static_decode=True, **cfg))
+        eager = RZEngine(model, EngineConfig(num_slots=16, static_decode=False, **cfg))
+        rows = []
+        real_run = static.runner.decode_step.run
+
+        def run(tokens, positions, tables, real_run=real_run, rows=rows, step=static.runner.decode_step):
+            rows.append(step.bucket(len(tokens)))
+            return real_run(tokens, positions, tables)
+
+        static.runner.decode_step.run = run
+        a = generate_batch(static, prompts[:n], params[:n])
+        b = generate_batch(eager, prompts[:n], params[:n])
+        assert max(rows) == {3: 4, 11: 16}[n]  # padded steps really ran
+        for p, sp, x, y in zip(prompts, params, a, b, strict=False):
+            assert x.tokens == y.tokens and torch.equal(x.logprobs, y.logprobs)
+            assert torch.equal(x.logprobs, _trainer_logprobs(model, p, x, sp))
+
+
+def test_decode_buckets_cover_every_batch_size():
+    from rz_agents.engine.decode_step import decode_buckets
+
+    assert decode_buckets(1) == [1]
+    assert decode_buckets(20) == [1, 2, 4, 8, 16, 20]
+    assert decode_buckets(64)[-3:] == [48, 56, 64]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rz_agents.engine import Engine, EngineConfig, RZEngine, SamplingParams, generate_batch
+from rz_agents.model.kv_cache import bytes_per_page
 from rz_agents.model.logprobs import packed_token_logprobs
 
 
@@ -75,22 +76,25 @@ def test_engine_queues_requests_when_the_cache_is_full_and_serves_them_all(tiny_
     outs = generate_batch(engine, prompts, SamplingParams(max_tokens=5, seed=0))
     assert [len(o.tokens) for o in outs] == [5] * 7
     stats = engine.stats()
-    assert stats["slots_held"] == 0 and stats["waiting"] == 0 and stats["running"] == 0
+    assert stats["kv_bytes_held"] == 0 and stats["waiting"] == 0 and stats["running"] == 0
     for p, o in zip(prompts, outs, strict=True):
         (ref,) = packed_token_logprobs(model, [p + o.tokens])
         assert torch.equal(o.logprobs, ref[len(p) - 1 :])
 
 
-def test_engine_sizes_the_cache_from_a_memory_budget(tiny_model):
+def test_engine_sizes_the_paged_cache_from_a_memory_budget(tiny_model):
     model = tiny_model()
-    one = _engine(model, num_slots=1).kv_cache.bytes_per_slot
-    engine = _engine(model, kv_cache_bytes=3 * one + one // 2)
-    assert engine.kv_cache.num_slots == 3 and engine.stats()["kv_bytes_total"] == 3 * one
-    with pytest.raises(ValueError, match="holds no slot"):
-        _engine(model, kv_cache_bytes=one // 2)
+    page = bytes_per_page(model.config)
+    # default: 3 x max_len 128 for the sequences, plus the scratch page of padding rows
+    assert _engine(model, num_slots=3).stats()["kv_pages"] == 3 * 2
+    engine = _engine(model, kv_cache_bytes=10 * page + page // 2)
+    assert engine.kv_cache.num_pages == 10 and engine.stats()["kv_pages"] == 9
+    assert engine.stats()["kv_bytes_total"] == 9 * page
+    with pytest.raises(ValueError, match="needs 2"):  # one max_len sequence must always fit
+        _engine(model, kv_cache_bytes=2 * page)
 
 
-def test_cancelling_a_request_frees_its_slot_and_others_finish(tiny_model):
+def test_cancelling_a_request_frees_its_pages_and_others_finish(tiny_model):
     model = tiny_model()
     engine = _engine(model, num_slots=2)
 
@@ -103,13 +107,13 @@ def test_cancelling_a_request_frees_its_slot_and_others_finish(tiny_model):
         with pytest.raises(asyncio.CancelledError):
             await long
         done = await short
-        # A third request can use the freed slot, and nothing is left held.
+        # A third request can use the freed pages, and nothing is left held.
         third = await engine.generate([4, 5], SamplingParams(max_tokens=4))
         return done, third
 
     done, third = asyncio.run(main())
     assert len(done.tokens) == 20 and len(third.tokens) == 4
-    assert engine.stats()["slots_held"] == 0 and engine.stats()["running"] == 0
+    assert engine.stats()["kv_bytes_held"] == 0 and engine.stats()["running"] == 0
 
 
 @pytest.mark.parametrize(
@@ -175,7 +179,7 @@ def test_a_failing_forward_fails_only_that_step_and_the_engine_recovers(tiny_mod
     assert [o.finish_reason for o in failed] == ["error", "error"]
     assert "simulated out of memory" in failed[0].error and len(failed[0].tokens) == 2
     ok = generate_batch(engine, [PROMPT], SamplingParams(max_tokens=6))[0]
-    assert ok.finish_reason == "length" and engine.stats()["slots_held"] == 0
+    assert ok.finish_reason == "length" and engine.stats()["kv_bytes_held"] == 0
 
 
 def test_step_in_thread_gives_the_same_results_as_inline_steps(tiny_model):
@@ -254,4 +258,4 @@ def test_requests_arriving_while_a_threaded_step_runs_are_all_served(tiny_model)
     others, cancelled = asyncio.run(main())
     assert isinstance(cancelled, asyncio.CancelledError)
     assert [len(o.tokens) for o in others] == [4] * 11
-    assert engine.stats()["slots_held"] == 0 and engine.stats()["running"] == 0
+    assert engine.stats()["kv_bytes_held"] == 0 and engine.stats()["running"] == 0

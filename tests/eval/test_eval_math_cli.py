@@ -68,8 +68,9 @@ def test_yaml_eval_section_sets_the_run_and_flags_override_it(tiny_checkpoint, t
     result = json.loads(capsys.readouterr().out)
     assert result["benchmark"] == "gsm8k" and result["k"] == 2 and result["num_problems"] == 2
     assert result["sampling"]["temperature"] == 0.0 and result["sampling"]["max_tokens"] == 8
-    # the KV budget (107,374 bytes) sets the slots: fewer than the default 32, within the budget
-    assert 1 <= result["engine"]["num_slots"] < 32 and result["engine"]["kv_bytes_total"] <= 0.0001 * 2**30
+    # the KV budget (107,374 bytes) sets the pages: as many as fit in it
+    pages, total = result["engine"]["kv_pages"], result["engine"]["kv_bytes_total"]
+    assert pages >= 1 and total <= 0.0001 * 2**30 < total + total // pages
     # greedy: both samples of a problem are the same tokens, so the same answer and length
     for p in result["problems"]:
         assert len({(s["answer"], s["tokens"]) for s in p["samples"]}) == 1

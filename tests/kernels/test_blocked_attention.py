@@ -106,3 +106,38 @@ def test_tree_sum_ignores_trailing_zero_blocks():
     for j in range(1, 37):
         seq = seq + y[:, j]
     assert not torch.equal(attn._tree_sum(y), seq)
+
+
+def _paged(k, v, gen, spare=5):
+    """The same K/V as pages [P, Hkv, 64, D] scattered in random order, plus the page table."""
+    s, hkv, length, d = k.shape
+    width = length // attn.KEY_BLOCK
+    perm = torch.randperm(s * width + spare, generator=gen)
+    table = perm[: s * width].view(s, width)
+    kp = torch.randn(s * width + spare, hkv, attn.KEY_BLOCK, d, generator=gen)  # stale pages
+    vp = torch.randn(s * width + spare, hkv, attn.KEY_BLOCK, d, generator=gen)
+    for i in range(s):
+        for j in range(width):
+            kp[table[i, j]] = k[i, :, j * 64 : (j + 1) * 64]
+            vp[table[i, j]] = v[i, :, j * 64 : (j + 1) * 64]
+    return kp, vp, table
+
+
+@pytest.mark.parametrize("standard", [False, True])
+def test_scattered_pages_give_the_bits_of_the_contiguous_buffer(standard):
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = _case(gen, t=70)
+    kp, vp, table = _paged(k, v, gen)
+    # a crowded mixed batch: a 30-token chunk late in sequence 0 (long span, read tile by tile),
+    # a decode of sequence 1, a prefill of sequence 2
+    seq = torch.tensor([0] * 30 + [1] + [2] * 39)
+    pos = torch.cat([torch.arange(1100, 1130), torch.tensor([700]), torch.arange(39)])
+    plan, run = (
+        (attn.plan_sdpa, attn.sdpa_attention) if standard else (attn.plan_blocked, attn.blocked_attention)
+    )
+    dense = run(q, k, v, plan(seq, pos, 8, 2), 0.25)
+    paged = run(q, kp, vp, plan(seq, pos, 8, 2, page_table=table), 0.25)
+    assert torch.equal(paged, dense)
+    kp2, vp2, table2 = _paged(k, v, gen, spare=11)  # another placement, other stale pages
+    assert not torch.equal(table2, table)
+    assert torch.equal(run(q, kp2, vp2, plan(seq, pos, 8, 2, page_table=table2), 0.25), dense)

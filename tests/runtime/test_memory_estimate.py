@@ -8,10 +8,17 @@ import torch
 
 from rz_agents.cli import main as rz_main
 from rz_agents.engine import EngineConfig
-from rz_agents.model import KVCache, ModelConfig, Transformer
+from rz_agents.model import ModelConfig, Transformer
+from rz_agents.model.kv_cache import bytes_per_page
 from rz_agents.model.presets import preset_config, preset_for_checkpoint
 from rz_agents.runtime import ModelSpec, TrainConfig
-from rz_agents.runtime.memory_estimate import GIB, count_parameters, estimate_memory, model_config_of
+from rz_agents.runtime.memory_estimate import (
+    GIB,
+    count_parameters,
+    estimate_memory,
+    expected_sequence_positions,
+    model_config_of,
+)
 
 
 def test_qwen3_4b_shape_builds_on_the_meta_device_with_its_published_size():
@@ -43,8 +50,9 @@ def test_bf16_estimate_has_fp32_masters_and_adam_and_checkpointing_shrinks_activ
     assert est.learner["weights"] == 2 * n
     assert est.learner["master_weights_fp32"] == 4 * n
     assert est.learner["adamw_state_fp32"] == 8 * n
-    # 28 layers x K and V x 8 kv heads x 1024 positions x 128 dims x 2 bytes, 4 slots
-    assert est.engine["kv_cache"] == 4 * 28 * 2 * 8 * 1024 * 128 * 2
+    # 28 layers x K and V x 8 kv heads x 64 positions x 128 dims x 2 bytes a page; 4 x 1024 positions
+    # of pages plus the scratch page of padded decode rows
+    assert est.engine["kv_cache"] == (4 * 1024 // 64 + 1) * 28 * 2 * 8 * 64 * 128 * 2
     assert est.learner_sharded(8) < est.learner_total
     fp32 = estimate_memory(cfg, model_cfg.replace(dtype="float32"))
     assert "master_weights_fp32" not in fp32.learner
@@ -64,8 +72,31 @@ def test_kv_cache_bytes_setting_sizes_the_cache():
     cfg = TrainConfig(engine=EngineConfig(max_len=512, kv_cache_bytes=10 * 2**20))
     tiny = ModelConfig.tiny("qwen3")
     est = estimate_memory(cfg, tiny)
-    per_slot = KVCache(tiny, 1, 512).bytes_per_slot
-    assert est.engine["kv_cache"] == (10 * 2**20 // per_slot) * per_slot
+    page = bytes_per_page(tiny)
+    assert est.engine["kv_cache"] == (10 * 2**20 // page) * page
+
+
+def test_the_paged_cache_holds_more_sequences_than_slots_at_realistic_lengths():
+    qwen = preset_config("qwen3-4b")
+    cfg = TrainConfig(engine=EngineConfig(num_slots=512, max_len=16384), model=ModelSpec(dtype="bfloat16"))
+    est = estimate_memory(cfg, qwen)
+    # the default budget is num_slots x max_len; a slot cache would hold num_slots sequences
+    assert est.slot_cache_sequences == 512
+    mean = expected_sequence_positions(16384)
+    assert 3800 < mean < 3900  # (16384 - 256) / ln(64)
+    assert est.concurrent_sequences == 512  # capped by num_slots ...
+    capped = estimate_memory(
+        TrainConfig(engine=EngineConfig(num_slots=48, max_len=16384, kv_cache_bytes=48 * 16384 * 147456)),
+        qwen,
+    )
+    assert capped.slot_cache_sequences == 48 and 190 < int(48 * 16384 / (mean + 32)) <= 48 * 5
+    assert capped.concurrent_sequences == 48  # ... here by num_slots too
+    roomy = estimate_memory(
+        TrainConfig(engine=EngineConfig(num_slots=1024, max_len=16384, kv_cache_bytes=48 * 16384 * 147456)),
+        qwen,
+    )
+    assert roomy.concurrent_sequences == int(48 * 16384 / (mean + 32)) and roomy.concurrent_sequences > 4 * 48
+    assert any("concurrent sequences per replica" in n for n in roomy.notes)
 
 
 def test_rz_train_dry_run_prints_the_estimate_for_the_production_config(capsys):

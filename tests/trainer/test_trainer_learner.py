@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from rz_agents.model import KVCache, ModelConfig, Transformer
+from rz_agents.model import ModelConfig, Transformer
+from rz_agents.model.kv_cache import sequence_cache
 from rz_agents.model.logprobs import sampling_logprobs
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rz_agents.trainer.learner import Learner, LearnerConfig, micro_batches
@@ -24,7 +25,7 @@ def _model(seed: int = 0, kernels: str = "aligned") -> Transformer:
 @torch.no_grad()
 def _sample(model, prompt, n_new, version, seed, group_id, reward=None):
     """Sample through the KV-cache path (prefill + one-token decodes), recording the sampling logprobs."""
-    cache = KVCache(model.config, num_slots=1, max_len=len(prompt) + n_new + 1)
+    cache = sequence_cache(model.config, 1, len(prompt) + n_new + 1)
     gen = torch.Generator().manual_seed(seed)
     tokens = list(prompt)
     hidden = model(

@@ -2,7 +2,9 @@
 
 Same interface as the CPU op sets (rz_kernels.attention): `plan_attention(q_seq, q_pos, H, Hkv)` once
 per forward, then `attention(q, k, v, plan, scale)` per layer, with q [T, H, D] and k, v
-[S, Hkv, L, D] buffers addressed by (sequence, position).
+[S, Hkv, L, D] buffers addressed by (sequence, position), or, with a page table in the plan, pages
+[P, Hkv, 64, D] where key block j of sequence s is page page_table[s, j] (a page is one BLOCK_N key
+block, so the walk loads the same keys in the same order and the bits do not change).
 
 Alignment: a tile holds the queries of one sequence whose positions fall in
 [j * TILE_POS, (j + 1) * TILE_POS) for a tile index j = pos // TILE_POS, times the G query heads that
@@ -49,13 +51,20 @@ class TritonAttentionPlan:
     tile_start: torch.Tensor  # [NT] int32 first position
     tile_blocks: torch.Tensor  # [NT] int32 key blocks to walk
     tile_last: torch.Tensor  # [NT] int32 last present position
+    page_table: torch.Tensor | None = None  # [S, W] page of each key block (paged KV cache)
 
     @property
     def num_tiles(self) -> int:
         return self.tile_seq.numel()
 
 
-def plan_attention(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num_kv_heads: int):
+def plan_attention(
+    q_seq: torch.Tensor,
+    q_pos: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    page_table: torch.Tensor | None = None,
+):
     """Group the queries into position-aligned tiles (sorted by sequence, then position)."""
     group = num_heads // num_kv_heads
     g2 = triton.next_power_of_2(group)
@@ -78,6 +87,7 @@ def plan_attention(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num
             empty,
             empty,
             empty,
+            page_table,
         )
     q_seq = q_seq.long()
     q_pos = q_pos.long()
@@ -100,6 +110,7 @@ def plan_attention(q_seq: torch.Tensor, q_pos: torch.Tensor, num_heads: int, num
         ((uniq % tiles_per_seq) * tile_pos).to(torch.int32),
         (tile_last // BLOCK_N + 1).to(torch.int32),
         tile_last.to(torch.int32),
+        page_table,
     )
 
 
@@ -126,6 +137,8 @@ def _attn_fwd_kernel(
     tile_seq,
     tile_start,
     tile_blocks,
+    page_ptr,
+    stride_pt,
     stride_qt,
     stride_qh,
     stride_ks,
@@ -146,6 +159,7 @@ def _attn_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    PAGED: tl.constexpr,
 ):
     tile = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -160,16 +174,24 @@ def _attn_fwd_kernel(
         mask=present[:, None],
         other=0.0,
     )
-    k_base = k_ptr + seq * stride_ks + kvh * stride_kh
-    v_base = v_ptr + seq * stride_vs + kvh * stride_vh
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_D), tl.float32)
     for j in range(0, n_blocks):
         kpos = j * BLOCK_N + tl.arange(0, BLOCK_N)
-        kmask = kpos < L
+        if PAGED:  # block j is one whole page: the page table says which
+            page = tl.load(page_ptr + seq * stride_pt + j).to(tl.int64)
+            k_base = k_ptr + page * stride_ks + kvh * stride_kh
+            v_base = v_ptr + page * stride_vs + kvh * stride_vh
+            koff = tl.arange(0, BLOCK_N)
+            kmask = koff < BLOCK_N
+        else:
+            k_base = k_ptr + seq * stride_ks + kvh * stride_kh
+            v_base = v_ptr + seq * stride_vs + kvh * stride_vh
+            koff = kpos
+            kmask = kpos < L
         k = tl.load(
-            k_base + kpos[None, :].to(tl.int64) * stride_kl + d[:, None], mask=kmask[None, :], other=0.0
+            k_base + koff[None, :].to(tl.int64) * stride_kl + d[:, None], mask=kmask[None, :], other=0.0
         )
         qk = tl.dot(q, k, input_precision=PRECISION) * scale_log2
         qk = tl.where(kpos[None, :] <= row_pos[:, None], qk, float("-inf"))
@@ -178,7 +200,7 @@ def _attn_fwd_kernel(
         p = tl.math.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(
-            v_base + kpos[:, None].to(tl.int64) * stride_vl + d[None, :], mask=kmask[:, None], other=0.0
+            v_base + koff[:, None].to(tl.int64) * stride_vl + d[None, :], mask=kmask[:, None], other=0.0
         )
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
@@ -342,6 +364,11 @@ def _forward(q, k, v, plan: TritonAttentionPlan, scale: float):
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("Triton attention needs contiguous head_dim in the key/value buffers")
     q = q.contiguous()
+    pages = plan.page_table
+    if pages is not None:
+        if k.shape[2] != BLOCK_N:
+            raise ValueError(f"paged attention needs pages of {BLOCK_N} positions, got {k.shape[2]}")
+        pages = pages.to(torch.int32).contiguous()
     _attn_fwd_kernel[(plan.num_tiles, plan.num_kv_heads)](
         q,
         k,
@@ -352,6 +379,8 @@ def _forward(q, k, v, plan: TritonAttentionPlan, scale: float):
         plan.tile_seq,
         plan.tile_start,
         plan.tile_blocks,
+        pages if pages is not None else plan.tile_seq,
+        pages.stride(0) if pages is not None else 0,
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -372,6 +401,7 @@ def _forward(q, k, v, plan: TritonAttentionPlan, scale: float):
         BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
         PRECISION=precision_for(q.dtype),
+        PAGED=pages is not None,
         num_warps=_warps(d),
         num_stages=2,
     )
@@ -440,6 +470,8 @@ class _Attention(torch.autograd.Function):
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: TritonAttentionPlan, scale: float):
     """Aligned causal GQA attention (see module docstring); returns [T, H, D] in q's dtype."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if plan.page_table is not None:
+            raise ValueError("Triton attention over a paged KV cache is inference-only (no backward)")
         return _Attention.apply(q, k.contiguous(), v.contiguous(), plan, scale)
     return _forward(q, k, v, plan, scale)[0]
 

@@ -91,3 +91,22 @@ def test_backward_matches_autograd_of_reference():
     reference_attention(q, k, v, seq, pos).backward(grad)
     for a, t in zip(ours, (q, k, v), strict=True):
         torch.testing.assert_close(a, t.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scattered_pages_give_the_bits_of_the_contiguous_buffer(dtype):
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = _case(dtype, t=90, seqs=2, length=192)
+    width = 192 // ta.BLOCK_N
+    table = torch.randperm(2 * width + 3, generator=gen)[: 2 * width].view(2, width)
+    kp = torch.randn(2 * width + 3, 2, ta.BLOCK_N, 16, generator=gen).to(dtype)  # stale pages
+    vp = torch.randn(2 * width + 3, 2, ta.BLOCK_N, 16, generator=gen).to(dtype)
+    for s in range(2):
+        for j in range(width):
+            kp[table[s, j]] = k[s, :, j * 64 : (j + 1) * 64]
+            vp[table[s, j]] = v[s, :, j * 64 : (j + 1) * 64]
+    seq = torch.tensor([0] * 60 + [1] * 30)
+    pos = torch.cat([torch.arange(60), torch.arange(150, 180)])
+    dense = triton_attention(q, k, v, seq, pos)
+    plan = ta.plan_attention(seq, pos, q.shape[1], k.shape[1], page_table=table)
+    assert torch.equal(ta.attention(q, kp, vp, plan, 0.25), dense)
