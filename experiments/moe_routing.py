@@ -92,12 +92,12 @@ def sample_cached(model, prompts: list[list[int]], max_new: int, seed: int):
     together one token per step over a KV cache. Returns (tokens, behavior logprobs) per sequence."""
     import torch
 
-    from rz_agents.model import KVCache
+    from rz_agents.model.kv_cache import sequence_cache
     from rz_agents.model.logprobs import sampling_logprobs
 
     rng = random.Random(seed)
     n = len(prompts)
-    cache = KVCache(model.config, num_slots=n, max_len=max(map(len, prompts)) + max_new + 1)
+    cache = sequence_cache(model.config, n, max(map(len, prompts)) + max_new + 1)
     last: list[torch.Tensor] = []
     for i, p in enumerate(prompts):  # chunked prefill, one sequence at a time
         start = 0

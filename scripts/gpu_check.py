@@ -763,7 +763,7 @@ def section_decode_profile(check: Check) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from rz_agents.model import ModelConfig
-    from rz_agents.model.kv_cache import KVCache
+    from rz_agents.model.kv_cache import sequence_cache
     from rz_agents.model.presets import preset_config
 
     if check.dry:
@@ -776,7 +776,7 @@ def section_decode_profile(check: Check) -> dict:
         config, batch, context = preset_config("qwen3-0.6b", max_position_embeddings=4096), 64, 1024
     model = random_model(check, config, check.aligned).eval()
     dev = check.device
-    cache = KVCache(config, num_slots=batch, max_len=context + 8, device=dev)
+    cache = sequence_cache(config, batch, context + 8, device=dev)
     gen = torch.Generator().manual_seed(8)
     with torch.inference_mode():
         toks = torch.randint(0, config.vocab_size, (batch * context,), generator=gen).to(dev)
