@@ -75,6 +75,11 @@ ARMS: dict[str, list[str]] = {
         "model.kernels=standard",
         "learner.loss.estimator=ppo_clip",
     ],
+    # The lag-tolerant estimators (issue 25), on the aligned op set like rz_lag64.
+    "m2po_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=m2po"],
+    "dppo_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=decoupled_ppo"],
+    "snis_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=snis"],
+    "icepop_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=icepop"],
 }
 
 # task -> (run config, its overrides, held-out tasks: (generator difficulty, count, seed), eval budget)

@@ -7,6 +7,7 @@ non-finite (then the step is skipped, logged, and the weights and version stay a
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ import torch
 
 from rz_agents.model.logprobs import packed_token_logprobs
 from rz_agents.trainer.advantages import BASELINES, group_advantages
-from rz_agents.trainer.loss import LossConfig, sequence_loss, token_scales
+from rz_agents.trainer.loss import ESTIMATOR_TABLE, LossConfig, sequence_terms, token_scales
 from rz_agents.trainer.metrics import (
     DeviationTracker,
     Lag0MismatchError,
@@ -83,6 +84,7 @@ class _Scored:
     logps: list[torch.Tensor]  # detached learner log-probs of tokens[1:], per trajectory
     loss: float
     finite: bool
+    gated_tokens: int  # sampled tokens the estimator clipped, gated or masked
     time_forward_s: float
     time_backward_s: float
 
@@ -121,6 +123,17 @@ class Learner:
         self.deviation = DeviationTracker()
         self.skipped_steps = 0
         self.dropped_over_lag = 0
+        # decoupled_ppo's proximal policy: a copy of the weights, refreshed every loss.proximal_every versions
+        self.proximal: torch.nn.Module | None = None
+        self.proximal_version = -1
+        if (
+            ESTIMATOR_TABLE[cfg.loss.estimator].proximal
+            and cfg.loss.proximal_every > 1
+            and self.ranks.world > 1
+        ):
+            raise ValueError(
+                "learner.loss.estimator decoupled_ppo with proximal_every > 1 needs learner_ranks 1"
+            )
 
     def _optimized(self) -> list[torch.Tensor]:
         """The tensors AdamW updates: the fp32 masters, or the model's own fp32 parameters."""
@@ -153,6 +166,9 @@ class Learner:
         scored = self._forward_backward(trajs, masks, behavior, advantages)
         # Mismatch metrics on sampled tokens, before any weight change.
         metrics.update(self._mismatch_metrics(trajs, masks, behavior, scored.logps, learner_version))
+        metrics["estimator_clipfrac"] = scored.gated_tokens / max(sum(int(m.sum()) for m in masks), 1)
+        if self.proximal is not None:
+            metrics["proximal_lag"] = learner_version - self.proximal_version
         t0 = time.perf_counter()
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
         grad_norm, skipped = self._apply_update(scored)
@@ -196,8 +212,10 @@ class Learner:
         t_fwd = t_bwd = 0.0
         finite = True
         plan = micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens)
+        aux = self._estimator_aux(trajs, masks, behavior, plan)
         logps: dict[int, torch.Tensor] = {}
         losses: dict[int, float] = {}
+        gated: dict[int, int] = {}
         for j in self.ranks.share(len(plan)):
             t0 = time.perf_counter()
             mb = plan[j] if j is not None else []
@@ -212,19 +230,23 @@ class Learner:
                     top_p=cfg.top_p,
                 )
                 # Per-token data lives on the CPU; the loss is computed where the model is (a no-op on CPU).
-                loss = sum(
-                    sequence_loss(
+                terms = [
+                    sequence_terms(
                         lp,
                         behavior[i].to(lp.device),
                         masks[i].to(lp.device),
                         advantages[i],
                         scales[i].to(lp.device),
                         cfg.loss,
+                        None if aux[i] is None else aux[i].to(lp.device),
                     )
                     for i, lp in zip(mb, mb_logps, strict=True)
-                )
+                ]
+                loss = sum(t[0] for t in terms)
+                n_gated = sum(t[1] for t in terms)
             else:  # unfiltered distribution: its log-probs are finite, so 0 * them is exactly 0
                 mb_logps = []
+                n_gated = 0
                 loss = packed_token_logprobs(self.model, [[0, 0]])[0].sum() * 0.0
             t1 = time.perf_counter()
             for i, lp in zip(mb, mb_logps, strict=True):
@@ -236,13 +258,66 @@ class Learner:
                 self._accumulate_into_masters()
             if j is not None:
                 losses[j] = float(loss.detach())
+                gated[j] = n_gated
             t_fwd += t1 - t0
             t_bwd += time.perf_counter() - t1
-        for their_logps, their_losses in self.ranks.all_gather((logps, losses)):
+        for their_logps, their_losses, their_gated in self.ranks.all_gather((logps, losses, gated)):
             logps.update(their_logps)
             losses.update(their_losses)
+            gated.update(their_gated)
         loss_value = sum(losses[j] for j in range(len(plan)))
-        return _Scored([logps[i] for i in range(len(trajs))], loss_value, finite, t_fwd, t_bwd)
+        n_gated = sum(gated[j] for j in range(len(plan)))
+        return _Scored([logps[i] for i in range(len(trajs))], loss_value, finite, n_gated, t_fwd, t_bwd)
+
+    def _estimator_aux(
+        self,
+        trajs: list[Trajectory],
+        masks: list[torch.Tensor],
+        behavior: list[torch.Tensor],
+        plan: list[list[int]],
+    ) -> list[torch.Tensor | None]:
+        """Per sequence, what the estimator needs beyond its own tokens: the proximal log-probs
+        (decoupled_ppo: one no-grad forward under the snapshot, none when proximal_every is 1) or a statistic of
+        the whole batch (m2po, snis: one no-grad forward under the current weights); None for the others."""
+        cfg = self.cfg
+        est = ESTIMATOR_TABLE[cfg.loss.estimator]
+        if est.proximal and cfg.loss.proximal_every > 1:
+            if self.proximal is None or self.version - self.proximal_version >= cfg.loss.proximal_every:
+                if self.proximal is None:
+                    self.proximal = copy.deepcopy(self.model).requires_grad_(False)
+                else:
+                    self.proximal.load_state_dict(self.model.state_dict())
+                self.proximal_version = self.version
+            return self._score(self.proximal, trajs, plan)
+        if est.prepare is not None:
+            return est.prepare(self._score(self.model, trajs, plan), behavior, masks, cfg.loss)
+        return [None] * len(trajs)
+
+    @torch.no_grad()
+    def _score(
+        self, model: torch.nn.Module, trajs: list[Trajectory], plan: list[list[int]]
+    ) -> list[torch.Tensor]:
+        """Detached log-probs of tokens[1:] of every trajectory under ``model`` (this rank's micro-batches,
+        then exchanged; an idle rank runs the same dummy pass as in the backward loop)."""
+        cfg = self.cfg
+        out: dict[int, torch.Tensor] = {}
+        for j in self.ranks.share(len(plan)):
+            mb = plan[j] if j is not None else []
+            if not mb:
+                packed_token_logprobs(model, [[0, 0]])
+                continue
+            lps = packed_token_logprobs(
+                model,
+                [trajs[i].tokens for i in mb],
+                temperature=cfg.temperature,
+                top_k=cfg.top_k,
+                top_p=cfg.top_p,
+            )
+            for i, lp in zip(mb, lps, strict=True):
+                out[i] = lp.detach().cpu()
+        for theirs in self.ranks.all_gather(out):
+            out.update(theirs)
+        return [out[i] for i in range(len(trajs))]
 
     def _mismatch_metrics(
         self,
