@@ -22,6 +22,7 @@ from rz_agents.trainer.loss import ESTIMATOR_TABLE, LossConfig, sequence_terms, 
 from rz_agents.trainer.metrics import (
     DeviationTracker,
     Lag0MismatchError,
+    ess_by_lag_bucket,
     importance_metrics,
     lag_histogram,
     reward_and_advantage_metrics,
@@ -337,6 +338,7 @@ class Learner:
         out = importance_metrics(sel_logp, sel_blp, sel_ver, learner_version)
         if cfg.max_lag is not None:
             out.update(lag_histogram(learner_version - sel_ver, cfg.max_lag))
+            out.update(ess_by_lag_bucket(sel_logp - sel_blp, learner_version - sel_ver, cfg.max_lag))
         if "is_weight_abs_dev_mean" in out:
             out.update(self.deviation.update(out["is_weight_abs_dev_mean"]))
         if cfg.assert_lag0_exact and out.get("lag0_abs_dlogp_max", 0.0) != 0.0:
