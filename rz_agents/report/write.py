@@ -157,6 +157,13 @@ def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
     inspector = write_inspector(run)
     if inspector is not None:
         parts.append(f"<p>Token by token: <a href='{inspector.name}'>trajectory inspector</a>.</p>")
+    health = (summary or {}).get("health") or {}
+    if health.get("status") == "alarm":
+        a = health["alarm"]
+        parts.append(
+            f"<p style='color:#b00;font-weight:bold'>Health alarm from step {a['step']}: "
+            f"{html.escape(a['reason'])}. {html.escape(health['advice'])}</p>"
+        )
     if summary:
         parts.append("<h2>Summary</h2>" + value_html(summary))
     parts.append("<h2>Plots</h2>")
