@@ -10,6 +10,9 @@ each final policy is evaluated on held-out tasks (k samples each at the training
     python3 experiments/lag_sweep.py --quick                      # CI: a few steps, writes its files
     python3 experiments/lag_sweep.py --task demo --seeds 0 1 2    # the documented run (hours)
 
+The lag-tolerant estimators (m2po_lag64, dppo_lag64, snis_lag64, icepop_lag64: aligned op set, fixed lag
+64) are arms like the others; their results live in their own folder (``--out``).
+
 Outputs (experiments/results/lag_sweep_<task>/): <arm>-s<seed>.csv (per-step figures),
 <arm>-s<seed>.json (run summary + held-out eval), summary.json / summary.md (per arm: mean and spread
 over seeds), and docs/img/<results folder name>_curves.png / _heldout.png. ``--summarize-only`` rebuilds
@@ -75,6 +78,11 @@ ARMS: dict[str, list[str]] = {
         "model.kernels=standard",
         "learner.loss.estimator=ppo_clip",
     ],
+    # The lag-tolerant estimators (issue 25), on the aligned op set like rz_lag64.
+    "m2po_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=m2po"],
+    "dppo_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=decoupled_ppo"],
+    "snis_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=snis"],
+    "icepop_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=icepop"],
 }
 
 # task -> (run config, its overrides, held-out tasks: (generator difficulty, count, seed), eval budget)
@@ -204,6 +212,8 @@ def run_figures(rows: list[dict[str, float]], window: int) -> dict[str, float]:
         "kl_k3_last_over_first": k3_last / k3_first if k3_first and k3_first > 0 else math.nan,
         "kl_k3_last": k3_last,
         "skipped_nonfinite": sum(r.get("step_skipped_nonfinite", 0) or 0 for r in rows),
+        # share of sampled tokens the estimator clipped / gated / masked, over the run (NaN before issue 25)
+        "clipfrac_mean": mean_std(r.get("estimator_clipfrac", math.nan) for r in rows)[0],
     }
 
 
@@ -234,8 +244,8 @@ def markdown_table(per_arm: dict[str, Any]) -> str:
 
     lines = [
         "| arm | seeds | held-out reward (per seed) | no answer | train reward first → last window | "
-        "IS dev peak/median | KL k3 last window | KL k3 last/first | max IS weight | skipped steps |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "IS dev peak/median | KL k3 last window | KL k3 last/first | max IS weight | skipped steps | clipfrac |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, e in per_arm.items():
         per_seed = " / ".join(f"{v:.3f}" for v in e["heldout_accuracy"]["per_seed"])
@@ -245,7 +255,8 @@ def markdown_table(per_arm: dict[str, Any]) -> str:
             f"{fmt(e['train_reward_first'])} → {fmt(e['train_reward_last'])} | "
             f"{fmt(e['is_dev_peak_over_median'], '.2f')} | {fmt(e['kl_k3_last'], '.3g')} | "
             f"{fmt(e['kl_k3_last_over_first'], '.2f')} | "
-            f"{fmt(e['is_weight_max'], '.3g')} | {fmt(e['skipped_nonfinite'], '.1f')} |"
+            f"{fmt(e['is_weight_max'], '.3g')} | {fmt(e['skipped_nonfinite'], '.1f')} | "
+            f"{fmt(e['clipfrac_mean'], '.3f') if 'clipfrac_mean' in e else 'n/a'} |"
         )
     return "\n".join(lines)
 

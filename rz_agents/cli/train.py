@@ -24,6 +24,7 @@ from rz_agents.runtime import TrainConfig, build_run, resolve
 from rz_agents.runtime.loop import TrainLoop
 from rz_agents.warmstart import WarmStartConfig
 from rz_agents.warmstart.episodes import EpisodeFileError
+from rz_agents.trainer.health import health_summary
 
 
 @dataclass
@@ -143,6 +144,7 @@ def build_summary(
         "skipped_steps": run_summary.get("skipped_steps"),
         "rollout": run_summary.get("rollout"),
         "episodes": episode_counts(run_summary),
+        "health": health_summary(history),
     }
 
 
@@ -261,12 +263,16 @@ def _train_with_progress(runner: TrainLoop, cfg: RunConfig, console, plain: bool
         r = metrics.get("reward_mean", float("nan"))
         lag = metrics.get("lag_max", 0)
         tps = metrics.get("trained_tokens_per_s", 0.0)
-        return f"reward {r:.3f}  lag<= {lag}  {tps:,.0f} tok/s{failed_note(metrics)}"
+        ess = metrics.get("is_weight_ess_fraction", float("nan"))
+        kl = metrics.get("kl_k3_behavior_to_learner", float("nan"))
+        return f"reward {r:.3f}  lag<= {lag}  ESS/n {ess:.2f}  KL {kl:.3f}  {tps:,.0f} tok/s{failed_note(metrics)}"
 
     if plain:
 
         def on_step(step, metrics):
             log(f"step {step + 1}/{cfg.steps}  {describe(metrics)}")
+            if "health_alarm_message" in metrics:
+                log(metrics["health_alarm_message"])
 
         runner.writer = _ProgressWriter(runner.writer, on_step)
         return asyncio.run(runner.train())
@@ -285,9 +291,22 @@ def _train_with_progress(runner: TrainLoop, cfg: RunConfig, console, plain: bool
 
         def on_step(step, metrics):
             progress.update(task, completed=step + 1, info=describe(metrics))
+            if "health_alarm_message" in metrics:
+                progress.console.print(f"[bold red]{metrics['health_alarm_message']}[/]")
 
         runner.writer = _ProgressWriter(runner.writer, on_step)
         return asyncio.run(runner.train())
+
+
+def _health_line(h: dict) -> str:
+    if h.get("status") == "alarm":
+        a = h["alarm"]
+        return f"health: ALARM from step {a['step']} ({a['reason']}); {h['advice']}"
+    last = h.get("last_window") or {}
+    return (
+        f"health: {h.get('status', 'n/a')} (last 10 steps: KL k3 median {last.get('kl_k3_median', math.nan):.3g}, "
+        f"ESS/n median {last.get('ess_fraction_median', math.nan):.3g})"
+    )
 
 
 def _print_summary(s: dict, run_dir: Path, report: Path | None) -> None:
@@ -306,6 +325,7 @@ def _print_summary(s: dict, run_dir: Path, report: Path | None) -> None:
         else "lag-0 max |dlogp|: no lag-0 token was trained, none checked",
         f"generated tokens/s: {fmt(s['generated_tokens_per_s'], ',.0f')}",
         episode_line(s.get("episodes")),
+        _health_line(s.get("health") or {}),
         f"run directory: {run_dir}",
         f"summary: {run_dir / 'summary.json'}",
     ]

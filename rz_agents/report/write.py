@@ -14,6 +14,8 @@ from pathlib import Path
 from rz_agents.report.inspector import write_inspector
 from rz_agents.report.tables import value_html
 
+_LAG_BUCKETS = [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 127), (128, 255)]
+
 PANELS: list[tuple[str, str, list[str]]] = [
     ("reward", "Reward (mean over the step's episodes)", ["reward_mean"]),
     ("lag", "Policy lag of trained tokens (learner steps)", ["lag_min", "lag_mean", "lag_max"]),
@@ -33,6 +35,23 @@ PANELS: list[tuple[str, str, list[str]]] = [
         "IS-weight deviation (per step, and run peak/median)",
         ["is_weight_abs_dev_mean", "is_weight_abs_dev_run_peak_over_median"],
     ),
+    (
+        "health",
+        "Health: ESS/n, KL k3 (10-step medians; alarm at KL > 0.5 or ESS/n < 0.3), IS tail, estimator clipfrac",
+        [
+            "is_weight_ess_fraction",
+            "health_ess_fraction_median",
+            "health_kl_k3_median",
+            "is_weight_frac_above_10",
+            "estimator_clipfrac",
+        ],
+    ),
+    (
+        "ess_by_lag",
+        "ESS/n of the IS weights per lag bucket",
+        [f"is_weight_ess_fraction_lag_{lo}_{hi}" for lo, hi in _LAG_BUCKETS],
+    ),
+    ("admission", "Lag governor: admission bound", ["rollout_admission_lag"]),
     ("throughput", "Trained tokens per second", ["trained_tokens_per_s", "learner_tokens_per_s"]),
 ]
 
@@ -138,6 +157,13 @@ def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
     inspector = write_inspector(run)
     if inspector is not None:
         parts.append(f"<p>Token by token: <a href='{inspector.name}'>trajectory inspector</a>.</p>")
+    health = (summary or {}).get("health") or {}
+    if health.get("status") == "alarm":
+        a = health["alarm"]
+        parts.append(
+            f"<p style='color:#b00;font-weight:bold'>Health alarm from step {a['step']}: "
+            f"{html.escape(a['reason'])}. {html.escape(health['advice'])}</p>"
+        )
     if summary:
         parts.append("<h2>Summary</h2>" + value_html(summary))
     parts.append("<h2>Plots</h2>")

@@ -55,6 +55,9 @@ class RolloutConfig:
     # runtime publishes version v - fixed_lag when the learner is at v; the first steps use version 0).
     # Batches are then generated one at a time, so the result does not depend on this machine's speed.
     fixed_lag: int | None = None
+    # Admit rollouts under a bound that follows the measured ESS/n, up to max_lag (see lag_governor.py).
+    lag_governor: bool = False
+    lag_governor_target_ess: float = 0.5
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -90,6 +93,12 @@ class RolloutConfig:
             raise ValueError(f"rollout.max_ahead_batches must be >= 1 or None, got {self.max_ahead_batches}")
         if self.max_lag < 0:
             raise ValueError(f"rollout.max_lag must be >= 0, got {self.max_lag}")
+        if not 0.0 < self.lag_governor_target_ess < 1.0:
+            raise ValueError(
+                f"rollout.lag_governor_target_ess must be in (0, 1), got {self.lag_governor_target_ess}"
+            )
+        if self.lag_governor and self.fixed_lag is not None:
+            raise ValueError("rollout.lag_governor moves the lag bound; rollout.fixed_lag fixes it: set one")
         if self.fixed_lag is not None:
             if self.fixed_lag < 0:
                 raise ValueError(f"rollout.fixed_lag must be >= 0 or None, got {self.fixed_lag}")
@@ -181,6 +190,7 @@ class RolloutController:
         self._consecutive_failures = 0
         self.failure: RolloutFailure | None = None  # set when the run must stop; next_batch raises it
         self.first_error: str | None = None  # the run's first failed episode, for the summary
+        self.admission_lag: int | None = None  # set by the runtime's lag governor (rollout.lag_governor)
 
     # ---- admission ------------------------------------------------------------------------------
     def _dropped(self) -> int:
@@ -188,7 +198,8 @@ class RolloutController:
         return c["groups_dropped_failed"] + c["groups_dropped_stale"] + c["groups_dropped_uniform"]
 
     def _ahead_batches(self) -> int:
-        ahead = self.cfg.max_lag + 1
+        # admission_lag: the lag governor's bound (<= max_lag), None without one
+        ahead = (self.cfg.max_lag if self.admission_lag is None else self.admission_lag) + 1
         if self.cfg.fixed_lag is not None:
             ahead = 1  # each batch is generated with the weights the runtime published for it
         elif self.cfg.max_ahead_batches is not None:

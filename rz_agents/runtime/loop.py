@@ -22,11 +22,13 @@ from typing import Any
 
 from rz_agents.rollout.checkpoint_cut import check_consistent_cut, upgrade_state
 from rz_agents.rollout.controller import RolloutController
+from rz_agents.rollout.lag_governor import LagGovernor
 from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.fixed_lag import WeightHistory
 from rz_agents.runtime.memory import rss_bytes, trim_heap
 from rz_agents.runtime.watchdog import Watchdog
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
+from rz_agents.trainer.health import HealthMonitor
 from rz_agents.trainer.inspect import inspected_steps, write_step_record
 from rz_agents.trainer.metrics_log import MetricsWriter
 
@@ -70,6 +72,14 @@ class TrainLoop:
                 self.weight_history.load_state_dict(
                     {v: self._weights_from_tensors(w) for v, w in kept.items()}
                 )
+        self.health = HealthMonitor(self.history)  # rolling ESS/n and KL, the collapse alarm
+        self.governor = None
+        r = cfg.rollout
+        if r.lag_governor and r.max_lag > 0:
+            self.governor = LagGovernor.resumed(
+                self.history, max_lag=r.max_lag, target_ess=r.lag_governor_target_ess
+            )
+            self.controller.admission_lag = self.governor.bound
         # The writer starts at the first step this run records: rows a killed run wrote after its last
         # checkpoint are removed, so no step number repeats in metrics.jsonl.
         self.writer = (
@@ -125,6 +135,10 @@ class TrainLoop:
                     trained_tokens_per_s=metrics.get("learner_tokens", 0)
                     / max(time.perf_counter() - t0, 1e-9),
                 )
+                metrics.update(self.health.update(metrics))
+                if self.governor is not None:
+                    bound = self.governor.update(metrics.get("is_weight_ess_fraction"))
+                    self.controller.admission_lag = metrics["rollout_admission_lag"] = bound
                 # The step is counted (history and controller) before it is logged or checkpointed: a
                 # checkpoint whose steps_done lagged its history shrank the admission window on every
                 # resume until nothing was admitted (issue 17).

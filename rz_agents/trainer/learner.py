@@ -7,6 +7,7 @@ non-finite (then the step is skipped, logged, and the weights and version stay a
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -17,10 +18,11 @@ import torch
 
 from rz_agents.model.logprobs import packed_token_logprobs
 from rz_agents.trainer.advantages import BASELINES, group_advantages, uniform_groups
-from rz_agents.trainer.loss import LossConfig, sequence_loss, token_scales
+from rz_agents.trainer.loss import ESTIMATOR_TABLE, LossConfig, sequence_terms, token_scales
 from rz_agents.trainer.metrics import (
     DeviationTracker,
     Lag0MismatchError,
+    ess_by_lag_bucket,
     importance_metrics,
     lag_histogram,
     reward_and_advantage_metrics,
@@ -80,6 +82,14 @@ def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     return out
 
 
+def _offsets(trajs: Sequence[Trajectory]) -> list[int]:
+    """Where each trajectory's log-probs of tokens[1:] start in a flat per-batch tensor (and its end)."""
+    offsets = [0]
+    for t in trajs:
+        offsets.append(offsets[-1] + len(t.tokens) - 1)
+    return offsets
+
+
 @dataclass
 class _Scored:
     """What the forward/backward pass over a batch leaves for the metrics and the update."""
@@ -87,6 +97,7 @@ class _Scored:
     logps: list[torch.Tensor]  # detached learner log-probs of tokens[1:], per trajectory
     loss: float
     finite: bool
+    gated_tokens: int  # sampled tokens the estimator clipped, gated or masked
     time_forward_s: float
     time_backward_s: float
 
@@ -125,6 +136,17 @@ class Learner:
         self.deviation = DeviationTracker()
         self.skipped_steps = 0
         self.dropped_over_lag = 0
+        # decoupled_ppo's proximal policy: a copy of the weights, refreshed every loss.proximal_every versions
+        self.proximal: torch.nn.Module | None = None
+        self.proximal_version = -1
+        if (
+            ESTIMATOR_TABLE[cfg.loss.estimator].proximal
+            and cfg.loss.proximal_every > 1
+            and self.ranks.world > 1
+        ):
+            raise ValueError(
+                "learner.loss.estimator decoupled_ppo with proximal_every > 1 needs learner_ranks 1"
+            )
 
     def _optimized(self) -> list[torch.Tensor]:
         """The tensors AdamW updates: the fp32 masters, or the model's own fp32 parameters."""
@@ -175,6 +197,9 @@ class Learner:
         # Mismatch metrics on sampled tokens, before any weight change.
         if trajs:
             metrics.update(self._mismatch_metrics(trajs, masks, behavior, scored.logps, learner_version))
+        metrics["estimator_clipfrac"] = scored.gated_tokens / max(sum(int(m.sum()) for m in masks), 1)
+        if self.proximal is not None:
+            metrics["proximal_lag"] = learner_version - self.proximal_version
         t0 = time.perf_counter()
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
         grad_norm, skipped = self._apply_update(scored)
@@ -221,14 +246,13 @@ class Learner:
         self._zero_grads()
         t_fwd = t_bwd = 0.0
         plan = micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens)
+        aux = self._estimator_aux(trajs, masks, behavior, plan)
         # The flat layout every rank derives alike: log-probs of tokens[1:] per trajectory, then one loss per
-        # micro-batch, then the non-finite count.
-        offsets = [0]
-        for t in trajs:
-            offsets.append(offsets[-1] + len(t.tokens) - 1)
+        # micro-batch, then the count of tokens the estimator gated, then the non-finite count.
+        offsets = _offsets(trajs)
         n_logps = offsets[-1]
         device = next(self.model.parameters()).device
-        flat = torch.zeros(n_logps + len(plan) + 1, dtype=torch.float32, device=device)
+        flat = torch.zeros(n_logps + len(plan) + 2, dtype=torch.float32, device=device)
         for j in self.ranks.share(len(plan)):
             t0 = time.perf_counter()
             mb = plan[j] if j is not None else []
@@ -243,19 +267,23 @@ class Learner:
                     top_p=cfg.top_p,
                 )
                 # Per-token data lives on the CPU; the loss is computed where the model is (a no-op on CPU).
-                loss = sum(
-                    sequence_loss(
+                terms = [
+                    sequence_terms(
                         lp,
                         behavior[i].to(lp.device, non_blocking=True),
                         masks[i].to(lp.device, non_blocking=True),
                         advantages[i],
                         scales[i].to(lp.device, non_blocking=True),
                         cfg.loss,
+                        None if aux[i] is None else aux[i].to(lp.device),
                     )
                     for i, lp in zip(mb, mb_logps, strict=True)
-                )
+                ]
+                loss = sum(t[0] for t in terms)
+                n_gated = sum(t[1] for t in terms)
             else:  # unfiltered distribution: its log-probs are finite, so 0 * them is exactly 0
                 mb_logps = []
+                n_gated = 0
                 loss = packed_token_logprobs(self.model, [[0, 0]])[0].sum() * 0.0
             t1 = time.perf_counter()
             for i, lp in zip(mb, mb_logps, strict=True):
@@ -263,6 +291,7 @@ class Learner:
             flat[-1] += (~torch.isfinite(loss.detach())).float()
             if j is not None:
                 flat[n_logps + j] = loss.detach().float()
+            flat[-2] += n_gated
             loss.backward()
             self._accumulate_into_masters()
             t_fwd += t1 - t0
@@ -275,7 +304,58 @@ class Learner:
         loss_value = sum(values[n_logps + j] for j in range(len(plan)))
         finite = values[-1] == 0.0
         logps = [total[offsets[i] : offsets[i + 1]] for i in range(len(trajs))]
-        return _Scored(logps, loss_value, finite, t_fwd, t_bwd)
+        return _Scored(logps, loss_value, finite, int(values[-2]), t_fwd, t_bwd)
+
+    def _estimator_aux(
+        self,
+        trajs: list[Trajectory],
+        masks: list[torch.Tensor],
+        behavior: list[torch.Tensor],
+        plan: list[list[int]],
+    ) -> list[torch.Tensor | None]:
+        """Per sequence, what the estimator needs beyond its own tokens: the proximal log-probs
+        (decoupled_ppo: one no-grad forward under the snapshot, none when proximal_every is 1) or a statistic of
+        the whole batch (m2po, snis: one no-grad forward under the current weights); None for the others."""
+        cfg = self.cfg
+        est = ESTIMATOR_TABLE[cfg.loss.estimator]
+        if est.proximal and cfg.loss.proximal_every > 1:
+            if self.proximal is None or self.version - self.proximal_version >= cfg.loss.proximal_every:
+                if self.proximal is None:
+                    self.proximal = copy.deepcopy(self.model).requires_grad_(False)
+                else:
+                    self.proximal.load_state_dict(self.model.state_dict())
+                self.proximal_version = self.version
+            return self._score(self.proximal, trajs, plan)
+        if est.prepare is not None:
+            return est.prepare(self._score(self.model, trajs, plan), behavior, masks, cfg.loss)
+        return [None] * len(trajs)
+
+    @torch.no_grad()
+    def _score(
+        self, model: torch.nn.Module, trajs: list[Trajectory], plan: list[list[int]]
+    ) -> list[torch.Tensor]:
+        """Detached log-probs of tokens[1:] of every trajectory under ``model`` (this rank's micro-batches,
+        then exchanged; an idle rank runs the same dummy pass as in the backward loop)."""
+        cfg = self.cfg
+        offsets = _offsets(trajs)
+        device = next(model.parameters()).device
+        flat = torch.zeros(offsets[-1], dtype=torch.float32, device=device)
+        for j in self.ranks.share(len(plan)):
+            mb = plan[j] if j is not None else []
+            if not mb:
+                packed_token_logprobs(model, [[0, 0]])
+                continue
+            lps = packed_token_logprobs(
+                model,
+                [trajs[i].tokens for i in mb],
+                temperature=cfg.temperature,
+                top_k=cfg.top_k,
+                top_p=cfg.top_p,
+            )
+            for i, lp in zip(mb, lps, strict=True):
+                flat[offsets[i] : offsets[i + 1]] = lp.detach().float()
+        total = self.ranks.reduce_sum(flat).cpu()  # one exchange, one host copy (x + 0 is exact)
+        return [total[offsets[i] : offsets[i + 1]] for i in range(len(trajs))]
 
     def _mismatch_metrics(
         self,
@@ -295,6 +375,7 @@ class Learner:
         out = importance_metrics(sel_logp, sel_blp, sel_ver, learner_version)
         if cfg.max_lag is not None:
             out.update(lag_histogram(learner_version - sel_ver, cfg.max_lag))
+            out.update(ess_by_lag_bucket(sel_logp - sel_blp, learner_version - sel_ver, cfg.max_lag))
         if "is_weight_abs_dev_mean" in out:
             out.update(self.deviation.update(out["is_weight_abs_dev_mean"]))
         if cfg.assert_lag0_exact and out.get("lag0_abs_dlogp_max", 0.0) != 0.0:

@@ -1,21 +1,43 @@
 """The REINFORCE Zero loss and the comparison estimators, in one readable file.
 
-Per sampled token t of a trajectory with advantage A:
+Per sampled token t of a trajectory with advantage A, with w_t = exp(logp_learner(t) - behavior_logprob(t)):
 
-    w_t  = exp(logp_learner(t) - behavior_logprob(t))      # unclipped importance weight, gradient flows through it
-    loss = -(sum_t mask_t * w_t * A) / normalizer           # REINFORCE Zero
+    loss = -(sum_t scale_t * s_t) ,   s_t = c_t * A  (the per-token surrogate)   # scale_t = 1/normalizer
 
-so d loss / d theta = -(sum_t mask_t * w_t * A * grad logp_learner(t)) / normalizer.
+REINFORCE Zero (the default) is c_t = w_t: the unclipped importance weight, gradient flowing through it, so
+d loss / d theta = -(sum_t scale_t * w_t * A * grad logp_learner(t)).
 
-The comparison estimators differ only in the per-token coefficient that multiplies A:
+Every estimator is one entry of ``ESTIMATOR_TABLE`` (name -> ``Estimator``): its surrogate s_t and which
+tokens it clipped, gated or masked (``gated_t``, counted per step as ``estimator_clipfrac``). sg() is
+stop-gradient, 1[.] an indicator, and "the batch" is every sampled token of the learner step:
 
-    reinforce_zero   w_t                                       (the default)
-    standard_is      w_t                                       (same loss; the runtime selects kernels="standard")
-    on_policy        exp(logp - stopgrad(logp)) == 1           (ignores behavior logprobs; run it synchronously)
-    sequence_gate    w_t * 1[exp(mean_seq(logp - blp)) in [1/c, c]]   (whole sequence kept or dropped)
-    token_gate       w_t * 1[w_t in [1/c, c]]                   (token kept or dropped)
-    truncated_is     stopgrad(min(w_t, c)) * exp(logp - stopgrad(logp))   (gradient min(w, c) * A * grad logp)
-    ppo_clip         min(w_t * A, clip(w_t, 1-eps, 1+eps) * A) / A   (behavior policy as the old policy)
+    reinforce_zero   w_t                                               (the default)
+    standard_is      w_t                          (same loss; the runtime selects kernels="standard")
+    on_policy        exp(logp - sg(logp)) == 1    (ignores behavior logprobs; run it synchronously)
+    sequence_gate    w_t * 1[exp(mean_seq(logp - blp)) in [1/c, c]]    (whole sequence kept or dropped)
+    token_gate       w_t * 1[w_t in [1/c, c]]                          (token kept or dropped)
+    icepop           w_t * 1[w_t in [1/b, b]]     (IcePop's ratio band; with one update per batch the
+                                                   learner's pre-update policy is the current one, so this
+                                                   is token_gate with its own band b, default [1/2, 2])
+    truncated_is     sg(min(w_t, C)) * exp(logp - sg(logp))            (gradient min(w, C) * A * grad logp)
+    ppo_clip         min(w_t A, clip(w_t, 1-eps, 1+eps) A) / A         (behavior policy as the old policy)
+    m2po             w_t * keep_t, keep = the largest set of the batch's tokens, taken in increasing
+                     (log w)^2, whose mean (log w)^2 <= tau (M2PO's second-moment trust bound): the
+                     tokens that push the batch's second moment of the log ratio above tau are masked
+    snis             w_t / sg(mean_batch w)       (self-normalized token IS: the weights average to 1)
+    decoupled_ppo    sg(v_t) * 1[v_t <= V] * min(r_t A, clip(r_t, 1-eps, 1+eps) A),
+                     v_t = exp(logp_prox - blp)   (behavior -> proximal IS weight; tokens above V masked)
+                     r_t = exp(logp - logp_prox)  (the trust-region ratio against the proximal policy)
+
+ppo_clip clips the ratio against the *behavior* policy: in an async run that bounds staleness only (every
+token of a step is clipped against the weights that sampled it, never against how far the learner itself
+moved). decoupled_ppo is the one with a proximal policy: the learner's own weights, snapshotted every
+``proximal_every`` versions (``Learner`` scores the batch under the snapshot with one extra no-grad
+forward; with proximal_every = 1 the proximal is the current weights, logp_prox = sg(logp), and that
+forward is free). Its clip bounds the drift since the snapshot, its IS weight v_t corrects the staleness.
+
+m2po and snis need a whole-batch statistic; ``Estimator.prepare`` computes it from the batch's detached
+log-probs (one extra no-grad forward in ``Learner``) and hands each sequence its share as ``aux``.
 
 The normalizer is folded into a per-token ``scale`` computed once for the whole batch (see
 ``token_scales``), so that the sum of micro-batch losses equals the loss of the whole batch.
@@ -24,28 +46,22 @@ The normalizer is folded into a per-token ``scale`` computed once for the whole 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-ESTIMATORS = (
-    "reinforce_zero",
-    "standard_is",
-    "on_policy",
-    "sequence_gate",
-    "token_gate",
-    "truncated_is",
-    "ppo_clip",
-)
 NORMALIZATIONS = ("token", "sequence")
 
 
 @dataclass
 class LossConfig:
-    """Which estimator, and its one knob.
+    """Which estimator, and its knobs.
 
     ``gate_ratio`` is c for sequence_gate / token_gate (keep ratios in [1/c, c]); ``truncation_cap`` is C for
-    truncated_is; ``ppo_clip_eps`` is eps for ppo_clip.
+    truncated_is; ``ppo_clip_eps`` is eps for ppo_clip and decoupled_ppo; ``icepop_band`` is b for icepop;
+    ``m2po_tau`` is tau for m2po (M2PO's paper uses 0.04); ``proximal_every`` is how many versions the
+    decoupled_ppo proximal policy lives; ``decoupled_weight_cap`` is V for decoupled_ppo.
     """
 
     estimator: str = "reinforce_zero"
@@ -53,10 +69,14 @@ class LossConfig:
     gate_ratio: float = 2.0
     truncation_cap: float = 2.0
     ppo_clip_eps: float = 0.2
+    icepop_band: float = 2.0
+    m2po_tau: float = 0.04
+    proximal_every: int = 8
+    decoupled_weight_cap: float = 5.0
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
-        if self.estimator not in ESTIMATORS:
+        if self.estimator not in ESTIMATOR_TABLE:
             raise ValueError(f"loss.estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(
@@ -68,6 +88,14 @@ class LossConfig:
             raise ValueError(f"loss.truncation_cap must be > 0, got {self.truncation_cap}")
         if not 0.0 < self.ppo_clip_eps < 1.0:
             raise ValueError(f"loss.ppo_clip_eps must be in (0, 1), got {self.ppo_clip_eps}")
+        if not self.icepop_band > 1.0:
+            raise ValueError(f"loss.icepop_band must be > 1, got {self.icepop_band}")
+        if not self.m2po_tau > 0.0:
+            raise ValueError(f"loss.m2po_tau must be > 0, got {self.m2po_tau}")
+        if self.proximal_every < 1:
+            raise ValueError(f"loss.proximal_every must be >= 1, got {self.proximal_every}")
+        if not self.decoupled_weight_cap > 0.0:
+            raise ValueError(f"loss.decoupled_weight_cap must be > 0, got {self.decoupled_weight_cap}")
 
 
 def token_scales(masks: list[torch.Tensor], normalization: str) -> list[torch.Tensor]:
@@ -85,6 +113,20 @@ def token_scales(masks: list[torch.Tensor], normalization: str) -> list[torch.Te
     raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
 
 
+# ---- the estimators ---------------------------------------------------------------------------------------
+# Each takes one sequence's logp (carries the gradient), behavior_logp (finite everywhere: unsampled positions
+# hold logp's own value), mask, advantage, the config and the sequence's ``aux`` (see Estimator.prepare), and
+# returns (surrogate s_t, gated_t): s_t such that the loss is -(sum_t scale_t * s_t), and the tokens whose
+# gradient the estimator clipped, gated or masked.
+
+Aux = torch.Tensor | None
+Surrogate = tuple[torch.Tensor, torch.Tensor]
+
+
+def _none_gated(logp: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(logp, dtype=torch.bool)
+
+
 def _kept_weights(log_ratio: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """w_t where keep, exactly 0 elsewhere, with no inf formed on dropped tokens (inf * 0 would give NaN
     in the value or the gradient: a gate exists to drop such tokens, not to poison the step)."""
@@ -92,30 +134,178 @@ def _kept_weights(log_ratio: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return torch.exp(safe) * keep.to(log_ratio.dtype)
 
 
-def token_coefficients(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tensor, cfg: LossConfig):
-    """For one sequence: the per-token coefficient c_t such that the loss is -(sum_t scale_t * c_t * A).
+def _unclipped_is(logp, behavior_logp, mask, advantage, cfg, aux) -> Surrogate:
+    """s_t = w_t * A: REINFORCE Zero (and standard_is, the same loss on the standard op set)."""
+    return torch.exp(logp - behavior_logp) * advantage, _none_gated(logp)
 
-    ``logp`` carries the gradient; ``behavior_logp`` and ``mask`` are data. Returns a tensor shaped like logp.
-    ppo_clip is not of this form (it depends on the sign of A) and is handled in ``sequence_loss``.
-    """
+
+def _on_policy(logp, behavior_logp, mask, advantage, cfg, aux) -> Surrogate:
+    """s_t = exp(logp - sg(logp)) * A: value A, gradient A * grad logp; behavior logprobs ignored."""
+    return torch.exp(logp - logp.detach()) * advantage, _none_gated(logp)
+
+
+def _sequence_gate(logp, behavior_logp, mask, advantage, cfg, aux) -> Surrogate:
+    """s_t = w_t * A * 1[|mean_seq log w| <= log c]: the whole sequence kept or dropped."""
     log_ratio = logp - behavior_logp
-    w = torch.exp(log_ratio)  # unclipped; may be inf: the learner's guard skips such a step
-    est = cfg.estimator
-    if est in ("reinforce_zero", "standard_is"):
-        return w
-    if est == "on_policy":
-        return torch.exp(logp - logp.detach())
-    bound = math.log(cfg.gate_ratio)
-    if est == "sequence_gate":
-        n = mask.sum().clamp(min=1)
-        seq_log_ratio = (log_ratio.detach() * mask).sum() / n  # log of the geometric-mean ratio
-        keep = (seq_log_ratio.abs() <= bound).expand_as(w)
-        return _kept_weights(log_ratio, keep)
-    if est == "token_gate":
-        return _kept_weights(log_ratio, log_ratio.detach().abs() <= bound)
-    if est == "truncated_is":
-        return torch.clamp(w.detach(), max=cfg.truncation_cap) * torch.exp(logp - logp.detach())
-    raise ValueError(f"estimator {est!r} has no token coefficient")
+    n = mask.sum().clamp(min=1)
+    seq_log_ratio = (log_ratio.detach() * mask).sum() / n  # log of the geometric-mean ratio
+    keep = (seq_log_ratio.abs() <= math.log(cfg.gate_ratio)).expand_as(log_ratio)
+    return _kept_weights(log_ratio, keep) * advantage, ~keep
+
+
+def _band_gate(band: float):
+    def gate(logp, behavior_logp, mask, advantage, cfg, aux) -> Surrogate:
+        log_ratio = logp - behavior_logp
+        keep = log_ratio.detach().abs() <= math.log(band(cfg))
+        return _kept_weights(log_ratio, keep) * advantage, ~keep
+
+    return gate
+
+
+_token_gate = _band_gate(lambda cfg: cfg.gate_ratio)
+_token_gate.__doc__ = "s_t = w_t * A * 1[w_t in [1/c, c]]: token kept or dropped."
+_icepop = _band_gate(lambda cfg: cfg.icepop_band)
+_icepop.__doc__ = "s_t = w_t * A * 1[w_t in [1/b, b]]: IcePop's train/infer ratio band."
+
+
+def _truncated_is(logp, behavior_logp, mask, advantage, cfg, aux) -> Surrogate:
+    """s_t = sg(min(w_t, C)) * exp(logp - sg(logp)) * A: gradient min(w, C) * A * grad logp."""
+    w = torch.exp(logp.detach() - behavior_logp)
+    coef = torch.clamp(w, max=cfg.truncation_cap) * torch.exp(logp - logp.detach())
+    return coef * advantage, w > cfg.truncation_cap
+
+
+def _clipped(ratio: torch.Tensor, advantage: float, eps: float) -> Surrogate:
+    """min(r A, clip(r, 1-eps, 1+eps) A), and where the clipped branch is the one taken (no gradient)."""
+    surrogate = torch.minimum(ratio * advantage, torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * advantage)
+    r = ratio.detach()
+    gated = ((r > 1.0 + eps) & (advantage > 0)) | ((r < 1.0 - eps) & (advantage < 0))
+    return surrogate, gated
+
+
+def _ppo_clip(logp, behavior_logp, mask, advantage, cfg, aux) -> Surrogate:
+    """s_t = min(w_t A, clip(w_t, 1-eps, 1+eps) A), the ratio against the behavior policy."""
+    return _clipped(torch.exp(logp - behavior_logp), advantage, cfg.ppo_clip_eps)
+
+
+def _m2po(logp, behavior_logp, mask, advantage, cfg, aux) -> Surrogate:
+    """s_t = w_t * A * keep_t, keep from ``m2po_keep`` over the whole batch (aux)."""
+    keep = aux if aux is not None else torch.ones_like(mask)
+    return _kept_weights(logp - behavior_logp, keep) * advantage, ~keep
+
+
+def _snis(logp, behavior_logp, mask, advantage, cfg, aux) -> Surrogate:
+    """s_t = w_t / sg(mean_batch w) * A (aux: the batch's mean weight; its own mean without one)."""
+    w = torch.exp(logp - behavior_logp)
+    mean_w = aux if aux is not None else (w.detach() * mask).sum() / mask.sum().clamp(min=1)
+    return w / mean_w.to(w.dtype) * advantage, _none_gated(logp)
+
+
+def _decoupled_ppo(logp, behavior_logp, mask, advantage, cfg, aux) -> Surrogate:
+    """s_t = sg(v_t) 1[v_t <= V] min(r_t A, clip(r_t, 1-eps, 1+eps) A) (aux: the proximal log-probs)."""
+    prox = logp.detach() if aux is None else torch.where(mask, aux.to(logp.dtype), logp.detach())
+    log_v = prox - behavior_logp
+    keep = log_v <= math.log(cfg.decoupled_weight_cap)
+    surrogate, clipped = _clipped(torch.exp(logp - prox), advantage, cfg.ppo_clip_eps)
+    v = _kept_weights(log_v, keep)
+    return v * torch.where(keep, surrogate, torch.zeros_like(surrogate)), clipped | ~keep
+
+
+# ---- whole-batch statistics --------------------------------------------------------------------------------
+def m2po_keep(logps: list[torch.Tensor], behavior: list[torch.Tensor], masks: list[torch.Tensor], tau: float):
+    """Per sequence, the M2PO keep mask over the whole batch's sampled tokens.
+
+    Sort the batch's sampled tokens by m_t = (log w_t)^2, ascending; keep the first k, k the largest with
+    mean(m_1..m_k) <= tau (the prefix means only grow, so that is every prefix within the bound); mask the
+    rest. Non-finite log ratios sort last. Unsampled positions are kept (the mask zeroes them anyway).
+    """
+    sel = [(lp.detach().double() - b.double())[m] for lp, b, m in zip(logps, behavior, masks, strict=True)]
+    m2 = torch.cat(sel) ** 2 if sel else torch.zeros(0, dtype=torch.float64)
+    m2 = torch.where(torch.isfinite(m2), m2, torch.full_like(m2, math.inf))
+    order = torch.argsort(m2, stable=True)
+    prefix_mean = torch.cumsum(m2[order], 0) / torch.arange(1, m2.numel() + 1, dtype=torch.float64)
+    k = int((prefix_mean <= tau).sum())
+    keep_flat = torch.zeros(m2.numel(), dtype=torch.bool)
+    keep_flat[order[:k]] = True
+    out, start = [], 0
+    for m in masks:
+        keep = torch.ones_like(m)
+        n = int(m.sum())
+        keep[m] = keep_flat[start : start + n]
+        start += n
+        out.append(keep)
+    return out
+
+
+def _m2po_prepare(logps, behavior, masks, cfg) -> list[Aux]:
+    return m2po_keep(logps, behavior, masks, cfg.m2po_tau)
+
+
+def _snis_prepare(logps, behavior, masks, cfg) -> list[Aux]:
+    """The batch's mean sampled-token weight, one scalar shared by every sequence."""
+    w = torch.cat(
+        [
+            torch.exp(lp.detach().double() - b.double())[m]
+            for lp, b, m in zip(logps, behavior, masks, strict=True)
+        ]
+    )
+    mean_w = w.mean() if w.numel() else torch.tensor(1.0, dtype=torch.float64)
+    return [mean_w] * len(masks)
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """One entry of the estimator table.
+
+    ``surrogate``: the per-token function above. ``prepare``: None, or (detached logps, behavior, masks,
+    cfg) -> one ``aux`` per sequence, from a statistic of the whole batch. ``proximal``: the aux is the
+    sequence's log-probs under the proximal policy (the learner's snapshot).
+    """
+
+    surrogate: Callable[..., Surrogate]
+    prepare: Callable[..., list[Aux]] | None = None
+    proximal: bool = False
+
+
+ESTIMATOR_TABLE: dict[str, Estimator] = {
+    "reinforce_zero": Estimator(_unclipped_is),
+    "standard_is": Estimator(_unclipped_is),
+    "on_policy": Estimator(_on_policy),
+    "sequence_gate": Estimator(_sequence_gate),
+    "token_gate": Estimator(_token_gate),
+    "icepop": Estimator(_icepop),
+    "truncated_is": Estimator(_truncated_is),
+    "ppo_clip": Estimator(_ppo_clip),
+    "m2po": Estimator(_m2po, prepare=_m2po_prepare),
+    "snis": Estimator(_snis, prepare=_snis_prepare),
+    "decoupled_ppo": Estimator(_decoupled_ppo, proximal=True),
+}
+ESTIMATORS = tuple(ESTIMATOR_TABLE)
+
+
+def sequence_terms(
+    logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    mask: torch.Tensor,
+    advantage: float,
+    scale: torch.Tensor,
+    cfg: LossConfig,
+    aux: Aux = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This sequence's share of the batch loss (a scalar), and how many of its sampled tokens the estimator
+    clipped, gated or masked (a 0-d tensor on the loss's device: counting reads nothing back to the host).
+
+    logp, behavior_logp, mask, scale: [n] for the n predicted tokens of the sequence (tokens[1:]); aux: this
+    sequence's entry of the estimator's ``prepare`` (or its proximal log-probs), None without one.
+    """
+    mask_f = mask.to(logp.dtype)
+    # Unsampled positions carry no behavior logprob: give them w = 1 so that nothing non-finite is ever
+    # formed there (0 * inf in the backward pass would be NaN even behind a mask).
+    behavior_logp = torch.where(mask, behavior_logp, logp.detach())
+    surrogate, gated = ESTIMATOR_TABLE[cfg.estimator].surrogate(
+        logp, behavior_logp, mask, advantage, cfg, aux
+    )
+    return -(surrogate * scale * mask_f).sum(), (gated & mask).sum()
 
 
 def sequence_loss(
@@ -125,20 +315,7 @@ def sequence_loss(
     advantage: float,
     scale: torch.Tensor,
     cfg: LossConfig,
+    aux: Aux = None,
 ) -> torch.Tensor:
-    """This sequence's share of the batch loss (a scalar); summing over the batch gives the loss.
-
-    logp, behavior_logp, mask, scale: [n] for the n predicted tokens of the sequence (tokens[1:]).
-    """
-    mask_f = mask.to(logp.dtype)
-    # Unsampled positions carry no behavior logprob: give them w = 1 so that nothing non-finite is ever
-    # formed there (0 * inf in the backward pass would be NaN even behind a mask).
-    behavior_logp = torch.where(mask, behavior_logp, logp.detach())
-    if cfg.estimator == "ppo_clip":
-        w = torch.exp(logp - behavior_logp)
-        surrogate = torch.minimum(
-            w * advantage, torch.clamp(w, 1.0 - cfg.ppo_clip_eps, 1.0 + cfg.ppo_clip_eps) * advantage
-        )
-    else:
-        surrogate = token_coefficients(logp, behavior_logp, mask, cfg) * advantage
-    return -(surrogate * scale * mask_f).sum()
+    """This sequence's share of the batch loss (a scalar); summing over the batch gives the loss."""
+    return sequence_terms(logp, behavior_logp, mask, advantage, scale, cfg, aux)[0]

@@ -42,6 +42,7 @@ def importance_metrics(
     """Mismatch metrics over the sampled tokens of a batch (all 1-D, same length, already masked).
 
     is_weight_*           w = exp(logp - behavior_logp): mean, max, min, p50, p99
+    is_weight_frac_above_10  share of the tokens with w > 10 (a non-finite w counts as above)
     is_weight_ess_fraction  (sum w)^2 / (n * sum w^2), in (0, 1]; 1 when all weights are equal
     kl_k1_behavior_to_learner  mean(behavior_logp - logp), an unbiased KL(behavior || learner) estimate
     kl_k3_behavior_to_learner  mean((w - 1) - log w), unbiased and >= 0 per token
@@ -60,6 +61,7 @@ def importance_metrics(
     finite = torch.isfinite(w)
     wf = w[finite]
     out["is_weight_nonfinite_count"] = float((~finite).sum())
+    out["is_weight_frac_above_10"] = float(((w > 10.0) | ~finite).double().mean())
     if wf.numel():
         q = torch.quantile(wf, torch.tensor([0.5, 0.99], dtype=torch.float64))
         out.update(
@@ -91,6 +93,22 @@ def lag_histogram(lags: torch.Tensor, max_lag: int) -> dict[str, float]:
     while lo <= max_lag:
         hi = 0 if lo == 0 else min(2 * lo - 1, max_lag)
         out[f"lag_hist_{lo}_{hi}"] = float(((lags >= lo) & (lags <= hi)).sum())
+        lo = hi + 1
+    return out
+
+
+def ess_by_lag_bucket(log_w: torch.Tensor, lags: torch.Tensor, max_lag: int) -> dict[str, float]:
+    """Kish ESS/n of the IS weights within each lag bucket of ``lag_histogram`` that has tokens, keys
+    is_weight_ess_fraction_lag_<lo>_<hi>: which staleness the batch's effective sample size is lost to."""
+    out: dict[str, float] = {}
+    w = torch.exp(log_w.detach().double())
+    lo = 0
+    while lo <= max_lag:
+        hi = 0 if lo == 0 else min(2 * lo - 1, max_lag)
+        sel = w[(lags >= lo) & (lags <= hi) & torch.isfinite(w)]
+        if sel.numel():
+            ess = sel.sum() ** 2 / (sel.numel() * (sel**2).sum()).clamp(min=1e-300)
+            out[f"is_weight_ess_fraction_lag_{lo}_{hi}"] = float(ess)
         lo = hi + 1
     return out
 

@@ -161,13 +161,19 @@ def test_micro_batches_respect_the_token_budget():
     assert micro_batches([], 6) == []
 
 
-def test_gradient_accumulation_over_micro_batches_matches_one_batch():
-    batch = _batch(_model(), groups=2, g=3)
+@pytest.mark.parametrize(("estimator", "stale"), [("reinforce_zero", False), ("m2po", True), ("snis", True)])
+def test_gradient_accumulation_over_micro_batches_matches_one_batch(estimator, stale):
+    # m2po and snis take a statistic of the whole batch: split into micro-batches, the step must not change.
+    # Their batch is stale (sampled by other weights, lag 1) so that the statistic is not trivial.
+    batch = _batch(_model(seed=1 if stale else 0), groups=2, g=3)
     grads = []
     for budget in (10_000, 12):  # one packed forward vs. one sequence per micro-batch
         model = _model()
+        loss = LossConfig(estimator, m2po_tau=0.002)
         learner = Learner(
-            model, _cfg(micro_batch_tokens=budget, optim=OptimConfig(lr=1e-2, max_grad_norm=0.0))
+            model,
+            _cfg(micro_batch_tokens=budget, optim=OptimConfig(lr=1e-2, max_grad_norm=0.0), loss=loss),
+            version=int(stale),
         )
         seen = {}
         learner.optimizer.register_step_pre_hook(
@@ -175,14 +181,28 @@ def test_gradient_accumulation_over_micro_batches_matches_one_batch():
                 {n: p.grad.clone() for n, p in model.named_parameters()}
             )
         )
-        learner.step(batch)
+        m = learner.step(batch)
+        if estimator == "m2po":
+            assert 0.0 < m["estimator_clipfrac"] < 1.0  # the bound masked some tokens, not all
         grads.append(seen)
     for k in grads[0]:
         torch.testing.assert_close(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize(
-    "estimator", ["reinforce_zero", "on_policy", "sequence_gate", "token_gate", "truncated_is", "ppo_clip"]
+    "estimator",
+    [
+        "reinforce_zero",
+        "on_policy",
+        "sequence_gate",
+        "token_gate",
+        "icepop",
+        "truncated_is",
+        "ppo_clip",
+        "m2po",
+        "snis",
+        "decoupled_ppo",
+    ],
 )
 def test_every_estimator_trains_through_the_same_learner(estimator):
     model = _model()
@@ -310,3 +330,20 @@ def test_load_weights_replaces_weights_and_fp32_masters_and_keeps_the_version():
     for p, master in zip(learner.params, learner.masters, strict=True):
         assert torch.equal(master, p.float())
     assert learner.step(_batch(learner.model, version=1, seed=5))["step_skipped_nonfinite"] == 0
+
+
+def test_decoupled_ppo_proximal_snapshot_is_refreshed_every_k_versions():
+    model = _model()
+    learner = Learner(
+        model, _cfg(loss=LossConfig("decoupled_ppo", proximal_every=2), assert_lag0_exact=False)
+    )
+    lags, at_version_2 = [], None
+    for s in range(4):
+        if learner.version == 2:
+            at_version_2 = {k: v.clone() for k, v in model.state_dict().items()}
+        lags.append(learner.step(_batch(model, version=learner.version, seed=s))["proximal_lag"])
+    assert lags == [0, 1, 0, 1] and learner.proximal_version == 2
+    # The snapshot is a copy of the version-2 weights, not a view of the live model (which moved on).
+    prox = learner.proximal.state_dict()
+    assert all(torch.equal(prox[k], v) for k, v in at_version_2.items())
+    assert any(not torch.equal(prox[k], v) for k, v in model.state_dict().items())

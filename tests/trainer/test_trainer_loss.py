@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from rz_agents.trainer.advantages import group_advantages
-from rz_agents.trainer.loss import LossConfig, sequence_loss, token_scales
+from rz_agents.trainer.loss import (
+    ESTIMATOR_TABLE,
+    ESTIMATORS,
+    LossConfig,
+    m2po_keep,
+    sequence_loss,
+    sequence_terms,
+    token_scales,
+)
 
 
 def _loss_and_grad(logp_vals, blp_vals, mask_vals, adv, cfg, scale=None):
@@ -150,3 +158,107 @@ def test_sequence_gate_drops_a_sequence_with_an_overflowing_weight_without_nan()
     cfg = LossConfig("sequence_gate", gate_ratio=2.0)
     loss, grad = _loss_and_grad([-1.0, -1.0], [-1e4, -1.0], [True, True], 1.0, cfg)
     assert loss == 0.0 and grad == [0.0, 0.0]
+
+
+# ---- the lag-tolerant estimators (issue 25) -----------------------------------------------------------------
+def _terms(logp_vals, blp_vals, mask_vals, adv, cfg, aux=None, n_total=None):
+    """Loss, gradient and gated-token count of one sequence under a token normalizer of n_total tokens."""
+    logp = torch.tensor(logp_vals, dtype=torch.float32, requires_grad=True)
+    mask = torch.tensor(mask_vals, dtype=torch.bool)
+    scale = mask.float() / (n_total or int(mask.sum()))
+    loss, gated = sequence_terms(logp, torch.tensor(blp_vals), mask, adv, scale, cfg, aux)
+    loss.backward()
+    return float(loss.detach()), logp.grad.tolist(), gated
+
+
+def test_every_estimator_is_one_entry_of_the_table():
+    assert set(ESTIMATORS) == set(ESTIMATOR_TABLE)
+    for name in ("m2po", "icepop", "snis", "decoupled_ppo"):
+        LossConfig(name).validate()
+
+
+def test_icepop_masks_tokens_outside_the_ratio_band():
+    cfg = LossConfig("icepop", icepop_band=3.0)
+    # log w = [1.0 (w 2.72, kept), 1.2 (w 3.32 > 3, masked), -1.2 (w 0.30 < 1/3, masked)]
+    loss, grad, gated = _terms([-1.0, -1.0, -1.0], [-2.0, -2.2, 0.2], [True, True, True], 2.0, cfg)
+    assert loss == pytest.approx(-math.e * 2.0 / 3, rel=1e-6)
+    assert grad == pytest.approx([-math.e * 2.0 / 3, 0.0, 0.0], rel=1e-6)
+    assert gated == 2
+
+
+def test_m2po_keeps_the_largest_low_second_moment_set_of_the_batch():
+    # Log ratios over the batch: seq a [0.1, -0.5], seq b [0.2, 1.0]; squares 0.01, 0.25, 0.04, 1.0.
+    # Ascending 0.01, 0.04, 0.25, 1.0 with prefix means 0.01, 0.025, 0.10, 0.325: at tau 0.04 the two
+    # smallest are kept (a[0], b[0]); a[1] and b[1] push the second moment above the bound and are masked.
+    logps = [torch.tensor([-1.0, -1.0]), torch.tensor([-2.0, -2.0, -2.0])]
+    behavior = [torch.tensor([-1.1, -0.5]), torch.tensor([0.0, -2.2, -3.0])]
+    masks = [torch.tensor([True, True]), torch.tensor([False, True, True])]  # b[0] is a prompt token
+    keep = m2po_keep(logps, behavior, masks, tau=0.04)
+    assert [k.tolist() for k in keep] == [[True, False], [True, True, False]]
+    cfg = LossConfig("m2po", m2po_tau=0.04)
+    loss, grad, gated = _terms([-1.0, -1.0], [-1.1, -0.5], [True, True], 1.0, cfg, aux=keep[0], n_total=4)
+    w = math.exp(0.1)
+    assert loss == pytest.approx(-w / 4, rel=1e-6) and grad == pytest.approx([-w / 4, 0.0], rel=1e-6)
+    assert gated == 1
+    # A looser bound keeps three (prefix mean 0.10 <= 0.11); a non-finite ratio always sorts last.
+    assert (
+        sum(int(k[m].sum()) for k, m in zip(m2po_keep(logps, behavior, masks, 0.11), masks, strict=True)) == 3
+    )
+    inf_keep = m2po_keep(
+        [torch.tensor([0.0, 0.0])], [torch.tensor([-1e30, 0.0])], [torch.ones(2, dtype=torch.bool)], 1.0
+    )
+    assert inf_keep[0].tolist() == [False, True]
+
+
+def test_snis_divides_by_the_batch_mean_weight_without_differentiating_it():
+    cfg = LossConfig("snis")
+    logps = [torch.tensor([-1.0, -1.0]), torch.tensor([-1.0])]
+    behavior = [torch.tensor([-1.0 - math.log(2.0), -1.0]), torch.tensor([-1.0 - math.log(3.0)])]
+    masks = [torch.ones(2, dtype=torch.bool), torch.ones(1, dtype=torch.bool)]
+    aux = ESTIMATOR_TABLE["snis"].prepare(logps, behavior, masks, cfg)
+    assert float(aux[0]) == pytest.approx(2.0)  # w = 2, 1, 3: mean 2
+    loss, grad, gated = _terms([-1.0, -1.0], behavior[0].tolist(), [True, True], 1.5, cfg, aux[0], n_total=3)
+    # -(sum_t w_t / 2 * A) / 3 over this sequence's w = 2, 1; gradient -(w_t / 2 * A) / 3 (denominator fixed)
+    assert loss == pytest.approx(-(1.0 + 0.5) * 1.5 / 3, rel=1e-6)
+    assert grad == pytest.approx([-1.0 * 1.5 / 3, -0.5 * 1.5 / 3], rel=1e-6)
+    assert gated == 0
+
+
+@pytest.mark.parametrize(
+    ("log_v", "log_r", "adv", "value", "grad", "gated"),
+    [
+        (math.log(2.0), math.log(1.1), 1.0, 2.0 * 1.1, 2.0 * 1.1, 0),  # inside the band: v * r * A
+        (math.log(2.0), math.log(1.5), 1.0, 2.0 * 1.2, 0.0, 1),  # A > 0, r > 1 + eps: clipped
+        (math.log(2.0), math.log(1.5), -1.0, -2.0 * 1.5, -2.0 * 1.5, 0),  # A < 0: the unclipped branch
+        (math.log(6.0), 0.0, 1.0, 0.0, 0.0, 1),  # behavior -> proximal weight above the cap 5: masked
+    ],
+)
+def test_decoupled_ppo_weights_by_behavior_and_clips_against_the_proximal(
+    log_v, log_r, adv, value, grad, gated
+):
+    cfg = LossConfig("decoupled_ppo", ppo_clip_eps=0.2, decoupled_weight_cap=5.0)
+    blp = -3.0
+    prox = blp + log_v
+    loss, g, n = _terms([prox + log_r], [blp], [True], adv, cfg, aux=torch.tensor([prox]))
+    assert loss == pytest.approx(-value, rel=1e-5) and g == pytest.approx([-grad], rel=1e-5, abs=1e-7)
+    assert n == gated
+
+
+def test_decoupled_ppo_with_the_current_policy_as_proximal_is_capped_unclipped_is():
+    # proximal_every 1: logp_prox = sg(logp), r = 1 (never clipped); the gradient is w A grad logp where w <= cap.
+    cfg = LossConfig("decoupled_ppo", proximal_every=1, decoupled_weight_cap=5.0)
+    loss, grad, gated = _terms([-1.0, -1.0], [-1.5, -3.0], [True, True], 1.0, cfg)
+    w = math.exp(0.5)
+    assert loss == pytest.approx(-w / 2, rel=1e-6) and grad == pytest.approx([-w / 2, 0.0], rel=1e-6)
+    assert gated == 1  # w = e^2 = 7.4 > 5
+
+
+def test_clipfrac_counts_the_clipped_tokens_of_ppo_clip_and_truncated_is():
+    # w = [1.5, 0.5, 1.0]; A > 0: ppo_clip clips only the first (w > 1 + eps); truncation at C = 1.2 likewise.
+    args = ([-1.0 + math.log(1.5), -1.0 + math.log(0.5), -1.0], [-1.0, -1.0, -1.0], [True, True, True], 1.0)
+    assert _terms(*args, LossConfig("ppo_clip"))[2] == 1
+    assert _terms(*args, LossConfig("truncated_is", truncation_cap=1.2))[2] == 1
+    assert _terms(*args, LossConfig("reinforce_zero"))[2] == 0
+    # geometric-mean ratio exp(-0.096) = 0.91: kept inside [1/1.2, 1.2], the whole sequence dropped by 1.05
+    assert _terms(*args, LossConfig("sequence_gate", gate_ratio=1.2))[2] == 0
+    assert _terms(*args, LossConfig("sequence_gate", gate_ratio=1.05))[2] == 3

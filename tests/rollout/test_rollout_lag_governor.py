@@ -1,0 +1,72 @@
+"""The lag governor: the admission bound halves when ESS/n falls below the target, grows back by a quarter
+up to max_lag when it recovers, and a real async run logs the bound it admitted under at every step."""
+
+import json
+
+import pytest
+
+from rz_agents.rollout.agent_loop import EpisodeLimits
+from rz_agents.rollout.lag_governor import LagGovernor
+from rz_agents.runtime import EnvSpec, LearnerSpec, RolloutSpec, TrainConfig, run_training
+from rz_agents.trainer.optim import OptimConfig
+
+
+def test_bound_halves_below_the_target_and_grows_back_up_to_max_lag():
+    gov = LagGovernor(max_lag=64, target_ess=0.5, window=1)
+    assert gov.bound == 64
+    assert [gov.update(0.2) for _ in range(7)] == [32, 16, 8, 4, 2, 1, 1]  # never below min_lag 1
+    assert gov.update(0.6) == 1  # between the target and the recovery level (0.75): kept
+    grown = [gov.update(0.9) for _ in range(20)]
+    assert grown[:6] == [2, 3, 4, 5, 6, 7] and grown[-1] == 64 and max(grown) == 64
+    assert gov.update(None) == 64 and gov.update(float("nan")) == 64  # no stale tokens: bound kept
+
+
+def test_one_bad_step_does_not_halve_the_bound_under_the_median_window():
+    gov = LagGovernor(max_lag=16, target_ess=0.5, window=3)
+    assert [gov.update(e) for e in (1.0, 0.01, 1.0)] == [16, 16, 16]
+    assert [gov.update(e) for e in (0.1, 0.1)] == [8, 4]  # two bad steps of three: the median is bad
+
+
+def test_resumed_governor_continues_from_the_logged_bound():
+    history = [{"is_weight_ess_fraction": 0.1, "rollout_admission_lag": 4}]
+    gov = LagGovernor.resumed(history, max_lag=64, window=1)
+    assert gov.bound == 4 and gov.update(0.1) == 2
+
+
+def test_bad_governor_config_is_refused():
+    with pytest.raises(ValueError, match="lag_governor_target_ess"):
+        LagGovernor(max_lag=8, target_ess=1.5)
+    spec = RolloutSpec(max_lag=8, fixed_lag=4, lag_governor=True)
+    with pytest.raises(ValueError, match="rollout.lag_governor"):
+        spec.validate()
+
+
+def test_async_run_logs_the_governed_bound_and_admits_under_it(tmp_path):
+    # target_ess 0.999: every stale batch reads below it, so the bound falls from 8 to 1 and stays there.
+    steps = 10
+    cfg = TrainConfig(
+        mode="async",
+        steps=steps,
+        num_threads=1,
+        learner_step_delay_s=0.2,  # a slow learner: ungoverned, the rollouts would run 9 batches ahead
+        output_dir=str(tmp_path),
+        tensorboard=False,
+        env=EnvSpec(kwargs={"max_turns": 2, "latency_s": 0.0}),
+        rollout=RolloutSpec(
+            group_size=2,
+            groups_per_batch=2,
+            max_concurrent_episodes=16,
+            max_lag=8,
+            lag_governor=True,
+            lag_governor_target_ess=0.999,
+            limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=6, max_episode_tokens=200),
+        ),
+        learner=LearnerSpec(optim=OptimConfig(lr=3e-2)),
+    )
+    s = run_training(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    bounds = [r["rollout_admission_lag"] for r in rows]
+    assert len(bounds) == steps and bounds[-1] == 1 and all(1 <= b <= 8 for b in bounds)
+    assert s["max_lag_seen"] <= 8
+    # Once the bound is 1, admission keeps the pipeline 2 batches deep: far fewer groups than 8 + 1 ahead.
+    assert s["rollout"]["groups_started"] < (steps + 8 + 1) * 2
