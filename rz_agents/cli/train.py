@@ -22,9 +22,9 @@ from rz_agents.cli.warm_start import WarmStartMismatch, check_demos_fit, run_war
 from rz_agents.config_io import ConfigError, load_config, to_dict
 from rz_agents.runtime import TrainConfig, build_run, resolve
 from rz_agents.runtime.loop import TrainLoop
+from rz_agents.trainer.health import health_summary
 from rz_agents.warmstart import WarmStartConfig
 from rz_agents.warmstart.episodes import EpisodeFileError
-from rz_agents.trainer.health import health_summary
 
 
 @dataclass
