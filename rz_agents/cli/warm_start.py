@@ -157,7 +157,7 @@ def run_warm_start(run, cfg, log: Callable[[str], None]) -> dict | None:
     if ws.demos > 0:
         env = _local_env_factory(run)()
         try:
-            check_demos_fit(ws, env, cfg.env.id)
+            check_demos_fit(ws, cfg.env.id, type(getattr(env, "unwrapped", env)))
         finally:
             _close(env)
     last = [0.0]
