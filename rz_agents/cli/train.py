@@ -46,16 +46,16 @@ class RunConfig(TrainConfig):
         self.warm_start.validate()
         if self.summary_window < 1:
             raise ValueError(f"summary_window must be >= 1, got {self.summary_window}")
-        if self.warm_start.demos > 0:
-            from rz_agents.envs.resolve import resolve_env
-
-            target = resolve_env(self.env.id)
-            check_demos_fit(self.warm_start, self.env.id, target.cls or target.constructor())
         if self.warm_start.enabled and self.learner_process:
             raise ValueError(
                 "warm_start with learner_process: true is not supported (the warm start trains this "
                 "process's model; the learner process holds its own copy)"
             )
+        if self.warm_start.demos > 0:
+            from rz_agents.envs.resolve import resolve_env
+
+            target = resolve_env(self.env.id)
+            check_demos_fit(self.warm_start, self.env.id, target.cls or target.constructor())
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
