@@ -18,9 +18,22 @@ TINY = (
     "rollout:\n  group_size: 2\n  groups_per_batch: 2\n  max_concurrent_episodes: 4\n  max_ahead_batches: 2\n"
     "  limits: {max_turns: 2, max_tokens_per_turn: 8, max_episode_tokens: 200}\n"
     "engine: {num_slots: 8, max_len: 256}\nenv:\n  kwargs: {latency_s: 0.0}\n"
-    "warm_start: {demos: 4, epochs: 1, batch_size: 4, warmup_steps: 0}\n"
     "report: false\nexport_final_model: false\n"
 )
+
+
+def _tiny_config(tmp_path):
+    """TINY with a warm start on the default env's (lowercase letters) own answers: the synthetic arithmetic
+    demos are refused for that env."""
+    episodes = tmp_path / "episodes.jsonl"
+    prompt = {"role": "user", "content": "Write lowercase letters, like abc."}
+    episodes.write_text(
+        "".join(
+            json.dumps({"messages": [prompt, {"role": "assistant", "content": w}]}) + "\n"
+            for w in ("abcdef", "qwerty", "zxcvbn", "lowercase")
+        )
+    )
+    return TINY + f"warm_start: {{demos: 0, episodes: {episodes}, epochs: 1, batch_size: 4, warmup_steps: 0}}\n"
 
 
 def _rows(run_dir):
@@ -43,10 +56,10 @@ def _kill_after_rows(cmd, metrics, rows, timeout=120):
 
 def test_a_killed_run_resumes_with_its_config_and_finishes(tmp_path, capsys):
     cfg, run_dir = tmp_path / "tiny.yaml", tmp_path / "run"
-    cfg.write_text(TINY)
+    cfg.write_text(_tiny_config(tmp_path))
     cmd = [sys.executable, "-m", "rz_agents", "train", str(cfg), "--run-dir", str(run_dir), "--no-progress"]
     err = _kill_after_rows(cmd + ["steps=6", "seed=4"], run_dir / "metrics.jsonl", rows=2)
-    assert "warm start, format phase" in err
+    assert "warm start, episodes: 4 from" in err
     recorded = (run_dir / "config.yaml").read_text()
 
     # Rerunning the first command would overwrite the run's checkpoint: refused.
