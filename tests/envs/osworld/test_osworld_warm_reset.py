@@ -83,7 +83,9 @@ def test_a_desktop_that_lost_one_of_its_own_processes_is_replaced_by_a_fresh_one
         env.reset(_task("os", "rz-os-rename-file"))
         assert provider.desktop.episode_id != first.episode_id
         assert provider.warm_resets == 0
-        assert provider.warm_reset_failures == ["a desktop process died"]
+        # seen before the reset (pid gone) or by the check after it (a killed process still listed then)
+        assert len(provider.warm_reset_failures) == 1
+        assert provider.warm_reset_failures[0].startswith("desktop processes died: ")
         assert not os.path.exists(first.root_dir)
         assert "openbox" in _comms(provider.pids())
 

@@ -221,7 +221,7 @@ class LocalProvider:
         desktop, baseline = self.desktop, self._baseline
         current = self.pids()
         if not baseline.pids <= set(current):
-            return "a desktop process died"
+            return f"desktop processes died: {sorted(baseline.pids - set(current))}"
         warm.kill_extra(current, baseline)
         warm.wait_until_gone(set(current) - baseline.pids)
         warm.restore_files(baseline, desktop.home_dir, desktop.uid)
