@@ -19,7 +19,7 @@ from rz_agents.envs.osworld.cache import cloud_file_path, download_paths
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
 from rz_agents.envs.osworld.getters import get_vm_command_line
 from rz_agents.envs.osworld.gym_env import ENV_ID, OSWorldEnv
-from rz_agents.envs.osworld.providers.local import episode_pids
+from rz_agents.envs.osworld.providers.local import episode_pids, process_tree
 from rz_agents.envs.osworld.setup_steps import SetupError
 from rz_agents.eval.osworld import run_osworld_eval
 
@@ -37,19 +37,7 @@ def _task(domain: str, task_id: str) -> dict:
 
 def _children(pid: int) -> set[int]:
     """Every live descendant of ``pid``."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    out, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - out
-        out |= frontier
-    return out
+    return set(process_tree([pid])) - {pid}
 
 
 @pytest.fixture(scope="module")

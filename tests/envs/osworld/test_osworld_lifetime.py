@@ -18,7 +18,7 @@ import pytest
 
 from rz_agents.envs.osworld import LOCAL_TASKS
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
-from rz_agents.envs.osworld.providers.local import episode_pids
+from rz_agents.envs.osworld.providers.local import episode_pids, process_tree
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("Xvfb") and shutil.which("chromium") and shutil.which("openbox")),
@@ -33,19 +33,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _descendants(pid: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    out, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - out
-        out |= frontier
-    return out
+    """Every live descendant of ``pid``."""
+    return set(process_tree([pid])) - {pid}
 
 
 def _alive(pid: int) -> bool:
