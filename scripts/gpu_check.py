@@ -702,6 +702,7 @@ def section_train_16k(check: Check) -> dict:
     peak memory against the estimator's figure for the same model and micro-batch."""
     from types import SimpleNamespace
 
+    from rz_agents.engine.config import EngineConfig
     from rz_agents.model import ModelConfig
     from rz_agents.model.presets import preset_config
     from rz_agents.runtime.memory_estimate import GIB, estimate_memory
@@ -736,7 +737,7 @@ def section_train_16k(check: Check) -> dict:
         model=SimpleNamespace(activation_checkpointing=True),
         learner=SimpleNamespace(micro_batch_tokens=tokens),
         rollout=SimpleNamespace(limits=SimpleNamespace(max_episode_tokens=tokens)),
-        engine=SimpleNamespace(max_len=tokens, kv_cache_bytes=None, num_slots=1, max_batch_tokens=1),
+        engine=EngineConfig(max_len=tokens, kv_cache_bytes=None, num_slots=1, max_batch_tokens=1),
     )
     est = estimate_memory(cfg, config)
     out = {
