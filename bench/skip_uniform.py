@@ -58,8 +58,8 @@ def main() -> None:
     for skip in (False, True):
         torch.manual_seed(0)
         model = Transformer(ModelConfig.tiny("qwen3", vocab_size=320, hidden_size=128, intermediate_size=384))
-        cfg = LearnerConfig(optim=OptimConfig(lr=1e-4), skip_uniform_groups=skip, max_lag=None)
-        learners[skip] = Learner(model, cfg)
+        cfg = LearnerConfig(optim=OptimConfig(lr=1e-4), skip_uniform_groups=skip)
+        learners[skip] = Learner(model, cfg, max_lag=None)
     times: dict[bool, list[float]] = {False: [], True: []}
     tokens: dict[bool, int] = {False: 0, True: 0}
     identical, max_diff = True, 0.0

@@ -397,7 +397,8 @@ def _model_steps(
     trajs = _trajectories(config.vocab_size, train_seqs, train_len, gen)
     learner = Learner(
         model,
-        LearnerConfig(micro_batch_tokens=train_seqs * train_len, max_lag=None, optim=OptimConfig(lr=1e-6)),
+        LearnerConfig(micro_batch_tokens=train_seqs * train_len, optim=OptimConfig(lr=1e-6)),
+        max_lag=None,
     )
 
     def train_step():
@@ -474,7 +475,7 @@ def section_rl_loop(check: Check) -> dict:
     )
     model = random_model(check, cfg, check.aligned)
     engine = RZEngine(copy.deepcopy(model).requires_grad_(False), EngineConfig(num_slots=64, max_len=256))
-    learner = Learner(model, LearnerConfig(max_lag=64, optim=OptimConfig(lr=1e-3)))
+    learner = Learner(model, LearnerConfig(optim=OptimConfig(lr=1e-3)), max_lag=64)
     engine.load_weights(learner.weights(), learner.version)
     gen = torch.Generator().manual_seed(0)
     history = []
@@ -680,7 +681,7 @@ def section_nccl_one_rank(check: Check) -> dict:
             cfg = ModelConfig.tiny("qwen3", dtype="bfloat16", vocab_size=256)
             model = random_model(check, cfg, check.aligned)
             ranks = ShardedRanks(check.device.type)
-            learner = Learner(model, LearnerConfig(micro_batch_tokens=32, max_lag=None), ranks=ranks)
+            learner = Learner(model, LearnerConfig(micro_batch_tokens=32), ranks=ranks, max_lag=None)
             trajs = _trajectories(cfg.vocab_size, 4, 16, torch.Generator().manual_seed(6))
             metrics = [learner.step(trajs) for _ in range(2)]
             weights = learner.weights()
@@ -725,7 +726,7 @@ def section_train_16k(check: Check) -> dict:
         base = torch.cuda.memory_allocated(check.device)
     model = random_model(check, config, check.aligned)
     learner = Learner(
-        model, LearnerConfig(micro_batch_tokens=tokens, max_lag=None, optim=OptimConfig(lr=1e-6))
+        model, LearnerConfig(micro_batch_tokens=tokens, optim=OptimConfig(lr=1e-6)), max_lag=None
     )
     trajs = _trajectories(config.vocab_size, 1, tokens, torch.Generator().manual_seed(7))
     t0 = time.perf_counter()

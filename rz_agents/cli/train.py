@@ -21,7 +21,7 @@ from rz_agents.cli.failure import attach_run_log
 from rz_agents.cli.warm_start import WarmStartMismatch, check_demos_fit, run_warm_start
 from rz_agents.config_io import ConfigError, load_config, to_dict
 from rz_agents.runtime import TrainConfig, build_run, resolve
-from rz_agents.runtime.loop import TrainLoop
+from rz_agents.runtime.loop import RunHandle
 from rz_agents.trainer.health import health_summary
 from rz_agents.warmstart import WarmStartConfig
 from rz_agents.warmstart.episodes import EpisodeFileError
@@ -132,7 +132,7 @@ def build_summary(
         "rl_wall_s": run_summary.get("wall_s"),
         "warm_start": warm,
         "max_lag_seen": run_summary.get("max_lag_seen"),
-        "max_lag_allowed": cfg.rollout.max_lag,
+        "max_lag_allowed": resolve(cfg).lag.bound,
         "lag0_max_abs_dlogp": max(dlogp) if dlogp else None,
         "lag0_tokens_checked": int(sum(m.get("lag0_token_count", 0) for m in history)),
         "kernels": cfg.model.kernels,
@@ -149,13 +149,10 @@ def build_summary(
 
 
 def load_run_config(config: str, overrides: list[str] | None = None) -> RunConfig:
-    """The run ``config`` names (a YAML path or a packaged config) with ``overrides`` applied, validated,
-    derived fields filled in (``runtime.resolve``). Raises ConfigError with one line naming the field."""
-    cfg = load_config(RunConfig, resolve_config(config), overrides)
-    try:
-        return resolve(cfg)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    """The run ``config`` names (a YAML path or a packaged config) with ``overrides`` applied and validated,
+    as written (what it decides is ``runtime.resolve``'s plan). Raises ConfigError with one line naming the
+    field."""
+    return load_config(RunConfig, resolve_config(config), overrides)
 
 
 def _configs(args: argparse.Namespace) -> tuple[RunConfig, RunConfig, Path, bool]:
@@ -254,7 +251,7 @@ def _dry_run(cfg: RunConfig) -> int:
     return 0
 
 
-def _train_with_progress(runner: TrainLoop, cfg: RunConfig, console, plain: bool, log) -> dict:
+def _train_with_progress(runner: RunHandle, cfg: RunConfig, console, plain: bool, log) -> dict:
     import asyncio
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn

@@ -41,7 +41,7 @@ def _local_env_factory(run) -> Callable[[], Any]:
     """Envs built in this process (the Ray runtime's own factory gives remote proxies)."""
     from rz_agents.runtime.factories import run_env_factory
 
-    return run_env_factory(run.cfg)
+    return run_env_factory(run.cfg, run.plan)
 
 
 def _close(env: Any) -> None:

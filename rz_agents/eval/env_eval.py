@@ -93,17 +93,20 @@ def run_env_eval(
     on_sample: OnSample | None = None,
     engine: Engine | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``policy`` on ``run_cfg``'s env (a resolved training config); returns the results dict."""
+    """Evaluate ``policy`` on ``run_cfg``'s env (a validated training config; sampling, threads and turn limit
+    are its plan's unless ``config`` sets them); returns the results dict."""
     from rz_agents.runtime.factories import run_env_factory
+    from rz_agents.runtime.plan import resolve
 
     config.validate()
+    plan = resolve(run_cfg)
     tasks = eval_tasks(run_cfg, config)
-    make_env = run_env_factory(run_cfg)
-    r = run_cfg.rollout
+    make_env = run_env_factory(run_cfg, plan)
+    r, s = run_cfg.rollout, plan.sampling
     sampling = SamplingParams(
-        temperature=r.temperature if config.temperature is None else config.temperature,
-        top_k=r.top_k if config.top_k is None else config.top_k,
-        top_p=r.top_p if config.top_p is None else config.top_p,
+        temperature=s.temperature if config.temperature is None else config.temperature,
+        top_k=s.top_k if config.top_k is None else config.top_k,
+        top_p=s.top_p if config.top_p is None else config.top_p,
     )
     start = time.perf_counter()
     if engine is None:
@@ -111,7 +114,7 @@ def run_env_eval(
             run_cfg.engine,
             num_slots=config.num_slots,
             seed=config.seed,
-            num_threads=config.num_threads or run_cfg.engine.num_threads,
+            num_threads=config.num_threads or plan.num_threads,
             max_len=max(run_cfg.engine.max_len, r.limits.max_episode_tokens + 1),
         )
         engine = RZEngine(policy.model, eng_cfg, decode=policy.tokenizer.decode)

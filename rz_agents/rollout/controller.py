@@ -31,8 +31,10 @@ from typing import Any
 
 from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, ReplicaLost, run_episode
 from rz_agents.rollout.checkpoint_cut import STATE_FORMAT, check_consistent_cut
+from rz_agents.rollout.lag_policy import LagPolicy
 from rz_agents.rollout.task_source import TaskSource
 from rz_agents.rollout.trajectory_queue import Group, TrajectoryQueue
+from rz_agents.sampling import SamplingSpec
 from rz_agents.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -40,27 +42,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RolloutConfig:
-    """How many episodes, how stale, and how to sample."""
+    """How many episodes, how they are grouped, and what to do when they fail. How stale they may be and
+    how to sample are the run's ``LagPolicy`` and ``SamplingSpec``, given to the controller beside this."""
 
     group_size: int = 4  # G samples per prompt
     groups_per_batch: int = 4  # groups per learner step
     max_concurrent_episodes: int = 16  # N
-    max_lag: int = 64  # 0: synchronous
-    # How many batches the rollouts may run ahead of the learner (None: max_lag + 1, all the bound allows).
-    # Fewer keeps the typical lag (and the engine's share of the CPU) down without changing the bound.
-    # 1 admits only the batch the learner waits for (no overlap of generation and training); 2 lets the
-    # engine fill the next batch while the learner trains.
-    max_ahead_batches: int | None = None
-    # Controlled experiments: every trained token comes from weights exactly fixed_lag versions old (the
-    # runtime publishes version v - fixed_lag when the learner is at v; the first steps use version 0).
-    # Batches are then generated one at a time, so the result does not depend on this machine's speed.
-    fixed_lag: int | None = None
-    # Admit rollouts under a bound that follows the measured ESS/n, up to max_lag (see lag_governor.py).
-    lag_governor: bool = False
-    lag_governor_target_ess: float = 0.5
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
     limits: EpisodeLimits = field(default_factory=EpisodeLimits)
     seed: int = 0
     # Stop the run (RolloutFailure) after this many episodes in a row failed: a broken env or a prompt that
@@ -89,29 +76,6 @@ class RolloutConfig:
             raise ValueError(
                 "rollout.oversample replaces uniform-reward groups: set rollout.skip_uniform_groups"
             )
-        if self.max_ahead_batches is not None and self.max_ahead_batches < 1:
-            raise ValueError(f"rollout.max_ahead_batches must be >= 1 or None, got {self.max_ahead_batches}")
-        if self.max_lag < 0:
-            raise ValueError(f"rollout.max_lag must be >= 0, got {self.max_lag}")
-        if not 0.0 < self.lag_governor_target_ess < 1.0:
-            raise ValueError(
-                f"rollout.lag_governor_target_ess must be in (0, 1), got {self.lag_governor_target_ess}"
-            )
-        if self.lag_governor and self.fixed_lag is not None:
-            raise ValueError("rollout.lag_governor moves the lag bound; rollout.fixed_lag fixes it: set one")
-        if self.fixed_lag is not None:
-            if self.fixed_lag < 0:
-                raise ValueError(f"rollout.fixed_lag must be >= 0 or None, got {self.fixed_lag}")
-            if self.fixed_lag > self.max_lag:
-                raise ValueError(
-                    f"rollout.fixed_lag ({self.fixed_lag}) exceeds rollout.max_lag ({self.max_lag}): "
-                    "raise max_lag to at least fixed_lag"
-                )
-            if self.max_ahead_batches not in (None, 1):
-                raise ValueError(
-                    f"rollout.fixed_lag generates one batch at a time; rollout.max_ahead_batches must be "
-                    f"1 or unset, got {self.max_ahead_batches}"
-                )
         if self.max_concurrent_episodes < self.group_size:
             raise ValueError(
                 f"rollout.max_concurrent_episodes ({self.max_concurrent_episodes}) must be >= "
@@ -145,9 +109,12 @@ class RolloutController:
         tokenizer,
         tasks: TaskSource,
         cfg: RolloutConfig,
+        *,
+        lag: LagPolicy,
+        sampling: SamplingSpec,
     ) -> None:
-        from rz_agents.engine import SamplingParams
-
+        """``lag`` and ``sampling``: the run's lag policy and sampling distribution (``runtime.plan``), the
+        same objects the learner follows."""
         cfg.validate()
         self.engine = engine
         self.env_factory = env_factory
@@ -155,7 +122,9 @@ class RolloutController:
         self.tokenizer = tokenizer
         self.tasks = tasks
         self.cfg = cfg
-        self.sampling = SamplingParams(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+        self.lag = lag
+        self.sampling = sampling
+        self._request = sampling.engine_params()  # the engine's template; run_episode sets the rest per turn
         self.queue = TrajectoryQueue()
         self.steps_done = 0
         self.counters = {
@@ -198,13 +167,7 @@ class RolloutController:
         return c["groups_dropped_failed"] + c["groups_dropped_stale"] + c["groups_dropped_uniform"]
 
     def _ahead_batches(self) -> int:
-        # admission_lag: the lag governor's bound (<= max_lag), None without one
-        ahead = (self.cfg.max_lag if self.admission_lag is None else self.admission_lag) + 1
-        if self.cfg.fixed_lag is not None:
-            ahead = 1  # each batch is generated with the weights the runtime published for it
-        elif self.cfg.max_ahead_batches is not None:
-            ahead = min(ahead, self.cfg.max_ahead_batches)
-        return ahead
+        return self.lag.ahead_batches(self.admission_lag)  # admission_lag: the lag governor's bound
 
     def may_start_group(self) -> bool:
         """True while starting one more group keeps the lag bound (see the module docstring)."""
@@ -296,7 +259,7 @@ class RolloutController:
                     self.template,
                     self.tokenizer,
                     spec if attempt == 0 else dataclasses.replace(spec, seed=rerun_seed(spec.seed, attempt)),
-                    self.sampling,
+                    self._request,
                     self.cfg.limits,
                     self._executor,
                 )
@@ -344,7 +307,7 @@ class RolloutController:
         if self.failure is not None:
             raise self.failure
         groups = await self.queue.take(
-            self.cfg.groups_per_batch, version, self.cfg.max_lag, on_drop, check=self._check_not_deadlocked
+            self.cfg.groups_per_batch, version, self.lag.bound, on_drop, check=self._check_not_deadlocked
         )
         if self.failure is not None:
             raise self.failure

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from rz_agents.engine import EngineConfig
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig
+from rz_agents.rollout.lag_policy import LagPolicy
 from rz_agents.runtime.device import check_device_name
+from rz_agents.runtime.plan import resolve
+from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.learner import LearnerConfig
 
 MODES = ("async", "sync")
@@ -29,8 +31,9 @@ class ModelSpec:
 
     checkpoint: str | None = None
     model_type: str = "qwen3"
-    # "aligned" or "standard"; unset: "aligned", or "standard" under the standard_is estimator
-    kernels: str | None = None
+    # The op set of engine and learner alike: "aligned" (bit-identical log-probs) or "standard" (stock
+    # PyTorch ops, the negative control). Nothing else selects it.
+    kernels: str = "aligned"
     dtype: str = "float32"
     # cpu | cuda | cuda:N: where model, engine (KV cache, sampler) and learner run; on CUDA the aligned
     # op set is the Triton kernels
@@ -158,11 +161,55 @@ class PlacementConfig:
 
 @dataclass
 class RolloutSpec(RolloutConfig):
-    """``rollout:`` of a run. ``seed`` unset is the run's ``seed``; set, it must agree. ``max_lag`` is the
-    async bound: mode: sync (and the on_policy estimator) train only lag-0 tokens, so that a run switches
-    mode on the command line (``mode=sync``) without editing the bound."""
+    """``rollout:`` of a run: the controller's settings (``RolloutConfig``) and the two settings the rollouts
+    share with the learner, each decided from these fields alone (``runtime.plan.resolve``):
 
+    - the lag policy (``rollout.lag_policy.LagPolicy``): ``max_lag`` is the async bound (mode: sync and the
+      on_policy estimator train only lag-0 tokens, so that a run switches mode on the command line,
+      ``mode=sync``, without editing the bound); ``max_ahead_batches``: how many batches the rollouts may run
+      ahead of the learner (None: max_lag + 1, all the bound allows; 1 admits only the batch the learner
+      waits for, 2 lets the engine fill the next batch while the learner trains); ``fixed_lag``: controlled
+      experiments, every trained token comes from weights exactly fixed_lag versions old (the first steps
+      use version 0; batches are generated one at a time, so the result does not depend on this machine's
+      speed); ``lag_governor``: admit rollouts under a bound that follows the measured ESS/n, up to max_lag
+      (rollout/lag_governor.py).
+    - the sampling distribution (``rz_agents.sampling.SamplingSpec``): ``temperature``, ``top_k``,
+      ``top_p``; the engine samples from it and the learner scores under it.
+
+    ``seed`` unset is the run's ``seed``; set, it must agree."""
+
+    max_lag: int = 64
+    max_ahead_batches: int | None = None
+    fixed_lag: int | None = None
+    lag_governor: bool = False
+    lag_governor_target_ess: float = 0.5
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
     seed: int | None = None
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad field (of the values as written; ``resolve`` checks them against
+        mode and estimator)."""
+        super().validate()
+        self.lag_policy("async", "reinforce_zero")
+        self.sampling()
+
+    def lag_policy(self, mode: str, estimator: str) -> LagPolicy:
+        """The lag policy these fields ask for under ``mode`` and ``estimator`` (see ``LagPolicy.decide``)."""
+        return LagPolicy.decide(
+            mode=mode,
+            estimator=estimator,
+            max_lag=self.max_lag,
+            fixed_lag=self.fixed_lag,
+            max_ahead_batches=self.max_ahead_batches,
+            lag_governor=self.lag_governor,
+            lag_governor_target_ess=self.lag_governor_target_ess,
+        )
+
+    def sampling(self) -> SamplingSpec:
+        """The sampling distribution these fields name."""
+        return SamplingSpec(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
 
 @dataclass
@@ -202,7 +249,10 @@ class TrainConfig:
     mode: str = "async"
     steps: int = 10
     seed: int = 0
-    num_threads: int | None = None  # torch threads of engine and learner alike (alignment needs the same)
+    # torch threads of engine and learner alike (alignment needs the same count); the one thread setting of a
+    # run (engine.num_threads follows it). Unset: torch's default, or with runtime: ray what engines and
+    # learner ranks both reserve (min of placement.cpus_per_engine and cpus_per_learner_rank).
+    num_threads: int | None = None
     output_dir: str | None = None
     checkpoint_every: int = 0  # steps; 0: only at the end (when output_dir is set)
     resume_from: str | None = None
@@ -223,8 +273,14 @@ class TrainConfig:
     rollout_cpus: list[int] | None = None
 
     def validate(self) -> None:
-        """Raise ValueError naming the bad field."""
+        """Raise ValueError naming the bad field (including a field that contradicts the one it follows:
+        ``runtime.plan.resolve``)."""
         check_device_name(self.model.device)
+        for name, spec in (("rollout", RolloutSpec), ("learner", LearnerSpec)):
+            if not isinstance(getattr(self, name), spec):
+                raise TypeError(
+                    f"{name}: needs a {spec.__name__} (the run schema), got {type(getattr(self, name)).__name__}"
+                )
         if self.learner_process and self.model.device != "cpu":
             raise ValueError("learner_process: true needs model.device: cpu (the child shares CPU memory)")
         if self.mode not in MODES:
@@ -243,7 +299,7 @@ class TrainConfig:
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
         self._validate_env()  # a typo fails here, before a model is built
-        if self.model.kernels not in (None, *KERNELS):
+        if self.model.kernels not in KERNELS:
             raise ValueError(f"model.kernels must be one of {KERNELS}, got {self.model.kernels!r}")
         if self.watchdog_s < 0:
             raise ValueError(f"watchdog_s must be >= 0 (0 disables the watchdog), got {self.watchdog_s}")
@@ -252,19 +308,19 @@ class TrainConfig:
                 f"rollout.limits.max_episode_tokens ({self.rollout.limits.max_episode_tokens}) must be < "
                 f"engine.max_len ({self.engine.max_len})"
             )
-        self.rollout.validate()  # the values as written (resolving replaces max_lag by the bound in force)
-        if self.rollout.fixed_lag and (self.mode == "sync" or self.learner.loss.estimator == "on_policy"):
+        self.rollout.validate()
+        plan = resolve(self)  # raises on a conflict between a field and the one it must follow
+        plan.learner.validate()
+        plan.engine.validate()
+        if plan.kernels == "standard" and self.learner.assert_lag0_exact:
             raise ValueError(
-                f"rollout.fixed_lag ({self.rollout.fixed_lag}) needs mode: async and an off-policy "
-                f"estimator (mode is {self.mode!r}, learner.loss.estimator "
-                f"{self.learner.loss.estimator!r})"
+                "learner.assert_lag0_exact needs model.kernels: aligned; standard kernels do not give "
+                "bit-identical engine and learner log-probs"
             )
-        resolved = resolve(self)  # raises on a conflict between a field and the one it must follow
-        resolved.learner.validate()
-        if resolved.model.kernels == "standard" and self.learner.assert_lag0_exact:
+        if self.runtime == "ray" and self.placement.weight_transport == "broadcast" and plan.lag.fixed_lag:
             raise ValueError(
-                "learner.assert_lag0_exact needs aligned kernels; standard kernels (model.kernels or the "
-                "standard_is estimator) do not give bit-identical engine and learner log-probs"
+                "placement.weight_transport: broadcast sends the newest weights only; rollout.fixed_lag "
+                "needs older versions kept: use weight_transport: object_store"
             )
 
     def _validate_env(self) -> None:
@@ -302,82 +358,8 @@ class TrainConfig:
                     f"({self.model.device!r}): with runtime: ray, engines and learner ranks run on "
                     "model.device: cuda needs engine_gpus and learner_gpus > 0, cpu needs both 0"
                 )
-        if p.weight_transport == "broadcast" and self.rollout.fixed_lag:
-            raise ValueError(
-                "placement.weight_transport: broadcast sends the newest weights only; rollout.fixed_lag "
-                "needs older versions kept: use weight_transport: object_store"
-            )
         if self.learner_process or self.learner_cpus or self.rollout_cpus:
             raise ValueError(
                 "learner_process / learner_cpus / rollout_cpus are local-runtime settings; with runtime: ray "
                 "the learner is an actor and placement decides where it runs"
             )
-
-
-def effective_max_lag(cfg: TrainConfig) -> int:
-    """sync mode (and the on_policy estimator, which is synchronous by definition) trains only lag-0 tokens."""
-    if cfg.mode == "sync" or cfg.learner.loss.estimator == "on_policy":
-        return 0
-    if cfg.rollout.fixed_lag is not None:
-        return cfg.rollout.fixed_lag
-    return cfg.rollout.max_lag
-
-
-def effective_kernels(cfg: TrainConfig) -> str:
-    """The standard_is estimator is REINFORCE Zero with stock PyTorch ops on both engine and learner."""
-    if cfg.model.kernels is not None:
-        return cfg.model.kernels
-    return "standard" if cfg.learner.loss.estimator == "standard_is" else "aligned"
-
-
-def _agree(name: str, value: Any, source: str, derived: Any, why: str) -> None:
-    if value is not None and value != derived:
-        raise ValueError(f"{name} ({value!r}) conflicts with {source} ({derived!r}): {why}")
-
-
-def resolve(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with every derived field filled in (rollout and learner as plain ``RolloutConfig`` /
-    ``LearnerConfig``), after checking that no field written in the config contradicts the one it follows.
-
-    Raises ValueError naming both fields, e.g. ``learner.temperature (0.7) conflicts with
-    rollout.temperature (1.0): ...``. Resolving a resolved config changes nothing.
-    """
-    r, lc = cfg.rollout, cfg.learner
-    estimator = lc.loss.estimator
-    if estimator == "standard_is" and cfg.model.kernels not in (None, "standard"):
-        raise ValueError(
-            f"model.kernels ({cfg.model.kernels!r}) conflicts with learner.loss.estimator ('standard_is'), "
-            "which runs stock PyTorch ops on engine and learner: set model.kernels: standard or leave it out"
-        )
-    max_lag = effective_max_lag(cfg)
-    if (cfg.mode == "sync" or estimator == "on_policy") and lc.max_lag not in (None, 0):
-        source, value = ("mode", "sync") if cfg.mode == "sync" else ("learner.loss.estimator", "on_policy")
-        raise ValueError(
-            f"learner.max_lag ({lc.max_lag}) conflicts with {source} ({value!r}): {value} trains only "
-            "lag-0 tokens; leave learner.max_lag out"
-        )
-    source = "rollout.max_lag" if r.fixed_lag is None else "rollout.fixed_lag"
-    why = f"the learner applies the rollout's lag bound; set only {source}"
-    _agree("learner.max_lag", lc.max_lag, source, max_lag, why)
-    _agree("rollout.seed", r.seed, "seed", cfg.seed, "episode seeds come from the run's seed; set only seed")
-    for name in ("temperature", "top_k", "top_p"):
-        why = f"the learner scores tokens under the rollout's sampling distribution; set only rollout.{name}"
-        _agree(f"learner.{name}", getattr(lc, name), f"rollout.{name}", getattr(r, name), why)
-    rollout_fields = {f.name: getattr(r, f.name) for f in dataclasses.fields(RolloutConfig)}
-    learner_fields = {f.name: getattr(lc, f.name) for f in dataclasses.fields(LearnerConfig)}
-    why = "the rollout decides which groups are trained; set only rollout.skip_uniform_groups"
-    _agree(
-        "learner.skip_uniform_groups",
-        lc.skip_uniform_groups,
-        "rollout.skip_uniform_groups",
-        r.skip_uniform_groups,
-        why,
-    )
-    sampling = {"temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p}
-    sampling["skip_uniform_groups"] = r.skip_uniform_groups
-    return dataclasses.replace(
-        cfg,
-        rollout=RolloutConfig(**{**rollout_fields, "max_lag": max_lag, "seed": cfg.seed}),
-        learner=LearnerConfig(**{**learner_fields, "max_lag": max_lag, **sampling}),
-        model=dataclasses.replace(cfg.model, kernels=effective_kernels(cfg)),
-    )

@@ -12,6 +12,7 @@ from rz_agents.rollout.controller import RolloutController
 from rz_agents.rollout.task_source import TaskSource
 from rz_agents.runtime.config import EnvSpec, ModelSpec, TrainConfig
 from rz_agents.runtime.device import resolve_device
+from rz_agents.runtime.plan import RunPlan
 
 
 def build_model(spec: ModelSpec, vocab_size: int):
@@ -21,7 +22,7 @@ def build_model(spec: ModelSpec, vocab_size: int):
     from rz_agents.model import ModelConfig, Transformer
 
     device = resolve_device(spec.device, "model.device")
-    kernels = spec.kernels or "aligned"  # a resolved run config names them; a bare spec means aligned
+    kernels = spec.kernels  # the only place a run's op set is named
     if spec.checkpoint:
         from rz_agents.model.checkpoint import load_hf_checkpoint
 
@@ -95,16 +96,26 @@ def tokenizer_files(tokenizer_name: str, checkpoint: str | None) -> dict[str, st
     return extra
 
 
-def run_env_factory(cfg: TrainConfig):
-    """The env factory of a run: its ``env``, ``imports`` and turn limit."""
-    return env_factory(cfg.env, cfg.imports, cfg.rollout.limits.max_turns)
+def env_build_args(cfg: TrainConfig, plan: RunPlan) -> tuple[EnvSpec, tuple[str, ...], int]:
+    """What builds a run's envs, wherever they are built (this process, a Ray env worker): its ``env``,
+    ``imports`` and the plan's turn limit."""
+    return cfg.env, tuple(cfg.imports), plan.max_turns
 
 
-def build_controller(cfg: TrainConfig, engine, make_env, template, tokenizer) -> RolloutController:
-    """The rollout controller of a resolved run config (``resolve``: the lag bound in force, the run's seed)
+def run_env_factory(cfg: TrainConfig, plan: RunPlan):
+    """The env factory of a run in this process (``env_build_args``)."""
+    return env_factory(*env_build_args(cfg, plan))
+
+
+def build_controller(
+    cfg: TrainConfig, plan: RunPlan, engine, make_env, template, tokenizer
+) -> RolloutController:
+    """The rollout controller of a run: the plan's rollout config, lag policy and sampling, the run's tasks,
     over ``engine`` (an engine, or the Ray runtime's replica router) and ``make_env`` (an env factory: local
     envs, or handles on envs in Ray env workers)."""
     from rz_agents.envs.tasks import load_tasks
 
     tasks = TaskSource(load_tasks(cfg.env.tasks, "env.tasks"), seed=cfg.seed)
-    return RolloutController(engine, make_env, template, tokenizer, tasks, cfg.rollout)
+    return RolloutController(
+        engine, make_env, template, tokenizer, tasks, plan.rollout, lag=plan.lag, sampling=plan.sampling
+    )

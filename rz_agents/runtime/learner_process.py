@@ -16,22 +16,20 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from rz_agents.trainer.learner import Learner, LearnerConfig
+from rz_agents.runtime.plan import RunPlan
 from rz_agents.trajectory import Trajectory
 
 
-def _serve(
-    conn, model_config, kernels: str, cfg: LearnerConfig, shared, version: int, num_threads, cpus
-) -> None:
+def _serve(conn, model_config, kernels: str, plan: RunPlan, shared, version: int, cpus) -> None:
     from rz_agents.model import Transformer
 
     if cpus:
         os.sched_setaffinity(0, cpus)
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
+    if plan.num_threads is not None:
+        torch.set_num_threads(plan.num_threads)
     model = Transformer(model_config, kernels=kernels)
     model.load_state_dict(shared)
-    learner = Learner(model, cfg, version=version)
+    learner = plan.build_learner(model, version=version)
 
     def publish() -> None:
         with torch.no_grad():
@@ -74,24 +72,24 @@ class LearnerProcess:
     def __init__(
         self,
         model: torch.nn.Module,
-        cfg: LearnerConfig,
+        plan: RunPlan,
         version: int = 0,
-        num_threads: int | None = None,
         cpus: list[int] | None = None,
     ) -> None:
-        """``cpus``: pin the learner process to these CPU ids (None: inherit the parent's)."""
+        """``plan``: the run's (learner config, sampling, lag bound, torch threads); ``cpus``: pin the learner
+        process to these CPU ids (None: inherit the parent's)."""
         ctx = mp.get_context("spawn")
         self._shared = {k: v.detach().clone().share_memory_() for k, v in model.state_dict().items()}
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
             target=_serve,
-            args=(child, model.config, model.kernels, cfg, self._shared, version, num_threads, cpus),
+            args=(child, model.config, model.kernels, plan, self._shared, version, cpus),
             daemon=True,
             name="rz-learner",
         )
         self._proc.start()
         child.close()
-        self.cfg = cfg
+        self.cfg = plan.learner
         self.version = version
         self.skipped_steps = 0
 

@@ -1,7 +1,7 @@
 """The local runtime: dataset/env -> rollout controller -> engine -> learner, in one process.
 
 One asyncio event loop runs the engine's step loop, the episodes (env calls in a thread pool) and the
-learner loop (runtime/loop.py, shared with the Ray runtime); each learner step runs in a worker thread so
+learner loop (runtime/loop.py's ``TrainLoop``, shared with the Ray runtime, over a ``LocalPlacement``); each learner step runs in a worker thread so
 generation continues while it trains (torch releases the GIL inside its ops), or in a child process with
 ``learner_process: true``. ``mode="sync"`` is the same code with max_lag = 0: one batch is generated with
 the current weights, trained, published, then the next one starts.
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -30,10 +29,10 @@ from rz_agents.runtime.factories import (
     vocab_size,
 )
 from rz_agents.runtime.fixed_lag import _clone
-from rz_agents.runtime.loop import TrainLoop
+from rz_agents.runtime.loop import RunHandle, TrainLoop
 from rz_agents.runtime.memory import limit_heap_growth
+from rz_agents.runtime.placement import Placement
 from rz_agents.trainer.inspect import record_step
-from rz_agents.trainer.learner import Learner
 
 log = logging.getLogger(__name__)
 
@@ -43,41 +42,124 @@ def _set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-class LocalRun(TrainLoop):
-    """The wired components of one run in this process; ``train`` (runtime/loop.py) drives them."""
+class LocalPlacement(Placement):
+    """One process: the learner steps in a worker thread (or a child process), weights are tensors the
+    engine copies between its steps."""
+
+    def __init__(self, run: LocalRun) -> None:
+        self.run = run
+        self.engine, self.learner, self.plan = run.engine, run.learner, run.plan
+        self._saved_affinity: set[int] | None = None
+
+    @property
+    def learner_version(self) -> int:
+        return self.learner.version
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.learner.skipped_steps
+
+    def before_train(self) -> None:
+        cpus = self.run.cfg.rollout_cpus
+        if cpus and self._saved_affinity is None:
+            # Threads and subprocesses started from here on (env pool, sandboxes) inherit this affinity.
+            self._saved_affinity = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, cpus)
+
+    def restore_affinity(self) -> None:
+        """Undo ``before_train``'s CPU pinning of this thread."""
+        if self._saved_affinity is not None:
+            os.sched_setaffinity(0, self._saved_affinity)
+            self._saved_affinity = None
+
+    async def learner_step(self, batch: list) -> dict[str, Any]:
+        return await asyncio.to_thread(self._learner_step_in_thread, batch)
+
+    def _learner_step_in_thread(self, batch: list) -> dict[str, Any]:
+        _set_threads(self.plan.num_threads)  # this worker thread's torch threads
+        return self.learner.step(batch)
+
+    async def inspection_record(self, batch: list) -> dict[str, Any]:
+        return await asyncio.to_thread(self._inspection_record_in_thread, batch)
+
+    def _inspection_record_in_thread(self, batch: list) -> dict[str, Any]:
+        _set_threads(self.plan.num_threads)
+        run = self.run
+        if run.cfg.learner_process:  # the child trains; bring its current weights here
+            with torch.no_grad():
+                run.model.load_state_dict(self.learner.weights())
+        decode = run.tokenizer.decode
+        return record_step(
+            run.model, batch, self.plan.learner, self.learner.version, lambda t: decode([t]),
+            sampling=self.plan.sampling, max_lag=self.plan.lag.bound,
+        )  # fmt: skip
+
+    def learner_state(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+    def load_learner_state(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state)
+
+    def learner_weights(self) -> dict[str, torch.Tensor]:
+        return self.learner.weights()
+
+    def snapshot_weights(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return _clone(weights)
+
+    def load_engine_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        self.engine.load_weights(weights, version)
+
+    async def send_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        self.engine.load_weights(weights, version)  # episodes in flight continue with them
+
+    def weights_to_tensors(self, weights: dict) -> dict:
+        return weights
+
+    def weights_from_tensors(self, tensors: dict) -> dict:
+        return tensors
+
+    def engine_progress(self) -> int:
+        return self.engine.counters["steps"]
+
+    def engine_step_metrics(self) -> dict[str, Any]:
+        return {
+            "engine_generated_tokens": self.engine.counters["generated_tokens"],
+            "engine_version": self.engine.version,
+        }
+
+    def engine_summary(self) -> dict[str, Any]:
+        return {k: v for k, v in self.engine.stats().items() if isinstance(v, (int, float))}
+
+
+class LocalRun(RunHandle):
+    """The wired components of one run in this process; ``train`` (its ``TrainLoop``) drives them."""
 
     def __init__(self, cfg: TrainConfig) -> None:
         cfg.validate()
+        plan = resolve(cfg)
         if cfg.runtime != "local":
             raise ValueError(f"LocalRun needs runtime: local, got {cfg.runtime!r} (use build_run)")
-        # derived fields filled in: the lag bound, the sampling the learner scores under, the kernels
-        self.cfg = cfg = resolve(cfg)
+        self.cfg, self.plan = cfg, plan  # the config as written; what it decides (runtime/plan.py)
         limit_heap_growth()  # the resident set would otherwise creep up step after step
-        _set_threads(cfg.num_threads)
+        _set_threads(plan.num_threads)
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         vocab = vocab_size(cfg.tokenizer, self.tokenizer)
         self.model = build_model(cfg.model, vocab)
         # The engine samples from its own copy; the learner publishes into it after each step.
         engine_model = copy.deepcopy(self.model)
         engine_model.requires_grad_(False)
-        eng_cfg = cfg.engine
-        if cfg.num_threads is not None and eng_cfg.num_threads is None:
-            eng_cfg = dataclasses.replace(eng_cfg, num_threads=cfg.num_threads)
-        self.engine = RZEngine(engine_model, eng_cfg, decode=self.tokenizer.decode)
-        lcfg = cfg.learner
+        self.engine = RZEngine(engine_model, plan.engine, decode=self.tokenizer.decode)
         if cfg.learner_process:
             from rz_agents.runtime.learner_process import LearnerProcess
 
-            self.learner = LearnerProcess(
-                self.model, lcfg, num_threads=cfg.num_threads, cpus=cfg.learner_cpus
-            )
+            self.learner = LearnerProcess(self.model, plan, cpus=cfg.learner_cpus)
         else:
-            self.learner = Learner(self.model, lcfg)
+            self.learner = plan.build_learner(self.model)
         self.controller = build_controller(
-            cfg, self.engine, run_env_factory(cfg), self.template, self.tokenizer
+            cfg, plan, self.engine, run_env_factory(cfg, plan), self.template, self.tokenizer
         )
-        self._saved_affinity: set[int] | None = None
-        self._init_loop()
+        self.placement = LocalPlacement(self)
+        self.loop = TrainLoop(cfg, self.controller, self.placement)
 
     def export_model(self, out_dir: str | Path) -> Path:
         """The learner's current weights as an HF checkpoint directory (``rz eval --checkpoint`` reads it),
@@ -95,66 +177,16 @@ class LocalRun(TrainLoop):
         """``model`` was changed in place (a supervised warm start): the learner takes its weights (fp32
         masters included), keeping its version, and the engine samples with them."""
         self.learner.load_weights({k: v.detach() for k, v in self.model.state_dict().items()})
-        self.engine.load_weights(*self._to_publish())
-
-    # ---- placement hooks (runtime/loop.py) ---------------------------------------------------------
-    def _before_train(self) -> None:
-        if self.cfg.rollout_cpus and self._saved_affinity is None:
-            # Threads and subprocesses started from here on (env pool, sandboxes) inherit this affinity.
-            self._saved_affinity = os.sched_getaffinity(0)
-            os.sched_setaffinity(0, self.cfg.rollout_cpus)
-
-    async def _learner_step(self, batch: list) -> dict[str, Any]:
-        return await asyncio.to_thread(self._learner_step_in_thread, batch)
-
-    def _learner_step_in_thread(self, batch: list) -> dict[str, Any]:
-        _set_threads(self.cfg.num_threads)  # this worker thread's torch threads
-        return self.learner.step(batch)
-
-    async def _inspection_record(self, batch: list) -> dict[str, Any]:
-        return await asyncio.to_thread(self._inspection_record_in_thread, batch)
-
-    def _inspection_record_in_thread(self, batch: list) -> dict[str, Any]:
-        _set_threads(self.cfg.num_threads)
-        if self.cfg.learner_process:  # the child trains; bring its current weights here
-            with torch.no_grad():
-                self.model.load_state_dict(self.learner.weights())
-        decode = self.tokenizer.decode
-        return record_step(self.model, batch, self.cfg.learner, self.learner.version, lambda t: decode([t]))
-
-    def _learner_weights(self) -> dict[str, torch.Tensor]:
-        return self.learner.weights()
-
-    def _snapshot_weights(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return _clone(weights)
-
-    async def _send_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        self.controller.publish(weights, version)
-
-    def _learner_state(self) -> dict[str, Any]:
-        return self.learner.state_dict()
-
-    def _load_learner_state(self, state: dict[str, Any]) -> None:
-        self.learner.load_state_dict(state)
-
-    def _engine_progress(self) -> int:
-        return self.engine.counters["steps"]
-
-    def _engine_step_metrics(self) -> dict[str, Any]:
-        return {
-            "engine_generated_tokens": self.engine.counters["generated_tokens"],
-            "engine_version": self.engine.version,
-        }
-
-    def _engine_summary(self) -> dict[str, Any]:
-        return {k: v for k, v in self.engine.stats().items() if isinstance(v, (int, float))}
+        self.engine.load_weights(*self.loop.weights_to_publish())
 
     def close(self) -> None:
         """Release envs, threads and files; undo the CPU pinning of this thread."""
-        if self._saved_affinity is not None:
-            os.sched_setaffinity(0, self._saved_affinity)
-            self._saved_affinity = None
-        self.controller.close()
-        if hasattr(self.learner, "close"):
+        placement = getattr(self, "placement", None)
+        if placement is not None:
+            placement.restore_affinity()
+        controller = getattr(self, "controller", None)
+        if controller is not None:
+            controller.close()
+        if hasattr(getattr(self, "learner", None), "close"):
             self.learner.close()
         self._close_loop()

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.advantages import group_advantages
 from rz_agents.trainer.learner import LearnerConfig, micro_batches
 from rz_agents.trajectory import Trajectory
@@ -32,6 +33,9 @@ def record_step(
     cfg: LearnerConfig,
     version: int,
     decode_piece: Callable[[int], str],
+    *,
+    sampling: SamplingSpec,
+    max_lag: int | None,
 ) -> dict[str, Any]:
     """Per episode: each token's text, loss mask, policy version and lag, behavior and learner log-probs;
     the episode's reward and advantage. ``version`` is the learner's (the weights in ``model``)."""
@@ -51,7 +55,7 @@ def record_step(
     with torch.no_grad():
         for mb in micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens):
             scored = packed_token_logprobs(
-                model, [trajs[i].tokens for i in mb], cfg.temperature, cfg.top_k, cfg.top_p
+                model, [trajs[i].tokens for i in mb], **sampling.scoring()
             )
             for i, lp in zip(mb, scored, strict=True):
                 learner[i] = [math.nan, *lp.tolist()]  # token 0 has no context
@@ -72,7 +76,7 @@ def record_step(
                 "learner_logprobs": lp,
             }
         )
-    return {"version": int(version), "max_lag": cfg.max_lag, "episodes": episodes}
+    return {"version": int(version), "max_lag": max_lag, "episodes": episodes}
 
 
 def write_step_record(directory: str | Path, step: int, record: dict[str, Any]) -> Path:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from rz_agents.model.logprobs import packed_token_logprobs
+from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.advantages import BASELINES, group_advantages, uniform_groups
 from rz_agents.trainer.loss import ESTIMATOR_TABLE, LossConfig, sequence_terms, token_scales
 from rz_agents.trainer.metrics import (
@@ -40,16 +41,11 @@ class LearnerConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     baseline: str = "mean"  # or "leave_one_out"
     micro_batch_tokens: int = 4096  # token budget of one packed forward/backward
-    max_lag: int | None = 64  # tokens older than this are not trained (dropped and counted); None: no bound
     assert_lag0_exact: bool = False  # raise if a lag-0 token has logp_learner != behavior logprob
     # Leave groups whose rewards are all equal (advantage 0: no gradient) out of the forward/backward; the
     # loss normalizer still counts their tokens, so the update is the whole batch's (bit for bit within one
     # micro-batch; across micro-batches the gradient sums run in another order).
     skip_uniform_groups: bool = False
-    # The sampling distribution the engine used; the learner scores tokens under the same one.
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -59,8 +55,6 @@ class LearnerConfig:
             raise ValueError(f"learner.baseline must be one of {BASELINES}, got {self.baseline!r}")
         if self.micro_batch_tokens < 2:
             raise ValueError(f"learner.micro_batch_tokens must be >= 2, got {self.micro_batch_tokens}")
-        if self.max_lag is not None and self.max_lag < 0:
-            raise ValueError(f"learner.max_lag must be >= 0 or None, got {self.max_lag}")
 
 
 def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
@@ -116,10 +110,21 @@ class Learner:
         cfg: LearnerConfig,
         version: int = 0,
         ranks: SingleProcess | None = None,
+        *,
+        sampling: SamplingSpec | None = None,
+        max_lag: int | None = 64,
     ) -> None:
         """``ranks``: this process's place among the learner ranks (``ShardedRanks`` shards the model with
-        FSDP2 over a torch.distributed group; default: one process)."""
+        FSDP2 over a torch.distributed group; default: one process). ``sampling``: the distribution the
+        engine sampled from, which the learner scores tokens under (default: temperature 1, unfiltered);
+        ``max_lag``: tokens older than this many versions are not trained (dropped and counted; None: no
+        bound). A run passes its plan's ``sampling`` and ``lag.bound`` (``runtime.plan``), the ones its
+        rollouts follow."""
         cfg.validate()
+        if max_lag is not None and max_lag < 0:
+            raise ValueError(f"learner max_lag must be >= 0 or None, got {max_lag}")
+        self.sampling = sampling or SamplingSpec()
+        self.max_lag = max_lag
         verify = getattr(model, "verify_kernels", None)
         if verify is not None:  # the aligned kernels' guards, paid (and logged) before the first step
             verify()
@@ -262,9 +267,7 @@ class Learner:
                 mb_logps = packed_token_logprobs(
                     self.model,
                     [trajs[i].tokens for i in mb],
-                    temperature=cfg.temperature,
-                    top_k=cfg.top_k,
-                    top_p=cfg.top_p,
+                    **self.sampling.scoring(),
                 )
                 # Per-token data lives on the CPU; the loss is computed where the model is (a no-op on CPU).
                 terms = [
@@ -336,7 +339,6 @@ class Learner:
     ) -> list[torch.Tensor]:
         """Detached log-probs of tokens[1:] of every trajectory under ``model`` (this rank's micro-batches,
         then exchanged; an idle rank runs the same dummy pass as in the backward loop)."""
-        cfg = self.cfg
         offsets = _offsets(trajs)
         device = next(model.parameters()).device
         flat = torch.zeros(offsets[-1], dtype=torch.float32, device=device)
@@ -348,9 +350,7 @@ class Learner:
             lps = packed_token_logprobs(
                 model,
                 [trajs[i].tokens for i in mb],
-                temperature=cfg.temperature,
-                top_k=cfg.top_k,
-                top_p=cfg.top_p,
+                **self.sampling.scoring(),
             )
             for i, lp in zip(mb, lps, strict=True):
                 flat[offsets[i] : offsets[i + 1]] = lp.detach().float()
@@ -373,9 +373,9 @@ class Learner:
             [torch.tensor(t.versions[1:], dtype=torch.long)[m] for t, m in zip(trajs, masks, strict=True)]
         )
         out = importance_metrics(sel_logp, sel_blp, sel_ver, learner_version)
-        if cfg.max_lag is not None:
-            out.update(lag_histogram(learner_version - sel_ver, cfg.max_lag))
-            out.update(ess_by_lag_bucket(sel_logp - sel_blp, learner_version - sel_ver, cfg.max_lag))
+        if self.max_lag is not None:
+            out.update(lag_histogram(learner_version - sel_ver, self.max_lag))
+            out.update(ess_by_lag_bucket(sel_logp - sel_blp, learner_version - sel_ver, self.max_lag))
         if "is_weight_abs_dev_mean" in out:
             out.update(self.deviation.update(out["is_weight_abs_dev_mean"]))
         if cfg.assert_lag0_exact and out.get("lag0_abs_dlogp_max", 0.0) != 0.0:
@@ -442,9 +442,9 @@ class Learner:
                 continue
             oldest = t.oldest_version()
             if (
-                self.cfg.max_lag is not None
+                self.max_lag is not None
                 and oldest is not None
-                and self.version - oldest > self.cfg.max_lag
+                and self.version - oldest > self.max_lag
             ):
                 over_lag += 1
                 continue

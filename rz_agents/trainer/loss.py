@@ -12,7 +12,6 @@ tokens it clipped, gated or masked (``gated_t``, counted per step as ``estimator
 stop-gradient, 1[.] an indicator, and "the batch" is every sampled token of the learner step:
 
     reinforce_zero   w_t                                               (the default)
-    standard_is      w_t                          (same loss; the runtime selects kernels="standard")
     on_policy        exp(logp - sg(logp)) == 1    (ignores behavior logprobs; run it synchronously)
     sequence_gate    w_t * 1[exp(mean_seq(logp - blp)) in [1/c, c]]    (whole sequence kept or dropped)
     token_gate       w_t * 1[w_t in [1/c, c]]                          (token kept or dropped)
@@ -76,6 +75,8 @@ class LossConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
+        if self.estimator in RETIRED_ESTIMATORS:
+            raise ValueError(RETIRED_ESTIMATORS[self.estimator])
         if self.estimator not in ESTIMATOR_TABLE:
             raise ValueError(f"loss.estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
         if self.normalization not in NORMALIZATIONS:
@@ -135,7 +136,7 @@ def _kept_weights(log_ratio: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def _unclipped_is(logp, behavior_logp, mask, advantage, cfg, aux) -> Surrogate:
-    """s_t = w_t * A: REINFORCE Zero (and standard_is, the same loss on the standard op set)."""
+    """s_t = w_t * A: REINFORCE Zero (on either op set: model.kernels)."""
     return torch.exp(logp - behavior_logp) * advantage, _none_gated(logp)
 
 
@@ -269,7 +270,6 @@ class Estimator:
 
 ESTIMATOR_TABLE: dict[str, Estimator] = {
     "reinforce_zero": Estimator(_unclipped_is),
-    "standard_is": Estimator(_unclipped_is),
     "on_policy": Estimator(_on_policy),
     "sequence_gate": Estimator(_sequence_gate),
     "token_gate": Estimator(_token_gate),
@@ -281,6 +281,14 @@ ESTIMATOR_TABLE: dict[str, Estimator] = {
     "decoupled_ppo": Estimator(_decoupled_ppo, proximal=True),
 }
 ESTIMATORS = tuple(ESTIMATOR_TABLE)
+# Names that once selected more than a loss, and what to write instead (one line each).
+RETIRED_ESTIMATORS = {
+    "standard_is": (
+        "learner.loss.estimator: standard_is is gone: it was reinforce_zero run on stock PyTorch ops, and the "
+        "op set is now named only by model.kernels; write learner.loss.estimator: reinforce_zero and "
+        "model.kernels: standard"
+    ),
+}
 
 
 def sequence_terms(

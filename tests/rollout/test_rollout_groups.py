@@ -4,8 +4,7 @@ member of a group gets the same task (the group-mean baseline compares answers t
 import asyncio
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.rollout.controller import RolloutConfig
-from rz_agents.runtime import EnvSpec, LocalRun, TrainConfig
+from rz_agents.runtime import EnvSpec, LocalRun, RolloutSpec, TrainConfig
 
 
 def _prompt(traj) -> tuple[int, ...]:
@@ -17,7 +16,7 @@ def test_members_of_a_group_share_the_task_the_env_draws_and_groups_differ():
         steps=1,
         num_threads=1,
         env=EnvSpec(kwargs={"max_turns": 1}),  # LowercaseLettersEnv draws a word from the reset seed
-        rollout=RolloutConfig(
+        rollout=RolloutSpec(
             group_size=4,
             groups_per_batch=3,
             max_concurrent_episodes=12,

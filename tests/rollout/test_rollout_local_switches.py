@@ -1,4 +1,5 @@
-"""The estimator switch selects kernels and mode; per-step metrics reach JSONL and TensorBoard."""
+"""model.kernels selects the op set, the estimator the loss and (on_policy) the mode; per-step metrics reach
+JSONL and TensorBoard."""
 
 import asyncio
 import json
@@ -6,7 +7,7 @@ import json
 import pytest
 
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.runtime import LearnerSpec, LocalRun, RolloutSpec, TrainConfig
+from rz_agents.runtime import LearnerSpec, LocalRun, ModelSpec, RolloutSpec, TrainConfig
 from rz_agents.trainer.loss import LossConfig
 from rz_agents.trainer.optim import OptimConfig
 
@@ -41,8 +42,8 @@ def _run(cfg):
         run.close()
 
 
-def test_standard_is_uses_standard_kernels_on_engine_and_learner():
-    run, s = _run(_cfg("standard_is"))
+def test_standard_kernels_run_on_engine_and_learner():
+    run, s = _run(_cfg("reinforce_zero", model=ModelSpec(kernels="standard")))
     assert run.model.kernels == "standard" and run.engine.model.kernels == "standard"
     assert s["steps"] == 2
     # negative control end to end: engine and learner on stock ops disagree on lag-0 tokens (the first
@@ -52,10 +53,26 @@ def test_standard_is_uses_standard_kernels_on_engine_and_learner():
 
 
 def test_standard_kernels_refuse_the_exact_lag0_assertion():
-    cfg = _cfg("standard_is")
+    cfg = _cfg("reinforce_zero", model=ModelSpec(kernels="standard"))
     cfg.learner.assert_lag0_exact = True
     with pytest.raises(ValueError, match="assert_lag0_exact"):
         cfg.validate()
+
+
+def test_the_retired_standard_is_estimator_says_what_to_write():
+    with pytest.raises(ValueError) as info:
+        _cfg("standard_is").validate()
+    message = str(info.value)
+    assert "learner.loss.estimator: reinforce_zero and model.kernels: standard" in message
+    assert "\n" not in message
+
+
+def test_the_estimator_no_longer_selects_kernels():
+    run = LocalRun(_cfg("ppo_clip"))
+    try:
+        assert run.model.kernels == run.engine.model.kernels == "aligned"
+    finally:
+        run.close()
 
 
 def test_on_policy_estimator_runs_synchronously():

@@ -4,7 +4,9 @@ import pytest
 
 from rz_agents.cli.train import RunConfig
 from rz_agents.config_io import ConfigError, load_config
+from rz_agents.rollout.lag_policy import LagPolicy
 from rz_agents.runtime import LocalRun, resolve
+from rz_agents.sampling import SamplingSpec
 
 TINY = (
     "num_threads: 1\nengine: {num_slots: 4, max_len: 256}\n"
@@ -32,11 +34,9 @@ def _load(tmp_path, extra: str, overrides=()):
         ("learner: {max_lag: 64}\n", (), "learner.max_lag (64) conflicts with rollout.max_lag (8): "),
         ("learner: {max_lag: 8}\n", ("mode=sync",), "learner.max_lag (8) conflicts with mode ('sync'): "),
         ("seed: 3\n", ("rollout.seed=4",), "rollout.seed (4) conflicts with seed (3): "),
-        (
-            "model: {kernels: aligned}\n",
-            ("learner.loss.estimator=standard_is",),
-            "model.kernels ('aligned') conflicts with learner.loss.estimator ('standard_is'), ",
-        ),
+        ("", ("engine.num_threads=2",), "engine.num_threads (2) conflicts with num_threads (1): "),
+        ("", ("learner.loss.estimator=standard_is",), "learner.loss.estimator: standard_is is gone: "),
+        ("", ("rollout.fixed_lag=2", "mode=sync"), "rollout.fixed_lag (2) needs mode: async"),
     ],
 )
 def test_a_field_written_against_the_one_it_follows_is_one_error_line_naming_both(
@@ -47,22 +47,42 @@ def test_a_field_written_against_the_one_it_follows_is_one_error_line_naming_bot
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
 
 
-def test_derived_fields_follow_the_rollout_and_agreeing_values_are_accepted(tmp_path):
-    cfg = resolve(_load(tmp_path, "learner: {temperature: 0.7, max_lag: 8}\nseed: 5\n"))
-    assert (cfg.learner.temperature, cfg.learner.top_p, cfg.learner.top_k) == (0.7, 0.9, 0)
-    assert (cfg.learner.max_lag, cfg.rollout.max_lag, cfg.rollout.seed) == (8, 8, 5)
-    assert cfg.model.kernels == "aligned" and resolve(cfg) == cfg  # resolving twice changes nothing
+def test_each_derived_setting_is_decided_once_and_agreeing_values_are_accepted(tmp_path):
+    plan = resolve(_load(tmp_path, "learner: {temperature: 0.7, max_lag: 8}\nseed: 5\n"))
+    assert plan.sampling == SamplingSpec(temperature=0.7, top_k=0, top_p=0.9)
+    assert plan.lag == LagPolicy("bounded", 8) and plan.rollout.seed == 5
+    assert plan.kernels == "aligned" and plan.num_threads == plan.engine.num_threads == 1
+    assert plan.max_turns == plan.rollout.limits.max_turns == 1
     sync = resolve(_load(tmp_path, "", ["mode=sync"]))  # a mode switch needs no edit of the bound
-    assert sync.learner.max_lag == sync.rollout.max_lag == 0
-    standard = resolve(_load(tmp_path, "", ["learner.loss.estimator=standard_is"]))
-    assert standard.model.kernels == "standard"
+    assert (sync.lag.kind, sync.lag.bound, sync.lag.ahead_batches()) == ("sync", 0, 1)
+    fixed = resolve(_load(tmp_path, "", ["rollout.fixed_lag=3"]))
+    assert (fixed.lag.kind, fixed.lag.bound, fixed.lag.fixed_lag, fixed.lag.ahead_batches()) == (
+        "fixed",
+        3,
+        3,
+        1,
+    )
+    standard = resolve(_load(tmp_path, "", ["model.kernels=standard"]))
+    assert standard.kernels == "standard" and standard.lag == plan.lag  # kernels follow nothing else
 
 
-def test_the_local_runtime_runs_on_the_resolved_fields(tmp_path):
+def test_ray_threads_default_to_what_engines_and_learner_ranks_both_reserve(tmp_path):
+    overrides = [
+        "runtime=ray",
+        "num_threads=null",
+        "placement.cpus_per_engine=3",
+        "placement.cpus_per_learner_rank=2",
+    ]
+    plan = resolve(_load(tmp_path, "", overrides))
+    assert plan.num_threads == plan.engine.num_threads == 2
+
+
+def test_the_local_runtime_hands_one_plan_to_rollout_and_learner(tmp_path):
     run = LocalRun(_load(tmp_path, ""))
     try:
-        assert run.learner.cfg.temperature == run.controller.sampling.temperature == 0.7
-        assert run.learner.cfg.top_p == run.controller.sampling.top_p == 0.9
-        assert run.learner.cfg.max_lag == run.controller.cfg.max_lag == 8
+        assert run.learner.sampling is run.controller.sampling is run.plan.sampling
+        assert run.controller.sampling.temperature == 0.7 and run.controller.sampling.top_p == 0.9
+        assert run.learner.max_lag == run.controller.lag.bound == 8
+        assert run.engine.config.num_threads == 1
     finally:
         run.close()

@@ -137,7 +137,7 @@ def test_non_finite_gradient_skips_the_step():
 
 def test_trajectories_beyond_max_lag_are_dropped_and_counted():
     model = _model()
-    learner = Learner(model, _cfg(max_lag=2), version=5)
+    learner = Learner(model, _cfg(), version=5, max_lag=2)
     fresh = _batch(model, version=5, groups=1)
     stale = _batch(model, version=2, groups=1, seed=7)  # lag 3 > 2
     for t in stale:

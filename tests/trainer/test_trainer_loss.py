@@ -43,10 +43,9 @@ def test_reinforce_zero_does_not_clip_large_ratios():
     assert grad == pytest.approx([-math.exp(5.0)], rel=1e-5)
 
 
-def test_standard_is_is_the_same_loss_as_reinforce_zero():
-    a = _loss_and_grad([-1.0, -0.3], [-0.7, -0.9], [True, True], -1.5, LossConfig("reinforce_zero"))
-    b = _loss_and_grad([-1.0, -0.3], [-0.7, -0.9], [True, True], -1.5, LossConfig("standard_is"))
-    assert a == b
+def test_the_retired_standard_is_name_is_refused_with_what_to_write():
+    with pytest.raises(ValueError, match="model.kernels: standard"):
+        LossConfig("standard_is").validate()
 
 
 def test_on_policy_ignores_behavior_logprobs():

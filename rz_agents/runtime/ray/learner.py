@@ -22,7 +22,8 @@ from ray.exceptions import RayActorError
 
 from rz_agents.runtime.config import ModelSpec
 from rz_agents.runtime.factories import build_model
-from rz_agents.trainer.learner import Learner, LearnerConfig
+from rz_agents.runtime.plan import RunPlan
+from rz_agents.trainer.learner import Learner
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +41,14 @@ class LearnerRank:
         world: int,
         spec: ModelSpec,
         vocab: int,
-        cfg: LearnerConfig,
-        num_threads: int | None,
+        plan: RunPlan,
         device: str = "cpu",
     ) -> None:
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
+        """``plan``: the run's (learner config, sampling, lag bound, torch threads: those of the engines)."""
+        if plan.num_threads is not None:
+            torch.set_num_threads(plan.num_threads)
         self.rank, self.world = rank, world
-        self.spec, self.vocab, self.cfg, self.device = spec, vocab, cfg, device
+        self.spec, self.vocab, self.plan, self.device = spec, vocab, plan, device
         self.learner: Learner | None = None
 
     def rendezvous(self) -> str:
@@ -71,7 +72,7 @@ class LearnerRank:
             dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world)
             ranks = ShardedRanks(self.device)
         model = build_model(dataclasses.replace(self.spec, device=self.device), self.vocab)
-        self.learner = Learner(model, self.cfg, ranks=ranks)
+        self.learner = self.plan.build_learner(model, ranks=ranks)
         return node_id()
 
     def step(self, batch: list) -> tuple[dict[str, Any], int, int] | None:
@@ -89,7 +90,11 @@ class LearnerRank:
         if self.rank == 0:
             tok, _ = build_tokenizer(tokenizer, self.spec.checkpoint)
             decode_piece = lambda t: tok.decode([t])  # noqa: E731
-        record = record_step(self.learner.model, batch, self.cfg, self.learner.version, decode_piece)
+        plan = self.plan
+        record = record_step(
+            self.learner.model, batch, plan.learner, self.learner.version, decode_piece,
+            sampling=plan.sampling, max_lag=plan.lag.bound,
+        )  # fmt: skip
         return record if self.rank == 0 else None
 
     def weights(self) -> list | None:

@@ -24,11 +24,13 @@ from rz_agents.runtime.factories import (
     build_controller,
     build_model,
     build_tokenizer,
+    env_build_args,
     tokenizer_files,
     vocab_size,
 )
-from rz_agents.runtime.loop import TrainLoop
+from rz_agents.runtime.loop import RunHandle, TrainLoop
 from rz_agents.runtime.memory import limit_heap_growth
+from rz_agents.runtime.placement import Placement
 from rz_agents.runtime.ray.cluster import actor_options, connect
 from rz_agents.runtime.ray.engines import EngineReplicas, EngineServer
 from rz_agents.runtime.ray.env_workers import EnvHost, RemoteEnvFactory
@@ -37,89 +39,140 @@ from rz_agents.runtime.ray.learner import LearnerGroup, LearnerRank
 log = logging.getLogger(__name__)
 
 
-class RayRun(TrainLoop):
-    """The wired actors of one run; ``train`` (runtime/loop.py) drives them from this process."""
+class RayRun(RunHandle):
+    """The wired actors of one run; ``train`` (its ``TrainLoop``, over a ``RayPlacement``) drives them from
+    this process."""
 
     def __init__(self, cfg: TrainConfig) -> None:
         cfg.validate()
+        plan = resolve(cfg)
         if cfg.runtime != "ray":
             raise ValueError(f"RayRun needs runtime: ray, got {cfg.runtime!r} (use build_run)")
-        # derived fields filled in: the lag bound, the sampling the learner scores under, the kernels
-        self.cfg = resolve(cfg)
+        self.cfg, self.plan = cfg, plan  # the config as written; what it decides (runtime/plan.py)
         limit_heap_growth()
-        self._owns_ray = connect(self.cfg)
+        self._owns_ray = connect(cfg)
         self._actors: list[Any] = []
         try:
             self._place()
-            self._init_loop()
+            self.placement = RayPlacement(self)
+            self.loop = TrainLoop(cfg, self.controller, self.placement)
         except BaseException:
             self.close()
             raise
 
     def _place(self) -> None:
-        cfg, p = self.cfg, self.cfg.placement
+        cfg, plan, p = self.cfg, self.plan, self.cfg.placement
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         self.vocab = vocab_size(cfg.tokenizer, self.tokenizer)
         # model.device is where engines and learner ranks run (validate: it agrees with their GPUs); the
         # driver's own copy of the policy (warm start, export) stays on the CPU
         self.spec = dataclasses.replace(cfg.model, device="cpu")
-        engine_device = "cuda" if p.engine_gpus else "cpu"
-        learner_device = "cuda" if p.learner_gpus else "cpu"
-        # Engines and learner ranks must run the same number of torch threads (the arithmetic may depend on
-        # it); unset, it is what both reserve (Ray would otherwise give each its own reservation).
-        threads = cfg.num_threads or max(1, int(min(p.cpus_per_engine, p.cpus_per_learner_rank)))
-        eng_cfg = cfg.engine
-        if eng_cfg.num_threads is None:
-            eng_cfg = dataclasses.replace(eng_cfg, num_threads=threads)
-        restarts = {"max_restarts": p.actor_restarts}
-
-        engine_cls = ray.remote(EngineServer)
-        engines = [
-            engine_cls.options(
-                **actor_options(p.cpus_per_engine, p.engine_gpus, p.engine_resources, **restarts)
-            ).remote(self.spec, self.vocab, eng_cfg, cfg.tokenizer, engine_device)
-            for _ in range(p.engines)
-        ]
-        self._actors += engines
+        engines = self._start_engines("cuda" if p.engine_gpus else "cpu")
         # Each env call holds one thread of its worker while it blocks: enough threads for every env there.
         per_worker = math.ceil(cfg.rollout.max_concurrent_episodes / p.env_workers) + 2
         env_cls = ray.remote(EnvHost)
         workers = [
             env_cls.options(
                 **actor_options(
-                    p.cpus_per_env_worker, 0, p.env_worker_resources, max_concurrency=per_worker, **restarts
+                    p.cpus_per_env_worker, 0, p.env_worker_resources, max_concurrency=per_worker,
+                    max_restarts=p.actor_restarts,
                 )
-            ).remote(cfg.env, tuple(cfg.imports), cfg.rollout.limits.max_turns)
+            ).remote(*env_build_args(cfg, plan))
             for _ in range(p.env_workers)
-        ]
+        ]  # fmt: skip
         self._actors += workers
+        learner_device = "cuda" if p.learner_gpus else "cpu"
         rank_cls = ray.remote(LearnerRank)
         ranks = [
             rank_cls.options(
                 **actor_options(p.cpus_per_learner_rank, p.learner_gpus, p.learner_resources, max_restarts=0)
-            ).remote(
-                r,
-                p.learner_ranks,
-                self.spec,
-                self.vocab,
-                cfg.learner,
-                threads,
-                learner_device,
-            )
+            ).remote(r, p.learner_ranks, self.spec, self.vocab, plan, learner_device)
             for r in range(p.learner_ranks)
         ]
         self._actors += ranks
         self.engine = EngineReplicas(engines)
         self.env_workers = workers
-        broadcast = p.weight_transport == "broadcast"
-        self.learner = LearnerGroup(ranks, store_weights=not broadcast)
+        self.learner = LearnerGroup(ranks, store_weights=p.weight_transport != "broadcast")
+        self.controller = build_controller(
+            cfg, plan, self.engine, RemoteEnvFactory(workers), self.template, self.tokenizer
+        )
+
+    def _start_engines(self, device: str) -> list[Any]:
+        """The engine actors; each runs the plan's engine config (its torch threads: the learner ranks')."""
+        p = self.cfg.placement
+        engine_cls = ray.remote(EngineServer)
+        engines = [
+            engine_cls.options(
+                **actor_options(
+                    p.cpus_per_engine, p.engine_gpus, p.engine_resources, max_restarts=p.actor_restarts
+                )
+            ).remote(self.spec, self.vocab, self.plan.engine, self.cfg.tokenizer, device)
+            for _ in range(p.engines)
+        ]
+        self._actors += engines
+        return engines
+
+    @functools.cached_property
+    def model(self):
+        """A copy of the policy in this process, for a supervised warm start (then ``push_model_weights``)
+        and for exporting; built on first use, with the learner's current weights."""
+        model = build_model(self.spec, self.vocab)
+        model.load_state_dict(ray.get(self.learner.weights_ref()))
+        return model
+
+    def push_model_weights(self) -> None:
+        """``model`` was changed in place (a supervised warm start): the learner ranks take its weights
+        (fp32 masters included), keeping their version, and the engines sample with them."""
+        self.learner.load_weights({k: v.detach() for k, v in self.model.state_dict().items()})
+        self.engine.load_weights(*self.loop.weights_to_publish())
+
+    def export_model(self, out_dir: str | Path) -> Path:
+        """The learner's current weights as an HF checkpoint directory (``rz eval --checkpoint`` reads it)."""
+        from rz_agents.model.checkpoint import save_hf_checkpoint
+
+        self.model.load_state_dict(ray.get(self.learner.weights_ref()))
+        extra = tokenizer_files(self.cfg.tokenizer, self.cfg.model.checkpoint)
+        return save_hf_checkpoint(self.model, out_dir, extra_files=extra)
+
+    @property
+    def publications(self) -> dict[str, int]:
+        """How many weight publications went by broadcast and by the object store."""
+        return self.placement.publications
+
+    def close(self) -> None:
+        """Close envs and end every actor of this run (and the local Ray instance if this run started it)."""
+        controller = getattr(self, "controller", None)
+        if controller is not None:
+            controller.close()
+        for worker in getattr(self, "env_workers", []):
+            try:
+                ray.get(worker.close_all.remote(), timeout=30)
+            except Exception as e:  # a dead worker has nothing left to close
+                log.warning("env worker did not close its envs: %r", e)
+        learner = getattr(self, "learner", None)
+        if learner is not None:
+            learner.close()
+        for actor in self._actors:
+            ray.kill(actor)
+        self._actors = []
+        self._close_loop()
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+
+
+class RayPlacement(Placement):
+    """Actors: the learner steps in its ranks, weights are object-store references (or a torch.distributed
+    broadcast from learner rank 0 to the engine replicas, ``placement.weight_transport: broadcast``)."""
+
+    def __init__(self, run: RayRun) -> None:
+        self.run = run
+        self.engine, self.learner = run.engine, run.learner
         self.publications = {"broadcast": 0, "object_store": 0}
         self._broadcasting = False
-        if broadcast:
+        p = run.cfg.placement
+        if p.weight_transport == "broadcast":
             self._open_broadcast("nccl" if p.engine_gpus and p.learner_gpus else "gloo")
-        self.controller = build_controller(
-            cfg, self.engine, RemoteEnvFactory(workers), self.template, self.tokenizer
-        )
 
     def _open_broadcast(self, backend: str) -> None:
         """Learner rank 0 and every engine replica form the weights group (weight_broadcast.py)."""
@@ -152,43 +205,37 @@ class RayRun(TrainLoop):
                 actor.close_broadcast.remote()
         return False
 
-    @functools.cached_property
-    def model(self):
-        """A copy of the policy in this process, for a supervised warm start (then ``push_model_weights``)
-        and for exporting; built on first use, with the learner's current weights."""
-        model = build_model(self.spec, self.vocab)
-        model.load_state_dict(ray.get(self.learner.weights_ref()))
-        return model
+    @property
+    def learner_version(self) -> int:
+        return self.learner.version
 
-    def push_model_weights(self) -> None:
-        """``model`` was changed in place (a supervised warm start): the learner ranks take its weights
-        (fp32 masters included), keeping their version, and the engines sample with them."""
-        self.learner.load_weights({k: v.detach() for k, v in self.model.state_dict().items()})
-        self.engine.load_weights(*self._to_publish())
+    @property
+    def skipped_steps(self) -> int:
+        return self.learner.skipped_steps
 
-    def export_model(self, out_dir: str | Path) -> Path:
-        """The learner's current weights as an HF checkpoint directory (``rz eval --checkpoint`` reads it)."""
-        from rz_agents.model.checkpoint import save_hf_checkpoint
-
-        self.model.load_state_dict(ray.get(self.learner.weights_ref()))
-        extra = tokenizer_files(self.cfg.tokenizer, self.cfg.model.checkpoint)
-        return save_hf_checkpoint(self.model, out_dir, extra_files=extra)
-
-    # ---- placement hooks (runtime/loop.py) ---------------------------------------------------------
-    async def _learner_step(self, batch: list) -> dict[str, Any]:
+    async def learner_step(self, batch: list) -> dict[str, Any]:
         return await self.learner.step(batch)
 
-    async def _inspection_record(self, batch: list) -> dict[str, Any]:
-        return await self.learner.inspection_record(batch, self.cfg.tokenizer)
+    async def inspection_record(self, batch: list) -> dict[str, Any]:
+        return await self.learner.inspection_record(batch, self.run.cfg.tokenizer)
 
-    def _learner_weights(self) -> Any:
-        # None while the weights travel by broadcast and are not in the store (_send_weights copes).
+    def learner_state(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+    def load_learner_state(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state)
+
+    def learner_weights(self) -> Any:
+        # None while the weights travel by broadcast and are not in the store (send_weights copes).
         return self.learner.cached_ref()
 
-    def _snapshot_weights(self, weights: Any) -> Any:
+    def snapshot_weights(self, weights: Any) -> Any:
         return weights  # an object in the store never changes
 
-    async def _send_weights(self, weights: Any, version: int) -> None:
+    def load_engine_weights(self, weights: Any, version: int) -> None:
+        self.engine.load_weights(weights, version)
+
+    async def send_weights(self, weights: Any, version: int) -> None:
         if await self._broadcast(version):
             return
         if weights is None:
@@ -196,22 +243,16 @@ class RayRun(TrainLoop):
         await self.engine.publish(weights, version)
         self.publications["object_store"] += 1
 
-    def _learner_state(self) -> dict[str, Any]:
-        return self.learner.state_dict()
-
-    def _load_learner_state(self, state: dict[str, Any]) -> None:
-        self.learner.load_state_dict(state)
-
-    def _weights_to_tensors(self, weights: Any) -> dict:
+    def weights_to_tensors(self, weights: Any) -> dict:
         return ray.get(weights)
 
-    def _weights_from_tensors(self, tensors: dict) -> Any:
+    def weights_from_tensors(self, tensors: dict) -> Any:
         return ray.put(tensors)
 
-    def _engine_progress(self) -> int:
+    def engine_progress(self) -> int:
         return self.engine.counters["requests"] + self.engine.counters["generated_tokens"]
 
-    def _engine_step_metrics(self) -> dict[str, Any]:
+    def engine_step_metrics(self) -> dict[str, Any]:
         return {
             "engine_generated_tokens": self.engine.counters["generated_tokens"],
             "engine_version": self.engine.version,
@@ -219,26 +260,5 @@ class RayRun(TrainLoop):
             **{f"weights_published_by_{k}": v for k, v in self.publications.items()},
         }
 
-    def _engine_summary(self) -> dict[str, Any]:
+    def engine_summary(self) -> dict[str, Any]:
         return self.engine.stats()
-
-    def close(self) -> None:
-        """Close envs and end every actor of this run (and the local Ray instance if this run started it)."""
-        controller = getattr(self, "controller", None)
-        if controller is not None:
-            controller.close()
-        for worker in getattr(self, "env_workers", []):
-            try:
-                ray.get(worker.close_all.remote(), timeout=30)
-            except Exception as e:  # a dead worker has nothing left to close
-                log.warning("env worker did not close its envs: %r", e)
-        learner = getattr(self, "learner", None)
-        if learner is not None:
-            learner.close()
-        for actor in self._actors:
-            ray.kill(actor)
-        self._actors = []
-        self._close_loop()
-        if self._owns_ray:
-            ray.shutdown()
-            self._owns_ray = False

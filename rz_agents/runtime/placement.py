@@ -1,0 +1,86 @@
+"""What the training loop asks of a runtime: where the learner step runs, what a published set of weights
+is and how it reaches the engines. ``LocalPlacement`` (runtime/local.py: one process, the learner in a
+thread or a child process) and ``RayPlacement`` (runtime/ray/run.py: actors) implement it; ``TrainLoop``
+(runtime/loop.py) drives either one with the same code.
+
+Every method is abstract: a placement that lacks one fails when it is built, not in the middle of a run.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+
+class Placement(ABC):
+    """The runtime-specific half of a run (see the module docstring)."""
+
+    # ---- the learner ----------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def learner_version(self) -> int:
+        """The policy version of the learner's current weights."""
+
+    @property
+    @abstractmethod
+    def skipped_steps(self) -> int:
+        """Learner steps skipped so far (a non-finite loss or gradient)."""
+
+    @abstractmethod
+    async def learner_step(self, batch: list) -> dict[str, Any]:
+        """``Learner.step`` on ``batch`` wherever the learner runs; returns its metrics."""
+
+    @abstractmethod
+    async def inspection_record(self, batch: list) -> dict[str, Any]:
+        """``trainer.inspect.record_step`` for ``batch`` under the learner's current weights (the trajectory
+        inspector's data for a step of ``inspect_steps``)."""
+
+    @abstractmethod
+    def learner_state(self) -> dict[str, Any]:
+        """``Learner.state_dict()`` (whole tensors) for a checkpoint."""
+
+    @abstractmethod
+    def load_learner_state(self, state: dict[str, Any]) -> None:
+        """``Learner.load_state_dict(state)`` wherever the learner runs."""
+
+    # ---- weights: learner -> engines -------------------------------------------------------------
+    @abstractmethod
+    def learner_weights(self) -> Any:
+        """The learner's current weights in the form the engines load (tensors, or an object reference)."""
+
+    @abstractmethod
+    def snapshot_weights(self, weights: Any) -> Any:
+        """An unchanging copy of ``learner_weights()`` for the fixed-lag history."""
+
+    @abstractmethod
+    def load_engine_weights(self, weights: Any, version: int) -> None:
+        """Make the engines sample with ``weights`` as ``version`` now (before the loop starts)."""
+
+    @abstractmethod
+    async def send_weights(self, weights: Any, version: int) -> None:
+        """Make every engine sample with ``weights`` as ``version`` (between its steps)."""
+
+    @abstractmethod
+    def weights_to_tensors(self, weights: Any) -> dict:
+        """Published weights as a dict of tensors (for checkpoints)."""
+
+    @abstractmethod
+    def weights_from_tensors(self, tensors: dict) -> Any:
+        """Inverse of ``weights_to_tensors``."""
+
+    # ---- the engines ------------------------------------------------------------------------------
+    @abstractmethod
+    def engine_progress(self) -> int:
+        """A number that grows while the engines work (for the watchdog)."""
+
+    @abstractmethod
+    def engine_step_metrics(self) -> dict[str, Any]:
+        """Per-step engine figures: ``engine_generated_tokens`` and ``engine_version`` at least."""
+
+    @abstractmethod
+    def engine_summary(self) -> dict[str, Any]:
+        """The engines' counters for the run summary."""
+
+    # ---- the process -------------------------------------------------------------------------------
+    def before_train(self) -> None:  # noqa: B027 (optional: most placements have nothing to do)
+        """Called when ``train`` starts (e.g. CPU pinning)."""
