@@ -157,17 +157,8 @@ async def run_episode(
     ``sampling`` is the engine's SamplingParams template: max_tokens, seed and stop_token_ids are set per turn.
     """
     name = type(getattr(env, "unwrapped", env)).__name__
-    try:
-        reset_seed = spec.seed if spec.reset_seed is None else spec.reset_seed
-        result = await call_env(executor, env.reset, seed=reset_seed, options={"task": spec.task})
-    except ReplicaLost:
-        raise
-    except Exception as e:
-        raise EpisodeError(f"env.reset failed: {type(e).__name__}: {e}") from e
-    obs, info = _returned(result, f"{name}.reset", "(observation, info)", 2)
-    messages = _observation(obs, f"{name}.reset", "user")
-    if not isinstance(info, dict):
-        raise EpisodeError(f"{name}.reset returned info of type {type(info).__name__}; expected a dict")
+    reset_seed = spec.seed if spec.reset_seed is None else spec.reset_seed
+    messages, info = await _reset(env, name, reset_seed, spec.task, executor)
     transcript = _Transcript.of_prompt(
         template.encode_prompt(tokenizer, messages, tools=info.get("tools") or None)
     )
@@ -190,44 +181,76 @@ async def run_episode(
         transcript.add_sampled(completion)
         turns += 1
         text, ended_with_stop = _turn_text(tokenizer, completion.tokens, stops)
-        try:
-            result = await call_env(executor, env.step, text)
-        except ReplicaLost:
-            raise
-        except Exception as e:
-            raise EpisodeError(f"env.step failed: {type(e).__name__}: {e}") from e
-        obs, reward, terminated, truncated, _ = _returned(
-            result, f"{name}.step", "(observation, reward, terminated, truncated, info)", 5
-        )
-        obs = _observation(obs, f"{name}.step", "tool" if info.get("tools") else "user")
-        try:
-            total_reward += float(reward)
-        except (TypeError, ValueError):
-            raise EpisodeError(
-                f"{name}.step returned a reward of type {type(reward).__name__} ({reward!r:.40}); expected a number"
-            ) from None
+        role = "tool" if info.get("tools") else "user"
+        obs, reward, terminated, truncated = await _step(env, name, text, role, executor)
+        total_reward += reward
         if terminated or truncated:
             finish = "terminated" if terminated else "truncated"
             break
         if not ended_with_stop:
             transcript.add_context([stops[0]])  # close the cut-off turn the way the template renders it
         transcript.add_context(template.encode_continuation(tokenizer, obs))
+    episode = {"task_id": info.get("task_id"), "turns": turns, "finish": finish, "reset_seed": reset_seed}
+    return _trajectory(transcript, total_reward, spec, episode)
 
+
+async def _reset(env, name: str, seed: int, task, executor: Executor | None) -> tuple[list, dict]:
+    """``env.reset`` for the episode: (its first messages, its info dict); EpisodeError when it fails or
+    returns something else."""
+    try:
+        result = await call_env(executor, env.reset, seed=seed, options={"task": task})
+    except ReplicaLost:
+        raise
+    except Exception as e:
+        raise EpisodeError(f"env.reset failed: {type(e).__name__}: {e}") from e
+    obs, info = _returned(result, f"{name}.reset", "(observation, info)", 2)
+    messages = _observation(obs, f"{name}.reset", "user")
+    if not isinstance(info, dict):
+        raise EpisodeError(f"{name}.reset returned info of type {type(info).__name__}; expected a dict")
+    return messages, info
+
+
+async def _step(
+    env, name: str, text: str, role: str, executor: Executor | None
+) -> tuple[list, float, bool, bool]:
+    """``env.step(text)``: (the observation as messages of ``role``, the reward as a float, terminated,
+    truncated); EpisodeError when it fails or returns something else."""
+    try:
+        result = await call_env(executor, env.step, text)
+    except ReplicaLost:
+        raise
+    except Exception as e:
+        raise EpisodeError(f"env.step failed: {type(e).__name__}: {e}") from e
+    obs, reward, terminated, truncated, _ = _returned(
+        result, f"{name}.step", "(observation, reward, terminated, truncated, info)", 5
+    )
+    obs = _observation(obs, f"{name}.step", role)
+    try:
+        reward = float(reward)
+    except (TypeError, ValueError):
+        raise EpisodeError(
+            f"{name}.step returned a reward of type {type(reward).__name__} ({reward!r:.40}); expected a number"
+        ) from None
+    return obs, reward, terminated, truncated
+
+
+def _trajectory(transcript: _Transcript, reward: float, spec: EpisodeSpec, episode: dict) -> Trajectory:
+    """The validated Trajectory of a finished episode (EpisodeError if it is malformed)."""
     traj = Trajectory(
         tokens=transcript.tokens,
         loss_mask=transcript.mask,
         behavior_logprobs=transcript.behavior,
         versions=transcript.versions,
-        reward=total_reward,
+        reward=reward,
         group_id=spec.group_id,
         info={
-            "task_id": info.get("task_id"),
-            "turns": turns,
-            "finish": finish,
+            "task_id": episode["task_id"],
+            "turns": episode["turns"],
+            "finish": episode["finish"],
             "member": spec.member,
             # with the task and the versions, what reproduces the episode
             "seed": spec.seed,
-            "reset_seed": reset_seed,
+            "reset_seed": episode["reset_seed"],
         },
     )
     try:
