@@ -20,6 +20,7 @@ from rz_agents.model.logprobs import packed_token_logprobs
 from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.advantages import BASELINES, group_advantages, uniform_groups
 from rz_agents.trainer.loss import ESTIMATOR_TABLE, LossConfig, sequence_terms, token_scales
+from rz_agents.trainer.master_weights import MasterWeights
 from rz_agents.trainer.metrics import (
     DeviationTracker,
     Lag0MismatchError,
@@ -84,6 +85,28 @@ def _offsets(trajs: Sequence[Trajectory]) -> list[int]:
     return offsets
 
 
+def _working_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The one dtype of the model's parameters: the dtype the engine samples in and the learner computes in."""
+    dtypes = {p.dtype for p in model.parameters()}
+    if len(dtypes) != 1:
+        raise ValueError(
+            f"the learner needs a model whose parameters share one dtype, got {sorted(map(str, dtypes))}"
+        )
+    return dtypes.pop()
+
+
+@dataclass
+class _Batch:
+    """The admitted trajectories that go through the forward/backward, in order, with their data per predicted
+    token (tokens[1:]): sampled-token mask, behavior log-probs, advantage and token scales."""
+
+    trajs: list[Trajectory]
+    masks: list[torch.Tensor]
+    behavior: list[torch.Tensor]
+    advantages: list[float]
+    scales: list[torch.Tensor]
+
+
 @dataclass
 class _Scored:
     """What the forward/backward pass over a batch leaves for the metrics and the update."""
@@ -99,9 +122,10 @@ class _Scored:
 class Learner:
     """Owns the trained model, its optimizer and schedule, and the policy version.
 
-    A model held in bf16 (or fp16) trains through fp32 master weights: gradients are accumulated in fp32
-    on the masters, AdamW and its state are fp32, and after each step the masters are rounded into the
-    model, whose weights are the ones the engine samples with (so lag-0 tokens stay bit-identical).
+    A model held in bf16 (or fp16) trains through fp32 master weights (``MasterWeights``): gradients are
+    accumulated in fp32 on the masters, AdamW and its state are fp32, and after each step the masters are
+    rounded into the model, whose weights are the ones the engine samples with (so lag-0 tokens stay
+    bit-identical).
     """
 
     def __init__(
@@ -129,15 +153,14 @@ class Learner:
         if verify is not None:  # the aligned kernels' guards, paid (and logged) before the first step
             verify()
         self.ranks = ranks or SingleProcess()
-        self.dtype = next(model.parameters()).dtype  # the dtype of the weights the engine samples with
+        self.dtype = _working_dtype(model)  # the dtype of the weights the engine samples with
         self.model = self.ranks.shard(model)
         self.cfg = cfg
         self.version = version
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.masters: list[torch.Tensor] | None = None
-        if any(p.dtype != torch.float32 for p in self.params):
-            self.masters = [p.detach().float().clone().requires_grad_(True) for p in self.params]
-        self.optimizer, self.scheduler = build_optimizer(self._optimized(), cfg.optim)
+        # fp32 masters: separate copies in one process, the fp32 shards themselves with FSDP2, none in fp32
+        self.master_weights = MasterWeights(self.params, self.dtype, self.ranks)
+        self.optimizer, self.scheduler = build_optimizer(self.master_weights.optimized(), cfg.optim)
         self.deviation = DeviationTracker()
         self.skipped_steps = 0
         self.dropped_over_lag = 0
@@ -153,14 +176,15 @@ class Learner:
                 "learner.loss.estimator decoupled_ppo with proximal_every > 1 needs learner_ranks 1"
             )
 
-    def _optimized(self) -> list[torch.Tensor]:
-        """The tensors AdamW updates: the fp32 masters, or the model's own fp32 parameters."""
-        return self.masters if self.masters is not None else self.params
+    @property
+    def masters(self) -> list[torch.Tensor] | None:
+        """The separate fp32 copies of ``params`` (None: an fp32 model, or a placement whose fp32 shards are
+        the masters; ``master_weights.in_shards`` says which)."""
+        return self.master_weights.copies
 
     # ---- the step -------------------------------------------------------------------------------------
     def step(self, batch: Sequence[Trajectory]) -> dict[str, Any]:
         """Train on one batch; return the step's metrics. Increments ``version`` unless the step is skipped."""
-        cfg = self.cfg
         learner_version = self.version
         trajs, dropped_invalid, dropped_lag = self._admit(batch)
         metrics: dict[str, Any] = {
@@ -173,35 +197,13 @@ class Learner:
             metrics.update(step_skipped_empty=1, step_skipped_nonfinite=0)
             return metrics
 
-        rewards = [float(t.reward) for t in trajs]
-        advantages = group_advantages(rewards, [t.group_id for t in trajs], cfg.baseline)
-        metrics.update(reward_and_advantage_metrics(rewards, advantages))
-        # Per predicted token (tokens[1:]) data of each sequence.
-        masks = [torch.tensor(t.loss_mask[1:], dtype=torch.bool) for t in trajs]
-        behavior = [torch.tensor(t.behavior_logprobs[1:], dtype=torch.float32) for t in trajs]
-        scales = token_scales(masks, cfg.loss.normalization)  # over the whole batch, skipped groups included
-        uniform = uniform_groups(rewards, [t.group_id for t in trajs])
-        metrics["groups_uniform"] = len(uniform)  # all rewards equal: advantage 0, no gradient
-        kept = list(range(len(trajs)))
-        if cfg.skip_uniform_groups:
-            kept = [i for i, t in enumerate(trajs) if t.group_id not in uniform]
-            metrics.update(
-                groups_skipped_uniform=len(uniform),
-                trajectories_skipped_uniform=len(trajs) - len(kept),
-                tokens_skipped_uniform=sum(len(trajs[i].tokens) for i in set(range(len(trajs))) - set(kept)),
-            )
-        trajs, masks, behavior = (
-            [trajs[i] for i in kept],
-            [masks[i] for i in kept],
-            [behavior[i] for i in kept],
-        )
-        advantages, scales = [advantages[i] for i in kept], [scales[i] for i in kept]
-
+        kept = self._prepare(trajs, metrics)
+        trajs, masks = kept.trajs, kept.masks
         cpu0 = time.thread_time()  # CPU time of this thread: wall >> cpu means the cores were busy elsewhere
-        scored = self._forward_backward(trajs, masks, behavior, advantages, scales)
+        scored = self._forward_backward(kept)
         # Mismatch metrics on sampled tokens, before any weight change.
         if trajs:
-            metrics.update(self._mismatch_metrics(trajs, masks, behavior, scored.logps, learner_version))
+            metrics.update(self._mismatch_metrics(kept, scored.logps, learner_version))
         metrics["estimator_clipfrac"] = scored.gated_tokens / max(sum(int(m.sum()) for m in masks), 1)
         if self.proximal is not None:
             metrics["proximal_lag"] = learner_version - self.proximal_version
@@ -229,14 +231,37 @@ class Learner:
         )
         return metrics
 
-    def _forward_backward(
-        self,
-        trajs: list[Trajectory],
-        masks: list[torch.Tensor],
-        behavior: list[torch.Tensor],
-        advantages: list[float],
-        scales: list[torch.Tensor],
-    ) -> _Scored:
+    def _prepare(self, trajs: list[Trajectory], metrics: dict[str, Any]) -> _Batch:
+        """Advantages and per-token data of the admitted trajectories; with ``skip_uniform_groups`` the groups
+        whose rewards are all equal are left out (the token scales still count them). Adds the reward,
+        advantage and uniform-group figures to ``metrics``."""
+        cfg = self.cfg
+        rewards = [float(t.reward) for t in trajs]
+        advantages = group_advantages(rewards, [t.group_id for t in trajs], cfg.baseline)
+        metrics.update(reward_and_advantage_metrics(rewards, advantages))
+        # Per predicted token (tokens[1:]) data of each sequence.
+        masks = [torch.tensor(t.loss_mask[1:], dtype=torch.bool) for t in trajs]
+        behavior = [torch.tensor(t.behavior_logprobs[1:], dtype=torch.float32) for t in trajs]
+        scales = token_scales(masks, cfg.loss.normalization)  # over the whole batch, skipped groups included
+        uniform = uniform_groups(rewards, [t.group_id for t in trajs])
+        metrics["groups_uniform"] = len(uniform)  # all rewards equal: advantage 0, no gradient
+        kept = list(range(len(trajs)))
+        if cfg.skip_uniform_groups:
+            kept = [i for i, t in enumerate(trajs) if t.group_id not in uniform]
+            metrics.update(
+                groups_skipped_uniform=len(uniform),
+                trajectories_skipped_uniform=len(trajs) - len(kept),
+                tokens_skipped_uniform=sum(len(trajs[i].tokens) for i in set(range(len(trajs))) - set(kept)),
+            )
+        return _Batch(
+            [trajs[i] for i in kept],
+            [masks[i] for i in kept],
+            [behavior[i] for i in kept],
+            [advantages[i] for i in kept],
+            [scales[i] for i in kept],
+        )
+
+    def _forward_backward(self, kept: _Batch) -> _Scored:
         """Packed forward, loss and backward per micro-batch; gradients accumulate (in fp32 on the masters).
 
         With several ranks each runs its share of the micro-batches. Nothing leaves the device per
@@ -247,8 +272,9 @@ class Learner:
         not to would need its value on the host now); the step is then skipped and its gradients discarded.
         """
         cfg = self.cfg
+        trajs, masks, behavior = kept.trajs, kept.masks, kept.behavior
         self.model.train()
-        self._zero_grads()
+        self.master_weights.zero_grads()
         t_fwd = t_bwd = 0.0
         plan = micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens)
         aux = self._estimator_aux(trajs, masks, behavior, plan)
@@ -261,33 +287,7 @@ class Learner:
         for j in self.ranks.share(len(plan)):
             t0 = time.perf_counter()
             mb = plan[j] if j is not None else []
-            # An idle pass (this rank has fewer micro-batches than another) runs a 2-token dummy sequence
-            # with zero weight, so that every rank joins the same all-gathers and reduce-scatters.
-            if mb:
-                mb_logps = packed_token_logprobs(
-                    self.model,
-                    [trajs[i].tokens for i in mb],
-                    **self.sampling.scoring(),
-                )
-                # Per-token data lives on the CPU; the loss is computed where the model is (a no-op on CPU).
-                terms = [
-                    sequence_terms(
-                        lp,
-                        behavior[i].to(lp.device, non_blocking=True),
-                        masks[i].to(lp.device, non_blocking=True),
-                        advantages[i],
-                        scales[i].to(lp.device, non_blocking=True),
-                        cfg.loss,
-                        None if aux[i] is None else aux[i].to(lp.device),
-                    )
-                    for i, lp in zip(mb, mb_logps, strict=True)
-                ]
-                loss = sum(t[0] for t in terms)
-                n_gated = sum(t[1] for t in terms)
-            else:  # unfiltered distribution: its log-probs are finite, so 0 * them is exactly 0
-                mb_logps = []
-                n_gated = 0
-                loss = packed_token_logprobs(self.model, [[0, 0]])[0].sum() * 0.0
+            loss, mb_logps, n_gated = self._micro_batch_loss(kept, mb, aux)
             t1 = time.perf_counter()
             for i, lp in zip(mb, mb_logps, strict=True):
                 flat[offsets[i] : offsets[i + 1]] = lp.detach().float()
@@ -296,18 +296,48 @@ class Learner:
                 flat[n_logps + j] = loss.detach().float()
             flat[-2] += n_gated
             loss.backward()
-            self._accumulate_into_masters()
+            self.master_weights.accumulate()
             t_fwd += t1 - t0
             t_bwd += time.perf_counter() - t1
         if not plan:  # every group skipped: zero gradients, so AdamW still steps as it would on the batch
-            for p in self._optimized():
-                p.grad = torch.zeros_like(p)
+            self.master_weights.zero_sums()
         total = self.ranks.reduce_sum(flat).cpu()  # the step's one exchange and one host copy
         values = total.tolist()
         loss_value = sum(values[n_logps + j] for j in range(len(plan)))
         finite = values[-1] == 0.0
         logps = [total[offsets[i] : offsets[i + 1]] for i in range(len(trajs))]
         return _Scored(logps, loss_value, finite, int(values[-2]), t_fwd, t_bwd)
+
+    def _micro_batch_loss(
+        self, kept: _Batch, mb: list[int], aux: list[torch.Tensor | None]
+    ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | int]:
+        """One micro-batch's packed forward and loss (not yet backpropagated): the summed loss, the log-probs
+        of tokens[1:] per sequence of ``mb``, and the number of sampled tokens the estimator gated (a device
+        tensor: nothing is copied to the host here).
+
+        An empty ``mb`` is the idle pass (this rank has fewer micro-batches than another): a 2-token dummy
+        sequence with zero weight, so that every rank joins the same all-gathers and reduce-scatters."""
+        if not mb:  # unfiltered distribution: its log-probs are finite, so 0 * them is exactly 0
+            return packed_token_logprobs(self.model, [[0, 0]])[0].sum() * 0.0, [], 0
+        cfg = self.cfg
+        trajs, masks, behavior = kept.trajs, kept.masks, kept.behavior
+        mb_logps = packed_token_logprobs(self.model, [trajs[i].tokens for i in mb], **self.sampling.scoring())
+        # Per-token data lives on the CPU; the loss is computed where the model is (a no-op on CPU).
+        terms = [
+            sequence_terms(
+                lp,
+                behavior[i].to(lp.device, non_blocking=True),
+                masks[i].to(lp.device, non_blocking=True),
+                kept.advantages[i],
+                kept.scales[i].to(lp.device, non_blocking=True),
+                cfg.loss,
+                None if aux[i] is None else aux[i].to(lp.device),
+            )
+            for i, lp in zip(mb, mb_logps, strict=True)
+        ]
+        loss = sum(t[0] for t in terms)
+        n_gated = sum(t[1] for t in terms)
+        return loss, mb_logps, n_gated
 
     def _estimator_aux(
         self,
@@ -358,15 +388,11 @@ class Learner:
         return [total[offsets[i] : offsets[i + 1]] for i in range(len(trajs))]
 
     def _mismatch_metrics(
-        self,
-        trajs: list[Trajectory],
-        masks: list[torch.Tensor],
-        behavior: list[torch.Tensor],
-        logps: list[torch.Tensor],
-        learner_version: int,
+        self, kept: _Batch, logps: list[torch.Tensor], learner_version: int
     ) -> dict[str, Any]:
         """IS-weight, KL, lag and lag-0 |dlogp| figures over the sampled tokens; enforces assert_lag0_exact."""
         cfg = self.cfg
+        trajs, masks, behavior = kept.trajs, kept.masks, kept.behavior
         sel_logp = torch.cat([s[m] for s, m in zip(logps, masks, strict=True)])
         sel_blp = torch.cat([b[m] for b, m in zip(behavior, masks, strict=True)])
         sel_ver = torch.cat(
@@ -379,7 +405,7 @@ class Learner:
         if "is_weight_abs_dev_mean" in out:
             out.update(self.deviation.update(out["is_weight_abs_dev_mean"]))
         if cfg.assert_lag0_exact and out.get("lag0_abs_dlogp_max", 0.0) != 0.0:
-            self._zero_grads()
+            self.master_weights.zero_grads()
             raise Lag0MismatchError(
                 f"lag-0 tokens differ from their behavior logprobs: max |dlogp| = {out['lag0_abs_dlogp_max']}"
             )
@@ -391,7 +417,9 @@ class Learner:
         max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else math.inf
         grad_norm = math.nan
         if scored.finite:
-            norm = torch.nn.utils.clip_grad_norm_(self._optimized(), max_norm, error_if_nonfinite=False)
+            norm = torch.nn.utils.clip_grad_norm_(
+                self.master_weights.optimized(), max_norm, error_if_nonfinite=False
+            )
             grad_norm = float(self.ranks.full(norm))
         skipped = not (scored.finite and math.isfinite(scored.loss) and math.isfinite(grad_norm))
         if skipped:
@@ -399,36 +427,10 @@ class Learner:
         else:
             self.optimizer.step()
             self.scheduler.step()
-            self._copy_masters_to_model()
+            self.master_weights.round_into_model()
             self.version += 1
-        self._zero_grads()
+        self.master_weights.zero_grads()
         return grad_norm, skipped
-
-    # ---- fp32 master weights -----------------------------------------------------------------------------
-    def _zero_grads(self) -> None:
-        for p in self.params:
-            p.grad = None
-        if self.masters is not None:
-            for m in self.masters:
-                m.grad = None
-
-    def _accumulate_into_masters(self) -> None:
-        """Move this micro-batch's low-precision gradients into fp32 sums on the masters."""
-        if self.masters is None:
-            return
-        for p, m in zip(self.params, self.masters, strict=True):
-            if p.grad is None:
-                continue
-            g = p.grad.float()
-            m.grad = g if m.grad is None else m.grad.add_(g)
-            p.grad = None
-
-    @torch.no_grad()
-    def _copy_masters_to_model(self) -> None:
-        if self.masters is None:
-            return
-        for p, m in zip(self.params, self.masters, strict=True):
-            p.copy_(m)  # round to nearest even into the model's dtype
 
     def _admit(self, batch: Sequence[Trajectory]) -> tuple[list[Trajectory], int, int]:
         """Drop (and count) invalid trajectories and those with a token older than max_lag."""
@@ -441,11 +443,7 @@ class Learner:
                 invalid += 1
                 continue
             oldest = t.oldest_version()
-            if (
-                self.max_lag is not None
-                and oldest is not None
-                and self.version - oldest > self.max_lag
-            ):
+            if self.max_lag is not None and oldest is not None and self.version - oldest > self.max_lag:
                 over_lag += 1
                 continue
             keep.append(t)
@@ -484,12 +482,7 @@ class Learner:
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, schedule, version and counters (for checkpoints)."""
-        if self.masters is not None:
-            masters = [m.detach().clone() for m in self.masters]
-        elif self.dtype != torch.float32:  # sharded: the fp32 shards are the masters
-            masters = [self.ranks.full(p.detach()) for p in self.params]
-        else:
-            masters = None
+        masters = self.master_weights.state()  # whole fp32 tensors (sharded: the shards gathered)
         optimizer = self.optimizer.state_dict()
         if self.ranks.world > 1:  # (the per-parameter dicts are the optimizer's own: build new ones)
             optimizer["state"] = {
@@ -514,7 +507,7 @@ class Learner:
         if self.ranks.world > 1:
             optimizer = {**optimizer, "state": dict(optimizer["state"])}
             for index, per_param in optimizer["state"].items():
-                param = self._optimized()[int(index)]
+                param = self.master_weights.optimized()[int(index)]
                 optimizer["state"][index] = {
                     k: self.ranks.shard_like(v, param) if isinstance(v, torch.Tensor) and v.dim() else v
                     for k, v in per_param.items()
@@ -529,14 +522,10 @@ class Learner:
     @torch.no_grad()
     def _load_model(self, state: dict[str, Any]) -> None:
         """Weights from ``state["model"]``, fp32 masters from ``state["masters"]`` (or the weights)."""
-        saved = state.get("masters")
-        if self.ranks.world == 1:
+        if self.ranks.keeps_fp32_shards:  # the shards take their part of each whole tensor
+            names = {id(p): n for n, p in self.model.named_parameters()}
+            weights = [state["model"][names[id(p)]] for p in self.params]
+        else:
             self.model.load_state_dict(state["model"])
-            if self.masters is not None:
-                for i, (p, m) in enumerate(zip(self.params, self.masters, strict=True)):
-                    m.copy_(saved[i] if saved is not None else p)
-            return
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        for i, p in enumerate(self.params):
-            full = saved[i] if saved is not None else state["model"][names[id(p)]]
-            p.copy_(self.ranks.shard_like(full.float(), p))
+            weights = self.params
+        self.master_weights.load(state.get("masters"), weights)

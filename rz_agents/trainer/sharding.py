@@ -66,6 +66,10 @@ class SingleProcess:
 
     rank = 0
     world = 1
+    # Whether ``shard`` leaves the parameters as fp32 shards that are themselves the master weights (a
+    # low-precision model then needs no separate fp32 copies: ``trainer/master_weights.py``). Here: the
+    # parameters stay in the model's dtype.
+    keeps_fp32_shards = False
 
     def shard(self, model: torch.nn.Module) -> torch.nn.Module:
         """Prepare ``model`` for training on these ranks (here: as it is)."""
@@ -92,8 +96,10 @@ class ShardedRanks(SingleProcess):
     """One rank of a learner whose model FSDP2 shards over the default torch.distributed group.
 
     Call after ``torch.distributed.init_process_group`` (gloo on CPU, NCCL on GPU), with the same model
-    (same weights) on every rank; ``shard`` then keeps 1/world of each parameter here.
+    (same weights) on every rank; ``shard`` then keeps 1/world of each parameter here, in fp32.
     """
+
+    keeps_fp32_shards = True  # the fp32 shards are the masters; the forward computes in the model's dtype
 
     def __init__(self, device: str = "cpu") -> None:
         from torch.distributed.device_mesh import init_device_mesh
@@ -118,7 +124,7 @@ class ShardedRanks(SingleProcess):
         # cache in this process (the aligned GEMM packs per call; results are the same bits)
         set_packed_cache(False)
         compute = next(model.parameters()).dtype
-        model.to(device=self.device, dtype=torch.float32)
+        model.to(device=self.device, dtype=torch.float32)  # (what keeps_fp32_shards states)
         policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
         for layer in model.model.layers:
             fully_shard(layer, mesh=self.mesh, mp_policy=policy)
