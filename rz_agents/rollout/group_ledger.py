@@ -208,12 +208,12 @@ class GroupLedger:
 
         ``steps``: learner steps in the checkpoint (its history); ``trained_groups``: the group indices of
         each of those steps, when the history records them; ``task_position``: the task source's position
-        (one task per started group). With both the dropped indices and ``trained_groups`` known, the places
-        must also cover every started group.
+        (one task per started group). The counts must add up, and no index may be in two known places or
+        outside ``range(groups_started)``. With the dropped indices and ``trained_groups`` known, that makes
+        the places a partition: their sizes sum to groups_started, so distinct indices in range cover all.
         """
         problems = self._count_problems(steps, trained_groups, task_position)
-        places = self._places(trained_groups)
-        problems += _place_problems(places, self.groups_started, partition=not problems and len(places) == 4)
+        problems += _place_problems(self._places(trained_groups), self.groups_started)
         if problems:
             prefix = f"inconsistent checkpoint{f' ({where})' if where else ''}: "
             raise InconsistentCheckpoint(prefix + "; ".join(problems))
@@ -264,8 +264,8 @@ class GroupLedger:
         return problems
 
 
-def _place_problems(places: dict[str, list[int]], started: int, partition: bool) -> list[str]:
-    """Indices in two places, outside ``range(started)``, or (``partition``: every place known) in none."""
+def _place_problems(places: dict[str, list[int]], started: int) -> list[str]:
+    """Group indices in more than one place or outside ``range(started)``."""
     where_of: dict[int, list[str]] = {}
     for place, indices in places.items():
         for i in indices:
@@ -278,9 +278,6 @@ def _place_problems(places: dict[str, list[int]], started: int, partition: bool)
     outside = sorted(i for i in where_of if not 0 <= i < started)
     if outside:
         problems.append(f"group indices outside range(groups_started={started}): {outside[:8]}")
-    if partition and not problems and len(where_of) != started:
-        missing = sorted(set(range(started)) - set(where_of))
-        problems.append(f"{len(missing)} started groups are in no place: {missing[:8]}")
     return problems
 
 
