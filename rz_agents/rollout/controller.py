@@ -189,7 +189,7 @@ class RolloutController:
         return self.ledger.in_flight
 
     @property
-    def _relaunch(self) -> list[tuple[int, Any]]:
+    def _relaunch(self) -> list[tuple[int, Any]]:  # the groups still to relaunch after a resume
         return self.ledger.relaunch
 
     # ---- admission ------------------------------------------------------------------------------
@@ -218,7 +218,8 @@ class RolloutController:
         """Start groups as admission allows, until ``stop``."""
         try:
             while not self._stopping:
-                # No await from here to the in_flight entry: a checkpoint always finds the group somewhere.
+                # No await from here to the in_flight entry (relaunch_next / start): a checkpoint always finds
+                # the group somewhere.
                 relaunched = self.ledger.relaunch_next()
                 if relaunched is not None:
                     index, task = relaunched
