@@ -2,9 +2,10 @@
 
 Admission control: a group may start only while
 
-    groups_started - groups_dropped < (steps_done + min(max_lag + 1, max_ahead_batches)) * groups_per_batch
+    groups_started - groups_dropped < (steps_done + ahead) * groups_per_batch
 
-where steps_done counts finished learner steps. A group admitted under this rule is, in order of start,
+where steps_done counts finished learner steps and ahead is the run's ``LagPolicy.ahead_batches()``
+(min(max_lag + 1, max_ahead_batches); 1 with a fixed lag), max_lag its ``bound``. A group admitted under this rule is, in order of start,
 among the next max_lag + 1 batches, so its tokens would be trained at most max_lag versions later.
 Groups finish out of order, so ``TrajectoryQueue.take`` also drops (and counts) any group whose oldest
 token has lag > max_lag: no trained token ever exceeds the bound. max_lag = 0 is the synchronous mode:
@@ -12,7 +13,8 @@ one batch is generated with the current weights, trained, published, then the ne
 
 Accounting: every started group is in exactly one place: in flight (or waiting to be relaunched after a
 resume), queued, taken by the learner (``next_batch`` returned it, ``step_done`` not yet called), trained,
-or dropped. ``state_dict`` saves that as a consistent cut (see checkpoint_cut.py). If the learner waits
+or dropped. The ``GroupLedger`` (group_ledger.py) records that place and the counters; ``state_dict``
+saves it as a consistent cut, which ``GroupLedger.check`` verifies. If the learner waits
 for a batch that no group can ever fill (nothing queued or in flight and admission closed), ``next_batch``
 raises RolloutDeadlock naming the counts instead of waiting forever.
 """
@@ -23,14 +25,13 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, ReplicaLost, run_episode
-from rz_agents.rollout.checkpoint_cut import STATE_FORMAT, check_consistent_cut
+from rz_agents.rollout.group_ledger import STATE_FORMAT, Counters, GroupLedger
 from rz_agents.rollout.lag_policy import LagPolicy
 from rz_agents.rollout.task_source import TaskSource
 from rz_agents.rollout.trajectory_queue import Group, TrajectoryQueue
@@ -126,27 +127,7 @@ class RolloutController:
         self.sampling = sampling
         self._request = sampling.engine_params()  # the engine's template; run_episode sets the rest per turn
         self.queue = TrajectoryQueue()
-        self.steps_done = 0
-        self.counters = {
-            "groups_started": 0,
-            "groups_finished": 0,
-            "groups_dropped_failed": 0,
-            "groups_dropped_stale": 0,
-            "groups_dropped_uniform": 0,  # all rewards equal, replaced by another group (rollout.oversample)
-            "groups_trained": 0,
-            "episodes_started": 0,
-            "episodes_finished": 0,
-            "episodes_failed": 0,
-            "episodes_rerun": 0,  # runs started again after their engine replica or env worker died
-            "episodes_lost": 0,  # dropped after that happened more than max_episode_reruns times
-        }
-        self.in_flight: dict[int, dict[str, Any]] = {}  # group index -> {"task": ...}: relaunched on resume
-        # Groups in flight at the checkpoint this run resumed from: started again first (same index, task
-        # and seeds), outside admission (they were admitted before) and still counted in groups_started.
-        self._relaunch: list[tuple[int, dict[str, Any] | None]] = []
-        self._taken: deque[list[Group]] = deque()  # batches returned by next_batch, not yet step_done
-        # Indices of the dropped groups (failed or stale); None after resuming a state that did not record them.
-        self._dropped_groups: list[int] | None = []
+        self.ledger = GroupLedger(self.queue)  # where every started group is, the counters, steps done
         self._idle_envs: list[Any] = []
         self._all_envs: list[Any] = []
         self._executor = ThreadPoolExecutor(
@@ -161,18 +142,33 @@ class RolloutController:
         self.first_error: str | None = None  # the run's first failed episode, for the summary
         self.admission_lag: int | None = None  # set by the runtime's lag governor (rollout.lag_governor)
 
-    # ---- admission ------------------------------------------------------------------------------
-    def _dropped(self) -> int:
-        c = self.counters
-        return c["groups_dropped_failed"] + c["groups_dropped_stale"] + c["groups_dropped_uniform"]
+    # ---- the ledger's figures, as callers read them -------------------------------------------------
+    @property
+    def counters(self) -> Counters:
+        """The rollout counters by name (``groups_started``, ...): the ledger's, read and written through."""
+        return self.ledger.counters
 
+    @property
+    def steps_done(self) -> int:
+        """Finished learner steps (``step_done`` calls, and those of the checkpoint resumed from)."""
+        return self.ledger.steps_done
+
+    @property
+    def in_flight(self) -> dict[int, Any]:
+        """Group index -> task of the groups whose episodes are running."""
+        return self.ledger.in_flight
+
+    @property
+    def _relaunch(self) -> list[tuple[int, Any]]:  # the groups still to relaunch after a resume
+        return self.ledger.relaunch
+
+    # ---- admission ------------------------------------------------------------------------------
     def _ahead_batches(self) -> int:
         return self.lag.ahead_batches(self.admission_lag)  # admission_lag: the lag governor's bound
 
     def may_start_group(self) -> bool:
         """True while starting one more group keeps the lag bound (see the module docstring)."""
-        live = self.counters["groups_started"] - self._dropped()
-        return live < (self.steps_done + self._ahead_batches()) * self.cfg.groups_per_batch
+        return self.ledger.live < (self.steps_done + self._ahead_batches()) * self.cfg.groups_per_batch
 
     def _wake(self) -> None:
         self._admission.set()
@@ -182,17 +178,18 @@ class RolloutController:
         """Start groups as admission allows, until ``stop``."""
         try:
             while not self._stopping:
-                # No await from here to the in_flight entry: a checkpoint always finds the group somewhere.
-                if self._relaunch:
-                    index, task = self._relaunch.pop(0)
+                # No await from here to the in_flight entry (relaunch_next / start): a checkpoint always finds
+                # the group somewhere.
+                relaunched = self.ledger.relaunch_next()
+                if relaunched is not None:
+                    index, task = relaunched
                 elif self.may_start_group():
-                    index, task = self.counters["groups_started"], self.tasks.next()
-                    self.counters["groups_started"] += 1
+                    task = self.tasks.next()
+                    index = self.ledger.start(task)
                 else:
                     self._admission.clear()
                     await self._admission.wait()
                     continue
-                self.in_flight[index] = {"task": task}
                 members = []
                 for m in range(self.cfg.group_size):
                     await self._slots.acquire()
@@ -213,20 +210,20 @@ class RolloutController:
 
     async def _episode(self, spec: EpisodeSpec) -> Trajectory | None:
         env = self._idle_envs.pop() if self._idle_envs else None
-        self.counters["episodes_started"] += 1
+        self.ledger.episodes_started += 1
         try:
             if env is None:
                 env = await asyncio.get_running_loop().run_in_executor(self._executor, self.env_factory)
                 self._all_envs.append(env)
             traj = await self._run_with_reruns(spec, env)
-            self.counters["episodes_finished"] += 1
+            self.ledger.episodes_finished += 1
             self._consecutive_failures = 0
             self._idle_envs.append(env)
             return traj
         except asyncio.CancelledError:
             raise
         except (EpisodeError, Exception) as e:  # one bad episode never stops the run
-            self.counters["episodes_failed"] += 1
+            self.ledger.episodes_failed += 1
             where = f"group {spec.group_id}, member {spec.member}"
             first = self.first_error is None
             if first:
@@ -265,26 +262,22 @@ class RolloutController:
                 )
             except ReplicaLost:
                 if attempt >= self.cfg.max_episode_reruns:
-                    self.counters["episodes_lost"] += 1
+                    self.ledger.episodes_lost += 1
                     raise
-                self.counters["episodes_rerun"] += 1
+                self.ledger.episodes_rerun += 1
         raise AssertionError("unreachable")
 
     async def _finish_group(self, index: int, members: list[asyncio.Future]) -> None:
         results = await asyncio.gather(*members)
-        self.in_flight.pop(index, None)
         trajs = [t for t in results if t is not None]
         if trajs and self._replace_uniform(trajs):
-            self.counters["groups_dropped_uniform"] += 1
-            self._record_dropped([index])
+            self.ledger.drop_uniform(index)
             self._wake()  # admission starts a replacement
             self.queue.notify()
         elif trajs:
-            self.queue.put(Group(index, trajs))
-            self.counters["groups_finished"] += 1
+            self.ledger.finish(index, trajs)
         else:
-            self.counters["groups_dropped_failed"] += 1
-            self._record_dropped([index])
+            self.ledger.drop_failed(index)
             self._wake()
             self.queue.notify()  # a waiting next_batch re-checks whether any group can still come
 
@@ -293,15 +286,14 @@ class RolloutController:
         oversample budget (``oversample`` per learner step, counted from the first) is not spent."""
         if not self.cfg.oversample or len({float(t.reward) for t in trajs}) != 1:
             return False
-        return self.counters["groups_dropped_uniform"] < (self.steps_done + 1) * self.cfg.oversample
+        return self.ledger.groups_dropped_uniform < (self.ledger.steps_done + 1) * self.cfg.oversample
 
     # ---- consuming ------------------------------------------------------------------------------
     async def next_batch(self, version: int) -> list[Trajectory]:
         """Wait for groups_per_batch groups trainable at ``version``; return their trajectories."""
 
         def on_drop(groups: list[Group]) -> None:
-            self.counters["groups_dropped_stale"] += len(groups)
-            self._record_dropped([g.index for g in groups])
+            self.ledger.drop_stale(groups)
             self._wake()
 
         if self.failure is not None:
@@ -311,13 +303,9 @@ class RolloutController:
         )
         if self.failure is not None:
             raise self.failure
-        self._taken.append(groups)
+        self.ledger.take(groups)
         # Group order (not completion order) fixes the summation order of the loss: reproducible steps.
         return [t for g in sorted(groups, key=lambda g: g.index) for t in g.trajectories]
-
-    def _record_dropped(self, indices: list[int]) -> None:
-        if self._dropped_groups is not None:
-            self._dropped_groups.extend(indices)
 
     def _check_not_deadlocked(self) -> None:
         """Raise RolloutDeadlock if the batch next_batch waits for can never be filled.
@@ -325,14 +313,14 @@ class RolloutController:
         Nothing can change while no group is in flight or waiting for relaunch, no taken batch awaits its
         step_done (which would admit more) and admission is closed: waiting would be forever.
         """
-        if self.in_flight or self._relaunch or self._taken or self._stopping or self.may_start_group():
+        if self.ledger.pending or self._stopping or self.may_start_group():
             return
         c = self.counters
         ahead = self._ahead_batches()
         raise RolloutDeadlock(
             f"the learner waits for {self.cfg.groups_per_batch} groups but none can come: {len(self.queue)} "
-            f"queued, 0 in flight, and admission is closed (live groups {c['groups_started'] - self._dropped()}"
-            f" = started {c['groups_started']} - dropped {self._dropped()} >= (steps_done {self.steps_done} + "
+            f"queued, 0 in flight, and admission is closed (live groups {self.ledger.live}"
+            f" = started {c['groups_started']} - dropped {self.ledger.dropped} >= (steps_done {self.steps_done} + "
             f"ahead {ahead}) x {self.cfg.groups_per_batch}; trained {c['groups_trained']}). The controller "
             "state (a checkpoint?) does not account for every started group."
         )
@@ -343,10 +331,7 @@ class RolloutController:
 
     def step_done(self) -> None:
         """The learner finished a step (applied or skipped) on the oldest taken batch: admit the next groups."""
-        if not self._taken:
-            raise RuntimeError("step_done() without a batch taken by next_batch()")
-        self.counters["groups_trained"] += len(self._taken.popleft())
-        self.steps_done += 1
+        self.ledger.step_done()
         self._wake()
         self.queue.notify()
 
@@ -356,39 +341,18 @@ class RolloutController:
 
         Batches taken by the learner but not yet trained (``step_done``) are saved as queued, in front.
         """
-        taken = [g for batch in self._taken for g in batch]
-        in_flight = [(i, v["task"]) for i, v in self.in_flight.items()] + list(self._relaunch)
-        return {
-            "format": STATE_FORMAT,
-            "tasks": self.tasks.state_dict(),
-            "steps_done": self.steps_done,
-            "counters": dict(self.counters),
-            "queued": [
-                {"index": g.index, "trajectories": [t.to_dict() for t in g.trajectories]}
-                for g in taken + self.queue.snapshot()
-            ],
-            "in_flight": sorted(in_flight, key=lambda x: x[0]),
-            "dropped_groups": None if self._dropped_groups is None else list(self._dropped_groups),
-        }
+        return {"format": STATE_FORMAT, "tasks": self.tasks.state_dict(), **self.ledger.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state of the current format (checkpoint_cut.upgrade_state converts older ones); groups
         that were in flight are run again first (same index, task and seeds). Raises InconsistentCheckpoint
-        (naming the counts) if the state is not a consistent cut."""
-        if state.get("format", 1) != STATE_FORMAT:
-            raise ValueError(
-                f"controller state of format {state.get('format', 1)}, expected {STATE_FORMAT} "
-                "(rz_agents.rollout.checkpoint_cut.upgrade_state converts format 1)"
-            )
-        check_consistent_cut(state, int(state["steps_done"]), where="controller state")
+        (naming the counts), changing nothing, if the state is not a consistent cut."""
+        ledger = GroupLedger.from_state(state)
+        ledger.check(
+            ledger.steps_done, task_position=int(state["tasks"]["position"]), where="controller state"
+        )
         self.tasks.load_state_dict(state["tasks"])
-        self.steps_done = int(state["steps_done"])
-        self.counters.update(state["counters"])
-        for g in state["queued"]:
-            self.queue.put(Group(g["index"], [Trajectory.from_dict(d) for d in g["trajectories"]]))
-        self._relaunch = [(int(i), task) for i, task in state["in_flight"]]
-        dropped = state.get("dropped_groups")
-        self._dropped_groups = None if dropped is None else list(dropped)
+        self.ledger, self.queue = ledger, ledger.queue
 
     # ---- shutdown ---------------------------------------------------------------------------------
     def stop(self) -> None:
