@@ -1,6 +1,6 @@
 """List the functions longer than N lines (default 60) under the given paths, longest first.
 
-    python3 scripts/long_functions.py rz_agents --over 60
+python3 scripts/long_functions.py rz_agents --over 60
 """
 
 from __future__ import annotations

@@ -62,7 +62,9 @@ class LagPolicy:
         if max_ahead_batches is not None and max_ahead_batches < 1:
             raise ValueError(f"rollout.max_ahead_batches must be >= 1 or None, got {max_ahead_batches}")
         if not 0.0 < lag_governor_target_ess < 1.0:
-            raise ValueError(f"rollout.lag_governor_target_ess must be in (0, 1), got {lag_governor_target_ess}")
+            raise ValueError(
+                f"rollout.lag_governor_target_ess must be in (0, 1), got {lag_governor_target_ess}"
+            )
         if lag_governor and fixed_lag is not None:
             raise ValueError("rollout.lag_governor moves the lag bound; rollout.fixed_lag fixes it: set one")
         synchronous = mode == "sync" or estimator == "on_policy"
@@ -88,7 +90,9 @@ class LagPolicy:
             return cls("sync", 0, max_ahead_batches)
         if fixed_lag is not None:
             return cls("fixed", fixed_lag, 1)
-        return cls("bounded", max_lag, max_ahead_batches, lag_governor and max_lag > 0, lag_governor_target_ess)
+        return cls(
+            "bounded", max_lag, max_ahead_batches, lag_governor and max_lag > 0, lag_governor_target_ess
+        )
 
     @property
     def fixed_lag(self) -> int | None:

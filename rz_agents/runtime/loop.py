@@ -204,7 +204,11 @@ class TrainLoop:
         """
         state = self.controller.state_dict()
         check_consistent_cut(state, self.steps_done, _trained_groups(self.history), where="saving")
-        runtime: dict[str, Any] = {"controller": state, "history": self.history, "steps_done": self.steps_done}
+        runtime: dict[str, Any] = {
+            "controller": state,
+            "history": self.history,
+            "steps_done": self.steps_done,
+        }
         if self.weight_history is not None:
             runtime["weight_history"] = {
                 v: self.placement.weights_to_tensors(w) for v, w in self.weight_history.state_dict().items()

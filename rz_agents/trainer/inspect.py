@@ -54,9 +54,7 @@ def record_step(
     model.eval()
     with torch.no_grad():
         for mb in micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens):
-            scored = packed_token_logprobs(
-                model, [trajs[i].tokens for i in mb], **sampling.scoring()
-            )
+            scored = packed_token_logprobs(model, [trajs[i].tokens for i in mb], **sampling.scoring())
             for i, lp in zip(mb, scored, strict=True):
                 learner[i] = [math.nan, *lp.tolist()]  # token 0 has no context
     model.train(was_training)

@@ -33,7 +33,9 @@ def _tiny_config(tmp_path):
             for w in ("abcdef", "qwerty", "zxcvbn", "lowercase")
         )
     )
-    return TINY + f"warm_start: {{demos: 0, episodes: {episodes}, epochs: 1, batch_size: 4, warmup_steps: 0}}\n"
+    return (
+        TINY + f"warm_start: {{demos: 0, episodes: {episodes}, epochs: 1, batch_size: 4, warmup_steps: 0}}\n"
+    )
 
 
 def _rows(run_dir):

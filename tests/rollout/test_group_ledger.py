@@ -9,7 +9,9 @@ import pytest
 from rz_agents.rollout.checkpoint_cut import check_consistent_cut, upgrade_state
 from rz_agents.rollout.controller import RolloutConfig, RolloutController
 from rz_agents.rollout.group_ledger import COUNTERS, STATE_FORMAT, GroupLedger, InconsistentCheckpoint
+from rz_agents.rollout.lag_policy import LagPolicy
 from rz_agents.rollout.task_source import TaskSource
+from rz_agents.sampling import SamplingSpec
 from rz_agents.trajectory import Trajectory
 
 
@@ -189,7 +191,16 @@ def test_a_state_with_an_unknown_counter_is_a_clear_error():
 
 
 def test_the_controller_refuses_an_inconsistent_state_and_keeps_its_own():
-    controller = RolloutController(None, lambda: None, None, None, TaskSource(None), RolloutConfig())
+    controller = RolloutController(
+        None,
+        lambda: None,
+        None,
+        None,
+        TaskSource(None),
+        RolloutConfig(),
+        lag=LagPolicy(),
+        sampling=SamplingSpec(),
+    )
     try:
         led, _ = _ledger_through_every_place()
         state = {"format": STATE_FORMAT, "tasks": {"position": 8}, **led.state_dict()}
