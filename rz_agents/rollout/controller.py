@@ -269,6 +269,8 @@ class RolloutController:
 
     async def _finish_group(self, index: int, members: list[asyncio.Future]) -> None:
         results = await asyncio.gather(*members)
+        if self._stopping:  # the run is ending: the group stays in flight (a resume runs it again), so the
+            return  # accounting the last step logged is the final checkpoint's
         trajs = [t for t in results if t is not None]
         if trajs and self._replace_uniform(trajs):
             self.ledger.drop_uniform(index)
