@@ -159,7 +159,11 @@ class LocalRun(RunHandle):
             cfg, plan, self.engine, run_env_factory(cfg, plan), self.template, self.tokenizer
         )
         self.placement = LocalPlacement(self)
-        self.loop = TrainLoop(cfg, self.controller, self.placement)
+        try:  # a resume that fails (a bad checkpoint) releases the envs, threads and learner process
+            self.loop = TrainLoop(cfg, self.controller, self.placement)
+        except BaseException:
+            self.close()
+            raise
 
     def export_model(self, out_dir: str | Path) -> Path:
         """The learner's current weights as an HF checkpoint directory (``rz eval --checkpoint`` reads it),
