@@ -6,6 +6,8 @@ chunk, so prefill, chunked prefill, decode and the training forward all rotate i
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -24,6 +26,7 @@ class RopeTable:
         self.sin = emb.sin()
         self.max_positions = max_positions
         self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._prechecked = False
 
     def tables(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) on `device` (computed once on CPU, copied once per device)."""
@@ -34,11 +37,22 @@ class RopeTable:
             self._on_device[device] = (self.cos.to(device), self.sin.to(device))
         return self._on_device[device]
 
+    def check_top(self, top: int | None) -> None:
+        """Raise ValueError if the highest position ``top`` (None: no tokens) is past the table."""
+        if top is not None and top >= self.max_positions:
+            raise ValueError(f"position {top} exceeds max_position_embeddings {self.max_positions}")
+
     def check_positions(self, positions: torch.Tensor) -> None:
-        if positions.numel() and int(positions.max()) >= self.max_positions:
-            raise ValueError(
-                f"position {int(positions.max())} exceeds max_position_embeddings {self.max_positions}"
-            )
+        """``check_top`` of ``positions`` (one host sync), unless this is a ``prechecked`` view."""
+        if not self._prechecked and positions.numel():
+            self.check_top(int(positions.max()))
+
+    def prechecked(self) -> RopeTable:
+        """A view of this table (same cos/sin tensors) for one forward whose positions were checked once
+        with ``check_top``: its per-layer ``check_positions`` costs nothing (no host sync per layer)."""
+        view = copy.copy(self)
+        view._prechecked = True
+        return view
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate x [T, heads, head_dim] by positions [T]; math in fp32, result in x's dtype."""

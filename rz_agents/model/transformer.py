@@ -148,19 +148,20 @@ class _Context:
 
     def __init__(self, model: Transformer, positions, seq_ids, kv_cache: CacheView | None) -> None:
         self.ops = model.ops_for(positions.device)
-        self.rope = model.rope
         self.positions = positions
         self.kv_cache = kv_cache
         cfg = model.config
         page_table = None
+        # The highest position, read once per forward: the engine passes it with its cache view (no sync);
+        # other callers pay one host sync here, and no layer pays one again (the RoPE view is prechecked).
+        top = kv_cache.max_position if isinstance(kv_cache, CacheView) else None
+        if top is None and positions.numel():
+            top = int(positions.max())
         if kv_cache is not None:
             if not isinstance(kv_cache, CacheView):
                 raise TypeError(
                     f"kv_cache must be a CacheView (KVCache.view(page_table)), got {type(kv_cache).__name__}"
                 )
-            top = kv_cache.max_position
-            if top is None and positions.numel():  # the engine passes it; other callers pay one sync
-                top = int(positions.max())
             if top is not None and top >= kv_cache.capacity:
                 raise ValueError(f"position {top} exceeds the page table's {kv_cache.capacity} positions")
             self.buf_seq = seq_ids
@@ -170,8 +171,10 @@ class _Context:
             self.write_page, self.write_offset = pages, positions % PAGE_SIZE
         else:
             uniq, self.buf_seq = torch.unique(seq_ids, return_inverse=True)
-            span = -(-(int(positions.max()) + 1) // KEY_BLOCK) * KEY_BLOCK if positions.numel() else KEY_BLOCK
+            span = -(-(top + 1) // KEY_BLOCK) * KEY_BLOCK if top is not None else KEY_BLOCK
             self.buf_shape = (uniq.numel(), cfg.num_key_value_heads, span, cfg.head_dim)
+        model.rope.check_top(top)
+        self.rope = model.rope.prechecked()
         self.attention_plan = self.ops.plan_attention(
             self.buf_seq, positions, cfg.num_attention_heads, cfg.num_key_value_heads, page_table=page_table
         )
