@@ -104,6 +104,15 @@ def test_what_cannot_run_is_one_line_at_config_load(tmp_path, env_id, expected):
     assert expected in message and f"env.id '{env_id}'" in message and "\n" not in message
 
 
+def test_a_task_with_no_reward_is_refused_when_the_env_is_built():
+    target = resolve_env("verifiers:rz-vf-noreward")
+    with pytest.raises(ValueError) as info:
+        target.make()
+    assert str(info.value) == (
+        "env.id 'verifiers:rz-vf-noreward': its task Task has no @vf.reward: every episode would score 0"
+    )
+
+
 TRAIN = (
     "steps: 1\nnum_threads: 1\nreport: false\nwarm_start: {demos: 0}\n"
     "model: {tiny_overrides: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1}}\n"

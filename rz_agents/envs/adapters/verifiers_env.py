@@ -141,6 +141,10 @@ def resolve(env_id: str, name: str) -> Any:
     return EnvTarget(env_id, cls=make)
 
 
+# a taskset's rows, loaded once per process and config (the env pool builds many envs of one taskset)
+_ROWS: dict[str, list[Any]] = {}
+
+
 def _run(coro: Any) -> Any:
     """Run a coroutine to its end from sync code, also when this thread already runs an event loop."""
     try:
@@ -178,21 +182,25 @@ class VerifiersEnv(MultiTurnTextEnv):
         self._rows: list[Any] | None = None
         self._task: Any = None
         self._prompt: list[Any] = []
+        if self.taskset.bounded:
+            self.rows()  # what does not map (tools, judges, no reward) fails here, when the env is built
 
     # --- the taskset's rows -----------------------------------------------------------------
     def rows(self) -> list[Any]:
         """The taskset's tasks, loaded once (each one checked for what does not map)."""
         if self._rows is None:
             if not self.taskset.bounded:
-                raise ValueError(
-                    f"verifiers taskset {self.name!r} is infinite: give env.tasks ({{idx: N}} or row fields)"
-                )
-            rows = list(self.taskset)
-            if not rows:
-                raise ValueError(f"verifiers taskset {self.name!r} loaded no task")
-            problem = _instance_problem(self.taskset, rows[0])
-            if problem:
-                raise ValueError(f"env.id 'verifiers:{self.name}': {problem}")
+                raise ValueError(f"verifiers taskset {self.name!r} is infinite: give env.tasks (row fields)")
+            key = f"{type(self.taskset).__module__}.{type(self.taskset).__qualname__}:{self.config.model_dump_json()}"
+            rows = _ROWS.get(key)
+            if rows is None:
+                rows = list(self.taskset)
+                if not rows:
+                    raise ValueError(f"verifiers taskset {self.name!r} loaded no task")
+                problem = _instance_problem(self.taskset, rows[0])
+                if problem:
+                    raise ValueError(f"env.id 'verifiers:{self.name}': {problem}")
+                _ROWS[key] = rows
             self._rows = rows
         return self._rows
 
