@@ -110,6 +110,26 @@ def test_mapping_options_that_name_no_field_are_one_line(server):
     env.close()
 
 
+def test_with_no_single_text_field_the_turn_is_the_actions_json_and_a_bad_one_is_answered(server):
+    from rz_agents.envs.adapters.openenv_env import OpenEnvEnv, get_json
+
+    schema = get_json("test", server, "/schema")
+    # an action schema with two string fields (as a richer server's): no field to put the turn in
+    schema["action"]["properties"]["note"] = {"type": "string"}
+    env = OpenEnvEnv(server, schema=schema, max_turns=4)
+    assert env.action_field is None
+    env.reset(options={"task": {"word": "stone"}})
+    obs, reward, terminated, _, info = env.step("stone")
+    assert obs[0]["content"].startswith("Write the action as one JSON object with the fields message, note")
+    assert (reward, terminated, info["invalid_action"]) == (0.0, False, True)
+    obs, reward, terminated, _, info = env.step('{"text": "stone"}')  # the server's model rejects it
+    assert obs[0]["content"].startswith("Invalid action: ") and "VALIDATION_ERROR" in obs[0]["content"]
+    assert (reward, terminated, info["invalid_action"]) == (0.0, False, True)
+    obs, reward, terminated, _, _ = env.step('{"message": "stone"}')  # the session survived the rejection
+    assert (obs[0]["content"], reward, terminated) == ("Correct.", 1.0, True)
+    env.close()
+
+
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
