@@ -92,7 +92,10 @@ def test_the_taskset_config_is_verifiers_own_and_checked(target):
             "verifiers:rz-vf-sandbox",
             "reward(s) file_written of SandboxTask read the task's runtime (a sandbox)",
         ),
-        ("verifiers:rz-vf-tools", "it serves tools (vf.Toolset MCP servers)"),
+        (
+            "verifiers:rz-vf-docker-tools",
+            "its toolset ShellToolset runs in a DockerConfig runtime (a sandbox), which the adapter does not run",
+        ),
     ],
 )
 def test_what_cannot_run_is_one_line_at_config_load(tmp_path, env_id, expected):
@@ -102,6 +105,52 @@ def test_what_cannot_run_is_one_line_at_config_load(tmp_path, env_id, expected):
         load_config(RunConfig, path, [])
     message = str(info.value)
     assert expected in message and f"env.id '{env_id}'" in message and "\n" not in message
+
+
+def test_a_tasks_toolset_is_served_in_process_and_the_episode_goes_on_while_the_policy_calls_it():
+    from rz_agents.envs.tool_calls import format_tool_call
+
+    env = resolve_env("verifiers:rz-vf-tools").make(max_turns=4)
+    obs, info = env.reset(options={"task": {"id": "north"}})
+    assert obs == [{"role": "user", "content": "Look up the code word under north and answer with it."}]
+    (spec,) = info["tools"]  # named <server>_<tool>, described and typed as verifiers' MCP server lists it
+    assert spec["function"]["name"] == "atlas_lookup"
+    assert spec["function"]["description"] == "Return the code word stored under key."
+    assert spec["function"]["parameters"]["required"] == ["key"]
+    assert env.step(format_tool_call("atlas_lookup", {"key": "north"})) == (
+        [{"role": "tool", "content": "castle"}],
+        0.0,
+        False,
+        False,
+        {"turn": 1},
+    )
+    obs, *_ = env.step(format_tool_call("atlas_lookup", {"key": "west"}) + format_tool_call("atlas_nope", {}))
+    assert obs[0]["content"].startswith("Error: ") and "no code word under 'west'" in obs[0]["content"]
+    assert obs[1]["content"] == "unknown tool 'atlas_nope'; available: atlas_lookup"
+    _, reward, terminated, truncated, info = env.step("castle")  # no call: the chat ends and is scored
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    assert info["rewards"] == {"answered": 1.0} and info["metrics"] == {
+        "looked_up": 1.0
+    }  # read from the trace
+    env.close()
+
+
+def test_at_the_turn_limit_the_conversation_so_far_is_scored():
+    from rz_agents.envs.tool_calls import format_tool_call
+
+    env = resolve_env("verifiers:rz-vf-tools").make(max_turns=2)
+    call = format_tool_call("atlas_lookup", {"key": "east"})
+    env.reset(options={"task": {"id": "east"}})
+    assert env.step(call)[2:4] == (False, False)
+    _, reward, terminated, truncated, _ = env.step(call)
+    assert (reward, terminated, truncated) == (0.0, False, True)  # no answer yet
+    env.reset(options={"task": {"id": "east"}})
+    env.step(call)
+    _, reward, terminated, truncated, _ = env.step("forest " + call)
+    # the text beside the call is the assistant message's content, verifiers' last_reply: scored 1
+    assert (reward, terminated, truncated) == (1.0, False, True)
+    env.close()
+    env.close()  # twice is safe
 
 
 def test_a_task_with_no_reward_is_refused_when_the_env_is_built():
