@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip(
     "verifiers.v1", reason="verifiers>=0.4 is not installed (bash scripts/install.sh installs it)"
@@ -188,3 +189,16 @@ def test_rz_train_then_rz_eval_run_the_taskset_end_to_end(tmp_path, capsys):
     assert result["env"] == ENV_ID and (result["num_tasks"], result["num_samples"]) == (3, 6)
     assert result["num_failed"] == 0 and 0.0 <= result["mean_reward"] <= 1.5
     assert [t["id"] for t in result["tasks"]] == ["w0", "w1", "w2"]
+
+    # the same checkpoint on the taskset with a tool: its spec is in the prompt, the episodes complete
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["env"] = {"id": "verifiers:rz-vf-tools", "eval_tasks": [{"id": "north"}, {"id": "south"}]}
+    config["rollout"]["limits"] = {"max_turns": 2, "max_tokens_per_turn": 8, "max_episode_tokens": 1000}
+    config["engine"]["max_len"] = 1024
+    tools_config = tmp_path / "tools.yaml"
+    tools_config.write_text(yaml.safe_dump(config))
+    argv = ["eval", str(tools_config), "--checkpoint", str(run_dir / "final_model")]
+    assert main([*argv, "--num-threads", "1", "--quiet", "--k", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["env"] == "verifiers:rz-vf-tools" and result["num_failed"] == 0
+    assert [t["id"] for t in result["tasks"]] == ["north", "south"]
