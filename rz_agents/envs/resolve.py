@@ -7,7 +7,8 @@
 * Gymnasium's ``module:env-id`` (``myenvs:myenvs/ReverseWord-v0``): ``module`` is imported, then the id
   is looked up;
 * ``module:Class`` (``myenvs:ReverseWordEnv``): the class itself, with the defaults (and wrappers) of its
-  registration when exactly one registered id has it as its entry point.
+  registration when exactly one registered id has it as its entry point;
+* an adapter's ``verifiers:NAME`` or ``openenv:URL`` (``rz_agents.envs.adapters``, docs/env_adapters.md).
 
 Plugins: every entry point of the group ``rz_agents.envs`` (``[project.entry-points."rz_agents.envs"]
 myenvs = "myenvs"`` in a package's pyproject.toml) is loaded before an id is resolved; one that names a
@@ -29,6 +30,8 @@ from typing import Any
 
 import gymnasium
 from gymnasium.envs.registration import load_env_creator
+
+from rz_agents.envs.adapters import resolve_adapter
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +145,9 @@ def resolve_env(env_id: str) -> EnvTarget:
     if not isinstance(env_id, str) or not env_id.strip():
         raise ValueError("env.id is empty")
     load_env_plugins()
+    adapted = resolve_adapter(env_id)
+    if adapted is not None:
+        return adapted
     if env_id in gymnasium.registry:
         return EnvTarget(env_id, gym_id=env_id)
     if ":" not in env_id:
