@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -109,6 +110,42 @@ def load_state(ckpt_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
             for k in fh.keys():
                 state[k] = fh.get_tensor(k)
     return state
+
+
+class LazyState(Mapping):
+    """A checkpoint directory's tensors by name, each read from its file when it is looked up (and cast to
+    ``dtype``, as ``load_hf_checkpoint`` casts it): a consumer that takes one tensor at a time (a sharded
+    learner cutting its shard of each) never holds the whole state."""
+
+    def __init__(self, ckpt_dir: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
+        self.ckpt_dir, self.dtype = Path(ckpt_dir), dtype
+        self._file_of: dict[str, Path] = {}
+        for f in _weight_files(self.ckpt_dir):
+            with safe_open(str(f), framework="pt") as fh:
+                self._file_of.update({k: f for k in fh.keys()})
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._file_of:
+            raise CheckpointError(f"{self.ckpt_dir}: no tensor {name}")
+        with safe_open(str(self._file_of[name]), framework="pt") as fh:
+            tensor = fh.get_tensor(name)
+        return tensor if self.dtype is None else tensor.to(self.dtype)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._file_of)
+
+    def __len__(self) -> int:
+        return len(self._file_of)
+
+
+def model_skeleton(
+    ckpt_dir: str | os.PathLike, kernels: str = "aligned", dtype: str | None = None
+) -> Transformer:
+    """The checkpoint's model on the meta device (shapes and dtype, no storage): for learner ranks that shard
+    it first and then take only their shards of each tensor (``LazyState``)."""
+    config = read_config(ckpt_dir, dtype)
+    with torch.device("meta"):
+        return Transformer(config, kernels=kernels, init=False)
 
 
 def load_hf_checkpoint(

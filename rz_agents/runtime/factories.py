@@ -43,6 +43,23 @@ def build_model(spec: ModelSpec, vocab_size: int):
     return model.to(device)
 
 
+def checkpoint_skeleton(spec: ModelSpec):
+    """``spec``'s checkpoint model on the meta device (no storage), for sharded learner ranks."""
+    from rz_agents.model.checkpoint import model_skeleton
+
+    model = model_skeleton(resolve_checkpoint(spec.checkpoint), kernels=spec.kernels, dtype=spec.dtype)
+    model.config.activation_checkpointing = spec.activation_checkpointing
+    return model
+
+
+def checkpoint_weights(spec: ModelSpec):
+    """``spec``'s checkpoint tensors by name, read one at a time and cast to the model's dtype (as
+    ``build_model`` loads them)."""
+    from rz_agents.model.checkpoint import LazyState
+
+    return LazyState(resolve_checkpoint(spec.checkpoint), getattr(torch, spec.dtype))
+
+
 def build_tokenizer(name: str, checkpoint: str | None = None):
     """(tokenizer, chat template) for the run."""
     if name == "byte":

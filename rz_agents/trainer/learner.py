@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +56,20 @@ class LearnerConfig:
             raise ValueError(f"learner.baseline must be one of {BASELINES}, got {self.baseline!r}")
         if self.micro_batch_tokens < 2:
             raise ValueError(f"learner.micro_batch_tokens must be >= 2, got {self.micro_batch_tokens}")
+
+
+class _Lookup(Sequence):
+    """``[weights[name] for name in names]`` looked up when indexed: with a lazy ``weights`` (a checkpoint's
+    ``LazyState``) one whole tensor is in memory at a time."""
+
+    def __init__(self, weights: Mapping[str, torch.Tensor], names: list[str]) -> None:
+        self.weights, self.names = weights, names
+
+    def __getitem__(self, i):
+        return self.weights[self.names[i]]
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
@@ -153,6 +167,8 @@ class Learner:
         if verify is not None:  # the aligned kernels' guards, paid (and logged) before the first step
             verify()
         self.ranks = ranks or SingleProcess()
+        if next(model.parameters()).is_meta and not self.ranks.keeps_fp32_shards:
+            raise ValueError("a model on the meta device needs sharded learner ranks (ShardedRanks)")
         self.dtype = _working_dtype(model)  # the dtype of the weights the engine samples with
         self.model = self.ranks.shard(model)
         self.cfg = cfg
@@ -524,7 +540,7 @@ class Learner:
         """Weights from ``state["model"]``, fp32 masters from ``state["masters"]`` (or the weights)."""
         if self.ranks.keeps_fp32_shards:  # the shards take their part of each whole tensor
             names = {id(p): n for n, p in self.model.named_parameters()}
-            weights = [state["model"][names[id(p)]] for p in self.params]
+            weights = _Lookup(state["model"], [names[id(p)] for p in self.params])  # one tensor at a time
         else:
             self.model.load_state_dict(state["model"])
             weights = self.params

@@ -115,7 +115,9 @@ class ShardedRanks(SingleProcess):
     def shard(self, model: torch.nn.Module) -> torch.nn.Module:
         """Shard ``model`` in place: each decoder layer is one FSDP2 unit, the root holds the embeddings,
         final norm and LM head (tied embeddings stay one parameter). The sharded parameters are fp32 (the
-        master weights); the forward computes in the model's own dtype."""
+        master weights); the forward computes in the model's own dtype. A model on the meta device gets
+        storage for this rank's shards only, uninitialised: load its weights next (``Learner.load_weights``
+        with a ``LazyState`` reads one whole tensor at a time)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
         from rz_kernels.gemm import set_packed_cache
@@ -124,11 +126,16 @@ class ShardedRanks(SingleProcess):
         # cache in this process (the aligned GEMM packs per call; results are the same bits)
         set_packed_cache(False)
         compute = next(model.parameters()).dtype
-        model.to(device=self.device, dtype=torch.float32)  # (what keeps_fp32_shards states)
+        on_meta = next(model.parameters()).is_meta
+        # (what keeps_fp32_shards states). A model on the meta device (``model_skeleton``) is cast there, for
+        # free, and only this rank's shards are allocated below: no rank ever holds the whole model.
+        model.to(dtype=torch.float32) if on_meta else model.to(device=self.device, dtype=torch.float32)
         policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
         for layer in model.model.layers:
             fully_shard(layer, mesh=self.mesh, mp_policy=policy)
         fully_shard(model, mesh=self.mesh, mp_policy=policy)
+        if on_meta:  # storage for the local shards only (tied embeddings stay tied); the caller loads them
+            model.to_empty(device=self.device)
         # The LM head runs in Transformer.logits, outside forward: FSDP must see that call too.
         register_fsdp_forward_method(model, "logits")
         for module in model.modules():

@@ -21,7 +21,7 @@ import torch
 from ray.exceptions import RayActorError
 
 from rz_agents.runtime.config import ModelSpec
-from rz_agents.runtime.factories import build_model
+from rz_agents.runtime.factories import build_model, checkpoint_skeleton, checkpoint_weights
 from rz_agents.runtime.plan import RunPlan
 from rz_agents.trainer.learner import Learner
 
@@ -71,6 +71,11 @@ class LearnerRank:
             backend = "nccl" if self.device == "cuda" else "gloo"
             dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world)
             ranks = ShardedRanks(self.device)
+        if ranks is not None and self.spec.checkpoint:
+            # Each rank allocates only its shards and cuts them from the checkpoint one tensor at a time.
+            self.learner = self.plan.build_learner(checkpoint_skeleton(self.spec), ranks=ranks)
+            self.learner.load_weights(checkpoint_weights(self.spec))
+            return node_id()
         model = build_model(dataclasses.replace(self.spec, device=self.device), self.vocab)
         self.learner = self.plan.build_learner(model, ranks=ranks)
         return node_id()
