@@ -28,6 +28,7 @@ from rz_agents.runtime import (
     EnvSpec,
     LearnerSpec,
     LocalRun,
+    ModelSpec,
     PlacementConfig,
     RolloutSpec,
     TrainConfig,
@@ -376,3 +377,21 @@ def test_rz_train_with_runtime_ray_warm_starts_trains_and_exports(ray_cluster, t
         before = a.state_dict()
         assert any(not torch.equal(before[k], v) for k, v in b.state_dict().items())
     assert "=== rz train: summary ===" in capsys.readouterr().out
+
+
+def test_sharded_learner_ranks_start_from_a_checkpoint_on_the_meta_device(ray_cluster, tmp_path):
+    """learner_ranks 2 with model.checkpoint: each rank shards a meta skeleton and cuts its shards from the
+    checkpoint (no rank builds the whole model); the engines sample with exactly those weights, and the first
+    step is the one-process learner's, which builds the whole model."""
+    from rz_agents.model import ModelConfig, Transformer
+    from rz_agents.model.checkpoint import save_hf_checkpoint
+
+    model = Transformer(ModelConfig.tiny("qwen3", vocab_size=320))
+    model.reset_parameters(std=0.05, seed=4)
+    spec = ModelSpec(checkpoint=str(save_hf_checkpoint(model, tmp_path / "ckpt")))
+    local, local_summary, _, _ = _run(_cfg(runtime="local", steps=1, model=spec))
+    run, summary, _, _ = _run(_cfg(steps=1, placement=PlacementConfig(learner_ranks=2), model=spec))
+    assert summary["steps"] == local_summary["steps"] == 1
+    first, expected = run.history[0], local.history[0]
+    assert first["lag0_abs_dlogp_max"] == 0.0 and first["lag0_token_count"] > 0
+    assert first["loss"] == expected["loss"] and first["reward_mean"] == expected["reward_mean"]
