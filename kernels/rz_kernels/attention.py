@@ -195,11 +195,13 @@ def plan_blocked(
     num_heads: int,
     num_kv_heads: int,
     page_table: torch.Tensor | None = None,
+    max_position: int | None = None,
 ) -> BlockedPlan:
     """The plan of one forward: which sequence and position every query has (layout built lazily).
 
     With ``page_table`` [S, W] (long), k/v are pages [P, Hkv, 64, D] and block j of sequence s is
-    page ``page_table[s, j]``.
+    page ``page_table[s, j]``. ``max_position`` (the highest of ``q_pos``, when the caller knows it) is
+    part of the plan interface (the GPU plan reads it instead of syncing); the CPU layout needs no bound.
     """
     return BlockedPlan(q_seq, q_pos, num_heads, num_kv_heads, page_table)
 
@@ -475,13 +477,15 @@ def plan_sdpa(
     num_heads: int,
     num_kv_heads: int,
     page_table: torch.Tensor | None = None,
+    max_position: int | None = None,
 ) -> SdpaPlan:
     seqs, batch_index, counts = torch.unique(q_seq, return_inverse=True, return_counts=True)
     order = torch.argsort(batch_index, stable=True)
     starts = torch.cumsum(counts, 0) - counts
     row_index = torch.empty_like(batch_index)
     row_index[order] = torch.arange(q_seq.numel(), device=q_seq.device) - starts[batch_index[order]]
-    rows, keys = int(counts.max()), int(q_pos.max()) + 1
+    rows = int(counts.max())
+    keys = (int(q_pos.max()) if max_position is None else max_position) + 1
     pos = torch.zeros(seqs.numel(), rows, dtype=q_pos.dtype, device=q_pos.device)  # padded rows see key 0
     pos[batch_index, row_index] = q_pos
     mask = (torch.arange(keys, device=q_seq.device).view(1, 1, keys) <= pos.unsqueeze(-1)).unsqueeze(1)

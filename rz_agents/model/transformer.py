@@ -176,7 +176,12 @@ class _Context:
         model.rope.check_top(top)
         self.rope = model.rope.prechecked()
         self.attention_plan = self.ops.plan_attention(
-            self.buf_seq, positions, cfg.num_attention_heads, cfg.num_key_value_heads, page_table=page_table
+            self.buf_seq,
+            positions,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            page_table=page_table,
+            max_position=top,
         )
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

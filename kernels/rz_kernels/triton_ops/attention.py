@@ -64,8 +64,10 @@ def plan_attention(
     num_heads: int,
     num_kv_heads: int,
     page_table: torch.Tensor | None = None,
+    max_position: int | None = None,
 ):
-    """Group the queries into position-aligned tiles (sorted by sequence, then position)."""
+    """Group the queries into position-aligned tiles (sorted by sequence, then position). ``max_position``:
+    the highest of ``q_pos`` when the caller knows it (the engine does): no host sync to read it here."""
     group = num_heads // num_kv_heads
     g2 = triton.next_power_of_2(group)
     if g2 > BLOCK_M:
@@ -91,7 +93,8 @@ def plan_attention(
         )
     q_seq = q_seq.long()
     q_pos = q_pos.long()
-    tiles_per_seq = int(q_pos.max()) // tile_pos + 1
+    top = int(q_pos.max()) if max_position is None else max_position
+    tiles_per_seq = top // tile_pos + 1
     keys = q_seq * tiles_per_seq + q_pos // tile_pos
     uniq, inv = torch.unique(keys, return_inverse=True)
     nt = uniq.numel()
