@@ -51,14 +51,6 @@ class LocalPlacement(Placement):
         self.engine, self.learner, self.plan = run.engine, run.learner, run.plan
         self._saved_affinity: set[int] | None = None
 
-    @property
-    def learner_version(self) -> int:
-        return self.learner.version
-
-    @property
-    def skipped_steps(self) -> int:
-        return self.learner.skipped_steps
-
     def before_train(self) -> None:
         cpus = self.run.cfg.rollout_cpus
         if cpus and self._saved_affinity is None:

@@ -3,7 +3,8 @@ is and how it reaches the engines. ``LocalPlacement`` (runtime/local.py: one pro
 thread or a child process) and ``RayPlacement`` (runtime/ray/run.py: actors) implement it; ``TrainLoop``
 (runtime/loop.py) drives either one with the same code.
 
-Every method is abstract: a placement that lacks one fails when it is built, not in the middle of a run.
+Every hook but ``before_train`` and the two learner figures is abstract: a placement that lacks one fails
+when it is built, not in the middle of a run.
 """
 
 from __future__ import annotations
@@ -13,18 +14,21 @@ from typing import Any
 
 
 class Placement(ABC):
-    """The runtime-specific half of a run (see the module docstring)."""
+    """The runtime-specific half of a run (see the module docstring). ``learner``: the learner or the
+    runtime's handle on it (a child process, Ray ranks), with ``version`` and ``skipped_steps``."""
+
+    learner: Any
 
     # ---- the learner ----------------------------------------------------------------------------
     @property
-    @abstractmethod
     def learner_version(self) -> int:
         """The policy version of the learner's current weights."""
+        return self.learner.version
 
     @property
-    @abstractmethod
     def skipped_steps(self) -> int:
         """Learner steps skipped so far (a non-finite loss or gradient)."""
+        return self.learner.skipped_steps
 
     @abstractmethod
     async def learner_step(self, batch: list) -> dict[str, Any]:

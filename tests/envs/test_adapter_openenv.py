@@ -4,7 +4,6 @@ under ``rz train`` and evaluates under ``rz eval``; a server that does not answe
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
@@ -19,7 +18,6 @@ pytest.importorskip(
 )
 pytest.importorskip("websockets", reason="websockets (openenv-core's client) is not installed")
 
-from rz_agents.cli import main  # noqa: E402
 from rz_agents.cli.train import RunConfig  # noqa: E402
 from rz_agents.config_io import ConfigError, load_config  # noqa: E402
 from rz_agents.envs.resolve import resolve_env  # noqa: E402
@@ -161,18 +159,9 @@ TRAIN = (
 )
 
 
-def test_rz_train_then_rz_eval_run_the_server_end_to_end(tmp_path, capsys, server):
-    path = tmp_path / "run.yaml"
-    path.write_text(TRAIN.format(url=server))
-    run_dir = tmp_path / "run"
-    assert main(["train", str(path), "--run-dir", str(run_dir), "--no-progress"]) == 0
-    summary = json.loads((run_dir / "summary.json").read_text())
+def test_rz_train_then_rz_eval_run_the_server_end_to_end(train_then_eval, server):
+    summary, result = train_then_eval(TRAIN.format(url=server))
     assert summary["steps"] == 1
-    assert summary["episodes"]["failed"] == 0 and summary["episodes"]["finished"] >= 4
-    capsys.readouterr()
-    argv = ["eval", str(run_dir / "config.yaml"), "--checkpoint", str(run_dir / "final_model")]
-    assert main([*argv, "--num-threads", "1", "--quiet", "--k", "2", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
     assert result["env"] == f"openenv:{server}" and (result["num_tasks"], result["num_samples"]) == (2, 4)
     assert result["num_failed"] == 0 and 0.0 <= result["mean_reward"] <= 1.0
     assert [t["id"] for t in result["tasks"]] == ["a", "t"]

@@ -174,18 +174,10 @@ TRAIN = (
 )
 
 
-def test_rz_train_then_rz_eval_run_the_taskset_end_to_end(tmp_path, capsys):
-    path = tmp_path / "run.yaml"
-    path.write_text(TRAIN)
-    run_dir = tmp_path / "run"
-    assert main(["train", str(path), "--run-dir", str(run_dir), "--no-progress"]) == 0
-    summary = json.loads((run_dir / "summary.json").read_text())
+def test_rz_train_then_rz_eval_run_the_taskset_end_to_end(train_then_eval, tmp_path, capsys):
+    summary, result = train_then_eval(TRAIN)
+    run_dir = tmp_path / "run"  # where train_then_eval trained
     assert summary["steps"] == 1
-    assert summary["episodes"]["failed"] == 0 and summary["episodes"]["finished"] >= 4
-    capsys.readouterr()
-    argv = ["eval", str(run_dir / "config.yaml"), "--checkpoint", str(run_dir / "final_model")]
-    assert main([*argv, "--num-threads", "1", "--quiet", "--k", "2", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
     assert result["env"] == ENV_ID and (result["num_tasks"], result["num_samples"]) == (3, 6)
     assert result["num_failed"] == 0 and 0.0 <= result["mean_reward"] <= 1.5
     assert [t["id"] for t in result["tasks"]] == ["w0", "w1", "w2"]

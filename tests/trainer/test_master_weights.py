@@ -8,7 +8,6 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rz_agents.model import ModelConfig, Transformer
 from rz_agents.model.logprobs import packed_token_logprobs
@@ -177,19 +176,9 @@ def _sharded_worker(rank: int, world: int, store: str, out_dir: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def sharded(tmp_path_factory):
+def sharded(tmp_path_factory, spawn_ranks):
     out = tmp_path_factory.mktemp("masters")
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_sharded_worker, args=(r, 2, str(out / "store"), str(out))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert codes == [0, 0], f"sharded ranks exited with {codes}"
+    spawn_ranks(_sharded_worker, str(out / "store"), str(out))
     return torch.load(out / "masters.pt", weights_only=False)
 
 

@@ -8,7 +8,6 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rz_agents.model import ModelConfig, Transformer
 from rz_agents.model.checkpoint import LazyState, load_hf_checkpoint, model_skeleton, save_hf_checkpoint
@@ -59,24 +58,13 @@ def _worker(rank: int, world: int, store: str, ckpt: str, out_dir: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def both(tmp_path_factory):
+def both(tmp_path_factory, spawn_ranks):
     out = tmp_path_factory.mktemp("meta")
     torch.manual_seed(0)
     model = Transformer(ModelConfig.tiny("qwen3", vocab_size=64, tie_word_embeddings=True))  # fp32 on disk
     model.reset_parameters(std=0.1, seed=1)
     ckpt = save_hf_checkpoint(model, out / "ckpt")
-    ctx = mp.get_context("spawn")
-    args = (2, str(out / "store"), str(ckpt), str(out))
-    procs = [ctx.Process(target=_worker, args=(r, *args)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert codes == [0, 0], f"learner ranks exited with {codes}"
+    spawn_ranks(_worker, str(out / "store"), str(ckpt), str(out))
     return torch.load(out / "meta.pt", weights_only=False)
 
 

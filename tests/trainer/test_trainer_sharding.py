@@ -24,7 +24,6 @@ import sys
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rz_agents.engine import EngineConfig, RZEngine, SamplingParams
 from rz_agents.model import ModelConfig, Transformer
@@ -130,19 +129,9 @@ def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def sharded(tmp_path_factory):
+def sharded(tmp_path_factory, spawn_ranks):
     out = tmp_path_factory.mktemp("fsdp")
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, 2, str(out / "store"), str(out))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert codes == [0, 0], f"sharded learner ranks exited with {codes}"
+    spawn_ranks(_worker, str(out / "store"), str(out))
     return torch.load(out / "sharded.pt", weights_only=False)
 
 

@@ -205,14 +205,6 @@ class RayPlacement(Placement):
                 actor.close_broadcast.remote()
         return False
 
-    @property
-    def learner_version(self) -> int:
-        return self.learner.version
-
-    @property
-    def skipped_steps(self) -> int:
-        return self.learner.skipped_steps
-
     async def learner_step(self, batch: list) -> dict[str, Any]:
         return await self.learner.step(batch)
 
