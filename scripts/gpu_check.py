@@ -32,7 +32,8 @@ Sections, in order (owner: the issue that maintains the section; other issues ad
   logprobs_vocab   #23      20  full 151,936-token vocabulary: engine log-softmax vs trainer log-softmax+gather
                                 (multi-block), bit for bit, and a row alone == the row in the batch
   grad_determinism #23      45  the same train step twice (dense and MoE): gradients bitwise equal
-  nccl_one_rank    #23      30  a one-rank NCCL group (gloo in a dry run) running the sharded learner step: every
+  nccl_one_rank    #23      30  a one-rank NCCL group (gloo in a dry run) running the sharded learner step (and the
+                                meta-device start from a checkpoint, weights compared bitwise): every
                                 collective on the device its group takes
   model_0.6b       #23      70  Qwen3-0.6B-shaped random model, bf16: decode step (64 x 1,024 context) and train step
                                 (8 x 1,024 tokens), aligned vs standard, interleaved; engine path == training forward
@@ -671,6 +672,7 @@ def section_nccl_one_rank(check: Check) -> dict:
     import torch.distributed as dist
 
     from rz_agents.model import ModelConfig
+    from rz_agents.model.checkpoint import LazyState, model_skeleton, save_hf_checkpoint
     from rz_agents.trainer.learner import Learner, LearnerConfig
     from rz_agents.trainer.sharding import ShardedRanks
 
@@ -680,8 +682,18 @@ def section_nccl_one_rank(check: Check) -> dict:
         try:
             cfg = ModelConfig.tiny("qwen3", dtype="bfloat16", vocab_size=256)
             model = random_model(check, cfg, check.aligned)
+            ckpt = save_hf_checkpoint(model, Path(tmp) / "ckpt")  # what the meta start below reads
             ranks = ShardedRanks(check.device.type)
             learner = Learner(model, LearnerConfig(micro_batch_tokens=32), ranks=ranks, max_lag=None)
+            start = {k: v.clone() for k, v in learner.weights().items()}
+            # The meta-device start of sharded ranks: only this rank's shards allocated on the device, cut
+            # from the checkpoint one tensor at a time; the same weights, bitwise.
+            skeleton = model_skeleton(ckpt, kernels=check.aligned, dtype="bfloat16")
+            meta = Learner(skeleton, LearnerConfig(micro_batch_tokens=32), ranks=ShardedRanks(check.device.type),
+                           max_lag=None)  # fmt: skip
+            meta.load_weights(LazyState(ckpt, torch.bfloat16))
+            meta_same = all(torch.equal(start[k], w) for k, w in meta.weights().items())
+            meta_device = str(next(meta.model.parameters()).device)
             trajs = _trajectories(cfg.vocab_size, 4, 16, torch.Generator().manual_seed(6))
             metrics = [learner.step(trajs) for _ in range(2)]
             weights = learner.weights()
@@ -694,7 +706,9 @@ def section_nccl_one_rank(check: Check) -> dict:
         "steps_skipped": sum(m.get("step_skipped_nonfinite", 0) for m in metrics),
         "version": learner.version,
         "weights_finite": all(bool(torch.isfinite(w.float()).all()) for w in weights.values()),
-        "ok": learner.version == 2,
+        "meta_start_weights_bitwise": meta_same,
+        "meta_start_device": meta_device,
+        "ok": learner.version == 2 and meta_same,
     }
 
 
