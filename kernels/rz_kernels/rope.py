@@ -27,6 +27,7 @@ class RopeTable:
         self.max_positions = max_positions
         self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._prechecked = False
+        self._view: RopeTable | None = None  # the prechecked view (shares the tables and their device copies)
 
     def tables(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) on `device` (computed once on CPU, copied once per device)."""
@@ -48,11 +49,12 @@ class RopeTable:
             self.check_top(int(positions.max()))
 
     def prechecked(self) -> RopeTable:
-        """A view of this table (same cos/sin tensors) for one forward whose positions were checked once
-        with ``check_top``: its per-layer ``check_positions`` costs nothing (no host sync per layer)."""
-        view = copy.copy(self)
-        view._prechecked = True
-        return view
+        """A view of this table (same cos/sin tensors) for forwards whose positions were checked once with
+        ``check_top``: its per-layer ``check_positions`` costs nothing (no host sync per layer). Made once."""
+        if self._view is None:
+            self._view = copy.copy(self)
+            self._view._prechecked = True
+        return self._view
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate x [T, heads, head_dim] by positions [T]; math in fp32, result in x's dtype."""
