@@ -144,3 +144,17 @@ def test_chrome_steps_and_getters_reach_the_new_chromium_after_a_reset_in_place(
             env.step("DONE")
             assert env.evaluate() == 0.0  # the ad tab is still open: scored through CDP
             assert env.last_evaluation.errors == []
+
+
+@needs_desktop
+def test_a_process_that_keeps_forking_during_the_reset_is_killed_with_every_child_it_made():
+    # A fork loop makes new processes between the reset's process listing and its kill: every one
+    # of them must be gone too (before: "processes survived the reset", and a fresh desktop instead).
+    with DesktopEnv(require_screenshot=False, provider_options={"warm_reset": True}) as env:
+        env.reset(_task("os", "rz-os-rename-file"))
+        provider, first = env.provider, env.provider.desktop
+        env.ctx.client.execute("nohup sh -c 'while :; do sleep 600 & done' >/dev/null 2>&1 &", shell=True)
+        env.reset(_task("os", "rz-os-rename-file"))
+        assert provider.desktop is first and provider.warm_resets == 1, provider.warm_reset_failures
+        assert "sleep" not in _comms(provider.pids()) and "sh" not in _comms(provider.pids())
+    assert provider.pids() == []

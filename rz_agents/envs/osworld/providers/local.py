@@ -222,14 +222,18 @@ class LocalProvider:
         current = self.pids()
         if not baseline.pids <= set(current):
             return f"desktop processes died: {sorted(baseline.pids - set(current))}"
-        warm.kill_extra(current, baseline)
-        warm.wait_until_gone(set(current) - baseline.pids)
+        warm.kill_extra_until_gone(self.pids, baseline)
         warm.restore_files(baseline, desktop.home_dir, desktop.uid)
         client = VMClient(desktop.server_url, timeout_s=20)
         self._center_pointer(client)
         problem = warm.verify(self.pids(), baseline, desktop.home_dir)
-        if problem is None and client.windows():
-            problem = f"windows still open: {[w.get('title') for w in client.windows()][:3]}"
+        if problem is None:
+            # a killed app's windows leave the X server's list a moment after the app: give them 3 s
+            deadline = time.monotonic() + 3.0
+            while (windows := client.windows()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if windows:
+                problem = f"windows still open: {[w.get('title') for w in windows][:3]}"
         return problem
 
     def _start(self, desktop: Desktop) -> Desktop:

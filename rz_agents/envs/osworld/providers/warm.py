@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 INNER_PLACES = ("dev/shm", "run", "var")  # tmpfs of the sandbox, reached through /proc/PID/root
@@ -98,6 +99,24 @@ def kill_extra(current: list[int], baseline: Baseline) -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def kill_extra_until_gone(
+    list_pids: Callable[[], list[int]], baseline: Baseline, timeout_s: float = 10.0
+) -> None:
+    """``kill_extra`` again while new processes appear, until only the baseline's are left or the time is up.
+
+    One listing and its kill leave whatever was forked in between (a fork loop, a dying app's helper):
+    each round lists the desktop's processes again and kills what is not in the baseline. ``verify``
+    reports anything still left at the end."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        current = list_pids()
+        extra = set(current) - baseline.pids
+        if not extra or time.monotonic() >= deadline:
+            return
+        kill_extra(current, baseline)
+        wait_until_gone(extra, timeout_s=max(0.0, min(3.0, deadline - time.monotonic())))
 
 
 def restore_files(baseline: Baseline, home: str, uid: int | None) -> None:
