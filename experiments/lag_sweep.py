@@ -10,7 +10,7 @@ each final policy is evaluated on held-out tasks (k samples each at the training
     python3 experiments/lag_sweep.py --quick                      # CI: a few steps, writes its files
     python3 experiments/lag_sweep.py --task demo --seeds 0 1 2    # the documented run (hours)
 
-The lag-tolerant estimators (m2po_lag64, dppo_lag64, snis_lag64, icepop_lag64: aligned op set, fixed lag
+The lag-tolerant estimators (m2po_lag64, dppo_lag64, snis_lag64, icepop_lag64, dual_clip_lag64: aligned op set, fixed lag
 64) are arms like the others; their results live in their own folder (``--out``).
 
 Outputs (experiments/results/lag_sweep_<task>/): <arm>-s<seed>.csv (per-step figures),
@@ -83,6 +83,7 @@ ARMS: dict[str, list[str]] = {
     "dppo_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=decoupled_ppo"],
     "snis_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=snis"],
     "icepop_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=icepop"],
+    "dual_clip_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=dual_clip"],
 }
 
 # task -> (run config, its overrides, held-out tasks: (generator difficulty, count, seed), eval budget)
