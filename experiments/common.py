@@ -34,6 +34,8 @@ STEP_KEYS = (
     "reward_mean",
     "lag_min",
     "lag_max",
+    "lag_mean",
+    "rollout_admission_lag",
     "lag0_abs_dlogp_max",
     "is_weight_abs_dev_mean",
     "is_weight_max",

@@ -10,7 +10,7 @@ each final policy is evaluated on held-out tasks (k samples each at the training
     python3 experiments/lag_sweep.py --quick                      # CI: a few steps, writes its files
     python3 experiments/lag_sweep.py --task demo --seeds 0 1 2    # the documented run (hours)
 
-The lag-tolerant estimators (m2po_lag64, dppo_lag64, snis_lag64, icepop_lag64: aligned op set, fixed lag
+The lag-tolerant estimators (m2po_lag64, dppo_lag64, snis_lag64, icepop_lag64, dual_clip_lag64: aligned op set, fixed lag
 64) are arms like the others; their results live in their own folder (``--out``).
 
 Outputs (experiments/results/lag_sweep_<task>/): <arm>-s<seed>.csv (per-step figures),
@@ -83,6 +83,14 @@ ARMS: dict[str, list[str]] = {
     "dppo_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=decoupled_ppo"],
     "snis_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=snis"],
     "icepop_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=icepop"],
+    "dual_clip_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=dual_clip"],
+    # The lag governor (issue 25) on real async runs, not fixed lag: the rollouts may run as far ahead of
+    # the learner as the bound allows (max_ahead_batches unset), so the lag is what this machine's speed
+    # makes it; throughput (learner steps per wall second) and the trained tokens' lag are measured.
+    "async_bound64": ["rollout.max_lag=64", "rollout.max_ahead_batches=null"],
+    "async_governor64": ["rollout.max_lag=64", "rollout.max_ahead_batches=null", "rollout.lag_governor=true"],
+    "async_bound8": ["rollout.max_lag=8", "rollout.max_ahead_batches=null"],
+    "async_ahead2": ["rollout.max_lag=64", "rollout.max_ahead_batches=2"],  # the demo's own setting
 }
 
 # task -> (run config, its overrides, held-out tasks: (generator difficulty, count, seed), eval budget)
@@ -214,6 +222,15 @@ def run_figures(rows: list[dict[str, float]], window: int) -> dict[str, float]:
         "skipped_nonfinite": sum(r.get("step_skipped_nonfinite", 0) or 0 for r in rows),
         # share of sampled tokens the estimator clipped / gated / masked, over the run (NaN before issue 25)
         "clipfrac_mean": mean_std(r.get("estimator_clipfrac", math.nan) for r in rows)[0],
+        "lag_mean": mean_std(r.get("lag_mean", math.nan) for r in rows)[0],
+        "admission_bound_min": min(
+            (
+                r["rollout_admission_lag"]
+                for r in rows
+                if math.isfinite(r.get("rollout_admission_lag", math.nan))
+            ),
+            default=math.nan,
+        ),
     }
 
 
@@ -230,6 +247,12 @@ def summarize(task: str, out_dir: Path, window: int) -> dict[str, Any]:
         for key in ("heldout_accuracy", "heldout_no_answer_rate"):
             vals = [s[key] for s in summaries]
             entry[key] = dict(zip(("mean", "std"), mean_std(vals), strict=True)) | {"per_seed": vals}
+        # throughput: learner steps per wall second of the whole run (warm-up and start-up included)
+        vals = [
+            len(read_step_csv(p.with_suffix(".csv"))) / s["wall_s"]
+            for p, s in zip(runs, summaries, strict=True)
+        ]
+        entry["steps_per_s"] = dict(zip(("mean", "std"), mean_std(vals), strict=True)) | {"per_seed": vals}
         for key in figs[0]:
             vals = [f[key] for f in figs]
             entry[key] = dict(zip(("mean", "std"), mean_std(vals), strict=True)) | {"per_seed": vals}
@@ -244,8 +267,9 @@ def markdown_table(per_arm: dict[str, Any]) -> str:
 
     lines = [
         "| arm | seeds | held-out reward (per seed) | no answer | train reward first → last window | "
-        "IS dev peak/median | KL k3 last window | KL k3 last/first | max IS weight | skipped steps | clipfrac |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "IS dev peak/median | KL k3 last window | KL k3 last/first | max IS weight | skipped steps | clipfrac | "
+        "mean lag | steps/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, e in per_arm.items():
         per_seed = " / ".join(f"{v:.3f}" for v in e["heldout_accuracy"]["per_seed"])
@@ -256,7 +280,9 @@ def markdown_table(per_arm: dict[str, Any]) -> str:
             f"{fmt(e['is_dev_peak_over_median'], '.2f')} | {fmt(e['kl_k3_last'], '.3g')} | "
             f"{fmt(e['kl_k3_last_over_first'], '.2f')} | "
             f"{fmt(e['is_weight_max'], '.3g')} | {fmt(e['skipped_nonfinite'], '.1f')} | "
-            f"{fmt(e['clipfrac_mean'], '.3f') if 'clipfrac_mean' in e else 'n/a'} |"
+            f"{fmt(e['clipfrac_mean'], '.3f') if 'clipfrac_mean' in e else 'n/a'} | "
+            f"{fmt(e['lag_mean'], '.1f') if 'lag_mean' in e else 'n/a'} | "
+            f"{fmt(e['steps_per_s'], '.3f') if 'steps_per_s' in e else 'n/a'} |"
         )
     return "\n".join(lines)
 

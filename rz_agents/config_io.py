@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -20,6 +21,10 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A config that does not match its dataclass schema."""
+
+
+# A number in exponent notation without a dot (3e-4, 1E5): YAML 1.1 (PyYAML) reads it as a string.
+_YAML11_MISSED_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def _type_name(tp: Any) -> str:
@@ -66,6 +71,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             return {k: _convert(v, args[1], f"{path}.{k}") for k, v in value.items()}
         return dict(value)
     if tp is float:
+        if isinstance(value, str) and _YAML11_MISSED_FLOAT.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string; it is the float users wrote
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected float, got {value!r}")
         return float(value)

@@ -20,6 +20,10 @@ stop-gradient, 1[.] an indicator, and "the batch" is every sampled token of the 
                                                    is token_gate with its own band b, default [1/2, 2])
     truncated_is     sg(min(w_t, C)) * exp(logp - sg(logp))            (gradient min(w, C) * A * grad logp)
     ppo_clip         min(w_t A, clip(w_t, 1-eps, 1+eps) A) / A         (behavior policy as the old policy)
+    dual_clip        ppo_clip's surrogate, and for A < 0 also bounded below by c * A:
+                     max(min(w_t A, clip(w_t, 1-eps, 1+eps) A), c A)   (dual-clip PPO, Ye et al. 2020: a
+                     token the learner now likes w >> 1 times more than its sampler did, with a negative
+                     advantage, pushes with weight at most c instead of w; no gradient beyond c)
     m2po             w_t * keep_t, keep = the largest set of the batch's tokens, taken in increasing
                      (log w)^2, whose mean (log w)^2 <= tau (M2PO's second-moment trust bound): the
                      tokens that push the batch's second moment of the log ratio above tau are masked
@@ -60,7 +64,8 @@ class LossConfig:
     ``gate_ratio`` is c for sequence_gate / token_gate (keep ratios in [1/c, c]); ``truncation_cap`` is C for
     truncated_is; ``ppo_clip_eps`` is eps for ppo_clip and decoupled_ppo; ``icepop_band`` is b for icepop;
     ``m2po_tau`` is tau for m2po (M2PO's paper uses 0.04); ``proximal_every`` is how many versions the
-    decoupled_ppo proximal policy lives; ``decoupled_weight_cap`` is V for decoupled_ppo.
+    decoupled_ppo proximal policy lives; ``decoupled_weight_cap`` is V for decoupled_ppo; ``dual_clip_c``
+    is c for dual_clip (the paper's 3; it must exceed 1 + ppo_clip_eps).
     """
 
     estimator: str = "reinforce_zero"
@@ -72,6 +77,7 @@ class LossConfig:
     m2po_tau: float = 0.04
     proximal_every: int = 8
     decoupled_weight_cap: float = 5.0
+    dual_clip_c: float = 3.0
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -97,6 +103,10 @@ class LossConfig:
             raise ValueError(f"loss.proximal_every must be >= 1, got {self.proximal_every}")
         if not self.decoupled_weight_cap > 0.0:
             raise ValueError(f"loss.decoupled_weight_cap must be > 0, got {self.decoupled_weight_cap}")
+        if not self.dual_clip_c > 1.0 + self.ppo_clip_eps:
+            raise ValueError(
+                f"loss.dual_clip_c must be > 1 + ppo_clip_eps ({1.0 + self.ppo_clip_eps}), got {self.dual_clip_c}"
+            )
 
 
 def token_scales(masks: list[torch.Tensor], normalization: str) -> list[torch.Tensor]:
@@ -189,6 +199,28 @@ def _ppo_clip(logp, behavior_logp, mask, advantage, cfg, aux) -> Surrogate:
     return _clipped(torch.exp(logp - behavior_logp), advantage, cfg.ppo_clip_eps)
 
 
+def _dual_clip(logp, behavior_logp, mask, advantage, cfg, aux) -> Surrogate:
+    """s_t = max(min(w_t A, clip(w_t, 1-eps, 1+eps) A), c A) for A < 0, ppo_clip's surrogate for A >= 0.
+
+    The tokens on a constant branch ((1+eps) A, (1-eps) A or c A: no gradient) never form their w, so a
+    weight that overflows is floored, not turned into NaN by the backward pass (inf * 0)."""
+    log_ratio = logp - behavior_logp
+    lr = log_ratio.detach()
+    eps, c = cfg.ppo_clip_eps, cfg.dual_clip_c
+    const = torch.zeros_like(lr)
+    if advantage > 0:
+        gated = lr > math.log(1.0 + eps)
+        const = torch.where(gated, (1.0 + eps) * advantage, const)
+    elif advantage < 0:
+        low, high = lr < math.log(1.0 - eps), lr > math.log(c)
+        gated = low | high
+        const = torch.where(low, (1.0 - eps) * advantage, torch.where(high, c * advantage, const))
+    else:
+        gated = _none_gated(logp)
+    ratio = torch.exp(torch.where(gated, torch.zeros_like(log_ratio), log_ratio))
+    return torch.where(gated, const.to(logp.dtype), ratio * advantage), gated
+
+
 def _m2po(logp, behavior_logp, mask, advantage, cfg, aux) -> Surrogate:
     """s_t = w_t * A * keep_t, keep from ``m2po_keep`` over the whole batch (aux)."""
     keep = aux if aux is not None else torch.ones_like(mask)
@@ -276,6 +308,7 @@ ESTIMATOR_TABLE: dict[str, Estimator] = {
     "icepop": Estimator(_icepop),
     "truncated_is": Estimator(_truncated_is),
     "ppo_clip": Estimator(_ppo_clip),
+    "dual_clip": Estimator(_dual_clip),
     "m2po": Estimator(_m2po, prepare=_m2po_prepare),
     "snis": Estimator(_snis, prepare=_snis_prepare),
     "decoupled_ppo": Estimator(_decoupled_ppo, proximal=True),

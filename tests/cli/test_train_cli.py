@@ -83,6 +83,11 @@ def test_wrong_field_name_gets_one_clear_error(tmp_path):
     bad.write_text("learner:\n  optim:\n    lr: fast\n")
     with pytest.raises(ConfigError, match=r"learner\.optim\.lr: expected float, got 'fast'"):
         load_config(RunConfig, bad)
+    bad.write_text("learner:\n  optim:\n    lr: 3e-4\n")  # YAML 1.1 reads this as the string '3e-4'
+    assert load_config(RunConfig, bad).learner.optim.lr == 3e-4
+    bad.write_text("learner:\n  optim:\n    lr: 3e-4x\n")
+    with pytest.raises(ConfigError, match=r"learner\.optim\.lr: expected float, got '3e-4x'"):
+        load_config(RunConfig, bad)
 
 
 def test_cli_reports_config_error_and_exits_2(tmp_path, capsys):

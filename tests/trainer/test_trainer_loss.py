@@ -261,3 +261,31 @@ def test_clipfrac_counts_the_clipped_tokens_of_ppo_clip_and_truncated_is():
     # geometric-mean ratio exp(-0.096) = 0.91: kept inside [1/1.2, 1.2], the whole sequence dropped by 1.05
     assert _terms(*args, LossConfig("sequence_gate", gate_ratio=1.2))[2] == 0
     assert _terms(*args, LossConfig("sequence_gate", gate_ratio=1.05))[2] == 3
+
+
+@pytest.mark.parametrize(
+    ("log_w", "adv", "value_coef", "grad_coef"),
+    [
+        (math.log(5.0), -1.0, 3.0, 0.0),  # A < 0, w above c = 3: floored at c A, no gradient
+        (math.log(2.0), -1.0, 2.0, 2.0),  # A < 0, 1 + eps < w < c: ppo_clip's unclipped branch
+        (math.log(0.5), -1.0, 0.8, 0.0),  # A < 0, w below 1 - eps: clipped as ppo_clip
+        (math.log(5.0), 1.0, 1.2, 0.0),  # A > 0: exactly ppo_clip, whatever w
+        (math.log(0.5), 1.0, 0.5, 0.5),
+    ],
+)
+def test_dual_clip_floors_negative_advantage_tokens_at_c_times_a(log_w, adv, value_coef, grad_coef):
+    cfg = LossConfig("dual_clip", ppo_clip_eps=0.2, dual_clip_c=3.0)
+    loss, grad = _loss_and_grad([-1.0 + log_w], [-1.0], [True], adv, cfg)
+    assert loss == pytest.approx(-value_coef * adv, rel=1e-5)
+    assert grad == pytest.approx([-grad_coef * adv], rel=1e-5, abs=1e-7)
+
+
+def test_dual_clip_counts_floored_tokens_and_stays_finite_when_a_weight_overflows():
+    # w = [inf, 2, 1]; A < 0: the overflowing token is floored (counted, no NaN), the others pass through
+    loss, grad, gated = _terms(
+        [-1.0, -1.0 + math.log(2.0), -1.0], [-1e4, -1.0, -1.0], [True] * 3, -1.0, LossConfig("dual_clip")
+    )
+    assert math.isfinite(loss) and all(math.isfinite(g) for g in grad)
+    assert gated == 1 and grad == pytest.approx([0.0, 2.0 / 3, 1.0 / 3], rel=1e-6)
+    with pytest.raises(ValueError, match=r"loss\.dual_clip_c must be > 1 \+ ppo_clip_eps"):
+        LossConfig("dual_clip", dual_clip_c=1.1).validate()
