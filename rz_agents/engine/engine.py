@@ -57,6 +57,9 @@ class RZEngine:
         self.decode = decode
         self.model = model
         self._pin_threads()
+        fuse = getattr(model, "fuse_projections", None)
+        if fuse is not None:  # one GEMM for q/k/v and one for gate/up per layer (same bits; model/fused.py)
+            fuse()
         verify = getattr(model, "verify_kernels", None)
         if verify is not None:  # the aligned kernels' guards, paid (and logged) before any request
             verify()
