@@ -323,14 +323,17 @@ class RZEngine:
         return done
 
     def _sample(self, sampling: list[Sequence], hidden: torch.Tensor) -> tuple[list[int], list[float]]:
-        """LM head + sampler over the sampling rows, in chunks of rows (see logit_rows_per_chunk)."""
+        """LM head over every sampling row in one GEMM (its weight read once per step), then the sampler in
+        chunks of rows (see logit_rows_per_chunk): the same bits as chunked GEMMs (rows do not depend on
+        the batch)."""
         tokens: list[int] = []
         values: list[float] = []
         step = self.runner.logit_rows_per_chunk()
+        logits = self.runner.logits(hidden)
         for i in range(0, len(sampling), step):
             part = sampling[i : i + step]
             got = sample(
-                self.runner.logits(hidden[i : i + step]),
+                logits[i : i + step],
                 [s.params for s in part],
                 [s.generator for s in part],
                 self._generator,
