@@ -8,6 +8,11 @@ intermediate 1536, vocab 151,936. Prints throughput ratios (higher = ours faster
   then the LM head + log-softmax on the real rows in the same LOGIT_CHUNK-row chunks as ours.
 - decode: one batched decode step of --decode-batch sequences with --context cached tokens each,
   model forward + LM head + log-softmax (the engine's step without the sampler).
+- fused: the aligned decode step with the q/k/v and gate/up projections fused (one GEMM each over
+  stacked weights, as the engine runs them) vs separate GEMMs (`fused_over_unfused_decode`), and the
+  projections alone at the decode batch (`fused_over_unfused_projections`).
+- LM head: one GEMM over the decode batch's rows vs the engine's former row chunks (LOGIT_CHUNK_BYTES of
+  fp32 logits each, 24 rows at this vocab), each chunk re-reading the weight (`lm_head_once_over_row_chunks`).
 
 Each quantity is timed in CPU seconds (this process) over --repeats interleaved rounds (aligned,
 standard and HF back to back in every round); a ratio is the median over rounds of that round's ratio.
@@ -27,6 +32,7 @@ import time
 import torch
 from bench_model import bench_config  # bench/ is on sys.path when run as a script
 
+from rz_agents.engine.runner import LOGIT_CHUNK_BYTES
 from rz_agents.model import Transformer
 from rz_agents.model.kv_cache import sequence_cache
 from rz_agents.model.logprobs import LOGIT_CHUNK, packed_token_logprobs, token_logprobs
@@ -85,6 +91,20 @@ class DecodeBench:
             token_logprobs(self.model, h, self.last)
 
 
+def projections(model: Transformer, x: torch.Tensor, fused: bool) -> None:
+    """Every layer's q/k/v and gate/up projections of x: stacked GEMMs (fused) or one GEMM per weight."""
+    ops = model.ops
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if fused:
+                attn.qkv(x, ops)
+                mlp.gate_up(x, ops)
+            else:
+                for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
+                    ops.linear(x, m.weight)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true")
@@ -123,6 +143,18 @@ def main() -> None:
             save_hf_checkpoint(model, tmp)
             hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=cfg.torch_dtype).eval()
 
+    model.fuse_projections()  # stacked storage (the parameters become views); toggled per timing below
+    model.verify_kernels()
+    model.fuse_projections(False)
+    x_dec = torch.randn(args.decode_batch, cfg.hidden_size, generator=gen).to(cfg.torch_dtype)
+    chunk = max(8, (LOGIT_CHUNK_BYTES // (4 * args.vocab)) // 8 * 8)
+
+    def lm_head(rows: int) -> None:
+        with torch.no_grad():
+            for _ in range(args.decode_steps):
+                for i in range(0, x_dec.shape[0], rows):
+                    model.logits(x_dec[i : i + rows])
+
     load0 = os.getloadavg()[0]
     rounds = []
     for r in range(args.repeats + 1):  # round 0 warms up
@@ -131,6 +163,20 @@ def main() -> None:
             model.set_kernels(kernels)
             t[f"{kernels}_train"] = cpu_time(lambda: train_forward(model, seqs))
             t[f"{kernels}_decode"] = cpu_time(lambda: [decode.step() for _ in range(args.decode_steps)])
+        model.set_kernels("aligned")
+        # unfused and fused back to back (the same neighbours, caches and heap state for both)
+        t["unfused_decode"] = cpu_time(lambda: [decode.step() for _ in range(args.decode_steps)])
+        model.fuse_projections()
+        t["fused_decode"] = cpu_time(lambda: [decode.step() for _ in range(args.decode_steps)])
+        t["fused_projections"] = cpu_time(
+            lambda: [projections(model, x_dec, True) for _ in range(args.decode_steps)]
+        )
+        model.fuse_projections(False)
+        t["unfused_projections"] = cpu_time(
+            lambda: [projections(model, x_dec, False) for _ in range(args.decode_steps)]
+        )
+        t["lm_head_once"] = cpu_time(lambda: lm_head(x_dec.shape[0]))
+        t["lm_head_row_chunks"] = cpu_time(lambda: lm_head(chunk))
         if hf is not None:
             t["hf_train"] = cpu_time(lambda: hf_train_forward(hf, seqs))
         if r:
@@ -154,6 +200,10 @@ def main() -> None:
         "standard_decode_tokens_per_cpu_s": round(rate("standard_decode", decode_tokens), 1),
         "aligned_over_standard_train": paired("aligned_train", "standard_train"),
         "aligned_over_standard_decode": paired("aligned_decode", "standard_decode"),
+        "fused_over_unfused_decode": paired("fused_decode", "unfused_decode"),
+        "fused_over_unfused_projections": paired("fused_projections", "unfused_projections"),
+        "lm_head_once_over_row_chunks": paired("lm_head_once", "lm_head_row_chunks"),
+        "lm_head_row_chunk": chunk,
     }
     if hf is not None:
         results["hf_train_tokens_per_cpu_s"] = round(rate("hf_train", tokens), 1)

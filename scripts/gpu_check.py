@@ -200,11 +200,16 @@ def section_gemm(check: Check) -> dict:
             iters = 3 if m * n * k > 2**38 else 10
             t_al = check.time_ms(lambda xm=xm, w=w: gemm.matmul(xm, w), iters=iters)
             t_cb = check.time_ms(lambda xm=xm, w=w: F.linear(xm, w), iters=iters)
+            t_bm = check.time_ms(
+                lambda xm=xm, w=w: gemm.matmul(xm, w, table=gemm.GEMM_CONFIGS_BY_M), iters=iters
+            )
             cfg = gemm.config_for(dtype, m)
             rows[str(m)] = {
                 "aligned_ms": round(t_al, 4),
                 "cublas_ms": round(t_cb, 4),
                 "aligned_vs_cublas": round(t_cb / t_al, 3),  # >1: aligned faster
+                "by_m_table_ms": round(t_bm, 4),  # the former per-M tile table (gemm.GEMM_CONFIGS_BY_M)
+                "single_over_by_m_table": round(t_bm / t_al, 3),  # >1: the single tile config is faster
                 "tflops_aligned": round(2 * m * n * k / t_al / 1e9, 1),
                 "row0_equals_alone": bool(torch.equal(aligned[0], alone)),
                 "last_row_equals_alone": bool(torch.equal(aligned[m - 1], gemm.matmul(xm[m - 1 :], w)[0])),
@@ -213,15 +218,16 @@ def section_gemm(check: Check) -> dict:
                 "tile": [cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages],
             }
         out["shapes"][label] = rows
-        # Diagnosis if per-M tiles ever break invariance on this GPU: the same rows with one tile config.
-        single = {dtype: ((1 << 62, gemm.config_for(dtype, max(ms))),)}
-        one = gemm.matmul(x[:1], w, table=single)[0]
-        out.setdefault("single_config_rows_bit_identical", True)
-        out["single_config_rows_bit_identical"] &= all(
-            torch.equal(gemm.matmul(x[:m].contiguous(), w, table=single)[0], one) for m in ms
+        # The former per-M table (mma.sync at 16 rows, wgmma from 64): are its rows the same at every M on
+        # this GPU, and equal to the single config's? (The default is one tile config for every M.)
+        by_m = gemm.GEMM_CONFIGS_BY_M
+        one = gemm.matmul(x[:1], w, table=by_m)[0]
+        out.setdefault("by_m_table_rows_bit_identical", True)
+        out["by_m_table_rows_bit_identical"] &= all(
+            torch.equal(gemm.matmul(x[:m].contiguous(), w, table=by_m)[0], one) for m in ms
         )
-        out.setdefault("per_m_tiles_equal_single_tile", True)
-        out["per_m_tiles_equal_single_tile"] &= bool(torch.equal(one, alone))
+        out.setdefault("by_m_table_equals_single_tile", True)
+        out["by_m_table_equals_single_tile"] &= bool(torch.equal(one, alone))
     big = [r for rows in out["shapes"].values() for m, r in rows.items() if int(m) >= 1024]
     out["min_ratio_at_M_ge_1024"] = min((r["aligned_vs_cublas"] for r in big), default=None)
     out["rows_bit_identical"] = all(

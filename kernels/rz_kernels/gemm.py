@@ -20,6 +20,11 @@ each row with the 16-row result bit for bit (every row position, via a replicate
 packed form and then the mm form; a shape that passes neither uses `tiled_linear` for good, logged.
 Buckets under 16 rows are used only where they pass.
 
+Fused projections (q/k/v, gate/up: one GEMM over weights stacked row-wise) are guarded the same way:
+`fusion_verified` runs the stacked weight and each part at 16 rows and compares the columns bit for bit
+(the bucket guard has already made a row's bits the same at every bucket, so one bucket decides); a
+stack whose forms differ from its parts' or whose columns differ is not fused.
+
 The guard's decisions are cached per (N, K, dtype, threads); they are deterministic, so an engine
 and a learner in different processes on one machine reach the same ones. `set_gemm_guard("off")`
 skips the check and trusts the first available form from 16 rows up; `"tiled"` forces the tiled form.
@@ -129,6 +134,7 @@ class GemmVerdict:
 _guard_mode = os.environ.get("RZ_GEMM_GUARD", "on")
 _verdicts: dict[tuple, GemmVerdict] = {}
 _call_cache: dict[tuple, GemmVerdict] = {}  # (shape, dtype, threads, mode) -> verdict, for aligned_linear
+_fusion_verdicts: dict[tuple, bool] = {}  # (sizes, k, dtype, threads, mode) -> fusable
 _verdict_lock = threading.Lock()
 
 
@@ -157,6 +163,7 @@ def clear_gemm_verdicts() -> None:
     with _verdict_lock:
         _verdicts.clear()
         _call_cache.clear()
+        _fusion_verdicts.clear()
 
 
 # -- the tiled form ---------------------------------------------------------------------------------
@@ -381,6 +388,43 @@ def _check(form: str, n: int, k: int, dtype: torch.dtype) -> tuple[list[int], tu
             if not torch.equal(_run(form, probe[:rows].contiguous(), operand), ref[:rows]):
                 small_ok.discard(rows)
     return sorted(set(failed)), tuple(sorted(small_ok))
+
+
+def fusion_verified(sizes: tuple[int, ...], k: int, dtype: torch.dtype) -> bool:
+    """Whether `aligned_linear` over weights of `sizes` rows stacked into one [sum(sizes), k] weight gives
+    each part's columns bit for bit (checked once per process, thread count and guard mode; "off" trusts it).
+    """
+    mode = gemm_guard()
+    key = (tuple(sizes), k, dtype, torch.get_num_threads(), mode)
+    ok = _fusion_verdicts.get(key)
+    if ok is None:
+        ok = True if mode == "off" else _check_fusion(tuple(sizes), k, dtype)
+        _fusion_verdicts[key] = ok
+        if not ok:
+            log.warning(
+                "aligned GEMM guard: weights %s x %d %s at %d threads: the stacked GEMM's columns differ "
+                "from the parts'; these projections stay separate GEMMs",
+                list(sizes),
+                k,
+                dtype,
+                key[3],
+            )
+    return ok
+
+
+def _check_fusion(sizes: tuple[int, ...], k: int, dtype: torch.dtype) -> bool:
+    stacked = gemm_verdict(sum(sizes), k, dtype)
+    parts = [gemm_verdict(n, k, dtype) for n in sizes]
+    if any(v.form != stacked.form for v in parts):
+        return False  # the forms round differently
+    gen = torch.Generator().manual_seed(sum(sizes) * 1_000_003 + k)
+    with torch.inference_mode(False), torch.no_grad():
+        ws = [torch.randn(n, k, generator=gen).to(dtype) for n in sizes]
+        probe = torch.randn(16, k, generator=gen).to(dtype)
+        whole = _forward(probe, torch.cat(ws), stacked)
+        return torch.equal(
+            whole, torch.cat([_forward(probe, w, v) for w, v in zip(ws, parts, strict=True)], 1)
+        )
 
 
 def verify_weights(weights, log_summary: bool = True) -> dict[tuple[int, int], GemmVerdict]:

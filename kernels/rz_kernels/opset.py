@@ -28,6 +28,9 @@ class OpSet:
     rope: Callable = RopeTable.apply  # (table, x, positions)
     silu_mul: Callable = activation.silu_mul  # (gate, up)
     route: Callable = moe.route  # (router_logits, top_k, normalize)
+    # (sizes, k, dtype) -> whether `linear` over weights stacked row-wise gives each part's columns
+    # bit for bit (then the model may fuse q/k/v and gate/up into one GEMM).
+    fusable: Callable = lambda sizes, k, dtype: True  # noqa: E731
 
 
 def _per_expert(fn: Callable) -> Callable:
@@ -45,6 +48,7 @@ ALIGNED = OpSet(
     attention.plan_blocked,
     attention.blocked_attention,
     _per_expert(moe.aligned_moe),
+    fusable=gemm.fusion_verified,
 )
 STANDARD = OpSet(
     "standard",

@@ -57,6 +57,9 @@ class RZEngine:
         self.decode = decode
         self.model = model
         self._pin_threads()
+        fuse = getattr(model, "fuse_projections", None)
+        if fuse is not None:  # one GEMM for q/k/v and one for gate/up per layer (same bits; model/fused.py)
+            fuse()
         verify = getattr(model, "verify_kernels", None)
         if verify is not None:  # the aligned kernels' guards, paid (and logged) before any request
             verify()
@@ -320,14 +323,17 @@ class RZEngine:
         return done
 
     def _sample(self, sampling: list[Sequence], hidden: torch.Tensor) -> tuple[list[int], list[float]]:
-        """LM head + sampler over the sampling rows, in chunks of rows (see logit_rows_per_chunk)."""
+        """LM head over every sampling row in one GEMM (its weight read once per step), then the sampler in
+        chunks of rows (see logit_rows_per_chunk): the same bits as chunked GEMMs (rows do not depend on
+        the batch)."""
         tokens: list[int] = []
         values: list[float] = []
         step = self.runner.logit_rows_per_chunk()
+        logits = self.runner.logits(hidden)
         for i in range(0, len(sampling), step):
             part = sampling[i : i + step]
             got = sample(
-                self.runner.logits(hidden[i : i + step]),
+                logits[i : i + step],
                 [s.params for s in part],
                 [s.generator for s in part],
                 self._generator,

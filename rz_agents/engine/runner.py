@@ -99,12 +99,13 @@ class ModelRunner:
         return self.model.logits(hidden)
 
     def logit_rows_per_chunk(self) -> int:
-        """Rows of logits to materialise at once: [rows, vocab] fp32 stays under LOGIT_CHUNK_BYTES.
+        """Rows the sampler takes at once: its [rows, vocab] fp32 temporaries stay under LOGIT_CHUNK_BYTES.
 
         A [64, 151,669] fp32 tensor is 39 MB: glibc maps a block that large fresh from the kernel at
-        every allocation, and the page faults of the logits, their log-softmax and its exp cost more
-        than the sampling itself. Chunks of at most 15 MiB are reused from the heap instead. Any
-        chunking gives the same bits (the LM head's rows do not depend on the batch).
+        every allocation, and the page faults of the log-softmax and its exp cost more than the sampling
+        itself. Chunks of at most 15 MiB are reused from the heap instead. The LM head itself runs once
+        over all rows (reading its weight once per step, not once per chunk). Any chunking gives the
+        same bits (rows do not depend on the batch).
         """
         vocab = self.model.config.vocab_size
         return max(8, (LOGIT_CHUNK_BYTES // (4 * vocab)) // 8 * 8)

@@ -6,7 +6,9 @@ For a model, many random batch compositions are pushed through
   in memory, out of order) that hold stale data from earlier cases;
 - the training forward: packed streams in random order, and padded [B, S] batches;
 and each sequence's per-token log-probs are compared with `torch.equal` against one reference:
-the sequence's own packed training forward. `bit_identical` is the verdict; `max_abs_dlogp` the
+the sequence's own packed training forward. The cached path runs with the projections fused (one GEMM for
+q/k/v and one for gate/up, as in the engine), the training forward with one GEMM per weight (as in the
+learner). `bit_identical` is the verdict; `max_abs_dlogp` the
 largest difference seen (0.0 exactly when aligned).
 """
 
@@ -170,7 +172,18 @@ def check_model(
     max_len: int = 160,
     threads: int | None = None,
 ) -> AlignmentReport:
-    """Run the alignment check on one model with its current op set."""
+    """Run the alignment check on one model with its current op set (fused projections on the cached path)."""
+    was_fused = model.fused_projections
+    model.fuse_projections()
+    try:
+        return _check_model(model, seed, batch_sizes, max_len, threads)
+    finally:
+        model.fuse_projections(was_fused)
+
+
+def _check_model(
+    model: Transformer, seed: int, batch_sizes: tuple[int, ...], max_len: int, threads
+) -> AlignmentReport:
     if threads:
         torch.set_num_threads(threads)
     cfg = model.config

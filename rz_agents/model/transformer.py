@@ -8,7 +8,9 @@ inference. With `kernels="aligned"` both paths
 run the same arithmetic per token, so their log-probs agree bitwise.
 
 Parameter names are the HF checkpoint names (model.layers.N.self_attn.q_proj.weight, ...), so
-checkpoints and weight updates are copies by name.
+checkpoints and weight updates are copies by name. `fuse_projections` (the engine calls it) stacks q/k/v and
+gate/up into one weight each, the parameters becoming views of it (names unchanged, see model/fused.py); the
+cached-inference forwards then run one GEMM for each, with the same bits as the separate ones.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rz_agents.model.config import ModelConfig
+from rz_agents.model.fused import FusedLinears, project
 from rz_agents.model.kv_cache import PAGE_SIZE, CacheView
 from rz_kernels import ALIGNED, OpSet, RopeTable, get_ops
 from rz_kernels.attention import KEY_BLOCK, verify_attention
@@ -56,13 +59,15 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
+        self.qkv: FusedLinears | None = None  # set by Transformer.fuse_projections
 
     def forward(self, x: torch.Tensor, ctx: _Context, layer: int) -> torch.Tensor:
         ops = ctx.ops
         t = x.shape[0]
-        q = ops.linear(x, self.q_proj.weight, self.q_proj.bias).view(t, self.num_heads, self.head_dim)
-        k = ops.linear(x, self.k_proj.weight, self.k_proj.bias).view(t, self.num_kv_heads, self.head_dim)
-        v = ops.linear(x, self.v_proj.weight, self.v_proj.bias).view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = project(self.qkv, (self.q_proj, self.k_proj, self.v_proj), x, ops, ctx.fused)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q = self.q_norm(q, ops)
             k = self.k_norm(k, ops)
@@ -79,16 +84,14 @@ class MLP(nn.Module):
         self.gate_proj = _linear(hidden, intermediate)
         self.up_proj = _linear(hidden, intermediate)
         self.down_proj = _linear(intermediate, hidden)
+        self.gate_up: FusedLinears | None = None  # set by Transformer.fuse_projections
 
-    def run(self, x: torch.Tensor, ops: OpSet) -> torch.Tensor:
-        linear = ops.linear
-        return linear(
-            ops.silu_mul(linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight)),
-            self.down_proj.weight,
-        )
+    def run(self, x: torch.Tensor, ops: OpSet, fused: bool = False) -> torch.Tensor:
+        gate, up = project(self.gate_up, (self.gate_proj, self.up_proj), x, ops, fused)
+        return ops.linear(ops.silu_mul(gate, up), self.down_proj.weight)
 
     def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
-        return self.run(x, ctx.ops)
+        return self.run(x, ctx.ops, ctx.fused)
 
 
 class SparseMoE(nn.Module):
@@ -114,7 +117,7 @@ class SparseMoE(nn.Module):
             weights,
             experts,
             self.num_experts,
-            lambda e, xe: self.experts[e].run(xe, ops),
+            lambda e, xe: self.experts[e].run(xe, ops, ctx.fused),
             expert_weights=expert_weights,
         )
 
@@ -150,6 +153,9 @@ class _Context:
         self.ops = model.ops_for(positions.device)
         self.positions = positions
         self.kv_cache = kv_cache
+        # Stacked q/k/v and gate/up GEMMs (where fuse_projections made them) on the cached-inference path
+        # only: the trainer's packed forward keeps the separate GEMMs (same bits, and its gradients reach them).
+        self.fused = model.fused_projections and kv_cache is not None and not torch.is_grad_enabled()
         cfg = model.config
         page_table = None
         # The highest position, read once per forward: the engine passes it with its cache view (no sync);
@@ -212,6 +218,7 @@ class Transformer(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = RopeTable(config.head_dim, config.rope_theta, config.max_position_embeddings)
+        self.fused_projections = False
         if init:  # init=False leaves parameters for the caller to fill (checkpoint loading)
             self.reset_parameters()
         self.to(config.torch_dtype)
@@ -220,6 +227,31 @@ class Transformer(nn.Module):
         """Switch op set in place (same weights)."""
         get_ops(kernels)
         self.kernels = kernels
+
+    def fuse_projections(self, enabled: bool = True) -> None:
+        """Stack each layer's q/k/v and gate/up weights into one tensor (the parameters become views of it).
+
+        Cached-inference forwards (a kv_cache, no grad: the engine) then compute each group with one GEMM;
+        the packed training forward keeps one GEMM per weight. Names, shapes and identities of the
+        parameters are unchanged (see model/fused.py). ``enabled=False`` only stops using the stacked GEMMs
+        (the parameters stay views of the stacked tensors: dropping those would free nothing). Stacks that
+        are still current are kept; re-done after ``Module.to``; safe to call again.
+        """
+        self.fused_projections = enabled
+        if not enabled:
+            return
+        for m in self.modules():
+            if isinstance(m, Attention) and (m.qkv is None or not m.qkv.current()):
+                m.qkv = FusedLinears((m.q_proj, m.k_proj, m.v_proj))
+            elif isinstance(m, MLP) and (m.gate_up is None or not m.gate_up.current()):
+                m.gate_up = FusedLinears((m.gate_proj, m.up_proj))
+
+    def _apply(self, fn, recurse: bool = True):
+        # .to() / .half() give the parameters new storage: stack them again (else they would run unfused).
+        out = super()._apply(fn, recurse)
+        if getattr(self, "fused_projections", False):
+            self.fuse_projections()
+        return out
 
     def verify_kernels(self) -> None:
         """Run the aligned CPU kernels' start-up guards for this model's shapes at the current thread count.
@@ -231,6 +263,10 @@ class Transformer(nn.Module):
         if self.kernels != "aligned" or self.device.type != "cpu":
             return
         verify_weights(m.weight for m in self.modules() if isinstance(m, nn.Linear))
+        for m in self.modules():
+            for fused in (getattr(m, "qkv", None), getattr(m, "gate_up", None)):
+                if fused is not None:
+                    fused.usable(self.ops)  # the stacked shape's guard and the fusion check
         cfg = self.config
         verify_attention(cfg.num_attention_heads // cfg.num_key_value_heads, cfg.head_dim)
 

@@ -248,9 +248,15 @@ def test_sampling_in_row_chunks_gives_the_same_tokens_and_logprobs(tiny_model, m
 
     whole = run()
     monkeypatch.setattr(runner, "LOGIT_CHUNK_BYTES", 4 * model.config.vocab_size * 8)  # 8 rows a chunk
+    heads = []  # rows of each LM-head GEMM
+    real_logits = type(model).logits
+    monkeypatch.setattr(
+        type(model), "logits", lambda self, h: heads.append(h.shape[0]) or real_logits(self, h)
+    )
     chunked = run()
     for a, b in zip(whole, chunked, strict=True):
         assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
+    assert max(heads) == 20  # one LM-head GEMM over every sampling row of a step, not one per 8-row chunk
 
 
 def test_preemption_and_readmission_give_the_same_tokens_and_logprobs(tiny_model):

@@ -1,15 +1,26 @@
 """Batch-invariant GEMM in Triton: `x @ weight.T` with a fixed reduction order per output element.
 
 Every output element is one fp32 accumulator fed by `tl.dot` over K in blocks of BLOCK_K, always in
-the same order (k = 0, BLOCK_K, 2 BLOCK_K, ...), with no split-K and no atomics. The tile shape
-(BLOCK_M x BLOCK_N, warps, stages) may follow the number of rows M — small tiles for decode, big ones
-for prefill and training — because none of those changes an element's reduction: BLOCK_K and the K
-loop are fixed per dtype. M is never specialized (`do_not_specialize`), so M = 1 and M = 16 run the
-same binary. fp32 uses `input_precision="ieee"` (the default would be TF32).
+the same order (k = 0, BLOCK_K, 2 BLOCK_K, ...), with no split-K and no atomics. M is never specialized
+(`do_not_specialize`), so M = 1 and M = 16 run the same binary. fp32 uses `input_precision="ieee"` (the
+default would be TF32).
+
+One tile config per dtype, whatever M (`GEMM_CONFIG`), as the public batch-invariant kernels do. A table
+keyed on M (small tiles for decode, big ones for training) keeps BLOCK_K and the K loop, but on Hopper
+BLOCK_M 16 compiles to `mma.sync` and 64/128 to `wgmma`: different instructions whose per-element sums
+nothing guarantees to agree, so an engine decoding 16 rows and a trainer running 512-row chunks could differ
+in the last bit. The earlier per-M table is kept as `GEMM_CONFIGS_BY_M`, selected by `RZ_TRITON_GEMM_TILES=by_m`
+(or `set_gemm_tiles("by_m")`, or `table=` per call), so that `scripts/gpu_check.py` can measure its speed and
+its bits against the single config on a real GPU; the interpreter (CPU tests) computes every config with the
+same fixed-order dot, so only a GPU can tell them apart. Engine and trainer must use the same mode.
+The single config is wgmma-shaped (64 rows: one warpgroup) with 128 columns: at decode sizes the grid is
+N / 128 programs (a 4096-wide projection: 32), the price of invariance that fused projections
+(model/fused.py) and the LM head's width soften.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -27,9 +38,16 @@ class GemmConfig:
     num_stages: int
 
 
-# (largest M, config) per dtype: the first row whose bound is >= M applies. BLOCK_K is one value per
-# dtype (64 for 16-bit inputs, 32 for fp32): that is what keeps a row's arithmetic independent of M.
-GEMM_CONFIGS: dict[torch.dtype, tuple[tuple[int, GemmConfig], ...]] = {
+# The tile config per dtype, for every M. BLOCK_K is 64 for 16-bit inputs, 32 for fp32.
+GEMM_CONFIG: dict[torch.dtype, GemmConfig] = {
+    torch.bfloat16: GemmConfig(64, 128, 64, 4, 4),
+    torch.float16: GemmConfig(64, 128, 64, 4, 4),
+    torch.float32: GemmConfig(64, 64, 32, 4, 3),
+}
+
+# The earlier per-M table, (largest M, config) per dtype: the first row whose bound is >= M applies. Same
+# BLOCK_K per dtype; kept only to be measured against GEMM_CONFIG (see the module docstring).
+GEMM_CONFIGS_BY_M: dict[torch.dtype, tuple[tuple[int, GemmConfig], ...]] = {
     torch.bfloat16: (
         (16, GemmConfig(16, 32, 64, 4, 5)),
         (64, GemmConfig(64, 64, 64, 4, 4)),
@@ -49,10 +67,32 @@ GEMM_CONFIGS: dict[torch.dtype, tuple[tuple[int, GemmConfig], ...]] = {
     ),
 }
 
+TILE_MODES = ("single", "by_m")
+_tiles = os.environ.get("RZ_TRITON_GEMM_TILES", "single")
+
+
+def set_gemm_tiles(mode: str) -> None:
+    """Choose the tile configs for this process: "single" (default: GEMM_CONFIG) or "by_m" (the old table)."""
+    global _tiles
+    if mode not in TILE_MODES:
+        raise ValueError(f"gemm tiles must be one of {TILE_MODES}, got {mode!r}")
+    _tiles = mode
+
+
+def gemm_tiles() -> str:
+    """The current tile mode (see `set_gemm_tiles`)."""
+    if _tiles not in TILE_MODES:
+        raise ValueError(f"RZ_TRITON_GEMM_TILES must be one of {TILE_MODES}, got {_tiles!r}")
+    return _tiles
+
 
 def config_for(dtype: torch.dtype, m: int, table=None) -> GemmConfig:
-    """The tile config for M rows of `dtype` (from `table`, default GEMM_CONFIGS)."""
-    rows = (table or GEMM_CONFIGS)[dtype]
+    """The tile config for M rows of `dtype`: GEMM_CONFIG's, or from a per-M `table` (or the "by_m" mode's)."""
+    if table is None and gemm_tiles() == "by_m":
+        table = GEMM_CONFIGS_BY_M
+    if table is None:
+        return GEMM_CONFIG[dtype]
+    rows = table[dtype]
     for bound, cfg in rows:
         if m <= bound:
             return cfg

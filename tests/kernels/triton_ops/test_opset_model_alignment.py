@@ -75,3 +75,24 @@ def test_cached_inference_and_training_forward_bit_identical_more_batches(arch, 
     model.reset_parameters(std=0.1, seed=rng.randrange(2**31))
     report = check_model(model, seed=1, batch_sizes=(1, 7), max_len=40)
     assert report.bit_identical, report.failures
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_projections_give_the_separate_gemms_bits_on_triton(dtype):
+    from rz_agents.model import KVCache
+
+    model = _model("qwen3", dtype)
+    tokens = torch.randint(0, 200, (9,), generator=torch.Generator().manual_seed(1))
+
+    def cached_logits():
+        cache = KVCache(model.config, num_pages=2)
+        with torch.no_grad():
+            hidden = model(
+                tokens, torch.arange(9), torch.zeros(9, dtype=torch.long), cache.view(torch.tensor([[1]]))
+            )
+            return model.logits(hidden)
+
+    ref = cached_logits()
+    model.fuse_projections()
+    assert model.model.layers[0].self_attn.qkv.usable(TRITON)
+    assert torch.equal(cached_logits(), ref)
