@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from rz_agents.engine.config import EngineConfig
+from rz_agents.engine.cuda_graphs import DecodeGraphs
 from rz_agents.engine.decode_step import DecodeStep
 from rz_agents.engine.pages import PagePool
 from rz_agents.engine.params import Completion, SamplingParams
@@ -80,7 +81,18 @@ class RZEngine:
                 width=pages_for(self.config.max_len),
                 scratch_page=num_pages,
             )
-        self.runner = ModelRunner(model, self.kv_cache, decode_step)
+        self.graphs, self.cuda_graphs_off = None, None
+        if not self.config.cuda_graphs:
+            self.cuda_graphs_off = "engine.cuda_graphs is false"
+        elif decode_step is None:
+            self.cuda_graphs_off = "engine.static_decode is false (graphs capture the static decode step)"
+        elif device.type != "cuda":
+            self.cuda_graphs_off = f"the engine runs on {device.type}, CUDA graphs need a CUDA device"
+        else:
+            self.graphs = DecodeGraphs(decode_step)
+        if self.config.cuda_graphs and self.cuda_graphs_off:
+            log.info("engine.cuda_graphs ignored: %s", self.cuda_graphs_off)
+        self.runner = ModelRunner(model, self.kv_cache, decode_step, self.graphs)
         pages = PagePool(
             num_pages,
             self.kv_cache.bytes_per_page,
@@ -151,7 +163,9 @@ class RZEngine:
         """
         self.runner.validate_state(state)
         with self._lock:
-            self.runner.load_state(state)
+            self.runner.load_state(state)  # in place: the parameters keep their storage
+            if self.graphs is not None:
+                self.graphs.check_weights()  # recaptures if a parameter's storage moved anyway
             self._version = int(version)
             self.scheduler.on_weights_updated(recompute=self.config.kv_on_update == "recompute")
             self.counters["weight_updates"] += 1
@@ -174,6 +188,10 @@ class RZEngine:
             "kv_bytes_total": pages.bytes_total,
             "kv_bytes_held": pages.bytes_held,
             "kv_bytes_prefix_cache": pages.bytes_prefix_cache,
+            "cuda_graphs": self.graphs is not None and self.graphs.disabled_reason is None,
+            "cuda_graphs_off": self.cuda_graphs_off
+            or (self.graphs.disabled_reason if self.graphs is not None else None),
+            "cuda_graphs_captured": len(self.graphs.captured) if self.graphs is not None else 0,
             **self.counters,
         }
 
