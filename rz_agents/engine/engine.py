@@ -25,7 +25,7 @@ from rz_agents.engine.decode_step import DecodeStep
 from rz_agents.engine.pages import PagePool
 from rz_agents.engine.params import Completion, SamplingParams
 from rz_agents.engine.runner import ModelRunner
-from rz_agents.engine.sampler import sample
+from rz_agents.engine.sampler import HostTokens, sample_on_device
 from rz_agents.engine.scheduler import Scheduler
 from rz_agents.engine.sequence import Sequence
 from rz_agents.engine.stops import check_stop
@@ -316,7 +316,7 @@ class RZEngine:
                 self.counters["prefill_tokens"] += chunk.length
         sampling = batch.sampling
         try:
-            tokens, values = self._sample(sampling, hidden)
+            tokens, values = self._sample(sampling, hidden).lists()  # the step's one wait for the device
         except Exception as e:
             log.exception("sampling failed")
             for seq in sampling:
@@ -337,22 +337,27 @@ class RZEngine:
             done.append(seq)
         return done
 
-    def _sample(self, sampling: list[Sequence], hidden: torch.Tensor) -> tuple[list[int], list[float]]:
-        """LM head + sampler over the sampling rows, in chunks of rows (see logit_rows_per_chunk)."""
-        tokens: list[int] = []
-        values: list[float] = []
+    def _sample(self, sampling: list[Sequence], hidden: torch.Tensor) -> HostTokens:
+        """LM head + sampler over the sampling rows, in chunks of rows (see logit_rows_per_chunk), all on
+        the device; the tokens and log-probs then go to the host in one copy (HostTokens)."""
+        tokens: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
         step = self.runner.logit_rows_per_chunk()
         for i in range(0, len(sampling), step):
             part = sampling[i : i + step]
-            got = sample(
+            got = sample_on_device(
                 self.runner.logits(hidden[i : i + step]),
                 [s.params for s in part],
                 [s.generator for s in part],
                 self._generator,
             )
-            tokens.extend(got[0])
-            values.extend(got[1])
-        return tokens, values
+            tokens.append(got[0])
+            values.append(got[1])
+        if not tokens:  # a step of prefill chunks only
+            return HostTokens(torch.zeros(0, dtype=torch.long), torch.zeros(0))
+        if len(tokens) == 1:
+            return HostTokens(tokens[0], values[0])
+        return HostTokens(torch.cat(tokens), torch.cat(values))
 
     def _stop(self, seq: Sequence):
         return check_stop(seq, self.eos_token_ids, self.config.max_len, self.decode)

@@ -94,11 +94,13 @@ class ModelRunner:
                 [c.seq.pages for c in batch.chunks],
             )
         inputs = self.step_inputs(batch)
+        # one token per chunk: a decode step (each chunk one row), planned without read-back
+        decode = [c.start for c in batch.chunks] if all(c.length == 1 for c in batch.chunks) else None
         hidden = self.model(
             inputs.tokens,
             inputs.positions,
             seq_ids=inputs.rows,
-            kv_cache=self.kv_cache.view(inputs.page_table, inputs.max_position),
+            kv_cache=self.kv_cache.view(inputs.page_table, inputs.max_position, decode_positions=decode),
         )
         return hidden[inputs.sample_rows]
 
