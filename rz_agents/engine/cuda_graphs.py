@@ -6,7 +6,9 @@ it (padding changes no bit of the real rows, no read-back to the host) holds for
 
 Per bucket, on first use: the buffers are filled with padding rows (all on the scratch page, so the
 warm-up writes no real sequence's K/V), the step runs twice on a side stream (Triton JIT, lazily made
-device tables such as RoPE's, allocator warm-up), then once under capture. Every graph allocates from
+device tables such as RoPE's, allocator warm-up; the first run under the host-read recorder,
+rz_agents.engine.host_reads, so a step that would sync is refused with its location instead of
+breaking a capture), then once under capture. Every graph allocates from
 one shared memory pool; that is safe because a replay's output is read (LM head, sampler) before the
 next replay is launched, on the same stream. A replay: ``DecodeStep.fill`` writes the step's
 metadata into the bucket's pinned host buffer and uploads it with one non-blocking copy (stream
@@ -16,8 +18,8 @@ What keeps a graph valid: it holds the addresses of the weights, the KV pages an
 Weights are loaded in place (``ModelRunner.load_state`` copies into the parameters' storage) and
 ``check_weights`` drops every graph (recaptured on next use) if a parameter's storage moved anyway;
 the page tables are buffer contents, so preemption, re-admission and new page placements need no
-recapture. A capture that fails (an op that syncs, e.g. an MoE still grouping experts on the host)
-turns graphs off for this engine with a logged reason, and decode runs eagerly (same bits).
+recapture. A step that reads back (e.g. an MoE still grouping experts on the host) or a capture that
+fails turns graphs off for this engine with a logged reason, and decode runs eagerly (same bits).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from rz_agents.engine.decode_step import DecodeStep
+from rz_agents.engine.host_reads import HostReads
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,20 @@ def weight_addresses(model: torch.nn.Module) -> dict[str, int]:
     named = dict(model.named_parameters(remove_duplicate=False))
     named.update(dict(model.named_buffers(remove_duplicate=False)))
     return {name: t.data_ptr() for name, t in named.items()}
+
+
+class CaptureRefused(RuntimeError):
+    """The decode step reads a device value back to the host: it cannot be captured."""
+
+
+def warm_up(step: DecodeStep, buf) -> None:
+    """Run ``step.forward`` once over ``buf`` (padding rows) under the host-read recorder; raise
+    CaptureRefused naming the first read if it made any (a capture would fail there, or bake it in)."""
+    with HostReads() as rec, torch.inference_mode():
+        step.forward(buf, step.static_max_position, [0] * buf.batch)
+    if rec.reads:
+        op, where = rec.reads[0]
+        raise CaptureRefused(f"the decode step reads back from the device ({op} at {where})")
 
 
 @dataclass
@@ -90,8 +107,8 @@ class DecodeGraphs:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(2):
-                step.forward(buf, max_position, [0] * bucket)
+            warm_up(step, buf)  # raises, capturing nothing, if the step would sync
+            step.forward(buf, max_position, [0] * bucket)
         torch.cuda.current_stream(self.device).wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()

@@ -140,9 +140,9 @@ class DecodeStep:
         for i, pages in enumerate(page_tables):
             table[i * width : i * width + len(pages)] = pages
         staged = torch.tensor(flat + table, dtype=torch.long)
-        if buf.uploaded is not None:
+        if buf.uploaded is not None and not buf.uploaded.query():
             # The previous upload from this pinned buffer must have been read before it is rewritten
-            # (normally long done: each engine step waits for its sampled tokens).
+            # (normally long done, so no wait: each engine step waits for its sampled tokens).
             buf.uploaded.synchronize()
         buf.host.copy_(staged)
         if buf.device is not buf.host:

@@ -8,11 +8,12 @@ dispatcher) are patched for the duration. On CPU nothing stalls, but the same co
 sync at each record, so a CPU test can prove a step sync-free. (A copy to the host from a CUDA
 tensor is not visible on CPU: ``torch.cuda.set_sync_debug_mode("error")`` covers that on a GPU.)
 Reads inside a Triton kernel that the Triton interpreter runs are not recorded: on a GPU they are
-device code.
+device code. The dispatch mode is per thread; the patched methods count only the entering thread.
 """
 
 from __future__ import annotations
 
+import threading
 import traceback
 
 import torch
@@ -79,7 +80,12 @@ class HostReads(TorchDispatchMode):
 
     def __enter__(self):
         self._tolist, self._numpy = torch.Tensor.tolist, torch.Tensor.numpy
-        record, tolist, numpy = self._record, self._tolist, self._numpy
+        tolist, numpy, thread = self._tolist, self._numpy, threading.get_ident()
+
+        def record(name: str) -> None:  # the patch is process-wide: count this thread's calls only
+            if threading.get_ident() == thread:
+                self._record(name)
+
         torch.Tensor.tolist = lambda t: record("tolist") or tolist(t)
         torch.Tensor.numpy = lambda t, **kw: record("numpy") or numpy(t, **kw)
         return super().__enter__()

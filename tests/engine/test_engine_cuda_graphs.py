@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rz_agents.engine import EngineConfig, RZEngine, SamplingParams, generate_batch
-from rz_agents.engine.cuda_graphs import DecodeGraphs, weight_addresses
+from rz_agents.engine.cuda_graphs import CaptureRefused, DecodeGraphs, warm_up, weight_addresses
 from rz_agents.engine.decode_step import DecodeStep
 from rz_agents.model import KVCache
 
@@ -123,6 +123,23 @@ def test_a_weight_update_keeps_every_parameter_in_its_storage(tiny_model, pertur
     # negative control: a parameter replaced by a new tensor is seen
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     assert weight_addresses(model) != before
+
+
+def test_a_step_that_would_sync_is_refused_before_capture_with_its_location(tiny_model, monkeypatch):
+    # The warm-up before a capture runs under the host-read recorder: the dense step passes; a step
+    # whose forward reads a value back (here an injected int() of a device tensor, what the MoE's host
+    # grouping does) is refused with where it reads, so no capture is attempted.
+    step = _step(tiny_model())
+    warm_up(step, step.buffers(4))
+    forward = step.model.forward
+
+    def reading_forward(tokens, *args, **kwargs):
+        int(tokens.sum())
+        return forward(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(step.model, "forward", reading_forward)
+    with pytest.raises(CaptureRefused, match=r"reads back from the device \(item at decode_step.py"):
+        warm_up(step, step.buffers(4))
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
