@@ -18,7 +18,7 @@ What keeps a graph valid: it holds the addresses of the weights, the KV pages an
 Weights are loaded in place (``ModelRunner.load_state`` copies into the parameters' storage) and
 ``check_weights`` drops every graph (recaptured on next use) if a parameter's storage moved anyway;
 the page tables are buffer contents, so preemption, re-admission and new page placements need no
-recapture. A step that reads back (e.g. an MoE still grouping experts on the host) or a capture that
+recapture. A graph replays the op set it was captured with: switching the model's kernels drops them. A step that reads back (e.g. an MoE still grouping experts on the host) or a capture that
 fails turns graphs off for this engine with a logged reason, and decode runs eagerly (same bits).
 """
 
@@ -74,6 +74,7 @@ class DecodeGraphs:
         self._graphs: dict[int, _Graph] = {}
         self._pool = None
         self._weights = weight_addresses(step.model)
+        self._kernels = getattr(step.model, "kernels", None)  # a graph replays the op set it captured
         self.disabled_reason: str | None = None
         self.captures = 0
         self.replays = 0
@@ -131,6 +132,10 @@ class DecodeGraphs:
         first use); eager ``DecodeStep.run`` once graphs are off for this engine."""
         if self.disabled_reason is not None:
             return self.step.run(tokens, positions, page_tables)
+        kernels = getattr(self.step.model, "kernels", None)
+        if kernels != self._kernels:  # set_kernels since the captures: they replay the old op set
+            self._graphs.clear()
+            self._kernels = kernels
         bucket = self.step.bucket(len(tokens))
         if bucket not in self._graphs:
             try:
