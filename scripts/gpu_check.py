@@ -43,6 +43,14 @@ Sections, in order (owner: the issue that maintains the section; other issues ad
   decode_profile   #23      25  torch.profiler over one decode step: kernel count, GPU-busy vs wall time
   rl_loop          #23      30  3 RL steps: the rz engine samples on the GPU, the learner trains, weights go back
   rl_demo          #23      30  3 RL steps of configs/demo.yaml (needs the demo's packages: skips, naming them)
+  engine_decode    #22      90  Qwen3-4B-shaped decode step (LM head + sampler) at batch 1/16/48/128/256, context
+                                2K/8K: eager vs CUDA graph, aligned vs standard, graph == eager bitwise, tokens/s,
+                                fraction of the HBM roofline; sizes that do not fit (memory, budget) skipped, named
+  engine_sync      #22      20  graph-less decode step (dense, MoE) under set_sync_debug_mode("error") + host-read
+                                recorder: no host sync before the step's one copy of its tokens
+  engine_vs_trainer #22     30  engine (paged, shared prefix, graph decode) vs trainer forward, bf16, dense + MoE
+                                (the engine sections run last: on a full run give them time with
+                                `--only engine_decode engine_sync engine_vs_trainer`)
 
 Goals (from issue 23): aligned GEMM >= 0.8x cuBLAS at M >= 1024 (bf16); aligned train step >= 0.9x standard;
 every aligned row bit-identical; gradients bitwise reproducible.
@@ -844,6 +852,278 @@ def section_decode_profile(check: Check) -> dict:
     }
 
 
+# --- engine (issue 22): static decode step, CUDA graphs, no host sync ---------------------------------------
+def _random_cache(check: Check, config, pages: int):
+    """A paged KV cache of `pages` pages plus the scratch page, filled with random K/V (a decode step's cost
+    does not depend on their values, and filling is far cheaper than a prefill)."""
+    from rz_agents.model.kv_cache import KVCache
+
+    cache = KVCache(config, num_pages=pages + 1, device=check.device)
+    gen = torch.Generator(device=check.device).manual_seed(3)
+    for buf in (*cache.k, *cache.v):
+        buf.normal_(0.0, 1.0, generator=gen)
+    return cache
+
+
+def _decode_setup(check: Check, model, batch: int, context: int, cache=None):
+    """A DecodeStep of exactly `batch` rows at position `context` over a random paged cache (`cache`, or a
+    new one just big enough): row i owns pages i*W .. i*W+W-1, the cache's last page is the scratch page."""
+    from rz_agents.engine.decode_step import DecodeStep
+    from rz_agents.model.kv_cache import pages_for
+
+    width = pages_for(context + 1)
+    cache = cache if cache is not None else _random_cache(check, model.config, batch * width)
+    step = DecodeStep(model, cache, max_batch=batch, width=width, scratch_page=cache.num_pages - 1)
+    step.buckets = [batch]
+    g = torch.Generator().manual_seed(batch)
+    rows = dict(
+        tokens=torch.randint(0, model.config.vocab_size, (batch,), generator=g).tolist(),
+        positions=[context] * batch,
+        page_tables=[list(range(i * width, (i + 1) * width)) for i in range(batch)],
+    )
+    return step, rows
+
+
+def _full_step(model, run, rows, params, gens, sgen):
+    """One engine decode step: forward (eager or replay), LM head, sampler on the device, one copy back."""
+    from rz_agents.engine.sampler import HostTokens, sample_on_device
+
+    hidden = run(rows["tokens"], rows["positions"], rows["page_tables"])
+    return HostTokens(*sample_on_device(model.logits(hidden), params, gens, sgen)).lists()
+
+
+def _time_step(check: Check, model, run, rows, params, sgen) -> float:
+    """Median ms of one full decode step (see _full_step), 10 iterations."""
+    gens = [None] * len(params)
+    return round(check.time_ms(lambda: _full_step(model, run, rows, params, gens, sgen), iters=10), 3)
+
+
+def _step_bytes(model, batch: int, context: int) -> int:
+    """Bytes a decode step must read from HBM: every weight once (the embedding only if tied to the LM
+    head) plus every row's K/V in whole 64-key blocks up to its position."""
+    from rz_agents.model.kv_cache import PAGE_SIZE, pages_for
+
+    cfg = model.config
+    seen, total = set(), 0
+    for name, p in model.named_parameters():
+        if id(p) in seen or (name.endswith("embed_tokens.weight") and not cfg.tie_word_embeddings):
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+    per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    return total + batch * pages_for(context + 1) * PAGE_SIZE * per_position
+
+
+def section_engine_decode(check: Check) -> dict:
+    """Qwen3-4B-shaped random model, bf16: the engine's decode step (static, bucketed; LM head and sampler
+    included) at batch 1/16/48/128/256 and context 2K/8K, eager vs CUDA graph, aligned vs standard; graph
+    rows == eager rows bit for bit; tokens/s and the fraction of the HBM roofline (bytes / time / 4.8 TB/s).
+    Sizes whose K/V do not fit, or that the section's budget cannot reach, are skipped with the reason."""
+    from rz_agents.engine.cuda_graphs import DecodeGraphs
+    from rz_agents.engine.params import SamplingParams
+    from rz_agents.model import ModelConfig
+    from rz_agents.model.kv_cache import bytes_per_page, pages_for
+    from rz_agents.model.presets import preset_config
+
+    if check.dry:
+        cfg = ModelConfig.tiny("qwen3", dtype="bfloat16", num_hidden_layers=1, vocab_size=256)
+        batches, contexts, budget = (1, 3), (8, 70), 1e9
+    else:
+        cfg = preset_config("qwen3-4b", max_position_embeddings=8192 + 128)
+        batches, contexts, budget = (1, 16, 48, 128, 256), (2048, 8192), 80.0
+    t_start = time.perf_counter()
+    model = random_model(check, cfg, check.aligned).eval().requires_grad_(False)
+    page_bytes = bytes_per_page(cfg)
+    kv_limit = (
+        0.55 * torch.cuda.get_device_properties(check.device).total_memory
+        if check.device.type == "cuda"
+        else 2**31
+    )
+    sizes = [(b, c) for c in contexts for b in batches]
+    fits = [(b, c) for b, c in sizes if (b * pages_for(c + 1) + 1) * page_bytes <= kv_limit]
+    pages = max(b * pages_for(c + 1) for b, c in fits)
+    cache = _random_cache(check, cfg, pages)  # one cache for every size (sequence i: its first pages)
+    out: dict = {"model": "qwen3-4b shape" if not check.dry else "tiny", "parameters": model.num_parameters()}
+    out["kv_cache_gib"] = round((pages + 1) * page_bytes / 2**30, 2)
+    results: dict = {}
+    graphs_ok = check.device.type == "cuda"
+    last_cost = 0.0
+    for b, c in sizes:
+        key = f"b{b}_ctx{c}"
+        if (b, c) not in fits:
+            need = (b * pages_for(c + 1) + 1) * page_bytes / 2**30
+            results[key] = {
+                "skipped": f"K/V of {b} x {c} positions = {need:.0f} GiB > {kv_limit / 2**30:.0f} GiB"
+            }
+            continue
+        spent = time.perf_counter() - t_start
+        if spent + 1.5 * last_cost > budget:
+            results[key] = {
+                "skipped": f"section budget: {spent:.0f} s spent, the last size took {last_cost:.0f} s"
+            }
+            continue
+        t0 = time.perf_counter()
+        step, rows = _decode_setup(check, model, b, c, cache)
+        params = [SamplingParams(temperature=1.0)] * b
+        sgen = torch.Generator().manual_seed(1)
+        row: dict = {}
+        eager_hidden = None
+        for label, kernels in (("aligned", check.aligned), ("standard", "standard")):
+            model.set_kernels(kernels)
+            with torch.inference_mode():
+                hidden = step.run(**rows).clone()
+            if label == "aligned":
+                eager_hidden = hidden
+            row[f"{label}_eager_ms"] = _time_step(check, model, step.run, rows, params, sgen)
+            if graphs_ok:
+                try:
+                    graphs = DecodeGraphs(step)
+                    graphs.capture(b)
+                    with torch.inference_mode():
+                        replay = graphs.run(**rows).clone()
+                    row[f"{label}_graph_equals_eager"] = bool(torch.equal(replay, hidden))
+                    row[f"{label}_graph_ms"] = _time_step(check, model, graphs.run, rows, params, sgen)
+                    del graphs
+                except Exception as exc:  # noqa: BLE001 - reported, the eager figures stand
+                    row[f"{label}_graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            if label == "standard":
+                row["standard_differs_from_aligned"] = not torch.equal(hidden, eager_hidden)
+        model.set_kernels(check.aligned)
+        best = row.get("aligned_graph_ms") or row["aligned_eager_ms"]
+        row["aligned_tokens_per_s"] = round(b / best * 1e3, 1)
+        row["hbm_roofline_fraction"] = round(_step_bytes(model, b, c) / (best / 1e3) / 4.8e12, 4)
+        std = row.get("standard_graph_ms") or row["standard_eager_ms"]
+        row["aligned_over_standard"] = round(std / best, 3)  # > 1: aligned faster
+        results[key] = row
+        del step
+        if check.device.type == "cuda":
+            torch.cuda.empty_cache()
+        last_cost = time.perf_counter() - t0
+    out["sizes"] = results
+    done = [r for r in results.values() if "skipped" not in r]
+    if graphs_ok and done:
+        out["graph_equals_eager"] = all(r.get("aligned_graph_equals_eager") for r in done)
+    out["standard_differs"] = all(r["standard_differs_from_aligned"] for r in done) if done else None
+    b48 = results.get("b48_ctx2048", {})
+    out["b48_ctx2k_roofline_fraction"] = b48.get("hbm_roofline_fraction")
+    out["b48_ctx2k_tokens_per_s"] = b48.get("aligned_tokens_per_s")
+    out["b48_ctx2k_aligned_over_standard"] = b48.get("aligned_over_standard")
+    return out
+
+
+def section_engine_sync(check: Check) -> dict:
+    """The graph-less decode step (forward, LM head, sampler; dense and MoE) under
+    torch.cuda.set_sync_debug_mode("error") and the host-read recorder (rz_agents.engine.host_reads): any
+    host sync before the step's one copy of its sampled tokens is named."""
+    from rz_agents.engine.host_reads import HostReads
+    from rz_agents.engine.params import SamplingParams
+    from rz_agents.engine.sampler import HostTokens, sample_on_device
+    from rz_agents.model import ModelConfig
+
+    out: dict = {}
+    for model_type in ("qwen3", "qwen3_moe"):
+        if check.dry:
+            cfg = ModelConfig.tiny(model_type, dtype="bfloat16", num_hidden_layers=1, vocab_size=256)
+            batch, context = 3, 8
+        else:
+            cfg = ModelConfig.tiny(
+                model_type,
+                dtype="bfloat16",
+                hidden_size=1024,
+                intermediate_size=3072,
+                num_hidden_layers=4,
+                num_attention_heads=16,
+                num_key_value_heads=8,
+                head_dim=128,
+                vocab_size=32768,
+                max_position_embeddings=4096,
+                **(
+                    {"num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 512}
+                    if "moe" in model_type
+                    else {}
+                ),
+            )
+            batch, context = 16, 1000
+        model = random_model(check, cfg, check.aligned).eval().requires_grad_(False)
+        step, rows = _decode_setup(check, model, batch, context)
+        params = [SamplingParams(temperature=0.8, top_k=20), SamplingParams(temperature=0.0)] * (
+            batch // 2
+        ) + [SamplingParams()] * (batch % 2)
+        gens, sgen = [None] * batch, torch.Generator().manual_seed(1)
+        _full_step(model, step.run, rows, params, gens, sgen)  # warm: compiles, device tables
+        check.sync()
+        result: dict = {"sync_error": None}
+        rec = HostReads()
+        try:
+            if check.device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("error")
+            with rec, torch.inference_mode():
+                hidden = step.run(**rows)
+                host = HostTokens(*sample_on_device(model.logits(hidden), params, gens, sgen))
+        except RuntimeError as exc:
+            result["sync_error"] = str(exc)[:300]
+        finally:
+            if check.device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+        if result["sync_error"] is None:
+            tokens, _ = host.lists()  # the one wait, outside the guarded region
+            result["tokens"] = len(tokens)
+        result["host_reads"] = len(rec.reads)
+        result["first_host_reads"] = [f"{op} at {where}" for op, where in rec.reads[:4]]
+        result["no_host_sync"] = result["sync_error"] is None and not rec.reads
+        out[model_type] = result
+        del model, step
+    out["dense_no_host_sync"] = out["qwen3"]["no_host_sync"]
+    out["moe_no_host_sync"] = out["qwen3_moe"]["no_host_sync"]
+    return out
+
+
+def section_engine_vs_trainer(check: Check) -> dict:
+    """The engine (paged K/V, a group sharing its prompt's pages, decode by CUDA-graph replay on a GPU)
+    vs the trainer's packed forward, bf16, dense and MoE: every sampled token's log-prob torch.equal."""
+    from rz_agents.engine import EngineConfig, RZEngine
+    from rz_agents.engine.batch import generate_batch
+    from rz_agents.engine.params import SamplingParams
+    from rz_agents.model import ModelConfig
+    from rz_agents.model.logprobs import packed_token_logprobs
+
+    out: dict = {}
+    for model_type in ("qwen3", "qwen3_moe"):
+        size = (
+            dict(num_hidden_layers=1)
+            if check.dry
+            else dict(hidden_size=256, intermediate_size=768, head_dim=64, num_hidden_layers=2)
+        )
+        cfg = ModelConfig.tiny(model_type, dtype="bfloat16", vocab_size=512, **size)
+        model = random_model(check, cfg, check.aligned).eval().requires_grad_(False)
+        group, new, length = (2, 2, 12) if check.dry else (8, 24, 40)
+        gen = torch.Generator().manual_seed(5)
+        prompt = torch.randint(0, cfg.vocab_size, (length,), generator=gen).tolist()
+        prompts = [prompt] * group + [torch.randint(0, cfg.vocab_size, (5,), generator=gen).tolist()]
+        params = [
+            SamplingParams(temperature=1.0, max_tokens=new, seed=i, ignore_eos=True) for i in range(group)
+        ]
+        params.append(SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True))
+        engine = RZEngine(model, EngineConfig(num_slots=16, max_len=128, share_prefix_min_tokens=8))
+        done = generate_batch(engine, prompts, params)
+        equal = []
+        for p, sp, c in zip(prompts, params, done, strict=True):
+            (lp,) = packed_token_logprobs(model, [p + c.tokens], temperature=sp.logprob_temperature)
+            equal.append(bool(torch.equal(c.logprobs, lp[len(p) - 1 :].cpu())))
+        stats = engine.stats()
+        out[model_type] = {
+            "bit_identical": all(equal),
+            "sequences": len(equal),
+            "shared_prefix_tokens": stats["shared_prefix_tokens"],
+            "cuda_graphs": stats["cuda_graphs"],
+            "cuda_graphs_off": stats["cuda_graphs_off"],
+            "graph_replays": engine.graphs.replays if engine.graphs is not None else 0,
+        }
+        del engine, model
+    out["bit_identical"] = all(r["bit_identical"] for r in out.values())
+    return out
+
+
 def _missing(*modules: str) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
@@ -864,6 +1144,9 @@ SECTIONS = {
     "decode_profile": (section_decode_profile, 25, ()),
     "rl_loop": (section_rl_loop, 30, ()),
     "rl_demo": (section_rl_demo, 30, ("yaml", "gymnasium")),
+    "engine_decode": (section_engine_decode, 90, ()),
+    "engine_sync": (section_engine_sync, 20, ()),
+    "engine_vs_trainer": (section_engine_vs_trainer, 30, ()),
 }
 
 
@@ -885,6 +1168,7 @@ def goals(results: dict) -> dict:
         get("logprobs_vocab", "engine_equals_trainer"),
         get("model_0.6b", "engine_vs_training_bit_identical"),
         get("model_moe", "engine_vs_training_bit_identical"),
+        get("engine_vs_trainer", "bit_identical"),
         None if get("rl_loop", "lag0_abs_dlogp_max") is None else get("rl_loop", "lag0_abs_dlogp_max") == 0.0,
     ]
     return {
@@ -895,6 +1179,15 @@ def goals(results: dict) -> dict:
         "gradients_bitwise_reproducible": get("grad_determinism", "gradients_bitwise_reproducible"),
         "sharded_step_on_one_rank_group": get("nccl_one_rank", "ok"),
         "standard_differs": get("alignment", "standard_differs"),
+        "decode_b48_2k_ge_0.5_hbm_roofline": at_least(
+            get("engine_decode", "b48_ctx2k_roofline_fraction"), 0.5
+        ),
+        "decode_b48_2k_ge_8k_tokens_per_s": at_least(get("engine_decode", "b48_ctx2k_tokens_per_s"), 8000),
+        "decode_aligned_ge_0.85x_standard": at_least(
+            get("engine_decode", "b48_ctx2k_aligned_over_standard"), 0.85
+        ),
+        "graph_decode_equals_eager": get("engine_decode", "graph_equals_eager"),
+        "decode_step_no_host_sync": get("engine_sync", "dense_no_host_sync"),
     }
 
 

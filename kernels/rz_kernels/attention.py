@@ -158,8 +158,10 @@ class BlockedPlan:
         num_heads: int,
         num_kv_heads: int,
         page_table: torch.Tensor | None = None,
+        decode_positions: tuple[int, ...] | None = None,
     ) -> None:
         self.q_seq, self.q_pos = q_seq, q_pos
+        self.decode_positions = decode_positions  # host positions of a decode step's rows (or None)
         self.page_table = page_table  # [S, W] page of each key block, or None for [S, Hkv, L, D] buffers
         self.num_tokens = q_seq.shape[0]
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
@@ -169,7 +171,12 @@ class BlockedPlan:
         """The tiles, grouped by (rows, key blocks); the tile size depends on the guard for head_dim."""
         got = self._buckets.get(head_dim)
         if got is None:
-            got = _layout(self.q_seq, self.q_pos, self.num_heads, self.num_kv_heads, head_dim)
+            if self.decode_positions is not None:
+                got = _decode_layout(
+                    self.q_seq, self.decode_positions, self.num_heads, self.num_kv_heads, head_dim
+                )
+            else:
+                got = _layout(self.q_seq, self.q_pos, self.num_heads, self.num_kv_heads, head_dim)
             self._buckets[head_dim] = got
         return got
 
@@ -196,14 +203,60 @@ def plan_blocked(
     num_kv_heads: int,
     page_table: torch.Tensor | None = None,
     max_position: int | None = None,
+    decode_positions: tuple[int, ...] | None = None,
 ) -> BlockedPlan:
     """The plan of one forward: which sequence and position every query has (layout built lazily).
 
     With ``page_table`` [S, W] (long), k/v are pages [P, Hkv, 64, D] and block j of sequence s is
     page ``page_table[s, j]``. ``max_position`` (the highest of ``q_pos``, when the caller knows it) is
     part of the plan interface (the GPU plan reads it instead of syncing); the CPU layout needs no bound.
+    ``decode_positions`` (host ints, a decode step: query i is the only token of sequence q_seq[i], at
+    that position) lets the layout be grouped on the host, reading nothing back; same tiles, same bits.
     """
-    return BlockedPlan(q_seq, q_pos, num_heads, num_kv_heads, page_table)
+    return BlockedPlan(q_seq, q_pos, num_heads, num_kv_heads, page_table, decode_positions)
+
+
+def _decode_layout(
+    q_seq: torch.Tensor, positions: tuple[int, ...], num_heads: int, num_kv_heads: int, head_dim: int
+) -> list[_Bucket]:
+    """`_layout` of a decode step (one query per sequence), grouped on the host from the known positions.
+
+    Every (query, kv head) is one tile of the `group` query heads padded as `_layout` pads a one-token
+    tile; tiles are bucketed by key-block count (pos // 64 + 1) in ascending order, queries in call
+    order within a bucket, heads inner. The tiles, and so the bits, are those of `_layout`.
+    """
+    t = q_seq.shape[0]
+    if t == 0:
+        return []
+    device = q_seq.device
+    group = num_heads // num_kv_heads
+    full_rows, variable = _tile_rows(group, head_dim)
+    rows = -(-group // MIN_TILE_ROWS) * MIN_TILE_ROWS if variable else full_rows
+    by_blocks: dict[int, list[int]] = {}
+    for i, p in enumerate(positions):
+        by_blocks.setdefault(p // KEY_BLOCK + 1, []).append(i)
+    h = torch.arange(num_kv_heads, device=device).view(1, num_kv_heads, 1)
+    j = torch.arange(rows, device=device).view(1, 1, rows)
+    real = j < group
+    buckets = []
+    for nb in sorted(by_blocks):
+        tokens = by_blocks[nb]
+        n = len(tokens)
+        tok = torch.tensor(tokens, dtype=torch.long, device=device)
+        pos = torch.tensor([positions[i] for i in tokens], dtype=torch.long, device=device)
+        row_index = torch.where(real, tok.view(n, 1, 1) * num_heads + h * group + j, t * num_heads)
+        row_pos = torch.where(real, pos.view(n, 1, 1), 0).expand(n, num_kv_heads, rows)
+        buckets.append(
+            _Bucket(
+                rows,
+                nb,
+                q_seq[tok].view(n, 1).expand(n, num_kv_heads).reshape(-1),
+                torch.arange(num_kv_heads, device=device).repeat(n),
+                row_index.reshape(n * num_kv_heads, rows),
+                row_pos.reshape(n * num_kv_heads, rows),
+            )
+        )
+    return buckets
 
 
 def _layout(
@@ -478,7 +531,25 @@ def plan_sdpa(
     num_kv_heads: int,
     page_table: torch.Tensor | None = None,
     max_position: int | None = None,
+    decode_positions: tuple[int, ...] | None = None,
 ) -> SdpaPlan:
+    """The padded SDPA batch of one call. A decode step over a page table (``decode_positions`` and
+    ``max_position`` given: query i is the one token of sequence q_seq[i]) is planned by shape alone,
+    with no read-back: one row per sequence, keys up to max_position."""
+    if decode_positions is not None and max_position is not None and page_table is not None:
+        t = q_seq.numel()
+        keys = max_position + 1
+        mask = torch.arange(keys, device=q_seq.device).view(1, 1, keys) <= q_pos.view(t, 1, 1)
+        return SdpaPlan(
+            q_seq,
+            False,
+            torch.arange(t, device=q_seq.device),
+            torch.zeros(t, dtype=torch.long, device=q_seq.device),
+            mask.unsqueeze(1),
+            1,
+            keys,
+            page_table,
+        )
     seqs, batch_index, counts = torch.unique(q_seq, return_inverse=True, return_counts=True)
     order = torch.argsort(batch_index, stable=True)
     starts = torch.cumsum(counts, 0) - counts

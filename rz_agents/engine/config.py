@@ -22,6 +22,12 @@ class EngineConfig:
     static_decode: run decode-only steps through the static decode step (rz_agents.engine.decode_step):
       the batch padded to a bucket over preallocated buffers, the CUDA-graph-capturable form. The
       aligned kernels make padding change no bit of the real rows (tested).
+    cuda_graphs: on a CUDA device, capture that static decode step as one CUDA graph per batch bucket
+      (on the bucket's first use) and replay it (rz_agents.engine.cuda_graphs): one launch per decode
+      step instead of one per kernel, the same bits as eager (the captured function is the one the CPU
+      engine runs). Needs static_decode. Ignored on CPU: the engine then reports
+      ``stats()["cuda_graphs"] == False`` and says why in ``stats()["cuda_graphs_off"]``; a capture
+      that fails turns graphs off the same way (logged), and decode runs eagerly.
     max_len: positions per sequence (prompt + completion); longer prompts are refused with ValueError
       and a completion that reaches it finishes with "length".
     max_batch_tokens: the most tokens in one forward (decodes first, then prefill chunks).
@@ -60,6 +66,7 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] | None = None
     kv_cache_bytes: int | None = None
     static_decode: bool = True
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -80,6 +87,9 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")
+        for name in ("static_decode", "cuda_graphs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"EngineConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"EngineConfig.num_threads must be >= 1 or None, got {self.num_threads}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:

@@ -1,10 +1,12 @@
 """The decode step over static buffers: the batch padded to a bucket, shapes fixed per bucket.
 
-One function (``DecodeStep.run``) runs a decode-only step (one new token per sequence) over
-buffers allocated once per bucket: tokens, positions, page-table rows and the page tables (width:
-the pages of max_len). The host fills them in one copy; the model then sees the same shapes,
-addresses and metadata layout every time a bucket repeats, which is what CUDA-graph capture needs
-(capture and replay are GPU-only; this step runs on every device, so its padding is tested here).
+A decode-only step (one new token per sequence) runs over buffers allocated once per bucket:
+tokens, positions, page-table rows and the page tables (width: the pages of max_len). ``fill``
+writes the step's metadata on the host and uploads it in one copy (pinned, non-blocking on CUDA);
+``forward`` is the model over those buffers. The model then sees the same shapes, addresses and
+metadata layout every time a bucket repeats, and ``forward`` reads nothing back to the host: it is
+the function rz_agents.engine.cuda_graphs captures once per bucket and replays on CUDA, and the
+function every device runs eagerly, so its padding and its bits are tested on CPU.
 
 Padding rows are sequences of their own: token 0 at position 0, whose page-table row points at a
 scratch page outside the page pool. Their K/V go to the scratch page, they attend only to it, and
@@ -14,11 +16,12 @@ invariance), so padding changes no bit of the real rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from rz_agents.model.kv_cache import KVCache
+from rz_agents.model.kv_cache import PAGE_SIZE, KVCache
 
 
 def decode_buckets(max_batch: int) -> list[int]:
@@ -28,19 +31,41 @@ def decode_buckets(max_batch: int) -> list[int]:
 
 
 @dataclass
-class _Buffers:
-    """One bucket's inputs: [tokens B | positions B | rows B | page table B x W], one int64 block."""
+class StepBuffers:
+    """One bucket's inputs: [tokens B | positions B | rows B | page table B x W], one int64 block.
 
-    host: torch.Tensor  # staging (pinned on CUDA)
-    device: torch.Tensor  # the same on the model's device: the model reads views of it
+    ``host`` is the staging copy (pinned on CUDA), ``device`` the same on the model's device (the
+    model reads views of it; on CPU both are one tensor). Allocated once per bucket and only ever
+    written in place, so a captured graph's addresses stay valid.
+    """
+
+    host: torch.Tensor
+    device: torch.Tensor
     batch: int
     width: int
+    uploaded: torch.cuda.Event | None = None  # the last upload from ``host`` (CUDA): wait before rewriting
 
     def part(self, t: torch.Tensor, i: int) -> torch.Tensor:
         return t[i * self.batch : (i + 1) * self.batch]
 
     def table(self, t: torch.Tensor) -> torch.Tensor:
         return t[3 * self.batch :].view(self.batch, self.width)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.part(self.device, 0)
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.part(self.device, 1)
+
+    @property
+    def rows(self) -> torch.Tensor:
+        return self.part(self.device, 2)
+
+    @property
+    def page_table(self) -> torch.Tensor:
+        return self.table(self.device)
 
 
 class DecodeStep:
@@ -55,7 +80,11 @@ class DecodeStep:
         self.width = width
         self.scratch_page = scratch_page
         self.buckets = decode_buckets(max_batch)
-        self._buffers: dict[int, _Buffers] = {}
+        self._buffers: dict[int, StepBuffers] = {}
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) or width * PAGE_SIZE
+        # Every position a step may feed is <= this (checked on the host): the bound a captured graph
+        # is built with, so no position-dependent host value is baked into it.
+        self.static_max_position = min(width * PAGE_SIZE, limit) - 1
 
     def bucket(self, n: int) -> int:
         """The smallest bucket holding n rows."""
@@ -64,7 +93,8 @@ class DecodeStep:
                 return b
         raise ValueError(f"decode batch {n} exceeds the largest bucket {self.buckets[-1]}")
 
-    def _get(self, bucket: int) -> _Buffers:
+    def buffers(self, bucket: int) -> StepBuffers:
+        """The bucket's buffers (allocated on first use, then reused: the same tensors every step)."""
         buf = self._buffers.get(bucket)
         if buf is None:
             device = self.cache.device
@@ -73,31 +103,70 @@ class DecodeStep:
             if device.type == "cuda":
                 host = host.pin_memory()
             dev = torch.zeros(size, dtype=torch.long, device=device) if device.type != "cpu" else host
-            buf = _Buffers(host, dev, bucket, self.width)
+            buf = StepBuffers(host, dev, bucket, self.width)
+            self.fill_padding(buf)
             self._buffers[bucket] = buf
         return buf
 
-    @torch.inference_mode()
-    def run(self, tokens: list[int], positions: list[int], page_tables: list[list[int]]) -> torch.Tensor:
-        """Hidden states [n, hidden] of n decode rows (row i: tokens[i] at positions[i], pages page_tables[i])."""
+    def fill_padding(self, buf: StepBuffers) -> None:
+        """Make every row of ``buf`` a padding row (token 0 at position 0 on the scratch page)."""
+        self._write(buf, [], [], [])
+
+    def fill(
+        self, tokens: Sequence[int], positions: Sequence[int], page_tables: Sequence[Sequence[int]]
+    ) -> StepBuffers:
+        """Write n decode rows (padded to their bucket) into the bucket's buffers: one host write,
+        one upload. Raises ValueError (before touching the device) for a position the step cannot feed."""
         n = len(tokens)
-        b = self.bucket(n)
-        buf = self._get(b)
+        if n == 0 or len(positions) != n or len(page_tables) != n:
+            raise ValueError(f"a decode step needs one position and page table per token, got {n} tokens")
+        top = max(positions)
+        if top >= self.width * PAGE_SIZE:  # the model's own messages, checked here on the host
+            raise ValueError(f"position {top} exceeds the page table's {self.width * PAGE_SIZE} positions")
+        rope = getattr(self.model, "rope", None)
+        if rope is not None:
+            rope.check_top(top)
+        buf = self.buffers(self.bucket(n))
+        self._write(buf, tokens, positions, page_tables)
+        return buf
+
+    def _write(self, buf: StepBuffers, tokens, positions, page_tables) -> None:
+        b, n, width = buf.batch, len(tokens), self.width
         flat = [0] * (3 * b)
         flat[:n] = tokens
         flat[b : b + n] = positions
         flat[2 * b : 3 * b] = range(b)
-        table = [self.scratch_page] * (b * self.width)
+        table = [self.scratch_page] * (b * width)
         for i, pages in enumerate(page_tables):
-            table[i * self.width : i * self.width + len(pages)] = pages
-        buf.host.copy_(torch.tensor(flat + table, dtype=torch.long))
+            table[i * width : i * width + len(pages)] = pages
+        staged = torch.tensor(flat + table, dtype=torch.long)
+        if buf.uploaded is not None and not buf.uploaded.query():
+            # The previous upload from this pinned buffer must have been read before it is rewritten
+            # (normally long done, so no wait: each engine step waits for its sampled tokens).
+            buf.uploaded.synchronize()
+        buf.host.copy_(staged)
         if buf.device is not buf.host:
             buf.device.copy_(buf.host, non_blocking=True)  # one upload of the whole step's metadata
-        d = buf.device
-        hidden = self.model(
-            buf.part(d, 0),
-            buf.part(d, 1),
-            seq_ids=buf.part(d, 2),
-            kv_cache=self.cache.view(buf.table(d), max(positions)),
-        )
-        return hidden[:n]
+            if buf.uploaded is None:
+                buf.uploaded = torch.cuda.Event()
+            buf.uploaded.record()
+
+    def forward(self, buf: StepBuffers, max_position: int, positions: Sequence[int]) -> torch.Tensor:
+        """Final hidden states [bucket, hidden] of the model over ``buf`` (padding rows included).
+
+        This is the step CUDA graphs capture: it reads only ``buf``'s device tensors, the weights and
+        the cache, and calls nothing that reads a device value back. ``max_position`` bounds every
+        position in ``buf`` (the real one when eager, ``static_max_position`` under a graph);
+        ``positions`` (host, one per row of the bucket) marks the forward as a decode step, so the
+        attention plan needs no read-back: the CPU plan groups rows by them, the Triton and SDPA plans
+        use only the device positions (a replay feeds other positions than the capture saw).
+        """
+        view = self.cache.view(buf.page_table, max_position, decode_positions=positions)
+        return self.model(buf.tokens, buf.positions, seq_ids=buf.rows, kv_cache=view)
+
+    @torch.inference_mode()
+    def run(self, tokens: list[int], positions: list[int], page_tables: list[list[int]]) -> torch.Tensor:
+        """Hidden states [n, hidden] of n decode rows (row i: tokens[i] at positions[i], pages page_tables[i])."""
+        buf = self.fill(tokens, positions, page_tables)
+        padded = list(positions) + [0] * (buf.batch - len(positions))
+        return self.forward(buf, max(positions), padded)[: len(tokens)]

@@ -20,11 +20,12 @@ from collections.abc import Callable, Mapping
 import torch
 
 from rz_agents.engine.config import EngineConfig
+from rz_agents.engine.cuda_graphs import DecodeGraphs
 from rz_agents.engine.decode_step import DecodeStep
 from rz_agents.engine.pages import PagePool
 from rz_agents.engine.params import Completion, SamplingParams
 from rz_agents.engine.runner import ModelRunner
-from rz_agents.engine.sampler import sample
+from rz_agents.engine.sampler import HostTokens, sample_on_device
 from rz_agents.engine.scheduler import Scheduler
 from rz_agents.engine.sequence import Sequence
 from rz_agents.engine.stops import check_stop
@@ -83,7 +84,18 @@ class RZEngine:
                 width=pages_for(self.config.max_len),
                 scratch_page=num_pages,
             )
-        self.runner = ModelRunner(model, self.kv_cache, decode_step)
+        self.graphs, self.cuda_graphs_off = None, None
+        if not self.config.cuda_graphs:
+            self.cuda_graphs_off = "engine.cuda_graphs is false"
+        elif decode_step is None:
+            self.cuda_graphs_off = "engine.static_decode is false (graphs capture the static decode step)"
+        elif device.type != "cuda":
+            self.cuda_graphs_off = f"the engine runs on {device.type}, CUDA graphs need a CUDA device"
+        else:
+            self.graphs = DecodeGraphs(decode_step)
+        if self.config.cuda_graphs and self.cuda_graphs_off:
+            log.info("engine.cuda_graphs ignored: %s", self.cuda_graphs_off)
+        self.runner = ModelRunner(model, self.kv_cache, decode_step, self.graphs)
         pages = PagePool(
             num_pages,
             self.kv_cache.bytes_per_page,
@@ -154,7 +166,9 @@ class RZEngine:
         """
         self.runner.validate_state(state)
         with self._lock:
-            self.runner.load_state(state)
+            self.runner.load_state(state)  # in place: the parameters keep their storage
+            if self.graphs is not None:
+                self.graphs.check_weights()  # recaptures if a parameter's storage moved anyway
             self._version = int(version)
             self.scheduler.on_weights_updated(recompute=self.config.kv_on_update == "recompute")
             self.counters["weight_updates"] += 1
@@ -177,6 +191,10 @@ class RZEngine:
             "kv_bytes_total": pages.bytes_total,
             "kv_bytes_held": pages.bytes_held,
             "kv_bytes_prefix_cache": pages.bytes_prefix_cache,
+            "cuda_graphs": self.graphs is not None and self.graphs.disabled_reason is None,
+            "cuda_graphs_off": self.cuda_graphs_off
+            or (self.graphs.disabled_reason if self.graphs is not None else None),
+            "cuda_graphs_captured": len(self.graphs.captured) if self.graphs is not None else 0,
             **self.counters,
         }
 
@@ -301,7 +319,7 @@ class RZEngine:
                 self.counters["prefill_tokens"] += chunk.length
         sampling = batch.sampling
         try:
-            tokens, values = self._sample(sampling, hidden)
+            tokens, values = self._sample(sampling, hidden).lists()  # the step's one wait for the device
         except Exception as e:
             log.exception("sampling failed")
             for seq in sampling:
@@ -322,25 +340,29 @@ class RZEngine:
             done.append(seq)
         return done
 
-    def _sample(self, sampling: list[Sequence], hidden: torch.Tensor) -> tuple[list[int], list[float]]:
-        """LM head over every sampling row in one GEMM (its weight read once per step), then the sampler in
-        chunks of rows (see logit_rows_per_chunk): the same bits as chunked GEMMs (rows do not depend on
-        the batch)."""
-        tokens: list[int] = []
-        values: list[float] = []
+    def _sample(self, sampling: list[Sequence], hidden: torch.Tensor) -> HostTokens:
+        """LM head over every sampling row in one GEMM (its weight read once per step), then the sampler on
+        the device in chunks of rows (see logit_rows_per_chunk; the same bits as chunked GEMMs: rows do not
+        depend on the batch); the tokens and log-probs then go to the host in one copy (HostTokens)."""
+        tokens: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
         step = self.runner.logit_rows_per_chunk()
         logits = self.runner.logits(hidden)
         for i in range(0, len(sampling), step):
             part = sampling[i : i + step]
-            got = sample(
+            got = sample_on_device(
                 logits[i : i + step],
                 [s.params for s in part],
                 [s.generator for s in part],
                 self._generator,
             )
-            tokens.extend(got[0])
-            values.extend(got[1])
-        return tokens, values
+            tokens.append(got[0])
+            values.append(got[1])
+        if not tokens:  # a step of prefill chunks only
+            return HostTokens(torch.zeros(0, dtype=torch.long), torch.zeros(0))
+        if len(tokens) == 1:
+            return HostTokens(tokens[0], values[0])
+        return HostTokens(torch.cat(tokens), torch.cat(values))
 
     def _stop(self, seq: Sequence):
         return check_stop(seq, self.eos_token_ids, self.config.max_len, self.decode)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rz_agents.engine.cuda_graphs import DecodeGraphs
 from rz_agents.engine.decode_step import DecodeStep
 from rz_agents.engine.scheduler import ScheduledBatch
 
@@ -31,10 +32,17 @@ class StepInputs:
 class ModelRunner:
     """Runs ``model`` over packed chunks of many sequences, each reading and writing its own pages."""
 
-    def __init__(self, model: torch.nn.Module, kv_cache, decode_step: DecodeStep | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv_cache,
+        decode_step: DecodeStep | None = None,
+        graphs: DecodeGraphs | None = None,
+    ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.decode_step = decode_step  # decode-only steps go through it (static, bucketed buffers)
+        self.graphs = graphs  # on CUDA: that step's captured graphs, replayed instead
 
     def step_inputs(self, batch: ScheduledBatch) -> StepInputs:
         """The forward's inputs, built on the host from what the scheduler knows and uploaded in one copy.
@@ -79,17 +87,20 @@ class ModelRunner:
         """Feed every chunk; return the final hidden states [k, hidden] of the k chunks that end at a
         sampling point (rows in the order of ``batch.sampling``)."""
         if self.decode_step is not None and all(c.length == 1 and c.samples for c in batch.chunks):
-            return self.decode_step.run(
+            run = self.graphs.run if self.graphs is not None else self.decode_step.run
+            return run(
                 [c.seq.last_token for c in batch.chunks],
                 [c.start for c in batch.chunks],
                 [c.seq.pages for c in batch.chunks],
             )
         inputs = self.step_inputs(batch)
+        # one token per chunk: a decode step (each chunk one row), planned without read-back
+        decode = [c.start for c in batch.chunks] if all(c.length == 1 for c in batch.chunks) else None
         hidden = self.model(
             inputs.tokens,
             inputs.positions,
             seq_ids=inputs.rows,
-            kv_cache=self.kv_cache.view(inputs.page_table, inputs.max_position),
+            kv_cache=self.kv_cache.view(inputs.page_table, inputs.max_position, decode_positions=decode),
         )
         return hidden[inputs.sample_rows]
 

@@ -8,6 +8,7 @@ engine's page pool (rz_agents.engine.pages); the model only reads and writes thr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,15 +68,29 @@ class KVCache:
     def bytes_total(self) -> int:
         return self.num_pages * self.bytes_per_page
 
-    def view(self, page_table: torch.Tensor, max_position: int | None = None) -> CacheView:
+    def view(
+        self,
+        page_table: torch.Tensor,
+        max_position: int | None = None,
+        decode_positions: Sequence[int] | None = None,
+    ) -> CacheView:
         """What one forward reads and writes: row i of ``page_table`` [S, W] lists sequence i's pages.
 
         The forward's ``seq_ids`` index these rows. ``max_position`` (the largest position fed, known
         to the caller) lets the model check capacity without reading a device tensor back.
+        ``decode_positions`` (host ints, one per row) says the forward is a decode step: token i is
+        the one token of row i, at that position; attention plans then need no device read-back.
         """
         if page_table.dim() != 2:
             raise ValueError(f"page_table must be [sequences, pages], got {tuple(page_table.shape)}")
-        return CacheView(self, page_table.to(device=self.device, dtype=torch.long), max_position)
+        table = page_table.to(device=self.device, dtype=torch.long)
+        if decode_positions is not None:
+            decode_positions = tuple(decode_positions)
+            if len(decode_positions) != table.shape[0]:
+                raise ValueError(
+                    f"decode_positions has {len(decode_positions)} rows, the page table {table.shape[0]}"
+                )
+        return CacheView(self, table, max_position, decode_positions)
 
     @torch.no_grad()
     def copy_page(self, src: int, dst: int, num_positions: int = PAGE_SIZE) -> None:
@@ -92,6 +107,7 @@ class CacheView:
     cache: KVCache
     page_table: torch.Tensor  # [S, W] long: page of key block j of sequence s
     max_position: int | None = None
+    decode_positions: tuple[int, ...] | None = None  # decode step: row i's one token, at this position
 
     @property
     def capacity(self) -> int:

@@ -158,6 +158,7 @@ class _Context:
         self.fused = model.fused_projections and kv_cache is not None and not torch.is_grad_enabled()
         cfg = model.config
         page_table = None
+        decode = kv_cache.decode_positions if isinstance(kv_cache, CacheView) else None
         # The highest position, read once per forward: the engine passes it with its cache view (no sync);
         # other callers pay one host sync here, and no layer pays one again (the RoPE view is prechecked).
         top = kv_cache.max_position if isinstance(kv_cache, CacheView) else None
@@ -188,6 +189,7 @@ class _Context:
             cfg.num_key_value_heads,
             page_table=page_table,
             max_position=top,
+            decode_positions=decode,
         )
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -89,3 +89,30 @@ def test_block_probabilities_by_gather_equal_the_per_row_slices():
     probs = torch.rand(5, 3 * CDF_BLOCK + 17, generator=gen)
     block = torch.tensor([0, 3, 1, 3, 2])  # block 3 is the partial last one
     assert torch.equal(_block_probs(probs, block, gather=True), _block_probs(probs, block, gather=False))
+
+
+def test_the_one_copy_to_the_host_carries_tokens_and_logprobs_exactly():
+    from rz_agents.engine.sampler import HostTokens
+
+    tokens = torch.tensor([0, 151_668, 2**40 + 3])
+    values = torch.tensor([-0.0, -1e-30, -87.33654], dtype=torch.float32)
+    got_tokens, got_values = HostTokens(tokens, values).lists()
+    assert got_tokens == tokens.tolist()
+    assert torch.equal(torch.tensor(got_values, dtype=torch.float32), values)
+
+
+def test_greedy_rows_sharing_a_group_with_sampled_rows_change_no_sampled_token():
+    # Greedy (temperature 0 -> recorded at temperature 1) and temperature-1 rows share one group: the
+    # draw runs over every row and greedy rows take the argmax; sampled rows get what they get alone.
+    from rz_agents.engine.sampler import sample_on_device
+
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, 3000, generator=gen)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=1)] * 3
+    gens = [None if p.greedy else torch.Generator().manual_seed(10 + i) for i, p in enumerate(params)]
+    tokens, values = sample_on_device(logits, params, gens, torch.Generator())
+    for i, p in enumerate(params):
+        g = None if p.greedy else torch.Generator().manual_seed(10 + i)
+        alone, alone_values = sample_on_device(logits[i : i + 1], [p], [g], torch.Generator())
+        assert tokens[i] == alone[0] and torch.equal(values[i : i + 1], alone_values)
+    assert torch.equal(tokens[0::2], logits[0::2].argmax(-1))

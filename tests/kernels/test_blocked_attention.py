@@ -141,3 +141,29 @@ def test_scattered_pages_give_the_bits_of_the_contiguous_buffer(standard):
     kp2, vp2, table2 = _paged(k, v, gen, spare=11)  # another placement, other stale pages
     assert not torch.equal(table2, table)
     assert torch.equal(run(q, kp2, vp2, plan(seq, pos, 8, 2, page_table=table2), 0.25), dense)
+
+
+def test_the_decode_layout_grouped_on_the_host_gives_the_general_layouts_bits():
+    # One query per sequence (a decode step), positions in several key-block counts, pages scattered:
+    # the layout grouped from host positions (no unique / nonzero / read-back) == the general layout.
+    gen = torch.Generator().manual_seed(8)
+    k = torch.randn(14, 2, 64, 16, generator=gen)
+    v = torch.randn(14, 2, 64, 16, generator=gen)
+    table = torch.randperm(14, generator=gen)[:12].view(4, 3)
+    q = torch.randn(4, 8, 16, generator=gen)
+    seq, pos = torch.tensor([0, 1, 2, 3]), torch.tensor([150, 5, 63, 64])
+    general = attn.plan_blocked(seq, pos, 8, 2, page_table=table)
+    decode = attn.plan_blocked(seq, pos, 8, 2, page_table=table, decode_positions=(150, 5, 63, 64))
+    assert [(b.rows, b.num_blocks) for b in decode.buckets(16)] == [
+        (b.rows, b.num_blocks) for b in general.buckets(16)
+    ]
+    for a, b in zip(decode.buckets(16), general.buckets(16), strict=True):
+        for name in ("tile_seq", "tile_head", "row_index", "row_pos"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    out = attn.blocked_attention(q, k, v, decode, 0.25)
+    assert torch.equal(out, attn.blocked_attention(q, k, v, general, 0.25))
+    sdpa = attn.plan_sdpa(
+        seq, pos, 8, 2, page_table=table, max_position=150, decode_positions=(150, 5, 63, 64)
+    )
+    ref = attn.sdpa_attention(q, k, v, attn.plan_sdpa(seq, pos, 8, 2, page_table=table), 0.25)
+    assert torch.equal(attn.sdpa_attention(q, k, v, sdpa, 0.25), ref)

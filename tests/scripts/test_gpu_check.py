@@ -91,6 +91,22 @@ def test_a_section_past_its_budget_is_cut_and_the_next_one_still_runs(tmp_path):
     assert "attention" in summary["sections"] and summary["complete"] is True
 
 
+def test_dry_run_engine_sections_run_the_decode_step_sync_free_and_bit_identical(tmp_path):
+    summary, _ = _run(
+        tmp_path / "g.json", "--only", "engine_decode", "engine_sync", "engine_vs_trainer", timeout=900
+    )
+    sections = summary["sections"]
+    decode = sections["engine_decode"]["sizes"]
+    assert set(decode) == {"b1_ctx8", "b3_ctx8", "b1_ctx70", "b3_ctx70"}
+    assert all(r["aligned_eager_ms"] > 0 and r["standard_eager_ms"] > 0 for r in decode.values())
+    assert decode["b3_ctx70"]["standard_differs_from_aligned"] is True
+    assert sections["engine_sync"]["qwen3"]["host_reads"] == 0  # the interpreter's own reads are not counted
+    assert summary["goals"]["decode_step_no_host_sync"] is True
+    trainer = sections["engine_vs_trainer"]
+    assert trainer["bit_identical"] is True and trainer["qwen3"]["shared_prefix_tokens"] > 0
+    assert "CUDA graphs need a CUDA device" in trainer["qwen3"]["cuda_graphs_off"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_without_a_gpu_the_real_run_refuses_clearly(tmp_path):
     proc = subprocess.run(

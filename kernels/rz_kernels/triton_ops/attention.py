@@ -65,9 +65,15 @@ def plan_attention(
     num_kv_heads: int,
     page_table: torch.Tensor | None = None,
     max_position: int | None = None,
+    decode_positions=None,
 ):
     """Group the queries into position-aligned tiles (sorted by sequence, then position). ``max_position``:
-    the highest of ``q_pos`` when the caller knows it (the engine does): no host sync to read it here."""
+    the highest of ``q_pos`` when the caller knows it (the engine does): no host sync to read it here.
+
+    ``decode_positions`` given (a decode step: query i is the only token of its sequence q_seq[i]): one
+    tile per query, built from the device tensors alone by elementwise ops, so the plan has a fixed shape,
+    reads nothing back and can be captured in a CUDA graph (the host positions themselves are not read:
+    a graph replays with other positions). The tiles are the general plan's, in query order."""
     group = num_heads // num_kv_heads
     g2 = triton.next_power_of_2(group)
     if g2 > BLOCK_M:
@@ -93,6 +99,26 @@ def plan_attention(
         )
     q_seq = q_seq.long()
     q_pos = q_pos.long()
+    if page_table is not None:
+        page_table = page_table.to(torch.int32).contiguous()  # once per forward, not per layer
+    if decode_positions is not None:
+        slot = torch.arange(tile_pos, device=device).view(1, tile_pos)
+        token = torch.arange(t, dtype=torch.int32, device=device).view(t, 1)
+        tile_tokens = torch.where(slot == (q_pos % tile_pos).view(t, 1), token, -1).to(torch.int32)
+        return TritonAttentionPlan(
+            t,
+            num_heads,
+            num_kv_heads,
+            group,
+            g2,
+            tile_pos,
+            tile_tokens,
+            q_seq.to(torch.int32),
+            (q_pos // tile_pos * tile_pos).to(torch.int32),
+            (q_pos // BLOCK_N + 1).to(torch.int32),
+            q_pos.to(torch.int32),
+            page_table,
+        )
     top = int(q_pos.max()) if max_position is None else max_position
     tiles_per_seq = top // tile_pos + 1
     keys = q_seq * tiles_per_seq + q_pos // tile_pos

@@ -110,3 +110,24 @@ def test_scattered_pages_give_the_bits_of_the_contiguous_buffer(dtype):
     dense = triton_attention(q, k, v, seq, pos)
     plan = ta.plan_attention(seq, pos, q.shape[1], k.shape[1], page_table=table)
     assert torch.equal(ta.attention(q, kp, vp, plan, 0.25), dense)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_decode_plan_built_without_read_back_gives_the_general_plans_bits(dtype):
+    # A decode step (one query per sequence, rows in any order, pages scattered) planned from its
+    # shape alone (decode_positions: no unique, no read-back, graph-capturable) == the general plan.
+    gen = torch.Generator().manual_seed(6)
+    width = 3
+    kp = torch.randn(12, 2, ta.BLOCK_N, 16, generator=gen).to(dtype)
+    vp = torch.randn(12, 2, ta.BLOCK_N, 16, generator=gen).to(dtype)
+    table = torch.randperm(12, generator=gen)[:12].view(4, width)
+    q = torch.randn(4, 4, 16, generator=gen).to(dtype)
+    seq = torch.tensor([2, 0, 3, 1])
+    pos = torch.tensor([5, 150, 0, 63])
+    general = ta.plan_attention(seq, pos, 4, 2, page_table=table)
+    decode = ta.plan_attention(seq, pos, 4, 2, page_table=table, decode_positions=(5, 150, 0, 63))
+    assert decode.num_tiles == general.num_tiles == 4
+    order = torch.argsort(seq)  # the general plan sorts tiles by sequence
+    for name in ("tile_tokens", "tile_seq", "tile_start", "tile_blocks", "tile_last"):
+        assert torch.equal(getattr(decode, name)[order], getattr(general, name)), name
+    assert torch.equal(ta.attention(q, kp, vp, decode, 0.25), ta.attention(q, kp, vp, general, 0.25))
