@@ -18,7 +18,12 @@ in a clean skip. (To bring a missing pure-Python package to a machine without a 
 one, ``pip download --only-binary=:all: --python-version 3.12 --no-deps -d wheels PACKAGE``, carry ``wheels/``,
 then ``pip install --no-index --no-deps --target .deps wheels/*.whl`` and ``PYTHONPATH=.deps``.)
 
-Sections, in order (owner: the issue that maintains the section; other issues add theirs to this table):
+A run that the total budget cut short is continued by the same command with ``--resume``: it keeps every
+section the file already holds and runs only those it lacks or that stopped for time (the NOTES' one GPU call
+of <= 540 s, then a second one if device time is left).
+
+Sections (owner: the issue that maintains the section; other issues add theirs to this table), listed by
+topic; they RUN in the order of ``SECTIONS`` below: bit identity first, then speed, then the rest:
 
   section          owner  GPU budget s  what
   env              #23      10  torch / triton / GPU
@@ -49,8 +54,6 @@ Sections, in order (owner: the issue that maintains the section; other issues ad
   engine_sync      #22      20  graph-less decode step (dense, MoE) under set_sync_debug_mode("error") + host-read
                                 recorder: no host sync before the step's one copy of its tokens
   engine_vs_trainer #22     30  engine (paged, shared prefix, graph decode) vs trainer forward, bf16, dense + MoE
-                                (the engine sections run last: on a full run give them time with
-                                `--only engine_decode engine_sync engine_vs_trainer`)
 
 Goals (from issue 23): aligned GEMM >= 0.8x cuBLAS at M >= 1024 (bf16); aligned train step >= 0.9x standard;
 every aligned row bit-identical; gradients bitwise reproducible.
@@ -84,6 +87,11 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--section-budget-scale", type=float, default=1.0, help="scale every section's budget")
     p.add_argument("--only", nargs="*", default=None, help="run only these sections")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the sections --out already holds; run only those it lacks or skipped for time",
+    )
     p.add_argument("--device", default="cuda", help="CUDA device (ignored with --dry-run)")
     return p.parse_args()
 
@@ -1130,23 +1138,25 @@ def _missing(*modules: str) -> list[str]:
 
 # name -> (function, GPU time budget in s, modules it needs beyond torch / triton / numpy); order = run order
 SECTIONS = {
+    # first what decides the product (bit identity, the kernels it rests on), then speed, then the rest: a run
+    # that the total budget cuts short loses the least, and `--resume` continues it
     "env": (section_env, 10, ()),
-    "gemm": (section_gemm, 75, ()),
-    "attention": (section_attention, 30, ()),
     "alignment": (section_alignment, 60, ()),
-    "fp32_triton": (section_fp32_triton, 40, ()),
-    "logprobs_vocab": (section_logprobs_vocab, 20, ()),
+    "gemm": (section_gemm, 75, ()),
+    "engine_vs_trainer": (section_engine_vs_trainer, 30, ()),
     "grad_determinism": (section_grad_determinism, 45, ()),
     "nccl_one_rank": (section_nccl_one_rank, 30, ()),
+    "attention": (section_attention, 30, ()),
+    "engine_sync": (section_engine_sync, 20, ()),
+    "engine_decode": (section_engine_decode, 90, ()),
+    "logprobs_vocab": (section_logprobs_vocab, 20, ()),
     "model_0.6b": (section_model_dense, 70, ()),
-    "model_moe": (section_model_moe, 50, ()),
     "train_16k": (section_train_16k, 60, ()),
+    "model_moe": (section_model_moe, 50, ()),
+    "fp32_triton": (section_fp32_triton, 40, ()),
     "decode_profile": (section_decode_profile, 25, ()),
     "rl_loop": (section_rl_loop, 30, ()),
     "rl_demo": (section_rl_demo, 30, ("yaml", "gymnasium")),
-    "engine_decode": (section_engine_decode, 90, ()),
-    "engine_sync": (section_engine_sync, 20, ()),
-    "engine_vs_trainer": (section_engine_vs_trainer, 30, ()),
 }
 
 
@@ -1291,6 +1301,26 @@ def human_summary(payload: dict, out: Path) -> str:
     return "\n".join(lines)
 
 
+def ran_out_of_time(result: dict) -> bool:
+    """A section the budget stopped: skipped for the total budget, or cut at its own (SectionTimeout)."""
+    note = str(result.get("skipped") or result.get("error") or "")
+    return note.startswith("total time budget") or note.startswith("SectionTimeout")
+
+
+def previous_sections(out: Path) -> dict[str, tuple[dict, float]]:
+    """--resume: the sections a previous run wrote to ``out`` that need no rerun (name -> result, seconds)."""
+    try:
+        old = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return {}
+    seconds = old.get("section_seconds", {})
+    return {
+        name: (result, seconds.get(name, 0.0))
+        for name, result in old.get("sections", {}).items()
+        if name in SECTIONS and isinstance(result, dict) and not ran_out_of_time(result)
+    }
+
+
 def main() -> int:
     check = Check(ARGS)
     out = Path(ARGS.out)
@@ -1306,8 +1336,12 @@ def main() -> int:
         "budget_s": check.budget_s,
         "complete": False,
     }
+    kept = previous_sections(out) if ARGS.resume else {}
+    for name in SECTIONS:  # the earlier run's results, in run order, before anything new
+        if name in kept:
+            payload["sections"][name], payload["section_seconds"][name] = kept[name]
     for name, (fn, budget, needs) in SECTIONS.items():
-        if ARGS.only and name not in ARGS.only:
+        if (ARGS.only and name not in ARGS.only) or name in kept:
             continue
         left = check.budget_s - check.elapsed()
         allowed = (

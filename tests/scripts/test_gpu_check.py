@@ -132,3 +132,16 @@ def test_dry_run_every_section(tmp_path):
     assert goals["every_aligned_row_bit_identical"] is True
     assert goals["gradients_bitwise_reproducible"] is True and goals["sharded_step_on_one_rank_group"] is True
     assert summary["sections"]["rl_loop"]["lag0_abs_dlogp_max"] == 0.0
+
+
+def test_resume_runs_only_the_sections_the_budget_stopped_and_keeps_the_rest(tmp_path):
+    out = tmp_path / "g.json"
+    first, _ = _run(out, "--only", "env", "logprobs_vocab", "--budget-s", "0", timeout=120)
+    assert all(r["skipped"].startswith("total time budget") for r in first["sections"].values())
+    second, _ = _run(out, "--resume", "--only", "env", "logprobs_vocab", timeout=300)
+    assert (
+        second["sections"]["env"]["dry_run"] is True and "skipped" not in second["sections"]["logprobs_vocab"]
+    )
+    third, stdout = _run(out, "--resume", "--only", "env", timeout=120)
+    assert third["sections"] == second["sections"]  # both kept, nothing rerun
+    assert third["section_seconds"] == second["section_seconds"] and "[gpu_check] env:" not in stdout
