@@ -36,7 +36,8 @@ topic; they RUN in the order of ``SECTIONS`` below: bit identity first, then spe
   fp32_triton      #23      40  the same suite in fp32 on the Triton op set (its fp32 paths, once)
   logprobs_vocab   #23      20  full 151,936-token vocabulary: engine log-softmax vs trainer log-softmax+gather
                                 (multi-block), bit for bit, and a row alone == the row in the batch
-  grad_determinism #23      45  the same train step twice (dense and MoE): gradients bitwise equal
+  grad_determinism #23      45  the same train step twice (dense and MoE): gradients bitwise equal; the Triton
+                                MoE forward + backward's synchronizing CUDA calls (0 wanted)
   nccl_one_rank    #23      30  a one-rank NCCL group (gloo in a dry run) running the sharded learner step (and the
                                 meta-device start from a checkpoint, weights compared bitwise): every
                                 collective on the device its group takes
@@ -649,6 +650,43 @@ def _gradients(check: Check, config, trajs) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
 
 
+def _moe_host_syncs(check: Check) -> int | None:
+    """Synchronizing CUDA calls (``torch.cuda.set_sync_debug_mode``) in one Triton MoE forward + backward
+    after a warm-up (64 experts, top-8, 512 tokens, bf16); None off CUDA. Issue 23 wants 0."""
+    if check.device.type != "cuda":
+        return None
+    import warnings
+
+    from rz_kernels.triton_ops import moe as tm
+
+    gen = torch.Generator(device=check.device).manual_seed(7)
+    experts, hidden, inter, tokens = 64, 256, 128, 512
+
+    def param(*shape):
+        t = torch.randn(*shape, generator=gen, device=check.device) * 0.05
+        return t.to(torch.bfloat16).requires_grad_(True)
+
+    weights = tuple(
+        [param(*shape) for _ in range(experts)] for shape in ((inter, hidden),) * 2 + ((hidden, inter),)
+    )
+    x, logits = param(tokens, hidden), param(tokens, experts)
+
+    def step():
+        w, ex = tm.route(logits, 8, True)
+        tm.aligned_moe(x, w, ex, experts, expert_weights=weights).float().sum().backward()
+
+    step()  # compile first
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def section_grad_determinism(check: Check) -> dict:
     """The same train step twice from the same weights and batch: every gradient bitwise equal."""
     from rz_agents.model import ModelConfig
@@ -685,6 +723,7 @@ def section_grad_determinism(check: Check) -> dict:
             "bitwise_equal": len(first) == len(second) and all(map(torch.equal, first, second)),
         }
     out["gradients_bitwise_reproducible"] = all(v["bitwise_equal"] for v in out.values())
+    out["moe_forward_backward_host_syncs"] = _moe_host_syncs(check)
     return out
 
 

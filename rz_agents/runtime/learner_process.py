@@ -4,13 +4,15 @@ On CPU, small-model forwards are many small torch ops; engine and learner thread
 take turns on the GIL and the learner step slows down several-fold while the engine is busy. This
 wrapper runs the same ``Learner`` in a spawned process: trajectories go in through a pipe, metrics come
 back, and new weights are written into shared-memory tensors that the engine copies from.
-It has the ``Learner`` methods the runtime uses (step, weights, version, state_dict, load_state_dict).
+It has the ``Learner`` methods the runtime uses (step, weights, version, state_dict, load_state_dict,
+save_state, load_state).
 """
 
 from __future__ import annotations
 
 import os
 import traceback
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,8 +50,14 @@ def _serve(conn, model_config, kernels: str, plan: RunPlan, shared, version: int
                 conn.send(("ok", (metrics, learner.version, learner.skipped_steps)))
             elif cmd == "state":
                 conn.send(("ok", learner.state_dict()))
+            elif cmd == "save_state":
+                conn.send(("ok", learner.save_state(arg)))
             elif cmd == "load":
                 learner.load_state_dict(arg)
+                publish()
+                conn.send(("ok", (learner.version, learner.skipped_steps)))
+            elif cmd == "load_state":
+                learner.load_state(*arg)
                 publish()
                 conn.send(("ok", (learner.version, learner.skipped_steps)))
             elif cmd == "load_weights":
@@ -119,6 +127,14 @@ class LearnerProcess:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Learner.load_state_dict in the child."""
         self.version, self.skipped_steps = self._call("load", state)
+
+    def save_state(self, folder: str | Path) -> dict[str, Any]:
+        """Learner.save_state in the child (it writes the tensors into ``folder``)."""
+        return self._call("save_state", str(folder))
+
+    def load_state(self, state: dict[str, Any], folder: str | Path) -> None:
+        """Learner.load_state in the child."""
+        self.version, self.skipped_steps = self._call("load_state", (state, str(folder)))
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Learner.load_weights in the child."""

@@ -86,11 +86,14 @@ class LocalPlacement(Placement):
             sampling=self.plan.sampling, max_lag=self.plan.lag.bound,
         )  # fmt: skip
 
-    def learner_state(self) -> dict[str, Any]:
-        return self.learner.state_dict()
+    def learner_state(self, folder: Path) -> dict[str, Any]:
+        return self.learner.save_state(folder)
 
-    def load_learner_state(self, state: dict[str, Any]) -> None:
-        self.learner.load_state_dict(state)
+    def load_learner_state(self, state: dict[str, Any], folder: Path | None = None) -> None:
+        if folder is None:
+            self.learner.load_state_dict(state)
+        else:
+            self.learner.load_state(state, folder)
 
     def learner_weights(self) -> dict[str, torch.Tensor]:
         return self.learner.weights()

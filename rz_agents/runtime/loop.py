@@ -87,7 +87,7 @@ class TrainLoop:
         groups_per_batch = self.controller.cfg.groups_per_batch
         state = upgrade_state(runtime["controller"], self.steps_done, groups_per_batch)
         check_consistent_cut(state, self.steps_done, _trained_groups(self.history), where=str(path))
-        self.placement.load_learner_state(payload["learner"])
+        self.placement.load_learner_state(payload["learner"], payload["learner_folder"])
         self.controller.load_state_dict(state)
         if self.weight_history is not None:
             kept = runtime.get("weight_history", {})
@@ -213,7 +213,7 @@ class TrainLoop:
             runtime["weight_history"] = {
                 v: self.placement.weights_to_tensors(w) for v, w in self.weight_history.state_dict().items()
             }
-        return save_checkpoint(path, self.placement.learner_state(), runtime)
+        return save_checkpoint(path, self.placement.learner_state, runtime)  # the learner writes its folder
 
     def summary(self, wall_s: float, steps_run: int) -> dict[str, Any]:
         """What the run did, in plain numbers."""

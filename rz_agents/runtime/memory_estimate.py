@@ -7,8 +7,10 @@ logits, and the engine's weights, KV cache and step activations. Under ``runtime
 GPUs of their own: one engine replica per GPU, and the learner's state sharded over its FSDP2 ranks; a rank
 then also holds what is gathered whole for a while: FSDP2's unsharded layers (the running one and the one
 prefetched) and, when weights are published, one gathered tensor (``Learner.iter_weights``) or, with
-``weight_transport: broadcast``, one bucket and its packed copy. Figures are estimates of what PyTorch
-holds (allocator slack, CUDA context and fragmentation come on top: keep ~10% free).
+``weight_transport: broadcast``, one bucket and its packed copy. Checkpoints add nothing on the device:
+each rank writes its own shards (torch.distributed.checkpoint), no rank gathers the state. Figures are
+estimates of what PyTorch holds (allocator slack, CUDA context and fragmentation come on top: keep ~10%
+free).
 """
 
 from __future__ import annotations
@@ -254,6 +256,10 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
             est.notes.append(
                 f"weight publication gathers one tensor at a time: {publish / GIB:.2f} GiB transient per rank "
                 f"(a whole copy of the weights would be {n * e / GIB:.1f} GiB)"
+            )
+            est.notes.append(
+                "checkpoints: each rank writes its own shards of weights, fp32 masters and AdamW state "
+                "(torch.distributed.checkpoint): no gathered transient"
             )
     return est
 

@@ -10,6 +10,7 @@ when it is built, not in the middle of a run.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any
 
 
@@ -40,12 +41,14 @@ class Placement(ABC):
         inspector's data for a step of ``inspect_steps``)."""
 
     @abstractmethod
-    def learner_state(self) -> dict[str, Any]:
-        """``Learner.state_dict()`` (whole tensors) for a checkpoint."""
+    def learner_state(self, folder: Path) -> dict[str, Any]:
+        """``Learner.save_state(folder)`` wherever the learner runs (every rank writes its own shards into
+        ``folder``) for a checkpoint; returns the rest of the state."""
 
     @abstractmethod
-    def load_learner_state(self, state: dict[str, Any]) -> None:
-        """``Learner.load_state_dict(state)`` wherever the learner runs."""
+    def load_learner_state(self, state: dict[str, Any], folder: Path | None = None) -> None:
+        """``Learner.load_state(state, folder)`` wherever the learner runs; ``folder`` None: a checkpoint of
+        the format before folders, whose ``state`` holds the whole tensors (``Learner.load_state_dict``)."""
 
     # ---- weights: learner -> engines -------------------------------------------------------------
     @abstractmethod

@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ import torch
 from rz_agents.model.logprobs import packed_token_logprobs
 from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.advantages import BASELINES, group_advantages, uniform_groups
+from rz_agents.trainer.learner_checkpoint import load_learner_state, save_learner_state
 from rz_agents.trainer.loss import ESTIMATOR_TABLE, LossConfig, sequence_terms, token_scales
 from rz_agents.trainer.master_weights import MasterWeights
 from rz_agents.trainer.metrics import (
@@ -515,6 +517,16 @@ class Learner:
             "dropped_over_lag": self.dropped_over_lag,
             "deviation_history": list(self.deviation.history),
         }
+
+    def save_state(self, directory: str | Path) -> dict[str, Any]:
+        """The checkpoint's way of ``state_dict``: the tensors written into ``directory`` with
+        torch.distributed.checkpoint, each rank its own shards (nothing gathered; a collective with several
+        ranks), one layout for any number of ranks; returns the rest (trainer/learner_checkpoint.py)."""
+        return save_learner_state(self, directory)
+
+    def load_state(self, state: dict[str, Any], directory: str | Path) -> None:
+        """Restore what ``save_state`` wrote to ``directory`` and returned as ``state``."""
+        load_learner_state(self, state, directory)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` saved."""

@@ -282,3 +282,33 @@ def test_a_killed_run_leaves_no_repeated_rows_in_metrics_jsonl(tmp_path):
     w.write(2, {"x": 20.0})
     w.close()
     assert [(r["step"], r["x"]) for r in _rows(tmp_path)] == [(0, 0.0), (1, 1.0), (2, 20.0)]
+
+
+def test_a_checkpoint_of_the_format_before_learner_folders_resumes_bitwise(tmp_path):
+    """Format 1: the whole learner state inside checkpoint.pt (one torch.save), no learner folder beside it.
+    A run resumed from it is bitwise the uninterrupted run, and its own checkpoints have the folder."""
+    full, w_full = _attempt(_cfg(steps=4, mode="sync"))
+    new = tmp_path / "new"
+    _attempt(_cfg(steps=4, mode="sync", output_dir=str(new), checkpoint_every=2), die_after_step=2)
+    payload = load_checkpoint(new / "checkpoint.pt", restore_rng=False)
+    assert payload["learner_folder"] is not None
+    loaded = LocalRun(_cfg(steps=4, mode="sync", resume_from=str(new / "checkpoint.pt")))
+    try:
+        whole = loaded.learner.state_dict()  # the learner state as format 1 held it
+    finally:
+        loaded.close()
+    old = tmp_path / "old"
+    old.mkdir()
+    torch.save(
+        {"format_version": 1, "learner": whole, "runtime": payload["runtime"], "rng": payload["rng"]},
+        old / "checkpoint.pt",
+    )
+    assert load_checkpoint(old / "checkpoint.pt", restore_rng=False)["learner_folder"] is None
+    out = tmp_path / "resumed"
+    resumed, w_res = _attempt(
+        _cfg(steps=4, mode="sync", output_dir=str(out), resume_from=str(old / "checkpoint.pt"))
+    )
+    assert resumed["steps_this_run"] == 2 and resumed["reward_mean_per_step"] == full["reward_mean_per_step"]
+    for k, v in w_full.items():
+        assert torch.equal(v, w_res[k]), k
+    assert load_checkpoint(out / "checkpoint.pt", restore_rng=False)["learner_folder"].parent == out

@@ -8,11 +8,23 @@ and a table of the experts' weight addresses; each tile walks K in fixed BLOCK_K
 accumulator exactly like the dense GEMM, with ONE tile config whatever the expert's row count — so a
 token's expert output never depends on which other tokens chose that expert. No atomics anywhere: the
 top-k outputs of a token are combined in fp32 in its top-k order (elementwise, exact per token).
+
+Nothing is read back to the host (no ``.tolist()``, ``.item()``, ``torch.unique``), forward or backward: the
+grouping (``group_by_expert``) is built on the device, the way fused-MoE kernels do it. Each expert's run
+is cut into BLOCK_M-row tiles (the last one partial, masked); the tile table has an upper bound of tiles
+known from the shapes alone (tokens * top_k // BLOCK_M full tiles, plus at most one partial tile per
+expert: ``max_tiles``), so the launch grid never depends on the routing, and the tiles past the real ones
+exit at once. The tiles are the ones the host-built table had (cut from each run's start): the forward and
+the input gradients keep their bits. The weight gradients come from one grouped launch per projection that
+sums each expert's rows in order (``grouped_weight_grad``; the padded batched GEMM it replaces needed the
+longest run on the host); an expert no row reached gets a zero gradient, not None (the host cannot know).
+The experts' weight addresses go to the GPU from pinned memory without a wait.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -57,9 +69,11 @@ def _grouped_matmul_kernel(
 ):
     tile = tl.program_id(0)
     pid_n = tl.program_id(1)
-    expert = tl.load(tile_expert + tile)
     row0 = tl.load(tile_row0 + tile).to(tl.int64)
     row1 = tl.load(tile_row1 + tile).to(tl.int64)
+    if row0 >= row1:  # a tile past the real ones (the grid is an upper bound): nothing to do
+        return
+    expert = tl.load(tile_expert + tile)
     w_ptr = tl.load(w_table + expert).to(tl.pointer_type(W_DTYPE))
     offs_m = row0 + tl.arange(0, BLOCK_M)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -78,24 +92,134 @@ def _grouped_matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
 
 
-def row_tiles(counts: Sequence[int], block_m: int, device) -> tuple[torch.Tensor, ...]:
-    """(expert, first row, end row) of every BLOCK_M-row tile of every expert's contiguous run."""
-    experts, row0, row1 = [], [], []
-    start = 0
-    for e, n in enumerate(counts):
-        for r in range(start, start + n, block_m):
-            experts.append(e)
-            row0.append(r)
-            row1.append(min(r + block_m, start + n))
-        start += n
-    as_t = lambda v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
-    return as_t(experts), as_t(row0), as_t(row1)
+@triton.jit(do_not_specialize=["N", "K"])
+def _grouped_weight_grad_kernel(
+    g_ptr,
+    x_ptr,
+    out_ptr,
+    run_start,
+    run_end,
+    N,
+    K,
+    stride_gm,
+    stride_gn,
+    stride_xm,
+    stride_xk,
+    stride_oe,
+    stride_on,
+    stride_ok,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """out[e] = g[run e].T @ x[run e]: one program per (expert, N block, K block) walks its expert's rows in
+    order in BLOCK_M steps with one fp32 accumulator (fixed order, no atomics; an expert without rows: 0)."""
+    expert = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    row0 = tl.load(run_start + expert).to(tl.int64)
+    row1 = tl.load(run_end + expert).to(tl.int64)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = pid_k.to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_m = tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for r0 in range(row0, row1, BLOCK_M):
+        rows = r0 + offs_m
+        row_ok = rows < row1
+        g = tl.load(  # [BLOCK_N, BLOCK_M]: the gradient rows, transposed by the addressing
+            g_ptr + rows[None, :] * stride_gm + offs_n[:, None] * stride_gn,
+            mask=row_ok[None, :] & (offs_n[:, None] < N),
+            other=0.0,
+        )
+        x = tl.load(
+            x_ptr + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+            mask=row_ok[:, None] & (offs_k[None, :] < K),
+            other=0.0,
+        )
+        acc = tl.dot(g, x, acc, input_precision=PRECISION)
+    out_ptrs = out_ptr + expert * stride_oe + offs_n[:, None] * stride_on + offs_k[None, :] * stride_ok
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(offs_n[:, None] < N) & (offs_k[None, :] < K))
+
+
+# (BLOCK_M: rows summed per step, BLOCK_N, BLOCK_K, warps, stages) of the weight-gradient kernel per dtype.
+WEIGHT_GRAD_CONFIG = {
+    torch.bfloat16: (32, 64, 64, 4, 3),
+    torch.float16: (32, 64, 64, 4, 3),
+    torch.float32: (32, 32, 32, 4, 3),
+}
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """The (token, slot) pairs grouped by expert, all on the device (``group_by_expert``).
+
+    ``order``: pair index at each dispatch row (a stable sort by expert); ``run_start`` / ``run_end`` [E]: the
+    rows of each expert's contiguous run; ``tile_*`` [max tiles]: expert, first and end row of every
+    ``block_m``-row tile of every run, then empty tiles (first row == end row == 0) up to the bound."""
+
+    order: torch.Tensor
+    run_start: torch.Tensor
+    run_end: torch.Tensor
+    tile_expert: torch.Tensor
+    tile_row0: torch.Tensor
+    tile_row1: torch.Tensor
+    block_m: int
+
+    @property
+    def num_experts(self) -> int:
+        return self.run_start.numel()
+
+
+def max_tiles(rows: int, num_experts: int, block_m: int) -> int:
+    """The most ``block_m``-row tiles ``rows`` rows cut into runs of ``num_experts`` experts can take (from the
+    shapes alone): the full tiles, plus at most one partial tile per expert."""
+    return rows // block_m + min(num_experts, rows)
+
+
+def group_by_expert(flat_expert: torch.Tensor, num_experts: int, block_m: int) -> Grouping:
+    """The grouping of the pairs whose experts are ``flat_expert`` [T * top_k], built with device ops only."""
+    sorted_expert, order = torch.sort(flat_expert, stable=True)
+    # Each run's bounds by binary search in the sorted experts (not bincount: on CUDA it reads the
+    # input's max back to the host to size its output).
+    expert_ids = torch.arange(num_experts, device=flat_expert.device, dtype=sorted_expert.dtype)
+    run_start = torch.searchsorted(sorted_expert, expert_ids)
+    run_end = torch.searchsorted(sorted_expert, expert_ids, right=True)
+    counts = run_end - run_start
+    tiles = (counts + block_m - 1) // block_m
+    tile_end = tiles.cumsum(0)
+    index = torch.arange(max_tiles(flat_expert.numel(), num_experts, block_m), device=flat_expert.device)
+    owner = torch.searchsorted(tile_end, index, right=True)  # == num_experts past the real tiles
+    real = owner < num_experts
+    owner = owner.clamp(max=num_experts - 1)
+    row0 = run_start[owner] + (index - (tile_end - tiles)[owner]) * block_m
+    row1 = torch.minimum(row0 + block_m, run_end[owner])
+    zero = torch.zeros_like(row0)
+    as_i32 = lambda t: t.to(torch.int32)  # noqa: E731
+    return Grouping(
+        order,
+        as_i32(run_start),
+        as_i32(run_end),
+        as_i32(owner),
+        as_i32(torch.where(real, row0, zero)),
+        as_i32(torch.where(real, row1, zero)),
+        block_m,
+    )
+
+
+def _pointer_table(weights: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The experts' weight addresses on ``device``; on CUDA copied from pinned memory without waiting (a
+    pageable copy would make the host wait for the GPU)."""
+    table = torch.tensor([w.data_ptr() for w in weights], dtype=torch.int64)
+    if device.type == "cuda":
+        return table.pin_memory().to(device, non_blocking=True)
+    return table.to(device)
 
 
 def grouped_matmul(
-    x: torch.Tensor, weights: Sequence[torch.Tensor], counts: Sequence[int], transpose: bool = False
+    x: torch.Tensor, weights: Sequence[torch.Tensor], grouping: Grouping, transpose: bool = False
 ) -> torch.Tensor:
-    """Rows of x [M, K] in expert runs (counts[e] rows for expert e, in order) times weights[e].T.
+    """Rows of x [M, K] in expert runs (``grouping``) times weights[e].T.
 
     weights[e] is [N, K] (contiguous, all the same shape); with transpose=True it is used as [K, N]
     (x @ weights[e], the input gradient of the forward).
@@ -111,17 +235,18 @@ def grouped_matmul(
             raise ValueError("grouped_matmul: expert weights must be contiguous, of one shape and x's dtype")
     x = x.contiguous()
     bm, bn, bk, warps, stages = GROUPED_CONFIG[x.dtype]
-    experts, row0, row1 = row_tiles(counts, bm, x.device)
-    table = torch.tensor([w.data_ptr() for w in weights], dtype=torch.int64, device=x.device)
+    if grouping.block_m != bm:
+        raise ValueError(f"grouped_matmul: a grouping of {grouping.block_m}-row tiles, the kernel's are {bm}")
+    table = _pointer_table(weights, x.device)
     stride_wn, stride_wk = (w0.stride(1), w0.stride(0)) if transpose else (w0.stride(0), w0.stride(1))
-    grid = (experts.numel(), triton.cdiv(n, bn))
+    grid = (grouping.tile_row0.numel(), triton.cdiv(n, bn))
     _grouped_matmul_kernel[grid](
         x,
         table,
         out,
-        experts,
-        row0,
-        row1,
+        grouping.tile_expert,
+        grouping.tile_row0,
+        grouping.tile_row1,
         m,
         n,
         k,
@@ -142,40 +267,66 @@ def grouped_matmul(
     return out
 
 
+def grouped_weight_grad(grad_out: torch.Tensor, x: torch.Tensor, grouping: Grouping) -> torch.Tensor:
+    """[E, N, K]: for each expert e, grad_out[run e].T @ x[run e] (one launch for every expert)."""
+    m, n = grad_out.shape
+    k = x.shape[1]
+    e = grouping.num_experts
+    out = torch.empty(e, n, k, dtype=x.dtype, device=x.device)
+    bm, bn, bk, warps, stages = WEIGHT_GRAD_CONFIG[x.dtype]
+    grad_out, x = grad_out.contiguous(), x.contiguous()
+    grid = (e, triton.cdiv(n, bn), triton.cdiv(k, bk))
+    _grouped_weight_grad_kernel[grid](
+        grad_out,
+        x,
+        out,
+        grouping.run_start,
+        grouping.run_end,
+        n,
+        k,
+        grad_out.stride(0),
+        grad_out.stride(1),
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        PRECISION=precision_for(x.dtype),
+        num_warps=warps,
+        num_stages=stages,
+    )
+    return out
+
+
 class _GroupedLinear(torch.autograd.Function):
     """Grouped GEMM forward; backward: the input gradient by the transposed grouped GEMM (one launch), the
-    weight gradients of every expert by one batched GEMM over the experts' rows padded to the longest run
-    (one launch per layer and weight, not one per expert; the zero rows add exact zeros). Fixed shapes and
-    no atomics: run to run the same bits (gradients are not part of the engine/trainer bit-identity)."""
+    weight gradients of every expert by one grouped weight-gradient launch (each expert's rows summed in
+    order, no atomics). Fixed shapes and no atomics: run to run the same bits (gradients are not part of the
+    engine/trainer bit-identity). The host does not know which experts the rows reached: an expert no row
+    reached gets a zero gradient (not None), as FSDP2's reduce-scatter of unused parameters gives it."""
 
     @staticmethod
-    def forward(ctx, x, counts, *weights):
+    def forward(ctx, x, grouping, *weights):
         ctx.save_for_backward(x, *weights)
-        ctx.counts = counts
-        return grouped_matmul(x, weights, counts)
+        ctx.grouping = grouping
+        return grouped_matmul(x, weights, grouping)
 
     @staticmethod
     def backward(ctx, grad_out):
         x, *weights = ctx.saved_tensors
-        counts = ctx.counts
+        grouping = ctx.grouping
         grad_out = grad_out.contiguous()
         grad_x = (
-            grouped_matmul(grad_out, weights, counts, transpose=True) if ctx.needs_input_grad[0] else None
+            grouped_matmul(grad_out, weights, grouping, transpose=True) if ctx.needs_input_grad[0] else None
         )
-        wanted = [ctx.needs_input_grad[2 + e] and n > 0 for e, n in enumerate(counts)]
-        grad_ws: list[torch.Tensor | None] = [None] * len(counts)
-        if any(wanted):
-            longest = max(counts)
-            # Row r of expert e's run goes to [e, r]: a gather by a precomputed index, no scatter-add.
-            starts = torch.tensor([0, *counts[:-1]], device=x.device).cumsum(0)
-            rows = torch.arange(longest, device=x.device)
-            index = (starts[:, None] + rows[None, :]).clamp(max=x.shape[0] - 1)
-            valid = (rows[None, :] < torch.tensor(counts, device=x.device)[:, None]).unsqueeze(-1)
-            xs = torch.where(valid, x[index], 0)  # [E, longest, K]
-            gs = torch.where(valid, grad_out[index], 0)  # [E, longest, N]
-            grads = torch.bmm(gs.transpose(1, 2), xs)  # [E, N, K], one launch
-            for e, want in enumerate(wanted):
-                if want:  # an expert no row reached keeps no gradient (as a plain autograd graph would)
+        grad_ws: list[torch.Tensor | None] = [None] * len(weights)
+        if any(ctx.needs_input_grad[2:]):
+            grads = grouped_weight_grad(grad_out, x, grouping)  # [E, N, K], one launch
+            for e in range(len(weights)):
+                if ctx.needs_input_grad[2 + e]:
                     grad_ws[e] = grads[e]
         return (grad_x, None, *grad_ws)
 
@@ -204,11 +355,11 @@ class _GatherRows(torch.autograd.Function):
         return grad.to(grad_rows.dtype), None, None
 
 
-def grouped_linear(x: torch.Tensor, weights: Sequence[torch.Tensor], counts: Sequence[int]) -> torch.Tensor:
+def grouped_linear(x: torch.Tensor, weights: Sequence[torch.Tensor], grouping: Grouping) -> torch.Tensor:
     """Differentiable grouped GEMM (see grouped_matmul)."""
     if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)):
-        return _GroupedLinear.apply(x, list(counts), *weights)
-    return grouped_matmul(x, weights, counts)
+        return _GroupedLinear.apply(x, grouping, *weights)
+    return grouped_matmul(x, weights, grouping)
 
 
 def route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,15 +384,14 @@ def aligned_moe(
         raise ValueError("the Triton MoE needs expert_weights (gate, up, down lists)")
     gate_w, up_w, down_w = expert_weights
     t, top_k = experts.shape
-    flat_expert = experts.reshape(-1)
-    order = torch.sort(flat_expert, stable=True).indices
-    counts = torch.bincount(flat_expert, minlength=num_experts).tolist()
+    grouping = group_by_expert(experts.reshape(-1), num_experts, GROUPED_CONFIG[x.dtype][0])
+    order = grouping.order
     if torch.is_grad_enabled() and x.requires_grad:
         xs = _GatherRows.apply(x, order, top_k)
     else:
         xs = x.index_select(0, order // top_k)
-    h = silu_mul(grouped_linear(xs, gate_w, counts), grouped_linear(xs, up_w, counts))
-    y = grouped_linear(h, down_w, counts)
+    h = silu_mul(grouped_linear(xs, gate_w, grouping), grouped_linear(xs, up_w, grouping))
+    y = grouped_linear(h, down_w, grouping)
     outputs = x.new_zeros(t * top_k, x.shape[-1], dtype=torch.float32).index_copy(0, order, y.float())
     outputs = outputs.view(t, top_k, -1)
     out = outputs[:, 0] * weights[:, :1]

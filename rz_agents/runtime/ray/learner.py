@@ -3,7 +3,9 @@ on GPU), the model sharded with FSDP2 when there are several (trainer/sharding.p
 driver: every rank receives the same batch (one object in the store), runs ``Learner.step`` on its share of
 the micro-batches, and rank 0 returns the metrics; after a step every rank joins the all-gather of the
 weights and rank 0 puts the whole state in Ray's object store (one ``ray.put``) and returns the reference;
-the driver hands it to the engines, which fetch the object (the driver never does).
+the driver hands it to the engines, which fetch the object (the driver never does). A checkpoint has every
+rank write its own shards into one folder (``save_state``: the run directory must be one filesystem for
+all ranks, as it is on one node).
 
 Ranks are never restarted: a rank's death ends the run (``LearnerLost``) with its last checkpoint intact.
 """
@@ -14,6 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import socket
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -121,6 +124,16 @@ class LearnerRank:
         """Learner.load_state_dict (every rank cuts its shard from the whole state)."""
         self.learner.load_state_dict(state)
 
+    def save_state(self, folder: str) -> dict[str, Any] | None:
+        """Learner.save_state: every rank writes its own shards into ``folder`` (a collective; the folder must
+        be one filesystem for all ranks); rank 0 returns the rest of the state."""
+        state = self.learner.save_state(folder)
+        return state if self.rank == 0 else None
+
+    def load_state(self, state: dict[str, Any], folder: str) -> None:
+        """Learner.load_state: every rank reads its own shards from ``folder``."""
+        self.learner.load_state(state, folder)
+
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Learner.load_weights."""
         self.learner.load_weights(weights)
@@ -224,13 +237,26 @@ class LearnerGroup:
         return await asyncio.to_thread(self.weights_ref)
 
     def state_dict(self) -> dict[str, Any]:
-        """The learner state (rank 0's whole tensors)."""
+        """The learner state (rank 0's whole tensors, gathered: checkpoints use ``save_state``)."""
         return self._get([a.state_dict.remote() for a in self.actors])[0]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Every rank loads ``state`` (one copy in the object store)."""
         ref = ray.put(state)
         self._get([a.load_state_dict.remote(ref) for a in self.actors])
+        self._loaded(state)
+
+    def save_state(self, folder: str | Path) -> dict[str, Any]:
+        """Every rank writes its own shards of the learner's tensors into ``folder`` (``Learner.save_state``;
+        nothing is gathered); returns the rest of the state (rank 0's)."""
+        return self._get([a.save_state.remote(str(folder)) for a in self.actors])[0]
+
+    def load_state(self, state: dict[str, Any], folder: str | Path) -> None:
+        """Every rank reads its own shards from ``folder`` (written by any number of ranks)."""
+        self._get([a.load_state.remote(state, str(folder)) for a in self.actors])
+        self._loaded(state)
+
+    def _loaded(self, state: dict[str, Any]) -> None:
         self.version = int(state["version"])
         self.skipped_steps = int(state["skipped_steps"])
         self._ref = None

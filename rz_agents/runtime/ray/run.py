@@ -211,11 +211,14 @@ class RayPlacement(Placement):
     async def inspection_record(self, batch: list) -> dict[str, Any]:
         return await self.learner.inspection_record(batch, self.run.cfg.tokenizer)
 
-    def learner_state(self) -> dict[str, Any]:
-        return self.learner.state_dict()
+    def learner_state(self, folder: Path) -> dict[str, Any]:
+        return self.learner.save_state(folder)
 
-    def load_learner_state(self, state: dict[str, Any]) -> None:
-        self.learner.load_state_dict(state)
+    def load_learner_state(self, state: dict[str, Any], folder: Path | None = None) -> None:
+        if folder is None:
+            self.learner.load_state_dict(state)
+        else:
+            self.learner.load_state(state, folder)
 
     def learner_weights(self) -> Any:
         # None while the weights travel by broadcast and are not in the store (send_weights copes).
