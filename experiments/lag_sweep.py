@@ -84,6 +84,12 @@ ARMS: dict[str, list[str]] = {
     "snis_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=snis"],
     "icepop_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=icepop"],
     "dual_clip_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=dual_clip"],
+    # PPO-clip on the aligned op set with a wider clip (std_ppo_clip_lag64 above: standard op set, eps 0.2)
+    "ppo_clip_eps03_lag64": [
+        "rollout.fixed_lag=64",
+        "learner.loss.estimator=ppo_clip",
+        "learner.loss.ppo_clip_eps=0.3",
+    ],
     # The lag governor (issue 25) on real async runs, not fixed lag: the rollouts may run as far ahead of
     # the learner as the bound allows (max_ahead_batches unset), so the lag is what this machine's speed
     # makes it; throughput (learner steps per wall second) and the trained tokens' lag are measured.
