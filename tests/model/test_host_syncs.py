@@ -24,7 +24,8 @@ def _host_reads(monkeypatch, layers: int, **tiny) -> int:
 
 
 def test_a_forward_reads_positions_on_the_host_a_fixed_number_of_times_whatever_the_depth(monkeypatch):
-    assert _host_reads(monkeypatch, 1) == _host_reads(monkeypatch, 6)  # before: 2 more per layer (RoPE of q, k)
+    # before: 2 more per layer (RoPE of q, k)
+    assert _host_reads(monkeypatch, 1) == _host_reads(monkeypatch, 6)
 
 
 def test_a_position_past_the_table_is_still_refused_once_with_the_same_message():
