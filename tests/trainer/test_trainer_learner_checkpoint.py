@@ -19,9 +19,7 @@ from rz_agents.model import ModelConfig, Transformer
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
-from rz_agents.trajectory import Trajectory
-
-NOT_BITWISE = ("time_", "learner_tokens_per_s", "learner_thread_cpu_s")
+from tests.trainer.test_trainer_meta_init import NOT_BITWISE, _batch
 
 
 def _model(kind: str, seed: int = 0) -> Transformer:
@@ -36,18 +34,6 @@ def _model(kind: str, seed: int = 0) -> Transformer:
 def _cfg() -> LearnerConfig:
     optim = OptimConfig(lr=1e-2, schedule="cosine", total_steps=4, warmup_steps=1, max_grad_norm=1.0)
     return LearnerConfig(optim=optim, micro_batch_tokens=24)
-
-
-def _batch(seed: int) -> list[Trajectory]:
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(6):
-        n_prompt, n_new = 3, 5 + i % 3
-        tokens = torch.randint(0, 64, (n_prompt + n_new,), generator=gen).tolist()
-        behavior = [0.0] * n_prompt + (-torch.rand(n_new, generator=gen) * 3).tolist()
-        out.append(Trajectory(tokens, [False] * n_prompt + [True] * n_new, behavior,
-                              [-1] * n_prompt + [0] * n_new, float(i % 2), i // 2))  # fmt: skip
-    return out
 
 
 def _bitwise(a, b, where: str = "") -> None:

@@ -18,8 +18,9 @@ from rz_agents.trajectory import Trajectory
 NOT_BITWISE = ("time_", "learner_tokens_per_s", "learner_thread_cpu_s")
 
 
-def _batch() -> list[Trajectory]:
-    gen = torch.Generator().manual_seed(3)
+def _batch(seed: int = 3) -> list[Trajectory]:
+    """Six synthetic trajectories (three groups of two) with random behavior log-probs."""
+    gen = torch.Generator().manual_seed(seed)
     out = []
     for i in range(6):
         n_prompt, n_new = 3, 5 + i % 3
