@@ -81,44 +81,37 @@ def plan_attention(
     tile_pos = BLOCK_M // g2
     t = q_seq.numel()
     device = q_seq.device
-    if t == 0:
-        empty = torch.zeros(0, dtype=torch.int32, device=device)
+
+    def plan(n, tile_tokens, tile_seq, tile_start, tile_last) -> TritonAttentionPlan:
+        """The plan of n queries in these tiles, its tables in int32 as the kernels read them."""
+        i32 = torch.int32
         return TritonAttentionPlan(
-            0,
+            n,
             num_heads,
             num_kv_heads,
             group,
             g2,
             tile_pos,
-            empty.view(0, tile_pos),
-            empty,
-            empty,
-            empty,
-            empty,
+            tile_tokens.to(i32),
+            tile_seq.to(i32),
+            tile_start.to(i32),
+            (tile_last // BLOCK_N + 1).to(i32),
+            tile_last.to(i32),
             page_table,
         )
+
+    if t == 0:
+        empty = torch.zeros(0, dtype=torch.int32, device=device)
+        return plan(0, empty.view(0, tile_pos), empty, empty, empty)
     q_seq = q_seq.long()
     q_pos = q_pos.long()
     if page_table is not None:
         page_table = page_table.to(torch.int32).contiguous()  # once per forward, not per layer
-    if decode_positions is not None:
+    if decode_positions is not None:  # one token per tile: every tile is its token's own
         slot = torch.arange(tile_pos, device=device).view(1, tile_pos)
         token = torch.arange(t, dtype=torch.int32, device=device).view(t, 1)
-        tile_tokens = torch.where(slot == (q_pos % tile_pos).view(t, 1), token, -1).to(torch.int32)
-        return TritonAttentionPlan(
-            t,
-            num_heads,
-            num_kv_heads,
-            group,
-            g2,
-            tile_pos,
-            tile_tokens,
-            q_seq.to(torch.int32),
-            (q_pos // tile_pos * tile_pos).to(torch.int32),
-            (q_pos // BLOCK_N + 1).to(torch.int32),
-            q_pos.to(torch.int32),
-            page_table,
-        )
+        tile_tokens = torch.where(slot == (q_pos % tile_pos).view(t, 1), token, -1)
+        return plan(t, tile_tokens, q_seq, q_pos // tile_pos * tile_pos, q_pos)
     top = int(q_pos.max()) if max_position is None else max_position
     tiles_per_seq = top // tile_pos + 1
     keys = q_seq * tiles_per_seq + q_pos // tile_pos
@@ -127,20 +120,7 @@ def plan_attention(
     tile_tokens = torch.full((nt, tile_pos), -1, dtype=torch.int32, device=device)
     tile_tokens[inv, q_pos % tile_pos] = torch.arange(t, dtype=torch.int32, device=device)
     tile_last = torch.zeros(nt, dtype=torch.long, device=device).scatter_reduce(0, inv, q_pos, "amax")
-    return TritonAttentionPlan(
-        t,
-        num_heads,
-        num_kv_heads,
-        group,
-        g2,
-        tile_pos,
-        tile_tokens,
-        (uniq // tiles_per_seq).to(torch.int32),
-        ((uniq % tiles_per_seq) * tile_pos).to(torch.int32),
-        (tile_last // BLOCK_N + 1).to(torch.int32),
-        tile_last.to(torch.int32),
-        page_table,
-    )
+    return plan(t, tile_tokens, uniq // tiles_per_seq, (uniq % tiles_per_seq) * tile_pos, tile_last)
 
 
 @triton.jit
