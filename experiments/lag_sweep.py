@@ -253,16 +253,14 @@ def summarize(task: str, out_dir: Path, window: int) -> dict[str, Any]:
         if not runs:
             continue
         summaries = [json.loads(p.read_text()) for p in runs]
-        figs = [run_figures(read_step_csv(p.with_suffix(".csv")), window) for p in runs]
+        step_rows = [read_step_csv(p.with_suffix(".csv")) for p in runs]
+        figs = [run_figures(rows, window) for rows in step_rows]
         entry: dict[str, Any] = {"seeds": [s["seed"] for s in summaries]}
         for key in ("heldout_accuracy", "heldout_no_answer_rate"):
             vals = [s[key] for s in summaries]
             entry[key] = dict(zip(("mean", "std"), mean_std(vals), strict=True)) | {"per_seed": vals}
         # throughput: learner steps per wall second of the whole run (warm-up and start-up included)
-        vals = [
-            len(read_step_csv(p.with_suffix(".csv"))) / s["wall_s"]
-            for p, s in zip(runs, summaries, strict=True)
-        ]
+        vals = [len(rows) / s["wall_s"] for rows, s in zip(step_rows, summaries, strict=True)]
         entry["steps_per_s"] = dict(zip(("mean", "std"), mean_std(vals), strict=True)) | {"per_seed": vals}
         for key in figs[0]:
             vals = [f[key] for f in figs]
