@@ -95,6 +95,15 @@ ARMS: dict[str, list[str]] = {
         "learner.loss.estimator=ppo_clip",
         "learner.loss.ppo_clip_eps=0.1",
     ],
+    # PPO-clip on the aligned op set, eps 0.2 (the op set alone against std_ppo_clip_lag64)
+    "ppo_clip_lag64": ["rollout.fixed_lag=64", "learner.loss.estimator=ppo_clip"],
+    # The restoring term beta * (log w)^2 / 2 (learner.loss.behavior_kl_coef) on PPO-clip and on unclipped IS
+    "ppo_clip_kl1_lag64": [
+        "rollout.fixed_lag=64",
+        "learner.loss.estimator=ppo_clip",
+        "learner.loss.behavior_kl_coef=1.0",
+    ],
+    "rz_kl1_lag64": ["rollout.fixed_lag=64", "learner.loss.behavior_kl_coef=1.0"],
     # The lag governor (issue 25) on real async runs, not fixed lag: the rollouts may run as far ahead of
     # the learner as the bound allows (max_ahead_batches unset), so the lag is what this machine's speed
     # makes it; throughput (learner steps per wall second) and the trained tokens' lag are measured.

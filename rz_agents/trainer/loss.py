@@ -32,6 +32,15 @@ stop-gradient, 1[.] an indicator, and "the batch" is every sampled token of the 
                      v_t = exp(logp_prox - blp)   (behavior -> proximal IS weight; tokens above V masked)
                      r_t = exp(logp - logp_prox)  (the trust-region ratio against the proximal policy)
 
+Any estimator can add a restoring term, ``behavior_kl_coef`` = beta (default 0: off, the recipe unchanged):
+
+    s_t  ->  s_t - beta * (log w_t)^2 / 2      (the k2 estimate of KL(behavior || learner) on the sampled tokens)
+
+whose gradient, -beta * log w_t * grad logp, pulls every sampled token's log-prob back toward the value its
+sampler recorded, in proportion to how far it moved (log w, not w: a weight of 1e3 pulls with 6.9 beta).
+The gates and clips above only take gradient away from tokens that moved; this term is the one that moves
+them back, which is what a stale batch needs when the learner has drifted from the weights that sampled it.
+
 ppo_clip clips the ratio against the *behavior* policy: in an async run that bounds staleness only (every
 token of a step is clipped against the weights that sampled it, never against how far the learner itself
 moved). decoupled_ppo is the one with a proximal policy: the learner's own weights, snapshotted every
@@ -65,7 +74,8 @@ class LossConfig:
     truncated_is; ``ppo_clip_eps`` is eps for ppo_clip and decoupled_ppo; ``icepop_band`` is b for icepop;
     ``m2po_tau`` is tau for m2po (M2PO's paper uses 0.04); ``proximal_every`` is how many versions the
     decoupled_ppo proximal policy lives; ``decoupled_weight_cap`` is V for decoupled_ppo; ``dual_clip_c``
-    is c for dual_clip (the paper's 3; it must exceed 1 + ppo_clip_eps).
+    is c for dual_clip (the paper's 3; it must exceed 1 + ppo_clip_eps); ``behavior_kl_coef`` is beta of the
+    restoring term beta * (log w)^2 / 2 added to any estimator (0: off).
     """
 
     estimator: str = "reinforce_zero"
@@ -78,6 +88,7 @@ class LossConfig:
     proximal_every: int = 8
     decoupled_weight_cap: float = 5.0
     dual_clip_c: float = 3.0
+    behavior_kl_coef: float = 0.0
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -107,6 +118,8 @@ class LossConfig:
             raise ValueError(
                 f"loss.dual_clip_c must be > 1 + ppo_clip_eps ({1.0 + self.ppo_clip_eps}), got {self.dual_clip_c}"
             )
+        if not (math.isfinite(self.behavior_kl_coef) and self.behavior_kl_coef >= 0.0):
+            raise ValueError(f"loss.behavior_kl_coef must be a finite number >= 0, got {self.behavior_kl_coef}")
 
 
 def token_scales(masks: list[torch.Tensor], normalization: str) -> list[torch.Tensor]:
@@ -346,6 +359,8 @@ def sequence_terms(
     surrogate, gated = ESTIMATOR_TABLE[cfg.estimator].surrogate(
         logp, behavior_logp, mask, advantage, cfg, aux
     )
+    if cfg.behavior_kl_coef > 0.0:
+        surrogate = surrogate - cfg.behavior_kl_coef * 0.5 * (logp - behavior_logp) ** 2
     return -(surrogate * scale * mask_f).sum(), (gated & mask).sum()
 
 

@@ -136,6 +136,8 @@ def test_group_leave_one_out_baseline():
         LossConfig(gate_ratio=1.0),
         LossConfig(truncation_cap=0.0),
         LossConfig(ppo_clip_eps=1.5),
+        LossConfig(behavior_kl_coef=-0.1),
+        LossConfig(behavior_kl_coef=math.inf),
     ],
 )
 def test_bad_loss_config_names_the_field(bad):
@@ -289,3 +291,22 @@ def test_dual_clip_counts_floored_tokens_and_stays_finite_when_a_weight_overflow
     assert gated == 1 and grad == pytest.approx([0.0, 2.0 / 3, 1.0 / 3], rel=1e-6)
     with pytest.raises(ValueError, match=r"loss\.dual_clip_c must be > 1 \+ ppo_clip_eps"):
         LossConfig("dual_clip", dual_clip_c=1.1).validate()
+
+
+@pytest.mark.parametrize("estimator", ["reinforce_zero", "ppo_clip"])
+def test_behavior_kl_coef_adds_half_beta_squared_log_ratio_to_any_estimator(estimator):
+    # log w = [0.5, -1.0, (masked)], A = 0.5, token normalizer 2, beta = 0.4.
+    logp, blp, mask = [-1.0, -3.0, -3.0], [-1.5, -2.0, 0.0], [True, True, False]
+    base_loss, base_grad = _loss_and_grad(logp, blp, mask, 0.5, LossConfig(estimator))
+    loss, grad = _loss_and_grad(logp, blp, mask, 0.5, LossConfig(estimator, behavior_kl_coef=0.4))
+    # loss gains beta/2 * (log w)^2 / normalizer per sampled token; gradient beta * log w / normalizer.
+    assert loss == pytest.approx(base_loss + 0.4 * 0.5 * (0.25 + 1.0) / 2, rel=1e-6)
+    assert grad == pytest.approx([base_grad[0] + 0.4 * 0.5 / 2, base_grad[1] - 0.4 * 1.0 / 2, 0.0], rel=1e-6)
+
+
+def test_behavior_kl_coef_pulls_back_a_token_the_clip_no_longer_moves():
+    # ppo_clip with A > 0 and w = e^1 > 1 + eps: the clipped branch has no gradient; the term restores it.
+    _, clipped = _loss_and_grad([-1.0], [-2.0], [True], 1.0, LossConfig("ppo_clip"))
+    _, restored = _loss_and_grad([-1.0], [-2.0], [True], 1.0, LossConfig("ppo_clip", behavior_kl_coef=0.5))
+    assert clipped == [0.0]
+    assert restored == pytest.approx([0.5 * 1.0], rel=1e-6)  # descending it lowers logp toward the sampler's
