@@ -104,6 +104,12 @@ ARMS: dict[str, list[str]] = {
         "learner.loss.behavior_kl_coef=1.0",
     ],
     "rz_kl1_lag64": ["rollout.fixed_lag=64", "learner.loss.behavior_kl_coef=1.0"],
+    "ppo_clip_kl01_lag64": [
+        "rollout.fixed_lag=64",
+        "learner.loss.estimator=ppo_clip",
+        "learner.loss.behavior_kl_coef=0.1",
+    ],
+    "rz_kl01_lag64": ["rollout.fixed_lag=64", "learner.loss.behavior_kl_coef=0.1"],
     # The lag governor (issue 25) on real async runs, not fixed lag: the rollouts may run as far ahead of
     # the learner as the bound allows (max_ahead_batches unset), so the lag is what this machine's speed
     # makes it; throughput (learner steps per wall second) and the trained tokens' lag are measured.
