@@ -51,6 +51,8 @@ STEP_KEYS = (
     "step_skipped_nonfinite",
     "num_sampled_tokens",
     "time_step_s",
+    "lr",
+    "lr_scale",
 )
 
 

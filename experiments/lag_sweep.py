@@ -110,6 +110,14 @@ ARMS: dict[str, list[str]] = {
         "learner.loss.behavior_kl_coef=0.1",
     ],
     "rz_kl01_lag64": ["rollout.fixed_lag=64", "learner.loss.behavior_kl_coef=0.1"],
+    # The KL-steered learning rate (learner.lr_control.kl_target, trainer/lr_control.py) on the recipe's own
+    # unclipped IS and on PPO-clip: the step size follows the measured behavior -> learner KL k3
+    "rz_klctl_lag64": ["rollout.fixed_lag=64", "learner.lr_control.kl_target=0.1"],
+    "ppo_clip_klctl_lag64": [
+        "rollout.fixed_lag=64",
+        "learner.loss.estimator=ppo_clip",
+        "learner.lr_control.kl_target=0.1",
+    ],
     # The lag governor (issue 25) on real async runs, not fixed lag: the rollouts may run as far ahead of
     # the learner as the bound allows (max_ahead_batches unset), so the lag is what this machine's speed
     # makes it; throughput (learner steps per wall second) and the trained tokens' lag are measured.

@@ -22,6 +22,7 @@ from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.advantages import BASELINES, group_advantages, uniform_groups
 from rz_agents.trainer.learner_checkpoint import load_learner_state, save_learner_state
 from rz_agents.trainer.loss import ESTIMATOR_TABLE, LossConfig, sequence_terms, token_scales
+from rz_agents.trainer.lr_control import KLLrController, LrControlConfig
 from rz_agents.trainer.master_weights import MasterWeights
 from rz_agents.trainer.metrics import (
     DeviationTracker,
@@ -42,6 +43,7 @@ class LearnerConfig:
 
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    lr_control: LrControlConfig = field(default_factory=LrControlConfig)  # KL-steered lr scale (off: None)
     baseline: str = "mean"  # or "leave_one_out"
     micro_batch_tokens: int = 4096  # token budget of one packed forward/backward
     assert_lag0_exact: bool = False  # raise if a lag-0 token has logp_learner != behavior logprob
@@ -54,6 +56,7 @@ class LearnerConfig:
         """Raise ValueError naming the bad field."""
         self.loss.validate()
         self.optim.validate()
+        self.lr_control.validate()
         if self.baseline not in BASELINES:
             raise ValueError(f"learner.baseline must be one of {BASELINES}, got {self.baseline!r}")
         if self.micro_batch_tokens < 2:
@@ -180,6 +183,7 @@ class Learner:
         self.master_weights = MasterWeights(self.params, self.dtype, self.ranks)
         self.optimizer, self.scheduler = build_optimizer(self.master_weights.optimized(), cfg.optim)
         self.deviation = DeviationTracker()
+        self.lr_control = KLLrController(cfg.lr_control)
         self.skipped_steps = 0
         self.dropped_over_lag = 0
         # decoupled_ppo's proximal policy: a copy of the weights, refreshed every loss.proximal_every versions
@@ -226,8 +230,12 @@ class Learner:
         if self.proximal is not None:
             metrics["proximal_lag"] = learner_version - self.proximal_version
         t0 = time.perf_counter()
-        lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
-        grad_norm, skipped = self._apply_update(scored)
+        lr_scale = self.lr_control.update(metrics.get("kl_k3_behavior_to_learner"))
+        if self.lr_control.enabled:
+            metrics["lr_scale"] = lr_scale
+        # the rate this step uses (the schedule moves on after it, from its own base: the scale never compounds)
+        lr = self.optimizer.param_groups[0]["lr"] * lr_scale
+        grad_norm, skipped = self._apply_update(scored, lr_scale)
         t_opt = time.perf_counter() - t0
 
         n_tokens = sum(len(t.tokens) for t in trajs)
@@ -429,9 +437,9 @@ class Learner:
             )
         return out
 
-    def _apply_update(self, scored: _Scored) -> tuple[float, bool]:
-        """The guard, then AdamW: a non-finite loss or gradient never reaches the weights (the ratio itself is
-        not clipped). Returns (gradient norm, skipped)."""
+    def _apply_update(self, scored: _Scored, lr_scale: float = 1.0) -> tuple[float, bool]:
+        """The guard, then AdamW at the schedule's rate times ``lr_scale``: a non-finite loss or gradient never
+        reaches the weights (the ratio itself is not clipped). Returns (gradient norm, skipped)."""
         max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else math.inf
         grad_norm = math.nan
         if scored.finite:
@@ -443,6 +451,9 @@ class Learner:
         if skipped:
             self.skipped_steps += 1
         else:
+            if lr_scale != 1.0:  # LambdaLR sets every group's rate afresh on its step below
+                for group in self.optimizer.param_groups:
+                    group["lr"] = group["lr"] * lr_scale
             self.optimizer.step()
             self.scheduler.step()
             self.master_weights.round_into_model()
@@ -516,6 +527,7 @@ class Learner:
             "skipped_steps": self.skipped_steps,
             "dropped_over_lag": self.dropped_over_lag,
             "deviation_history": list(self.deviation.history),
+            "lr_control": self.lr_control.state_dict(),
         }
 
     def save_state(self, directory: str | Path) -> dict[str, Any]:
@@ -546,6 +558,7 @@ class Learner:
         self.skipped_steps = int(state["skipped_steps"])
         self.dropped_over_lag = int(state["dropped_over_lag"])
         self.deviation.history = list(state["deviation_history"])
+        self.lr_control.load_state_dict(state.get("lr_control"))
 
     @torch.no_grad()
     def _load_model(self, state: dict[str, Any]) -> None:

@@ -84,6 +84,7 @@ def save_learner_state(learner: Learner, directory: str | Path) -> dict[str, Any
         "skipped_steps": learner.skipped_steps,
         "dropped_over_lag": learner.dropped_over_lag,
         "deviation_history": list(learner.deviation.history),
+        "lr_control": learner.lr_control.state_dict(),
     }
 
 
@@ -129,3 +130,4 @@ def load_learner_state(learner: Learner, state: dict[str, Any], directory: str |
     learner.skipped_steps = int(state["skipped_steps"])
     learner.dropped_over_lag = int(state["dropped_over_lag"])
     learner.deviation.history = list(state["deviation_history"])
+    learner.lr_control.load_state_dict(state.get("lr_control"))
