@@ -118,6 +118,11 @@ ARMS: dict[str, list[str]] = {
         "learner.loss.estimator=ppo_clip",
         "learner.lr_control.kl_target=0.1",
     ],
+    "dppo_klctl_lag64": [
+        "rollout.fixed_lag=64",
+        "learner.loss.estimator=decoupled_ppo",
+        "learner.lr_control.kl_target=0.1",
+    ],
     # The lag governor (issue 25) on real async runs, not fixed lag: the rollouts may run as far ahead of
     # the learner as the bound allows (max_ahead_batches unset), so the lag is what this machine's speed
     # makes it; throughput (learner steps per wall second) and the trained tokens' lag are measured.
