@@ -118,6 +118,13 @@ ARMS: dict[str, list[str]] = {
         "learner.loss.estimator=ppo_clip",
         "learner.lr_control.kl_target=0.1",
     ],
+    # the rate scaled by min(1, 8 / lag): at lag 64 the demo lr / 8, the regime where lag 64 was stable
+    "rz_lagscaled_lag64": ["rollout.fixed_lag=64", "learner.lr_control.lag_reference=8"],
+    "ppo_clip_lagscaled_lag64": [
+        "rollout.fixed_lag=64",
+        "learner.loss.estimator=ppo_clip",
+        "learner.lr_control.lag_reference=8",
+    ],
     "dppo_klctl_lag64": [
         "rollout.fixed_lag=64",
         "learner.loss.estimator=decoupled_ppo",

@@ -230,7 +230,7 @@ class Learner:
         if self.proximal is not None:
             metrics["proximal_lag"] = learner_version - self.proximal_version
         t0 = time.perf_counter()
-        lr_scale = self.lr_control.update(metrics.get("kl_k3_behavior_to_learner"))
+        lr_scale = self.lr_control.update(metrics.get("kl_k3_behavior_to_learner"), metrics.get("lag_mean"))
         if self.lr_control.enabled:
             metrics["lr_scale"] = lr_scale
         # the rate this step uses (the schedule moves on after it, from its own base: the scale never compounds)

@@ -119,7 +119,9 @@ class LossConfig:
                 f"loss.dual_clip_c must be > 1 + ppo_clip_eps ({1.0 + self.ppo_clip_eps}), got {self.dual_clip_c}"
             )
         if not (math.isfinite(self.behavior_kl_coef) and self.behavior_kl_coef >= 0.0):
-            raise ValueError(f"loss.behavior_kl_coef must be a finite number >= 0, got {self.behavior_kl_coef}")
+            raise ValueError(
+                f"loss.behavior_kl_coef must be a finite number >= 0, got {self.behavior_kl_coef}"
+            )
 
 
 def token_scales(masks: list[torch.Tensor], normalization: str) -> list[torch.Tensor]:

@@ -16,7 +16,16 @@ as without the controller. The rule is the adaptive-KL rule of PPO (Schulman et 
 a penalty coefficient) applied to the step size. It changes no estimator: REINFORCE Zero's unclipped IS is
 still the loss.
 
-Off by default (``kl_target: null``). Every rank sees the same KL (the log-probs are reduced before the
+The KL it reads lags the updates that caused it: at policy lag k the batch was sampled k updates ago, so a
+run of full-rate steps shows in the KL only up to k steps later (measured on the lag-64 demo: the scale
+recovered to 1 while the KL still reflected the slow steps before, and the full-rate steps then broke the
+policy). ``lag_reference`` L is the open-loop part that does not wait for the sensor: the step's rate is
+also scaled by min(1, L / lag), lag the mean policy lag of the batch's trained tokens, so that lr * lag,
+which bounds how far the learner moves from the weights that sampled its batch, stays at most lr * L:
+
+    lr = schedule(step) * kl_scale * min(1, L / lag)      (either factor 1 when its field is null)
+
+Off by default (``kl_target: null``, ``lag_reference: null``). Every rank sees the same KL (the log-probs are reduced before the
 metric), so every rank takes the same scale.
 """
 
@@ -31,9 +40,11 @@ from typing import Any
 class LrControlConfig:
     """``kl_target``: the KL k3 per sampled token the controller steers to (None: off); ``band``: the dead
     band's factor either side of it; ``factor``: how much one step scales the rate; ``min_scale``: the
-    smallest scale (a floor, so the learner never stops outright)."""
+    smallest scale (a floor, so the learner never stops outright); ``lag_reference``: the lag L above which the
+    rate is scaled by L / lag (None: not scaled by lag)."""
 
     kl_target: float | None = None
+    lag_reference: float | None = None
     band: float = 2.0
     factor: float = 1.5
     min_scale: float = 0.05
@@ -42,6 +53,10 @@ class LrControlConfig:
         """Raise ValueError naming the bad field."""
         if self.kl_target is not None and not (math.isfinite(self.kl_target) and self.kl_target > 0):
             raise ValueError(f"lr_control.kl_target must be > 0 or null, got {self.kl_target}")
+        if self.lag_reference is not None and not (
+            math.isfinite(self.lag_reference) and self.lag_reference > 0
+        ):
+            raise ValueError(f"lr_control.lag_reference must be > 0 or null, got {self.lag_reference}")
         if not self.band > 1.0:
             raise ValueError(f"lr_control.band must be > 1, got {self.band}")
         if not self.factor > 1.0:
@@ -56,22 +71,29 @@ class KLLrController:
     def __init__(self, cfg: LrControlConfig) -> None:
         cfg.validate()
         self.cfg = cfg
-        self.scale = 1.0
+        self.scale = 1.0  # the KL part (the state carried from step to step)
 
     @property
     def enabled(self) -> bool:
-        return self.cfg.kl_target is not None
+        return self.cfg.kl_target is not None or self.cfg.lag_reference is not None
 
-    def update(self, kl: float | None) -> float:
-        """The scale this step's update uses, after seeing its batch's KL (None or non-finite: unchanged)."""
+    def update(self, kl: float | None, lag: float | None = None) -> float:
+        """The scale this step's update uses, after seeing its batch's KL and mean lag (None or non-finite:
+        that part unchanged)."""
         cfg = self.cfg
-        if cfg.kl_target is None or kl is None or not math.isfinite(kl):
-            return self.scale
-        if kl > cfg.kl_target * cfg.band:
-            self.scale = max(cfg.min_scale, self.scale / cfg.factor)
-        elif kl < cfg.kl_target / cfg.band:
-            self.scale = min(1.0, self.scale * cfg.factor)
-        return self.scale
+        if cfg.kl_target is not None and kl is not None and math.isfinite(kl):
+            if kl > cfg.kl_target * cfg.band:
+                self.scale = max(cfg.min_scale, self.scale / cfg.factor)
+            elif kl < cfg.kl_target / cfg.band:
+                self.scale = min(1.0, self.scale * cfg.factor)
+        return self.scale * self.lag_scale(lag)
+
+    def lag_scale(self, lag: float | None) -> float:
+        """min(1, L / lag); 1 without a lag reference or a measured lag."""
+        L = self.cfg.lag_reference
+        if L is None or lag is None or not math.isfinite(lag) or lag <= L:
+            return 1.0
+        return L / lag
 
     def state_dict(self) -> dict[str, Any]:
         return {"scale": self.scale}

@@ -27,6 +27,22 @@ def test_the_scale_shrinks_above_the_band_grows_below_it_and_holds_inside():
     ]
 
 
+def test_the_lag_reference_scales_the_rate_by_reference_over_lag_above_it():
+    c = KLLrController(LrControlConfig(lag_reference=8))
+    assert c.enabled
+    assert [c.update(None, lag) for lag in (0.0, 2.0, 8.0, 16.0, 64.0, None)] == [
+        1.0,
+        1.0,
+        1.0,
+        0.5,
+        0.125,
+        1.0,
+    ]
+    both = KLLrController(LrControlConfig(kl_target=0.1, band=2.0, factor=2.0, lag_reference=8))
+    assert both.update(1.0, 64.0) == 0.5 * 0.125  # the two parts multiply
+    assert both.scale == 0.5  # only the KL part is carried to the next step
+
+
 def test_off_or_without_a_measurement_the_scale_stays_one():
     off = KLLrController(LrControlConfig())
     assert not off.enabled and off.update(10.0) == 1.0
@@ -44,6 +60,8 @@ def test_off_or_without_a_measurement_the_scale_stays_one():
         LrControlConfig(factor=0.5),
         LrControlConfig(min_scale=0.0),
         LrControlConfig(min_scale=2.0),
+        LrControlConfig(lag_reference=0),
+        LrControlConfig(lag_reference=math.inf),
     ],
 )
 def test_bad_lr_control_config_names_the_field(bad):
