@@ -197,3 +197,21 @@ def test_a_decode_plan_refuses_a_backward():
     plan = ta.plan_attention(seq[-1:], pos[-1:], HEADS, KV_HEADS, decode_positions=[9])
     with pytest.raises(ValueError, match="inference-only"):
         ta.attention(q[-1:].requires_grad_(True), k, v, plan, 0.25)
+
+
+@pytest.mark.parametrize(("heads", "rows"), [(3, 16), (8, 16), (32, 32)])
+def test_group_sizes_decode_in_the_prefill_tile_across_a_split(heads, rows):
+    # G = 3 (padded to 4 rows a position), 8 (two positions a tile) and 32 (one position, 32 rows): the
+    # decode tile is the prefill tile (same rows, same shape), and its split decode gives the chunk's bits.
+    gen = torch.Generator().manual_seed(heads)
+    length = SPLIT + 40
+    q = torch.randn(length, heads, D, generator=gen)
+    k = torch.randn(1, 1, length, D, generator=gen)
+    v = torch.randn(1, 1, length, D, generator=gen)
+    seq, pos = torch.zeros(length, dtype=torch.long), torch.arange(length)
+    lo = SPLIT - 8  # a prefill chunk straddling the split boundary
+    chunk = ta.attention(q[lo:], k, v, ta.plan_attention(seq[lo:], pos[lo:], heads, 1), 0.25)
+    for p in (SPLIT - 1, SPLIT, SPLIT + 3, length - 1):
+        plan = ta.plan_attention(seq[:1], pos[p : p + 1], heads, 1, decode_positions=[p])
+        assert plan.block_m == rows == ta.tile_rows(heads, 1)
+        assert torch.equal(ta.attention(q[p : p + 1], k, v, plan, 0.25)[0], chunk[p - lo]), p
