@@ -31,7 +31,8 @@ topic; they RUN in the order of ``SECTIONS`` below: bit identity first, then spe
                                 4096, 9728, 151936 over K = 2560 / 4096 / 9728) at M = 1, 16, 24, 48, 512, 16384;
                                 every row bit-identical across M (cuBLAS for contrast)
   attention        #23      30  aligned attention vs batched SDPA (one call, padded): prefill 4 x 2048 and decode
-                                64 x 2048; decode rows == prefill rows bit for bit
+                                64 x 2048 (split-KV: splits, tile rows); decode rows == prefill rows == trainer
+                                rows bit for bit, at and around the 512-key split boundaries
   alignment        #23      60  `rz align-check`'s suite: dense + MoE, bf16; aligned bit-identical, standard differs
   fp32_triton      #23      40  the same suite in fp32 on the Triton op set (its fp32 paths, once)
   logprobs_vocab   #23      20  full 151,936-token vocabulary: engine log-softmax vs trainer log-softmax+gather
@@ -54,7 +55,8 @@ topic; they RUN in the order of ``SECTIONS`` below: bit identity first, then spe
                                 fraction of the HBM roofline; sizes that do not fit (memory, budget) skipped, named
   engine_sync      #22      20  graph-less decode step (dense, MoE) under set_sync_debug_mode("error") + host-read
                                 recorder: no host sync before the step's one copy of its tokens
-  engine_vs_trainer #22     30  engine (paged, shared prefix, graph decode) vs trainer forward, bf16, dense + MoE
+  engine_vs_trainer #22     30  engine (paged, shared prefix, graph decode) vs trainer forward, bf16, dense + MoE;
+                                on the GPU 500-token prompts, so split-KV decode crosses the 512-key split
 
 Goals (from issue 23): aligned GEMM >= 0.8x cuBLAS at M >= 1024 (bf16); aligned train step >= 0.9x standard;
 every aligned row bit-identical; gradients bitwise reproducible.
@@ -262,7 +264,7 @@ def section_attention(check: Check) -> dict:
 
     dtype = torch.bfloat16
     if check.dry:
-        b, t, h, hkv, d, bd, ctx = 2, 80, 4, 2, 16, 3, 80
+        b, t, h, hkv, d, bd, ctx = 1, 576, 4, 2, 16, 3, 80  # t crosses the first 512-key split
     else:
         b, t, h, hkv, d, bd, ctx = 4, 2048, 32, 8, 128, 64, 2048
     gen = torch.Generator(device=check.device).manual_seed(1)
@@ -301,25 +303,41 @@ def section_attention(check: Check) -> dict:
         }
     }
     out["prefill"]["aligned_vs_sdpa"] = round(out["prefill"]["sdpa_ms"] / out["prefill"]["aligned_ms"], 3)
-    # Decode rows of the prefill above: each position alone must equal its prefill row.
-    probe = [0, t // 3, t - 1]
-    same = all(
-        torch.equal(
-            ta.attention(q[p : p + 1], k, v, ta.plan_attention(seq[:1], pos[p : p + 1], h, hkv), scale)[0],
-            ours[p],
-        )
+    # Decode rows of the prefill above (the split-KV decode kernels, one token alone, at and around the
+    # 512-key split boundaries) must equal its prefill row and the trainer's (autograd) forward row.
+    split = ta.SPLIT_BLOCKS * ta.BLOCK_N
+    probe = sorted({0, t // 3, t - 1} | {p for p in (split - 1, split, 2 * split, 3 * split + 1) if p < t})
+    qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
+    trainer = ta.attention(qg, kg, vg, ta.plan_attention(seq, pos, h, hkv), scale).detach()
+    decoded = {
+        p: ta.attention(
+            q[p : p + 1],
+            k,
+            v,
+            ta.plan_attention(seq[:1], pos[p : p + 1], h, hkv, max_position=p, decode_positions=[p]),
+            scale,
+        )[0]
         for p in probe
-    )
+    }
+    same = all(torch.equal(decoded[p], ours[p]) for p in probe)
+    out["decode_probe_positions"] = probe
+    out["decode_probe_splits"] = [ta.split_count(p) for p in probe]
+    out["decode_rows_equal_trainer_rows"] = all(torch.equal(decoded[p], trainer[p]) for p in probe)
+    out["prefill_equals_trainer"] = bool(torch.equal(ours, trainer))
     # Decode step: bd sequences, one query each at position ctx - 1.
     qd, kd, vd = rand(bd, h, d), rand(bd, hkv, ctx, d), rand(bd, hkv, ctx, d)
     dseq = torch.arange(bd, device=dev)
     dpos = torch.full((bd,), ctx - 1, device=dev)
     qd4 = qd.view(bd, h, 1, d)
+
+    def decode_plan():  # the engine's: fixed shape from the host's bound, split-KV kernels
+        return ta.plan_attention(dseq, dpos, h, hkv, max_position=ctx - 1, decode_positions=[ctx - 1] * bd)
+
     out["decode"] = {
         "shape": f"{bd} sequences at context {ctx}",
-        "aligned_ms": round(
-            check.time_ms(lambda: ta.attention(qd, kd, vd, ta.plan_attention(dseq, dpos, h, hkv), scale)), 4
-        ),
+        "splits": decode_plan().decode_splits,
+        "tile_rows": decode_plan().block_m,
+        "aligned_ms": round(check.time_ms(lambda: ta.attention(qd, kd, vd, decode_plan(), scale)), 4),
         "sdpa_ms": round(
             check.time_ms(lambda: F.scaled_dot_product_attention(qd4, kd, vd, scale=scale, enable_gqa=True)),
             4,
@@ -971,6 +989,7 @@ def section_engine_decode(check: Check) -> dict:
     from rz_agents.model import ModelConfig
     from rz_agents.model.kv_cache import bytes_per_page, pages_for
     from rz_agents.model.presets import preset_config
+    from rz_kernels.triton_ops import attention as ta
 
     if check.dry:
         cfg = ModelConfig.tiny("qwen3", dtype="bfloat16", num_hidden_layers=1, vocab_size=256)
@@ -992,6 +1011,7 @@ def section_engine_decode(check: Check) -> dict:
     cache = _random_cache(check, cfg, pages)  # one cache for every size (sequence i: its first pages)
     out: dict = {"model": "qwen3-4b shape" if not check.dry else "tiny", "parameters": model.num_parameters()}
     out["kv_cache_gib"] = round((pages + 1) * page_bytes / 2**30, 2)
+    out["attention_tile_rows"] = ta.tile_rows(cfg.num_attention_heads, cfg.num_key_value_heads)
     results: dict = {}
     graphs_ok = check.device.type == "cuda"
     last_cost = 0.0
@@ -1036,6 +1056,8 @@ def section_engine_decode(check: Check) -> dict:
             if label == "standard":
                 row["standard_differs_from_aligned"] = not torch.equal(hidden, eager_hidden)
         model.set_kernels(check.aligned)
+        row["attention_splits_eager"] = ta.split_count(c)  # the decode grid's bound: eager, then graph
+        row["attention_splits_graph"] = ta.split_count(step.static_max_position)
         best = row.get("aligned_graph_ms") or row["aligned_eager_ms"]
         row["aligned_tokens_per_s"] = round(b / best * 1e3, 1)
         row["hbm_roofline_fraction"] = round(_step_bytes(model, b, c) / (best / 1e3) / 4.8e12, 4)
@@ -1133,6 +1155,7 @@ def section_engine_vs_trainer(check: Check) -> dict:
     from rz_agents.engine.params import SamplingParams
     from rz_agents.model import ModelConfig
     from rz_agents.model.logprobs import packed_token_logprobs
+    from rz_kernels.triton_ops import attention as ta
 
     out: dict = {}
     for model_type in ("qwen3", "qwen3_moe"):
@@ -1143,7 +1166,7 @@ def section_engine_vs_trainer(check: Check) -> dict:
         )
         cfg = ModelConfig.tiny(model_type, dtype="bfloat16", vocab_size=512, **size)
         model = random_model(check, cfg, check.aligned).eval().requires_grad_(False)
-        group, new, length = (2, 2, 12) if check.dry else (8, 24, 40)
+        group, new, length = (2, 2, 12) if check.dry else (8, 24, 500)  # GPU: decode crosses key 512
         gen = torch.Generator().manual_seed(5)
         prompt = torch.randint(0, cfg.vocab_size, (length,), generator=gen).tolist()
         prompts = [prompt] * group + [torch.randint(0, cfg.vocab_size, (5,), generator=gen).tolist()]
@@ -1151,7 +1174,8 @@ def section_engine_vs_trainer(check: Check) -> dict:
             SamplingParams(temperature=1.0, max_tokens=new, seed=i, ignore_eos=True) for i in range(group)
         ]
         params.append(SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True))
-        engine = RZEngine(model, EngineConfig(num_slots=16, max_len=128, share_prefix_min_tokens=8))
+        max_len = 128 if check.dry else 640
+        engine = RZEngine(model, EngineConfig(num_slots=16, max_len=max_len, share_prefix_min_tokens=8))
         done = generate_batch(engine, prompts, params)
         equal = []
         for p, sp, c in zip(prompts, params, done, strict=True):
@@ -1165,6 +1189,7 @@ def section_engine_vs_trainer(check: Check) -> dict:
             "cuda_graphs": stats["cuda_graphs"],
             "cuda_graphs_off": stats["cuda_graphs_off"],
             "graph_replays": engine.graphs.replays if engine.graphs is not None else 0,
+            "attention_splits_at_last_token": ta.split_count(length + new - 1),
         }
         del engine, model
     out["bit_identical"] = all(r["bit_identical"] for r in out.values())
@@ -1212,6 +1237,7 @@ def goals(results: dict) -> dict:
     identical = [
         get("gemm", "rows_bit_identical"),
         get("attention", "decode_rows_equal_prefill_rows"),
+        get("attention", "decode_rows_equal_trainer_rows"),
         get("alignment", "aligned_bit_identical"),
         get("fp32_triton", "aligned_bit_identical"),
         get("logprobs_vocab", "engine_equals_trainer"),

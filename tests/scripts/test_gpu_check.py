@@ -37,6 +37,11 @@ def test_dry_run_kernel_sections_report_bit_identical_rows(tmp_path):
     assert sections["gemm"]["rows_bit_identical"] is True
     assert set(sections["gemm"]["shapes"]["96x64"]) == {"1", "7", "64", "129"}
     assert sections["attention"]["decode_rows_equal_prefill_rows"] is True
+    assert sections["attention"]["decode_rows_equal_trainer_rows"] is True  # split-KV decode, 512-key split
+    assert (
+        max(sections["attention"]["decode_probe_splits"]) == 2
+        and sections["attention"]["decode"]["tile_rows"] == 16
+    )
     assert summary["goals"]["gemm_bf16_ge_0.8x_cublas_at_M_ge_1024"] is None  # no M >= 1024 on CPU
     # stdout: a line per section and a short summary, never the JSON
     assert "results in" in stdout and "{" not in stdout and len(stdout) < 3000
