@@ -24,8 +24,13 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   # Desktops for OSWorld: X server, window manager, browser, sandbox; and the AT-SPI stack
   # (a session bus per desktop, the accessibility bus, Debian's pyatspi for /usr/bin/python3).
+  # The os tasks' GNOME pieces without GNOME Shell: GNOME Terminal (Ctrl+Alt+T, read over AT-SPI),
+  # gsettings on dconf (with GNOME's schemas: desktop, shell), a per-desktop PulseAudio (pactl);
+  # ffmpeg decodes the MP3/MP4 files compare_audios/compare_videos score.
   pkgs=(bubblewrap xvfb xdotool chromium x11-utils openbox
-        dbus dbus-bin at-spi2-core libatk-adaptor python3-pyatspi gir1.2-atspi-2.0)
+        dbus dbus-bin at-spi2-core libatk-adaptor python3-pyatspi gir1.2-atspi-2.0
+        gnome-terminal dconf-service dconf-gsettings-backend dconf-cli gsettings-desktop-schemas
+        gnome-shell-common pulseaudio pulseaudio-utils ffmpeg)
   if [ "$OSWORLD_APPS" = 1 ]; then
     pkgs+=(libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gtk3 gimp vlc thunderbird
            xdg-utils)  # xdg-open: tasks' "open" step

@@ -3,7 +3,7 @@
 Checks, in order: an evaluator exists; the related apps are installed; every setup/postconfig
 step, getter and metric is implemented (and usable here); downloads are in the cache or local;
 pages to open are local; commands the task runs exist here and need no package installs or
-GNOME session. ``validate_dir`` summarises a folder as ``rz osworld validate`` prints it.
+GNOME Shell (``gsettings`` works when its schemas and dconf are here, Ctrl+Alt+T when GNOME Terminal is). ``validate_dir`` summarises a folder as ``rz osworld validate`` prints it.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from rz_agents.envs.osworld.cache import is_local_url, missing_inputs
-from rz_agents.envs.osworld.getters import GETTERS, UNAVAILABLE
+from rz_agents.envs.osworld.getters import GETTERS, UNAVAILABLE, getter_problem
+from rz_agents.envs.osworld.gsettings import gsettings_problem, schemas_in
 from rz_agents.envs.osworld.metrics import METRICS, SPECIAL_METRICS, blocker, option_problem
 from rz_agents.envs.osworld.setup_steps import STEPS
 from rz_agents.envs.osworld.task import Task, TaskFormatError, load_tasks
+from rz_agents.envs.osworld.terminal import terminal_problem
 
 # related_apps / snapshot names -> executables any of which makes the app available.
 APP_BINARIES: dict[str, tuple[str, ...]] = {
@@ -43,7 +45,8 @@ SHELL_WORDS = {
     "test", "true", "false", "set", "source", ".", "exit", "read", "printf", "case", "esac", "local",
     "return", "{", "}", "!", "sudo", "exec", "eval", "unset", "shift", "wait", "kill", "time",
 }  # fmt: skip
-GNOME_ONLY = {"gsettings", "dconf", "gnome-terminal", "nautilus", "gnome-shell", "gnome-screenshot"}
+GNOME_ONLY = {"nautilus", "gnome-shell", "gnome-screenshot"}  # no stand-in without GNOME Shell
+GSETTINGS_COMMANDS = {"gsettings", "dconf"}  # work on the desktop's own session bus (gsettings.py)
 TERMINAL_HOTKEY = re.compile(r"""hotkey\(\s*['"]ctrl['"]\s*,\s*['"]alt['"]\s*,\s*['"]t['"]""")
 URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+")
 
@@ -94,7 +97,9 @@ def _check_command(command: Any, add: Any, wrapped: set[str]) -> None:
     if re.search(r"\b(apt-get|apt|pip3?|snap)\s+(-\S+\s+)*install\b", text):
         add("needs internet (package install)", text[:120])
     if TERMINAL_HOTKEY.search(text):
-        add("needs GNOME desktop (terminal shortcut Ctrl+Alt+T)", text[:120])
+        problem = terminal_problem()
+        if problem:
+            add("needs GNOME desktop (terminal shortcut Ctrl+Alt+T)", f"{problem}: {text[:120]}")
     for url in URL_IN_TEXT.findall(text):
         if not is_local_url(url):
             add("needs internet (web page)", url)
@@ -102,6 +107,12 @@ def _check_command(command: Any, add: Any, wrapped: set[str]) -> None:
         name = head.rsplit("/", 1)[-1]
         if name in GNOME_ONLY:
             add("needs GNOME desktop", name)
+        elif name in GSETTINGS_COMMANDS:
+            problem = gsettings_problem(schemas_in(text)) or (
+                None if shutil.which(name) else f"{name} is not installed (apt-get install dconf-cli)"
+            )
+            if problem:
+                add("needs GNOME desktop: gsettings", problem)
         elif (
             name in ("python", "python3", "socat") or name in wrapped or head.startswith(("./", "/home/user"))
         ):
@@ -172,6 +183,8 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
                 add("getter unavailable here", f"{kind}: {UNAVAILABLE[kind]}")
             elif kind not in GETTERS:
                 add("getter not implemented", kind)
+            elif getter_problem(kind):
+                add("getter unavailable here", f"{kind}: {getter_problem(kind)}")
             elif kind in ("vm_command_line", "vm_command_error"):
                 _check_command(getter.get("command"), add, wrapped)
             elif kind == "page_info" and not is_local_url(str(getter.get("url", ""))):

@@ -125,6 +125,10 @@ class Desktop:
     uid: int | None = None  # the desktop's own uid (sandboxed on a root host)
 
 
+# The host's display and session: an unsandboxed desktop inherits the rest of the environment.
+HOST_SESSION_ENV = ("DISPLAY", "XAUTHORITY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")
+
+
 class LocalProvider:
     """Starts and stops per-episode desktops on this machine."""
 
@@ -318,15 +322,15 @@ class LocalProvider:
         if self.sandboxed:
             bin_dir, home, pythonpath = sandbox.BIN_DIR, VM_HOME, sandbox.PACKAGE_DIR
             path = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
-            env = {"TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+            env = {"TMPDIR": "/tmp", "LANG": "C.UTF-8", "XDG_RUNTIME_DIR": sandbox.RUNTIME_DIR}
         else:
             bin_dir, home, pythonpath = layout.bin, layout.home, SOURCE_ROOT
             path = f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-            env = {
-                k: v for k, v in os.environ.items() if k not in ("DISPLAY", "XAUTHORITY", "WAYLAND_DISPLAY")
-            }
+            env = {k: v for k, v in os.environ.items() if k not in HOST_SESSION_ENV}
             if env.get("PYTHONPATH"):
                 pythonpath += os.pathsep + env["PYTHONPATH"]
+            # the episode's own runtime folder (its session bus), never the host user's
+            env["XDG_RUNTIME_DIR"] = os.path.join(layout.tmp, ".xdg-runtime")
         env.update(
             {
                 MARKER: desktop.episode_id,
