@@ -8,6 +8,7 @@ GNOME Shell (``gsettings`` works when its schemas and dconf are here, Ctrl+Alt+T
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -23,6 +24,7 @@ from rz_agents.envs.osworld.metrics import METRICS, SPECIAL_METRICS, blocker, op
 from rz_agents.envs.osworld.setup_steps import STEPS
 from rz_agents.envs.osworld.task import Task, TaskFormatError, load_tasks
 from rz_agents.envs.osworld.terminal import terminal_problem
+from rz_agents.envs.osworld.vscode import vscode_problem
 
 # related_apps / snapshot names -> executables any of which makes the app available.
 APP_BINARIES: dict[str, tuple[str, ...]] = {
@@ -35,9 +37,8 @@ APP_BINARIES: dict[str, tuple[str, ...]] = {
     "msoffice_excel": ("excel",),
     "thunderbird": ("thunderbird",),
     "vlc": ("vlc",),
-    "vscode": ("code",),
-    "vs_code": ("code",),
 }
+VSCODE_APPS = ("vscode", "vs_code")  # the desktop's `code` runs code-server (vscode.py)
 NO_BINARY_APPS = ("os", "base_setup", "terminal")
 
 SHELL_WORDS = {
@@ -96,6 +97,9 @@ def _check_command(command: Any, add: Any, wrapped: set[str]) -> None:
     text = _command_text(command)
     if re.search(r"\b(apt-get|apt|pip3?|snap)\s+(-\S+\s+)*install\b", text):
         add("needs internet (package install)", text[:120])
+    for ext in re.findall(r"--install-extension[\s=]+(\S+)", text):
+        if not ext.lower().endswith(".vsix"):
+            add("needs internet (extension marketplace)", ext)
     if TERMINAL_HOTKEY.search(text):
         problem = terminal_problem()
         if problem:
@@ -121,6 +125,18 @@ def _check_command(command: Any, add: Any, wrapped: set[str]) -> None:
             add("command not installed", name)
 
 
+def _check_extension_source(task: Task, add: Any) -> None:
+    """A task scored on ``code --list-extensions`` whose setup brings no ``.vsix`` is solved from the
+    extension marketplace: offline the agent cannot install it."""
+    ev = task.evaluator
+    listed = [g for g in ev.results if g and "--list-extensions" in _command_text(g.get("command"))]
+    if not listed or "is_extension_installed" not in ev.funcs:
+        return
+    steps = " ".join(json.dumps(step.parameters) for step in task.config)
+    if ".vsix" not in steps:
+        add("needs internet (extension marketplace)", _command_text(listed[0].get("command"))[:120])
+
+
 def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> Runnability:
     """Every reason ``task`` cannot run here (empty when it can).
 
@@ -142,12 +158,18 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
         key = app.lower()
         if key in NO_BINARY_APPS or not key:
             continue
+        if key in VSCODE_APPS:
+            if vscode_problem():
+                add("app not installed", f"{app}: {vscode_problem()}")
+            continue
         binaries = APP_BINARIES.get(key)
         if binaries is None:
             add("app not installed", app)
         elif not any(shutil.which(b) for b in binaries):
             add("app not installed", app)
     wrapped = {"google-chrome", "google-chrome-stable", "chrome", "chromium", "chromium-browser"}
+    if vscode_problem() is None:
+        wrapped.add("code")  # each desktop's own wrapper
     for step in [*task.config, *ev.postconfig]:
         if step.type not in STEPS:
             add("setup step not implemented", step.type)
@@ -165,6 +187,7 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
         for item in missing_inputs(task, download_cache):
             add("needs internet download", item.url[:120])
     if not ev.is_infeasible:
+        _check_extension_source(task, add)
         for i, name in enumerate(ev.funcs):
             if name not in METRICS and name not in SPECIAL_METRICS:
                 add("metric not implemented", name)

@@ -19,6 +19,7 @@ from rz_agents.envs.osworld.runnability import check_task, validate_dir
 from rz_agents.envs.osworld.session import atspi_problem
 from rz_agents.envs.osworld.task import parse_task
 from rz_agents.envs.osworld.terminal import terminal_problem
+from rz_agents.envs.osworld.vscode import vscode_problem
 
 # shared/ lies beside the repository checkout (CI clones elsewhere with a copy of shared/ beside it).
 SHARED = next(
@@ -224,3 +225,32 @@ def test_cli_validate_text_report_names_reasons(tmp_path, capsys):
         and "app not installed: gimp-not-here" in out
         and "1/1 parsed, 0 runnable" in out
     )
+
+
+def test_vscode_tasks_count_with_code_server_and_without_a_marketplace_download(monkeypatch):
+    launch = {"type": "launch", "parameters": {"command": ["code"]}}
+    listing = {"type": "vm_command_line", "command": ["code", "--list-extensions", "|", "grep", "pub.ext"]}
+    contain = {"type": "rule", "rules": {"type": "contain", "expected": "pub.ext"}}
+    vsix = {
+        "type": "download",
+        "parameters": {"files": [{"url": "https://example.org/x", "path": "/home/user/x.vsix"}]},
+    }
+    local = _task(
+        [vsix, launch], apps=["vscode"], func="is_extension_installed", result=listing, expected=contain
+    )
+    store = _task([launch], apps=["vscode"], func="is_extension_installed", result=listing, expected=contain)
+    marketplace = _task(
+        [{"type": "command", "parameters": {"command": ["code", "--install-extension", "ms-python.python"]}}],
+        apps=["vscode"],
+    )
+    if vscode_problem() is None:
+        assert check_task(local, "/x", assume_cached=True).runnable
+    assert ("needs internet (extension marketplace)", "code --list-extensions | grep pub.ext") in check_task(
+        store, "/x", assume_cached=True
+    ).reasons
+    assert ("needs internet (extension marketplace)", "ms-python.python") in check_task(
+        marketplace, "/x"
+    ).reasons
+    _without(monkeypatch, "code-server")
+    reasons = check_task(local, "/x", assume_cached=True).reasons
+    assert reasons[0][0] == "app not installed" and "install code-server" in reasons[0][1]

@@ -34,6 +34,7 @@ from rz_agents.envs.osworld.providers.home_defaults import write_home_defaults
 from rz_agents.envs.osworld.providers.wrappers import write_sudo_shim, write_vlc_wrapper
 from rz_agents.envs.osworld.relay import Relay, connect_unix, tcp_listener, unix_listener
 from rz_agents.envs.osworld.session import SessionError, atspi_problem, read_line
+from rz_agents.envs.osworld.vscode import write_code_wrapper
 from rz_agents.envs.python_tool.spawner import on_spawner
 
 MARKER = "RZ_OSWORLD_EPISODE"
@@ -301,6 +302,8 @@ class LocalProvider:
             write_sudo_shim(layout.bin)
         write_vlc_wrapper(layout.bin)
         chromium = chromium_binary()
+        if chromium:
+            write_code_wrapper(layout.bin, chromium)  # VS Code's `code` on code-server, when installed
         if chromium:
             home = VM_HOME if self.sandboxed else layout.home
             write_chrome_wrapper(
