@@ -3,8 +3,9 @@
 # Idempotent: re-running only checks what is there.
 #
 #   bash scripts/install.sh                 # the default install (what CI runs)
-#   bash scripts/install.sh --osworld-apps  # also LibreOffice (Calc, Writer, Impress), GIMP, VLC and
-#                                           # Thunderbird for OSWorld's app tasks (~1 GB; not in CI)
+#   bash scripts/install.sh --osworld-apps  # also LibreOffice (Calc, Writer, Impress), GIMP, VLC,
+#                                           # Thunderbird and code-server (VS Code; needs Node.js 20)
+#                                           # for OSWorld's app tasks (~1.6 GB; not in CI)
 #   bash scripts/install.sh --docker        # also the Docker sandbox backend: engine, daemon and a
 #                                           # locally built image (scripts/docker_sandbox.sh)
 set -euo pipefail
@@ -15,7 +16,7 @@ for arg in "$@"; do
   case "$arg" in
     --docker) DOCKER=1 ;;
     --osworld-apps) OSWORLD_APPS=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "unknown option: $arg (expected --osworld-apps or --docker)" >&2; exit 2 ;;
   esac
 done
@@ -24,11 +25,17 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   # Desktops for OSWorld: X server, window manager, browser, sandbox; and the AT-SPI stack
   # (a session bus per desktop, the accessibility bus, Debian's pyatspi for /usr/bin/python3).
+  # The os tasks' GNOME pieces without GNOME Shell: GNOME Terminal (Ctrl+Alt+T, read over AT-SPI),
+  # gsettings on dconf (with GNOME's schemas: desktop, shell), a per-desktop PulseAudio (pactl);
+  # ffmpeg decodes the MP3/MP4 files compare_audios/compare_videos score.
   pkgs=(bubblewrap xvfb xdotool chromium x11-utils openbox
-        dbus dbus-bin at-spi2-core libatk-adaptor python3-pyatspi gir1.2-atspi-2.0)
+        dbus dbus-bin at-spi2-core libatk-adaptor python3-pyatspi gir1.2-atspi-2.0
+        gnome-terminal dconf-service dconf-gsettings-backend dconf-cli gsettings-desktop-schemas
+        gnome-shell-common pulseaudio pulseaudio-utils ffmpeg)
   if [ "$OSWORLD_APPS" = 1 ]; then
     pkgs+=(libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gtk3 gimp vlc thunderbird
-           xdg-utils)  # xdg-open: tasks' "open" step
+           xdg-utils  # xdg-open: tasks' "open" step
+           build-essential libkrb5-dev ripgrep)  # code-server's native modules and its ripgrep (VS Code)
   fi
   need=()
   for pkg in "${pkgs[@]}"; do
@@ -37,6 +44,28 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+  if [ "$OSWORLD_APPS" = 1 ]; then
+    # VS Code is not in Debian: code-server (VS Code's workbench and CLI, from npm) in /usr/local, which
+    # desktops see; rz_agents/envs/osworld/vscode.py gives each desktop a `code` command on it.
+    CS_VERSION=4.100.3  # VS Code 1.100; the last code-server on Node.js 20
+    if [ ! -x /usr/local/bin/code-server ]; then
+      node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo none)
+      if [ "$node_major" != 20 ]; then
+        echo "VS Code tasks skipped: code-server $CS_VERSION needs Node.js 20 and npm (found: $node_major)" >&2
+      else
+        # @vscode/ripgrep's postinstall fetches rg from GitHub: hand it Debian's rg through its download cache
+        rg_cache="$(node -p 'require("os").tmpdir()')/vscode-ripgrep-cache-1.15.11"
+        rg_dir=$(mktemp -d)
+        cp /usr/bin/rg "$rg_dir/rg"
+        mkdir -p "$rg_cache"
+        tar czf "$rg_cache/ripgrep-v13.0.0-10-$(uname -m)-unknown-linux-musl.tar.gz" -C "$rg_dir" rg
+        rm -rf "$rg_dir"
+        npm_config_yes=true npm_config_unsafe_perm=true \
+          npm install -s --prefix /usr/local/lib/code-server "code-server@$CS_VERSION"
+        ln -sf /usr/local/lib/code-server/node_modules/.bin/code-server /usr/local/bin/code-server
+      fi
+    fi
   fi
 elif [ "$OSWORLD_APPS" = 1 ]; then
   echo "--osworld-apps needs root and apt-get (Debian); install LibreOffice, GIMP, VLC and Thunderbird yourself" >&2

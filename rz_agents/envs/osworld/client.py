@@ -153,8 +153,17 @@ class VMClient:
         return self._json("GET", "/accessibility")["AT"]
 
     def terminal_output(self) -> str | None:
-        """The terminal's text (None: no GNOME terminal on this desktop)."""
+        """The focused GNOME Terminal's text (None: no such terminal open and active)."""
         return self._json("GET", "/terminal")["output"]
+
+    def wallpaper(self) -> bytes | None:
+        """The bytes of the desktop background's file (GNOME's setting), or None when it has none."""
+        try:
+            return self._request("POST", "/wallpaper")
+        except ServerError as exc:
+            if "HTTP 404" in str(exc):
+                return None
+            raise
 
     def windows(self) -> list[dict[str, Any]]:
         """The top-level windows (title, class, geometry, active)."""

@@ -25,13 +25,27 @@ CHROME_DIR = "/home/user/.config/google-chrome"
 PROFILE_DIR = CHROME_DIR + "/Default"
 
 UNAVAILABLE: dict[str, str] = {
-    "vm_terminal_output": "needs a GNOME terminal's accessibility tree (not on this desktop)",
-    "vm_wallpaper": "needs GNOME's desktop background setting (no GNOME here)",
     "googledrive_file": "reads a Google Drive account through its API (needs internet and the user's credentials)",
     "info_from_website": "reads a live website (needs internet)",
     "gotoRecreationPage_and_get_html_content": "navigates recreation.gov (needs internet)",
     "calc_insensitive_md5": "not a getter of OSWorld (its task cannot be scored there either)",
 }
+
+
+def getter_problem(kind: str) -> str | None:
+    """Why an implemented getter cannot work on this machine's desktops (None when it can)."""
+    if kind == "vm_terminal_output":
+        from rz_agents.envs.osworld.session import atspi_problem
+        from rz_agents.envs.osworld.terminal import terminal_problem
+
+        problem = terminal_problem() or atspi_problem()
+        return f"reads a GNOME terminal's accessibility tree: {problem}" if problem else None
+    if kind == "vm_wallpaper":
+        from rz_agents.envs.osworld.gsettings import gsettings_problem
+
+        problem = gsettings_problem(["org.gnome.desktop.background"])
+        return f"reads GNOME's background setting: {problem}" if problem else None
+    return None
 
 
 class GetterError(RuntimeError):

@@ -1,6 +1,6 @@
 """More getters from OSWorld's ``evaluators/getters`` (commit 8942695): Chrome profile lists and
 page parsing, VS Code settings after a command, media inside slides, spreadsheet rows, VLC's
-default-player lookup, relative dates and literal time ranges.
+default-player lookup, relative dates and literal time ranges, the terminal's text and the wallpaper.
 
 Each follows the official getter's result, its fallbacks included (the Chrome profile getters
 answer ``"Google"`` when the Preferences file cannot be read, as there).
@@ -366,7 +366,31 @@ def get_rule_relativeTime(ctx: EpisodeContext, config: dict[str, Any], now: dt.d
     return rules
 
 
+def get_vm_terminal_output(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """The focused GNOME Terminal's text, right-stripped (None: no terminal open and active).
+
+    OSWorld's getter asks the VM server's ``/terminal`` (here ``terminal.py``, over AT-SPI).
+    """
+    return ctx.client.terminal_output()
+
+
+def get_vm_wallpaper(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
+    """The desktop background's file copied to ``<work_dir>/<dest>`` (None: the setting names no file).
+
+    OSWorld's server reads GNOME's ``org.gnome.desktop.background picture-uri`` with gsettings.
+    """
+    data = ctx.client.wallpaper()
+    if data is None:
+        return None
+    local = os.path.join(ctx.work_dir, os.path.basename(config["dest"]))
+    with open(local, "wb") as f:
+        f.write(data)
+    return local
+
+
 GETTERS: dict[str, Callable[[EpisodeContext, dict[str, Any]], Any]] = {
+    "vm_terminal_output": get_vm_terminal_output,
+    "vm_wallpaper": get_vm_wallpaper,
     "new_startup_page": get_new_startup_page,
     "find_unpacked_extension_path": get_find_unpacked_extension_path,
     "find_installed_extension_name": get_find_installed_extension_name,

@@ -3,11 +3,12 @@
 Checks, in order: an evaluator exists; the related apps are installed; every setup/postconfig
 step, getter and metric is implemented (and usable here); downloads are in the cache or local;
 pages to open are local; commands the task runs exist here and need no package installs or
-GNOME session. ``validate_dir`` summarises a folder as ``rz osworld validate`` prints it.
+GNOME Shell (``gsettings`` works when its schemas and dconf are here, Ctrl+Alt+T when GNOME Terminal is). ``validate_dir`` summarises a folder as ``rz osworld validate`` prints it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -17,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from rz_agents.envs.osworld.cache import is_local_url, missing_inputs
-from rz_agents.envs.osworld.getters import GETTERS, UNAVAILABLE
+from rz_agents.envs.osworld.getters import GETTERS, UNAVAILABLE, getter_problem
+from rz_agents.envs.osworld.gsettings import gsettings_problem, schemas_in
 from rz_agents.envs.osworld.metrics import METRICS, SPECIAL_METRICS, blocker, option_problem
 from rz_agents.envs.osworld.setup_steps import STEPS
 from rz_agents.envs.osworld.task import Task, TaskFormatError, load_tasks
+from rz_agents.envs.osworld.terminal import terminal_problem
+from rz_agents.envs.osworld.vscode import vscode_problem
 
 # related_apps / snapshot names -> executables any of which makes the app available.
 APP_BINARIES: dict[str, tuple[str, ...]] = {
@@ -33,9 +37,8 @@ APP_BINARIES: dict[str, tuple[str, ...]] = {
     "msoffice_excel": ("excel",),
     "thunderbird": ("thunderbird",),
     "vlc": ("vlc",),
-    "vscode": ("code",),
-    "vs_code": ("code",),
 }
+VSCODE_APPS = ("vscode", "vs_code")  # the desktop's `code` runs code-server (vscode.py)
 NO_BINARY_APPS = ("os", "base_setup", "terminal")
 
 SHELL_WORDS = {
@@ -43,7 +46,8 @@ SHELL_WORDS = {
     "test", "true", "false", "set", "source", ".", "exit", "read", "printf", "case", "esac", "local",
     "return", "{", "}", "!", "sudo", "exec", "eval", "unset", "shift", "wait", "kill", "time",
 }  # fmt: skip
-GNOME_ONLY = {"gsettings", "dconf", "gnome-terminal", "nautilus", "gnome-shell", "gnome-screenshot"}
+GNOME_ONLY = {"nautilus", "gnome-shell", "gnome-screenshot"}  # no stand-in without GNOME Shell
+GSETTINGS_COMMANDS = {"gsettings", "dconf"}  # work on the desktop's own session bus (gsettings.py)
 TERMINAL_HOTKEY = re.compile(r"""hotkey\(\s*['"]ctrl['"]\s*,\s*['"]alt['"]\s*,\s*['"]t['"]""")
 URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+")
 
@@ -93,8 +97,13 @@ def _check_command(command: Any, add: Any, wrapped: set[str]) -> None:
     text = _command_text(command)
     if re.search(r"\b(apt-get|apt|pip3?|snap)\s+(-\S+\s+)*install\b", text):
         add("needs internet (package install)", text[:120])
+    for ext in re.findall(r"--install-extension[\s=]+(\S+)", text):
+        if not ext.lower().endswith(".vsix"):
+            add("needs internet (extension marketplace)", ext)
     if TERMINAL_HOTKEY.search(text):
-        add("needs GNOME desktop (terminal shortcut Ctrl+Alt+T)", text[:120])
+        problem = terminal_problem()
+        if problem:
+            add("needs GNOME desktop (terminal shortcut Ctrl+Alt+T)", f"{problem}: {text[:120]}")
     for url in URL_IN_TEXT.findall(text):
         if not is_local_url(url):
             add("needs internet (web page)", url)
@@ -102,12 +111,30 @@ def _check_command(command: Any, add: Any, wrapped: set[str]) -> None:
         name = head.rsplit("/", 1)[-1]
         if name in GNOME_ONLY:
             add("needs GNOME desktop", name)
+        elif name in GSETTINGS_COMMANDS:
+            problem = gsettings_problem(schemas_in(text)) or (
+                None if shutil.which(name) else f"{name} is not installed (apt-get install dconf-cli)"
+            )
+            if problem:
+                add("needs GNOME desktop: gsettings", problem)
         elif (
             name in ("python", "python3", "socat") or name in wrapped or head.startswith(("./", "/home/user"))
         ):
             continue
         elif "/" not in head and not shutil.which(name):
             add("command not installed", name)
+
+
+def _check_extension_source(task: Task, add: Any) -> None:
+    """A task scored on ``code --list-extensions`` whose setup brings no ``.vsix`` is solved from the
+    extension marketplace: offline the agent cannot install it."""
+    ev = task.evaluator
+    listed = [g for g in ev.results if g and "--list-extensions" in _command_text(g.get("command"))]
+    if not listed or "is_extension_installed" not in ev.funcs:
+        return
+    steps = " ".join(json.dumps(step.parameters) for step in task.config)
+    if ".vsix" not in steps:
+        add("needs internet (extension marketplace)", _command_text(listed[0].get("command"))[:120])
 
 
 def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> Runnability:
@@ -131,12 +158,18 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
         key = app.lower()
         if key in NO_BINARY_APPS or not key:
             continue
+        if key in VSCODE_APPS:
+            if vscode_problem():
+                add("app not installed", f"{app}: {vscode_problem()}")
+            continue
         binaries = APP_BINARIES.get(key)
         if binaries is None:
             add("app not installed", app)
         elif not any(shutil.which(b) for b in binaries):
             add("app not installed", app)
     wrapped = {"google-chrome", "google-chrome-stable", "chrome", "chromium", "chromium-browser"}
+    if vscode_problem() is None:
+        wrapped.add("code")  # each desktop's own wrapper
     for step in [*task.config, *ev.postconfig]:
         if step.type not in STEPS:
             add("setup step not implemented", step.type)
@@ -154,6 +187,7 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
         for item in missing_inputs(task, download_cache):
             add("needs internet download", item.url[:120])
     if not ev.is_infeasible:
+        _check_extension_source(task, add)
         for i, name in enumerate(ev.funcs):
             if name not in METRICS and name not in SPECIAL_METRICS:
                 add("metric not implemented", name)
@@ -172,6 +206,8 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
                 add("getter unavailable here", f"{kind}: {UNAVAILABLE[kind]}")
             elif kind not in GETTERS:
                 add("getter not implemented", kind)
+            elif getter_problem(kind):
+                add("getter unavailable here", f"{kind}: {getter_problem(kind)}")
             elif kind in ("vm_command_line", "vm_command_error"):
                 _check_command(getter.get("command"), add, wrapped)
             elif kind == "page_info" and not is_local_url(str(getter.get("url", ""))):

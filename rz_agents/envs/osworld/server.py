@@ -4,14 +4,16 @@ Served by the episode's session (``session.py``) inside its sandbox, on a Unix s
 reaches through a relay (or, unsandboxed, on a free loopback port). Endpoints (JSON bodies):
 
 * ``GET /platform``, ``/screen_size``, ``/cursor_position``, ``/screenshot`` (PNG),
-  ``/accessibility`` (``{"AT": xml}``), ``/terminal`` (``{"output": null}``: no GNOME terminal here)
+  ``/accessibility`` (``{"AT": xml}``), ``/terminal`` (``{"output": text | null}``: the focused
+  GNOME Terminal's text, read over AT-SPI; ``terminal.py``)
 * ``POST /execute`` and ``/setup/execute`` ``{"command": list|str, "shell": bool}`` ->
   ``{"status", "output", "error", "returncode"}``; ``/run_python`` ``{"code"}``
 * ``POST /setup/launch`` ``{"command", "shell"}`` (detached); ``/setup/open_file`` ``{"path"}``;
   ``/setup/activate_window`` and ``/setup/close_window`` ``{"window_name", "strict", "by_class"}``
 * ``POST /file`` ``file_path`` (form or JSON) -> the bytes; ``/setup/upload`` multipart
   ``file_path`` + ``file_data`` (or JSON ``data_b64``);
-  ``/list_directory`` ``{"path"}`` -> a tree
+  ``/list_directory`` ``{"path"}`` -> a tree; ``/wallpaper`` -> the desktop background's file
+  (GNOME's ``picture-uri`` setting, through gsettings)
 
 Paths under ``/home/user`` (OSWorld's VM user) map to ``$HOME``: inside the bubblewrap sandbox
 they are the same directory; without it the server rewrites them.
@@ -34,6 +36,7 @@ from typing import Any
 from xml.sax.saxutils import quoteattr
 
 from rz_agents.envs.osworld.client import PYAUTOGUI_PRELUDE
+from rz_agents.envs.osworld.terminal import terminal_output
 
 VM_HOME = "/home/user"
 COMMAND_TIMEOUT_S = 120
@@ -345,6 +348,33 @@ def accessibility_xml() -> str:
     return fallback_xml()
 
 
+def terminal_text() -> str | None:
+    """OSWorld's ``/terminal``: the focused GNOME Terminal's text, or None (no AT-SPI, no such terminal)."""
+    if not AtspiTree.enabled():
+        return None
+    xml = _atspi.dump()
+    return None if xml is None else terminal_output(xml)
+
+
+def wallpaper_path() -> str | None:
+    """The file of GNOME's desktop background (``org.gnome.desktop.background picture-uri``), or None.
+
+    As OSWorld's server reads it: the setting's text without ``file://`` and quotes.
+    """
+    try:
+        r = subprocess.run(
+            ["gsettings", "get", "org.gnome.desktop.background", "picture-uri"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    return map_path(r.stdout.strip().replace("file://", "").replace("'", ""))
+
+
 def fallback_xml() -> str:
     """X11 windows, with Chrome's own AX tree inside its window (no AT-SPI needed)."""
 
@@ -489,7 +519,7 @@ class Handler(BaseHTTPRequestHandler):
             elif self.path == "/accessibility":
                 self._json({"AT": accessibility_xml()})
             elif self.path == "/terminal":
-                self._json({"output": None})
+                self._json({"output": terminal_text()})
             elif self.path == "/screen_size":
                 w, h = screen_size()
                 self._json({"width": w, "height": h})
@@ -566,6 +596,13 @@ class Handler(BaseHTTPRequestHandler):
                 self._json({"status": "error", "message": f"no such directory: {body['path']}"}, 404)
                 return
             self._json({"status": "success", "directory_tree": directory_tree(target)})
+        elif path == "/wallpaper":
+            target = wallpaper_path()
+            if target is None or not os.path.isfile(target):
+                self._json({"status": "error", "message": f"wallpaper file not found: {target}"}, 404)
+                return
+            with open(target, "rb") as f:
+                self._send(200, f.read(), "image/png")
         elif path in READ_ONLY_POST:
             self.do_GET()  # OSWorld's server takes these as POST too
         else:

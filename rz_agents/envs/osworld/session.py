@@ -24,12 +24,15 @@ import json
 import os
 import resource
 import select
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import time
+
+from rz_agents.envs.osworld.terminal import openbox_config
 
 START_TIMEOUT_S = 30.0
 
@@ -101,14 +104,21 @@ def start_xvfb(screen: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
     return xvfb, f":{number}"
 
 
-def start_window_manager(name: str) -> subprocess.Popen | None:
-    """Start the window manager (None when it is not installed)."""
-    import shutil
+def start_window_manager(name: str, config_dir: str) -> subprocess.Popen | None:
+    """Start the window manager (None when it is not installed).
 
+    openbox gets its system configuration plus OSWorld's (Ubuntu's) Ctrl+Alt+T terminal key,
+    written to ``config_dir`` (see ``openbox_config``).
+    """
     if not name or not shutil.which(name):
         return None
+    argv = [name]
+    if name == "openbox":
+        config = openbox_config(config_dir)
+        if config:
+            argv += ["--config-file", config]
     return subprocess.Popen(
-        [name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
 
 
@@ -126,8 +136,6 @@ A11Y_ENV = {
 @functools.lru_cache(maxsize=1)
 def atspi_problem(system_python: str = "/usr/bin/python3") -> str | None:
     """Why desktops cannot have AT-SPI trees here (None when they can); probed once per process."""
-    import shutil
-
     for tool in ("dbus-daemon", "dbus-send"):
         if not shutil.which(tool):
             return f"{tool} is not installed (apt-get install dbus dbus-bin)"
@@ -152,10 +160,29 @@ def atspi_problem(system_python: str = "/usr/bin/python3") -> str | None:
     )
 
 
-def start_session_bus(timeout_s: float) -> tuple[subprocess.Popen, str]:
-    """A session D-Bus daemon of this desktop; returns it and its address."""
-    argv = ["dbus-daemon", "--session", "--nofork", "--nopidfile", "--print-address={fd}"]
+def start_session_bus(timeout_s: float, runtime_dir: str) -> tuple[subprocess.Popen, str]:
+    """A session D-Bus daemon of this desktop, listening at ``<runtime_dir>/bus``; returns it and its address.
+
+    In the sandbox ``runtime_dir`` is ``/run/user/1000`` as on OSWorld's VM, whose tasks export
+    ``DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/1000/bus`` before ``gsettings set``.
+    """
+    argv = ["dbus-daemon", "--session", "--nofork", "--nopidfile", "--print-address={fd}",
+            f"--address=unix:path={os.path.join(runtime_dir, 'bus')}"]  # fmt: skip
     return start_reporting(argv, timeout_s, "address")
+
+
+def runtime_dir() -> str:
+    """The desktop's ``XDG_RUNTIME_DIR``, made (mode 0700) if missing.
+
+    The provider names it (sandboxed: ``/run/user/1000``, a link into the episode's ``/tmp``);
+    otherwise a folder of the session's ``TMPDIR``.
+    """
+    path = os.environ.get("XDG_RUNTIME_DIR") or os.path.join(
+        os.environ.get("TMPDIR", "/tmp"), f"xdg-runtime-{os.getuid()}"
+    )
+    os.makedirs(os.path.realpath(path), mode=0o700, exist_ok=True)
+    os.environ["XDG_RUNTIME_DIR"] = path
+    return path
 
 
 def enable_accessibility(timeout_s: float) -> bool:
@@ -200,17 +227,18 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["DISPLAY"] = display
         write_xauthority(os.path.join(os.environ.get("HOME", "/tmp"), ".Xauthority"), display[1:])
         a11y = False
+        runtime = runtime_dir()
         if args.a11y:
-            runtime = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"xdg-runtime-{os.getuid()}")
-            os.makedirs(runtime, mode=0o700, exist_ok=True)
-            os.environ.setdefault("XDG_RUNTIME_DIR", runtime)
-            bus, address = start_session_bus(START_TIMEOUT_S)
+            os.environ.update(A11Y_ENV)  # before the bus: the apps it activates inherit them
+        if shutil.which("dbus-daemon"):
+            # a session bus even without AT-SPI: gsettings (dconf) and gnome-terminal need one
+            bus, address = start_session_bus(START_TIMEOUT_S, runtime)
             children.append(bus)
             os.environ["DBUS_SESSION_BUS_ADDRESS"] = address
-            os.environ.update(A11Y_ENV)
+        if args.a11y:
             a11y = enable_accessibility(START_TIMEOUT_S)
             os.environ["RZ_OSWORLD_ATSPI"] = "1" if a11y else "0"
-        wm = start_window_manager(args.window_manager)
+        wm = start_window_manager(args.window_manager, runtime)
         if wm is not None:
             children.append(wm)
 

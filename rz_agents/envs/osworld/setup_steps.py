@@ -15,6 +15,7 @@ from typing import Any
 
 from rz_agents.envs.osworld.cache import download_paths, first_existing, is_local_url
 from rz_agents.envs.osworld.chrome import pages
+from rz_agents.envs.osworld.chrome_history import step_update_browse_history
 from rz_agents.envs.osworld.client import ServerError
 from rz_agents.envs.osworld.context import EpisodeContext
 from rz_agents.envs.osworld.task import SetupStep
@@ -197,6 +198,7 @@ STEPS: dict[str, Callable[..., None]] = {
     "upload_file": step_upload_file,
     "chrome_open_tabs": step_chrome_open_tabs,
     "chrome_close_tabs": step_chrome_close_tabs,
+    "update_browse_history": step_update_browse_history,
 }
 
 

@@ -123,6 +123,7 @@ for p in glob.glob('/proc/*/environ'):
 print(json.dumps({{
     "secret_file": read({str(secret_file)!r}),
     "root": listing('/root'), "home": listing('/home'), "run": listing('/run'), "work": listing('/work'),
+    "run_user": listing('/run/user'), "runtime": os.path.realpath('/run/user/1000'),
     "var": listing('/var'), "shadow": read('/etc/shadow'),
     "env_has_secret": {SECRET!r} in repr(dict(os.environ)) or any({SECRET!r} in e for e in environs),
     "environs_read": len(environs),
@@ -133,7 +134,9 @@ print(json.dumps({{
     # /root holds only the way down to the Python installation, when that lives there.
     python_under_root = {d.split("/")[2] for d in sandbox.python_dirs() if d.startswith("/root/")}
     assert got["root"] == sorted(python_under_root)
-    assert got["home"] == ["user"] and got["run"] == [] and got["work"] == errno.ENOENT
+    assert got["home"] == ["user"] and got["work"] == errno.ENOENT
+    # /run is the desktop's own: only the VM user's runtime folder, a link into its own /tmp
+    assert got["run"] == ["user"] and got["run_user"] == ["1000"] and got["runtime"] == "/tmp/.xdg-runtime"
     assert set(got["var"]) <= {"cache", "lib", "tmp"}
     if os.path.exists("/etc/shadow"):
         assert got["shadow"] == errno.EACCES

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 from rz_agents.envs.osworld.coverage import evaluator_inventory
 
@@ -11,7 +12,9 @@ def _write(path, evaluator):
     path.write_text(json.dumps({"id": path.stem, "instruction": "x", "evaluator": evaluator}))
 
 
-def test_inventory_counts_tasks_per_name_and_sorts_them_by_status(tmp_path):
+def test_inventory_counts_tasks_per_name_and_sorts_them_by_status(tmp_path, monkeypatch):
+    real = shutil.which  # without ffmpeg, compare_audios cannot score the tasks' MP3s: blocked
+    monkeypatch.setattr(shutil, "which", lambda n, *a, **k: None if n == "ffmpeg" else real(n, *a, **k))
     (tmp_path / "d").mkdir()
     _write(
         tmp_path / "a.json",

@@ -184,9 +184,44 @@ def test_compare_audios_scores_one_for_the_same_sound_and_less_for_another(tmp_p
     assert M["compare_audios"](a, a) == pytest.approx(1.0)
     assert M["compare_audios"](a, b) < 0.5
     assert M["compare_audios"](None, a) == 0.0
-    with pytest.raises(RuntimeError, match="MP3"):
+
+
+def _without_ffmpeg(monkeypatch):
+    real = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda n, *a, **k: None if n in ("ffmpeg", "ffprobe") else real(n, *a, **k)
+    )
+
+
+def _ffmpeg(*args):
+    import subprocess
+
+    subprocess.run(["ffmpeg", "-v", "error", "-y", *map(str, args)], check=True, timeout=120)
+
+
+def test_compare_audios_without_ffmpeg_reads_wav_only_and_says_why(tmp_path, monkeypatch):
+    _without_ffmpeg(monkeypatch)
+    a = _wav(tmp_path / "a.wav", np.zeros(2205))
+    with pytest.raises(RuntimeError, match="MP3: decoding it needs ffmpeg"):
         M["compare_audios"](str(tmp_path / "x.mp3"), a)
-    assert "MP3" in blocker("compare_audios")
+    assert "apt-get install ffmpeg" in blocker("compare_audios")
+
+
+@pytest.mark.skipif(not shutil.which("ffmpeg"), reason="needs ffmpeg (apt)")
+def test_compare_audios_decodes_mp3_stereo_at_its_own_rate_like_the_wav_of_the_same_sound(tmp_path):
+    assert blocker("compare_audios") is None
+    t = np.arange(44100) / 44100
+    tone = 0.5 * np.sin(2 * np.pi * 440 * t) * (1 + np.sin(2 * np.pi * 3 * t)) / 2  # a swelling tone
+    other = 0.5 * np.sign(np.sin(2 * np.pi * 97 * t))
+    wav_tone, wav_other = _wav(tmp_path / "t.wav", tone, 44100), _wav(tmp_path / "o.wav", other, 44100)
+    _ffmpeg("-i", wav_tone, "-ac", "2", "-b:a", "192k", tmp_path / "t.mp3")  # stereo MP3 at 44.1 kHz
+    _ffmpeg("-i", wav_other, "-b:a", "192k", tmp_path / "o.mp3")
+    mp3_tone, mp3_other = str(tmp_path / "t.mp3"), str(tmp_path / "o.mp3")
+    same = M["compare_audios"](mp3_tone, wav_tone)
+    assert same > 0.5 and same > 3 * M["compare_audios"](mp3_tone, mp3_other)
+    assert M["compare_audios"](mp3_tone, mp3_tone) == pytest.approx(1.0)
+    with pytest.raises(RuntimeError, match="no audio stream"):
+        M["compare_audios"](str(tmp_path / "missing.mp3"), mp3_tone)
 
 
 def test_fastdtw_equals_full_dtw_when_the_series_are_short():
@@ -215,8 +250,46 @@ def test_compare_videos_counts_frame_hash_mismatches(tmp_path):
     assert M["compare_videos"](frames("short", 9), gold) == 0.0  # one ended first
     assert M["compare_videos"](frames("inv", 10, change_from=2), gold) == 0.0  # 8 mismatches > 5
     assert M["compare_videos"](frames("few", 10, change_from=6), gold) == 1.0  # 4 mismatches <= 5
-    with pytest.raises(RuntimeError, match="MP4"):
-        M["compare_videos"](str(tmp_path / "v.mp4"), gold)
+
+
+def test_compare_videos_without_ffmpeg_says_why(tmp_path, monkeypatch):
+    _without_ffmpeg(monkeypatch)
+    with pytest.raises(RuntimeError, match="MP4: decoding it needs ffmpeg"):
+        M["compare_videos"](str(tmp_path / "v.mp4"), str(tmp_path))
+    assert "apt-get install ffmpeg" in blocker("compare_videos")
+
+
+@pytest.mark.skipif(not shutil.which("ffmpeg"), reason="needs ffmpeg (apt)")
+def test_compare_videos_decodes_mp4_frame_by_frame_against_frames_and_videos(tmp_path):
+    assert blocker("compare_videos") is None
+
+    def frames(name, n, change_from=None):
+        d = tmp_path / name
+        d.mkdir()
+        for i in range(n):
+            img = np.zeros((64, 96, 3), np.uint8)
+            img[:, : 8 + 4 * i] = (255, 40, 0)
+            if change_from is not None and i >= change_from:
+                img = 255 - img
+            Image.fromarray(img).save(d / f"{i:03d}.png")
+        return d
+
+    def mp4(d):
+        out = tmp_path / f"{d.name}.mp4"
+        _ffmpeg(
+            "-framerate", 10, "-i", d / "%03d.png", "-c:v", "libx264", "-qp", 0, "-pix_fmt", "yuv444p", out
+        )
+        return str(out)
+
+    gold = frames("g", 12)
+    assert M["compare_videos"](mp4(gold), str(gold)) == 1.0  # every frame, none repeated or dropped
+    assert M["compare_videos"](mp4(gold), mp4(frames("same", 12))) == 1.0
+    assert M["compare_videos"](mp4(frames("short", 11)), mp4(gold)) == 0.0  # one ended first
+    assert M["compare_videos"](mp4(frames("inv", 12, change_from=2)), mp4(gold)) == 0.0  # 10 mismatches > 5
+    assert M["compare_videos"](mp4(frames("few", 12, change_from=8)), mp4(gold)) == 1.0  # 4 mismatches <= 5
+    assert (
+        M["compare_videos"](mp4(frames("long", 14)), mp4(gold), max_frames_to_check=12) == 1.0
+    )  # checked no further
 
 
 # --- Chrome and HTML -----------------------------------------------------------------------------

@@ -14,8 +14,12 @@ from osworld_cli_helper import rz_osworld
 
 from rz_agents.envs.osworld import LOCAL_TASKS
 from rz_agents.envs.osworld.cache import download_paths
+from rz_agents.envs.osworld.gsettings import gsettings_problem
 from rz_agents.envs.osworld.runnability import check_task, validate_dir
+from rz_agents.envs.osworld.session import atspi_problem
 from rz_agents.envs.osworld.task import parse_task
+from rz_agents.envs.osworld.terminal import terminal_problem
+from rz_agents.envs.osworld.vscode import vscode_problem
 
 # shared/ lies beside the repository checkout (CI clones elsewhere with a copy of shared/ beside it).
 SHARED = next(
@@ -30,6 +34,7 @@ SHARED = next(
     Path("/work/shared/data/osworld/examples"),
 )
 RULE = {"type": "rule", "rules": {"expected": "1"}}
+HOTKEY = "import pyautogui; pyautogui.hotkey('ctrl', 'alt', 't')"
 
 
 def _task(config=(), apps=("os",), **ev):
@@ -88,25 +93,69 @@ def test_remote_pages_and_package_installs_need_internet():
     assert "needs internet (package install)" in _categories(apt)
 
 
-def test_missing_app_step_getter_metric_are_each_named():
+def test_missing_app_step_getter_metric_are_each_named(monkeypatch):
     assert _categories(_task(apps=["gimp"])) == (["app not installed"] if not shutil.which("gimp") else [])
     assert _categories(_task([{"type": "googledrive", "parameters": {}}])) == ["setup step not implemented"]
     assert _categories(_task(result={"type": "no_such_getter"})) == ["getter not implemented"]
     web_pdf = _task(result={"type": "pdf_from_url", "path": "https://example.org/a", "dest": "a.pdf"})
     assert _categories(web_pdf) == ["needs internet (web page)"]
     assert _categories(_task(func="no_such_metric")) == ["metric not implemented"]
+    assert _categories(_task(func="compare_audios")) == (
+        [] if shutil.which("ffmpeg") else ["metric needs a library or tool not here"]
+    )
+    _without(monkeypatch, "ffmpeg")
     assert _categories(_task(func="compare_audios")) == ["metric needs a library or tool not here"]
     bad_rule = _task(func="compare_table", options={"rules": [{"type": "sheet_magic"}]})
     assert _categories(bad_rule) == ["metric option not implemented"]
-    assert _categories(_task(result={"type": "vm_terminal_output"})) == ["getter unavailable here"]
     assert _categories(_task(func="")) == ["no evaluator defined"]
+
+
+def _without(monkeypatch, *programs):
+    """Make ``shutil.which`` (as every check sees it) miss ``programs``."""
+    real = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **k: None if name in programs else real(name, *a, **k)
+    )
+
+
+def test_terminal_tasks_count_only_with_gnome_terminal_installed(monkeypatch):
+    hotkey = {"type": "execute", "parameters": {"command": ["python", "-c", HOTKEY]}}
+    terminal = _task([hotkey], result={"type": "vm_terminal_output"})
+    if terminal_problem() is None and atspi_problem() is None:
+        assert check_task(terminal, "/x").runnable
+    _without(monkeypatch, "gnome-terminal")
+    reasons = check_task(terminal, "/x").reasons
+    assert [c for c, _ in reasons] == [
+        "needs GNOME desktop (terminal shortcut Ctrl+Alt+T)",
+        "getter unavailable here",
+    ]
+    assert all("apt-get install gnome-terminal" in detail for _, detail in reasons)
+
+
+def test_gsettings_commands_count_only_with_dconf_and_their_schema(monkeypatch):
+    def gs(schema):
+        cmd = f"export DBUS_SESSION_BUS_ADDRESS='unix:path=/run/user/1000/bus'\ngsettings get {schema} k"
+        return _task(result={"type": "vm_command_line", "command": cmd, "shell": True})
+
+    reasons = check_task(gs("org.example.not.a.schema"), "/x").reasons
+    assert [c for c, _ in reasons] == ["needs GNOME desktop: gsettings"]
+    if gsettings_problem() is None:
+        assert reasons[0][1] == "GSettings schema org.example.not.a.schema is not installed"
+    if gsettings_problem(["org.gnome.desktop.interface"]) is None:
+        assert check_task(gs("org.gnome.desktop.interface"), "/x").runnable
+    _without(monkeypatch, "dbus-daemon")
+    assert [c for c, _ in check_task(gs("org.gnome.desktop.interface"), "/x").reasons] == [
+        "needs GNOME desktop: gsettings"
+    ]
+    wallpaper = _task(func="compare_images", result={"type": "vm_wallpaper", "dest": "w.png"})
+    assert [c for c, _ in check_task(wallpaper, "/x").reasons] == ["getter unavailable here"]
 
 
 def test_commands_missing_here_and_gnome_only_commands():
     task = _task(
         result={
             "type": "vm_command_line",
-            "command": "gsettings get a b; surely-not-a-command-xyz --x",
+            "command": "nautilus ~; surely-not-a-command-xyz --x",
             "shell": True,
         }
     )
@@ -176,3 +225,32 @@ def test_cli_validate_text_report_names_reasons(tmp_path, capsys):
         and "app not installed: gimp-not-here" in out
         and "1/1 parsed, 0 runnable" in out
     )
+
+
+def test_vscode_tasks_count_with_code_server_and_without_a_marketplace_download(monkeypatch):
+    launch = {"type": "launch", "parameters": {"command": ["code"]}}
+    listing = {"type": "vm_command_line", "command": ["code", "--list-extensions", "|", "grep", "pub.ext"]}
+    contain = {"type": "rule", "rules": {"type": "contain", "expected": "pub.ext"}}
+    vsix = {
+        "type": "download",
+        "parameters": {"files": [{"url": "https://example.org/x", "path": "/home/user/x.vsix"}]},
+    }
+    local = _task(
+        [vsix, launch], apps=["vscode"], func="is_extension_installed", result=listing, expected=contain
+    )
+    store = _task([launch], apps=["vscode"], func="is_extension_installed", result=listing, expected=contain)
+    marketplace = _task(
+        [{"type": "command", "parameters": {"command": ["code", "--install-extension", "ms-python.python"]}}],
+        apps=["vscode"],
+    )
+    if vscode_problem() is None:
+        assert check_task(local, "/x", assume_cached=True).runnable
+    assert ("needs internet (extension marketplace)", "code --list-extensions | grep pub.ext") in check_task(
+        store, "/x", assume_cached=True
+    ).reasons
+    assert ("needs internet (extension marketplace)", "ms-python.python") in check_task(
+        marketplace, "/x"
+    ).reasons
+    _without(monkeypatch, "code-server")
+    reasons = check_task(local, "/x", assume_cached=True).reasons
+    assert reasons[0][0] == "app not installed" and "install code-server" in reasons[0][1]

@@ -3,15 +3,16 @@
 ``check_mp3_meta`` and ``compare_epub`` follow OSWorld's ``metrics/others.py``; ``compare_audios``
 and ``compare_videos`` its ``metrics/vlc.py``. OSWorld computes audio similarity with librosa
 (MFCCs, fastdtw) and video similarity with OpenCV and imagehash, none of which this machine has:
-here audio is read from WAV files (scipy) with librosa's MFCC definition written out, frames
-from a folder of images; ``BLOCKERS`` says what the task files (MP3, MP4) need, and
-``rz osworld validate`` reports it.
+here librosa's MFCC definition and imagehash's pHash are written out; audio is read from WAV
+files (scipy) or decoded by ffmpeg (the tasks' MP3), frames come from a folder of images or are
+decoded by ffmpeg (the tasks' MP4). Without ffmpeg ``BLOCKERS`` says so and ``rz osworld
+validate`` reports it.
 """
 
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rz_agents.envs.osworld.metrics.rules import match_value_to_rule
@@ -83,16 +84,62 @@ def compare_epub(result: str | None, expected: str, **_: Any) -> float:
 # --- audio ---------------------------------------------------------------------------------
 
 
-def _load_wav(path: str, sr: int = 22050) -> Any:
-    """Mono float samples at ``sr`` (librosa.load's defaults), from a WAV file."""
+def _probe(path: str, stream: str, entries: str) -> dict[str, Any]:
+    """``ffprobe``'s fields of the first ``stream`` (``a`` audio, ``v`` video) of a media file."""
+    import json
+    import subprocess
+
+    r = subprocess.run(
+        ["ffprobe", "-v", "error", "-select_streams", f"{stream}:0", "-show_entries", f"stream={entries}",
+         "-of", "json", path],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    streams = json.loads(r.stdout or "{}").get("streams") if r.returncode == 0 else None
+    if not streams:
+        raise RuntimeError(f"ffprobe found no {'audio' if stream == 'a' else 'video'} stream in {path}")
+    return streams[0]
+
+
+def _decode_audio(path: str) -> tuple[int, Any]:
+    """(rate, float samples, channels last) of any file ffmpeg reads, at its own rate and channels."""
+    import subprocess
+
     import numpy as np
-    from scipy.io import wavfile
+
+    info = _probe(path, "a", "sample_rate,channels")
+    rate, channels = int(info["sample_rate"]), int(info["channels"])
+    r = subprocess.run(
+        ["ffmpeg", "-v", "error", "-nostdin", "-i", path, "-map", "0:a:0", "-f", "f32le", "-acodec", "pcm_f32le", "-"],
+        capture_output=True, timeout=300,
+    )  # fmt: skip
+    if r.returncode != 0:
+        raise RuntimeError(f"ffmpeg could not decode {path}: {r.stderr.decode(errors='replace')[-300:]}")
+    x = np.frombuffer(r.stdout, dtype=np.float32).astype(np.float64)
+    return rate, x[: len(x) // channels * channels].reshape(-1, channels)
+
+
+def _load_audio(path: str, sr: int = 22050) -> Any:
+    """Mono float samples at ``sr`` (librosa.load's defaults: channels averaged, resampled).
+
+    WAV through scipy; anything else (the tasks' MP3) decoded by ffmpeg at its own rate and
+    channels, then the same averaging and resampling (librosa resamples with soxr, here a
+    polyphase filter: scores can differ in the last digits).
+    """
+    import numpy as np
     from scipy.signal import resample_poly
 
-    rate, data = wavfile.read(path)
-    x = data.astype(np.float64)
-    if np.issubdtype(data.dtype, np.integer):
-        x /= float(np.iinfo(data.dtype).max) + 1.0
+    if str(path).lower().endswith(".wav"):
+        from scipy.io import wavfile
+
+        rate, data = wavfile.read(path)
+        x = data.astype(np.float64)
+        if np.issubdtype(data.dtype, np.integer):
+            x /= float(np.iinfo(data.dtype).max) + 1.0
+    else:
+        problem = _audio_blocker()
+        if problem:
+            raise RuntimeError(f"compare_audios: {problem} ({path})")
+        rate, x = _decode_audio(str(path))
     if x.ndim == 2:
         x = x.mean(axis=1)
     if rate != sr:
@@ -220,16 +267,13 @@ def _expand_window(path: list[tuple[int, int]], len_x: int, len_y: int, radius: 
 
 def compare_audios(audio_path_1: str | None, audio_path_2: str | None, **_: Any) -> float:
     """``1 / (1 + DTW distance)`` between the two files' row-normalised MFCC sequences (cosine
-    distance per frame, FastDTW radius 1), as OSWorld computes it. WAV input only (see ``BLOCKERS``)."""
+    distance per frame, FastDTW radius 1), as OSWorld (commit 8942695) computes it. WAV, or any
+    format ffmpeg decodes (see ``BLOCKERS``)."""
     if not audio_path_1 or not audio_path_2:
         return 0.0
     import numpy as np
 
-    feats = []
-    for path in (audio_path_1, audio_path_2):
-        if not str(path).lower().endswith(".wav"):
-            raise RuntimeError(f"compare_audios: {BLOCKERS['compare_audios']()} ({path})")
-        feats.append(_normalize_rows(mfcc(_load_wav(path))).T)
+    feats = [_normalize_rows(mfcc(_load_audio(path))).T for path in (audio_path_1, audio_path_2)]
     distance, _ = fastdtw(list(np.asarray(feats[0])), list(np.asarray(feats[1])), _cosine, radius=1)
     return 1.0 / (1.0 + distance)
 
@@ -248,15 +292,49 @@ def _phash(img: Any) -> Any:
     return low > np.median(low)
 
 
-def _frames(path: str) -> list[Any]:
-    """A video's frames: here a folder of still images (sorted by name); video files need a decoder."""
+def _frames(path: str, limit: int) -> Iterator[Any]:
+    """A video's first ``limit`` frames as RGB images, in decoding order.
+
+    A folder of still images (sorted by name), or a video file decoded by ffmpeg as OpenCV's
+    ``VideoCapture.read`` gives it (every decoded frame, none repeated or dropped; OSWorld then
+    converts BGR to RGB), streamed one frame at a time.
+    """
     import os
 
     from PIL import Image
 
     if os.path.isdir(path):
-        return [Image.open(os.path.join(path, n)) for n in sorted(os.listdir(path))]
-    raise RuntimeError(f"compare_videos: {BLOCKERS['compare_videos']()} ({path})")
+        for name in sorted(os.listdir(path))[:limit]:
+            yield Image.open(os.path.join(path, name))
+        return
+    problem = _video_blocker()
+    if problem:
+        raise RuntimeError(f"compare_videos: {problem} ({path})")
+    yield from _decode_video(path, limit)
+
+
+def _decode_video(path: str, limit: int) -> Iterator[Any]:
+    import subprocess
+
+    from PIL import Image
+
+    info = _probe(path, "v", "width,height")
+    w, h = int(info["width"]), int(info["height"])
+    proc = subprocess.Popen(
+        ["ffmpeg", "-v", "error", "-nostdin", "-i", path, "-map", "0:v:0", "-fps_mode", "passthrough",
+         "-frames:v", str(limit), "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        size = w * h * 3
+        while True:
+            buf = proc.stdout.read(size)
+            if len(buf) < size:
+                return
+            yield Image.frombytes("RGB", (w, h), buf)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def compare_videos(
@@ -274,25 +352,35 @@ def compare_videos(
     """
     if not video_path1 or not video_path2:
         return 0.0
-    f1, f2 = _frames(video_path1), _frames(video_path2)
+    f1, f2 = _frames(video_path1, max_frames_to_check), _frames(video_path2, max_frames_to_check)
     mismatches = 0
-    for checked in range(max_frames_to_check):
-        end1, end2 = checked >= len(f1), checked >= len(f2)
-        if end1 or end2:
-            return float(end1 == end2)
-        if int((_phash(f1[checked]) != _phash(f2[checked])).sum()) > threshold:
+    for _checked in range(max_frames_to_check):
+        a, b = next(f1, None), next(f2, None)
+        if a is None or b is None:
+            return float(a is None and b is None)
+        if int((_phash(a) != _phash(b)).sum()) > threshold:
             mismatches += 1
             if mismatches > threshold:
                 return 0.0
     return 1.0
 
 
+def _ffmpeg_missing() -> bool:
+    import shutil
+
+    return not (shutil.which("ffmpeg") and shutil.which("ffprobe"))
+
+
 def _audio_blocker() -> str | None:
-    return "the task's audio is MP3; OSWorld decodes it with librosa, not here (WAV files only)"
+    if _ffmpeg_missing():
+        return "the task's audio is MP3: decoding it needs ffmpeg (apt-get install ffmpeg; WAV files only without)"
+    return None
 
 
 def _video_blocker() -> str | None:
-    return "the task's video is MP4; OSWorld decodes it with OpenCV, not here (frame folders only)"
+    if _ffmpeg_missing():
+        return "the task's video is MP4: decoding it needs ffmpeg (apt-get install ffmpeg; frame folders only without)"
+    return None
 
 
 # metric -> () -> why the task files cannot be scored here (None when they can)

@@ -34,6 +34,7 @@ from rz_agents.envs.osworld.providers.home_defaults import write_home_defaults
 from rz_agents.envs.osworld.providers.wrappers import write_sudo_shim, write_vlc_wrapper
 from rz_agents.envs.osworld.relay import Relay, connect_unix, tcp_listener, unix_listener
 from rz_agents.envs.osworld.session import SessionError, atspi_problem, read_line
+from rz_agents.envs.osworld.vscode import write_code_wrapper
 from rz_agents.envs.python_tool.spawner import on_spawner
 
 MARKER = "RZ_OSWORLD_EPISODE"
@@ -123,6 +124,10 @@ class Desktop:
     sandboxed: bool
     relays: list[Relay] = field(default_factory=list)
     uid: int | None = None  # the desktop's own uid (sandboxed on a root host)
+
+
+# The host's display and session: an unsandboxed desktop inherits the rest of the environment.
+HOST_SESSION_ENV = ("DISPLAY", "XAUTHORITY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")
 
 
 class LocalProvider:
@@ -298,6 +303,8 @@ class LocalProvider:
         write_vlc_wrapper(layout.bin)
         chromium = chromium_binary()
         if chromium:
+            write_code_wrapper(layout.bin, chromium)  # VS Code's `code` on code-server, when installed
+        if chromium:
             home = VM_HOME if self.sandboxed else layout.home
             write_chrome_wrapper(
                 layout.bin,
@@ -318,15 +325,15 @@ class LocalProvider:
         if self.sandboxed:
             bin_dir, home, pythonpath = sandbox.BIN_DIR, VM_HOME, sandbox.PACKAGE_DIR
             path = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
-            env = {"TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+            env = {"TMPDIR": "/tmp", "LANG": "C.UTF-8", "XDG_RUNTIME_DIR": sandbox.RUNTIME_DIR}
         else:
             bin_dir, home, pythonpath = layout.bin, layout.home, SOURCE_ROOT
             path = f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-            env = {
-                k: v for k, v in os.environ.items() if k not in ("DISPLAY", "XAUTHORITY", "WAYLAND_DISPLAY")
-            }
+            env = {k: v for k, v in os.environ.items() if k not in HOST_SESSION_ENV}
             if env.get("PYTHONPATH"):
                 pythonpath += os.pathsep + env["PYTHONPATH"]
+            # the episode's own runtime folder (its session bus), never the host user's
+            env["XDG_RUNTIME_DIR"] = os.path.join(layout.tmp, ".xdg-runtime")
         env.update(
             {
                 MARKER: desktop.episode_id,

@@ -7,6 +7,7 @@ What the desktop sees (everything else of the host is absent):
   installation, and the ``rz_agents`` package at ``/opt/rz/rz_agents``;
 - its own writable home at ``/home/user`` (OSWorld's VM user) and its own ``/tmp`` (both folders of
   the episode on the host's disk, deleted with it), a private ``/dev/shm``, ``/run`` and ``/var``;
+  ``/run/user/1000`` (the VM user's runtime folder: its session bus) links into that ``/tmp``;
 - nothing of ``/root`` (beyond the Python installation when it lives there), ``/work``, the
   host's ``/home``, ``/tmp``, ``/run`` (no host D-Bus or X server) or ``/var``;
 - its own network namespace: loopback only. The host reaches the desktop through listening Unix
@@ -36,6 +37,8 @@ BIN_DIR = "/opt/rz/bin"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 VAR_READ_ONLY = ("/var/cache/fontconfig", "/var/lib/dbus", "/var/lib/libreoffice")
 UNPRIVILEGED_UID = 1000
+RUNTIME_DIR = "/run/user/1000"  # XDG_RUNTIME_DIR of OSWorld's VM user
+RUNTIME_TARGET = "/tmp/.xdg-runtime"
 
 
 @dataclass
@@ -140,6 +143,9 @@ def bwrap_command(
     argv += ["--perms", "0755", "--tmpfs", "/home", "--bind", layout.home, VM_HOME]
     argv += ["--bind", layout.tmp, "/tmp"]
     argv += ["--perms", "0755", "--tmpfs", "/run"]
+    # OSWorld's VM user has XDG_RUNTIME_DIR /run/user/1000 (tasks name its bus): a link to a folder
+    # of the desktop's own /tmp, which the session makes (so it is the desktop user's, mode 0700).
+    argv += ["--perms", "0755", "--dir", "/run/user", "--symlink", RUNTIME_TARGET, RUNTIME_DIR]
     argv += ["--perms", "0755", "--tmpfs", "/var", "--symlink", "/tmp", "/var/tmp"]
     for d in VAR_READ_ONLY:
         if os.path.isdir(d):
