@@ -122,6 +122,7 @@ ARMS: dict[str, list[str]] = {
     # lag 64 the demo lr / 8 (the rate at which lag 64 was stable). Seeds 0-2 of rz_lagscaled_lag64 ran with
     # this rule's first form, the rate scaled by min(1, 8 / lag) (the same scale up to the rounding of 2e-4).
     "rz_lagscaled_lag64": ["rollout.fixed_lag=64", "learner.lr_control.lr_lag_budget=1.6e-3"],
+    "rz_lagbudget2x_lag64": ["rollout.fixed_lag=64", "learner.lr_control.lr_lag_budget=3.2e-3"],  # twice B
     "rz_lagscaled_lag128": [
         "rollout.fixed_lag=128",
         "rollout.max_lag=128",
