@@ -118,12 +118,20 @@ ARMS: dict[str, list[str]] = {
         "learner.loss.estimator=ppo_clip",
         "learner.lr_control.kl_target=0.1",
     ],
-    # the rate scaled by min(1, 8 / lag): at lag 64 the demo lr / 8, the regime where lag 64 was stable
-    "rz_lagscaled_lag64": ["rollout.fixed_lag=64", "learner.lr_control.lag_reference=8"],
+    # lr * lag capped at 1.6e-3 (learner.lr_control.lr_lag_budget): at the demo lr untouched up to lag 8, at
+    # lag 64 the demo lr / 8 (the rate at which lag 64 was stable). Seeds 0-2 of rz_lagscaled_lag64 ran with
+    # this rule's first form, the rate scaled by min(1, 8 / lag) (the same scale up to the rounding of 2e-4).
+    "rz_lagscaled_lag64": ["rollout.fixed_lag=64", "learner.lr_control.lr_lag_budget=1.6e-3"],
+    "rz_lagbudget2x_lag64": ["rollout.fixed_lag=64", "learner.lr_control.lr_lag_budget=3.2e-3"],  # twice B
+    "rz_lagscaled_lag128": [
+        "rollout.fixed_lag=128",
+        "rollout.max_lag=128",
+        "learner.lr_control.lr_lag_budget=1.6e-3",
+    ],
     "ppo_clip_lagscaled_lag64": [
         "rollout.fixed_lag=64",
         "learner.loss.estimator=ppo_clip",
-        "learner.lr_control.lag_reference=8",
+        "learner.lr_control.lr_lag_budget=1.6e-3",
     ],
     "dppo_klctl_lag64": [
         "rollout.fixed_lag=64",

@@ -230,11 +230,15 @@ class Learner:
         if self.proximal is not None:
             metrics["proximal_lag"] = learner_version - self.proximal_version
         t0 = time.perf_counter()
-        lr_scale = self.lr_control.update(metrics.get("kl_k3_behavior_to_learner"), metrics.get("lag_mean"))
+        scheduled = self.optimizer.param_groups[0][
+            "lr"
+        ]  # the schedule moves on after the step, from its base
+        lr_scale = self.lr_control.update(
+            metrics.get("kl_k3_behavior_to_learner"), metrics.get("lag_mean"), scheduled
+        )
         if self.lr_control.enabled:
             metrics["lr_scale"] = lr_scale
-        # the rate this step uses (the schedule moves on after it, from its own base: the scale never compounds)
-        lr = self.optimizer.param_groups[0]["lr"] * lr_scale
+        lr = scheduled * lr_scale  # the rate this step uses (the scale never compounds)
         grad_norm, skipped = self._apply_update(scored, lr_scale)
         t_opt = time.perf_counter() - t0
 

@@ -27,19 +27,17 @@ def test_the_scale_shrinks_above_the_band_grows_below_it_and_holds_inside():
     ]
 
 
-def test_the_lag_reference_scales_the_rate_by_reference_over_lag_above_it():
-    c = KLLrController(LrControlConfig(lag_reference=8))
+def test_the_lr_lag_budget_caps_lr_times_lag_and_leaves_a_small_enough_rate_alone():
+    c = KLLrController(LrControlConfig(lr_lag_budget=1.6e-3))
     assert c.enabled
-    assert [c.update(None, lag) for lag in (0.0, 2.0, 8.0, 16.0, 64.0, None)] == [
-        1.0,
-        1.0,
-        1.0,
-        0.5,
-        0.125,
-        1.0,
-    ]
-    both = KLLrController(LrControlConfig(kl_target=0.1, band=2.0, factor=2.0, lag_reference=8))
-    assert both.update(1.0, 64.0) == 0.5 * 0.125  # the two parts multiply
+    # at lr 2e-4: untouched up to lag 8, then 8 / lag
+    scales = [c.update(None, lag, 2e-4) for lag in (0.0, 2.0, 8.0, 16.0, 64.0)]
+    assert scales == pytest.approx([1.0, 1.0, 1.0, 0.5, 0.125], rel=1e-12)
+    assert scales[:3] == [1.0, 1.0, 1.0]  # exactly: the rate is the configured one there
+    assert c.update(None, 64.0, 2.5e-5) == 1.0  # lr * lag = 1.6e-3: already within the budget
+    assert c.update(None, None, 2e-4) == 1.0 and c.update(None, 64.0, None) == 1.0
+    both = KLLrController(LrControlConfig(kl_target=0.1, band=2.0, factor=2.0, lr_lag_budget=1.6e-3))
+    assert both.update(1.0, 64.0, 2e-4) == pytest.approx(0.5 * 0.125, rel=1e-12)  # the two parts multiply
     assert both.scale == 0.5  # only the KL part is carried to the next step
 
 
@@ -60,8 +58,8 @@ def test_off_or_without_a_measurement_the_scale_stays_one():
         LrControlConfig(factor=0.5),
         LrControlConfig(min_scale=0.0),
         LrControlConfig(min_scale=2.0),
-        LrControlConfig(lag_reference=0),
-        LrControlConfig(lag_reference=math.inf),
+        LrControlConfig(lr_lag_budget=0),
+        LrControlConfig(lr_lag_budget=math.inf),
     ],
 )
 def test_bad_lr_control_config_names_the_field(bad):
