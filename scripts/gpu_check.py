@@ -1270,20 +1270,32 @@ class SectionTimeout(Exception):
     """A section ran past its time budget."""
 
 
+class Expiry:
+    """Whether a ``time_limit`` fired: the SectionTimeout it raised can reach the section's caller as another
+    exception (a library that catches and re-raises, e.g. Triton's JIT mid-compile: ``TypeError: unsupported
+    callable``), so the caller asks this instead of the exception's type."""
+
+    def __init__(self) -> None:
+        self.message: str | None = None
+
+
 @contextlib.contextmanager
 def time_limit(seconds: float):
-    """Raise SectionTimeout in this (main) thread after ``seconds`` (none in a dry run: no limit given)."""
+    """Raise SectionTimeout in this (main) thread after ``seconds`` (none in a dry run: no limit given);
+    yields an ``Expiry`` that records it."""
+    expiry = Expiry()
     if seconds == float("inf"):
-        yield
+        yield expiry
         return
 
     def expire(signum, frame):
-        raise SectionTimeout(f"past its budget of {seconds:.0f} s")
+        expiry.message = f"past its budget of {seconds:.0f} s"
+        raise SectionTimeout(expiry.message)
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
     try:
-        yield
+        yield expiry
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -1421,16 +1433,19 @@ def main() -> int:
         elif left < 1.0:
             result = {"skipped": f"total time budget {check.budget_s:.0f} s spent"}
         else:
+            expiry = Expiry()
             try:
-                with time_limit(allowed):
+                with time_limit(allowed) as expiry:
                     result = fn(check)
             except ModuleNotFoundError as exc:
                 result = {"skipped": f"needs {exc.name} (not installed here)"}
             except Exception as exc:  # one broken (or slow) section must not hide the others
-                result = {
-                    "error": f"{type(exc).__name__}: {exc}"[:500],
-                    "trace": traceback.format_exc()[-2000:],
-                }
+                error = f"{type(exc).__name__}: {exc}"
+                if expiry.message and not isinstance(
+                    exc, SectionTimeout
+                ):  # the timeout, re-raised as another
+                    error = f"SectionTimeout: {expiry.message} (surfaced as {error})"
+                result = {"error": error[:500], "trace": traceback.format_exc()[-2000:]}
             if check.device.type == "cuda":
                 with contextlib.suppress(Exception):
                     torch.cuda.synchronize(check.device)

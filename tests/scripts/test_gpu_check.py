@@ -150,3 +150,30 @@ def test_resume_runs_only_the_sections_the_budget_stopped_and_keeps_the_rest(tmp
     third, stdout = _run(out, "--resume", "--only", "env", timeout=120)
     assert third["sections"] == second["sections"]  # both kept, nothing rerun
     assert third["section_seconds"] == second["section_seconds"] and "[gpu_check] env:" not in stdout
+
+
+def test_a_timeout_a_library_re_raises_as_another_error_is_still_reported_as_past_the_budget(tmp_path):
+    # Triton's JIT, cut mid-compile, re-raises the SectionTimeout as `TypeError: unsupported callable`: the
+    # section must still read as stopped for time (and --resume must rerun it), not as a broken section.
+    # (In a subprocess: the script parses its arguments and sets the interpreter's environment on import.)
+    code = f"""
+import importlib.util, json, sys, time
+sys.argv = ["gpu_check.py", "--dry-run", "--out", {str(tmp_path / "unused.json")!r}]
+spec = importlib.util.spec_from_file_location("gpu_check_mod", {str(SCRIPT)!r})
+gc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gc)
+try:
+    with gc.time_limit(0.05) as expiry:
+        try:
+            time.sleep(5)
+        except gc.SectionTimeout:
+            raise TypeError("unsupported callable") from None
+except TypeError:
+    pass
+with gc.time_limit(5) as quiet:
+    pass
+print(json.dumps([expiry.message, quiet.message]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["past its budget of 0 s", None]
