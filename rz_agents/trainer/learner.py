@@ -526,6 +526,13 @@ class Learner:
             "model": self.weights() if self.ranks.world > 1 else self.model.state_dict(),
             "masters": masters,
             "optimizer": optimizer,
+            **self.counters(),
+        }
+
+    def counters(self) -> dict[str, Any]:
+        """The schedule, version, counters and lr scale: the part of the state both checkpoint formats
+        (``state_dict`` and ``save_state``) keep as plain values."""
+        return {
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
             "skipped_steps": self.skipped_steps,
@@ -533,6 +540,15 @@ class Learner:
             "deviation_history": list(self.deviation.history),
             "lr_control": self.lr_control.state_dict(),
         }
+
+    def load_counters(self, state: dict[str, Any]) -> None:
+        """Restore what ``counters`` saved (a state from before the lr controller restores its scale 1)."""
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = int(state["version"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self.dropped_over_lag = int(state["dropped_over_lag"])
+        self.deviation.history = list(state["deviation_history"])
+        self.lr_control.load_state_dict(state.get("lr_control"))
 
     def save_state(self, directory: str | Path) -> dict[str, Any]:
         """The checkpoint's way of ``state_dict``: the tensors written into ``directory`` with
@@ -557,12 +573,7 @@ class Learner:
                     for k, v in per_param.items()
                 }
         self.optimizer.load_state_dict(optimizer)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.version = int(state["version"])
-        self.skipped_steps = int(state["skipped_steps"])
-        self.dropped_over_lag = int(state["dropped_over_lag"])
-        self.deviation.history = list(state["deviation_history"])
-        self.lr_control.load_state_dict(state.get("lr_control"))
+        self.load_counters(state)
 
     @torch.no_grad()
     def _load_model(self, state: dict[str, Any]) -> None:

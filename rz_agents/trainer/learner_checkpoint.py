@@ -79,12 +79,7 @@ def save_learner_state(learner: Learner, directory: str | Path) -> dict[str, Any
         "format": FORMAT,
         "optimizer_param_groups": optimizer["param_groups"],
         "optimizer_other": other,
-        "scheduler": learner.scheduler.state_dict(),
-        "version": learner.version,
-        "skipped_steps": learner.skipped_steps,
-        "dropped_over_lag": learner.dropped_over_lag,
-        "deviation_history": list(learner.deviation.history),
-        "lr_control": learner.lr_control.state_dict(),
+        **learner.counters(),
     }
 
 
@@ -125,9 +120,4 @@ def load_learner_state(learner: Learner, state: dict[str, Any], directory: str |
     for i, extra in state["optimizer_other"].items():
         per_param.setdefault(int(i), {}).update(extra)
     learner.optimizer.load_state_dict({"state": per_param, "param_groups": state["optimizer_param_groups"]})
-    learner.scheduler.load_state_dict(state["scheduler"])
-    learner.version = int(state["version"])
-    learner.skipped_steps = int(state["skipped_steps"])
-    learner.dropped_over_lag = int(state["dropped_over_lag"])
-    learner.deviation.history = list(state["deviation_history"])
-    learner.lr_control.load_state_dict(state.get("lr_control"))
+    learner.load_counters(state)
