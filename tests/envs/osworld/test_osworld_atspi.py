@@ -4,10 +4,10 @@ tree read by a helper under the system Python, in OSWorld's XML form; the fallba
 from __future__ import annotations
 
 import shutil
-import time
 import xml.etree.ElementTree as ET
 
 import pytest
+from osworld_polling import until
 
 from rz_agents.envs.osworld.a11y import COMPONENT_NS, STATE_NS, linearize
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
@@ -23,12 +23,7 @@ PAGE = "printf '<title>Shop</title><h1>Offers</h1><a href=\"x.html\">About us</a
 
 
 def _until(fn, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fn()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.5)
+    return until(fn, timeout_s, 0.5)
 
 
 def test_chromium_page_widgets_appear_in_the_atspi_tree_with_states_and_geometry():

@@ -7,9 +7,9 @@ helpers (terminal server, dconf, pulseaudio) end with it."""
 from __future__ import annotations
 
 import shutil
-import time
 
 import pytest
+from osworld_polling import until
 
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
 from rz_agents.envs.osworld.getters import get_state
@@ -25,12 +25,7 @@ needs_desktop = pytest.mark.skipif(not shutil.which("Xvfb"), reason="needs xvfb 
 
 
 def _until(fn, timeout_s=20.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fn()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.3)
+    return until(fn, timeout_s, 0.3)
 
 
 def _tree(*frames: str) -> str:

@@ -11,6 +11,7 @@ import time
 import zipfile
 
 import pytest
+from osworld_polling import until
 
 from rz_agents.envs.osworld.vscode import vscode_problem
 
@@ -62,12 +63,7 @@ def _vsix() -> bytes:
 
 
 def _until(fn, timeout_s=60.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fn()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.5)
+    return until(fn, timeout_s, 0.5)
 
 
 def _palette(env, command: str) -> None:
