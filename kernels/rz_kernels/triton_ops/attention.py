@@ -181,6 +181,25 @@ def _tile_rows(tile_tokens, tile, kvh, G, G2: tl.constexpr, TILE_POS: tl.constex
 
 
 @triton.jit
+def _tile_queries(
+    q_ptr, tile_tokens, tile_seq, tile_start, tile, kvh, stride_qt, stride_qh, G,
+    G2: tl.constexpr, TILE_POS: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """A forward tile's rows (``_tile_rows``), its sequence, each row's position and its queries (zeros on
+    absent rows): what the prefill and the decode-split kernels both start from."""
+    tok, head, present, p_off = _tile_rows(tile_tokens, tile, kvh, G, G2, TILE_POS, BLOCK_M)
+    seq = tl.load(tile_seq + tile).to(tl.int64)
+    row_pos = tl.load(tile_start + tile) + p_off
+    d = tl.arange(0, HEAD_D)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=present[:, None],
+        other=0.0,
+    )
+    return tok, head, present, seq, row_pos, q
+
+
+@triton.jit
 def _split_partial(
     q,
     k_ptr,
@@ -308,16 +327,22 @@ def _attn_fwd_kernel(
     """One program per (tile, kv head): the tile's splits one after the other, folded in order."""
     tile = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
-    tok, head, present, p_off = _tile_rows(tile_tokens, tile, kvh, G, G2, TILE_POS, BLOCK_M)
-    seq = tl.load(tile_seq + tile).to(tl.int64)
-    n_blocks = tl.load(tile_blocks + tile)
-    row_pos = tl.load(tile_start + tile) + p_off
-    d = tl.arange(0, HEAD_D)
-    q = tl.load(
-        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-        mask=present[:, None],
-        other=0.0,
+    tok, head, present, seq, row_pos, q = _tile_queries(
+        q_ptr,
+        tile_tokens,
+        tile_seq,
+        tile_start,
+        tile,
+        kvh,
+        stride_qt,
+        stride_qh,
+        G,
+        G2,
+        TILE_POS,
+        HEAD_D,
+        BLOCK_M,
     )
+    n_blocks = tl.load(tile_blocks + tile)
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_D), tl.float32)
@@ -376,15 +401,11 @@ def _attn_decode_split_kernel(
     n_blocks = tl.load(tile_blocks + tile)
     j_lo = s * SPLIT_BLOCKS
     if j_lo < n_blocks:
-        tok, head, present, p_off = _tile_rows(tile_tokens, tile, kvh, G, G2, TILE_POS, BLOCK_M)
-        seq = tl.load(tile_seq + tile).to(tl.int64)
-        row_pos = tl.load(tile_start + tile) + p_off
+        tok, head, present, seq, row_pos, q = _tile_queries(
+            q_ptr, tile_tokens, tile_seq, tile_start, tile, kvh, stride_qt, stride_qh, G, G2, TILE_POS, HEAD_D,
+            BLOCK_M,
+        )  # fmt: skip
         d = tl.arange(0, HEAD_D)
-        q = tl.load(
-            q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-            mask=present[:, None],
-            other=0.0,
-        )
         m_s, l_s, acc_s = _split_partial(
             q, k_ptr, v_ptr, page_ptr, seq, kvh, row_pos, j_lo, tl.minimum(j_lo + SPLIT_BLOCKS, n_blocks),
             stride_pt, stride_ks, stride_kh, stride_kl, stride_vs, stride_vh, stride_vl, L, scale_log2,
