@@ -109,7 +109,10 @@ def add_parser(subparsers: Any) -> None:
         help="Qwen3 thinking mode (default on; --no-thinking puts an empty think block in the prompt)",
     )
     m.add_argument(
-        "--save-text", action="store_true", default=None, help="keep each sample's text in the results JSON"
+        "--save-text",
+        action="store_true",
+        default=None,
+        help="keep each sample's text in the results JSON (math benchmarks and env evals)",
     )
     m.add_argument(
         "--prompt-style",

@@ -37,6 +37,8 @@ def _config(args: argparse.Namespace, section: dict[str, Any]):
         values["success_threshold"] = section["success_threshold"]
     if args.threshold is not None:
         values["success_threshold"] = args.threshold
+    if section.get("save_text") or getattr(args, "save_text", None):
+        values["save_text"] = True
     checkpoint = args.checkpoint or section.get("checkpoint")
     return EnvEvalConfig(checkpoint=checkpoint, tasks=args.tasks, num_tasks=args.num_tasks, **values)
 

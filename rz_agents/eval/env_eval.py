@@ -27,7 +27,8 @@ class EnvEvalConfig:
     """Settings of an env evaluation. None: the training run's value (rollout sampling, tasks).
 
     tasks: a list, a JSONL/JSON/Parquet file or a packaged name (None: the run's ``env.eval_tasks``);
-    num_tasks: with no task list, evaluate this many tasks the env draws itself (from seeds).
+    num_tasks: with no task list, evaluate this many tasks the env draws itself (from seeds);
+    save_text: keep each sample's episode text (after the prompt: the policy's turns and the env's replies).
     """
 
     checkpoint: str
@@ -44,6 +45,7 @@ class EnvEvalConfig:
     num_threads: int | None = None
     kernels: str = "aligned"
     dtype: str | None = None
+    save_text: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -174,6 +176,8 @@ async def _run(tasks, config, policy, make_env, engine, sampling, limits, on_sam
                     "tokens": int(sum(traj.loss_mask)),
                     "task_id": _task_id(tasks[index], index, traj.info.get("task_id")),
                 }
+                if config.save_text:
+                    out["text"] = _episode_text(traj, policy.tokenizer)
         if on_sample is not None:
             on_sample(index, out)
         return index, out
@@ -187,6 +191,14 @@ async def _run(tasks, config, policy, make_env, engine, sampling, limits, on_sam
             await loop.run_in_executor(executor, _close, env)
         executor.shutdown(wait=False)
     return results
+
+
+def _episode_text(traj, tokenizer) -> str:
+    """The episode after its prompt, turn markers kept so tool calls and the env's replies stay readable."""
+    from rz_agents.eval.math import decode_text
+
+    start = traj.loss_mask.index(True) if True in traj.loss_mask else len(traj.tokens)
+    return decode_text(tokenizer, traj.tokens[start:], False)
 
 
 def _close(env) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -20,7 +21,10 @@ class TaskRewardEnv(MultiTurnTextEnv):
         self.task = task or {"reward": 0.25}
         return "Say anything.", {}
 
+    seen: list[str] = []  # every text the policy wrote, in any instance
+
     def _step(self, text):
+        TaskRewardEnv.seen.append(text)
         if self.task.get("boom"):
             raise RuntimeError("env exploded")
         return None, float(self.task["reward"]), True, {}
@@ -99,6 +103,18 @@ def test_a_failed_sample_is_counted_and_all_failed_exits_non_zero(run_dir, capsy
     assert err.strip() == (
         "rz eval: error: all 2 samples failed; the first: EpisodeError: env.step failed: RuntimeError: env exploded"
     )
+
+
+def test_save_text_keeps_each_samples_episode_as_the_env_saw_it(run_dir, capsys):
+    env_cls = importlib.import_module("tests.eval.test_eval_env").TaskRewardEnv  # the class env.id names
+    env_cls.seen.clear()
+    rc, out, _ = _eval(run_dir, capsys, TASKS, "--k", "2", "--json", "--save-text")
+    samples = [s for t in json.loads(out)["tasks"] for s in t["samples"]]
+    assert rc == 0 and len(samples) == 6
+    # each text is the policy's turn (turn markers kept); the env received the same turn, markers stripped
+    assert sorted(s["text"].removesuffix("<|im_end|>") for s in samples) == sorted(env_cls.seen)
+    rc, out, _ = _eval(run_dir, capsys, TASKS, "--k", "1", "--json")
+    assert all("text" not in s for t in json.loads(out)["tasks"] for s in t["samples"])
 
 
 def test_no_eval_tasks_is_one_error_line_naming_the_fixes(run_dir, capsys):
