@@ -110,3 +110,23 @@ def test_the_scale_is_saved_and_restored_with_the_learner(tmp_path):
     fresh.load_state(learner.save_state(tmp_path / "learner"), tmp_path / "learner")  # the DCP format
     assert fresh.lr_control.scale == learner.lr_control.scale
     assert torch.equal(next(iter(fresh.model.parameters())), next(iter(learner.model.parameters())))
+
+
+def test_within_the_lr_lag_budget_the_weights_are_bit_for_bit_the_recipes_and_outside_it_they_differ():
+    # lr 1e-2 and a batch one version stale: lr * lag = 1e-2. A budget of exactly that leaves the run the
+    # recipe's own, bit for bit (the option costs nothing where the lag is small enough, as at lag 2 or at lr
+    # 2.5e-5 on the demo); half of it scales the stale step down, so the weights differ (negative control).
+    weights = {}
+    for budget in (None, 1e-2, 5e-3):
+        model = _model()
+        cfg = LearnerConfig(
+            optim=OptimConfig(lr=1e-2, max_grad_norm=1.0), lr_control=LrControlConfig(lr_lag_budget=budget)
+        )
+        learner = Learner(model, cfg)
+        first, stale = _batch(model, version=0), _batch(model, version=0, seed=1)
+        learner.step(first)
+        m = learner.step(stale)
+        weights[budget] = [p.detach().clone() for p in model.parameters()]
+        assert m["lr"] == pytest.approx(1e-2 if budget != 5e-3 else 5e-3)
+    assert all(torch.equal(a, b) for a, b in zip(weights[None], weights[1e-2], strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(weights[None], weights[5e-3], strict=True))
