@@ -109,6 +109,24 @@ def test_a_users_package_env_trains_in_the_env_workers_with_its_registered_defau
         assert t.reward == (1.0 if _replies(t) == ["elppa"] else 0.1)
 
 
+def test_an_entry_point_plugin_registers_its_env_in_the_env_workers_too(ray_cluster, tmp_path, monkeypatch):
+    from rz_agents.envs import resolve
+
+    name = "rayplugin"  # a package of its own: the driver loads each plugin once per process
+    monkeypatch.setattr(resolve, "_loaded_plugins", set())
+    write_package(tmp_path, name, monkeypatch)
+    dist = tmp_path / f"{name}-0.1.dist-info"  # as pip installs one: no imports: in the config
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[rz_agents.envs]\n{name} = {name}\n")
+    try:
+        _, trained = _train(_cfg(EnvSpec(id=f"{name}/ReverseWord-v0", tasks=[{"word": "apple"}])))
+    finally:
+        forget(name)
+    for t in trained:
+        assert t.reward == (1.0 if _replies(t) == ["elppa"] else 0.1)
+
+
 def test_an_env_worker_that_cannot_import_the_users_module_is_one_line_at_start(ray_cluster, package):
     cfg = _cfg(EnvSpec(id=f"{PACKAGE}/ReverseWord-v0"), [PACKAGE])
     cfg.validate()  # the driver imports the package; then its folder is gone, as on a node without it
@@ -118,6 +136,26 @@ def test_an_env_worker_that_cannot_import_the_users_module_is_one_line_at_start(
     message = str(info.value)
     assert message.startswith("env worker 0 (Ray node ") and "\n" not in message
     assert f"cannot build the run's envs: imports[0]: no module named '{PACKAGE}'" in message
+
+
+def test_an_id_registered_only_in_the_driver_is_one_line_at_start(ray_cluster):
+    import gymnasium
+
+    from rz_agents.envs import register_env
+    from rz_agents.runtime.synthetic_env import LowercaseLettersEnv
+
+    register_env("driveronly/Letters-v0", LowercaseLettersEnv)  # in a script, not in a module to import
+    try:
+        with pytest.raises(ValueError) as info:
+            build_run(_cfg(EnvSpec(id="driveronly/Letters-v0")))
+    finally:
+        del gymnasium.registry["driveronly/Letters-v0"]
+    message = str(info.value)
+    assert (
+        "cannot build the run's envs: env.id: no Gymnasium env 'driveronly/Letters-v0' is registered"
+        in message
+    )
+    assert "\n" not in message
 
 
 def test_a_verifiers_taskset_trains_scored_by_its_own_reward_in_the_env_workers(ray_cluster, monkeypatch):
