@@ -4,13 +4,6 @@ under ``rz train`` and evaluates under ``rz eval``; a server that does not answe
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip(
@@ -21,46 +14,14 @@ pytest.importorskip("websockets", reason="websockets (openenv-core's client) is 
 from rz_agents.cli.train import RunConfig  # noqa: E402
 from rz_agents.config_io import ConfigError, load_config  # noqa: E402
 from rz_agents.envs.resolve import resolve_env  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.envs.openenv_server_process import echo_server, free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The echo-word server on a free loopback port, started with uvicorn and stopped after the module."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "uvicorn", "tests.envs.openenv_echo_server:app", "--host", "127.0.0.1"]
-    log_path = tmp_path_factory.mktemp("openenv") / "server.log"
-    log = log_path.open("w")  # a file, not a pipe: a full pipe would block the server's logging
-    proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.fail(f"the OpenEnv server exited: {log_path.read_text()[-2000:]}")
-                if time.monotonic() > deadline:
-                    pytest.fail("the OpenEnv server did not answer /health within 60 s")
-                time.sleep(0.2)
+    with echo_server(tmp_path_factory.mktemp("openenv")) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def test_an_episode_is_a_session_of_turns_with_the_servers_reward_and_done(server):
@@ -138,7 +99,7 @@ def test_with_no_single_text_field_the_turn_is_the_actions_json_and_a_bad_one_is
     ],
 )
 def test_a_server_that_does_not_answer_is_one_line_at_config_load(tmp_path, server, url, expected):
-    closed = _free_port()
+    closed = free_port()
     url, expected = (s.format(closed=closed, server=server) for s in (url, expected))
     path = tmp_path / "run.yaml"
     path.write_text(f"env: {{id: 'openenv:{url}'}}\nrollout: {{limits: {{max_turns: 1}}}}\n")

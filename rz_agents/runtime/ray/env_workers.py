@@ -9,16 +9,25 @@ A worker that dies is restarted by Ray. The episodes it was serving fail with ``
 dropped by the controller, and counted). The handles bound to it stay usable: a worker creates an env the
 first time an episode resets it, so the next episode on a handle rebuilds its env, on another worker while
 this one is down, or on this one once Ray has restarted it.
+
+A worker builds its envs in its own process: it imports the config's ``imports`` and plugins and resolves
+``env.id`` itself. So that a user's package the driver imports from a folder on its ``sys.path`` (not
+installed) is found there too, a worker puts the driver's import path entries it lacks in front of its own
+(those that exist on its node); ``check_env_workers`` turns a worker that still cannot build the env into
+one line at start-up.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
+import sys
 import threading
 import time
 from typing import Any
 
+import ray
 from ray.exceptions import RayActorError
 
 from rz_agents.rollout.agent_loop import ReplicaLost
@@ -33,13 +42,42 @@ class EnvGone(LookupError):
     """The env was not on its worker (the worker restarted since the env was created)."""
 
 
-class EnvHost:
-    """One env worker (the body of a threaded Ray actor)."""
+def driver_sys_path() -> tuple[str, ...]:
+    """This process's import path, for its env workers (``''``, the working directory, made absolute)."""
+    return tuple(os.path.abspath(p) for p in sys.path)
 
-    def __init__(self, spec: EnvSpec, imports: tuple[str, ...] = (), max_turns: int | None = None) -> None:
-        self._make = env_factory(spec, imports, max_turns)
+
+def add_to_sys_path(paths: tuple[str, ...]) -> None:
+    """Put the entries of ``paths`` that this process lacks and that exist here in front of ``sys.path``, in
+    their order."""
+    missing = [p for p in dict.fromkeys(paths) if p not in sys.path and os.path.exists(p)]
+    sys.path[:0] = missing
+
+
+class EnvHost:
+    """One env worker (the body of a threaded Ray actor). ``sys_path``: the driver's (``driver_sys_path``)."""
+
+    def __init__(
+        self,
+        spec: EnvSpec,
+        imports: tuple[str, ...] = (),
+        max_turns: int | None = None,
+        sys_path: tuple[str, ...] = (),
+    ) -> None:
+        add_to_sys_path(sys_path)
+        self._make = None
+        self._problem: str | None = None
+        try:
+            self._make = env_factory(spec, imports, max_turns)
+        except Exception as e:  # reported by problem(): one line in the driver, not a dead actor
+            self._problem = " ".join(str(e).split()) or type(e).__name__
         self._envs: dict[int, Any] = {}
         self._lock = threading.Lock()
+
+    def problem(self) -> str | None:
+        """Why this worker cannot build the run's envs (a module of ``imports`` or ``env.id`` it cannot
+        import, an id not registered here), or None."""
+        return self._problem
 
     def _env(self, env_id: int, create: bool) -> Any:
         with self._lock:
@@ -47,6 +85,8 @@ class EnvHost:
         if env is None:
             if not create:
                 raise EnvGone(f"env {env_id} is not on this worker (it restarted)")
+            if self._make is None:
+                raise ValueError(self._problem)
             env = self._make()
             with self._lock:
                 self._envs[env_id] = env
@@ -84,6 +124,26 @@ class EnvHost:
     def node(self) -> str:
         """The Ray node this worker runs on."""
         return node_id()
+
+
+def check_env_workers(workers: list[Any], timeout_s: float | None = None) -> None:
+    """Wait for the env workers to start; ValueError (one line) naming the first that cannot build the env."""
+    try:
+        problems = ray.get([w.problem.remote() for w in workers], timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise ValueError(
+            f"the env workers did not start within {timeout_s:.0f} s (watchdog_s): does the cluster have "
+            "the CPUs and resources placement asks for them (cpus_per_env_worker, env_worker_resources)?"
+        ) from None
+    nodes = None
+    for i, problem in enumerate(problems):
+        if problem:
+            nodes = nodes or ray.get([w.node.remote() for w in workers])
+            raise ValueError(
+                f"env worker {i} (Ray node {nodes[i][:12]}) cannot build the run's envs: {problem}. Env "
+                "workers import the env in their own processes: install its package on every node, or put "
+                "its folder on a path that exists on every node (the driver's sys.path entries are added)"
+            )
 
 
 class RemoteEnv:

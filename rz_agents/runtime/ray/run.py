@@ -33,7 +33,7 @@ from rz_agents.runtime.memory import limit_heap_growth
 from rz_agents.runtime.placement import Placement
 from rz_agents.runtime.ray.cluster import actor_options, connect
 from rz_agents.runtime.ray.engines import EngineReplicas, EngineServer
-from rz_agents.runtime.ray.env_workers import EnvHost, RemoteEnvFactory
+from rz_agents.runtime.ray.env_workers import EnvHost, RemoteEnvFactory, check_env_workers, driver_sys_path
 from rz_agents.runtime.ray.learner import LearnerGroup, LearnerRank
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class RayRun(RunHandle):
                     p.cpus_per_env_worker, 0, p.env_worker_resources, max_concurrency=per_worker,
                     max_restarts=p.actor_restarts,
                 )
-            ).remote(*env_build_args(cfg, plan))
+            ).remote(*env_build_args(cfg, plan), sys_path=driver_sys_path())
             for _ in range(p.env_workers)
         ]  # fmt: skip
         self._actors += workers
@@ -93,6 +93,7 @@ class RayRun(RunHandle):
         self.engine = EngineReplicas(engines)
         self.env_workers = workers
         self.learner = LearnerGroup(ranks, store_weights=p.weight_transport != "broadcast")
+        check_env_workers(workers, timeout_s=cfg.watchdog_s or None)
         self.controller = build_controller(
             cfg, plan, self.engine, RemoteEnvFactory(workers), self.template, self.tokenizer
         )
