@@ -39,8 +39,8 @@ ENTRY_POINT_GROUP = "rz_agents.envs"
 _loaded_plugins: set[str] = set()
 
 
-def _did_you_mean(word: str, choices: Sequence[str], prefix: str = "") -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+def _did_you_mean(word: str, choices: Sequence[str], prefix: str = "", cutoff: float = 0.6) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
 
 
@@ -70,6 +70,11 @@ def load_env_plugins() -> list[str]:
     return loaded
 
 
+# A module name is checked against every installed module: a looser match suggests unrelated ones
+# ('rayenvs' -> 'rz_agents' scores 0.62); a typo of a letter or two ('lookup_env' -> 'lookup_envs') scores >= 0.9.
+MODULE_CUTOFF = 0.8
+
+
 def _missing_module_hint(module_name: str) -> str:
     parent, _, leaf = module_name.rpartition(".")
     siblings: list[str] = []
@@ -78,8 +83,8 @@ def _missing_module_hint(module_name: str) -> str:
             siblings = [m.name for m in pkgutil.iter_modules(importlib.import_module(parent).__path__)]
         except (ImportError, AttributeError):
             siblings = []
-        return _did_you_mean(leaf, siblings, prefix=f"{parent}.")
-    return _did_you_mean(leaf, [m.name for m in pkgutil.iter_modules()])
+        return _did_you_mean(leaf, siblings, prefix=f"{parent}.", cutoff=MODULE_CUTOFF)
+    return _did_you_mean(leaf, [m.name for m in pkgutil.iter_modules()], cutoff=MODULE_CUTOFF)
 
 
 def import_module(module_name: str, where: str) -> Any:

@@ -172,3 +172,15 @@ def test_rz_train_dry_run_reports_an_env_kwargs_typo_in_one_line(tmp_path, pkg, 
         "rz train: config error: env.kwargs.partal: ReverseWordEnv() takes no argument 'partal' "
         "(did you mean partial?); it takes partial, max_turns\n"
     )
+
+
+def test_a_missing_module_suggests_a_near_name_and_not_an_unrelated_installed_one():
+    from rz_agents.envs.resolve import import_module
+
+    with pytest.raises(ValueError) as exc:
+        import_module("rayenvs", "imports[0]")
+    assert str(exc.value) == "imports[0]: no module named 'rayenvs'"  # was: (did you mean rz_agents?)
+    with pytest.raises(ValueError, match=r"did you mean rz_agents\?"):
+        import_module("rz_agent", "imports[0]")
+    with pytest.raises(ValueError, match=r"did you mean rz_agents\.envs\?"):
+        import_module("rz_agents.env", "imports[0]")
