@@ -1,0 +1,109 @@
+"""Cheaper desktops keep what the agent sees: Chromium without its WebUI omnibox popups, and
+screenshots encoded at a lower PNG compression level."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import urllib.request
+import xml.etree.ElementTree as ET
+
+import pytest
+from osworld_polling import until
+
+from rz_agents.envs.osworld.a11y import linearize
+from rz_agents.envs.osworld.desktop_env import DesktopEnv
+from rz_agents.envs.osworld.session import atspi_problem
+from rz_agents.envs.osworld.setup_steps import step_launch
+
+needs_atspi = pytest.mark.skipif(
+    not (shutil.which("Xvfb") and shutil.which("chromium")) or atspi_problem() is not None,
+    reason=f"needs xvfb, chromium and AT-SPI ({atspi_problem()}; scripts/install.sh installs them)",
+)
+
+PAGE = (
+    'printf \'<title>Shop</title><h1>Offers</h1><a href="x.html">About us</a>'
+    "<button>Buy now</button>' > ~/shop.html"
+)
+OLD_FEATURES = "--disable-features=Translate,MediaRouter,OptimizationHints"  # before the WebUI popups went
+
+
+def _targets(env: DesktopEnv) -> list[dict]:
+    port = env.provider.desktop.cdp_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as resp:
+        return json.load(resp)
+
+
+def _chrome_tree(env: DesktopEnv, extra: list[str]) -> str:
+    """The AT-SPI tree once Chromium (started with ``extra`` flags) shows the page and its popups' state settled."""
+    step_launch(env.ctx, ["google-chrome", *extra, "file:///home/user/shop.html"])
+    until(lambda: any(t.get("title") == "Shop" for t in _targets(env)), 30.0, 0.2)
+    env.ctx.client.activate_window("Chromium")
+
+    def settled() -> str | None:  # the same tree twice in a row (the page and the UI are done)
+        a = env.ctx.client.accessibility_tree()
+        b = env.ctx.client.accessibility_tree()
+        return a if "Buy now" in a and _normal(a) == _normal(b) else None
+
+    return until(settled, 30.0, 0.5)
+
+
+def _normal(xml: str) -> str:
+    """The tree without the tab's live memory figure (Chromium names a tab "Shop - Memory usage - 22.1 MB")."""
+    return re.sub(r" - Memory usage - [0-9.]+ [KMG]B", "", xml)
+
+
+def _stop_chrome(env: DesktopEnv) -> None:
+    for pid in env.provider.pids():
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().startswith("chrom"):
+                    os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    until(lambda: not env.ctx.client.windows(), 10.0, 0.1)
+
+
+@needs_atspi
+def test_chromium_without_webui_omnibox_popups_gives_the_agent_the_same_tree():
+    with DesktopEnv(require_screenshot=False) as env:
+        env.reset(None)
+        env.ctx.client.execute(PAGE, shell=True)
+        new = _chrome_tree(env, [])
+        assert not [t["url"] for t in _targets(env) if "omnibox-popup" in t["url"]]
+        _stop_chrome(env)
+        env.ctx.client.execute("rm -rf ~/.config/google-chrome", shell=True)
+        old = _chrome_tree(env, [OLD_FEATURES])  # a later --disable-features replaces the wrapper's
+        assert [t["url"] for t in _targets(env) if "omnibox-popup" in t["url"]], "control: popups preloaded"
+        # what the agent reads (OSWorld's filtered, linearised tree) is the same
+        assert linearize(_normal(new)) == linearize(_normal(old))
+        # while the raw tree lost only the popups' phantom frames (showing, 0x0 documents inside)
+        frames = lambda xml: [  # noqa: E731
+            f
+            for f in ET.fromstring(xml).iter("frame")
+            if any(
+                p.get("{https://accessibility.ubuntu.example.org/ns/attributes}class")
+                == "RoundedOmniboxResultsFrame"
+                for p in f
+            )
+        ]
+        assert len(frames(old)) == 2 and frames(new) == []
+
+
+@needs_atspi
+def test_typing_in_the_address_bar_still_navigates_with_native_suggestions():
+    with DesktopEnv(require_screenshot=False) as env:
+        env.reset(None)
+        env.ctx.client.execute(PAGE + " && printf '<title>About</title>' > ~/about.html", shell=True)
+        _chrome_tree(env, [])
+        code = (
+            "pyautogui.hotkey('ctrl', 'l'); time.sleep(0.3);"
+            " pyautogui.typewrite('file:///home/user/about.html', interval=0.005); pyautogui.press('enter')"
+        )
+        _, _, _, info = env.step(code, pause=0.0)
+        assert not info.get("error"), info
+        assert until(lambda: any(t.get("title") == "About" for t in _targets(env)), 20.0, 0.2)
+        assert not [t["url"] for t in _targets(env) if "omnibox-popup" in t["url"]]  # the native popup served
