@@ -3,6 +3,8 @@ screenshots encoded at a lower PNG compression level."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import re
@@ -107,3 +109,54 @@ def test_typing_in_the_address_bar_still_navigates_with_native_suggestions():
         assert not info.get("error"), info
         assert until(lambda: any(t.get("title") == "About" for t in _targets(env)), 20.0, 0.2)
         assert not [t["url"] for t in _targets(env) if "omnibox-popup" in t["url"]]  # the native popup served
+
+
+@needs_atspi
+def test_screenshots_at_the_fast_png_level_hold_the_same_pixels_as_the_default_level():
+    from PIL import Image
+
+    with DesktopEnv(require_a11y_tree=False) as env:
+        env.reset(None)
+        env.ctx.client.execute(PAGE, shell=True)
+        _chrome_tree(env, [])
+        fast = env.ctx.client.screenshot()
+        code = (  # the server's encoder at mss's default level, run in the same desktop
+            "import base64, sys; from rz_agents.envs.osworld.server import screenshot_png;"
+            " sys.stdout.write(base64.b64encode(screenshot_png(level=6)).decode())"
+        )
+        default = base64.b64decode(env.ctx.client.execute(["python3", "-c", code])["output"])
+        fast_img, default_img = (Image.open(io.BytesIO(b)) for b in (fast, default))
+        assert fast_img.size == default_img.size == (1920, 1080) and fast_img.mode == default_img.mode
+        assert len(fast_img.getcolors(1 << 20) or range(2)) > 1  # a page on screen, not a blank frame
+        assert fast_img.tobytes() == default_img.tobytes()
+        assert fast != default  # control: the encodings differ, the pixels do not
+
+
+TEXT_CHECK = """
+import pyatspi
+def walk(acc, out):
+    try:
+        t = acc.queryText()
+        out.append((t.getText(0, t.characterCount), t.getText(0, -1)))
+    except NotImplementedError:
+        pass
+    for i in range(acc.childCount):
+        child = acc.getChildAtIndex(i)
+        if child is not None:
+            walk(child, out)
+    return out
+pairs = walk(pyatspi.Registry.getDesktop(0), [])
+print(len(pairs), sum(a == b for a, b in pairs), sum(bool(a) for a, _ in pairs))
+"""
+
+
+@needs_atspi
+def test_text_to_the_end_in_one_call_equals_text_up_to_the_character_count():
+    with DesktopEnv(require_screenshot=False) as env:
+        env.reset(None)
+        env.ctx.client.execute(PAGE, shell=True)
+        _chrome_tree(env, [])
+        out = env.ctx.client.execute(["/usr/bin/python3", "-c", TEXT_CHECK])
+        nodes, equal, with_text = (int(x) for x in out["output"].split())
+        assert nodes > 50 and with_text > 5, out  # Chromium's widgets and the page's text were read
+        assert equal == nodes
