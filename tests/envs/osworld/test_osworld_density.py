@@ -160,3 +160,25 @@ def test_text_to_the_end_in_one_call_equals_text_up_to_the_character_count():
         nodes, equal, with_text = (int(x) for x in out["output"].split())
         assert nodes > 50 and with_text > 5, out  # Chromium's widgets and the page's text were read
         assert equal == nodes
+
+
+needs_desktop = pytest.mark.skipif(
+    not shutil.which("Xvfb"), reason="needs xvfb (scripts/install.sh installs it)"
+)
+
+
+@needs_desktop
+def test_mouseinfo_comes_preloaded_and_each_action_that_uses_it_opens_its_own_display():
+    with DesktopEnv(require_screenshot=False, require_a11y_tree=False) as env:
+        env.reset(None)
+        probe = (
+            "import mouseinfo\n"
+            "print(type(mouseinfo._display).__name__, mouseinfo._display.__dict__['_display'] is None)\n"
+            "pyautogui.moveTo({x}, 400)\n"
+            "print(mouseinfo.position() == tuple(pyautogui.position()) == ({x}, 400))\n"
+        )
+        for x in (300, 500):  # twice: the first child's connection is not the next one's
+            out = env.ctx.client.run_python(probe.format(x=x))
+            assert out["returncode"] == 0, out
+            # preloaded (no `which scrot` and no display per action), not yet connected, then works
+            assert out["output"].split() == ["_DeferredDisplay", "True", "True"], out
