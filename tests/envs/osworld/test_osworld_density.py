@@ -39,18 +39,36 @@ def _targets(env: DesktopEnv) -> list[dict]:
         return json.load(resp)
 
 
-def _chrome_tree(env: DesktopEnv, extra: list[str]) -> str:
-    """The AT-SPI tree once Chromium (started with ``extra`` flags) shows the page and its popups' state settled."""
+def _popup_frames(xml: str) -> list[ET.Element]:
+    """The WebUI omnibox popups' frames in a tree (each a "showing" RoundedOmniboxResultsFrame)."""
+    cls = "{https://accessibility.ubuntu.example.org/ns/attributes}class"
+    return [
+        f
+        for f in ET.fromstring(xml).iter("frame")
+        if any(p.get(cls) == "RoundedOmniboxResultsFrame" for p in f)
+    ]
+
+
+def _chrome_tree(env: DesktopEnv, extra: list[str], popups: int = 0) -> str:
+    """The AT-SPI tree once Chromium (started with ``extra`` flags) shows the page, its ``popups``
+    preloaded WebUI popups are up, and the tree holds still (a loaded machine makes all of it slow)."""
     step_launch(env.ctx, ["google-chrome", *extra, "file:///home/user/shop.html"])
-    until(lambda: any(t.get("title") == "Shop" for t in _targets(env)), 30.0, 0.2)
+
+    def up() -> bool:
+        targets = _targets(env)
+        shown = sum("omnibox-popup" in t["url"] for t in targets)
+        return any(t.get("title") == "Shop" for t in targets) and shown == popups
+
+    until(up, 60.0, 0.2)
     env.ctx.client.activate_window("Chromium")
 
     def settled() -> str | None:  # the same tree twice in a row (the page and the UI are done)
         a = env.ctx.client.accessibility_tree()
         b = env.ctx.client.accessibility_tree()
-        return a if "Buy now" in a and _normal(a) == _normal(b) else None
+        done = "Buy now" in a and _normal(a) == _normal(b) and len(_popup_frames(a)) == popups
+        return a if done else None
 
-    return until(settled, 30.0, 0.5)
+    return until(settled, 60.0, 0.5)
 
 
 def _normal(xml: str) -> str:
@@ -78,21 +96,12 @@ def test_chromium_without_webui_omnibox_popups_gives_the_agent_the_same_tree():
         assert not [t["url"] for t in _targets(env) if "omnibox-popup" in t["url"]]
         _stop_chrome(env)
         env.ctx.client.execute("rm -rf ~/.config/google-chrome", shell=True)
-        old = _chrome_tree(env, [OLD_FEATURES])  # a later --disable-features replaces the wrapper's
+        old = _chrome_tree(env, [OLD_FEATURES], popups=2)  # a later --disable-features replaces the wrapper's
         assert [t["url"] for t in _targets(env) if "omnibox-popup" in t["url"]], "control: popups preloaded"
         # what the agent reads (OSWorld's filtered, linearised tree) is the same
         assert linearize(_normal(new)) == linearize(_normal(old))
         # while the raw tree lost only the popups' phantom frames (showing, 0x0 documents inside)
-        frames = lambda xml: [  # noqa: E731
-            f
-            for f in ET.fromstring(xml).iter("frame")
-            if any(
-                p.get("{https://accessibility.ubuntu.example.org/ns/attributes}class")
-                == "RoundedOmniboxResultsFrame"
-                for p in f
-            )
-        ]
-        assert len(frames(old)) == 2 and frames(new) == []
+        assert len(_popup_frames(old)) == 2 and _popup_frames(new) == []
 
 
 @needs_atspi
