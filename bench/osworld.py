@@ -2,6 +2,7 @@
 
     python bench/osworld.py [--episodes 5] [--json]
     python bench/osworld.py --concurrent N [--domains os chrome] [--steps 5] [--observe tree] [--json]
+    python bench/osworld.py --profile [--domains chrome] [--observe tree] [--json]   # CPU by process kind
 
 Sequential mode, per domain (an ``os`` task and a ``chrome`` task from the local set): each
 episode runs ``reset`` (fresh Xvfb + openbox + sandbox + setup steps), ``--steps`` pyautogui steps
@@ -13,6 +14,9 @@ threads, then all of them step at once (``--steps`` each, with the observation t
 start), reset and step p50/p99 with all busy, PSS per desktop (from ``/proc/*/smaps_rollup`` of
 the episode's processes), host memory and CPU use, failures, and processes or folders left after
 close.
+
+``--profile``: one desktop's CPU seconds per operation (idle second, action, tree, screenshot,
+step, warm reset) by process kind, from ``/proc`` (``bench/osworld_profile.py``).
 """
 
 from __future__ import annotations
@@ -274,6 +278,43 @@ def bench_concurrent(n: int, domains: list[str], steps: int, observe: str, reset
     }
 
 
+def run_profile(domain: str, observe: str, repeats: int, as_json: bool) -> int:
+    """Print one desktop's CPU per operation by process kind (``osworld_profile.py``)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from osworld_profile import profile_ops
+
+    env = DesktopEnv(
+        require_screenshot=observe in ("screenshot", "both"),
+        require_a11y_tree=observe != "screenshot",
+        provider_options={"warm_reset": True},
+    )
+    try:
+        ops = profile_ops(env, json.loads(TASKS[domain].read_text()), repeats)
+        desktop, pids = env.provider.desktop, env.provider.pids()
+    finally:
+        env.close()
+    time.sleep(1.0)
+    result = {
+        "profile": domain,
+        "observe": observe,
+        "ops": ops,
+        "leftover_processes": len(_left_behind(desktop, pids)),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+    if as_json:
+        print(json.dumps(result), flush=True)
+        return 0
+    for name, op in ops.items():
+        print(
+            f"{name:<10} wall {op['wall_s']:.3f}s  desktop CPU {op['desktop_cpu_s']:.3f}s  "
+            f"host CPU {op['host_cpu_s']:.3f}s  (mean of {op['repeats']})"
+        )
+        for kind, cpu in op["by_kind"].items():
+            print(f"    {cpu:8.4f}  {kind}")
+    print(f"leftover processes {result['leftover_processes']}  load {result['load_avg_1m']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=5)
@@ -294,7 +335,11 @@ def main(argv: list[str] | None = None) -> int:
         "--mib-per-desktop", type=int, default=450, help="memory a desktop may need (skip guard)"
     )
     parser.add_argument("--reserve-gib", type=float, default=4.0, help="MemAvailable to leave to others")
+    parser.add_argument("--profile", action="store_true", help="CPU by process kind, one desktop")
+    parser.add_argument("--profile-repeats", type=int, default=10)
     args = parser.parse_args(argv)
+    if args.profile:
+        return run_profile(args.domains[0], args.observe, args.profile_repeats, args.json)
     if args.concurrent:
         if min(args.concurrent) < 1:
             parser.error("--concurrent takes positive counts")

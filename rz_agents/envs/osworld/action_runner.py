@@ -6,7 +6,8 @@ this process pays it once. Each request forks a child that runs the code in a fr
 namespace (no state leaks between actions, as with ``python -c``), its stdout/stderr captured.
 
 pyautogui itself is imported by the child, never here: it opens an X connection at import, and
-a connection shared across forks would desynchronise the X protocol stream.
+a connection shared across forks would desynchronise the X protocol stream. mouseinfo (which
+pyautogui imports) is preloaded with its connection deferred to first use (``preload_mouseinfo``).
 
 Protocol: one JSON object per line on stdin ``{"code", "timeout"}``, one per line on stdout
 ``{"output", "error", "returncode"}``.
@@ -91,6 +92,48 @@ def run_forked(code: str, timeout: float) -> dict:
         return {"output": out.read().decode(errors="replace"), "error": error, "returncode": status}
 
 
+class _DeferredDisplay:
+    """Stands in for ``Xlib.display.Display`` while mouseinfo is preloaded: the X connection opens on
+    first use, so in the child that uses it (its own connection), never in this process."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.__dict__["_open"] = lambda: _REAL_DISPLAY(*args, **kwargs)
+        self.__dict__["_display"] = None
+
+    def __getattr__(self, name: str) -> object:
+        if self.__dict__["_display"] is None:
+            self.__dict__["_display"] = self.__dict__["_open"]()
+        return getattr(self.__dict__["_display"], name)
+
+
+_REAL_DISPLAY = None
+
+
+def preload_mouseinfo() -> bool:
+    """Import mouseinfo here (pyautogui imports it at every action) with its module-level X connection
+    deferred; True when it is preloaded.
+
+    Its import runs ``which scrot`` in a subprocess and opens a display: ~27 of the ~32 ms of CPU an
+    action's ``import pyautogui`` cost. Preloaded, the fork inherits the module with the ``which``
+    answer, and a child that does use mouseinfo opens its own connection.
+    """
+    global _REAL_DISPLAY
+    try:
+        import Xlib.display
+    except Exception:
+        return False
+    _REAL_DISPLAY = Xlib.display.Display
+    Xlib.display.Display = _DeferredDisplay
+    try:
+        importlib.import_module("mouseinfo")
+        return True
+    except BaseException:  # noqa: BLE001 - mouseinfo may sys.exit (no tkinter): the child imports it itself
+        sys.modules.pop("mouseinfo", None)
+        return False
+    finally:
+        Xlib.display.Display = _REAL_DISPLAY
+
+
 def main() -> None:
     """Preload, then serve requests from stdin until it closes."""
     for name in PRELOAD:
@@ -98,6 +141,8 @@ def main() -> None:
             importlib.import_module(name)
         except Exception:
             pass  # the child's own import will report a real problem
+    if os.environ.get("DISPLAY"):
+        preload_mouseinfo()
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         try:

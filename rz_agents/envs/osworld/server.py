@@ -411,7 +411,12 @@ def fallback_xml() -> str:
 # --- screenshots -------------------------------------------------------------------------------
 
 
-def screenshot_png() -> bytes:
+# zlib level of the screenshot PNG: 1 encodes a 1920x1080 desktop in ~18 ms of CPU instead of ~38 ms
+# at mss's default 6, for ~2x the bytes (~45 KB, over loopback); PNG is lossless, the pixels are the same.
+SCREENSHOT_PNG_LEVEL = 1
+
+
+def screenshot_png(level: int = SCREENSHOT_PNG_LEVEL) -> bytes:
     """A PNG of the whole display (mss grabs X11 directly, no temporary file)."""
     import mss
     import mss.tools
@@ -419,7 +424,7 @@ def screenshot_png() -> bytes:
     factory = getattr(mss, "MSS", None) or mss.mss
     with factory(display=os.environ.get("DISPLAY")) as grabber:
         img = grabber.grab(grabber.monitors[0])
-        return mss.tools.to_png(img.rgb, img.size)
+        return mss.tools.to_png(img.rgb, img.size, level=level)
 
 
 def screen_size() -> tuple[int, int]:
