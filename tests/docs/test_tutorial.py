@@ -1,10 +1,14 @@
 """docs/custom_env.md's tutorial, run as written: the KeyLookup env package in docs/tutorial, its tasks and
 episodes files, `rz train train.yaml` (warm start from the episodes, then REINFORCE Zero) and `rz eval` on
-the held-out tasks. The policy after training must clearly beat the random init it started from.
+the held-out tasks. The policy after training must clearly beat the random init it started from, and
+the RL steps must clearly add to the warm start.
 
-Margin and seeds: the tutorial's own config (seed 0, model init_seed 0), 64 held-out tasks x 4 samples;
-the random init scores 0.0 and the trained policy must reach mean reward >= 0.15 (measured 0.273: see
-docs/custom_env.md). About 3-6 minutes on 2 loaded cores: marked slow."""
+Margins and seeds: the tutorial's own config (seed 0, model init_seed 0), 64 held-out tasks x 16 samples
+(the config's eval block). The random init scores 0.0; the trained policy must reach >= 0.15 more, and
+RL must add >= 0.10 to the warm start's held-out mean reward. Measured (docs/custom_env.md; the whole
+tutorial with `seed=N model.init_seed=N`), warm start -> after RL:
+seed 0: 0.272 -> 0.586, seed 1: 0.129 -> 0.062 (RL hurts a weak warm start), seed 2: 0.493 -> 0.606.
+About 4-7 minutes on 2 loaded cores: marked slow."""
 
 import json
 import sys
@@ -15,7 +19,8 @@ import pytest
 from rz_agents.cli import main
 
 TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorial"
-MARGIN = 0.15
+MARGIN = 0.15  # trained policy over the random init
+RL_MARGIN = 0.10  # after RL over after the warm start
 
 
 def _eval(run_dir: Path, model: str, out: Path) -> dict:
@@ -51,10 +56,15 @@ def test_the_tutorial_trains_a_policy_that_beats_its_random_init_on_held_out_tas
     print(
         f"held-out mean reward: before {before['mean_reward']:.3f} -> after warm start {warm['mean_reward']:.3f} -> after RL {after['mean_reward']:.3f}"
     )
-    assert before["num_tasks"] == after["num_tasks"] == 64 and after["num_failed"] == 0
+    assert before["num_tasks"] == after["num_tasks"] == 64 and after["num_samples"] == 64 * 16
+    assert after["num_failed"] == 0
     assert before["mean_reward"] == 0.0
     assert after["mean_reward"] >= before["mean_reward"] + MARGIN, (
         before["mean_reward"],
+        warm["mean_reward"],
+        after["mean_reward"],
+    )
+    assert after["mean_reward"] >= warm["mean_reward"] + RL_MARGIN, (
         warm["mean_reward"],
         after["mean_reward"],
     )
