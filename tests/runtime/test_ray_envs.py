@@ -21,6 +21,7 @@ from rz_agents.rollout.agent_loop import EpisodeLimits, _turn_text
 from rz_agents.runtime import EnvSpec, PlacementConfig, RolloutSpec, TrainConfig, build_run
 from rz_agents.runtime.factories import build_tokenizer
 from tests.envs.user_package import forget, write_package
+from tests.runtime.test_ray_runtime import record_batches
 
 ray = pytest.importorskip("ray")
 
@@ -51,19 +52,12 @@ def _cfg(env: EnvSpec, imports=(), max_turns: int = 1) -> TrainConfig:
 def _train(cfg: TrainConfig):
     """Train ``cfg`` (a Ray run); returns (summary, the trained trajectories)."""
     run = build_run(cfg)
-    trained = []
-    take = run.controller.next_batch
-
-    async def recording(version):
-        batch = await take(version)
-        trained.extend(batch)
-        return batch
-
-    run.controller.next_batch = recording
+    batches = record_batches(run)
     try:
         summary = asyncio.run(run.train())
     finally:
         run.close()
+    trained = [t for batch in batches for t in batch]
     assert summary["steps"] == 1 and len(trained) == 4
     assert summary["rollout"]["episodes_failed"] == summary["rollout"]["episodes_lost"] == 0
     return summary, trained

@@ -81,8 +81,8 @@ class _StepHook:
             self.inner.close()
 
 
-def _train(run, on_step=None):
-    """Train ``run``; returns (summary, batches in training order, final weights)."""
+def record_batches(run) -> list:
+    """The batches ``run``'s learner takes, appended in training order as it takes them."""
     batches = []
     take = run.controller.next_batch
 
@@ -92,6 +92,12 @@ def _train(run, on_step=None):
         return batch
 
     run.controller.next_batch = recording
+    return batches
+
+
+def _train(run, on_step=None):
+    """Train ``run``; returns (summary, batches in training order, final weights)."""
+    batches = record_batches(run)
     if on_step is not None:
         run.writer = _StepHook(run.writer, on_step)
     summary = asyncio.run(run.train())

@@ -87,12 +87,17 @@ def _stop_chrome(env: DesktopEnv) -> None:
     until(lambda: not env.ctx.client.windows(), 10.0, 0.1)
 
 
+def _page_in_chrome(env: DesktopEnv, page: str = PAGE) -> str:
+    """Reset ``env``, write ``page`` and open it in the wrapper's Chromium; the settled tree."""
+    env.reset(None)
+    env.ctx.client.execute(page, shell=True)
+    return _chrome_tree(env, [])
+
+
 @needs_atspi
 def test_chromium_without_webui_omnibox_popups_gives_the_agent_the_same_tree():
     with DesktopEnv(require_screenshot=False) as env:
-        env.reset(None)
-        env.ctx.client.execute(PAGE, shell=True)
-        new = _chrome_tree(env, [])
+        new = _page_in_chrome(env)
         assert not [t["url"] for t in _targets(env) if "omnibox-popup" in t["url"]]
         _stop_chrome(env)
         env.ctx.client.execute("rm -rf ~/.config/google-chrome", shell=True)
@@ -107,9 +112,7 @@ def test_chromium_without_webui_omnibox_popups_gives_the_agent_the_same_tree():
 @needs_atspi
 def test_typing_in_the_address_bar_still_navigates_with_native_suggestions():
     with DesktopEnv(require_screenshot=False) as env:
-        env.reset(None)
-        env.ctx.client.execute(PAGE + " && printf '<title>About</title>' > ~/about.html", shell=True)
-        _chrome_tree(env, [])
+        _page_in_chrome(env, PAGE + " && printf '<title>About</title>' > ~/about.html")
         code = (
             "pyautogui.hotkey('ctrl', 'l'); time.sleep(0.3);"
             " pyautogui.typewrite('file:///home/user/about.html', interval=0.005); pyautogui.press('enter')"
@@ -125,9 +128,7 @@ def test_screenshots_at_the_fast_png_level_hold_the_same_pixels_as_the_default_l
     from PIL import Image
 
     with DesktopEnv(require_a11y_tree=False) as env:
-        env.reset(None)
-        env.ctx.client.execute(PAGE, shell=True)
-        _chrome_tree(env, [])
+        _page_in_chrome(env)
         fast = env.ctx.client.screenshot()
         code = (  # the server's encoder at mss's default level, run in the same desktop
             "import base64, sys; from rz_agents.envs.osworld.server import screenshot_png;"
@@ -162,9 +163,7 @@ print(len(pairs), sum(a == b for a, b in pairs), sum(bool(a) for a, _ in pairs))
 @needs_atspi
 def test_text_to_the_end_in_one_call_equals_text_up_to_the_character_count():
     with DesktopEnv(require_screenshot=False) as env:
-        env.reset(None)
-        env.ctx.client.execute(PAGE, shell=True)
-        _chrome_tree(env, [])
+        _page_in_chrome(env)
         out = env.ctx.client.execute(["/usr/bin/python3", "-c", TEXT_CHECK])
         nodes, equal, with_text = (int(x) for x in out["output"].split())
         assert nodes > 50 and with_text > 5, out  # Chromium's widgets and the page's text were read
