@@ -11,6 +11,7 @@ so one worker thread owns the connection and every call is shipped to it.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -39,6 +40,13 @@ CHROMIUM_FLAGS = (
     "--window-position=0,0",
     "--window-size=1920,1080",
 )
+
+
+# Written as the profile's ``Local State`` when it has none, before Chromium starts. Chromium >= 15x names
+# a tab "<title> - Memory usage - 22.4 MB" in its accessibility tree once its resource sampler has run
+# (seconds after the page loads), so the tree an agent reads changed from step to step and differed from
+# OSWorld's; the hover card's memory line (this local-state pref) is what puts the figure in the name.
+LOCAL_STATE_DEFAULTS = {"browser": {"hovercard": {"memory_usage_enabled": False}}}
 
 
 def chromium_binary() -> str | None:
@@ -72,14 +80,18 @@ def write_chrome_wrapper(
 
     Tasks launch ``google-chrome --remote-debugging-port=1337``; the wrapper drops the task's port
     and profile flags and starts Chromium with the episode's own, so any way of starting Chrome
-    (setup step, agent code, a shell) lands on the same CDP port.
+    (setup step, agent code, a shell) lands on the same CDP port. A profile without ``Local State``
+    gets ``LOCAL_STATE_DEFAULTS`` first (one that has it, e.g. from an earlier start, is left as is).
     """
     flags = " ".join(f"'{f}'" for f in chromium_command(binary, cdp_port, profile_dir, extra_flags)[1:])
+    state = os.path.join(profile_dir, "Local State")
     script = (
         "#!/bin/sh\n"
         "# Generated per episode by rz_agents.envs.osworld: Chromium with this episode's CDP port.\n"
         'for a do shift; case "$a" in --remote-debugging-port=*|--remote-debugging-address=*|'
         '--user-data-dir=*) ;; *) set -- "$@" "$a";; esac; done\n'
+        f"[ -e '{state}' ] || {{ mkdir -p '{profile_dir}' && "
+        f"printf '%s' '{json.dumps(LOCAL_STATE_DEFAULTS)}' > '{state}'; }}\n"
         f'exec "{binary}" {flags} "$@"\n'
     )
     path = os.path.join(bin_dir, "google-chrome")

@@ -1,5 +1,6 @@
 """Cheaper desktops keep what the agent sees: Chromium without its WebUI omnibox popups, and
-screenshots encoded at a lower PNG compression level."""
+screenshots encoded at a lower PNG compression level; and the tree holds still: tab names without
+Chromium's live memory figure."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import time
 import urllib.request
 import xml.etree.ElementTree as ET
 
@@ -17,6 +20,7 @@ import pytest
 from osworld_polling import until
 
 from rz_agents.envs.osworld.a11y import linearize
+from rz_agents.envs.osworld.chrome import LOCAL_STATE_DEFAULTS, write_chrome_wrapper
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
 from rz_agents.envs.osworld.session import atspi_problem
 from rz_agents.envs.osworld.setup_steps import step_launch
@@ -31,6 +35,8 @@ PAGE = (
     "<button>Buy now</button>' > ~/shop.html"
 )
 OLD_FEATURES = "--disable-features=Translate,MediaRouter,OptimizationHints"  # before the WebUI popups went
+MEMORY_IN_NAME = re.compile(r" - Memory usage - [0-9.]+ [KMG]B")
+LOCAL_STATE = "~/.config/google-chrome/Local\\ State"
 
 
 def _targets(env: DesktopEnv) -> list[dict]:
@@ -73,7 +79,7 @@ def _chrome_tree(env: DesktopEnv, extra: list[str], popups: int = 0) -> str:
 
 def _normal(xml: str) -> str:
     """The tree without the tab's live memory figure (Chromium names a tab "Shop - Memory usage - 22.1 MB")."""
-    return re.sub(r" - Memory usage - [0-9.]+ [KMG]B", "", xml)
+    return MEMORY_IN_NAME.sub("", xml)
 
 
 def _stop_chrome(env: DesktopEnv) -> None:
@@ -190,3 +196,54 @@ def test_mouseinfo_comes_preloaded_and_each_action_that_uses_it_opens_its_own_di
             assert out["returncode"] == 0, out
             # preloaded (no `which scrot` and no display per action), not yet connected, then works
             assert out["output"].split() == ["_DeferredDisplay", "True", "True"], out
+
+
+def test_the_wrapper_turns_the_memory_line_off_in_a_new_profile_and_keeps_an_existing_local_state(tmp_path):
+    argv_file = tmp_path / "argv"
+    fake = tmp_path / "chromium"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {argv_file}\n')
+    fake.chmod(0o755)
+    profile = tmp_path / "home" / ".config" / "google-chrome"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = write_chrome_wrapper(str(bin_dir), str(fake), 9333, str(profile))
+    subprocess.run([wrapper, "--remote-debugging-port=1337", "about:blank"], check=True, timeout=10)
+    assert json.loads((profile / "Local State").read_text()) == LOCAL_STATE_DEFAULTS
+    # the task's port dropped, as before
+    assert "--remote-debugging-port=9333" in argv_file.read_text().split()
+    kept = {"browser": {"enabled_labs_experiments": ["x@1"]}}  # e.g. written by Chromium on an earlier start
+    (profile / "Local State").write_text(json.dumps(kept))
+    subprocess.run([wrapper], check=True, timeout=10)
+    assert json.loads((profile / "Local State").read_text()) == kept
+
+
+@needs_atspi
+def test_tab_names_carry_no_live_memory_figure_where_the_hover_card_pref_would_add_one():
+    def names_until(env: DesktopEnv, stop, timeout_s: float) -> set[str]:
+        seen: set[str] = set()
+
+        def look() -> bool:
+            seen.update(re.findall(r'name="(Shop[^"]*)"', env.ctx.client.accessibility_tree()))
+            return stop(seen)
+
+        until(look, timeout_s, 1.0)
+        return seen
+
+    with DesktopEnv(require_screenshot=False) as env:
+        env.reset(None)
+        on = json.dumps({"browser": {"hovercard": {"memory_usage_enabled": True}}})
+        env.ctx.client.execute(
+            f"{PAGE} && mkdir -p ~/.config/google-chrome && echo '{on}' > {LOCAL_STATE}", shell=True
+        )
+        _chrome_tree(env, [])
+        start = time.monotonic()
+        control = names_until(env, lambda seen: any(MEMORY_IN_NAME.search(n) for n in seen), 90.0)
+        shown_after = time.monotonic() - start
+        assert any(MEMORY_IN_NAME.search(n) for n in control), (
+            f"control: the pref on shows the figure ({control})"
+        )
+        _stop_chrome(env)
+        env.ctx.client.execute("rm -rf ~/.config/google-chrome", shell=True)
+        _chrome_tree(env, [])  # the wrapper's own Local State
+        default = names_until(env, lambda seen: False, max(3 * shown_after, 15.0))
+        assert "Shop" in default and not any(MEMORY_IN_NAME.search(n) for n in default), default
