@@ -8,7 +8,8 @@ where steps_done counts finished learner steps and ahead is the run's ``LagPolic
 (min(max_lag + 1, max_ahead_batches); 1 with a fixed lag), max_lag its ``bound``. A group admitted under this rule is, in order of start,
 among the next max_lag + 1 batches, so its tokens would be trained at most max_lag versions later.
 Groups finish out of order, so ``TrajectoryQueue.take`` also drops (and counts) any group whose oldest
-token has lag > max_lag: no trained token ever exceeds the bound. max_lag = 0 is the synchronous mode:
+token has lag > max_lag (or > the lag governor's bound, when it is lower: ``train_bound``): no trained token
+ever exceeds the bound. max_lag = 0 is the synchronous mode:
 one batch is generated with the current weights, trained, published, then the next one starts.
 
 Accounting: every started group is in exactly one place: in flight (or waiting to be relaunched after a
@@ -166,6 +167,14 @@ class RolloutController:
     def _ahead_batches(self) -> int:
         return self.lag.ahead_batches(self.admission_lag)  # admission_lag: the lag governor's bound
 
+    @property
+    def train_bound(self) -> int:
+        """The oldest lag a trained token may have: max_lag, or the lag governor's bound when it is lower. A
+        group admitted under an earlier, larger bound that is now over it is dropped (``dropped_stale``), not
+        trained: with many episodes in flight the admitted pipeline is many batches deep, and training on it
+        would keep the stale data the governor reacted to coming for as many steps."""
+        return self.lag.bound if self.admission_lag is None else min(self.lag.bound, self.admission_lag)
+
     def may_start_group(self) -> bool:
         """True while starting one more group keeps the lag bound (see the module docstring)."""
         return self.ledger.live < (self.steps_done + self._ahead_batches()) * self.cfg.groups_per_batch
@@ -301,7 +310,7 @@ class RolloutController:
         if self.failure is not None:
             raise self.failure
         groups = await self.queue.take(
-            self.cfg.groups_per_batch, version, self.lag.bound, on_drop, check=self._check_not_deadlocked
+            self.cfg.groups_per_batch, version, self.train_bound, on_drop, check=self._check_not_deadlocked
         )
         if self.failure is not None:
             raise self.failure

@@ -9,7 +9,11 @@ learner step, with e the median ESS/n (``is_weight_ess_fraction``) of the last `
     otherwise              ->  b unchanged
 
 starting at max_lag. Halving answers a collapse within a few steps; growing by a quarter returns from 1 to
-64 in about 17 healthy steps. The bound is logged per step (``rollout_admission_lag``). What it costs: a
+64 in about 17 healthy steps. The bound is logged per step (``rollout_admission_lag``). It bounds what is
+trained as well as what is admitted: a finished group with a token older than b is dropped
+(``rollout_groups_dropped_stale``), since with many episodes in flight the groups admitted under the old,
+larger bound fill many batches (measured on the demo with 512 in flight: admission alone kept training on
+lag 10-25 data for 20-25 steps after b reached 1, and the run collapsed). What it costs: a
 smaller b lets the rollouts run fewer batches ahead of the learner, so the engine idles while the learner
 trains once the queue is drained (at b = 1 generation overlaps training by one batch, as with
 max_ahead_batches: 2).

@@ -1,5 +1,6 @@
 """The lag governor: the admission bound halves when ESS/n falls below the target, grows back by a quarter
-up to max_lag when it recovers, and a real async run logs the bound it admitted under at every step."""
+up to max_lag when it recovers, and a real async run logs the bound it admitted under at every step and
+trains nothing older than it."""
 
 import json
 
@@ -70,3 +71,8 @@ def test_async_run_logs_the_governed_bound_and_admits_under_it(tmp_path):
     assert s["max_lag_seen"] <= 8
     # Once the bound is 1, admission keeps the pipeline 2 batches deep: far fewer groups than 8 + 1 ahead.
     assert s["rollout"]["groups_started"] < (steps + 8 + 1) * 2
+    # And the bound holds for what is trained, not only for what is admitted from then on: each step's batch
+    # is within the bound in force when it was taken (the one the step before set), and the groups admitted
+    # under the larger bound that went over it were dropped, not trained.
+    assert all(now["lag_max"] <= before["rollout_admission_lag"] for before, now in zip(rows, rows[1:]))
+    assert s["rollout"]["groups_dropped_stale"] > 0
