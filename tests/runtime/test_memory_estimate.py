@@ -120,6 +120,17 @@ def test_rz_train_dry_run_finds_a_packaged_config_by_name(capsys):
     assert "FSDP2 over 16 ranks" in rank and "H200 141GB: fits" in rank  # with activation checkpointing
 
 
+def test_rz_train_dry_run_sizes_a_packaged_model_and_the_osworld_learner_fits_beside_its_desktops(capsys):
+    # model.checkpoint: smollm2-135m-instruct (a packaged model's name) was "not on this machine" for the dry
+    # run while training found it. Without layer checkpointing that learner took 16 GiB of a 24 GiB node (the
+    # kernel killed it mid-run beside 4 desktops); the config turns checkpointing on.
+    assert rz_main(["train", "osworld-local", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "smollm2-135m-instruct (config.json), 0.13B parameters" in out
+    learner = next(line for line in out.splitlines() if line.strip().startswith("learner:"))
+    assert "activation checkpointing on" in out and float(learner.split()[1]) < 4.0, learner
+
+
 def test_sharded_ranks_count_one_gathered_tensor_for_publication_not_a_whole_copy():
     from rz_agents.runtime.config import PlacementConfig
     from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES
