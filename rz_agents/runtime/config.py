@@ -171,8 +171,8 @@ class RolloutSpec(RolloutConfig):
       waits for, 2 lets the engine fill the next batch while the learner trains); ``fixed_lag``: controlled
       experiments, every trained token comes from weights exactly fixed_lag versions old (the first steps
       use version 0; batches are generated one at a time, so the result does not depend on this machine's
-      speed); ``lag_governor``: admit rollouts under a bound that follows the measured ESS/n, up to max_lag
-      (rollout/lag_governor.py).
+      speed); ``lag_governor``: admit rollouts under a bound that follows the measured ESS/n, up to max_lag,
+      and train no token older than it (rollout/lag_governor.py).
     - the sampling distribution (``rz_agents.sampling.SamplingSpec``): ``temperature``, ``top_k``,
       ``top_p``; the engine samples from it and the learner scores under it.
 
