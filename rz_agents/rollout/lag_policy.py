@@ -15,6 +15,7 @@ learner (its lag bound and lag histograms) and the training loop (fixed-lag publ
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,6 +35,7 @@ class LagPolicy:
     max_ahead_batches: int | None = None
     governor: bool = False
     governor_target_ess: float = 0.5
+    governor_max_kl: float = 0.1
 
     def __post_init__(self) -> None:
         if self.kind not in ("sync", "bounded", "fixed"):
@@ -54,6 +56,7 @@ class LagPolicy:
         max_ahead_batches: int | None,
         lag_governor: bool,
         lag_governor_target_ess: float,
+        lag_governor_max_kl: float = 0.1,
     ) -> LagPolicy:
         """The policy the config's fields (named in errors as written: ``rollout.max_lag`` ...) ask for.
         Raises ValueError naming the field on a bad value or a contradiction."""
@@ -65,6 +68,8 @@ class LagPolicy:
             raise ValueError(
                 f"rollout.lag_governor_target_ess must be in (0, 1), got {lag_governor_target_ess}"
             )
+        if not (lag_governor_max_kl > 0.0 and math.isfinite(lag_governor_max_kl)):
+            raise ValueError(f"rollout.lag_governor_max_kl must be > 0, got {lag_governor_max_kl}")
         if lag_governor and fixed_lag is not None:
             raise ValueError("rollout.lag_governor moves the lag bound; rollout.fixed_lag fixes it: set one")
         synchronous = mode == "sync" or estimator == "on_policy"
@@ -91,7 +96,12 @@ class LagPolicy:
         if fixed_lag is not None:
             return cls("fixed", fixed_lag, 1)
         return cls(
-            "bounded", max_lag, max_ahead_batches, lag_governor and max_lag > 0, lag_governor_target_ess
+            "bounded",
+            max_lag,
+            max_ahead_batches,
+            lag_governor and max_lag > 0,
+            lag_governor_target_ess,
+            lag_governor_max_kl,
         )
 
     @property
@@ -111,4 +121,6 @@ class LagPolicy:
         """The lag governor continuing ``history`` (a resumed run's steps), or None without one."""
         if not self.governor:
             return None
-        return LagGovernor.resumed(history, max_lag=self.bound, target_ess=self.governor_target_ess)
+        return LagGovernor.resumed(
+            history, max_lag=self.bound, target_ess=self.governor_target_ess, max_kl=self.governor_max_kl
+        )

@@ -171,8 +171,9 @@ class RolloutSpec(RolloutConfig):
       waits for, 2 lets the engine fill the next batch while the learner trains); ``fixed_lag``: controlled
       experiments, every trained token comes from weights exactly fixed_lag versions old (the first steps
       use version 0; batches are generated one at a time, so the result does not depend on this machine's
-      speed); ``lag_governor``: admit rollouts under a bound that follows the measured ESS/n, up to max_lag,
-      and train no token older than it (rollout/lag_governor.py).
+      speed); ``lag_governor``: admit rollouts under a bound that follows the measured ESS/n
+      (``lag_governor_target_ess``) and KL k3 (``lag_governor_max_kl``), up to max_lag, and train no token
+      older than it (rollout/lag_governor.py).
     - the sampling distribution (``rz_agents.sampling.SamplingSpec``): ``temperature``, ``top_k``,
       ``top_p``; the engine samples from it and the learner scores under it.
 
@@ -183,6 +184,7 @@ class RolloutSpec(RolloutConfig):
     fixed_lag: int | None = None
     lag_governor: bool = False
     lag_governor_target_ess: float = 0.5
+    lag_governor_max_kl: float = 0.1
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -205,6 +207,7 @@ class RolloutSpec(RolloutConfig):
             max_ahead_batches=self.max_ahead_batches,
             lag_governor=self.lag_governor,
             lag_governor_target_ess=self.lag_governor_target_ess,
+            lag_governor_max_kl=self.lag_governor_max_kl,
         )
 
     def sampling(self) -> SamplingSpec:

@@ -159,7 +159,9 @@ class TrainLoop:
         )
         metrics.update(self.health.update(metrics))
         if self.governor is not None:
-            bound = self.governor.update(metrics.get("is_weight_ess_fraction"))
+            bound = self.governor.update(
+                metrics.get("is_weight_ess_fraction"), metrics.get("kl_k3_behavior_to_learner")
+            )
             self.controller.admission_lag = metrics["rollout_admission_lag"] = bound
         # The step is counted (history, steps_done and controller) before it is logged or checkpointed: a
         # checkpoint whose steps_done lagged its history shrank the admission window on every resume until

@@ -288,7 +288,9 @@ def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, s
     from rz_agents.model.presets import preset_config, preset_for_checkpoint
 
     if spec.checkpoint:
-        packaged = str(spec.checkpoint) in PACKAGED_MODELS  # e.g. smollm2-135m-instruct: its HF dir, built once
+        packaged = (
+            str(spec.checkpoint) in PACKAGED_MODELS
+        )  # e.g. smollm2-135m-instruct: its HF dir, built once
         path = resolve_checkpoint(spec.checkpoint) if packaged else Path(spec.checkpoint)
         if (path / "config.json").is_file():
             return read_config(path, spec.dtype), f"{spec.checkpoint} (config.json)"

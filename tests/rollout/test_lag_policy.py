@@ -52,7 +52,8 @@ def test_the_governor_starts_at_the_bound_and_continues_a_resumed_history():
     lag = _decide(lag_governor=True, lag_governor_target_ess=0.4)
     assert _decide().governor_for([]) is None
     fresh = lag.governor_for([])
-    assert (fresh.bound, fresh.max_lag, fresh.target) == (8, 8, 0.4)
+    assert (fresh.bound, fresh.max_lag, fresh.target, fresh.max_kl) == (8, 8, 0.4, 0.1)
+    assert _decide(lag_governor=True, lag_governor_max_kl=0.2).governor_for([]).max_kl == 0.2
     assert lag.governor_for([{"rollout_admission_lag": 2, "is_weight_ess_fraction": 0.9}]).bound == 2
     assert _decide(max_lag=0, lag_governor=True).governor is False  # nothing to govern
 
@@ -63,6 +64,7 @@ def test_the_governor_starts_at_the_bound_and_continues_a_resumed_history():
         (dict(max_lag=-1), "rollout.max_lag must be >= 0"),
         (dict(max_ahead_batches=0), "rollout.max_ahead_batches must be >= 1"),
         (dict(lag_governor_target_ess=1.0), "rollout.lag_governor_target_ess must be in (0, 1)"),
+        (dict(lag_governor_max_kl=-1.0), "rollout.lag_governor_max_kl must be > 0"),
         (dict(fixed_lag=2, lag_governor=True), "rollout.lag_governor moves the lag bound"),
         (dict(fixed_lag=9), "rollout.fixed_lag (9) exceeds rollout.max_lag (8)"),
         (dict(fixed_lag=2, max_ahead_batches=2), "rollout.max_ahead_batches must be 1 or unset"),

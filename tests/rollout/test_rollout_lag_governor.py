@@ -1,8 +1,9 @@
-"""The lag governor: the admission bound halves when ESS/n falls below the target, grows back by a quarter
-up to max_lag when it recovers, and a real async run logs the bound it admitted under at every step and
+"""The lag governor: the admission bound halves when ESS/n falls below the target or KL k3 rises above
+max_kl, grows back by one version a step up to max_lag when both recover, and a real async run logs the bound it admitted under at every step and
 trains nothing older than it."""
 
 import json
+from itertools import pairwise
 
 import pytest
 
@@ -17,9 +18,19 @@ def test_bound_halves_below_the_target_and_grows_back_up_to_max_lag():
     assert gov.bound == 64
     assert [gov.update(0.2) for _ in range(7)] == [32, 16, 8, 4, 2, 1, 1]  # never below min_lag 1
     assert gov.update(0.6) == 1  # between the target and the recovery level (0.75): kept
-    grown = [gov.update(0.9) for _ in range(20)]
-    assert grown[:6] == [2, 3, 4, 5, 6, 7] and grown[-1] == 64 and max(grown) == 64
+    grown = [gov.update(0.9) for _ in range(70)]  # additive: one version a healthy step, up to max_lag
+    assert grown[:6] == [2, 3, 4, 5, 6, 7] and grown[62] == 64 and max(grown) == 64
     assert gov.update(None) == 64 and gov.update(float("nan")) == 64  # no stale tokens: bound kept
+
+
+def test_a_kl_above_max_kl_halves_the_bound_even_while_the_ess_looks_healthy():
+    gov = LagGovernor(max_lag=64, target_ess=0.5, max_kl=0.1, window=1)
+    assert gov.update(0.95, 0.25) == 32  # ESS/n fine, KL k3 over 0.1: halve
+    assert gov.update(0.95, 0.08) == 32  # KL between max_kl / 2 and max_kl: kept
+    assert gov.update(0.95, 0.03) == 33  # both healthy: grow by one
+    assert gov.update(0.95, None) == 34 and gov.update(0.95, float("nan")) == 35  # no KL logged: read as 0
+    with pytest.raises(ValueError, match="lag_governor_max_kl"):
+        LagGovernor(max_lag=8, max_kl=0.0)
 
 
 def test_one_bad_step_does_not_halve_the_bound_under_the_median_window():
@@ -32,6 +43,10 @@ def test_resumed_governor_continues_from_the_logged_bound():
     history = [{"is_weight_ess_fraction": 0.1, "rollout_admission_lag": 4}]
     gov = LagGovernor.resumed(history, max_lag=64, window=1)
     assert gov.bound == 4 and gov.update(0.1) == 2
+    kl_history = [
+        {"is_weight_ess_fraction": 0.9, "kl_k3_behavior_to_learner": 0.3, "rollout_admission_lag": 8}
+    ]
+    assert LagGovernor.resumed(kl_history, max_lag=64, window=3).update(0.9, 0.3) == 4  # the KL window too
 
 
 def test_bad_governor_config_is_refused():
@@ -74,5 +89,5 @@ def test_async_run_logs_the_governed_bound_and_admits_under_it(tmp_path):
     # And the bound holds for what is trained, not only for what is admitted from then on: each step's batch
     # is within the bound in force when it was taken (the one the step before set), and the groups admitted
     # under the larger bound that went over it were dropped, not trained.
-    assert all(now["lag_max"] <= before["rollout_admission_lag"] for before, now in zip(rows, rows[1:]))
+    assert all(now["lag_max"] <= before["rollout_admission_lag"] for before, now in pairwise(rows))
     assert s["rollout"]["groups_dropped_stale"] > 0
