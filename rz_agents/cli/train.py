@@ -208,6 +208,11 @@ def run(args: argparse.Namespace) -> int:
     log = console.log if not args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     log(f"run directory: {run_dir}")
+    from rz_agents.runtime.memory_estimate import cpu_memory_warning
+
+    memory = cpu_memory_warning(cfg)
+    if memory:
+        log(f"warning: {memory}")
     if resuming:
         log(f"resuming from {cfg.resume_from}")
     try:

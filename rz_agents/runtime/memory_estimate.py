@@ -15,6 +15,7 @@ free).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -306,3 +307,52 @@ def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, s
     if vocab_size is not None:
         overrides.setdefault("vocab_size", vocab_size)
     return ModelConfig.tiny(spec.model_type, **overrides), "tiny random model"
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable of this machine (Linux), None where /proc/meminfo cannot say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cpu_memory_warning(cfg, available: int | None = None) -> str | None:
+    """One line when a CPU run's estimated learner plus engine memory exceeds what this machine has free
+    (``available`` bytes; default MemAvailable), with what layer checkpointing would need; None when it fits,
+    on other devices, or when the model cannot be sized. The kernel's OOM killer otherwise ends such a run
+    minutes in (the learner of configs/osworld-local.yaml without checkpointing: 16 GiB of a 24 GiB node)."""
+    if cfg.model.device != "cpu":
+        return None
+    available = available_memory_bytes() if available is None else available
+    try:
+        model_cfg, source = model_config_of(cfg.model)
+    except (FileNotFoundError, ValueError, ImportError):
+        return None
+    if available is None:
+        return None
+    est = estimate_memory(cfg, model_cfg, source)
+    engines = max(1, cfg.placement.engines) if cfg.runtime == "ray" else 1
+    need = est.learner_total + engines * est.engine_total
+    if need <= available:
+        return None
+    engine = (
+        f"engine {est.engine_total / GIB:.1f}"
+        if engines == 1
+        else f"{engines} engines {est.engine_total / GIB:.1f} each"
+    )
+    line = (
+        f"this run needs ~{need / GIB:.1f} GiB (learner {est.learner_total / GIB:.1f}, of it activations "
+        f"{est.learner['activations'] / GIB:.1f}; {engine}) and this machine has {available / GIB:.1f} GiB available"
+    )
+    if not cfg.model.activation_checkpointing:
+        on = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, activation_checkpointing=True))
+        line += (
+            f"; model.activation_checkpointing=true needs ~{estimate_memory(on, model_cfg, source).learner_total / GIB:.1f}"
+            " GiB for the learner"
+        )
+    return line + " (rz train CONFIG --dry-run shows the estimate)"

@@ -131,6 +131,25 @@ def test_rz_train_dry_run_sizes_a_packaged_model_and_the_osworld_learner_fits_be
     assert "activation checkpointing on" in out and float(learner.split()[1]) < 4.0, learner
 
 
+def test_a_cpu_run_that_would_not_fit_in_free_memory_is_warned_with_what_checkpointing_needs():
+    from rz_agents.cli.configs import resolve_config
+    from rz_agents.cli.train import RunConfig
+    from rz_agents.config_io import load_config
+    from rz_agents.runtime.memory_estimate import cpu_memory_warning
+
+    gib = 2**30
+    off = load_config(RunConfig, resolve_config("osworld-local"), ["model.activation_checkpointing=false"])
+    line = cpu_memory_warning(off, available=12 * gib)
+    assert line.startswith("this run needs ~16.8 GiB (learner 14.9, of it activations 9.9; engine 1.9)"), line
+    assert "12.0 GiB available; model.activation_checkpointing=true needs ~3.2 GiB for the learner" in line
+    assert cpu_memory_warning(off, available=40 * gib) is None
+    on = load_config(RunConfig, resolve_config("osworld-local"), [])
+    assert "activation_checkpointing=true" not in cpu_memory_warning(on, available=4 * gib)  # already on
+    assert cpu_memory_warning(on, available=8 * gib) is None
+    gpu = load_config(RunConfig, resolve_config("qwen3-4b-python-tool"), [])
+    assert cpu_memory_warning(gpu, available=1 * gib) is None  # sized per GPU by --dry-run instead
+
+
 def test_sharded_ranks_count_one_gathered_tensor_for_publication_not_a_whole_copy():
     from rz_agents.runtime.config import PlacementConfig
     from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES
