@@ -115,12 +115,10 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def mem_available() -> int:
-    """The host's MemAvailable in bytes."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    """The host's MemAvailable in bytes (0 where /proc/meminfo cannot say)."""
+    from rz_agents.runtime.memory_estimate import available_memory_bytes
+
+    return available_memory_bytes() or 0
 
 
 def cpu_ticks() -> tuple[int, int]:

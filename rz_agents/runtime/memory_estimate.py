@@ -282,16 +282,16 @@ def expected_sequence_positions(max_len: int, shortest: int = SHORTEST_SEQUENCE)
 
 def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, str]:
     """The architecture a ModelSpec names, without loading weights: the checkpoint's config.json when
-    it is on this machine (a packaged model's name included), else the published config matching the checkpoint's directory name, else
-    the tiny random model. Returns (config, a description of where it came from)."""
+    it is on this machine (a packaged model's name included), else the published config matching the
+    checkpoint's directory name, else the tiny random model. Returns (config, a description of where it
+    came from)."""
     from rz_agents.model.checkpoint import read_config
     from rz_agents.model.packaged import PACKAGED_MODELS, resolve_checkpoint
     from rz_agents.model.presets import preset_config, preset_for_checkpoint
 
     if spec.checkpoint:
-        packaged = (
-            str(spec.checkpoint) in PACKAGED_MODELS
-        )  # e.g. smollm2-135m-instruct: its HF dir, built once
+        # a packaged model's name (smollm2-135m-instruct): its HF directory, built on first use
+        packaged = str(spec.checkpoint) in PACKAGED_MODELS
         path = resolve_checkpoint(spec.checkpoint) if packaged else Path(spec.checkpoint)
         if (path / "config.json").is_file():
             return read_config(path, spec.dtype), f"{spec.checkpoint} (config.json)"
