@@ -15,6 +15,10 @@ start), reset and step p50/p99 with all busy, PSS per desktop (from ``/proc/*/sm
 the episode's processes), host memory and CPU use, failures, and processes or folders left after
 close.
 
+``--pattern steady --duration S``: N desktops start at once, then each runs episodes back to back
+for S seconds (reset in place + ``--steps`` actions), as an RL loop's env workers do; reported:
+episodes per minute, reset and step p50/p99 with resets and steps interleaved, CPU use, leftovers.
+
 ``--profile``: one desktop's CPU seconds per operation (idle second, action, tree, screenshot,
 step, warm reset) by process kind, from ``/proc`` (``bench/osworld_profile.py``).
 """
@@ -173,10 +177,13 @@ def _all_at_once(fn, items: list, failures: list[str], what: str) -> list:
     return out
 
 
-def bench_concurrent(n: int, domains: list[str], steps: int, observe: str, reset: str, episodes: int) -> dict:
+def bench_concurrent(
+    n: int, domains: list[str], steps: int, observe: str, reset: str, episodes: int, a11y_view: str = "agent"
+) -> dict:
     """``n`` desktops reset at once, stepped at once (``episodes`` times), then closed at once.
 
     ``reset``: ``fresh`` (a new desktop per episode) or ``warm`` (reset in place after the first).
+    ``a11y_view``: the tree observed (``agent``: what the RL env reads; ``full``: OSWorld's whole XML).
     """
     tasks = [json.loads(TASKS[domains[i % len(domains)]].read_text()) for i in range(n)]
     envs = [
@@ -184,6 +191,7 @@ def bench_concurrent(n: int, domains: list[str], steps: int, observe: str, reset
             require_screenshot=observe in ("screenshot", "both"),
             require_a11y_tree=observe != "screenshot",
             provider_options={"warm_reset": reset == "warm"},
+            a11y_view=a11y_view,
         )
         for _ in range(n)
     ]
@@ -240,6 +248,7 @@ def bench_concurrent(n: int, domains: list[str], steps: int, observe: str, reset
         "concurrent": n,
         "domains": domains,
         "observe": observe,
+        "a11y_view": a11y_view if observe != "screenshot" else None,
         "reset": reset,
         "episodes_per_desktop": episodes,
         "started": started,
@@ -276,7 +285,95 @@ def bench_concurrent(n: int, domains: list[str], steps: int, observe: str, reset
     }
 
 
-def run_profile(domain: str, observe: str, repeats: int, as_json: bool) -> int:
+def bench_steady(
+    n: int, domains: list[str], steps: int, observe: str, a11y_view: str, duration_s: float, seed: int = 0
+) -> dict:
+    """``n`` desktops started at once, then each runs episodes back to back for ``duration_s``
+    (reset in place, then ``steps`` actions with the observation), as an RL loop's env workers do:
+    resets and steps interleave, so these are the latencies with every desktop busy. A desktop's
+    first episode takes a random 1..``steps`` actions, so the resets spread out as they do in RL."""
+    import random
+    import threading
+
+    rng = random.Random(seed)
+    tasks = [json.loads(TASKS[domains[i % len(domains)]].read_text()) for i in range(n)]
+    envs = [
+        DesktopEnv(
+            require_screenshot=observe in ("screenshot", "both"),
+            require_a11y_tree=observe != "screenshot",
+            provider_options={"warm_reset": True},
+            a11y_view=a11y_view,
+        )
+        for _ in range(n)
+    ]
+    task_of = {id(env): task for env, task in zip(envs, tasks, strict=True)}
+    first_steps = {id(env): rng.randint(1, steps) for env in envs}
+    failures: list[str] = []
+    t0 = time.perf_counter()
+    up = [e for e, _ in _all_at_once(lambda e: _timed_reset(e, task_of[id(e)]), envs, failures, "start")]
+    start_wall = time.perf_counter() - t0
+    resets: list[float] = []
+    step_times: list[float] = []
+    episodes = [0]
+    lock = threading.Lock()
+    busy0, total0 = cpu_ticks()
+    began = time.perf_counter()
+    deadline = began + duration_s
+
+    def run(env: DesktopEnv) -> None:
+        k = first_steps[id(env)]
+        while time.perf_counter() < deadline:
+            times = _timed_steps(env, k)
+            with lock:
+                step_times.extend(times)
+            if time.perf_counter() >= deadline:
+                break
+            took = _timed_reset(env, task_of[id(env)])
+            with lock:
+                resets.append(took)
+                episodes[0] += 1
+            k = steps
+
+    _all_at_once(run, up, failures, "episode")
+    wall = time.perf_counter() - began
+    busy1, total1 = cpu_ticks()
+    episodes_up = [(e.provider.desktop, e.provider.pids()) for e in envs if e.provider.desktop is not None]
+    pss = [pss_bytes(pids) for _, pids in episodes_up]
+    warm = sum(getattr(e.provider, "warm_resets", 0) for e in envs)
+    with ThreadPoolExecutor(n) as pool:
+        list(pool.map(lambda e: e.close(), envs))
+    time.sleep(1.0)
+    return {
+        "concurrent": n,
+        "pattern": "steady",
+        "domains": domains,
+        "observe": observe,
+        "a11y_view": a11y_view if observe != "screenshot" else None,
+        "steps_per_episode": steps,
+        "duration_s": round(wall, 1),
+        "started": len(up),
+        "start_wall_s": round(start_wall, 2),
+        "failed": len(failures),
+        "failures": failures[:5],
+        "episodes": episodes[0],
+        "episodes_per_min": round(60 * episodes[0] / wall, 1) if wall else 0.0,
+        "warm_resets": warm,
+        "reset_p50_s": round(percentile(resets, 50), 2),
+        "reset_p99_s": round(percentile(resets, 99), 2),
+        "steps": len(step_times),
+        "steps_per_s": round(len(step_times) / wall, 2) if wall else 0.0,
+        "step_p50_s": round(percentile(step_times, 50), 3),
+        "step_p99_s": round(percentile(step_times, 99), 3),
+        "cpu_busy": round((busy1 - busy0) / max(1, total1 - total0), 2),
+        "pss_per_desktop_mib": round(statistics.mean(pss) / (1 << 20), 1) if pss else 0.0,
+        "cpus": os.cpu_count() or 1,
+        "leftover_processes": sum(len(_left_behind(d, pids)) for d, pids in episodes_up),
+        "leftover_dirs": sum(os.path.exists(d.root_dir) for d, _ in episodes_up),
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
+    }
+
+
+def run_profile(domain: str, observe: str, repeats: int, as_json: bool, a11y_view: str = "agent") -> int:
     """Print one desktop's CPU per operation by process kind (``osworld_profile.py``)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from osworld_profile import profile_ops
@@ -285,6 +382,7 @@ def run_profile(domain: str, observe: str, repeats: int, as_json: bool) -> int:
         require_screenshot=observe in ("screenshot", "both"),
         require_a11y_tree=observe != "screenshot",
         provider_options={"warm_reset": True},
+        a11y_view=a11y_view,
     )
     try:
         ops = profile_ops(env, json.loads(TASKS[domain].read_text()), repeats)
@@ -295,6 +393,7 @@ def run_profile(domain: str, observe: str, repeats: int, as_json: bool) -> int:
     result = {
         "profile": domain,
         "observe": observe,
+        "a11y_view": a11y_view,
         "ops": ops,
         "leftover_processes": len(_left_behind(desktop, pids)),
         "load_avg_1m": round(os.getloadavg()[0], 2),
@@ -324,6 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--observe", default="tree", choices=["tree", "screenshot", "both"])
     parser.add_argument(
+        "--a11y-view",
+        default="agent",
+        choices=["agent", "full"],
+        help="the tree observed: what the RL env reads (agent) or OSWorld's whole XML (full)",
+    )
+    parser.add_argument(
         "--reset", nargs="+", default=["fresh"], choices=["fresh", "warm"], help="one run per N and each"
     )
     parser.add_argument(
@@ -333,11 +438,20 @@ def main(argv: list[str] | None = None) -> int:
         "--mib-per-desktop", type=int, default=450, help="memory a desktop may need (skip guard)"
     )
     parser.add_argument("--reserve-gib", type=float, default=4.0, help="MemAvailable to leave to others")
+    parser.add_argument(
+        "--pattern",
+        default="lockstep",
+        choices=["lockstep", "steady"],
+        help="lockstep: all reset, then all step, at once; steady: each desktop runs episodes back to back",
+    )
+    parser.add_argument(
+        "--duration", type=float, default=120.0, help="seconds of episodes (--pattern steady)"
+    )
     parser.add_argument("--profile", action="store_true", help="CPU by process kind, one desktop")
     parser.add_argument("--profile-repeats", type=int, default=10)
     args = parser.parse_args(argv)
     if args.profile:
-        return run_profile(args.domains[0], args.observe, args.profile_repeats, args.json)
+        return run_profile(args.domains[0], args.observe, args.profile_repeats, args.json, args.a11y_view)
     if args.concurrent:
         if min(args.concurrent) < 1:
             parser.error("--concurrent takes positive counts")
@@ -356,11 +470,33 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 continue
-            rows.append(
-                bench_concurrent(n, args.domains, args.steps, args.observe, flags, args.episodes_per_desktop)
-            )
+            if args.pattern == "steady":
+                rows.append(
+                    bench_steady(n, args.domains, args.steps, args.observe, args.a11y_view, args.duration)
+                )
+            else:
+                rows.append(
+                    bench_concurrent(
+                        n,
+                        args.domains,
+                        args.steps,
+                        args.observe,
+                        flags,
+                        args.episodes_per_desktop,
+                        args.a11y_view,
+                    )
+                )
             if args.json:  # one JSON object per line, as each N finishes
                 print(json.dumps(rows[-1]), flush=True)
+            elif args.pattern == "steady":
+                r = rows[-1]
+                print(
+                    f"N={n:<3} steady started {r['started']}/{n}  {r['episodes']} episodes "
+                    f"({r['episodes_per_min']}/min)  reset p50 {r['reset_p50_s']:.2f}s p99 {r['reset_p99_s']:.2f}s  "
+                    f"step p50 {r['step_p50_s']:.2f}s p99 {r['step_p99_s']:.2f}s  cpu {r['cpu_busy']:.0%}  "
+                    f"failed {r['failed']}  leftovers {r['leftover_processes']} procs {r['leftover_dirs']} dirs",
+                    flush=True,
+                )
             else:
                 r = rows[-1]
                 print(

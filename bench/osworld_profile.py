@@ -11,7 +11,7 @@ cstime`` its parent gains when it reaps it (less what the child's own samples al
 The machine may be shared: these are CPU seconds of the desktop's own processes, not wall time.
 
 Operations: ``idle`` (one second of nothing), ``action`` (``/execute`` of one pyautogui line, no
-observation), ``tree`` (``/accessibility``), ``screenshot`` (``/screenshot``), ``step``
+observation), ``tree`` (``/accessibility`` in the env's ``a11y_view``), ``screenshot`` (``/screenshot``), ``step``
 (``DesktopEnv.step`` with the observation the env was built with) and ``reset`` (a warm reset in
 place plus the task's setup).
 """
@@ -190,7 +190,7 @@ def profile_ops(env, task: dict, repeats: int) -> dict[str, dict]:
     ops: dict[str, Callable[[int], object]] = {
         "idle": lambda i: time.sleep(1.0),
         "action": lambda i: client.run_python(f"pyautogui.moveTo({100 + 10 * i}, 200)"),
-        "tree": lambda i: client.accessibility_tree(),
+        "tree": lambda i: client.accessibility_tree(env.a11y_view),
         "screenshot": lambda i: client.screenshot(),
         "step": lambda i: env.step(f"pyautogui.moveTo({100 + 10 * i}, 300)", pause=0.0),
         "reset": lambda i: env.reset(task),

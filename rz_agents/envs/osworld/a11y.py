@@ -3,8 +3,9 @@
 The XML follows OSWorld's tree: one element per node, tagged by role (``push-button``,
 ``table-cell``, ...), with ``name``, the node's text as element text, and namespaced attributes
 (``st:`` states, ``attr:`` object attributes, ``cp:`` geometry, ``val:`` values). ``linearize``
-keeps the nodes OSWorld's filter keeps (interactive or textual roles, showing and visible, on
-screen, with a name or text) and writes one tab-separated line per node::
+keeps the nodes OSWorld's filter keeps (``agent_filter``: interactive or textual roles, showing
+and visible, enabled, editable, expandable or checkable, on screen, with a name or text) and
+writes one tab-separated line per node::
 
     tag  name  text  class  description  position (top-left x&y)  size (w&h)
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 import ast
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+
+from rz_agents.envs.osworld.agent_filter import content_kept, geometry_kept, role_kept, states_kept
 
 STATE_NS = "https://accessibility.ubuntu.example.org/ns/state"
 ATTR_NS = "https://accessibility.ubuntu.example.org/ns/attributes"
@@ -38,11 +41,6 @@ NAMESPACES = {
 HEADER = "tag\tname\ttext\tclass\tdescription\tposition (top-left x&y)\tsize (w&h)"
 TRUNCATED = "[...]"
 
-_KEPT_SUFFIXES = ("item", "button", "heading", "label", "scrollbar", "searchbox", "textbox", "link",
-                  "tabelement", "textfield", "textarea", "menu")  # fmt: skip
-_KEPT_TAGS = {"alert", "canvas", "check-box", "combo-box", "entry", "icon", "image", "paragraph", "scroll-bar",
-              "section", "slider", "static", "table-cell", "terminal", "text"}  # fmt: skip
-
 
 def _pair(value: str | None) -> tuple[float, float]:
     try:
@@ -59,21 +57,20 @@ def _geometry(node: ET.Element) -> tuple[str, str]:
 
 
 def keep_node(node: ET.Element, atspi: bool = True) -> bool:
-    """OSWorld's filter for one node of an AT-SPI tree; in the fallback tree (``atspi=False``, no
-    states) a name or text is enough."""
-    name, text = node.get("name", ""), (node.text or "").strip()
-    if not (name or text or node.get("text")):
-        return False
+    """OSWorld's filter for one node of an AT-SPI tree (``agent_filter``); in the fallback tree
+    (``atspi=False``, no states) a name or text is enough."""
+    name = node.get("name", "")
     if not atspi:
-        return node.tag != "desktop-frame"
-    tag = node.tag
-    if not (tag.startswith("document") or tag.endswith(_KEPT_SUFFIXES) or tag in _KEPT_TAGS):
+        return bool(name or (node.text or "").strip() or node.get("text")) and node.tag != "desktop-frame"
+    if not role_kept(node.tag):
         return False
-    if node.get(f"{{{STATE_NS}}}showing") != "true" or node.get(f"{{{STATE_NS}}}visible") != "true":
+    prefix = f"{{{STATE_NS}}}"
+    states = {k[len(prefix) :] for k, v in node.attrib.items() if k.startswith(prefix) and v == "true"}
+    if not (states_kept(states) and content_kept(name, node.text)):
         return False
     pos, size = _geometry(node)
     (x, y), (w, h) = _pair(pos), _pair(size)
-    return x >= 0 and y >= 0 and w > 0 and h > 0
+    return geometry_kept(x, y, w, h)
 
 
 def _cell(value: str) -> str:

@@ -148,9 +148,13 @@ class VMClient:
         """A PNG of the screen."""
         return self._request("GET", "/screenshot")
 
-    def accessibility_tree(self) -> str:
-        """The accessibility tree as XML."""
-        return self._json("GET", "/accessibility")["AT"]
+    def accessibility_tree(self, view: str = "full", collect: bool = True) -> str:
+        """The accessibility tree as XML. ``view="agent"``: only the nodes OSWorld's text agent keeps
+        (``linearize`` gives the same table; OSWorld's own server ignores the option and sends all);
+        ``collect=False`` finds them by a walk instead of a search (the reference, for tests)."""
+        query = [f"view={view}"] if view != "full" else []
+        query += [] if collect else ["collect=0"]
+        return self._json("GET", "/accessibility" + ("?" + "&".join(query) if query else ""))["AT"]
 
     def terminal_output(self) -> str | None:
         """The focused GNOME Terminal's text (None: no such terminal open and active)."""

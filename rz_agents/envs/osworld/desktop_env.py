@@ -3,7 +3,9 @@
 ``reset(task_config)`` starts a fresh desktop and runs the task's setup steps; ``step(action,
 pause)`` runs one action (pyautogui code, a computer_13 dict, or ``WAIT``/``DONE``/``FAIL``);
 ``evaluate()`` scores the episode; observations are ``{"screenshot": PNG bytes,
-"accessibility_tree": XML, "terminal": text or None, "instruction": str}``.
+"accessibility_tree": XML, "terminal": text or None, "instruction": str}``. With
+``a11y_view="agent"`` the tree holds only the nodes OSWorld's text agent keeps (the RL env's
+choice: the same ``linearize`` table for a fraction of the desktop's CPU).
 """
 
 from __future__ import annotations
@@ -37,10 +39,14 @@ class DesktopEnv:
         download_cache: str | None = None,
         allow_network: bool = False,
         provider_options: dict[str, Any] | None = None,
+        a11y_view: str = "full",
     ) -> None:
         if action_space not in ("pyautogui", "computer_13"):
             raise ValueError(f"action_space must be 'pyautogui' or 'computer_13', got {action_space!r}")
+        if a11y_view not in ("full", "agent"):
+            raise ValueError(f"a11y_view must be 'full' or 'agent', got {a11y_view!r}")
         self.action_space = action_space
+        self.a11y_view = a11y_view
         self.require_a11y_tree = require_a11y_tree
         self.require_terminal = require_terminal
         self.require_screenshot = require_screenshot
@@ -158,7 +164,9 @@ class DesktopEnv:
         client = self.ctx.client
         return {
             "screenshot": client.screenshot() if self.require_screenshot else None,
-            "accessibility_tree": client.accessibility_tree() if self.require_a11y_tree else None,
+            "accessibility_tree": client.accessibility_tree(self.a11y_view)
+            if self.require_a11y_tree
+            else None,
             "terminal": client.terminal_output() if self.require_terminal else None,
             "instruction": self.task.instruction if self.task else "",
         }

@@ -71,6 +71,7 @@ class OSWorldEnv(MultiTurnTextEnv):
             provider_name=provider,
             action_space=action_space,
             require_screenshot=False,  # a text env: the tree is the observation
+            a11y_view="agent",  # only what the table reads: a fraction of the tree's CPU
             download_cache=download_cache,
             provider_options=provider_options,
         )

@@ -4,7 +4,8 @@ Served by the episode's session (``session.py``) inside its sandbox, on a Unix s
 reaches through a relay (or, unsandboxed, on a free loopback port). Endpoints (JSON bodies):
 
 * ``GET /platform``, ``/screen_size``, ``/cursor_position``, ``/screenshot`` (PNG),
-  ``/accessibility`` (``{"AT": xml}``), ``/terminal`` (``{"output": text | null}``: the focused
+  ``/accessibility`` (``{"AT": xml}``; ``?view=agent``: only the nodes OSWorld's text agent keeps,
+  ``&collect=0``: found by a walk, not a search), ``/terminal`` (``{"output": text | null}``: the focused
   GNOME Terminal's text, read over AT-SPI; ``terminal.py``)
 * ``POST /execute`` and ``/setup/execute`` ``{"command": list|str, "shell": bool}`` ->
   ``{"status", "output", "error", "returncode"}``; ``/run_python`` ``{"code"}``
@@ -33,6 +34,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 from xml.sax.saxutils import quoteattr
 
 from rz_agents.envs.osworld.client import PYAUTOGUI_PRELUDE
@@ -282,15 +284,17 @@ class AtspiTree:
             return None
         return proc.stdout.readline() or None
 
-    def dump(self, time_s: float = 20.0) -> str | None:
-        """The AT-SPI tree as XML, or None (``last_error`` says why)."""
+    def dump(self, time_s: float = 20.0, view: str = "full", collect: bool = True) -> str | None:
+        """The AT-SPI tree as XML (``view``: ``full`` or ``agent``, see ``atspi_tree.py``), or None
+        (``last_error`` says why). ``collect=False``: the agent view by a walk (the reference)."""
         with self._lock:
             try:
                 if self._proc is None or self._proc.poll() is not None:
                     self._proc = self._start()
                 if self._proc is None:
                     return None
-                self._proc.stdin.write(json.dumps({"time_s": time_s}) + "\n")
+                request = {"time_s": time_s, "view": view, "collect": collect}
+                self._proc.stdin.write(json.dumps(request) + "\n")
                 self._proc.stdin.flush()
                 line = self._readline(self._proc, time_s + 15)
                 if line is None:
@@ -338,11 +342,18 @@ def _chrome_nodes() -> list[dict[str, Any]]:
     return link.call(grab, timeout_s=20)
 
 
-def accessibility_xml() -> str:
+A11Y_VIEWS = ("full", "agent")
+
+
+def accessibility_xml(view: str = "full", collect: bool = True) -> str:
     """The desktop's accessibility tree: AT-SPI's (every app's widgets) when the session has it,
-    else the fallback: X11 windows, with Chromium's page tree (over CDP) inside its window."""
+    else the fallback: X11 windows, with Chromium's page tree (over CDP) inside its window.
+
+    ``view="agent"``: only the nodes OSWorld's text agent keeps (same table, far fewer calls)."""
+    if view not in A11Y_VIEWS:
+        raise ValueError(f"view must be one of {A11Y_VIEWS}, got {view!r}")
     if AtspiTree.enabled():
-        xml = _atspi.dump()
+        xml = _atspi.dump(view=view, collect=collect)
         if xml is not None:
             return xml
     return fallback_xml()
@@ -508,29 +519,33 @@ class Handler(BaseHTTPRequestHandler):
             return {}
         ctype = self.headers.get("Content-Type") or ""
         if "application/x-www-form-urlencoded" in ctype:
-            from urllib.parse import parse_qs
-
             return {k: v[0] for k, v in parse_qs(raw.decode()).items()}
         if ctype.startswith("multipart/form-data"):
             return parse_multipart(ctype, raw)
         return json.loads(raw)
 
     def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        path, query = url.path, parse_qs(url.query)
         try:
-            if self.path == "/platform":
+            if path == "/platform":
                 self._send(200, b"Linux", "text/plain")
-            elif self.path == "/screenshot":
+            elif path == "/screenshot":
                 self._send(200, screenshot_png(), "image/png")
-            elif self.path == "/accessibility":
-                self._json({"AT": accessibility_xml()})
-            elif self.path == "/terminal":
+            elif path == "/accessibility":
+                view, collect = query.get("view", ["full"])[0], query.get("collect", ["1"])[0] != "0"
+                if view not in A11Y_VIEWS:
+                    self._json({"status": "error", "message": f"view must be one of {A11Y_VIEWS}"}, 400)
+                else:
+                    self._json({"AT": accessibility_xml(view, collect)})
+            elif path == "/terminal":
                 self._json({"output": terminal_text()})
-            elif self.path == "/screen_size":
+            elif path == "/screen_size":
                 w, h = screen_size()
                 self._json({"width": w, "height": h})
-            elif self.path == "/cursor_position":
+            elif path == "/cursor_position":
                 self._json(list(cursor_position()))
-            elif self.path == "/windows":
+            elif path == "/windows":
                 self._json(list_windows())
             else:
                 self._json({"status": "error", "message": f"unknown endpoint {self.path}"}, 404)

@@ -10,14 +10,16 @@ TREE = """<desktop-frame xmlns:st="https://accessibility.ubuntu.example.org/ns/s
   xmlns:cp="https://accessibility.ubuntu.example.org/ns/component"
   xmlns:attr="https://accessibility.ubuntu.example.org/ns/attributes">
  <application name="soffice">
-  <frame name="Untitled 1 - LibreOffice Calc" st:showing="true" st:visible="true" cp:screencoord="(0, 0)" cp:size="(1920, 1080)">
-   <menu name="File" st:showing="true" st:visible="true" cp:screencoord="(4, 30)" cp:size="(40, 20)"/>
-   <push-button name="Bold" st:showing="true" st:visible="true" cp:screencoord="(300, 60)" cp:size="(24, 24)" attr:class="bold-btn"/>
-   <push-button name="Hidden" st:showing="false" st:visible="true" cp:screencoord="(300, 60)" cp:size="(24, 24)"/>
-   <table-cell name="A1" st:showing="true" st:visible="true" cp:screencoord="(60, 200)" cp:size="(80, 20)">Say "hi"</table-cell>
-   <table-cell name="" st:showing="true" st:visible="true" cp:screencoord="(140, 200)" cp:size="(80, 20)"/>
-   <push-button name="Offscreen" st:showing="true" st:visible="true" cp:screencoord="(-5, 60)" cp:size="(24, 24)"/>
-   <panel name="Toolbar" st:showing="true" st:visible="true" cp:screencoord="(0, 50)" cp:size="(1920, 40)"/>
+  <frame name="Untitled 1 - LibreOffice Calc" st:showing="true" st:visible="true" st:enabled="true" cp:screencoord="(0, 0)" cp:size="(1920, 1080)">
+   <menu name="File" st:showing="true" st:visible="true" st:enabled="true" cp:screencoord="(4, 30)" cp:size="(40, 20)"/>
+   <push-button name="Bold" st:showing="true" st:visible="true" st:enabled="true" cp:screencoord="(300, 60)" cp:size="(24, 24)" attr:class="bold-btn"/>
+   <push-button name="Hidden" st:showing="false" st:visible="true" st:enabled="true" cp:screencoord="(300, 60)" cp:size="(24, 24)"/>
+   <push-button name="Disabled" st:showing="true" st:visible="true" cp:screencoord="(330, 60)" cp:size="(24, 24)"/>
+   <check-box name="Wrap" st:showing="true" st:visible="true" st:checkable="true" cp:screencoord="(360, 60)" cp:size="(24, 24)"/>
+   <table-cell name="A1" st:showing="true" st:visible="true" st:editable="true" cp:screencoord="(60, 200)" cp:size="(80, 20)">Say "hi"</table-cell>
+   <table-cell name="" st:showing="true" st:visible="true" st:editable="true" cp:screencoord="(140, 200)" cp:size="(80, 20)"/>
+   <push-button name="Offscreen" st:showing="true" st:visible="true" st:enabled="true" cp:screencoord="(-5, 60)" cp:size="(24, 24)"/>
+   <panel name="Toolbar" st:showing="true" st:visible="true" st:enabled="true" cp:screencoord="(0, 50)" cp:size="(1920, 40)"/>
   </frame>
  </application>
 </desktop-frame>"""
@@ -29,8 +31,22 @@ def test_linearize_keeps_what_osworld_keeps():
     assert lines[1:] == [
         'menu\tFile\t""\t\t\t(4, 30)\t(40, 20)',
         'push-button\tBold\t""\tbold-btn\t\t(300, 60)\t(24, 24)',
+        'check-box\tWrap\t""\t\t\t(360, 60)\t(24, 24)',
         'table-cell\tA1\t"Say ""hi"""\t\t\t(60, 200)\t(80, 20)',
-    ]  # frames, panels, hidden, off-screen and empty nodes are dropped
+    ]  # frames, panels, hidden, disabled, off-screen and empty nodes are dropped
+
+
+def test_a_node_that_cannot_be_acted_on_is_dropped_as_osworld_drops_it():
+    # judge_node keeps a node only if it is enabled, editable, expandable or checkable
+    row = '<push-button name="Go" st:showing="true" st:visible="true" {} cp:screencoord="(1, 1)" cp:size="(5, 5)"/>'
+    head = '<desktop-frame xmlns:st="{}" xmlns:cp="{}">'.format(
+        "https://accessibility.ubuntu.example.org/ns/state",
+        "https://accessibility.ubuntu.example.org/ns/component",
+    )
+    for state, kept in [("", False), ('st:focusable="true"', False), ('st:enabled="true"', True),
+                        ('st:editable="true"', True), ('st:expandable="true"', True), ('st:checkable="true"', True)]:  # fmt: skip
+        rows = linearize(head + row.format(state) + "</desktop-frame>").split("\n")[1:]
+        assert (rows == ['push-button\tGo\t""\t\t\t(1, 1)\t(5, 5)']) is kept, state
 
 
 def test_fallback_tree_without_states_keeps_named_nodes():
