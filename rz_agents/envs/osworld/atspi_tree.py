@@ -42,6 +42,7 @@ import time
 import xml.etree.ElementTree as ET
 
 from agent_filter import content_kept, geometry_kept, role_kept, states_kept
+from atspi_search import AgentSearch, Bus
 
 NS = {
     "st": "https://accessibility.ubuntu.example.org/ns/state",
@@ -70,20 +71,32 @@ UNPRUNED_ROLES = ("application", "frame", "window")
 COLLECTION_TOOLKITS = ("Chromium",)
 
 
-_KEPT_ROLES: list = []
+def describe(
+    el: ET.Element, states: list[str], attributes: list[tuple[str, str]], description: str, text, box
+) -> None:
+    """Write states, attributes, description, geometry and text onto ``el`` as OSWorld's XML does."""
+    for state in states:
+        el.set(f"{{{NS['st']}}}{state}", "true")
+    for key, value in attributes:
+        el.set(f"{{{NS['attr']}}}{key}", value)
+    if description:
+        el.set(f"{{{NS['attr']}}}description", description)
+    if box is not None:
+        x, y, w, h = box
+        el.set(f"{{{NS['cp']}}}screencoord", f"({x}, {y})")
+        el.set(f"{{{NS['cp']}}}size", f"({w}, {h})")
+    if text is not None:
+        el.text = text
 
 
-def kept_roles() -> list:
-    """The roles whose names the agent's filter keeps, plus EXTENDED (an application names those)."""
-    if not _KEPT_ROLES:
-        from gi.repository import Atspi
+_BUS: list = []
 
-        for number in range(int(Atspi.Role.LAST_DEFINED)):
-            name = Atspi.role_get_name(Atspi.Role(number))
-            if name and role_kept(name.replace(" ", "-")):
-                _KEPT_ROLES.append(Atspi.Role(number))
-        _KEPT_ROLES.append(Atspi.Role.EXTENDED)
-    return _KEPT_ROLES
+
+def search_bus() -> Bus:
+    """The accessibility bus connection the searches share (made at the first search)."""
+    if not _BUS:
+        _BUS.append(Bus())
+    return _BUS[0]
 
 
 _STATE_NAMES: dict[int, str] = {}
@@ -113,6 +126,7 @@ class Dumper:
         self.cut = False
         self.kept: list[ET.Element] = []  # the agent view's nodes, in document order
         self.state_memo: dict[object, tuple[list[str], bool]] = {}
+        self.searched = 0  # applications whose agent view came from a search
         self.state_names = state_names(pyatspi)
 
     def exhausted(self) -> bool:
@@ -143,6 +157,10 @@ class Dumper:
             return []
         return [(key, value) for key, _, value in pairs if key]
 
+    @staticmethod
+    def description(acc) -> str:
+        return getattr(acc, "description", "") or ""
+
     def extents(self, acc) -> tuple[int, int, int, int] | None:
         try:
             return tuple(acc.queryComponent().getExtents(self.pyatspi.DESKTOP_COORDS))
@@ -157,24 +175,6 @@ class Dumper:
         except Exception:
             return None
         return content.replace("\ufffc", "").replace("\ufffd", "") if content else None
-
-    def describe(
-        self, el: ET.Element, acc, states: list[str], attributes: list[tuple[str, str]], text, box
-    ) -> None:
-        """Write states, attributes, description, geometry and text onto ``el`` as OSWorld's XML does."""
-        for state in states:
-            el.set(f"{{{NS['st']}}}{state}", "true")
-        for key, value in attributes:
-            el.set(f"{{{NS['attr']}}}{key}", value)
-        desc = getattr(acc, "description", "") or ""
-        if desc:
-            el.set(f"{{{NS['attr']}}}description", desc)
-        if box is not None:
-            x, y, w, h = box
-            el.set(f"{{{NS['cp']}}}screencoord", f"({x}, {y})")
-            el.set(f"{{{NS['cp']}}}size", f"({w}, {h})")
-        if text is not None:
-            el.text = text
 
     # -- the walk
     def node(self, acc, depth: int) -> ET.Element | None:
@@ -204,7 +204,7 @@ class Dumper:
 
     def full_node(self, acc, role: str, name: str, states: list[str]) -> ET.Element:
         el = ET.Element(role, {"name": name})
-        self.describe(el, acc, states, self.attributes(acc), self.text(acc), self.extents(acc))
+        describe(el, states, self.attributes(acc), self.description(acc), self.text(acc), self.extents(acc))
         try:
             value = acc.queryValue()
             el.set(f"{{{NS['val']}}}value", str(value.currentValue))
@@ -231,94 +231,35 @@ class Dumper:
         if box is None or not geometry_kept(*box):
             return None
         el = ET.Element(role, {"name": name})
-        self.describe(el, acc, states, self.attributes(acc), text, box)
+        describe(el, states, self.attributes(acc), self.description(acc), text, box)
         self.kept.append(el)
         return None
 
     def collect(self, app) -> bool:
-        """The agent view of one application through its Collection interface (one call for every
-        showing, visible object, searched inside the application) instead of a walk; False when the
-        application is not one where that is safe, or a match's place cannot be traced (it is
-        walked then).
-
-        Each match the filter keeps is checked to be where the walk would reach it: every ancestor
-        showing (or an application, frame or window) and the depth within ``max_depth``.
-        """
-        pa = self.pyatspi
+        """The agent view of one Chromium application by one Collection search and pipelined D-Bus
+        calls (``atspi_search.py``) instead of a walk; False when the application is another or
+        cannot be searched (it is walked then)."""
         try:
             if (app.toolkitName or "") not in COLLECTION_TOOLKITS:
                 return False
-            col = app.queryCollection()
-            states = pa.StateSet()
-            for state in (pa.STATE_SHOWING, pa.STATE_VISIBLE):
-                states.add(state)
-            roles = kept_roles()  # and only roles the filter keeps (a role's name is libatspi's, fixed)
-            rule = col.createMatchRule(
-                states, col.MATCH_ALL, "", col.MATCH_ALL, roles, col.MATCH_ANY, "", col.MATCH_ALL, False
-            )
-            matches = col.getMatches(rule, col.SORT_ORDER_CANONICAL, 0, True)
-        except Exception:
+            bus_name = app.app.bus_name
+            search = AgentSearch(search_bus(), self.limits, self.state_name, describe)
+            kept = search.kept(bus_name)
+        except Exception:  # SearchError, or a bus or application that went away: walk instead
             return False
-        self.nodes += 1
-        # path -> the depth at which the walk reaches that object and descends into it (None: it
-        # does not). Seeded with the application's windows: a window's parent may not lead back to it.
-        walkable: dict[str, int | None] = {app.path: 1}
-        for window in self.children(app, "application"):
-            self.reach(window, 1, walkable)
-        kept, walk_kept = [], self.kept
-        self.kept = kept
-        try:
-            for acc in matches:
-                if self.exhausted():
-                    break
-                try:
-                    role = (acc.getRoleName() or "unknown").replace(" ", "-")
-                    if not role_kept(role):
-                        continue
-                    self.nodes += 1
-                    name = acc.name or ""
-                    parent_depth = self.depth_reached(acc.parent, walkable)
-                except LookupError:
-                    return False  # a match whose ancestors do not lead to the application: walk it
-                except Exception:
-                    continue  # the object vanished
-                if parent_depth is not None:
-                    self.agent_node(acc, role, name, self.states(acc)[0])
-        finally:
-            self.kept = walk_kept
+        self.nodes += 1 + len(kept)
         self.kept.extend(kept)
+        self.searched += 1
         return True
 
-    def reach(self, acc, parent_depth: int | None, walkable: dict) -> int | None:
-        """Record and return the depth at which the walk descends into ``acc``, a child of an object
-        it descends into at ``parent_depth`` (None: it does not reach or does not descend)."""
-        depth = None
-        if parent_depth is not None:
-            _states, showing = self.states(acc)
-            role = ""
-            if not showing:
-                try:
-                    role = (acc.getRoleName() or "").replace(" ", "-")
-                except Exception:
-                    pass
-            hidden = self.limits["prune_hidden"] and not showing and role not in UNPRUNED_ROLES
-            depth = None if hidden or parent_depth + 1 >= self.limits["max_depth"] else parent_depth + 1
-        walkable[acc.path] = depth
-        return depth
+    def state_name(self, number: int) -> str:
+        """OSWorld's name of a state number (``multi-line``)."""
+        name = self.state_names.get(number)
+        if name is None:
+            from gi.repository import Atspi
 
-    def depth_reached(self, acc, walkable: dict) -> int | None:
-        """The depth at which the walk descends into ``acc`` (None: never); LookupError when its
-        ancestors do not lead to a known object."""
-        chain = []
-        while acc is not None and acc.path not in walkable:
-            chain.append(acc)
-            acc = acc.parent
-        if acc is None:
-            raise LookupError("no known ancestor")
-        depth = walkable[acc.path]
-        for node in reversed(chain):  # from the known ancestor down to ``acc``
-            depth = self.reach(node, depth, walkable)
-        return depth
+            name = self.pyatspi.stateToString(Atspi.StateType(number)).replace(" ", "-")
+        return name
 
     def children(self, acc, role: str):
         """The children to walk: all (capped), or for a huge table only its visible cells."""
@@ -382,6 +323,8 @@ class Dumper:
             if el is not None:
                 root.append(el)
         root.extend(self.kept)
+        if self.agent:
+            root.set("searched", str(self.searched))
         if self.cut:
             root.set("truncated", "true")
         return root

@@ -1,9 +1,11 @@
 """The tree the agent reads, cheaply: the ``agent`` view (only the nodes OSWorld's text agent keeps,
-found in Chromium by one Collection search instead of a walk) gives the same table as the full
-tree while the page and the browser change under it, and as a walk that looks for the same nodes."""
+found in Chromium by one Collection search and pipelined D-Bus calls instead of a walk) gives the
+same table as the full tree while the page and the browser change under it, and as a walk that
+looks for the same nodes."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 import urllib.error
@@ -59,6 +61,7 @@ def _views_agree(env: DesktopEnv) -> tuple[str, str] | None:
     agent = env.ctx.client.accessibility_tree("agent")
     walked = env.ctx.client.accessibility_tree("agent", collect=False)
     after = linearize(env.ctx.client.accessibility_tree("full"))
+    assert ET.fromstring(walked).get("searched") == "0"
     return (ref, agent) if ref == after == linearize(agent) == linearize(walked) else None
 
 
@@ -82,6 +85,7 @@ def test_agent_view_gives_the_full_trees_table_as_the_browser_changes():
                 time.sleep(1.0)
             assert agreed, f"after {action!r} the agent view never gave the full tree's table"
             ref, agent = agreed
+            assert ET.fromstring(agent).get("searched") == "1", "Chromium was walked, not searched"
             # the agent view holds only the kept nodes, flat: one row each
             rows = ref.split("\n")[1:]
             assert len(ET.fromstring(agent)) == len(rows), action
@@ -130,3 +134,38 @@ def test_agent_view_of_a_gtk_terminal_is_walked_and_follows_typed_text():
                 time.sleep(1.0)
             assert agreed, f"after {action!r} the agent view never gave the full tree's table"
         assert "agent-view-check" in linearize(agreed[1])
+        assert ET.fromstring(agreed[1]).get("searched") == "0"  # a GTK application is walked
+
+
+HELPER = "/opt/rz/rz_agents/envs/osworld/atspi_tree.py"
+
+
+def _helper_answers(env: DesktopEnv, requests: list[dict]) -> list[str]:
+    """The desktop's tree helper run once on ``requests`` (one answer's XML each)."""
+    lines = "\n".join(json.dumps(r) for r in requests)
+    out = env.ctx.client.execute(f"printf '%s\\n' '{lines}' | /usr/bin/python3 {HELPER}", shell=True)
+    answers = [json.loads(line) for line in out["output"].splitlines()[1:]]  # after {"ready": true}
+    assert len(answers) == len(requests) and all("xml" in a for a in answers), out
+    return [a["xml"] for a in answers]
+
+
+@needs_atspi
+def test_search_and_walk_agree_at_every_depth_limit_and_without_pruning():
+    # the search checks each match's ancestors the way the walk descends: depth and hidden parents
+    with DesktopEnv(require_screenshot=False) as env:
+        env.reset(None)
+        env.ctx.client.execute(SITE, shell=True)
+        step_launch(env.ctx, ["google-chrome", "file:///home/user/site/index.html"])
+        until(lambda: "Welcome" in linearize(env.ctx.client.accessibility_tree("full")), 60.0, 0.5)
+        env.step("pyautogui.hotkey('alt', 'f')", pause=1.0)  # a menu open: more depth, hidden items
+        limits = [{"max_depth": d} for d in (3, 6, 9, 12, 15, 60)] + [{"prune_hidden": False}]
+        for _ in range(5):  # the menu and the page may still change between the two runs
+            searched = _helper_answers(env, [{"view": "agent", **lim} for lim in limits])
+            walked = _helper_answers(env, [{"view": "agent", "collect": False, **lim} for lim in limits])
+            if [linearize(x) for x in searched] == [linearize(x) for x in walked]:
+                break
+            time.sleep(1.0)
+        assert [linearize(x) for x in searched] == [linearize(x) for x in walked]
+        rows = [len(linearize(x).split("\n")) for x in searched]
+        assert rows[0] < rows[2] <= rows[5], rows  # the depth limit does cut the table
+        assert all(ET.fromstring(x).get("searched") == "1" for x in searched)
