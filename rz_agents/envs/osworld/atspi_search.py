@@ -11,8 +11,8 @@ Chromium answers in one wake-up: ~70 us and ~40 us a call. The work:
 
 1. ``Collection.GetMatches`` on the application's root: every showing, visible object, in tree
    order (one call; Chromium searches its own tree);
-2. for each match its role, states and name, then for those whose states pass, text, geometry,
-   attributes and description (two batches);
+2. for each match its role and states, then for those that pass, its properties (name, parent,
+   description: one ``GetAll``), text, geometry and attributes (two batches);
 3. for each kept node, where the walk of ``atspi_tree.py`` would reach it: its ancestors, level
    by level, each showing (or an application, frame or window) and within the depth limit.
 
@@ -49,12 +49,18 @@ def _words(reply) -> tuple[int, int]:  # (au): a state set
     return words.get_child_value(0).get_uint32(), words.get_child_value(1).get_uint32()
 
 
-def _prop_string(reply) -> str:  # (v) holding s
-    return reply.get_child_value(0).get_variant().get_string()
-
-
 def _prop_path(reply) -> str:  # (v) holding (so): the object's path
     return reply.get_child_value(0).get_variant().get_child_value(1).get_string()
+
+
+def _accessible(reply) -> tuple[str, str | None, str]:  # (a{sv}): name, parent's path, description
+    props = reply.get_child_value(0)
+    name, parent, description = (props.lookup_value(key, None) for key in ("Name", "Parent", "Description"))
+    return (
+        name.get_string() if name is not None else "",
+        parent.get_child_value(1).get_string() if parent is not None else None,
+        description.get_string() if description is not None else "",
+    )
 
 
 def _paths(reply) -> list[str]:  # (a(so))
@@ -184,9 +190,8 @@ class AgentSearch:
         v = bus.GLib.Variant
         self.rule = _rule(bus.GLib)
         self.args = {  # built once: a Variant costs more to make than to send
-            "Name": v("(ss)", (ACCESSIBLE, "Name")),
+            "Accessible": v("(s)", (ACCESSIBLE,)),
             "Parent": v("(ss)", (ACCESSIBLE, "Parent")),
-            "Description": v("(ss)", (ACCESSIBLE, "Description")),
             "text": v("(ii)", (0, -1)),
             "screen": v("(u)", (COORDS_SCREEN,)),
         }
@@ -248,20 +253,20 @@ class AgentSearch:
                 call
                 for path, _role, _states in passing
                 for call in (
-                    (path, PROPERTIES, "Get", args["Name"], _prop_string),
-                    (path, PROPERTIES, "Get", args["Parent"], _prop_path),
+                    (path, PROPERTIES, "GetAll", args["Accessible"], _accessible),
                     (path, "org.a11y.atspi.Text", "GetText", args["text"], _string),
                     (path, "org.a11y.atspi.Component", "GetExtents", args["screen"], _box),
                     (path, ACCESSIBLE, "GetAttributes", None, _attributes),
-                    (path, PROPERTIES, "Get", args["Description"], _prop_string),
                 )
             ],
             self.timeout_ms,
         )
         nodes = []
         for i, (path, role, states) in enumerate(passing):
-            name, parent, text, box, attributes, description = second[6 * i : 6 * i + 6]
-            name = name or ""
+            props, text, box, attributes = second[4 * i : 4 * i + 4]
+            if props is None:
+                continue  # vanished
+            name, parent, description = props
             text = text.replace("\ufffc", "").replace("\ufffd", "") if text else None
             if not content_kept(name, text) or box is None or not geometry_kept(*box):
                 continue
