@@ -247,3 +247,19 @@ def test_tab_names_carry_no_live_memory_figure_where_the_hover_card_pref_would_a
         _chrome_tree(env, [])  # the wrapper's own Local State
         default = names_until(env, lambda seen: False, max(3 * shown_after, 15.0))
         assert "Shop" in default and not any(MEMORY_IN_NAME.search(n) for n in default), default
+
+
+@needs_desktop
+def test_xlib_extension_modules_come_preloaded_and_actions_still_open_their_own_display():
+    with DesktopEnv(require_screenshot=False, require_a11y_tree=False) as env:
+        env.reset(None)
+        # ``python -c`` is answered by the runner's fork: what it preloaded is there before any import
+        probe = "import sys; print(sorted(m for m in sys.modules if m.startswith('Xlib.ext.')))"
+        out = env.ctx.client.execute(["python", "-c", probe])
+        assert out["returncode"] == 0, out
+        assert {"Xlib.ext.xtest", "Xlib.ext.randr", "Xlib.ext.xinput"} <= set(eval(out["output"])), out
+        for x in (250, 450):  # each action's pyautogui still works on a display of its own
+            moved = env.ctx.client.run_python(
+                f"pyautogui.moveTo({x}, 300)\nprint(tuple(pyautogui.position()))"
+            )
+            assert moved["returncode"] == 0 and moved["output"].strip() == f"({x}, 300)", moved
