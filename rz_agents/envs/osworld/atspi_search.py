@@ -103,6 +103,8 @@ class Bus:
         conn = self.peers.get(bus_name)
         if conn is not None and not conn.is_closed():
             return conn
+        # applications come and go (a reset restarts Chromium): forget the connections that closed
+        self.peers = {name: c for name, c in self.peers.items() if not c.is_closed()}
         try:
             reply = self.bus.call_sync(
                 bus_name,

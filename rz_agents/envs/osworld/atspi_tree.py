@@ -1,8 +1,9 @@
 """Dump the desktop's AT-SPI accessibility tree as OSWorld's XML. Runs under the SYSTEM Python.
 
 Debian's ``python3-pyatspi`` (with ``gir1.2-atspi-2.0``) exists only for ``/usr/bin/python3``, not
-for the interpreter rz_agents runs on, so this file imports nothing of rz_agents but
-``agent_filter`` (standard library only, found beside it): the desktop's server starts it as
+for the interpreter rz_agents runs on, so this file imports nothing of rz_agents but its two
+neighbours ``agent_filter`` and ``atspi_search`` (standard library and GLib only, found beside it):
+the desktop's server starts it as
 ``/usr/bin/python3 atspi_tree.py`` inside the sandbox (the session bus and the AT-SPI bus are the
 desktop's own) and keeps it running. Protocol: one JSON request per line on stdin (``{"view",
 "collect", "max_nodes", "max_children", "max_depth", "time_s", "prune_hidden"}``, all optional), one
@@ -19,15 +20,14 @@ agent cannot see them and OSWorld's filter drops them anyway).
 
 Views. ``full`` (default) is the whole tree above. ``agent`` holds only the nodes OSWorld's text
 agent keeps (``agent_filter``), flat under ``desktop-frame``, each with what its table reads (role,
-name, text, states, ``attr:class``, ``attr:description``, geometry), and asks for text, geometry
-and attributes only of nodes whose role and states pass. For Chromium (and apps built on it) the
-candidates come from one Collection search inside the application (``GetMatches``: every showing,
-visible object, in tree order, ~2 ms of the browser's CPU) instead of a walk that costs several
-D-Bus round trips a node; each is checked to be where the walk would reach it (no hidden
-ancestor, within ``max_depth``). Other applications are walked. ``linearize`` of the agent view
-equals ``linearize`` of the full view (tested), except where the full walk is cut by its node,
-time or children-per-node budget (the search is not). ``"collect": false`` walks every
-application: the reference the search is tested against.
+name, text, states, ``attr:class``, ``attr:description``, geometry). Chromium (and apps built on
+it) is searched, not walked (``atspi_search.py``: one Collection search inside the application,
+then pipelined calls on its own socket, each match checked to be where the walk would reach it);
+other applications are walked, asking text, geometry and attributes only of nodes whose role and
+states pass. The root's ``searched`` attribute counts the applications searched. ``linearize`` of
+the agent view equals ``linearize`` of the full view (tested), except where the full walk is cut
+by its node, time or children-per-node budget (the search is not). ``"collect": false`` walks
+every application: the reference the search is tested against.
 
 Nothing is cached between requests: libatspi's cache would need the applications' events to stay
 current, and Chromium sends no children-changed events for its window and not every state change
@@ -93,9 +93,10 @@ _BUS: list = []
 
 
 def search_bus() -> Bus:
-    """The accessibility bus connection the searches share (made at the first search)."""
-    if not _BUS:
-        _BUS.append(Bus())
+    """The accessibility bus connection the searches share (made at the first search, and again
+    when it has closed)."""
+    if not _BUS or _BUS[0].bus.is_closed():
+        _BUS[:] = [Bus()]
     return _BUS[0]
 
 
@@ -143,7 +144,7 @@ class Dumper:
             try:
                 # Atspi's own list, not pyatspi's getStates (64 field reads in Python: ~70 us a node)
                 states = acc.get_state_set().get_states()
-                names = [self.state_names.get(int(s)) or self.pyatspi.stateToString(s) for s in states]
+                names = [self.state_name(int(s)) for s in states]
             except Exception:
                 return [], True
             self.state_memo[key] = (names, self.pyatspi.STATE_SHOWING in states)
