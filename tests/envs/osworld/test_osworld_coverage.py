@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import shutil
 
 from rz_agents.envs.osworld.coverage import evaluator_inventory
 
@@ -13,8 +13,10 @@ def _write(path, evaluator):
 
 
 def test_inventory_counts_tasks_per_name_and_sorts_them_by_status(tmp_path, monkeypatch):
-    real = shutil.which  # without ffmpeg, compare_audios cannot score the tasks' MP3s: blocked
-    monkeypatch.setattr(shutil, "which", lambda n, *a, **k: None if n == "ffmpeg" else real(n, *a, **k))
+    real = importlib.util.find_spec  # without librosa, compare_audios cannot score: blocked
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a, **k: None if n == "librosa" else real(n, *a, **k)
+    )
     (tmp_path / "d").mkdir()
     _write(
         tmp_path / "a.json",

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from rz_agents.envs.osworld.metrics.libraries import missing, require
+
 WIN = 7
 
 
@@ -241,25 +243,24 @@ def check_image_file_size(src_path: str | None, rule: dict[str, Any], **_: Any) 
     return float(os.path.getsize(src_path) < rule["max_size"])
 
 
-def _grey_like_cv2(path: str) -> Any:
-    """``cv2.imread(path, IMREAD_GRAYSCALE)``: BT.601 weights in OpenCV's 14-bit fixed point."""
-    img = np.asarray(_open(path).convert("RGB"), dtype=np.int64)
-    r, g, b = img[..., 0], img[..., 1], img[..., 2]
-    return ((r * 4899 + g * 9617 + b * 1868 + (1 << 13)) >> 14).astype(np.float64)
+_OPENCV = missing(("cv2", "opencv-python-headless"))
 
 
 def laplacian_variance(path: str) -> float:
-    """Variance of ``cv2.Laplacian(grey, CV_64F)`` (3x3 kernel 0 1 0 / 1 -4 1 / 0 1 0, borders
-    reflected without repeating the edge, OpenCV's default)."""
-    g = np.pad(_grey_like_cv2(path), 1, mode="reflect")
-    lap = g[:-2, 1:-1] + g[2:, 1:-1] + g[1:-1, :-2] + g[1:-1, 2:] - 4 * g[1:-1, 1:-1]
-    return float(np.var(lap))
+    """OSWorld's ``calculate_image_sharpness``: the variance of OpenCV's Laplacian (``CV_64F``) of
+    the image read in grey (``cv2.imread(path, IMREAD_GRAYSCALE)``)."""
+    require(_OPENCV, "check_sharper")
+    import cv2
+
+    return float(np.var(cv2.Laplacian(cv2.imread(path, cv2.IMREAD_GRAYSCALE), cv2.CV_64F)))
 
 
 def check_sharper(src_path: str, tgt_path: str, **_: Any) -> float:
     """1 when the first image's Laplacian variance (sharpness) is above the second's."""
     return float(laplacian_variance(src_path) > laplacian_variance(tgt_path))
 
+
+BLOCKERS: dict[str, Callable[[], str | None]] = {"check_sharper": _OPENCV}
 
 METRICS: dict[str, Callable[..., float]] = {
     "compare_images": compare_images,

@@ -1,4 +1,4 @@
-"""PDF metrics: page counts and text similarity (pypdf reads the files)."""
+"""PDF metrics: page counts (pypdf), text similarity and page images (PyMuPDF, as OSWorld)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from rz_agents.envs.osworld.metrics.general import fuzz_ratio
+from rz_agents.envs.osworld.metrics.libraries import missing, require
+
+_PYMUPDF = missing(("pymupdf", "pymupdf"))
 
 
 def _reader(path: str) -> Any:
@@ -16,8 +19,12 @@ def _reader(path: str) -> Any:
 
 
 def pdf_text(path: str) -> str:
-    """The text of every page, concatenated and stripped."""
-    return "".join(page.extract_text() or "" for page in _reader(path).pages).strip()
+    """OSWorld's ``extract_text_from_pdf``: PyMuPDF's text of every page, concatenated, stripped."""
+    require(_PYMUPDF, "compare_pdfs")
+    import pymupdf
+
+    with pymupdf.open(path) as doc:
+        return "".join(page.get_text() for page in doc).strip()
 
 
 def check_pdf_pages(pdf_file: str | None, rules: dict[str, Any], **_: Any) -> float:
@@ -32,64 +39,43 @@ def check_pdf_pages(pdf_file: str | None, rules: dict[str, Any], **_: Any) -> fl
 
 
 def compare_pdfs(pdf1: str | list[str] | None, pdf2: str | list[str] | None, **_: Any) -> float:
-    """Mean text similarity (in [0, 1]) of the PDFs, pairwise; a pair that cannot be read scores 0."""
-    firsts = pdf1 if isinstance(pdf1, list) else [pdf1]
-    seconds = pdf2 if isinstance(pdf2, list) else [pdf2]
+    """Mean text similarity (in [0, 1]) of the PDFs, pairwise; a pair that cannot be read adds 0.
+
+    As OSWorld: both sides become lists only when the second is not one (a single first path
+    against a list is zipped character by character there too), and the sum is divided by the
+    number of second paths."""
+    require(_PYMUPDF, "compare_pdfs")
+    if not isinstance(pdf2, list):
+        pdf1, pdf2 = [pdf1], [pdf2]
     total = 0.0
-    for a, b in zip(firsts, seconds, strict=False):
+    for a, b in zip(pdf1, pdf2, strict=False):  # a None first path against a list raises, as there
         try:
             total += fuzz_ratio(pdf_text(a), pdf_text(b)) / 100.0
         except Exception:
             continue
-    return total / len(seconds) if seconds else 0.0
+    return total / len(pdf2)
 
 
-def _render(path: str, out_dir: str) -> list[bytes]:
-    """Each page rendered to RGB pixels (``pdftoppm``, 72 dpi as PyMuPDF's default pixmap)."""
-    import glob
-    import os
-    import subprocess
+def page_images(path: str) -> list[bytes]:
+    """Each page as PyMuPDF renders it by default (72 dpi, RGB), as raw pixel bytes."""
+    import pymupdf
 
-    from PIL import Image
-
-    os.makedirs(out_dir, exist_ok=True)
-    prefix = os.path.join(out_dir, "page")
-    subprocess.run(
-        ["pdftoppm", "-r", "72", "-png", path, prefix], check=True, capture_output=True, timeout=300
-    )
-    return [Image.open(p).convert("RGB").tobytes() for p in sorted(glob.glob(prefix + "*.png"))]
+    with pymupdf.open(path) as doc:
+        return [page.get_pixmap().samples for page in doc]
 
 
 def compare_pdf_images(pdf1_path: str | None, pdf2_path: str | None, **_: Any) -> float:
-    """1 when both PDFs render to the same number of pages with identical pixels.
-
-    OSWorld rewrites both files with borb, then renders each page with PyMuPDF; here poppler's
-    ``pdftoppm`` renders them (``BLOCKERS`` says when it is missing). Same decision when the two
-    renderers agree on equality; the pixels themselves differ between renderers.
-    """
-    import shutil
-    import tempfile
-
+    """1 when both PDFs render (PyMuPDF, default pixmaps) to the same number of pages with identical
+    pixels, as OSWorld; it first rewrites both files in place with borb, which is not done here (a
+    rewrite that keeps the content renders the same)."""
     if not pdf1_path or not pdf2_path:
         return 0.0
-    if not shutil.which("pdftoppm"):
-        raise RuntimeError(f"compare_pdf_images: {_render_blocker()}")
-    with tempfile.TemporaryDirectory(prefix="rz_pdf_") as tmp:
-        a, b = _render(pdf1_path, tmp + "/a"), _render(pdf2_path, tmp + "/b")
+    require(_PYMUPDF, "compare_pdf_images")
+    a, b = page_images(pdf1_path), page_images(pdf2_path)
     return float(len(a) == len(b) and a == b)
 
 
-def _render_blocker() -> str | None:
-    import shutil
-
-    return (
-        None
-        if shutil.which("pdftoppm")
-        else "rendering PDF pages needs pdftoppm (apt-get install poppler-utils)"
-    )
-
-
-BLOCKERS: dict[str, Callable[[], str | None]] = {"compare_pdf_images": _render_blocker}
+BLOCKERS: dict[str, Callable[[], str | None]] = {"compare_pdfs": _PYMUPDF, "compare_pdf_images": _PYMUPDF}
 
 METRICS: dict[str, Callable[..., float]] = {
     "check_pdf_pages": check_pdf_pages,

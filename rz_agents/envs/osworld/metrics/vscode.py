@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rz_agents.envs.osworld.metrics.general import read_text
+from rz_agents.envs.osworld.metrics.libraries import missing, require
 
 TEST_SUITE_TIMEOUT_S = 120
 
@@ -44,12 +45,16 @@ def is_extension_installed(actual: Any, rules: dict[str, Any], **_: Any) -> floa
     raise ValueError(f"is_extension_installed: rule type {rules['type']!r} not supported")
 
 
+_PYPDF2 = missing(("PyPDF2", "PyPDF2"))
+
+
 def _pdf_text(data: bytes) -> str:
+    """OSWorld's text of a PDF inside an archive: PyPDF2's, every page's, concatenated."""
     import io
 
-    from pypdf import PdfReader
+    import PyPDF2
 
-    return "".join(page.extract_text() for page in PdfReader(io.BytesIO(data)).pages)
+    return "".join(page.extract_text() for page in PyPDF2.PdfReader(io.BytesIO(data)).pages)
 
 
 def compare_zip_files(actual: str | None, expected: str, **_: Any) -> float:
@@ -60,6 +65,7 @@ def compare_zip_files(actual: str | None, expected: str, **_: Any) -> float:
     """
     if not actual:
         return 0.0
+    require(_PYPDF2, "compare_zip_files")
     import difflib
 
     with zipfile.ZipFile(actual) as z1, zipfile.ZipFile(expected) as z2:
@@ -145,6 +151,8 @@ def compare_result_files(src_path: str | None, tgt_path: str | None, **_: Any) -
     except ValueError:
         return float(src == tgt)
 
+
+BLOCKERS: dict[str, Callable[[], str | None]] = {"compare_zip_files": _PYPDF2}
 
 METRICS: dict[str, Callable[..., float]] = {
     "compare_config": compare_config,
