@@ -7,17 +7,14 @@ import shutil
 import xml.etree.ElementTree as ET
 
 import pytest
+from osworld_markers import needs_atspi
 from osworld_polling import until
 
 from rz_agents.envs.osworld.a11y import COMPONENT_NS, STATE_NS, linearize
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
-from rz_agents.envs.osworld.session import atspi_problem
 from rz_agents.envs.osworld.setup_steps import step_launch
 
-pytestmark = pytest.mark.skipif(
-    not (shutil.which("Xvfb") and shutil.which("chromium")) or atspi_problem() is not None,
-    reason=f"needs xvfb, chromium and AT-SPI ({atspi_problem()}; scripts/install.sh installs them)",
-)
+pytestmark = needs_atspi
 
 PAGE = "printf '<title>Shop</title><h1>Offers</h1><a href=\"x.html\">About us</a><button>Buy now</button>' > ~/shop.html"
 

@@ -17,18 +17,13 @@ import urllib.request
 import xml.etree.ElementTree as ET
 
 import pytest
+from osworld_markers import needs_atspi
 from osworld_polling import until
 
 from rz_agents.envs.osworld.a11y import linearize
 from rz_agents.envs.osworld.chrome import LOCAL_STATE_DEFAULTS, write_chrome_wrapper
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
-from rz_agents.envs.osworld.session import atspi_problem
 from rz_agents.envs.osworld.setup_steps import step_launch
-
-needs_atspi = pytest.mark.skipif(
-    not (shutil.which("Xvfb") and shutil.which("chromium")) or atspi_problem() is not None,
-    reason=f"needs xvfb, chromium and AT-SPI ({atspi_problem()}; scripts/install.sh installs them)",
-)
 
 PAGE = (
     'printf \'<title>Shop</title><h1>Offers</h1><a href="x.html">About us</a>'

@@ -13,17 +13,12 @@ import urllib.request
 import xml.etree.ElementTree as ET
 
 import pytest
+from osworld_markers import needs_atspi
 from osworld_polling import until
 
 from rz_agents.envs.osworld.a11y import linearize
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
-from rz_agents.envs.osworld.session import atspi_problem
 from rz_agents.envs.osworld.setup_steps import step_launch
-
-needs_atspi = pytest.mark.skipif(
-    not (shutil.which("Xvfb") and shutil.which("chromium")) or atspi_problem() is not None,
-    reason=f"needs xvfb, chromium and AT-SPI ({atspi_problem()}; scripts/install.sh installs them)",
-)
 
 SITE = (
     "mkdir -p ~/site && cd ~/site && "
@@ -48,6 +43,14 @@ ACTIONS = [
 ]
 
 
+def _site_in_chrome(env: DesktopEnv) -> None:
+    """Reset ``env`` and open the test site in the wrapper's Chromium, until its page is in the tree."""
+    env.reset(None)
+    env.ctx.client.execute(SITE, shell=True)
+    step_launch(env.ctx, ["google-chrome", "file:///home/user/site/index.html"])
+    until(lambda: "Welcome" in linearize(env.ctx.client.accessibility_tree("full")), 60.0, 0.5)
+
+
 def _settled_table(env: DesktopEnv) -> str | None:
     """The full tree's table, once two reads in a row agree (a page still loading changes)."""
     a = linearize(env.ctx.client.accessibility_tree("full"))
@@ -68,10 +71,7 @@ def _views_agree(env: DesktopEnv) -> tuple[str, str] | None:
 @needs_atspi
 def test_agent_view_gives_the_full_trees_table_as_the_browser_changes():
     with DesktopEnv(require_screenshot=False) as env:
-        env.reset(None)
-        env.ctx.client.execute(SITE, shell=True)
-        step_launch(env.ctx, ["google-chrome", "file:///home/user/site/index.html"])
-        until(lambda: "Welcome" in linearize(env.ctx.client.accessibility_tree("full")), 60.0, 0.5)
+        _site_in_chrome(env)
         env.ctx.client.activate_window("Chromium")
         seen = set()
         for action in ACTIONS:
@@ -153,10 +153,7 @@ def _helper_answers(env: DesktopEnv, requests: list[dict]) -> list[str]:
 def test_search_and_walk_agree_at_every_depth_limit_and_without_pruning():
     # the search checks each match's ancestors the way the walk descends: depth and hidden parents
     with DesktopEnv(require_screenshot=False) as env:
-        env.reset(None)
-        env.ctx.client.execute(SITE, shell=True)
-        step_launch(env.ctx, ["google-chrome", "file:///home/user/site/index.html"])
-        until(lambda: "Welcome" in linearize(env.ctx.client.accessibility_tree("full")), 60.0, 0.5)
+        _site_in_chrome(env)
         env.step("pyautogui.hotkey('alt', 'f')", pause=1.0)  # a menu open: more depth, hidden items
         limits = [{"max_depth": d} for d in (3, 6, 9, 12, 15, 60)] + [{"prune_hidden": False}]
         for _ in range(5):  # the menu and the page may still change between the two runs
