@@ -101,11 +101,13 @@ class DesktopEnv:
         return self._get_obs()
 
     def step(
-        self, action: str | dict[str, Any], pause: float = 0.5
+        self, action: str | dict[str, Any], pause: float = 0.5, *, observe: bool = True
     ) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """Run one action, wait ``pause`` seconds, observe. ``done`` after ``DONE`` or ``FAIL``.
 
         A malformed action is not run: ``info["error"]`` says why and the episode goes on.
+        ``observe=False`` skips the observation (its fields are None): for an action whose
+        observation nobody reads, as all but the last of a reply's actions.
         """
         if self.ctx is None:
             raise RuntimeError("DesktopEnv.step() called before reset()")
@@ -115,7 +117,7 @@ class DesktopEnv:
             act = self._to_action(action)
         except ActionParseError as exc:
             info["error"] = str(exc)
-            return self._get_obs(), 0.0, False, info
+            return self._get_obs(observe), 0.0, False, info
         self.action_history.append(act.label)
         done = False
         if act.kind == "WAIT":
@@ -130,7 +132,7 @@ class DesktopEnv:
                 info["error"] = "\n".join((result.get("error") or "").strip().splitlines()[-5:])
             time.sleep(pause)
         self.timings["step_s"] = time.perf_counter() - t0
-        return self._get_obs(), 0.0, done, info
+        return self._get_obs(observe), 0.0, done, info
 
     def _to_action(self, action: str | dict[str, Any] | Action) -> Action:
         if isinstance(action, Action):
@@ -159,15 +161,15 @@ class DesktopEnv:
         self.timings["evaluate_s"] = time.perf_counter() - t0
         return self.last_evaluation.score
 
-    def _get_obs(self) -> dict[str, Any]:
+    def _get_obs(self, observe: bool = True) -> dict[str, Any]:
         assert self.ctx is not None
         client = self.ctx.client
         return {
-            "screenshot": client.screenshot() if self.require_screenshot else None,
+            "screenshot": client.screenshot() if observe and self.require_screenshot else None,
             "accessibility_tree": client.accessibility_tree(self.a11y_view)
-            if self.require_a11y_tree
+            if observe and self.require_a11y_tree
             else None,
-            "terminal": client.terminal_output() if self.require_terminal else None,
+            "terminal": client.terminal_output() if observe and self.require_terminal else None,
             "instruction": self.task.instruction if self.task else "",
         }
 

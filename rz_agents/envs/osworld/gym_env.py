@@ -112,8 +112,9 @@ class OSWorldEnv(MultiTurnTextEnv):
             return f"Action error: {exc}", 0.0, False, {"action_error": str(exc)}
         obs: dict[str, Any] = {}
         errors = []
-        for action in actions:
-            obs, _r, done, info = self.desktop.step(action, pause=self.pause)
+        for i, action in enumerate(actions):
+            # only the reply's last action is observed: the agent reads no tree in between
+            obs, _r, done, info = self.desktop.step(action, pause=self.pause, observe=i == len(actions) - 1)
             if info.get("error"):
                 errors.append(info["error"])
             if done:

@@ -200,6 +200,29 @@ def test_gymnasium_env_chat_turns_parse_errors_and_truncation_reward():
         env.close()
 
 
+def test_a_reply_of_several_actions_runs_them_all_and_reads_the_tree_once():
+    register_envs()
+    env = gymnasium.make(ENV_ID, max_turns=3, pause=0.0)
+    try:
+        env.reset(options={"task": _task("os", "rz-os-mkdir-nested")})
+        client = env.unwrapped.desktop.ctx.client
+        reads = []
+        real = client.accessibility_tree
+        client.accessibility_tree = lambda *a, **k: reads.append(1) or real(*a, **k)  # counts, then reads
+        reply = (
+            "```python\nimport os\nos.makedirs('/home/user/Desktop/projects')\n```\n"
+            "```python\nimport os\nos.makedirs('/home/user/Desktop/projects/2026/reports')\n```"
+        )
+        obs, reward, terminated, truncated, info = env.step(reply)
+        assert len(reads) == 1 and not info["errors"]  # two actions, one observation: the last one's
+        assert obs[0]["content"].startswith("Given the info from accessibility tree as below:")
+        assert (
+            client.execute("test -d /home/user/Desktop/projects/2026/reports", shell=True)["returncode"] == 0
+        )
+    finally:
+        env.close()
+
+
 def test_gold_files_come_from_the_cache_and_command_output_is_kept(tmp_path):
     gold_url = "https://example.org/gold/notes.txt"
     task = {
