@@ -138,7 +138,12 @@ def test_a_cpu_run_that_would_not_fit_in_free_memory_is_warned_with_what_checkpo
     from rz_agents.runtime.memory_estimate import cpu_memory_warning
 
     gib = 2**30
-    off = load_config(RunConfig, resolve_config("osworld-local"), ["model.activation_checkpointing=false"])
+    # the engine's share follows engine.num_slots: pinned, so the figures do not move with the config's sizing
+    off = load_config(
+        RunConfig,
+        resolve_config("osworld-local"),
+        ["model.activation_checkpointing=false", "engine.num_slots=8"],
+    )
     line = cpu_memory_warning(off, available=12 * gib)
     assert line.startswith("this run needs ~16.8 GiB (learner 14.9, of it activations 9.9; engine 1.9)"), line
     assert "12.0 GiB available; model.activation_checkpointing=true needs ~3.2 GiB for the learner" in line
