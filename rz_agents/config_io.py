@@ -153,15 +153,18 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | None = None) -> T:
-    """Load YAML at `path` (or defaults when None), apply overrides, return a validated `cls`."""
+def load_config(
+    cls: type[T], path: str | Path | None, overrides: list[str] | None = None, validate: bool = True
+) -> T:
+    """Load YAML at `path` (or defaults when None), apply overrides, return a `cls` (validated unless
+    ``validate`` is False: types and field names are checked either way)."""
     data: dict[str, Any] = read_yaml_mapping(path) if path is not None else {}
     apply_overrides(data, overrides or [])
     obj = from_dict(cls, data)
-    validate = getattr(obj, "validate", None)
-    if callable(validate):
+    check = getattr(obj, "validate", None)
+    if validate and callable(check):
         try:
-            validate()
+            check()
         except ConfigError:
             raise
         except ValueError as exc:

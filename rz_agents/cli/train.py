@@ -20,7 +20,7 @@ from rz_agents.cli.episode_summary import episode_counts, episode_line, failed_n
 from rz_agents.cli.failure import attach_run_log
 from rz_agents.cli.warm_start import WarmStartMismatch, check_demos_fit, run_warm_start
 from rz_agents.config_io import ConfigError, load_config, to_dict
-from rz_agents.runtime import TrainConfig, build_run, resolve
+from rz_agents.runtime import RunPlan, TrainConfig, build_run
 from rz_agents.runtime.loop import RunHandle
 from rz_agents.trainer.health import health_summary
 from rz_agents.warmstart import WarmStartConfig
@@ -41,8 +41,9 @@ class RunConfig(TrainConfig):
     # training does not read them.
     eval: dict[str, Any] = field(default_factory=dict)
 
-    def validate(self) -> None:
-        super().validate()
+    def validate(self) -> RunPlan:
+        """The run's checks (``TrainConfig.validate``, which returns the plan) plus warm start and report."""
+        plan = super().validate()
         self.warm_start.validate()
         if self.summary_window < 1:
             raise ValueError(f"summary_window must be >= 1, got {self.summary_window}")
@@ -56,6 +57,7 @@ class RunConfig(TrainConfig):
 
             target = resolve_env(self.env.id)
             check_demos_fit(self.warm_start, self.env.id, target.cls or target.constructor())
+        return plan
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -115,7 +117,12 @@ def _mean(xs: list[float]) -> float:
 
 
 def build_summary(
-    cfg: RunConfig, history: list[dict], run_summary: dict, warm: dict | None, wall_s: float
+    cfg: RunConfig,
+    plan: RunPlan,
+    history: list[dict],
+    run_summary: dict,
+    warm: dict | None,
+    wall_s: float,
 ) -> dict:
     rewards = [m.get("reward_mean", math.nan) for m in history]
     w = cfg.summary_window
@@ -132,7 +139,7 @@ def build_summary(
         "rl_wall_s": run_summary.get("wall_s"),
         "warm_start": warm,
         "max_lag_seen": run_summary.get("max_lag_seen"),
-        "max_lag_allowed": resolve(cfg).lag.bound,
+        "max_lag_allowed": plan.lag.bound,
         "lag0_max_abs_dlogp": max(dlogp) if dlogp else None,
         "lag0_tokens_checked": int(sum(m.get("lag0_token_count", 0) for m in history)),
         "kernels": cfg.model.kernels,
@@ -148,11 +155,11 @@ def build_summary(
     }
 
 
-def load_run_config(config: str, overrides: list[str] | None = None) -> RunConfig:
-    """The run ``config`` names (a YAML path or a packaged config) with ``overrides`` applied and validated,
-    as written (what it decides is ``runtime.resolve``'s plan). Raises ConfigError with one line naming the
-    field."""
-    return load_config(RunConfig, resolve_config(config), overrides)
+def load_run_config(config: str, overrides: list[str] | None = None, validate: bool = True) -> RunConfig:
+    """The run ``config`` names (a YAML path or a packaged config) with ``overrides`` applied and (unless
+    ``validate`` is False: the caller validates it later, once) validated, as written (what it decides is
+    the plan ``validate()`` returns). Raises ConfigError with one line naming the field."""
+    return load_config(RunConfig, resolve_config(config), overrides, validate=validate)
 
 
 def _configs(args: argparse.Namespace) -> tuple[RunConfig, RunConfig, Path, bool]:
@@ -171,7 +178,7 @@ def _configs(args: argparse.Namespace) -> tuple[RunConfig, RunConfig, Path, bool
         raise ConfigError(
             "name a config file or a packaged config (rz train --list-configs), or --resume RUN_DIR"
         )
-    cfg = load_run_config(args.config, args.overrides)
+    cfg = load_run_config(args.config, args.overrides, validate=False)  # validated once, in run()
     run_dir = Path(
         args.run_dir or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
@@ -195,6 +202,10 @@ def run(args: argparse.Namespace) -> int:
                 return _dry_run(resume.config_for_resume(RunConfig, args.resume, list(args.overrides))[1])
             return _dry_run(load_config(RunConfig, resolve_config(args.config), args.overrides))
         recorded, cfg, run_dir, resuming = _configs(args)
+        try:
+            plan = cfg.validate()  # the run's resolve: the run is built from this plan, nothing resolves again
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     except ConfigError as exc:
         print(f"rz train: config error: {exc}", file=sys.stderr)
         return 2
@@ -216,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     if resuming:
         log(f"resuming from {cfg.resume_from}")
     try:
-        runner = build_run(cfg)
+        runner = build_run(cfg, plan)
     except (FileNotFoundError, ValueError) as exc:  # a missing checkpoint or tokenizer, a vocabulary mismatch
         print(f"rz train: cannot build the run: {exc}", file=sys.stderr)
         return 2
@@ -232,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         runner.close()
     wall = time.perf_counter() - t0
-    result = build_summary(cfg, runner.history, summary, warm, wall)
+    result = build_summary(cfg, runner.plan, runner.history, summary, warm, wall)
     (run_dir / "summary.json").write_text(json.dumps(result, indent=2))
     report = None
     if cfg.report:

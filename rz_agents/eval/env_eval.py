@@ -97,11 +97,11 @@ def run_env_eval(
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on ``run_cfg``'s env (a validated training config; sampling, threads and turn limit
     are its plan's unless ``config`` sets them); returns the results dict."""
+    from rz_agents.runtime.config import TrainConfig
     from rz_agents.runtime.factories import run_env_factory
-    from rz_agents.runtime.plan import resolve
 
     config.validate()
-    plan = resolve(run_cfg)
+    plan = TrainConfig.validate(run_cfg)  # the run schema's checks, and what it decides
     tasks = eval_tasks(run_cfg, config)
     make_env = run_env_factory(run_cfg, plan)
     r, s = run_cfg.rollout, plan.sampling

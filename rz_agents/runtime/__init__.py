@@ -13,6 +13,7 @@ from rz_agents.runtime.config import (
 )
 from rz_agents.runtime.launch import build_run, run_training
 from rz_agents.runtime.local import LocalRun
+from rz_agents.runtime.plan import RunPlan
 
 __all__ = [
     "EnvSpec",
@@ -22,6 +23,7 @@ __all__ = [
     "PlacementConfig",
     "RayConfig",
     "RolloutSpec",
+    "RunPlan",
     "TrainConfig",
     "build_run",
     "resolve",

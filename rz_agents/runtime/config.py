@@ -10,7 +10,7 @@ from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig
 from rz_agents.rollout.lag_policy import LagPolicy
 from rz_agents.runtime.device import check_device_name
-from rz_agents.runtime.plan import resolve
+from rz_agents.runtime.plan import RunPlan, resolve
 from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.learner import LearnerConfig
 
@@ -193,8 +193,7 @@ class RolloutSpec(RolloutConfig):
     def validate(self) -> None:
         """Raise ValueError naming the bad field (of the values as written; ``resolve`` checks them against
         mode and estimator)."""
-        super().validate()
-        self.lag_policy("async", "reinforce_zero")
+        super().validate()  # the lag fields are checked by resolve, against the run's real mode and estimator
         self.sampling()
 
     def lag_policy(self, mode: str, estimator: str) -> LagPolicy:
@@ -275,9 +274,11 @@ class TrainConfig:
     learner_cpus: list[int] | None = None
     rollout_cpus: list[int] | None = None
 
-    def validate(self) -> None:
-        """Raise ValueError naming the bad field (including a field that contradicts the one it follows:
-        ``runtime.plan.resolve``)."""
+    def validate(self) -> RunPlan:
+        """Check every field and return what the config decides: the ``RunPlan`` (``runtime.plan.resolve``,
+        called here and nowhere else). Raise ValueError naming the bad field, including a field that
+        contradicts the one it follows. Build a run from the plan this returns (``build_run(cfg, plan)``)
+        instead of validating again."""
         check_device_name(self.model.device)
         for name, spec in (("rollout", RolloutSpec), ("learner", LearnerSpec)):
             if not isinstance(getattr(self, name), spec):
@@ -325,6 +326,7 @@ class TrainConfig:
                 "placement.weight_transport: broadcast sends the newest weights only; rollout.fixed_lag "
                 "needs older versions kept: use weight_transport: object_store"
             )
+        return plan
 
     def _validate_env(self) -> None:
         from rz_agents.envs.resolve import check_env_kwargs, check_turn_limit, import_modules, resolve_env

@@ -7,15 +7,17 @@ from typing import Any
 
 from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.local import LocalRun
+from rz_agents.runtime.plan import RunPlan
 
 
-def build_run(cfg: TrainConfig):
-    """A ``LocalRun`` or a ``RayRun`` (rz_agents.runtime.ray, imported only then) for ``cfg``."""
+def build_run(cfg: TrainConfig, plan: RunPlan | None = None):
+    """A ``LocalRun`` or a ``RayRun`` (rz_agents.runtime.ray, imported only then) for ``cfg``, built from
+    ``plan`` (what ``cfg.validate()`` returned; None: validated and resolved here)."""
     if cfg.runtime == "ray":
         from rz_agents.runtime.ray import RayRun
 
-        return RayRun(cfg)
-    return LocalRun(cfg)
+        return RayRun(cfg, plan)
+    return LocalRun(cfg, plan)
 
 
 def run_training(cfg: TrainConfig) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from rz_agents.engine import RZEngine
-from rz_agents.runtime.config import TrainConfig, resolve
+from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.factories import (
     build_controller,
     build_model,
@@ -32,6 +32,7 @@ from rz_agents.runtime.fixed_lag import _clone
 from rz_agents.runtime.loop import RunHandle, TrainLoop
 from rz_agents.runtime.memory import limit_heap_growth
 from rz_agents.runtime.placement import Placement
+from rz_agents.runtime.plan import RunPlan
 from rz_agents.trainer.inspect import record_step
 
 log = logging.getLogger(__name__)
@@ -129,9 +130,10 @@ class LocalPlacement(Placement):
 class LocalRun(RunHandle):
     """The wired components of one run in this process; ``train`` (its ``TrainLoop``) drives them."""
 
-    def __init__(self, cfg: TrainConfig) -> None:
-        cfg.validate()
-        plan = resolve(cfg)
+    def __init__(self, cfg: TrainConfig, plan: RunPlan | None = None) -> None:
+        # ``plan``: what ``cfg.validate()`` returned (built from it, the config is not resolved again); None
+        # validates here, with the run schema's own checks only (a CLI subclass validates its extras itself)
+        plan = TrainConfig.validate(cfg) if plan is None else plan
         if cfg.runtime != "local":
             raise ValueError(f"LocalRun needs runtime: local, got {cfg.runtime!r} (use build_run)")
         self.cfg, self.plan = cfg, plan  # the config as written; what it decides (runtime/plan.py)

@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 
-from rz_agents.runtime.config import TrainConfig, resolve
+from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.factories import (
     build_controller,
     build_model,
@@ -31,6 +31,7 @@ from rz_agents.runtime.factories import (
 from rz_agents.runtime.loop import RunHandle, TrainLoop
 from rz_agents.runtime.memory import limit_heap_growth
 from rz_agents.runtime.placement import Placement
+from rz_agents.runtime.plan import RunPlan
 from rz_agents.runtime.ray.cluster import actor_options, connect
 from rz_agents.runtime.ray.engines import EngineReplicas, EngineServer
 from rz_agents.runtime.ray.env_workers import EnvHost, RemoteEnvFactory, check_env_workers, driver_sys_path
@@ -43,9 +44,9 @@ class RayRun(RunHandle):
     """The wired actors of one run; ``train`` (its ``TrainLoop``, over a ``RayPlacement``) drives them from
     this process."""
 
-    def __init__(self, cfg: TrainConfig) -> None:
-        cfg.validate()
-        plan = resolve(cfg)
+    def __init__(self, cfg: TrainConfig, plan: RunPlan | None = None) -> None:
+        # ``plan``: what ``cfg.validate()`` returned; None validates here (the run schema's checks only)
+        plan = TrainConfig.validate(cfg) if plan is None else plan
         if cfg.runtime != "ray":
             raise ValueError(f"RayRun needs runtime: ray, got {cfg.runtime!r} (use build_run)")
         self.cfg, self.plan = cfg, plan  # the config as written; what it decides (runtime/plan.py)
