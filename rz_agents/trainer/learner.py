@@ -20,6 +20,7 @@ import torch
 from rz_agents.model.logprobs import packed_token_logprobs
 from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.advantages import BASELINES, group_advantages, uniform_groups
+from rz_agents.trainer.exchange import StepExchange, idle_pass
 from rz_agents.trainer.learner_checkpoint import load_learner_state, save_learner_state
 from rz_agents.trainer.loss import ESTIMATOR_TABLE, LossConfig, sequence_terms, token_scales
 from rz_agents.trainer.lr_control import KLLrController, LrControlConfig
@@ -94,14 +95,6 @@ def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     if cur:
         out.append(cur)
     return out
-
-
-def _offsets(trajs: Sequence[Trajectory]) -> list[int]:
-    """Where each trajectory's log-probs of tokens[1:] start in a flat per-batch tensor (and its end)."""
-    offsets = [0]
-    for t in trajs:
-        offsets.append(offsets[-1] + len(t.tokens) - 1)
-    return offsets
 
 
 def _working_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -308,35 +301,27 @@ class Learner:
         t_fwd = t_bwd = 0.0
         plan = micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens)
         aux = self._estimator_aux(trajs, masks, behavior, plan)
-        # The flat layout every rank derives alike: log-probs of tokens[1:] per trajectory, then one loss per
-        # micro-batch, then the count of tokens the estimator gated, then the non-finite count.
-        offsets = _offsets(trajs)
-        n_logps = offsets[-1]
         device = next(self.model.parameters()).device
-        flat = torch.zeros(n_logps + len(plan) + 2, dtype=torch.float32, device=device)
+        ex = StepExchange([len(t.tokens) for t in trajs], device, num_losses=len(plan), with_counters=True)
         for j in self.ranks.share(len(plan)):
             t0 = time.perf_counter()
             mb = plan[j] if j is not None else []
             loss, mb_logps, n_gated = self._micro_batch_loss(kept, mb, aux)
             t1 = time.perf_counter()
             for i, lp in zip(mb, mb_logps, strict=True):
-                flat[offsets[i] : offsets[i + 1]] = lp.detach().float()
-            flat[-1] += (~torch.isfinite(loss.detach())).float()
+                ex.put_logps(i, lp)
+            ex.add_nonfinite(loss)
             if j is not None:
-                flat[n_logps + j] = loss.detach().float()
-            flat[-2] += n_gated
+                ex.put_loss(j, loss)
+            ex.add_gated(n_gated)
             loss.backward()
             self.master_weights.accumulate()
             t_fwd += t1 - t0
             t_bwd += time.perf_counter() - t1
         if not plan:  # every group skipped: zero gradients, so AdamW still steps as it would on the batch
             self.master_weights.zero_sums()
-        total = self.ranks.reduce_sum(flat).cpu()  # the step's one exchange and one host copy
-        values = total.tolist()
-        loss_value = sum(values[n_logps + j] for j in range(len(plan)))
-        finite = values[-1] == 0.0
-        logps = [total[offsets[i] : offsets[i + 1]] for i in range(len(trajs))]
-        return _Scored(logps, loss_value, finite, int(values[-2]), t_fwd, t_bwd)
+        ex.exchange(self.ranks.reduce_sum)  # the step's one exchange and one host copy
+        return _Scored(ex.all_logps(), ex.loss(), ex.nonfinite == 0, ex.gated, t_fwd, t_bwd)
 
     def _micro_batch_loss(
         self, kept: _Batch, mb: list[int], aux: list[torch.Tensor | None]
@@ -347,8 +332,8 @@ class Learner:
 
         An empty ``mb`` is the idle pass (this rank has fewer micro-batches than another): a 2-token dummy
         sequence with zero weight, so that every rank joins the same all-gathers and reduce-scatters."""
-        if not mb:  # unfiltered distribution: its log-probs are finite, so 0 * them is exactly 0
-            return packed_token_logprobs(self.model, [[0, 0]])[0].sum() * 0.0, [], 0
+        if not mb:
+            return idle_pass(self.model), [], 0
         cfg = self.cfg
         trajs, masks, behavior = kept.trajs, kept.masks, kept.behavior
         mb_logps = packed_token_logprobs(self.model, [trajs[i].tokens for i in mb], **self.sampling.scoring())
@@ -399,23 +384,17 @@ class Learner:
     ) -> list[torch.Tensor]:
         """Detached log-probs of tokens[1:] of every trajectory under ``model`` (this rank's micro-batches,
         then exchanged; an idle rank runs the same dummy pass as in the backward loop)."""
-        offsets = _offsets(trajs)
-        device = next(model.parameters()).device
-        flat = torch.zeros(offsets[-1], dtype=torch.float32, device=device)
+        ex = StepExchange([len(t.tokens) for t in trajs], next(model.parameters()).device)
         for j in self.ranks.share(len(plan)):
             mb = plan[j] if j is not None else []
             if not mb:
-                packed_token_logprobs(model, [[0, 0]])
+                idle_pass(model)
                 continue
-            lps = packed_token_logprobs(
-                model,
-                [trajs[i].tokens for i in mb],
-                **self.sampling.scoring(),
-            )
+            lps = packed_token_logprobs(model, [trajs[i].tokens for i in mb], **self.sampling.scoring())
             for i, lp in zip(mb, lps, strict=True):
-                flat[offsets[i] : offsets[i + 1]] = lp.detach().float()
-        total = self.ranks.reduce_sum(flat).cpu()  # one exchange, one host copy (x + 0 is exact)
-        return [total[offsets[i] : offsets[i + 1]] for i in range(len(trajs))]
+                ex.put_logps(i, lp)
+        ex.exchange(self.ranks.reduce_sum)  # one exchange, one host copy (x + 0 is exact)
+        return ex.all_logps()
 
     def _mismatch_metrics(
         self, kept: _Batch, logps: list[torch.Tensor], learner_version: int

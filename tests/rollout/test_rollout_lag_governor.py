@@ -53,8 +53,8 @@ def test_bad_governor_config_is_refused():
     with pytest.raises(ValueError, match="lag_governor_target_ess"):
         LagGovernor(max_lag=8, target_ess=1.5)
     spec = RolloutSpec(max_lag=8, fixed_lag=4, lag_governor=True)
-    with pytest.raises(ValueError, match="rollout.lag_governor"):
-        spec.validate()
+    with pytest.raises(ValueError, match="rollout.lag_governor"):  # the run's plan decides the lag policy
+        TrainConfig(rollout=spec).validate()
 
 
 def test_async_run_logs_the_governed_bound_and_admits_under_it(tmp_path):
