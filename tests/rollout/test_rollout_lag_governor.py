@@ -52,7 +52,7 @@ def test_resumed_governor_continues_from_the_logged_bound():
 def test_bad_governor_config_is_refused():
     with pytest.raises(ValueError, match="lag_governor_target_ess"):
         LagGovernor(max_lag=8, target_ess=1.5)
-    spec = RolloutSpec(max_lag=8, fixed_lag=4, lag_governor=True)
+    spec = RolloutSpec(max_lag=8, fixed_lag=4, lag_governor=True, limits=TrainConfig().rollout.limits)
     with pytest.raises(ValueError, match="rollout.lag_governor"):  # the run's plan decides the lag policy
         TrainConfig(rollout=spec).validate()
 
