@@ -183,7 +183,7 @@ class RZEngine:
             "max_running": self.config.num_slots,
             "kv_pages": pages.num_pages,
             "kv_pages_free": pages.num_free,
-            "prefix_entries": pages.num_prefix_entries,
+            "prefix_cached_pages": pages.num_cached_pages,
             "prefix_hits": pages.prefix_hits,
             "prefix_tokens_reused": pages.prefix_tokens_reused,
             "shared_prefix_tokens": self.scheduler.shared_prefix_tokens,

@@ -13,11 +13,12 @@ preempted: its pages are freed, it goes back to the head of the queue, and when 
 recomputes its K/V (prompt and generated tokens alike; in aligned mode bit-identical to before).
 Requests never fail for lack of memory.
 
-Prompts shared by concurrent requests (a group of samples of one prompt, a common system prompt)
-are prefilled once: a request whose prompt shares at least ``share_min_tokens`` leading tokens with
-a running sequence waits until that sequence has the shared prefix cached, then references its
-full pages (no copy) and gets a bit-exact copy of the partial page, so the result equals a cold
-prefill. A finished sequence's pages stay as a prefix entry that the next turn reuses the same way.
+Prefix reuse is one mechanism, the page pool's prefix index (rz_agents.engine.pages: a hash chain over
+full pages, reference counts, an LRU cache of finished sequences' pages): at admission a request takes the
+longest prefix of its prompt whose K/V some pages already hold, full pages by reference and the last,
+partial page as a bit-exact copy, so the result equals a cold prefill. Pages a running sequence is still
+writing count when the match is at least ``share_min_tokens`` long: the request then waits until they are
+computed (a group's prompt is prefilled once), keeping its place in the queue.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rz_agents.engine.pages import PagePool, common_prefix_len
+from rz_agents.engine.pages import PagePool, PrefixMatch
 from rz_agents.engine.sequence import Sequence, SequenceStatus
-from rz_agents.model.kv_cache import PAGE_SIZE, pages_for
+from rz_agents.model.kv_cache import pages_for
 
 CopyPage = Callable[[int, int, int], None]  # (src_page, dst_page, num_positions)
 StopCheck = Callable[[Sequence], "tuple[str, int | str | None] | None"]  # -> (finish_reason, stop_reason)
@@ -109,67 +110,46 @@ class Scheduler:
             if self.max_running is not None and len(self.running) >= self.max_running:
                 break
             seq = self.waiting.popleft()
-            donor, shared = self._find_donor(seq.tokens)
-            if donor is not None and donor.num_cached < shared:
+            match = self._match(seq, version)
+            if match.running and match.potential > match.computed:
                 deferred.append(seq)
                 continue
-            if not self._place(seq, donor, shared, version):
+            if not self._place(seq, match, version):
                 self.waiting.appendleft(seq)
                 break
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
         self.waiting.extendleft(reversed(deferred))
 
-    def _place(self, seq: Sequence, donor: Sequence | None, shared: int, version: int) -> bool:
-        """Give ``seq`` pages for all its tokens, reusing the longest cached prefix; False if none."""
-        entry, cached = self.pages.match(seq.tokens, version)
-        from_donor = donor is not None and shared > cached
-        if from_donor:
-            source, reuse = donor.pages, shared
-        elif entry is not None:
-            source, reuse = entry.pages, cached
-        else:
-            source, reuse = [], 0
-        full, partial = divmod(reuse, PAGE_SIZE)
-        if self.copy_page is None:
-            full, partial = 0, 0
-            reuse = 0
-        held = source[: full + (1 if partial else 0)]
-        self.pages.ref(held)  # keep them alive while allocating (which may evict the entry)
-        fresh = self.pages.allocate(pages_for(seq.num_tokens) - full)
+    def _match(self, seq: Sequence, version: int) -> PrefixMatch:
+        if self.copy_page is None:  # nothing can be reused without copying a partial page
+            return PrefixMatch()
+        return self.pages.match(seq.tokens, version, self.share_min_tokens)
+
+    def _place(self, seq: Sequence, match: PrefixMatch, version: int) -> bool:
+        """Give ``seq`` pages for all its tokens, reusing ``match``; False if the pages cannot be found."""
+        held = list(match.full)
+        source = [match.partial_page] if match.partial_page is not None else []
+        self.pages.ref(held + source)  # keep them alive while allocating (which may evict cached pages)
+        fresh = self.pages.allocate(pages_for(seq.num_tokens) - len(held))
         if fresh is None:
-            self.pages.unref(held)
+            self.pages.unref(held + source)
             return False
-        if partial:
-            self.copy_page(source[full], fresh[0], partial)
-            self.pages.unref([source[full]])
-        seq.pages = held[:full] + fresh
-        seq.num_cached = reuse
+        if source:
+            self.copy_page(source[0], fresh[0], match.partial)
+            self.pages.unref(source)
+        seq.pages = held + fresh
+        seq.num_cached = reuse = match.computed
+        self.pages.track(seq, version)
         if not seq.admitted:  # what the first admission found (re-admissions recompute, not report)
             seq.num_cached_prompt_tokens = min(reuse, len(seq.prompt))
             seq.admitted = True
-        if reuse and from_donor:
+        if reuse and match.running:
             self.shared_prefix_tokens += reuse
         elif reuse:
             self.pages.prefix_hits += 1
             self.pages.prefix_tokens_reused += reuse
-            self.pages.touch(entry)
         return True
-
-    def _find_donor(self, tokens: list[int]) -> tuple[Sequence | None, int]:
-        """The running sequence sharing the longest prefix (>= share_min_tokens), and its length."""
-        k = self.share_min_tokens
-        if self.copy_page is None or k < 1 or len(tokens) <= k:
-            return None, 0
-        head = tokens[:k]
-        best, best_len = None, 0
-        for seq in self.running:
-            if seq.kv_from_old_weights or seq.tokens[:k] != head:
-                continue
-            n = min(common_prefix_len(seq.tokens, tokens), len(tokens) - 1)
-            if n >= k and n > best_len:
-                best, best_len = seq, n
-        return best, best_len
 
     # -- batching -----------------------------------------------------------------------------
     def schedule(self, version: int) -> ScheduledBatch:
@@ -192,9 +172,9 @@ class Scheduler:
             n = min(seq.num_pending, budget)
             chunks.append(ScheduledChunk(seq, seq.num_cached, n))
             budget -= n
-        return ScheduledBatch(self._grow(chunks))
+        return ScheduledBatch(self._grow(chunks, version))
 
-    def _grow(self, chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
+    def _grow(self, chunks: list[ScheduledChunk], version: int) -> list[ScheduledChunk]:
         """Allocate the pages each chunk writes into; preempt the newest sequences when pages run out."""
         for chunk in chunks:
             seq = chunk.seq
@@ -205,6 +185,8 @@ class Scheduler:
                 got = self.pages.allocate(need)
                 if got is not None:
                     seq.pages.extend(got)
+                    if not seq.kv_from_old_weights:
+                        self.pages.track(seq, version)
                     break
                 victim = self.running[-1]
                 self.preempt(victim)
@@ -215,7 +197,7 @@ class Scheduler:
     def preempt(self, seq: Sequence, count: bool = True) -> None:
         """Free a running sequence's pages and queue it first: it recomputes its K/V when re-admitted."""
         self.running.remove(seq)
-        self.pages.unref(seq.pages)
+        self.pages.release(seq, keep=False)
         seq.pages = []
         seq.num_cached = 0
         seq.kv_from_old_weights = False
@@ -245,6 +227,8 @@ class Scheduler:
         finished = []
         for seq, token, value in zip(batch.sampling, tokens, logprobs, strict=True):
             seq.append(token, value, version)
+            if not seq.kv_from_old_weights:
+                self.pages.track(seq, version)  # a page whose 64 tokens are now known joins the hash chain
             try:
                 got = stop(seq)
             except Exception as e:
@@ -263,9 +247,7 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         if seq.pages:
-            if keep_prefix and not seq.kv_from_old_weights and seq.num_cached:
-                self.pages.store(seq.tokens[: seq.num_cached], seq.pages, version)
-            self.pages.unref(seq.pages)
+            self.pages.release(seq, keep=keep_prefix and not seq.kv_from_old_weights)
             seq.pages = []
 
     def on_weights_updated(self, recompute: bool) -> None:
@@ -281,3 +263,4 @@ class Scheduler:
                 self.preempt(seq, count=False)  # not for lack of memory
             elif seq.num_cached > 0:
                 seq.kv_from_old_weights = True
+                self.pages.untrack(seq)  # its pages now mix versions: nobody may reuse them

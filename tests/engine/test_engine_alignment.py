@@ -180,8 +180,8 @@ def test_engine_update_with_keep_attends_to_old_kv_exactly(tiny_model, perturbed
         differs_from_recompute |= not torch.equal(out.logprobs[split:], recomputed)
     # Keeping old K/V is a real approximation: it differs from a full recompute with new weights.
     assert differs_from_recompute
-    # Mixed-version K/V never becomes a prefix entry (reuse must equal a cold prefill).
-    assert engine.stats()["prefix_entries"] == 0
+    # Mixed-version K/V never becomes a cached page (reuse must equal a cold prefill).
+    assert engine.stats()["prefix_cached_pages"] == 0
 
 
 def test_engine_standard_kernels_negative_control_differs_from_trainer(tiny_model):

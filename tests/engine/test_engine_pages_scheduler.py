@@ -1,4 +1,4 @@
-"""Page pool (free list, reference counts, prefix entries) and scheduler (admission, batching,
+"""Page pool (free list, reference counts, the prefix index) and scheduler (admission, batching,
 sharing, preemption) on their own, without a model."""
 
 from __future__ import annotations
@@ -55,44 +55,82 @@ def test_a_shared_page_is_freed_when_its_last_holder_lets_go():
         pool.ref([p])
 
 
-def test_prefix_entries_match_the_longest_prefix_of_the_same_version():
+def _finished(pool: PagePool, tokens: list[int], version: int = 0) -> Sequence:
+    """A sequence that wrote the K/V of all of ``tokens`` and let go of its pages (kept in the cache)."""
+    seq = Sequence(list(tokens), SamplingParams())
+    seq.pages = pool.allocate(-(-len(tokens) // 64))
+    seq.num_cached = len(tokens)
+    pool.track(seq, version)
+    pool.release(seq, keep=True)
+    return seq
+
+
+def test_the_prefix_index_matches_the_longest_cached_prefix_of_the_same_version():
     pool = PagePool(8, bytes_per_page=10)
-    a, b = pool.allocate(2), pool.allocate(1)
-    pool.store(list(range(100)), a, version=0)
-    pool.store([0, 1, 9], b, version=0)
-    pool.unref(a)
-    pool.unref(b)
-    assert pool.num_prefix_entries == 2 and pool.bytes_prefix_cache == 30 and pool.bytes_held == 0
-    entry, n = pool.match(list(range(100)), version=0)
-    assert entry.pages == a and n == 99  # the last token is always left to feed
-    assert pool.match([0, 1, 9, 9], version=1) == (None, 0)  # other weights: not reused
-    # An entry the new one extends is dropped (the new one answers all its matches).
-    c = pool.allocate(2)
-    pool.store(list(range(120)), c, version=0)
-    assert pool.num_prefix_entries == 2 and pool.refcount(a[0]) == 0
+    a = _finished(pool, list(range(100)))
+    b = _finished(pool, [0, 1, 9])
+    assert pool.num_cached_pages == 3 and pool.bytes_prefix_cache == 30 and pool.bytes_held == 0
+    m = pool.match(list(range(100)), version=0, share_running=0)
+    assert m.full == a.pages[:1] and (m.partial_page, m.partial) == (a.pages[1], 35)
+    assert m.computed == 99  # the last token is always left to feed
+    m = pool.match([0, 1, 9, 9], version=0, share_running=0)
+    assert (m.partial_page, m.computed) == (b.pages[0], 3)  # the best of two children of the root
+    assert pool.match([0, 1, 9, 9], version=1, share_running=0).computed == 0  # other weights: not reused
+    m = pool.match(list(range(50)) + [7, 7], version=0, share_running=0)
+    assert m.full == [] and (m.partial_page, m.computed) == (a.pages[0], 50)  # diverging: the common part
 
 
-def test_allocation_evicts_the_oldest_entry_and_invalidate_drops_all():
+def test_a_full_page_is_found_through_the_hash_chain_of_its_parents():
+    pool = PagePool(8, bytes_per_page=1)
+    x = list(range(1000, 1064))
+    a = _finished(pool, [1] * 64 + x + [5])
+    _finished(pool, [2] * 64 + x + [6])  # the same 64 tokens after another first page: another chain
+    m = pool.match([1] * 64 + x + [5, 5], 0, share_running=0)
+    assert m.full == a.pages[:2] and m.computed == 129
+    m = pool.match([3] * 64 + x + [5, 5], 0, share_running=0)
+    assert m.computed == 0  # no first page matches, so neither does the second
+
+
+def test_allocation_evicts_the_least_recently_cached_page_and_invalidate_drops_all():
     pool = PagePool(3, bytes_per_page=1)
-    for tokens in ([1] * 64, [2] * 64, [3] * 64):
-        pages = pool.allocate(1)
-        pool.store(tokens, pages, 0)
-        pool.unref(pages)
-    assert pool.num_free == 0 and pool.num_prefix_entries == 3
-    assert pool.allocate(1) is not None  # evicts the least recently stored entry
-    assert pool.match([1] * 65, 0) == (None, 0) and pool.match([2] * 65, 0)[1] == 64
+    for tok in (1, 2, 3):
+        _finished(pool, [tok] * 64)
+    assert pool.num_free == 0 and pool.num_cached_pages == 3
+    assert pool.allocate(1) is not None  # evicts the least recently cached page
+    assert pool.match([1] * 65, 0, 0).computed == 0 and pool.match([2] * 65, 0, 0).computed == 64
     pool.invalidate()
-    assert pool.num_prefix_entries == 0 and pool.num_free == 2
+    assert pool.num_cached_pages == 0 and pool.num_free == 2
 
 
-def test_prefix_entries_expire_after_ttl():
+def test_evicting_a_page_evicts_the_cached_pages_that_continue_it():
+    pool = PagePool(3, bytes_per_page=1)
+    _finished(pool, [1] * 64 + [2] * 10)  # two pages: the second continues the first
+    pool.allocate(1)
+    assert pool.num_cached_pages == 2 and pool.num_free == 0
+    assert pool.allocate(1) is not None  # evicts the first page, and its continuation (unreachable) with it
+    assert pool.num_cached_pages == 0 and pool.num_free == 1
+
+
+def test_cached_pages_expire_after_ttl():
     now = [0.0]
     pool = PagePool(1, bytes_per_page=1, ttl_s=10.0, clock=lambda: now[0])
-    pages = pool.allocate(1)
-    pool.store([3, 4, 5], pages, 0)
-    pool.unref(pages)
+    _finished(pool, [3, 4, 5])
     now[0] = 11.0
-    assert pool.match([3, 4, 5, 6], 0) == (None, 0) and pool.num_free == 1
+    assert pool.match([3, 4, 5, 6], 0, 0).computed == 0 and pool.num_free == 1
+
+
+def test_pages_a_running_sequence_writes_match_only_past_the_sharing_threshold():
+    pool = PagePool(8, bytes_per_page=1, prefix_cache=False)
+    runner = Sequence(list(range(1, 41)), SamplingParams())
+    runner.pages = pool.allocate(1)
+    pool.track(runner, 0)
+    assert pool.match(list(range(1, 41)) + [9], 0, share_running=0).potential == 0  # sharing off
+    m = pool.match(list(range(1, 41)) + [9], 0, share_running=16)
+    assert m.running and m.potential == 40 and m.computed == 0  # not written yet: worth waiting for
+    runner.num_cached = 40
+    m = pool.match(list(range(1, 41)) + [9], 0, share_running=16)
+    assert (m.partial_page, m.computed) == (runner.pages[0], 40)
+    assert pool.match(list(range(1, 11)) + [9], 0, share_running=16).computed == 0  # below the threshold
 
 
 def _seq(n_prompt: int, first: int = 1) -> Sequence:
