@@ -20,8 +20,6 @@ from collections.abc import Callable, Mapping
 import torch
 
 from rz_agents.engine.config import EngineConfig
-from rz_agents.engine.cuda_graphs import DecodeGraphs
-from rz_agents.engine.decode_step import DecodeStep
 from rz_agents.engine.pages import PagePool
 from rz_agents.engine.params import Completion, SamplingParams
 from rz_agents.engine.runner import ModelRunner
@@ -75,27 +73,7 @@ class RZEngine:
             )
         device = next(model.parameters()).device
         self.kv_cache = KVCache(cfg, num_pages=total_pages, device=device)
-        decode_step = None
-        if self.config.static_decode:
-            decode_step = DecodeStep(
-                model,
-                self.kv_cache,
-                max_batch=min(self.config.num_slots, self.config.max_batch_tokens),
-                width=pages_for(self.config.max_len),
-                scratch_page=num_pages,
-            )
-        self.graphs, self.cuda_graphs_off = None, None
-        if not self.config.cuda_graphs:
-            self.cuda_graphs_off = "engine.cuda_graphs is false"
-        elif decode_step is None:
-            self.cuda_graphs_off = "engine.static_decode is false (graphs capture the static decode step)"
-        elif device.type != "cuda":
-            self.cuda_graphs_off = f"the engine runs on {device.type}, CUDA graphs need a CUDA device"
-        else:
-            self.graphs = DecodeGraphs(decode_step)
-        if self.config.cuda_graphs and self.cuda_graphs_off:
-            log.info("engine.cuda_graphs ignored: %s", self.cuda_graphs_off)
-        self.runner = ModelRunner(model, self.kv_cache, decode_step, self.graphs)
+        self.runner = ModelRunner.for_engine(model, self.kv_cache, self.config, scratch_page=num_pages)
         pages = PagePool(
             num_pages,
             self.kv_cache.bytes_per_page,
@@ -131,6 +109,16 @@ class RZEngine:
         }
 
     # -- public API ---------------------------------------------------------------------------
+    @property
+    def graphs(self):
+        """The runner's CUDA graphs of the static decode step (None when they are off: ``cuda_graphs_off``)."""
+        return self.runner.graphs
+
+    @property
+    def cuda_graphs_off(self) -> str | None:
+        """Why the engine runs without CUDA graphs (None when it has them)."""
+        return self.runner.cuda_graphs_off
+
     @property
     def version(self) -> int:
         return self._version

@@ -5,16 +5,20 @@ It owns the model and the cache; it knows nothing about queues or sampling polic
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
+from rz_agents.engine.config import EngineConfig
 from rz_agents.engine.cuda_graphs import DecodeGraphs
 from rz_agents.engine.decode_step import DecodeStep
 from rz_agents.engine.scheduler import ScheduledBatch
+from rz_agents.model.kv_cache import pages_for
 
 LOGIT_CHUNK_BYTES = 15 << 20
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,6 +47,37 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.decode_step = decode_step  # decode-only steps go through it (static, bucketed buffers)
         self.graphs = graphs  # on CUDA: that step's captured graphs, replayed instead
+        self.cuda_graphs_off: str | None = None if graphs is not None else "no CUDA graphs were given"
+
+    @classmethod
+    def for_engine(
+        cls, model: torch.nn.Module, kv_cache, config: EngineConfig, scratch_page: int
+    ) -> ModelRunner:
+        """The runner with the forward paths ``config`` and the device allow, chosen here and nowhere else: a
+        decode-only step replays its CUDA graph (``cuda_graphs``, on CUDA), or runs the static decode step
+        (``static_decode``: the batch padded to a bucket over preallocated buffers), and every other step the
+        general packed forward (``forward``). ``cuda_graphs_off`` says why graphs are off, if they are."""
+        decode_step = None
+        if config.static_decode:
+            decode_step = DecodeStep(
+                model,
+                kv_cache,
+                max_batch=min(config.num_slots, config.max_batch_tokens),
+                width=pages_for(config.max_len),
+                scratch_page=scratch_page,
+            )
+        off = None
+        if not config.cuda_graphs:
+            off = "engine.cuda_graphs is false"
+        elif decode_step is None:
+            off = "engine.static_decode is false (graphs capture the static decode step)"
+        elif kv_cache.device.type != "cuda":
+            off = f"the engine runs on {kv_cache.device.type}, CUDA graphs need a CUDA device"
+        if config.cuda_graphs and off:
+            log.info("engine.cuda_graphs ignored: %s", off)
+        runner = cls(model, kv_cache, decode_step, DecodeGraphs(decode_step) if off is None else None)
+        runner.cuda_graphs_off = off
+        return runner
 
     def step_inputs(self, batch: ScheduledBatch) -> StepInputs:
         """The forward's inputs, built on the host from what the scheduler knows and uploaded in one copy.
