@@ -63,7 +63,7 @@ class RolloutConfig:
     # step are dropped as they finish (groups_dropped_uniform) and replacements are started, so batches hold
     # groups that teach something; beyond k per step they are queued and skipped by the learner.
     skip_uniform_groups: bool = False
-    oversample: int = 0
+    oversample: int = 0  # k: uniform-reward groups replaced per learner step (needs skip_uniform_groups)
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
