@@ -86,7 +86,7 @@ def test_random_traffic_reuses_only_its_own_tokens_kv_and_loses_no_page(seed, pr
     sim = _Sim(num_pages=24, rng=rng, prefix_cache=prefix_cache, share=share)
     bases = [[rng.randrange(4) for _ in range(rng.randrange(60, 200))] for _ in range(3)]
     finished: list[Sequence] = []
-    for t in range(300):
+    for _ in range(300):
         r = rng.random()
         if r < 0.25 and len(sim.sched.waiting) < 12:
             if finished and rng.random() < 0.5:  # a next turn: the previous turn's tokens and more
