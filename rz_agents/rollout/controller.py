@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, ReplicaLost, run_episode
+from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, InfraFailure, run_episode
 from rz_agents.rollout.group_ledger import STATE_FORMAT, Counters, GroupLedger
 from rz_agents.rollout.lag_policy import LagPolicy
 from rz_agents.rollout.task_source import TaskSource
@@ -55,9 +55,15 @@ class RolloutConfig:
     # Stop the run (RolloutFailure) after this many episodes in a row failed: a broken env or a prompt that
     # cannot fit is a configuration error, not bad luck. 0 disables the check.
     max_consecutive_failures: int = 256
-    # An episode whose engine replica or env worker died (Ray runtime) is run again from its start, same
-    # task, new sampling seed, up to this many times; then it is dropped. Both are counted.
+    # An episode lost to infrastructure (its engine replica or env worker died, its sandbox or desktop was
+    # gone, see InfraFailure) is run again from its start, same task, new sampling seed, up to this many
+    # times; then it is masked: left out of its group's baseline and the loss, counted (infra_failed), never
+    # scored. Both are counted (episodes_rerun, infra_failed).
     max_episode_reruns: int = 2
+    # Names of exception classes which, raised by env.reset / env.step (the class or a base of it), mean the
+    # infrastructure failed, not the policy: e.g. [TimeoutError] for an env whose own timeout waits on a
+    # desktop or a remote service. Any other env exception drops the episode as an env error.
+    infra_exceptions: list[str] = field(default_factory=list)
     # A group whose rewards are all equal has advantage 0: the learner leaves it out of its forward/backward
     # (counted per step: groups_skipped_uniform). With oversample: k > 0, up to k such groups per learner
     # step are dropped as they finish (groups_dropped_uniform) and replacements are started, so batches hold
@@ -72,6 +78,11 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_episode_reruns < 0:
             raise ValueError(f"rollout.max_episode_reruns must be >= 0, got {self.max_episode_reruns}")
+        for name in self.infra_exceptions:
+            if not (isinstance(name, str) and name.isidentifier()):
+                raise ValueError(
+                    f"rollout.infra_exceptions must list exception class names (e.g. TimeoutError), got {name!r}"
+                )
         if self.oversample < 0:
             raise ValueError(f"rollout.oversample must be >= 0, got {self.oversample}")
         if self.oversample and not self.skip_uniform_groups:
@@ -233,6 +244,8 @@ class RolloutController:
             raise
         except (EpisodeError, Exception) as e:  # one bad episode never stops the run
             self.ledger.episodes_failed += 1
+            if isinstance(e, InfraFailure):  # masked: out of the group's baseline and the loss, not scored
+                self.ledger.infra_failed += 1
             where = f"group {spec.group_id}, member {spec.member}"
             first = self.first_error is None
             if first:
@@ -253,7 +266,8 @@ class RolloutController:
             self._slots.release()
 
     async def _run_with_reruns(self, spec: EpisodeSpec, env) -> Trajectory:
-        """run_episode; if its engine replica or env worker dies, run it again (same task, new seed).
+        """run_episode; if infrastructure loses it (InfraFailure: its engine replica or env worker died, its
+        sandbox was gone), run it again (same task, new seed).
 
         A lost run leaves nothing behind: a trajectory exists only once an episode has run to its end.
         """
@@ -268,8 +282,9 @@ class RolloutController:
                     self._request,
                     self.cfg.limits,
                     self._executor,
+                    self.cfg.infra_exceptions,
                 )
-            except ReplicaLost:
+            except InfraFailure:
                 if attempt >= self.cfg.max_episode_reruns:
                     self.ledger.episodes_lost += 1
                     raise
@@ -280,6 +295,8 @@ class RolloutController:
         results = await asyncio.gather(*members)
         if self._stopping:  # the run is ending: the group stays in flight (a resume runs it again), so the
             return  # accounting the last step logged is the final checkpoint's
+        # Members that failed (infrastructure included) are not in the group: its baseline is the mean over
+        # the members that ran to their end, and the loss has no row for the others.
         trajs = [t for t in results if t is not None]
         if trajs and self._replace_uniform(trajs):
             self.ledger.drop_uniform(index)
