@@ -105,6 +105,9 @@ class _ProgressWriter:
         self.inner.write(step, metrics)
         self.on_step(step, metrics)
 
+    def write_histograms(self, step: int, histograms: dict[str, Any]) -> None:
+        self.inner.write_histograms(step, histograms)
+
     def close(self) -> None:
         self.inner.close()
 

@@ -31,6 +31,7 @@ from rz_agents.runtime.watchdog import Watchdog
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rz_agents.trainer.health import HealthMonitor
 from rz_agents.trainer.inspect import inspected_steps, write_step_record
+from rz_agents.trainer.metrics import staleness_histogram, staleness_metrics
 from rz_agents.trainer.metrics_log import MetricsWriter
 
 
@@ -138,6 +139,7 @@ class TrainLoop:
             # before the step: the log-probs recorded are those the step's loss uses
             record = await placement.inspection_record(batch)
             write_step_record(Path(cfg.output_dir) / "inspect", step, record)
+        staleness, token_lags, oldest_lags = self._staleness(batch, placement.learner_version)
         metrics = await placement.learner_step(batch)
         if cfg.learner_step_delay_s:
             await asyncio.sleep(cfg.learner_step_delay_s)
@@ -157,6 +159,7 @@ class TrainLoop:
             rss_gb=rss_bytes() / 2**30,
             trained_tokens_per_s=metrics.get("learner_tokens", 0) / max(time.perf_counter() - t0, 1e-9),
         )
+        metrics.update(staleness)
         metrics.update(self.health.update(metrics))
         if self.governor is not None:
             bound = self.governor.update(
@@ -171,8 +174,18 @@ class TrainLoop:
         self.controller.step_done()
         if self.writer:
             self.writer.write(step, metrics)
+            histograms = getattr(self.writer, "write_histograms", None)  # a wrapping writer may not have it
+            if histograms is not None:
+                lags = {"staleness/token_lag": token_lags, "staleness/trajectory_oldest_lag": oldest_lags}
+                histograms(step, lags)
         if cfg.output_dir and cfg.checkpoint_every and self.steps_done % cfg.checkpoint_every == 0:
             self.checkpoint(Path(cfg.output_dir) / "checkpoint.pt")
+
+    def _staleness(self, batch: list, version: int) -> tuple[dict[str, float], list[int], list[int]]:
+        """The batch's token-weighted staleness at the learner's ``version`` (trainer.metrics.staleness_metrics):
+        its metrics, every sampled token's lag, every trajectory's oldest lag."""
+        lags = [[version - v for v, m in zip(t.versions, t.loss_mask, strict=True) if m] for t in batch]
+        return staleness_metrics(lags, self.controller.lag.bound)
 
     def _progress(self) -> tuple:
         """What the watchdog compares: engine work, episode events, learner steps."""
@@ -230,6 +243,7 @@ class TrainLoop:
             "steps_per_s": steps_run / wall_s if wall_s > 0 else 0.0,
             "reward_mean_per_step": rewards,
             "max_lag_seen": lag_max,
+            "staleness": staleness_histogram(h),  # per lag bucket, over the run (report.write)
             "skipped_steps": self.placement.skipped_steps,
             "rollout": dict(self.controller.counters),
             "first_episode_error": self.controller.first_error,
