@@ -19,6 +19,11 @@ _LAG_BUCKETS = [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64
 
 PANELS: list[tuple[str, str, list[str]]] = [
     ("reward", "Reward (mean over the step's episodes)", ["reward_mean"]),
+    (
+        "eval",
+        "Held-out evaluation during training (eval.every): avg@k, pass@k, mean reward",
+        ["eval/avg_at_k", "eval/pass_at_k", "eval/mean_reward"],
+    ),
     ("lag", "Policy lag of trained tokens (learner steps)", ["lag_min", "lag_mean", "lag_max"]),
     (
         "is_weight",
