@@ -8,7 +8,7 @@ where steps_done counts finished learner steps and ahead is the run's ``LagPolic
 (min(max_lag + 1, max_ahead_batches); 1 with a fixed lag), max_lag its ``bound``. A group admitted under this rule is, in order of start,
 among the next max_lag + 1 batches, so its tokens would be trained at most max_lag versions later.
 Groups finish out of order, so ``TrajectoryQueue.take`` also drops (and counts) any group whose oldest
-token has lag > max_lag (or > the lag governor's bound, when it is lower: ``train_bound``): no trained token
+token has lag > max_lag (or > the lag governor's bound, when it is lower: ``LagBound.train``): no trained token
 ever exceeds the bound. max_lag = 0 is the synchronous mode:
 one batch is generated with the current weights, trained, published, then the next one starts.
 
@@ -34,6 +34,7 @@ from typing import Any
 
 from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, InfraFailure, run_episode
 from rz_agents.rollout.group_ledger import STATE_FORMAT, Counters, GroupLedger
+from rz_agents.rollout.lag_bound import LagBound
 from rz_agents.rollout.lag_policy import LagPolicy
 from rz_agents.rollout.task_source import TaskSource
 from rz_agents.rollout.trajectory_queue import Group, TrajectoryQueue
@@ -171,7 +172,8 @@ class RolloutController:
         sampling: SamplingSpec,
     ) -> None:
         """``lag`` and ``sampling``: the run's lag policy and sampling distribution (``runtime.plan``), the
-        same objects the learner follows."""
+        same objects the learner follows. ``self.lag`` is the run's one ``LagBound`` over that policy (the
+        governor's moving bound included): admission, the queue's stale drop and the loop read it."""
         cfg.validate()
         self.engine = engine
         self.env_factory = env_factory
@@ -179,7 +181,7 @@ class RolloutController:
         self.tokenizer = tokenizer
         self.tasks = tasks
         self.cfg = cfg
-        self.lag = lag
+        self.lag = LagBound(lag, cfg.stale_groups)
         self.sampling = sampling
         self._request = sampling.engine_params()  # the engine's template; run_episode sets the rest per turn
         self.queue = TrajectoryQueue()
@@ -196,7 +198,6 @@ class RolloutController:
         self._consecutive_failures = 0
         self.failure: RolloutFailure | None = None  # set when the run must stop; next_batch raises it
         self.first_error: str | None = None  # the run's first failed episode, for the summary
-        self.admission_lag: int | None = None  # set by the runtime's lag governor (rollout.lag_governor)
         # Pacing (rollout.stale_groups: pace): the learner's version as the loop last told it (next_batch,
         # step_done), and for each group in flight the version it was admitted at, a lower bound of its
         # oldest token's version (the engine samples with the weights published by then, or newer ones).
@@ -225,35 +226,12 @@ class RolloutController:
         return self.ledger.relaunch
 
     # ---- admission ------------------------------------------------------------------------------
-    def _ahead_batches(self) -> int:
-        return self.lag.ahead_batches(self.admission_lag)  # admission_lag: the lag governor's bound
-
-    @property
-    def admission_bound(self) -> int:
-        """max_lag, or the lag governor's bound when it is lower."""
-        return self.lag.bound if self.admission_lag is None else min(self.lag.bound, self.admission_lag)
-
-    @property
-    def pacing(self) -> bool:
-        """Whether stale groups are paced (trained within max_lag) rather than dropped: stale_groups: pace on a
-        bounded lag (sync and fixed-lag runs generate one batch at a time: nothing to pace)."""
-        return self.cfg.stale_groups == "pace" and self.lag.kind == "bounded"
-
-    @property
-    def train_bound(self) -> int:
-        """The oldest lag a trained token may have. Dropping (stale_groups: drop): the admission bound, so a
-        group admitted under an earlier, larger governor bound that is now over it is dropped
-        (``dropped_stale``): with many episodes in flight the admitted pipeline is many batches deep, and
-        training on it would keep the stale data the governor reacted to coming for as many steps. Pacing:
-        max_lag, which the learner's wait keeps every group within (``_must_wait``)."""
-        return self.lag.bound if self.pacing else self.admission_bound
-
     def may_start_group(self) -> bool:
         """True while starting one more group keeps the lag bound (see the module docstring); when pacing,
         also while no group in flight would be past the admission bound after the next step."""
-        if self.ledger.live >= (self.steps_done + self._ahead_batches()) * self.cfg.groups_per_batch:
+        if self.ledger.live >= (self.steps_done + self.lag.ahead_batches()) * self.cfg.groups_per_batch:
             return False
-        return not (self.pacing and self._oldest_in_flight_lag(1) > self.admission_bound)
+        return not (self.lag.paced and self._oldest_in_flight_lag(1) > self.lag.admission)
 
     def _oldest_in_flight_lag(self, steps_ahead: int) -> int:
         """The lag the oldest group in flight will have (at most) ``steps_ahead`` learner steps from now; -1
@@ -405,11 +383,11 @@ class RolloutController:
         groups = await self.queue.take(
             self.cfg.groups_per_batch,
             version,
-            self.train_bound,
+            self.lag.train,
             on_drop,
             check=self._check_not_deadlocked,
-            oldest_first=self.pacing,
-            wait=self._must_wait if self.pacing else None,
+            oldest_first=self.lag.paced,
+            wait=self._must_wait if self.lag.paced else None,
         )
         if self.failure is not None:
             raise self.failure
@@ -423,7 +401,7 @@ class RolloutController:
         take now. That batch's step makes the version ``learner_version + 1``; a group still in flight is
         trained at that version or later, so the step may run only while every group in flight stays within
         max_lag of it. Once the oldest finishes, it is queued and taken first (oldest_first)."""
-        return self._oldest_in_flight_lag(1) > self.lag.bound
+        return self._oldest_in_flight_lag(1) > self.lag.hard
 
     def _check_not_deadlocked(self) -> None:
         """Raise RolloutDeadlock if the batch next_batch waits for can never be filled.
@@ -434,7 +412,7 @@ class RolloutController:
         if self.ledger.pending or self._stopping or self.may_start_group():
             return
         c = self.counters
-        ahead = self._ahead_batches()
+        ahead = self.lag.ahead_batches()
         raise RolloutDeadlock(
             f"the learner waits for {self.cfg.groups_per_batch} groups but none can come: {len(self.queue)} "
             f"queued, 0 in flight, and admission is closed (live groups {self.ledger.live}"

@@ -2,7 +2,7 @@
 the behavior -> learner KL.
 
 ``rollout.max_lag`` is a hard bound (no trained token is older). With ``rollout.lag_governor: true`` the
-rollouts are admitted under a smaller, moving bound b (``RolloutController.admission_lag``): after every
+rollouts are admitted under a smaller, moving bound b (``LagBound.admission``, lag_bound.py): after every
 learner step, with e the median ESS/n (``is_weight_ess_fraction``) and k the median KL k3
 (``kl_k3_behavior_to_learner``) of the last ``window`` steps,
 

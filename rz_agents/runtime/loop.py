@@ -63,15 +63,13 @@ class TrainLoop:
         if cfg.resume_from:
             self._resume(cfg.resume_from)
         self.health = HealthMonitor(self.history)  # rolling ESS/n and KL, the collapse alarm
-        self.governor = controller.lag.governor_for(self.history)
+        controller.lag.resume(self.history)  # the lag governor's bound and windows, if it has one
         eval_plan = plan_loop_eval(cfg.eval, cfg)
         self.evaluator = (
             LoopEvaluator(eval_plan, cfg, controller.engine, controller.template, controller.tokenizer)
             if eval_plan is not None
             else None
         )
-        if self.governor is not None:
-            controller.admission_lag = self.governor.bound
         # The writer starts at the first step this run records: rows a killed run wrote after its last
         # checkpoint are removed, so no step number repeats in metrics.jsonl.
         self.writer = (
@@ -170,11 +168,7 @@ class TrainLoop:
         )
         metrics.update(staleness)
         metrics.update(self.health.update(metrics))
-        if self.governor is not None:
-            bound = self.governor.update(
-                metrics.get("is_weight_ess_fraction"), metrics.get("kl_k3_behavior_to_learner")
-            )
-            self.controller.admission_lag = metrics["rollout_admission_lag"] = bound
+        self.controller.lag.observe(metrics)  # the lag governor moves the admission bound
         if self.evaluator is not None and self.evaluator.due(self.steps_done + 1, cfg.steps):
             # the weights this step published, evaluated while the learner waits (the rollouts go on)
             t_eval = time.perf_counter()
@@ -201,7 +195,7 @@ class TrainLoop:
         """The batch's token-weighted staleness at the learner's ``version`` (trainer.metrics.staleness_metrics):
         its metrics, every sampled token's lag, every trajectory's oldest lag."""
         lags = [[version - v for v, m in zip(t.versions, t.loss_mask, strict=True) if m] for t in batch]
-        return staleness_metrics(lags, self.controller.lag.bound)
+        return staleness_metrics(lags, self.controller.lag.hard)
 
     def _progress(self) -> tuple:
         """What the watchdog compares: engine work, episode events, learner steps."""
