@@ -66,7 +66,15 @@ class TrainLoop:
         controller.lag.resume(self.history)  # the lag governor's bound and windows, if it has one
         eval_plan = plan_loop_eval(cfg.eval, cfg)
         self.evaluator = (
-            LoopEvaluator(eval_plan, cfg, controller.engine, controller.template, controller.tokenizer)
+            LoopEvaluator(
+                eval_plan,
+                cfg,
+                controller.engine,
+                controller.template,
+                controller.tokenizer,
+                controller.sampling,
+                controller.cfg.limits.max_turns,
+            )  # fmt: skip
             if eval_plan is not None
             else None
         )
