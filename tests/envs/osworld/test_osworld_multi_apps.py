@@ -34,7 +34,7 @@ BOOK = "5df7b33a-9f77-4101-823e-02f863e1c1ae"  # split a PDF book by chapter (na
 VIDEO_PLAYER = "937087b6-f668-4ba6-9110-60682ee33441"  # make VLC the default video player
 INFEASIBLE = "6d72aad6-187a-4392-a4c4-ed87269c51cf"  # Impress to video: infeasible
 SAMPLE = (CLIPBOARD, BOOK, VIDEO_PLAYER, INFEASIBLE)
-NEEDED = ("Xvfb", "openbox", "xsel", "nautilus", "evince", "totem", "vlc", "wmctrl", "zip", "unzip")
+NEEDED = ("Xvfb", "openbox", "xsel", "nautilus", "evince", "totem", "gedit", "vlc", "wmctrl", "zip", "unzip")
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(p) for p in NEEDED),
@@ -137,5 +137,7 @@ def test_gnome_file_manager_and_document_viewer_stand_in(task_dir):
         # Debian 12's Nautilus 43 names its class "org.gnome.Nautilus"; Ubuntu 22.04's 42, "Org.gnome.Nautilus"
         assert "org.gnome.nautilus.org.gnome.nautilus  desktop book" in windows.lower(), windows
         assert "Spectral Graph Theory" in windows and "evince" in windows.lower(), windows
-        default = get_vm_command_line(env.ctx, {"command": ["xdg-mime", "query", "default", "application/pdf"]})
-        assert default.strip() == "org.gnome.Evince.desktop"
+        for mime, desktop_file in (("application/pdf", "org.gnome.Evince.desktop"),
+                                   ("application/json", "org.gnome.gedit.desktop")):  # fmt: skip
+            default = get_vm_command_line(env.ctx, {"command": ["xdg-mime", "query", "default", mime]})
+            assert default.strip() == desktop_file, mime

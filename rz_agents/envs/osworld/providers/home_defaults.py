@@ -7,7 +7,8 @@ LibreOffice keeps and extends (metrics that read it, e.g. the autosave interval,
 agent's changes).
 
 File types open as on Ubuntu's GNOME (the VM): PDFs in Document Viewer (evince), images in Image
-Viewer (eog), videos in Videos (Totem), where installed (a task asks to make VLC the default video
+Viewer (eog), videos in Videos (Totem), text, JSON and Python files in Text Editor (gedit; two
+multi-app tasks start with a JSON file "opened"), where installed (a task asks to make VLC the default video
 player: without Totem, VLC would already be it). Without a choice, ``xdg-open`` (the tasks' ``open`` step) takes
 the first handler it finds, here GIMP for both.
 """
@@ -40,6 +41,7 @@ APPLICATIONS_DIR = "/usr/share/applications"
 UBUNTU_DEFAULTS = {
     "application/pdf": "org.gnome.Evince.desktop",
     **{f"image/{t}": "org.gnome.eog.desktop" for t in ("jpeg", "png", "gif", "bmp", "webp", "tiff")},
+    **{mime: "org.gnome.gedit.desktop" for mime in ("text/plain", "application/json", "text/x-python")},
     # every video type Totem declares (Ubuntu's defaults.list gives them all to Totem)
     **{mime: "org.gnome.Totem.desktop" for mime in VIDEO_MIME_TYPES},
 }
