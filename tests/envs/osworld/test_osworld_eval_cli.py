@@ -120,18 +120,24 @@ def test_benchmark_figure_counts_tasks_not_run_as_failures():
     assert (s["evaluated"], s["skipped"], s["missing"], s["success_rate"]) == (4, 1, 1, 0.5)
     assert s["benchmark"] == {
         "listed": 6, "evaluated": 4, "not_run": 2, "score_sum": 2.0, "success_rate": 2.0 / 6,
-        "groups": {"Office": {"evaluated": 0, "success_rate": 0.0}, "Daily": {"evaluated": 0, "success_rate": 0.0},
+        "groups": {"Office": {"evaluated": 0, "success_rate": 0.0},
+                   "Daily": {"evaluated": 0, "success_rate": 0.0},
                    "Professional": {"evaluated": 1, "success_rate": 0.0}},
     }  # fmt: skip
     ma = s["by_domain"]["multi_apps"]
-    assert (ma["listed"], ma["evaluated"], ma["not_run"], ma["success_rate"], ma["benchmark_success_rate"]) == (
-        3, 2, 1, 0.5, 1 / 3
-    )
+    counts = (ma["listed"], ma["evaluated"], ma["not_run"], ma["success_rate"], ma["benchmark_success_rate"])
+    assert counts == (3, 2, 1, 0.5, 1 / 3)
     table = format_table(s)
-    assert "benchmark  success 0.333 over all 6 listed tasks (2 not run here: 1 cannot run, 1 missing" in table
+    assert "benchmark  success 0.333 over all 6 listed tasks (2 not run here: 1 cannot run, 1 missing" in (
+        table
+    )
     assert "multi_apps          success 0.500 over   2 run; benchmark 0.333 over   3 listed" in table
     plain = summarize(rows)  # without a task list: no benchmark figure, as before
-    assert "benchmark" not in plain and set(plain["by_domain"]["os"]) == {"evaluated", "score_sum", "success_rate"}
+    assert "benchmark" not in plain and set(plain["by_domain"]["os"]) == {
+        "evaluated",
+        "score_sum",
+        "success_rate",
+    }
 
 
 def test_task_list_selects_listed_tasks_and_reports_missing_ones(tmp_path, capsys):
@@ -148,7 +154,8 @@ def test_task_list_selects_listed_tasks_and_reports_missing_ones(tmp_path, capsy
     (tmp_path / "test_all.json").write_text(json.dumps({"os": ["listed"], "multi_apps": ["gone"]}))
     s = run_osworld_eval(examples, "noop", subset={"os": ["listed"], "multi_apps": ["gone"]})
     assert [(r["domain"], r["id"], r["status"]) for r in s["tasks"]] == [
-        ("os", "listed", "skipped"), ("multi_apps", "gone", "missing")
+        ("os", "listed", "skipped"),
+        ("multi_apps", "gone", "missing"),
     ]
     assert s["benchmark"]["listed"] == 2 and s["benchmark"]["not_run"] == 2
     assert rz_osworld("eval", "--tasks", str(examples), "--policy", "noop") == 0  # finds test_all.json

@@ -21,7 +21,9 @@ def test_only_installed_handlers_are_named(tmp_path):
 
 
 def test_home_gets_a_mimeapps_list_that_xdg_reads(tmp_path, monkeypatch):
-    monkeypatch.setattr(home_defaults, "default_handlers", lambda: {"application/pdf": "org.gnome.Evince.desktop"})
+    monkeypatch.setattr(
+        home_defaults, "default_handlers", lambda: {"application/pdf": "org.gnome.Evince.desktop"}
+    )
     write_home_defaults(str(tmp_path))
     parser = configparser.ConfigParser(delimiters=("=",))
     parser.optionxform = str  # MIME types keep their case

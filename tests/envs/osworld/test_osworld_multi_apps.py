@@ -80,7 +80,10 @@ def _fill_cache(cache: Path) -> None:
                 if task_id == BOOK:
                     pages = _book_pages()
                     data = _zip(
-                        {"Spectral Graph Theory.pdf": _pdf(pages), "Chapter 1 - Eigenvalues.pdf": _pdf(pages[:2])},
+                        {
+                            "Spectral Graph Theory.pdf": _pdf(pages),
+                            "Chapter 1 - Eigenvalues.pdf": _pdf(pages[:2]),
+                        },
                         folder="book/",
                     )
                 put(download_paths(str(cache), task_id, f["url"], f["path"])[0], data)
@@ -107,7 +110,9 @@ def task_dir(tmp_path_factory) -> tuple[Path, Path]:
 def test_sampled_tasks_are_runnable_here(task_dir):
     root, cache = task_dir
     for task_id in SAMPLE:
-        assert check_task(load_task(root / "multi_apps" / f"{task_id}.json"), str(cache)).reasons == [], task_id
+        assert check_task(load_task(root / "multi_apps" / f"{task_id}.json"), str(cache)).reasons == [], (
+            task_id
+        )
 
 
 def test_scripted_episodes_score_one_and_the_untouched_desktop_zero(task_dir):

@@ -8,9 +8,9 @@ agent's changes).
 
 File types open as on Ubuntu's GNOME (the VM): PDFs in Document Viewer (evince), images in Image
 Viewer (eog), videos in Videos (Totem), text, JSON and Python files in Text Editor (gedit; two
-multi-app tasks start with a JSON file "opened"), where installed (a task asks to make VLC the default video
-player: without Totem, VLC would already be it). Without a choice, ``xdg-open`` (the tasks' ``open`` step) takes
-the first handler it finds, here GIMP for both.
+multi-app tasks start with a JSON file "opened"), where installed (a task asks to make VLC the
+default video player: without Totem, VLC would already be it). Without a choice, ``xdg-open``
+(the tasks' ``open`` step) takes the first handler it finds, here GIMP for PDFs and images.
 """
 
 from __future__ import annotations
