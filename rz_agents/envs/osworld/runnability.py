@@ -62,6 +62,9 @@ SHELL_WORDS = {
     "return", "{", "}", "!", "sudo", "exec", "eval", "unset", "shift", "wait", "kill", "time",
 }  # fmt: skip
 GNOME_SHELL = {"gnome-shell"}  # no stand-in: openbox is the window manager
+# systemd's control tools: the desktop runs no systemd (no timedated, logind or system bus), so e.g.
+# `timedatectl status` prints nothing a metric can read and `timedatectl set-time` cannot move the clock.
+SYSTEMD_TOOLS = {"timedatectl", "loginctl", "hostnamectl", "localectl", "systemctl"}
 # GNOME's own applications run on any X desktop with a session bus, when installed.
 GNOME_APPS = {"nautilus": "nautilus", "gnome-screenshot": "gnome-screenshot"}
 APT_INSTALL = re.compile(r"\bapt(?:-get)?\s+((?:-\S+\s+)*)install\b((?:\s+[^\s;&|]+)*)")
@@ -149,6 +152,8 @@ def _check_command(command: Any, add: Any, wrapped: set[str], setup: bool = Fals
         name = head.rsplit("/", 1)[-1]
         if name in GNOME_SHELL:
             add("needs GNOME desktop", name)
+        elif name in SYSTEMD_TOOLS:
+            add("needs systemd (the desktop runs none)", text[:120])
         elif name in GNOME_APPS and not shutil.which(name):
             add("needs GNOME desktop", f"{name} (not installed: apt-get install {GNOME_APPS[name]})")
         elif name in ("apt", "apt-get") and setup:

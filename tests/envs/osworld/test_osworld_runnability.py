@@ -315,3 +315,14 @@ def test_online_setup_steps_are_named_as_needing_the_internet():
     assert _categories(_task(config=[{"type": "no_such_step", "parameters": {}}])) == [
         "setup step not implemented"
     ]
+
+
+def test_systemd_tools_are_named_as_unavailable():
+    """The desktop runs no systemd: a task reading or setting the clock through timedatectl (in its
+    setup, postconfig or getter) cannot be scored here."""
+    getter = _task(result={"type": "vm_command_line", "command": "timedatectl status", "shell": True})
+    assert _categories(getter) == ["needs systemd (the desktop runs none)"]
+    post = _task(
+        postconfig=[{"type": "command", "parameters": {"command": ["timedatectl", "set-time", "16:00"]}}]
+    )
+    assert _categories(post) == ["needs systemd (the desktop runs none)"]
