@@ -156,6 +156,9 @@ async def run_episode(
 
     ``sampling`` is the engine's SamplingParams template: max_tokens, seed and stop_token_ids are set per turn.
     """
+    own = getattr(getattr(env, "unwrapped", env), "run_agent_episode", None)
+    if own is not None:  # the env runs its own agent against the engine (envs/openai_agent: rz serve sessions)
+        return await own(engine, template, tokenizer, spec, sampling, limits, executor)
     name = type(getattr(env, "unwrapped", env)).__name__
     reset_seed = spec.seed if spec.reset_seed is None else spec.reset_seed
     messages, info = await _reset(env, name, reset_seed, spec.task, executor)

@@ -224,7 +224,8 @@ class ServerThread:
 class InLoopServer:
     """The app served by a task on the current event loop (``start_in_loop``)."""
 
-    def __init__(self, uvicorn_server, task: asyncio.Task, host: str) -> None:
+    def __init__(self, server: OpenAIServer, uvicorn_server, task: asyncio.Task, host: str) -> None:
+        self.server = server
         self._uvicorn, self._task, self.host = uvicorn_server, task, host
         self.port = _bound_port(uvicorn_server)
 
@@ -239,6 +240,10 @@ class InLoopServer:
     def session_url(self, session_id: str) -> str:
         """A base URL whose requests all belong to ``session_id``."""
         return f"{self.root}/sessions/{session_id}/v1"
+
+    @property
+    def running(self) -> bool:
+        return not self._task.done()
 
     async def stop(self) -> None:
         self._uvicorn.should_exit = True
@@ -255,4 +260,4 @@ async def start_in_loop(server: OpenAIServer, host: str = "127.0.0.1", port: int
             task.result()
             raise RuntimeError("rz serve: the server ended before it started")
         await asyncio.sleep(0.01)
-    return InLoopServer(uv, task, host)
+    return InLoopServer(server, uv, task, host)

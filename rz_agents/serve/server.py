@@ -240,10 +240,18 @@ class OpenAIServer:
             temperature, top_k, top_p = policy.temperature, policy.top_k, policy.top_p
             budget = min(policy.max_tokens_per_turn, policy.max_session_tokens - len(prompt))
             if budget < 1:
+                session.limit_reached = "max_episode_tokens"
                 raise OpenAIError(
                     f"session {session.id!r} has used its {policy.max_session_tokens}-token budget",
                     "messages",
                     code="session_budget_exhausted",
+                )
+            if policy.max_turns is not None and session.turns >= policy.max_turns:
+                session.limit_reached = "max_turns"
+                raise OpenAIError(
+                    f"session {session.id!r} has had its {policy.max_turns} turns",
+                    "messages",
+                    code="session_turn_limit",
                 )
             max_tokens = min(max_tokens, budget)
             seed = turn_seed(policy.seed, session.turns)

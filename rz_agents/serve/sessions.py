@@ -39,6 +39,7 @@ class SessionPolicy:
     seed: int
     max_tokens_per_turn: int
     max_session_tokens: int
+    max_turns: int | None = None
 
 
 def _canonical_arguments(arguments: Any) -> str:
@@ -78,6 +79,7 @@ class Session:
     prefix_mismatches: int = 0
     segments: int = 0
     sampled_tokens_dropped: int = 0
+    limit_reached: str | None = None  # why a training session refused a request (its budget or turn limit)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     def add_context(self, ids: Sequence[int]) -> None:
