@@ -92,9 +92,9 @@ def taught_model() -> Transformer:
 class Served:
     """A running server, the learner's copy of its weights and what built it."""
 
-    def __init__(self, num_slots: int = 16) -> None:
+    def __init__(self, num_slots: int = 16, taught: bool = True) -> None:
         self.tokenizer, self.template = ByteTokenizer(), ByteChatTemplate()
-        self.learner_model = taught_model()
+        self.learner_model = taught_model() if taught else tiny_model().requires_grad_(False)
         engine_model = copy.deepcopy(self.learner_model)
         self.engine_config = EngineConfig(
             num_slots=num_slots, max_len=512, max_batch_tokens=512, num_threads=1
