@@ -195,7 +195,7 @@ class RZEngine:
             else:
                 done = []
         self._resolve(done)
-        await self.pause_gate.drained()
+        await self.pause_gate.drained(lambda: self.scheduler.has_work)
 
     def resume_generation(self) -> None:
         """Resume after ``pause_generation``: frozen and queued requests continue."""

@@ -15,6 +15,7 @@ checked by the engine's step loop between steps, so a pause never splits a step.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Literal
 
 PauseMode = Literal["abort", "wait", "keep"]
@@ -65,7 +66,15 @@ class PauseGate:
         if self.mode is not None and not self._draining:
             await self._open.wait()
 
-    async def drained(self) -> None:
-        """Returns once a "wait" pause has let its running requests finish."""
-        if self._draining:
-            await self._drained.wait()
+    async def drained(self, has_running_work: Callable[[], bool]) -> None:
+        """Returns once a "wait" pause has let its running requests finish (the step loop may have ended
+        with the last of them, so the work left is also looked at here, every few milliseconds)."""
+        while self._draining:
+            if not has_running_work():
+                self._draining = False
+                self._drained.set()
+                return
+            try:
+                await asyncio.wait_for(self._drained.wait(), timeout=0.01)
+            except TimeoutError:
+                pass
