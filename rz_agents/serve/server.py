@@ -109,7 +109,7 @@ class OpenAIServer:
                             "finish_reason": None,
                         }
                     ],
-                }  # noqa: E501
+                }
             live = not req.sampling.top_logprobs  # top logprobs come from a forward after sampling
             sent = [0] * req.sampling.n
             texts = [""] * req.sampling.n
@@ -119,14 +119,14 @@ class OpenAIServer:
                     for i, seq in enumerate(seqs):
                         for chunk in self._content_deltas(
                             req, head, i, list(seq.output), list(seq.logprobs), sent, texts, final=False
-                        ):  # noqa: E501
+                        ):
                             yield chunk
             _, choices, prompt = task.result()
             for i, choice in enumerate(choices):
                 tokens, logprobs = choice.completion.tokens, choice.completion.logprobs.tolist()
                 for chunk in self._content_deltas(
                     req, head, i, tokens, logprobs, sent, texts, final=True, top=choice.top
-                ):  # noqa: E501
+                ):
                     yield chunk
                 delta: dict[str, Any] = {}
                 if choice.tool_calls:
@@ -145,10 +145,10 @@ class OpenAIServer:
 
     def _content_deltas(self, req, head, i, tokens, logprobs, sent, texts, final, top=None):
         """Chunks for choice ``i``'s tokens not sent yet (text held back while it may be a tool call)."""
-        n = len(tokens)
-        if n <= sent[i]:
+        n = min(len(tokens), len(logprobs))
+        if n <= sent[i] and not final:
             return
-        text = self._visible_text(tokens if final else tokens, final)
+        text = self._visible_text(tokens[:n])
         if req.tools and req.parse_tools:
             cut = text.find(OPEN)
             if cut >= 0:
@@ -159,7 +159,7 @@ class OpenAIServer:
             text = text[:-1]  # half a UTF-8 character: wait for the rest
         delta_text = text[len(texts[i]) :] if text.startswith(texts[i]) else ""
         entries = None
-        if req.sampling.logprobs:
+        if req.sampling.logprobs and n > sent[i]:
             entries = self._logprob_entries(
                 tokens[sent[i] :], logprobs[sent[i] :], top[sent[i] :] if top else None
             )
@@ -176,7 +176,7 @@ class OpenAIServer:
                         "finish_reason": None,
                     }
                 ],
-            }  # noqa: E501
+            }
 
     async def _chat_choices(
         self, req: ChatRequest, on_start: Callable | None, rid: str | None = None
@@ -284,10 +284,9 @@ class OpenAIServer:
                 choice.top = self._top_logprobs(prompt, choice.completion.tokens, p, s.top_logprobs)
         return choices
 
-    def _visible_text(self, tokens: list[int], final: bool = True) -> str:
-        ids = tokens[:-1] if tokens and tokens[-1] in self.stops and final else tokens
-        if not final and ids and ids[-1] in self.stops:
-            ids = ids[:-1]
+    def _visible_text(self, tokens: list[int]) -> str:
+        """The text a client sees: without the stop token that ended the turn and ids past the tokenizer."""
+        ids = tokens[:-1] if tokens and tokens[-1] in self.stops else tokens
         known = int(getattr(self.tokenizer, "vocab_size", 0) or 0)
         if known:
             ids = [t for t in ids if t < known]

@@ -21,7 +21,7 @@ def _one_thread(one_torch_thread):
     yield
 
 
-def _cfg(agent: str, steps: int) -> TrainConfig:
+def _cfg(agent: str, steps: int, group_size: int = 4) -> TrainConfig:
     return TrainConfig(
         mode="sync",
         steps=steps,
@@ -30,7 +30,7 @@ def _cfg(agent: str, steps: int) -> TrainConfig:
             id="rz_agents/OpenAIAgent-v0", kwargs={"agent": f"{AGENTS}:{agent}", "scorer": f"{AGENTS}:score"}
         ),
         rollout=RolloutSpec(
-            group_size=4,
+            group_size=group_size,
             groups_per_batch=2,
             max_concurrent_episodes=8,
             limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=8, max_episode_tokens=400),
@@ -61,10 +61,10 @@ def test_an_openai_sdk_agent_trains_on_its_session_tokens_with_exact_lag0_logpro
 
 
 def test_a_client_that_rewrites_history_is_counted_and_still_trains_its_last_segment():
-    summary, history, counters = _train(_cfg("rewriting_agent", steps=1))
+    summary, history, counters = _train(_cfg("rewriting_agent", steps=1, group_size=2))
     assert summary["steps"] == 1 and summary["rollout"]["episodes_failed"] == 0
     assert history[0]["lag0_abs_dlogp_max"] == 0.0
-    assert counters["prefix_mismatches"] >= 8  # every episode's second turn
+    assert counters["prefix_mismatches"] >= 4  # every episode's second turn
 
 
 def test_the_env_refuses_to_be_stepped_and_needs_an_agent():

@@ -106,11 +106,14 @@ def test_tool_call_is_parsed_and_the_multi_turn_tool_conversation_completes(serv
     assert r3.choices[0].message.tool_calls is None and "<tool_call>" in r3.choices[0].message.content
 
 
-def test_streaming_yields_the_same_text_tokens_and_logprobs_as_the_whole_answer(served):
+@pytest.mark.parametrize("tools", [None, [ADD_TOOL]], ids=["plain", "with-tools"])
+def test_streaming_yields_the_same_text_tokens_and_logprobs_as_the_whole_answer(served, tools):
     client = served.client()
     kw = dict(
         model=MODEL, messages=[{"role": "user", "content": "stream me"}], max_tokens=16, seed=3, logprobs=True
     )
+    if tools:  # text is held back while it could be the start of a <tool_call>, then flushed
+        kw["tools"] = tools
     whole = client.chat.completions.create(**kw)
     chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
