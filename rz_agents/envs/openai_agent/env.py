@@ -18,7 +18,8 @@ The session imposes the run's sampling (``rollout.temperature`` / ``top_k`` / ``
 ``rollout.limits.max_tokens_per_turn``, ``max_episode_tokens`` and ``max_turns``, whatever the agent asks
 for; a request past those limits gets a 400 and the episode ends there (scored as it stands, result None).
 The env's agent runs in the rollout's thread pool; its requests reach the engine through the server on the
-run's event loop, so they batch with every other episode's.
+run's event loop, so they batch with every other episode's. Under ``runtime: ray`` the env is built in the
+driver (``runtime.factories.runs_own_agent``) and the server generates through the engine replicas' router.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class OpenAIAgentEnv(gymnasium.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         raise RuntimeError(
             "OpenAIAgentEnv runs its own agent against an rz serve session: the rollout calls "
-            "run_agent_episode (runtime: local); it cannot be stepped with reset/step"
+            "run_agent_episode; it cannot be stepped with reset/step"
         )
 
     def step(self, action):
