@@ -60,6 +60,10 @@ def in_process(config: str, overrides: list[str], reqs: list[dict], slots: int) 
     outs = generate_batch(engine, prompts, params)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     tokens = sum(len(o.tokens) for o in outs)
+    return _rates(tokens, wall, cpu)
+
+
+def _rates(tokens: int, wall: float, cpu: float) -> dict:
     return {
         "tokens": tokens,
         "wall_s": wall,
@@ -104,13 +108,7 @@ def served(config: str, overrides: list[str], reqs: list[dict], slots: int, port
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return {
-        "tokens": tokens,
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "tok_per_s": tokens / wall,
-        "tok_per_cpu_s": tokens / cpu,
-    }
+    return _rates(tokens, wall, cpu)
 
 
 def main() -> None:

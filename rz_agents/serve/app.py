@@ -160,7 +160,27 @@ def _bound_port(server) -> int:
     return server.servers[0].sockets[0].getsockname()[1]
 
 
-class ServerThread:
+class _Addresses:
+    """The base URLs of a running server (``host`` and ``port`` set by the subclass)."""
+
+    host: str
+    port: int
+
+    @property
+    def root(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The base URL for ``openai.OpenAI(base_url=...)`` (it ends in ``/v1``)."""
+        return f"{self.root}/v1"
+
+    def session_url(self, session_id: str) -> str:
+        """A base URL whose requests all belong to ``session_id``."""
+        return f"{self.root}/sessions/{session_id}/v1"
+
+
+class ServerThread(_Addresses):
     """The app on ``host:port`` (0: any free port), served from its own event loop in a daemon thread.
 
     ``url`` is the base URL for ``openai.OpenAI(base_url=...)`` (it ends in ``/v1``). The engine's steps
@@ -201,14 +221,6 @@ class ServerThread:
         """Run ``coro`` on the server's event loop (where the engine lives) and return its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    @property
-    def root(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
     def stop(self) -> None:
         """Stop serving and join the thread."""
         self._uvicorn.should_exit = True
@@ -221,25 +233,13 @@ class ServerThread:
         self.stop()
 
 
-class InLoopServer:
+class InLoopServer(_Addresses):
     """The app served by a task on the current event loop (``start_in_loop``)."""
 
     def __init__(self, server: OpenAIServer, uvicorn_server, task: asyncio.Task, host: str) -> None:
         self.server = server
         self._uvicorn, self._task, self.host = uvicorn_server, task, host
         self.port = _bound_port(uvicorn_server)
-
-    @property
-    def root(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"{self.root}/v1"
-
-    def session_url(self, session_id: str) -> str:
-        """A base URL whose requests all belong to ``session_id``."""
-        return f"{self.root}/sessions/{session_id}/v1"
 
     @property
     def running(self) -> bool:
