@@ -8,7 +8,7 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import MODEL, Served
+from serve_fixtures import MODEL, Served
 
 
 @pytest.fixture(scope="module")

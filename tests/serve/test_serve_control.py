@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 import torch
-from conftest import MODEL, Served
+from serve_fixtures import MODEL, Served
 
 from rz_agents.serve import RLControl
 

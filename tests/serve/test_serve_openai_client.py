@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import ADD_TOOL, ANSWER_TEXT, MODEL, QUESTION, Served, learner_logprobs
+from serve_fixtures import ADD_TOOL, ANSWER_TEXT, MODEL, QUESTION, Served, learner_logprobs
 
 from rz_agents.engine import SamplingParams, generate_batch
 

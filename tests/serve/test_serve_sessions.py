@@ -11,7 +11,7 @@ import logging
 import httpx
 import pytest
 import torch
-from conftest import MODEL, Served, learner_logprobs
+from serve_fixtures import MODEL, Served, learner_logprobs
 
 from rz_agents.engine.engine import RZEngine
 
