@@ -67,6 +67,12 @@ async def _unless_disconnected(server: OpenAIServer, request, coro):
     return None
 
 
+async def _chain(first, rest):
+    yield first
+    async for item in rest:
+        yield item
+
+
 def _sse(chunks, server: OpenAIServer):
     async def events():
         try:
@@ -114,7 +120,9 @@ def create_app(server: OpenAIServer, control: RLControl | None = None):
         req = parse_chat(await read_json(request), session_id or request.headers.get(SESSION_HEADER))
         if req.sampling.stream:
             server.check_model(req.model)
-            return StreamingResponse(_sse(server.chat_stream(req), server), media_type="text/event-stream")
+            chunks = server.chat_stream(req)
+            first = await anext(chunks)  # raises the request's 4xx before the stream starts
+            return StreamingResponse(_sse(_chain(first, chunks), server), media_type="text/event-stream")
         body = await _unless_disconnected(server, request, server.chat(req))
         return Response(status_code=499) if body is None else JSONResponse(body)
 

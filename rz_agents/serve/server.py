@@ -92,6 +92,12 @@ class OpenAIServer:
         seqs: list = []
         task = asyncio.ensure_future(self._chat_choices(req, seqs.append, rid))
         try:
+            # A request the engine refuses (a prompt too long, a spent session budget) fails here, before the
+            # first chunk: the client gets its 4xx instead of an error event in a 200 stream.
+            while len(seqs) < req.sampling.n and not task.done():
+                await asyncio.sleep(STREAM_POLL_S)
+            if task.done() and task.exception() is not None:
+                raise task.exception()
             head = {
                 "id": rid,
                 "object": "chat.completion.chunk",
@@ -199,9 +205,7 @@ class OpenAIServer:
             except BaseException:  # refused, failed or cancelled (client gone): the history stays as it was
                 session.restore(before)
                 raise
-            self.sessions.record(
-                session, choices[0].completion, self._assistant_message(choices[0], keep_ids=False)
-            )
+            self.sessions.record(session, choices[0].completion, self._assistant_message(choices[0]))
         return rid, choices, prompt
 
     def _render(self, req: ChatRequest) -> list[int]:
@@ -313,10 +317,10 @@ class OpenAIServer:
         return Choice(completion, text, calls, content)
 
     @staticmethod
-    def _assistant_message(choice: Choice, keep_ids: bool = True) -> dict[str, Any]:
+    def _assistant_message(choice: Choice) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": choice.content}
         if choice.tool_calls:
-            message["tool_calls"] = choice.tool_calls if keep_ids else [dict(c) for c in choice.tool_calls]
+            message["tool_calls"] = [dict(c) for c in choice.tool_calls]
         return message
 
     def _finish(self, choice: Choice) -> str:

@@ -81,6 +81,9 @@ def test_bad_json_unknown_model_unknown_route_and_bad_completion_prompts(served)
     assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]
     r = _post(served, "/v1/completions", {"model": MODEL, "prompt": {"a": 1}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    too_long = _chat(messages=[{"role": "user", "content": "x" * 600}], stream=True)
+    r = _post(served, "/v1/chat/completions", too_long)  # refused before the stream starts
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     r = httpx.get(f"{served.http.root}/v1/sessions/never-opened")
     assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
 
