@@ -138,10 +138,13 @@ class Session:
 class SessionStore:
     """Sessions by id, and how their prompts are built (append-only, or a new segment on a mismatch)."""
 
-    def __init__(self, tokenizer, template) -> None:
+    def __init__(self, tokenizer, template, max_sessions: int = 10_000) -> None:
         self.tokenizer = tokenizer
         self.template = template
         self.stops = tuple(template.stop_token_ids(tokenizer))
+        # Clients rarely delete their sessions: past max_sessions the least recently used idle one is
+        # forgotten (counted), so a long-running server's memory stays bounded.
+        self.max_sessions = max_sessions
         self.sessions: dict[str, Session] = {}
         self.counters = {
             "sessions_opened": 0,
@@ -150,19 +153,36 @@ class SessionStore:
             "prefix_mismatches": 0,
             "tokens_appended": 0,
             "tokens_rendered": 0,
+            "sessions_evicted": 0,
         }
 
     def open(self, session_id: str, policy: SessionPolicy | None = None) -> Session:
         """A new empty session (replacing one of the same id)."""
         session = Session(session_id, policy=policy)
+        self.sessions.pop(session_id, None)
         self.sessions[session_id] = session
         self.counters["sessions_opened"] += 1
+        self._evict()
         return session
 
     def get(self, session_id: str) -> Session:
-        """The session of that id, opened on first use."""
-        session = self.sessions.get(session_id)
-        return session if session is not None else self.open(session_id)
+        """The session of that id (now the most recently used), opened on first use."""
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return self.open(session_id)
+        self.sessions[session_id] = session
+        return session
+
+    def _evict(self) -> None:
+        """Forget the least recently used idle sessions beyond max_sessions (a training session, which its
+        env closes, and one with a request in flight are never forgotten)."""
+        excess = len(self.sessions) - self.max_sessions
+        if excess <= 0:
+            return
+        idle = [sid for sid, s in self.sessions.items() if not s.lock.locked() and s.policy is None]
+        for sid in idle[:excess]:
+            del self.sessions[sid]
+            self.counters["sessions_evicted"] += 1
 
     def close(self, session_id: str) -> Session | None:
         """Forget the session; returns it (None if unknown)."""

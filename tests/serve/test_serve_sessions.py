@@ -146,3 +146,14 @@ def test_a_session_is_a_trajectory_the_learner_rescores_bit_for_bit_across_a_wei
 
 async def _load(engine: RZEngine, state, version):
     engine.load_weights(state, version)
+
+
+def test_past_max_sessions_the_least_recently_used_session_is_forgotten():
+    from rz_agents.rollout.byte_chat import ByteChatTemplate, ByteTokenizer
+    from rz_agents.serve import SessionStore
+
+    store = SessionStore(ByteTokenizer(), ByteChatTemplate(), max_sessions=2)
+    a, _ = store.get("a"), store.get("b")
+    assert store.get("a") is a  # "a" is now the most recently used
+    store.get("c")
+    assert list(store.sessions) == ["a", "c"] and store.counters["sessions_evicted"] == 1
