@@ -97,6 +97,14 @@ def env_factory(spec: EnvSpec, imports: Sequence[str] = (), max_turns: int | Non
     return lambda: target.make(**kwargs)
 
 
+def runs_own_agent(spec: EnvSpec) -> bool:
+    """Whether ``spec``'s env runs its own agent against the engine (it has ``run_agent_episode``, as
+    rz_agents/OpenAIAgent-v0 does) instead of being stepped by the agent loop."""
+    from rz_agents.envs.resolve import resolve_env
+
+    return hasattr(resolve_env(spec.id).constructor(), "run_agent_episode")
+
+
 def vocab_size(tokenizer_name: str, tokenizer) -> int:
     """The model's vocabulary size for the run's tokenizer (the byte tokenizer's tiny vocab is padded)."""
     return max(int(tokenizer.vocab_size), 320) if tokenizer_name == "byte" else len(tokenizer)

@@ -25,6 +25,8 @@ from rz_agents.runtime.factories import (
     build_model,
     build_tokenizer,
     env_build_args,
+    run_env_factory,
+    runs_own_agent,
     tokenizer_files,
     vocab_size,
 )
@@ -95,9 +97,10 @@ class RayRun(RunHandle):
         self.env_workers = workers
         self.learner = LearnerGroup(ranks, store_weights=p.weight_transport != "broadcast")
         check_env_workers(workers, timeout_s=cfg.watchdog_s or None)
-        self.controller = build_controller(
-            cfg, plan, self.engine, RemoteEnvFactory(workers), self.template, self.tokenizer
-        )
+        # An env that runs its own agent against the engine (rz_agents/OpenAIAgent-v0: rz serve sessions over
+        # the replica router) is built here in the driver, where the router is; others live in the workers.
+        make_env = run_env_factory(cfg, plan) if runs_own_agent(cfg.env) else RemoteEnvFactory(workers)
+        self.controller = build_controller(cfg, plan, self.engine, make_env, self.template, self.tokenizer)
 
     def _start_engines(self, device: str) -> list[Any]:
         """The engine actors; each runs the plan's engine config (its torch threads: the learner ranks')."""
