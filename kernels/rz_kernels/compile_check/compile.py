@@ -64,6 +64,11 @@ def mma_family(ptx: str) -> str:
     return "+".join(fams) if fams else "none"
 
 
+def mma_shapes(ptx: str) -> list[str]:
+    """The distinct MMA instructions of a PTX (shape and types), e.g. mma.sync.aligned.m16n8k16.row.col...."""
+    return sorted(set(re.findall(r"(wgmma\.mma_async\.[\w.]+|mma\.sync\.aligned\.[\w.]+)", ptx)))
+
+
 def _ptxas_log_of(ptx: str, capability: int) -> str:
     """``ptxas -v`` of a PTX, with the wheel's ptxas (when Triton's own log was not captured)."""
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
@@ -118,6 +123,7 @@ def compile_one(launch: dict, capability: int) -> dict:
         shared_limit=SHARED_LIMIT.get(capability),
         over_shared_limit=shared > SHARED_LIMIT.get(capability, 1 << 62),
         mma=mma_family(ptx),
+        mma_shapes=mma_shapes(ptx),
         cubin_sha256=hashlib.sha256(cubin).hexdigest(),
         cubin_bytes=len(cubin),
         num_warps=launch["num_warps"],

@@ -172,7 +172,8 @@ class LaunchRecorder:
                 num_warps=options.num_warps,
                 num_stages=options.num_stages,
                 grid=grid,
-                tags=dict(self.tags),
+                # launches the autograd engine makes (backward, and checkpointed forwards recomputed there)
+                tags={**self.tags, "in_backward": torch._C._current_graph_task_id() != -1},
                 args=values,
             )
         )
