@@ -44,6 +44,7 @@ class Launch:
     num_warps: int
     num_stages: int
     grid: tuple[int, int, int]
+    source: str = ""  # the kernel's JIT cache key (its source and its callees'): a cache entry's validity
     tags: dict[str, Any] = field(default_factory=dict)  # workload labels (model, side, phase, rows ...)
     args: dict[str, Any] = field(default_factory=dict)  # int/float values and tensor shapes, for cost models
 
@@ -52,7 +53,15 @@ class Launch:
         import json
 
         return json.dumps(
-            [self.kernel, self.signature, self.constexprs, self.attrs, self.num_warps, self.num_stages],
+            [
+                self.kernel,
+                self.source,
+                self.signature,
+                self.constexprs,
+                self.attrs,
+                self.num_warps,
+                self.num_stages,
+            ],
             sort_keys=True,
         )
 
@@ -65,6 +74,7 @@ class Launch:
             "num_warps": self.num_warps,
             "num_stages": self.num_stages,
             "grid": list(self.grid),
+            "source": self.source,
             "tags": self.tags,
             "args": self.args,
         }
@@ -73,7 +83,7 @@ class Launch:
     def from_json(d: dict) -> Launch:
         return Launch(
             d["kernel"], d["signature"], d["constexprs"], d["attrs"], d["num_warps"], d["num_stages"],
-            tuple(d["grid"]), d.get("tags", {}), d.get("args", {}),
+            tuple(d["grid"]), d.get("source", ""), d.get("tags", {}), d.get("args", {}),
         )  # fmt: skip
 
 
@@ -172,6 +182,7 @@ class LaunchRecorder:
                 num_warps=options.num_warps,
                 num_stages=options.num_stages,
                 grid=grid,
+                source=fn.cache_key,
                 # launches the autograd engine makes (backward, and checkpointed forwards recomputed there)
                 tags={**self.tags, "in_backward": torch._C._current_graph_task_id() != -1},
                 args=values,
