@@ -151,13 +151,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{t}: {v['compiled']} compiled, {v['failed']} failed, {v['over_shared_limit']} over smem, "
             f"{v['with_spills']} spilling" for t, v in per_target.items()))  # fmt: skip
     grids = _grids(launches)
+    tags_by_key: dict[str, set] = defaultdict(set)
+    for x in launches:
+        tags_by_key[x.key()].add(f"{x.tags.get('model')}:{x.tags.get('side')}:{x.tags.get('phase')}")
     for key, launch in distinct.items():
-        tags = [x.tags for x in launches if x.key() == key]
         entry = {
             "kernel": launch["kernel"].rsplit(".", 1)[-1],
             "constexprs": launch["constexprs"], "num_warps": launch["num_warps"],
             "num_stages": launch["num_stages"], "signature": launch["signature"], "attrs": launch["attrs"],
-            "used_by": sorted({f"{t.get('model')}:{t.get('side')}:{t.get('phase')}" for t in tags}),
+            "used_by": sorted(tags_by_key[key]),
             "results": {
                 f"triton-{v}/{t}": {k2: r[(key, cap)].get(k2) for k2 in (
                     "ok", "error", "registers", "spill_stores", "spill_loads", "shared", "over_shared_limit",

@@ -50,7 +50,7 @@ def test_every_4b_decode_and_train_launch_compiles_for_sm90a_within_shared_memor
             "_silu_mul_kernel", "_softmax_kernel", "_log_softmax_gather_kernel"} <= kernels  # fmt: skip
     for k in report["kernels"]:
         (res,) = k["results"].values()
-        assert res["ok"] and res["registers"] > 0 and res["mma"] in ("wgmma", "mma.sync", "none"), (
+        assert res["ok"] and res["registers"] > 0 and res["mma"] in ("wgmma", "mma.sync", "wgmma+mma.sync", "none"), (
             k["kernel"],
             res,
         )
@@ -89,4 +89,4 @@ def test_predicted_4b_decode_at_b48_2k_reaches_0_6_of_the_roofline(report):
 def test_ci_subset_time(report):
     # recorded for the issue note; the bound keeps CI's budget (2 cores, cold compile cache)
     print(f"compile check CI subset: {report['_wall_s']:.1f} s wall, {report['seconds']}")
-    assert report["_wall_s"] < 240
+    assert report["_wall_s"] < 300

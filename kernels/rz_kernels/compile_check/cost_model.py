@@ -95,7 +95,9 @@ def launch_cost(launch: Launch) -> LaunchCost:
         live = -(-((ctx or 0) + 1) // (c["SPLIT_BLOCKS"] * 64))
         t = launch.grid[0]
         nbytes = t * a["H"] * live * (c["HEAD_D"] + 2) * 4 + 2 * t * a["H"] * c["HEAD_D"] * 2
-    elif name == "_rope_kernel":  # x in, x out, and the cos/sin rows of the tokens' positions (not the tables)
+    elif (
+        name == "_rope_kernel"
+    ):  # x in, x out, and the cos/sin rows of the tokens' positions (not the tables)
         t = a["T"]
         nbytes = 2 * _bytes_of(a["x_ptr"]) + t * 2 * c["HALF"] * 4 * 2
     elif name == "_softmax_kernel" or name == "_log_softmax_gather_kernel":
