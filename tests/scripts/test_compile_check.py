@@ -50,7 +50,11 @@ def test_every_4b_decode_and_train_launch_compiles_for_sm90a_within_shared_memor
             "_silu_mul_kernel", "_softmax_kernel", "_log_softmax_gather_kernel"} <= kernels  # fmt: skip
     for k in report["kernels"]:
         (res,) = k["results"].values()
-        assert res["ok"] and res["registers"] > 0 and res["mma"] in ("wgmma", "mma.sync", "wgmma+mma.sync", "none"), (
+        assert (
+            res["ok"]
+            and res["registers"] > 0
+            and res["mma"] in ("wgmma", "mma.sync", "wgmma+mma.sync", "none")
+        ), (
             k["kernel"],
             res,
         )
@@ -90,3 +94,20 @@ def test_ci_subset_time(report):
     # recorded for the issue note; the bound keeps CI's budget (2 cores, cold compile cache)
     print(f"compile check CI subset: {report['_wall_s']:.1f} s wall, {report['seconds']}")
     assert report["_wall_s"] < 300
+
+
+def test_predict_decode_step_is_the_reports_prediction(report):
+    # the function gpu_check calls, in its own process (the recorder needs non-interpreted kernels)
+    code = ("import json; from rz_agents.model.presets import preset_config; "
+            "from rz_agents.compile_check.predict import predict_decode_step; "
+            "print(json.dumps(predict_decode_step(preset_config('qwen3-4b'), 48, 2048)))")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = next(r for r in report["predicted"]["decode"] if (r["batch"], r["context"]) == (48, 2048))
+    assert (
+        abs(got["step_ms"] - row["step_ms"]) < 1e-6
+        and got["fraction_of_roofline"] == row["fraction_of_roofline"]
+    )

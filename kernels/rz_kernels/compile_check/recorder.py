@@ -201,6 +201,13 @@ def record_launches() -> Iterator[LaunchRecorder]:
 
     if getattr(_local, "recorder", None) is not None:
         raise RuntimeError("record_launches() is already active in this thread")
+    from rz_kernels.triton_ops import gemm
+
+    if not isinstance(gemm._matmul_kernel, jit.JITFunction):
+        raise RuntimeError(
+            "the Triton kernels were imported under TRITON_INTERPRET=1 (interpreted functions launch nothing "
+            "to record): run the compile check in a process without it"
+        )
     recorder = LaunchRecorder()
     saved_run = jit.JITFunction.run
     saved_opset = opset_module._triton_opset
