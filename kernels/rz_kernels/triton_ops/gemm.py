@@ -21,13 +21,13 @@ of M), each a run of whole BLOCK_K blocks; a program per (tile, split) accumulat
 as the unsplit kernel does (same tl.dot, same block order within the split) and stores the fp32 partial; a
 combine kernel sums each element's partials in split order 0, 1, ..., S - 1 (fp32, from partial 0) and casts
 once, as split-KV attention folds its splits. Every M therefore gives an element the same partials summed in
-the same order: batch-invariant, engine and trainer alike, and o_proj / down_proj run 6 x 20 = 120 programs
-at decode. Wide outputs (N / BLOCK_N >= 67 tiles) fill the SMs by columns and keep S = 1 (no partials).
-Because S depends on N, a stacked GEMM (model/fused.py) keeps each part's bits only when the stack and every
-part get the same S: ``fusion_keeps_bits`` is the op set's ``fusable`` check (q/k/v of Qwen3-4B then run as
-separate GEMMs in the engine, as they do in the trainer; gate/up stay fused). The partials cost
-S * M * N * 4 bytes written and read once: at decode a few MB against the weight's tens of MB; in training
-rows are launched in chunks of ``SPLIT_ROWS`` so the scratch stays bounded.
+the same order: batch-invariant, engine and trainer alike; o_proj / down_proj of Qwen3-4B run 6 x 20 = 120
+programs at decode. Wide outputs (>= WIDE_N_TILES column tiles: gate/up, the LM head) fill the SMs by columns
+and keep S = 1 (no partials); N enters only through that test, so narrow parts stacked into one GEMM (fused
+q/k/v, model/fused.py) split as the stack does. ``fusion_keeps_bits`` (the op set's ``fusable``) checks it per
+stack: a stack straddling the threshold runs unfused. The partials cost S * M * N * 4 bytes written and read
+once: at decode a few MB against the weight's tens of MB; in training rows are launched in chunks of
+``SPLIT_ROWS`` so the scratch stays bounded.
 """
 
 from __future__ import annotations
@@ -116,21 +116,25 @@ def precision_for(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float32 else None
 
 
-# Split-K: the SMs a decode GEMM should fill (H100 / H200), the fewest K blocks a split walks, the most splits.
-SPLIT_TARGET_PROGRAMS = 132
+# Split-K: outputs of at least WIDE_N_TILES column tiles (half the H100 / H200's 132 SMs, rounded up) fill the
+# SMs by columns and are not split; narrower ones split K into runs of at least MIN_K_BLOCKS_PER_SPLIT blocks,
+# at most MAX_SPLITS (6 x Qwen3-4B's 20 o_proj / down_proj tiles = 120 programs).
+WIDE_N_TILES = 67
 MIN_K_BLOCKS_PER_SPLIT = 8
-MAX_SPLITS = 16
+MAX_SPLITS = 6
 # Rows per launch when S > 1 (bounds the fp32 partials' scratch: S * SPLIT_ROWS * N * 4 bytes).
 SPLIT_ROWS = 4096
 
 
 def split_count(k: int, n: int, cfg: GemmConfig) -> tuple[int, int]:
     """(splits S, K blocks per split) for a [*, K] x [K, N] GEMM with tile config ``cfg``: a function of K and
-    N only. S = SPLIT_TARGET_PROGRAMS // (N tiles), capped so that a split walks >= MIN_K_BLOCKS_PER_SPLIT
-    blocks, then trimmed so no split is empty."""
-    n_tiles = triton.cdiv(n, cfg.block_n)
+    N only (never of M). N enters only as wide (>= WIDE_N_TILES column tiles: S = 1) or narrow (S from K), so
+    projections stacked from narrow parts (q/k/v) split alike and stay fusable; then trimmed so that no
+    split is empty."""
     k_blocks = triton.cdiv(k, cfg.block_k)
-    want = min(SPLIT_TARGET_PROGRAMS // n_tiles, k_blocks // MIN_K_BLOCKS_PER_SPLIT, MAX_SPLITS)
+    if triton.cdiv(n, cfg.block_n) >= WIDE_N_TILES:
+        return 1, k_blocks
+    want = min(k_blocks // MIN_K_BLOCKS_PER_SPLIT, MAX_SPLITS)
     if want <= 1:
         return 1, k_blocks
     per = triton.cdiv(k_blocks, want)
