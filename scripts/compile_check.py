@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Compile check: every Triton launch of the GPU path compiled for Hopper and Ampere, on a machine without a GPU.
+"""Compile check: every Triton launch of the GPU path compiled for Hopper and Ampere, without a GPU.
 
-    python3 scripts/compile_check.py --json --out compile_check.json            # full: 4B + 30B-A3B, sm_90a +
-                                                                                 # sm_80, pinned triton + 3.6.0
-    python3 scripts/compile_check.py --subset ci                                # 4B decode + train, sm_90a,
-                                                                                 # pinned triton (the CI test)
-    python3 scripts/compile_check.py --triton pinned --triton /opt/triton360    # Triton versions to compile with
+    python3 scripts/compile_check.py --json --out compile_check.json   # full: 4B + 30B-A3B, sm_90a +
+                                                                        # sm_80, pinned triton + 3.6.0
+    python3 scripts/compile_check.py --subset ci                       # 4B decode + train, sm_90a,
+                                                                        # pinned triton (the CI test)
+    python3 scripts/compile_check.py --triton pinned --triton /opt/triton360   # Triton versions
 
 1. Records every Triton launch the engine (prefill, chunked prefill, decode at every CUDA-graph bucket, graph
    capture and eager at 2K / 8K context) and the learner (forward + backward of its micro-batches) make at the
@@ -220,11 +220,13 @@ def _summary(report: dict, log) -> None:
         for row in pred.get("decode", []):
             if row["batch"] not in (1, 16, 48, 128) or "roofline_ms" not in row:
                 continue
-            log(f"predicted {row['model']} decode b{row['batch']} ctx {row['context']}: {row['step_ms']:.2f} ms "
+            head = f"predicted {row['model']} decode b{row['batch']} ctx {row['context']}"
+            log(f"{head}: {row['step_ms']:.2f} ms "
                 f"({row['tokens_per_s']:.0f} tok/s), roofline {row['roofline_ms']:.2f} ms, "
                 f"fraction {row['fraction_of_roofline']:.2f}")  # fmt: skip
         for row in pred.get("train", []):
-            log(f"predicted {row['model']} train micro-batch of {row['tokens']} tokens: {row['micro_batch_ms']:.1f} ms "
+            log(f"predicted {row['model']} train micro-batch of {row['tokens']} tokens in {row['sequences']} "
+                f"sequences: {row['micro_batch_ms']:.1f} ms "
                 f"({row['tokens_per_s']:.0f} tok/s; Triton {row['triton_ms']:.1f} ms + cuBLAS backward "
                 f"{row['cublas_backward_gemm_ms']:.1f} ms)")  # fmt: skip
     log(f"ok={report['ok']} in {report['seconds']['total']} s")

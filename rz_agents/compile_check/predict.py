@@ -1,4 +1,4 @@
-"""Predicted decode step of a dense model from its recorded launches (what gpu_check prints beside measured)."""
+"""A dense model's predicted decode step from its recorded launches (gpu_check prints it beside measured)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def predict_decode_step(model_cfg: ModelConfig, batch: int, context: int) -> dic
     decode = [x for x in launches if x.tags.get("phase") == "decode"]
     pred = step_prediction(decode)
     out = {"batch": batch, "context": context, "step_ms": pred["seconds"] * 1e3,
-           "tokens_per_s": batch / pred["seconds"], "launches": pred["launches"], "by_kernel": pred["by_kernel"]}  # fmt: skip
+           "tokens_per_s": batch / pred["seconds"], "launches": pred["launches"],
+           "by_kernel": pred["by_kernel"]}  # fmt: skip
     if not model_cfg.num_experts:
         roof = decode_roofline_bytes(dataclasses.asdict(model_cfg), batch, context) / HBM_BYTES_PER_S
         out.update(roofline_ms=roof * 1e3, fraction_of_roofline=roof / pred["seconds"])

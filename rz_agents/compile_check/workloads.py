@@ -204,8 +204,11 @@ def record_recipe(
         _record_engine(rec, engine, shapes, buckets, contexts, prefill)
         if train:
             learner = meta_model(shapes.model, engine=False)
-            for lengths in micro_batches_for(shapes):
-                with rec.tagged(model=shapes.name, side="trainer", phase="train", rows=sum(lengths)):
+            for i, lengths in enumerate(micro_batches_for(shapes)):
+                tags = dict(
+                    model=shapes.name, side="trainer", phase="train", rows=sum(lengths), micro_batch=i
+                )
+                with rec.tagged(**tags, sequences=len(lengths)):
                     learner_step(learner, lengths)
     return rec.launches
 

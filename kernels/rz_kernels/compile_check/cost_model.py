@@ -181,9 +181,12 @@ def report_predictions(launches: list[Launch], model_fields: dict[str, dict] | N
         if t.get("phase") == "decode" and t.get("context") is not None:
             groups[("decode", t["model"], t["rows"], t["context"])].append(launch)
         elif t.get("phase") == "train":
-            groups[("train", t["model"], t["rows"], None)].append(launch)
-    out: dict[str, Any] = {"assumptions": {"hbm_bytes_per_s": HBM_BYTES_PER_S, "peak_bf16_flops": PEAK_BF16_FLOPS,
-                                          "sms": SMS, "launch_floor_s": LAUNCH_S}, "decode": [], "train": []}  # fmt: skip
+            groups[("train", t["model"], t["rows"], (t.get("micro_batch"), t.get("sequences")))].append(
+                launch
+            )
+    assumptions = {"hbm_bytes_per_s": HBM_BYTES_PER_S, "peak_bf16_flops": PEAK_BF16_FLOPS, "sms": SMS,
+                   "launch_floor_s": LAUNCH_S}  # fmt: skip
+    out: dict[str, Any] = {"assumptions": assumptions, "decode": [], "train": []}
     for (kind, model, rows, ctx), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
         pred = step_prediction(group)
         if kind == "decode":
@@ -198,10 +201,12 @@ def report_predictions(launches: list[Launch], model_fields: dict[str, dict] | N
             out["decode"].append(row)
         else:
             bwd = learner_backward_gemm_seconds(group)
-            out["train"].append({"model": model, "tokens": rows, "triton_ms": pred["seconds"] * 1e3,
-                                 "cublas_backward_gemm_ms": bwd * 1e3,
-                                 "micro_batch_ms": (pred["seconds"] + bwd) * 1e3,
-                                 "tokens_per_s": rows / (pred["seconds"] + bwd), "by_kernel": pred["by_kernel"]})  # fmt: skip
+            total = pred["seconds"] + bwd
+            out["train"].append({
+                "model": model, "tokens": rows, "sequences": ctx[1], "triton_ms": pred["seconds"] * 1e3,
+                "cublas_backward_gemm_ms": bwd * 1e3, "micro_batch_ms": total * 1e3,
+                "tokens_per_s": rows / total, "by_kernel": pred["by_kernel"],
+            })  # fmt: skip
     return out
 
 

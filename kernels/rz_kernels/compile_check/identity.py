@@ -32,35 +32,39 @@ SHARED_OPS = {
 # Why a named difference keeps each element's reduction order (checked against the kernels' source).
 REASONS = {
     "attention": (
-        "engine prefill/chunked prefill run _attn_fwd_kernel with PAGED=True (trainer: PAGED=False); decode runs "
-        "_attn_decode_split_kernel + _attn_decode_combine_kernel. PAGED only changes where a key block is "
-        "loaded from (page table lookup vs sequence row), not which keys or in what order. All three kernels "
-        "call the same @triton.jit helpers on the same [BLOCK_M, HEAD_D] x [HEAD_D, BLOCK_N] tiles: "
-        "_split_partial (online softmax of one 512-key split from a fresh state, key blocks in order), _combine "
-        "(splits folded in order 0, 1, ... with explicit fma) and _finish; decode stores a split's partial and "
-        "the combine kernel folds them in the same order with the same helper. The MMA instructions (mma_shapes) "
-        "are listed per side: equal shapes and types on both sides."
+        "engine prefill/chunked prefill run _attn_fwd_kernel with PAGED=True (trainer: PAGED=False); "
+        "decode runs _attn_decode_split_kernel + _attn_decode_combine_kernel. PAGED only changes where a "
+        "key block is loaded from (page table lookup vs sequence row), not which keys or in what order. "
+        "All three kernels call the same @triton.jit helpers on the same [BLOCK_M, HEAD_D] x [HEAD_D, "
+        "BLOCK_N] tiles: _split_partial (online softmax of one 512-key split from a fresh state, key "
+        "blocks in order), _combine (splits folded in order 0, 1, ... with explicit fma) and _finish; "
+        "decode stores a split's partial and the combine kernel folds them in the same order with the "
+        "same helper. The MMA instructions (mma_shapes) are listed per side: equal shapes and types on "
+        "both sides."
     ),
     "log_softmax": (
         "the engine samples from _softmax_kernel(LOG=True) (full row), the learner gathers with "
-        "_log_softmax_gather_kernel: both call the same @triton.jit _row_stats (max over BLOCK-wide column blocks "
-        "in order, then sum of exp(x - max) accumulated lane-wise in block order, reduced once) with the same "
-        "BLOCK and V, compute lse = m + log(s) and return x[t] - lse: the same operations on the same values "
-        "in the same order; only the store differs (the whole row vs one element)."
+        "_log_softmax_gather_kernel: both call the same @triton.jit _row_stats (max over BLOCK-wide "
+        "column blocks in order, then sum of exp(x - max) accumulated lane-wise in block order, reduced "
+        "once) with the same BLOCK and V, compute lse = m + log(s) and return x[t] - lse: the same "
+        "operations on the same values in the same order; only the store differs (the whole row vs one "
+        "element)."
     ),
-    "linear": "different tiles or K order would change the sums: a difference here is a defect.",
-    "rms_norm": "one program per row, the row reduced by tl.sum over one BLOCK_H block: a difference is a defect.",
-    "rope": "elementwise per (token, head): no reduction; a specialization difference cannot reorder one.",
-    "silu_mul": "elementwise per row: no reduction; a specialization difference cannot reorder one.",
-    "moe_grouped_gemm": "one tile config whatever the rows: a difference here is a defect.",
-    "moe_route_softmax": "one program per row, fixed column blocks: a difference is a defect.",
+    "linear": ("different tiles or K order would change the sums: a difference here is a defect."),
+    "rms_norm": (
+        "one program per row, the row reduced by tl.sum over one BLOCK_H block: a difference is a defect."
+    ),
+    "rope": ("elementwise per (token, head): no reduction; a specialization difference cannot reorder one."),
+    "silu_mul": ("elementwise per row: no reduction; a specialization difference cannot reorder one."),
+    "moe_grouped_gemm": ("one tile config whatever the rows: a difference here is a defect."),
+    "moe_route_softmax": ("one program per row, fixed column blocks: a difference is a defect."),
 }
 
 _FIELDS = ("kernel", "signature", "constexprs", "attrs", "num_warps", "num_stages")
 
 
 def op_of(launch: Launch) -> str | None:
-    """The shared op a launch belongs to (the row softmax kernel: log-softmax with LOG, else the MoE router)."""
+    """The shared op a launch belongs to (the row softmax kernel: log-softmax with LOG, else the router's)."""
     name = _short(launch.kernel)
     if name == "_softmax_kernel":
         return "log_softmax" if launch.constexprs.get("LOG") else "moe_route_softmax"
@@ -89,7 +93,7 @@ def _diff(a: dict, b: dict) -> dict[str, Any]:
 def identity_table(
     launches: list[Launch], results: dict[tuple[str, int], dict], capability: int, model: str | None = None
 ) -> list[dict]:
-    """Per shared op: engine vs trainer cubins at ``capability`` (results keyed by (launch key, capability))."""
+    """Per shared op: engine vs trainer cubins at ``capability`` (``results`` keyed by (key, capability))."""
     sides: dict[str, dict[str, dict[str, dict]]] = defaultdict(lambda: {"engine": {}, "trainer": {}})
     for launch in launches:
         op = op_of(launch)
