@@ -1,7 +1,8 @@
 """Batch-invariant GEMM in Triton: `x @ weight.T` with a fixed reduction order per output element.
 
-Every output element is one fp32 accumulator fed by `tl.dot` over K in blocks of BLOCK_K, always in
-the same order (k = 0, BLOCK_K, 2 BLOCK_K, ...), with no split-K and no atomics. M is never specialized
+Every output element is fp32 accumulators fed by `tl.dot` over K in blocks of BLOCK_K, always in the same
+order (k = 0, BLOCK_K, 2 BLOCK_K, ... within each of a fixed number of K splits, the splits then summed in
+order; see "Split-K" below), with no atomics. M is never specialized
 (`do_not_specialize`), so M = 1 and M = 16 run the same binary. fp32 uses `input_precision="ieee"` (the
 default would be TF32).
 
