@@ -139,6 +139,10 @@ def test_the_fallback_is_chosen_when_fsdp_lacks_the_method(monkeypatch):
             assert all(p.grad is not None for p in m.experts.parameters())
     plain.logits(plain(tokens, positions)).sum().backward()
     unreached = [
-        p for m in plain.modules() if isinstance(m, SparseMoE) for p in m.experts.parameters() if p.grad is None
+        p
+        for m in plain.modules()
+        if isinstance(m, SparseMoE)
+        for p in m.experts.parameters()
+        if p.grad is None
     ]
     assert unreached  # negative control: 3 tokens x top-2 cannot reach all 8 experts without the hook
