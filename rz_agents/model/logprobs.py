@@ -73,20 +73,34 @@ def packed_token_logprobs(
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> list[torch.Tensor]:
-    """For each sequence, fp32 [len-1] log-probs of tokens[1:] (one packed, differentiable forward)."""
+    """For each sequence, fp32 [len-1] log-probs of tokens[1:] (one packed, differentiable forward).
+
+    Nothing is read back from the device here: every index is made on the host and the inputs go up in one
+    copy (pinned, non-blocking on CUDA: a copy from pageable memory would wait for the device's queue), and
+    the model gets the highest position and the sequence count from the host. The one host sync left in the
+    forward on the Triton op set is the attention plan's (see ``Transformer.forward``)."""
     seqs = [torch.as_tensor(s, dtype=torch.long).cpu() for s in sequences]
     if not seqs:
         return []
     device = model.device
     lengths = [s.numel() for s in seqs]
     tokens, positions, seq_ids = pack(seqs)
-    hidden = model(tokens.to(device), positions.to(device), seq_ids.to(device))
-    # Row t predicts token t+1 within the same sequence: drop each sequence's last row.
-    keep = torch.ones(tokens.numel(), dtype=torch.bool)
-    ends = torch.cumsum(torch.tensor(lengths), 0) - 1
-    keep[ends] = False
-    # Row indices made on the host: a boolean mask on the device would wait for the GPU to count it.
-    rows = keep.nonzero().squeeze(1).to(device, non_blocking=True)
-    targets = torch.cat([s[1:] for s in seqs]).to(device, non_blocking=True)
-    logp = token_logprobs(model, hidden[rows], targets, temperature, top_k, top_p)
+    # Row t predicts token t+1 within the same sequence: each sequence's rows but its last, made on the host
+    # (a boolean mask on the device would wait for the GPU to count it).
+    starts = [0]
+    for n in lengths[:-1]:
+        starts.append(starts[-1] + n)
+    rows = torch.cat([torch.arange(a, a + n - 1) for a, n in zip(starts, lengths, strict=True) if n > 1] or
+                     [torch.zeros(0, dtype=torch.long)])  # fmt: skip
+    targets = torch.cat([s[1:] for s in seqs])
+    host = torch.cat([tokens, positions, seq_ids, rows, targets])
+    if device.type == "cuda":
+        host = host.pin_memory()
+    flat = host.to(device, non_blocking=True)  # one upload of everything the forward needs
+    t, r = tokens.numel(), rows.numel()
+    tokens_d, positions_d, seq_ids_d = flat[:t], flat[t : 2 * t], flat[2 * t : 3 * t]
+    rows_d, targets_d = flat[3 * t : 3 * t + r], flat[3 * t + r :]
+    top = max(lengths) - 1 if t else None
+    hidden = model(tokens_d, positions_d, seq_ids_d, max_position=top, num_sequences=len(seqs))
+    logp = token_logprobs(model, hidden[rows_d], targets_d, temperature, top_k, top_p)
     return list(torch.split(logp, [max(n - 1, 0) for n in lengths]))

@@ -149,7 +149,15 @@ class DecoderStack(nn.Module):
 class _Context:
     """Per-forward state shared by the layers: op set, positions, and where K/V live."""
 
-    def __init__(self, model: Transformer, positions, seq_ids, kv_cache: CacheView | None) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        positions,
+        seq_ids,
+        kv_cache: CacheView | None,
+        max_position: int | None = None,
+        num_sequences: int | None = None,
+    ) -> None:
         self.ops = model.ops_for(positions.device)
         self.positions = positions
         self.kv_cache = kv_cache
@@ -159,9 +167,10 @@ class _Context:
         cfg = model.config
         page_table = None
         decode = kv_cache.decode_positions if isinstance(kv_cache, CacheView) else None
-        # The highest position, read once per forward: the engine passes it with its cache view (no sync);
-        # other callers pay one host sync here, and no layer pays one again (the RoPE view is prechecked).
-        top = kv_cache.max_position if isinstance(kv_cache, CacheView) else None
+        # The highest position, read once per forward: the engine passes it with its cache view and the
+        # learner's packed forward as ``max_position`` (no sync); other callers pay one host sync here, and no
+        # layer pays one again (the RoPE view is prechecked).
+        top = kv_cache.max_position if isinstance(kv_cache, CacheView) else max_position
         if top is None and positions.numel():
             top = int(positions.max())
         if kv_cache is not None:
@@ -177,9 +186,13 @@ class _Context:
             pages = page_table[seq_ids, torch.div(positions, PAGE_SIZE, rounding_mode="floor")]
             self.write_page, self.write_offset = pages, positions % PAGE_SIZE
         else:
-            uniq, self.buf_seq = torch.unique(seq_ids, return_inverse=True)
+            if num_sequences is not None:  # ids already 0..num_sequences-1 (the packed forward's): no sync
+                self.buf_seq, rows = seq_ids, num_sequences
+            else:  # any ids, compacted: torch.unique reads its count back to the host (a sync on a GPU)
+                uniq, self.buf_seq = torch.unique(seq_ids, return_inverse=True)
+                rows = uniq.numel()
             span = -(-(top + 1) // KEY_BLOCK) * KEY_BLOCK if top is not None else KEY_BLOCK
-            self.buf_shape = (uniq.numel(), cfg.num_key_value_heads, span, cfg.head_dim)
+            self.buf_shape = (rows, cfg.num_key_value_heads, span, cfg.head_dim)
         model.rope.check_top(top)
         self.rope = model.rope.prechecked()
         self.attention_plan = self.ops.plan_attention(
@@ -301,8 +314,16 @@ class Transformer(nn.Module):
         positions: torch.Tensor,
         seq_ids: torch.Tensor | None = None,
         kv_cache: CacheView | None = None,
+        max_position: int | None = None,
+        num_sequences: int | None = None,
     ) -> torch.Tensor:
         """Final hidden states for a flat token stream [T] (or a padded batch [B, S]).
+
+        Without kv_cache, a caller that knows them on the host passes ``max_position`` (the highest of
+        ``positions``) and ``num_sequences`` (``seq_ids`` are then exactly 0..num_sequences-1): the forward
+        then reads neither back from the device (``packed_token_logprobs`` does). Host syncs left in a
+        packed forward on the Triton op set: one, the attention plan's ``torch.unique`` of its query tiles
+        (rz_kernels.triton_ops.attention.plan_attention), once per forward, not per layer.
 
         positions: absolute positions, same shape as tokens. seq_ids: sequence index per token (row of
         the view's page table when kv_cache is given); None means a new sequence starts wherever positions == 0, and
@@ -321,7 +342,7 @@ class Transformer(nn.Module):
             if tokens.numel() and int(positions[0]) != 0:
                 raise ValueError("without seq_ids the stream must start a sequence at position 0")
             seq_ids = torch.cumsum((positions == 0).long(), 0) - 1
-        ctx = _Context(self, positions, seq_ids, kv_cache)
+        ctx = _Context(self, positions, seq_ids, kv_cache, max_position, num_sequences)
         x = self.model.embed_tokens(tokens)
         recompute = self.config.activation_checkpointing and torch.is_grad_enabled() and kv_cache is None
         for layer in self.model.layers:

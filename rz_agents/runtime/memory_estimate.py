@@ -7,7 +7,9 @@ logits, and the engine's weights, KV cache and step activations. Under ``runtime
 GPUs of their own: one engine replica per GPU, and the learner's state sharded over its FSDP2 ranks; a rank
 then also holds what is gathered whole for a while: FSDP2's unsharded layers (the running one and the one
 prefetched) and, when weights are published, one gathered tensor (``Learner.iter_weights``) or, with
-``weight_transport: broadcast``, one bucket and its packed copy. Checkpoints add nothing on the device:
+``weight_transport: broadcast``, one bucket and its packed copy; an engine replica receiving a broadcast holds
+the whole new state beside its weights until it applies it between steps (``weight_receive_staging``: it keeps
+generating with the old weights meanwhile). Checkpoints add nothing on the device:
 each rank writes its own shards (torch.distributed.checkpoint), no rank gathers the state. Figures are
 estimates of what PyTorch holds (allocator slack, CUDA context and fragmentation come on top: keep ~10%
 free).
@@ -243,6 +245,16 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
     est.notes.append(f"learner micro-batch: {tokens} tokens")
     if getattr(cfg, "runtime", "local") == "ray":
         est.engine_replicas, est.learner_ranks = cfg.placement.engines, cfg.placement.learner_ranks
+        if cfg.placement.weight_transport == "broadcast":
+            # WeightBroadcast.receive keeps every bucket until the engine loads them: a second full copy, of
+            # every state-dict name (tied embeddings travel twice: embed_tokens and lm_head)
+            tied = c.vocab_size * c.hidden_size if c.tie_word_embeddings else 0
+            est.engine["weight_receive_staging"] = (n + tied) * e
+            est.notes.append(
+                f"weight broadcast: each engine replica receives the whole new state "
+                f"({est.engine['weight_receive_staging'] / GIB:.1f} GiB) "
+                "beside its weights before applying it between steps (weight_receive_staging)"
+            )
         if est.learner_ranks > 1:
             from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES
 

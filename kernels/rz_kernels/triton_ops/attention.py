@@ -114,7 +114,12 @@ def plan_attention(
     tile per query, built from the device tensors alone by elementwise ops, so the plan has a fixed shape,
     reads nothing back and can be captured in a CUDA graph (the host positions themselves are not read:
     a graph replays with other positions; only ``max_position``, or without it the highest of them,
-    bounds the split grid). The tiles are the general plan's, in query order; the step runs split-KV."""
+    bounds the split grid). The tiles are the general plan's, in query order; the step runs split-KV.
+
+    Without ``decode_positions`` (prefill, chunked prefill, the trainer's packed forward) the tiles are the
+    distinct (sequence, tile) keys: ``torch.unique`` reads their count back to the host, one host sync per
+    forward (the plan serves every layer and the backward). It is the one data-dependent host read left in
+    a learner micro-batch (tests/kernels/triton_ops/test_learner_micro_batch_host_reads.py)."""
     group = num_heads // num_kv_heads
     g2 = triton.next_power_of_2(group)
     if g2 > 64:

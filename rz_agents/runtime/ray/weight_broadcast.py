@@ -6,8 +6,9 @@ group. A publication is a series of bucket broadcasts (``buckets``: tensors of o
 up to ``bucket_bytes``; a larger tensor travels alone and uncopied), in an order both sides derive from the
 model's state dict, so nothing but the tensors' bytes travels. The sender takes the tensors one at a time
 (``Learner.iter_weights``: gathered one by one under FSDP2), so it never holds more than one bucket beyond
-its model; a receiver holds what it received (one staging copy: its engine keeps generating with the old
-weights meanwhile).
+its model; a receiver holds what it received (one staging copy of the whole state, tied embeddings twice: its
+engine keeps generating with the old weights meanwhile; runtime/memory_estimate.py counts it per replica as
+``weight_receive_staging``).
 Membership is fixed: once a replica dies (Ray restarts it as a new process), the group is given up and the
 runtime publishes through the object store from then on.
 """
