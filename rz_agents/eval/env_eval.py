@@ -125,6 +125,12 @@ def run_env_eval(
     return summarize(samples, config, run_cfg, policy, wall)
 
 
+async def run_samples(tasks, config, policy, make_env, engine, sampling, limits) -> list[list[dict]]:
+    """The k samples of every task on ``engine``, from inside a running event loop (the training loop's
+    in-loop evaluation, rz_agents/eval/in_loop.py); ``summarize`` turns them into the results dict."""
+    return await _run(tasks, config, policy, make_env, engine, sampling, limits, None)
+
+
 async def _run(tasks, config, policy, make_env, engine, sampling, limits, on_sample) -> list[list[dict]]:
     from rz_agents.eval.math import sample_seed
     from rz_agents.rollout.agent_loop import EpisodeSpec, run_episode

@@ -158,20 +158,19 @@ class LoopEvaluator:
 
     async def _math(self) -> dict[str, Any]:
         from rz_agents.data import load_dataset
-        from rz_agents.eval.math import _run_direct, _run_with_tool
+        from rz_agents.eval.math import run_problems
         from rz_agents.eval.math_scoring import summarize
         from rz_agents.rewards import default_verifier
 
         config = self.plan.math
         if self.plan.tasks is None:
             self.plan.tasks = load_dataset(config.benchmark, limit=config.limit)
-        run = _run_with_tool if config.tool else _run_direct
-        problems, _ = await run(config, self.policy, self.plan.tasks, None, default_verifier(), self.engine)
+        problems = await run_problems(config, self.policy, self.plan.tasks, default_verifier(), self.engine)
         return summarize(problems, config.k)
 
     async def _env(self) -> dict[str, Any]:
         from rz_agents.engine import SamplingParams
-        from rz_agents.eval.env_eval import _run, summarize
+        from rz_agents.eval.env_eval import run_samples, summarize
         from rz_agents.runtime.factories import env_factory
 
         config, sampling = self.plan.env, self.sampling
@@ -182,7 +181,7 @@ class LoopEvaluator:
             top_k=sampling.top_k if config.top_k is None else config.top_k,
             top_p=sampling.top_p if config.top_p is None else config.top_p,
         )
-        samples = await _run(
-            self.plan.tasks, config, self.policy, self._make_env, self.engine, params, self.plan.limits, None
+        samples = await run_samples(
+            self.plan.tasks, config, self.policy, self._make_env, self.engine, params, self.plan.limits
         )
         return summarize(samples, config, self.run_cfg, self.policy, 0.0)

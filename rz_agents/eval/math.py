@@ -125,6 +125,20 @@ def run_math_eval(
     }
 
 
+async def run_problems(
+    config: MathEvalConfig,
+    policy: CheckpointPolicy,
+    tasks: Sequence[dict[str, str]],
+    verifier: MathVerifier,
+    engine: Engine,
+) -> list[ProblemResult]:
+    """The k samples of every task on ``engine`` (direct answers, or tool episodes with ``config.tool``), from
+    inside a running event loop (the training loop's in-loop evaluation, rz_agents/eval/in_loop.py)."""
+    run = _run_with_tool if config.tool else _run_direct
+    problems, _ = await run(config, policy, tasks, None, verifier, engine)
+    return problems
+
+
 def _engine_stats(engine: Engine) -> dict[str, Any]:
     stats = getattr(engine, "stats", None)  # not part of the Engine protocol: RZEngine has it
     return dict(stats()) if callable(stats) else {}
