@@ -47,11 +47,10 @@ def build_server(target: str, overrides: list[str] | None = None, model_name: st
         name = model_name or path.name
     else:
         from rz_agents.cli.train import load_run_config
-        from rz_agents.runtime import resolve
         from rz_agents.runtime.factories import build_model, build_tokenizer, vocab_size
 
-        cfg = load_run_config(target, overrides)
-        plan = resolve(cfg)
+        cfg = load_run_config(target, overrides, validate=False)
+        plan = cfg.validate()  # the config's one resolve
         tokenizer, template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         model = build_model(cfg.model, vocab_size(cfg.tokenizer, tokenizer))
         config = dataclasses.replace(plan.engine, **{k: v for k, v in engine.items() if v is not None})
@@ -73,9 +72,13 @@ def run(args: argparse.Namespace) -> int:
 
     from rz_agents.serve import create_app
 
-    server, engine = build_server(
-        args.target, args.overrides, args.model_name, num_slots=args.num_slots, max_len=args.max_len
-    )
+    try:
+        server, engine = build_server(
+            args.target, args.overrides, args.model_name, num_slots=args.num_slots, max_len=args.max_len
+        )
+    except (ValueError, FileNotFoundError) as exc:  # ConfigError is a ValueError: one line, exit 2
+        print(f"rz serve: cannot serve {args.target}: {exc}", file=sys.stderr)
+        return 2
     print(
         f"rz serve: {server.model_name} on http://{args.host}:{args.port}/v1 "
         f"(engine: {engine.config.num_slots} slots, max_len {engine.config.max_len}, version {engine.version})",

@@ -24,3 +24,15 @@ def test_build_server_takes_the_config_model_tokenizer_and_engine_settings_with_
 def test_a_bad_target_is_a_clear_error():
     with pytest.raises(Exception, match="no-such-config"):
         build_server("no-such-config.yaml")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [("rollout.max_lagg=3", "did you mean max_lag?"), ("learner.temperature=0.5", "conflicts with rollout.temperature")],
+)
+def test_a_bad_config_is_one_line_and_exit_2(override, message, capsys):
+    from rz_agents.cli import main
+
+    assert main(["serve", "openai-agent", override]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
