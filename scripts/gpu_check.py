@@ -1044,6 +1044,53 @@ def _step_bytes(model, batch: int, context: int) -> int:
     return total + batch * pages_for(context + 1) * PAGE_SIZE * per_position
 
 
+def _add_predictions(cfg, results: dict, timeout_s: float) -> None:
+    """Beside each measured size, the static cost model's prediction (rz_agents.compile_check.predict, issue
+    37): ``predicted_ms`` and ``measured_over_predicted``. Computed in a child process (the launch recorder
+    patches Triton's launcher, which this process is using), bounded by ``timeout_s``; a failure is recorded
+    as ``prediction_error`` and changes no measured figure."""
+    import dataclasses
+    import subprocess
+
+    sizes = [
+        (int(k[1 : k.index("_")]), int(k[k.index("ctx") + 3 :]))
+        for k, r in results.items()
+        if "skipped" not in r
+    ]
+    if not sizes:
+        return
+    code = (
+        "import json, sys; from rz_agents.model import ModelConfig; "
+        "from rz_agents.compile_check.predict import predict_decode_step; "
+        "a = json.loads(sys.argv[1]); cfg = ModelConfig(**a['cfg']); "
+        "print(json.dumps({f'b{b}_ctx{c}': predict_decode_step(cfg, b, c)['step_ms'] for b, c in a['sizes']}))"
+    )
+    arg = json.dumps({"cfg": dataclasses.asdict(cfg), "sizes": sizes})
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "kernels"), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("TRITON_INTERPRET", None)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, arg], capture_output=True, text=True, timeout=timeout_s, env=env
+        )
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no output")
+        predicted = json.loads(done.stdout.strip().splitlines()[-1])
+    except Exception as exc:  # noqa: BLE001 - the measured figures stand without it
+        for r in results.values():
+            if "skipped" not in r:
+                r["prediction_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        return
+    for key, ms in predicted.items():
+        row = results[key]
+        row["predicted_ms"] = round(ms, 3)
+        best = row.get("aligned_graph_ms") or row.get("aligned_eager_ms")
+        if best:
+            row["measured_over_predicted"] = round(best / ms, 3)
+
+
 def section_engine_decode(check: Check) -> dict:
     """Qwen3-4B-shaped random model, bf16: the engine's decode step (static, bucketed; LM head and sampler
     included) at batch 1/16/48/128/256 and context 2K/8K, eager vs CUDA graph, aligned vs standard; graph
@@ -1141,6 +1188,7 @@ def section_engine_decode(check: Check) -> dict:
     if graphs_ok and done:
         out["graph_equals_eager"] = all(r.get("aligned_graph_equals_eager") for r in done)
     out["standard_differs"] = all(r["standard_differs_from_aligned"] for r in done) if done else None
+    _add_predictions(cfg, results, timeout_s=min(30.0, max(5.0, check.section_left() - 2.0)))
     b48 = results.get("b48_ctx2048", {})
     out["b48_ctx2k_roofline_fraction"] = b48.get("hbm_roofline_fraction")
     out["b48_ctx2k_tokens_per_s"] = b48.get("aligned_tokens_per_s")
