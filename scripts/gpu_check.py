@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One-shot GPU check: alignment, kernel speed and learner/engine steps on a CUDA machine.
 
-    python3 scripts/gpu_check.py --out RESULTS/gpu_check.json     # on a CUDA machine, ends inside ~480 s
+    python3 scripts/gpu_check.py --out RESULTS/gpu_check.json     # on a CUDA machine, ends inside ~530 s
     python3 scripts/gpu_check.py --only gemm attention --out g.json
     python3 scripts/gpu_check.py --dry-run --out /tmp/g.json      # here: every section on CPU, tiny shapes,
                                                                   # the Triton kernels in the interpreter
@@ -9,21 +9,36 @@
 Built to survive a command limit: the results go to ``--out`` (default ./gpu_check.json) after EVERY section,
 written atomically (a kill leaves the finished sections), output is unbuffered, one short line per section
 and a short human summary come last (no JSON dump on stdout). Each section runs under its own time budget
-(SIGALRM) capped by what is left of the total (``--budget-s``, GPU default 450 s); Triton JIT compile time is
-inside those budgets and recorded per kernel (``triton_compile``).
+(SIGALRM) capped by what is left of the total (``--budget-s``, GPU default 520 s; the sections' budgets sum to
+515 s, inside it); Triton JIT compile time is inside those budgets, recorded per kernel (``triton_compile``).
+Triton's compile cache is ``triton_cache/`` beside ``--out`` (unless TRITON_CACHE_DIR is set), so a rerun with
+``--resume`` or ``--only`` in the same folder reuses the first run's compiles.
+
+A section passes (``ok``) only if it ran to its end inside its budget and recorded no failure. Its budget
+firing reads ``timeout`` however the section ended (``SectionTimeout`` is a BaseException, which the engine's
+and the sections' ``except Exception`` handlers do not catch; where a library re-raises or swallows it anyway,
+the expiry is still recorded); a section that sampled checks every completion's finish reason and the number
+of tokens it compared, and any shortfall reads ``FAILED`` (never ``ok``); an exception reads ``ERROR``. The
+exit status is 0 only if every section is ``ok`` or ``skipped``.
 
 Needs only Python 3.12, torch (2.11+), triton (3.6+) and numpy besides this repository: nothing else is
-imported at module level. The rl sections import the runtime; what is missing (yaml, gymnasium, ...) is named
-in a clean skip. (To bring a missing pure-Python package to a machine without a registry: on a machine with
-one, ``pip download --only-binary=:all: --python-version 3.12 --no-deps -d wheels PACKAGE``, carry ``wheels/``,
+imported at module level. Every section but rl_demo imports only what the H200 machine has (torch, triton,
+numpy, safetensors, transformers; not gymnasium, ray, math-verify or vllm: checked by importing each section's
+modules with those four absent); rl_demo needs yaml and gymnasium and is skipped, named, without them.
+(To bring a missing pure-Python package to a machine without a registry: on a machine with one,
+``pip download --only-binary=:all: --python-version 3.12 --no-deps -d wheels PACKAGE``, carry ``wheels/``,
 then ``pip install --no-index --no-deps --target .deps wheels/*.whl`` and ``PYTHONPATH=.deps``.)
 
 A run that the total budget cut short is continued by the same command with ``--resume``: it keeps every
-section the file already holds and runs only those it lacks or that stopped for time (the NOTES' one GPU call
-of <= 540 s, then a second one if device time is left).
+section of the file that passed (written by this version of the script) and runs all others again: those it
+lacks, timed out, failed, errored or skipped (the NOTES' one GPU call of <= 540 s, then a second one if device
+time is left).
 
 Sections (owner: the issue that maintains the section; other issues add theirs to this table), listed by
-topic; they RUN in the order of ``SECTIONS`` below: bit identity first, then speed, then the rest:
+topic with their budgets before issue 37; they RUN in the order of ``SECTIONS`` below, with its budgets
+(issue 37: env 5, alignment 50, engine_vs_trainer 30, gemm 55, attention 25, logprobs_vocab 15, engine_decode
+80, nccl_one_rank 25, grad_determinism 35, engine_sync 15, model_0.6b 45, train_16k 35, model_moe 35,
+fp32_triton 25, decode_profile 10, rl_loop 20, rl_demo 10): bit identity first, then speed, then the rest:
 
   section          owner  GPU budget s  what
   env              #23      10  torch / triton / GPU
@@ -39,7 +54,7 @@ topic; they RUN in the order of ``SECTIONS`` below: bit identity first, then spe
                                 (multi-block), bit for bit, and a row alone == the row in the batch
   grad_determinism #23      45  the same train step twice (dense and MoE): gradients bitwise equal; the Triton
                                 MoE forward + backward's synchronizing CUDA calls (0 wanted)
-  nccl_one_rank    #23      30  a one-rank NCCL group (gloo in a dry run) running the sharded learner step (and the
+  nccl_one_rank    #23      30  a one-rank NCCL group (gloo in a dry run) running the sharded MoE learner step (and the
                                 meta-device start from a checkpoint, weights compared bitwise): every
                                 collective on the device its group takes
   model_0.6b       #23      70  Qwen3-0.6B-shaped random model, bf16: decode step (64 x 1,024 context) and train step
@@ -79,6 +94,13 @@ import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# The GPU run's total budget: inside the device machine's 540 s command (NOTES-gpu-device) with room for the
+# interpreter start, the imports before the clock starts and the last write. The sections' budgets (SECTIONS)
+# sum to no more than this (tests/scripts/test_gpu_check_budgets.py).
+GPU_TOTAL_BUDGET_S = 520.0
+# Version of what a section's result means: --resume keeps only results written by this version (an older
+# file's "ok" may predate the finish-reason and token-count checks).
+RESULT_FORMAT = 2
 
 
 def parse_args() -> argparse.Namespace:
@@ -86,7 +108,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, Triton interpreter")
     p.add_argument("--out", default="gpu_check.json", help="JSON results, rewritten after every section")
     p.add_argument(
-        "--budget-s", type=float, default=None, help="total time budget in s (GPU default 450; dry run: none)"
+        "--budget-s",
+        type=float,
+        default=None,
+        help=f"total time budget in s (GPU default {GPU_TOTAL_BUDGET_S:.0f}; dry run: none)",
     )
     p.add_argument("--section-budget-scale", type=float, default=1.0, help="scale every section's budget")
     p.add_argument("--only", nargs="*", default=None, help="run only these sections")
@@ -105,6 +130,9 @@ for _stream in (sys.stdout, sys.stderr):  # unbuffered: a kill keeps every line 
         _stream.reconfigure(line_buffering=True, write_through=True)
 if ARGS.dry_run:  # must precede any import of the kernels (@triton.jit reads it)
     os.environ["TRITON_INTERPRET"] = "1"
+# Triton's compile cache beside the results (unless the caller chose one): a rerun with --resume or --only in
+# the same folder reuses every kernel the first run compiled instead of paying the cold compiles again.
+os.environ.setdefault("TRITON_CACHE_DIR", str(Path(ARGS.out).resolve().parent / "triton_cache"))
 sys.path[:0] = [str(REPO), str(REPO / "kernels")]
 
 import torch  # noqa: E402
@@ -119,7 +147,10 @@ class Check:
         # "aligned" resolves to the Triton op set on CUDA; on CPU the Triton set must be named.
         self.aligned = "triton" if self.dry else "aligned"
         self.start = time.perf_counter()
-        self.budget_s = args.budget_s if args.budget_s is not None else (1e9 if self.dry else 450.0)
+        self.budget_s = (
+            args.budget_s if args.budget_s is not None else (1e9 if self.dry else GPU_TOTAL_BUDGET_S)
+        )
+        self.deadline = float("inf")  # the running section's end (perf_counter), set by run_section
         if self.dry:
             torch.set_num_threads(1)
             from rz_kernels.triton_ops.interpreter import patch_interpreter
@@ -128,6 +159,10 @@ class Check:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+    def section_left(self) -> float:
+        """Seconds left of the running section's budget (inf without one)."""
+        return self.deadline - time.perf_counter()
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -362,12 +397,15 @@ def section_alignment(check: Check) -> dict:
     )
     rows = [r.to_json() for r in reports]
     aligned = [r for r in reports if r.kernels == check.aligned]
-    return {
+    out = {
         "reports": rows,
         "aligned_bit_identical": all(r.bit_identical for r in aligned),
         "aligned_tokens_checked": sum(r.tokens_checked for r in aligned),
         "standard_differs": any(r.mismatched_tokens for r in reports if r.kernels == "standard"),
     }
+    fail_unless(out, out["aligned_tokens_checked"] > 0, "no aligned token compared")
+    fail_unless(out, out["aligned_bit_identical"], "aligned log-probs not bit-identical")
+    return out
 
 
 def _trajectories(vocab: int, n: int, length: int, gen: torch.Generator):
@@ -410,6 +448,7 @@ def _model_steps(
     )
     out["engine_vs_training_bit_identical"] = rep.bit_identical
     out["engine_vs_training_tokens"] = rep.tokens_checked
+    fail_unless(out, rep.tokens_checked > 0, "no engine-path token compared with the training forward")
     # Decode step: decode_batch sequences whose first `context` positions are cached.
     cache = sequence_cache(config, decode_batch, context + 64, device=dev)
     gen = torch.Generator().manual_seed(0)
@@ -527,6 +566,10 @@ def section_rl_loop(check: Check) -> dict:
         t0 = time.perf_counter()
         completions = generate_batch(engine, flat, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
         t_gen = time.perf_counter() - t0
+        checked: dict = {}
+        check_completions(checked, completions, "length", new_tokens)
+        if checked.get("failures"):  # a failed engine step: training on what is left proves nothing
+            return {"steps": history, **checked}
         trajs = []
         for i, (p, c) in enumerate(zip(flat, completions, strict=True)):
             n = len(c.tokens)
@@ -551,11 +594,16 @@ def section_rl_loop(check: Check) -> dict:
             }
         )
     dl = [h["lag0_abs_dlogp_max"] for h in history if h["lag0_abs_dlogp_max"] is not None]
-    return {
+    out = {
         "steps": history,
         "lag0_abs_dlogp_max": max(dl) if dl else None,
         "lag0_tokens": sum(h["lag0_tokens"] for h in history),
     }
+    fail_unless(out, out["lag0_tokens"] > 0, "no lag-0 token trained")
+    fail_unless(
+        out, out["lag0_abs_dlogp_max"] == 0.0, f"lag-0 |dlogp| max {out['lag0_abs_dlogp_max']}, not 0"
+    )
+    return out
 
 
 def section_rl_demo(check: Check) -> dict:
@@ -597,13 +645,15 @@ def section_rl_demo(check: Check) -> dict:
     dl = [
         m["lag0_abs_dlogp_max"] for m in run.history if isinstance(m.get("lag0_abs_dlogp_max"), (int, float))
     ]
-    return {
+    out = {
         "steps": len(run.history),
         "kernels": cfg.model.kernels,
         "lag0_abs_dlogp_max": max(dl) if dl else None,
         "lag0_tokens": int(sum(m.get("lag0_token_count", 0) for m in run.history)),
         "rl_wall_s": summary.get("wall_s"),
     }
+    fail_unless(out, out["steps"] > 0 and out["lag0_tokens"] > 0, "no RL step trained a lag-0 token")
+    return out
 
 
 def section_fp32_triton(check: Check) -> dict:
@@ -618,11 +668,14 @@ def section_fp32_triton(check: Check) -> dict:
         max_len=8 if check.dry else 64,
         device=check.device,
     )
-    return {
+    out = {
         "reports": [r.to_json() for r in reports],
         "aligned_bit_identical": all(r.bit_identical for r in reports),
         "aligned_tokens_checked": sum(r.tokens_checked for r in reports),
     }
+    fail_unless(out, out["aligned_tokens_checked"] > 0, "no aligned token compared")
+    fail_unless(out, out["aligned_bit_identical"], "aligned log-probs not bit-identical")
+    return out
 
 
 def section_logprobs_vocab(check: Check) -> dict:
@@ -749,6 +802,7 @@ def section_nccl_one_rank(check: Check) -> dict:
     """A one-rank NCCL group (gloo in a dry run) running the sharded learner step: every collective's tensors
     on the device its group takes (the CPU-tensor-on-NCCL class of bug fails here on one GPU)."""
     import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
 
     from rz_agents.model import ModelConfig
     from rz_agents.model.checkpoint import LazyState, model_skeleton, save_hf_checkpoint
@@ -756,29 +810,35 @@ def section_nccl_one_rank(check: Check) -> dict:
     from rz_agents.trainer.sharding import ShardedRanks
 
     backend = "gloo" if check.dry else "nccl"
+    # The checkpoint round trip needs safetensors; the sharded step (what crashed on torch 2.11) does not.
+    has_safetensors = not _missing("safetensors")
+    meta_same: bool | None = None
+    meta_device = "skipped: needs safetensors (not installed here)"
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=0, world_size=1)
         try:
-            cfg = ModelConfig.tiny("qwen3", dtype="bfloat16", vocab_size=256)
+            cfg = ModelConfig.tiny("qwen3_moe", dtype="bfloat16", vocab_size=256)  # MoE: unused experts
             model = random_model(check, cfg, check.aligned)
-            ckpt = save_hf_checkpoint(model, Path(tmp) / "ckpt")  # what the meta start below reads
+            if has_safetensors:
+                ckpt = save_hf_checkpoint(model, Path(tmp) / "ckpt")  # what the meta start below reads
             ranks = ShardedRanks(check.device.type)
             learner = Learner(model, LearnerConfig(micro_batch_tokens=32), ranks=ranks, max_lag=None)
             start = {k: v.clone() for k, v in learner.weights().items()}
-            # The meta-device start of sharded ranks: only this rank's shards allocated on the device, cut
-            # from the checkpoint one tensor at a time; the same weights, bitwise.
-            skeleton = model_skeleton(ckpt, kernels=check.aligned, dtype="bfloat16")
-            meta = Learner(skeleton, LearnerConfig(micro_batch_tokens=32), ranks=ShardedRanks(check.device.type),
-                           max_lag=None)  # fmt: skip
-            meta.load_weights(LazyState(ckpt, torch.bfloat16))
-            meta_same = all(torch.equal(start[k], w) for k, w in meta.weights().items())
-            meta_device = str(next(meta.model.parameters()).device)
+            if has_safetensors:
+                # The meta-device start of sharded ranks: only this rank's shards allocated on the device, cut
+                # from the checkpoint one tensor at a time; the same weights, bitwise.
+                skeleton = model_skeleton(ckpt, kernels=check.aligned, dtype="bfloat16")
+                meta = Learner(skeleton, LearnerConfig(micro_batch_tokens=32),
+                               ranks=ShardedRanks(check.device.type), max_lag=None)  # fmt: skip
+                meta.load_weights(LazyState(ckpt, torch.bfloat16))
+                meta_same = all(torch.equal(start[k], w) for k, w in meta.weights().items())
+                meta_device = str(next(meta.model.parameters()).device)
             trajs = _trajectories(cfg.vocab_size, 4, 16, torch.Generator().manual_seed(6))
             metrics = [learner.step(trajs) for _ in range(2)]
             weights = learner.weights()
         finally:
             dist.destroy_process_group()
-    return {
+    out = {
         "backend": backend,
         "collective_device": str(ranks.comm_device),
         "steps": len(metrics),
@@ -787,8 +847,13 @@ def section_nccl_one_rank(check: Check) -> dict:
         "weights_finite": all(bool(torch.isfinite(w.float()).all()) for w in weights.values()),
         "meta_start_weights_bitwise": meta_same,
         "meta_start_device": meta_device,
-        "ok": learner.version == 2 and meta_same,
+        # how MoE experts no token reached join the reduce-scatter (trainer/sharding.py): "fsdp" from torch
+        # 2.13, "zero_grads" (a forward hook) before it
+        "unused_experts": "fsdp" if hasattr(FSDPModule, "set_reduce_scatter_unused_params") else "zero_grads",
+        "ok": learner.version == 2 and meta_same is not False,
     }
+    fail_unless(out, out["ok"], f"version {learner.version} after 2 steps, meta start bitwise: {meta_same}")
+    return out
 
 
 def section_train_16k(check: Check) -> dict:
@@ -996,7 +1061,9 @@ def section_engine_decode(check: Check) -> dict:
         batches, contexts, budget = (1, 3), (8, 70), 1e9
     else:
         cfg = preset_config("qwen3-4b", max_position_embeddings=8192 + 128)
-        batches, contexts, budget = (1, 16, 48, 128, 256), (2048, 8192), 80.0
+        batches, contexts = (1, 16, 48, 128, 256), (2048, 8192)
+        # the sizes must end inside the section's budget (a margin for the last size's cleanup)
+        budget = min(check.section_left() - 5.0, 1e9)
     t_start = time.perf_counter()
     model = random_model(check, cfg, check.aligned).eval().requires_grad_(False)
     page_bytes = bytes_per_page(cfg)
@@ -1137,6 +1204,12 @@ def section_engine_sync(check: Check) -> dict:
         if result["sync_error"] is None:
             tokens, _ = host.lists()  # the one wait, outside the guarded region
             result["tokens"] = len(tokens)
+        if result["sync_error"] is None:  # (a sync is reported in no_host_sync and the goals)
+            fail_unless(
+                out,
+                result.get("tokens") == batch,
+                f"{model_type}: {result.get('tokens')} tokens, not {batch}",
+            )
         result["host_reads"] = len(rec.reads)
         result["first_host_reads"] = [f"{op} at {where}" for op, where in rec.reads[:4]]
         result["no_host_sync"] = result["sync_error"] is None and not rec.reads
@@ -1177,13 +1250,23 @@ def section_engine_vs_trainer(check: Check) -> dict:
         max_len = 128 if check.dry else 640
         engine = RZEngine(model, EngineConfig(num_slots=16, max_len=max_len, share_prefix_min_tokens=8))
         done = generate_batch(engine, prompts, params)
-        equal = []
+        equal, compared = [], 0
         for p, sp, c in zip(prompts, params, done, strict=True):
             (lp,) = packed_token_logprobs(model, [p + c.tokens], temperature=sp.logprob_temperature)
-            equal.append(bool(torch.equal(c.logprobs, lp[len(p) - 1 :].cpu())))
+            trainer = lp[len(p) - 1 :].cpu()
+            equal.append(c.logprobs.shape == trainer.shape and bool(torch.equal(c.logprobs, trainer)))
+            compared += int(c.logprobs.numel())
         stats = engine.stats()
+        row: dict = {}
+        # A step that failed (e.g. cut by the budget) finishes its sequences with "error" and few or no
+        # tokens: comparing what is left would be a false pass. Every sequence must run to max_tokens.
+        check_completions(row, done, "length", new)
+        fail_unless(row, compared == len(done) * new, f"compared {compared} tokens, not {len(done) * new}")
+        fail_unless(row, all(equal), "engine log-probs differ from the trainer's")
         out[model_type] = {
-            "bit_identical": all(equal),
+            **row,
+            "bit_identical": all(equal) and compared > 0,
+            "tokens_compared": compared,
             "sequences": len(equal),
             "shared_prefix_tokens": stats["shared_prefix_tokens"],
             "cuda_graphs": stats["cuda_graphs"],
@@ -1193,6 +1276,9 @@ def section_engine_vs_trainer(check: Check) -> dict:
         }
         del engine, model
     out["bit_identical"] = all(r["bit_identical"] for r in out.values())
+    for model_type in ("qwen3", "qwen3_moe"):  # the section fails with either model's failures
+        for failure in out[model_type].get("failures", []):
+            fail_unless(out, False, f"{model_type}: {failure}")
     return out
 
 
@@ -1200,28 +1286,34 @@ def _missing(*modules: str) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
 
-# name -> (function, GPU time budget in s, modules it needs beyond torch / triton / numpy); order = run order
+# name -> (function, GPU time budget in s, modules it needs beyond torch / triton / numpy); order = run order.
+# First what decides the product (bit identity, the kernels it rests on) and the speed figures, then the rest:
+# a run that the total budget cuts short loses the least, and `--resume` continues it. The budgets include
+# Triton's cold compiles and sum to at most GPU_TOTAL_BUDGET_S (a rerun reuses the compile cache).
 SECTIONS = {
-    # first what decides the product (bit identity, the kernels it rests on), then speed, then the rest: a run
-    # that the total budget cuts short loses the least, and `--resume` continues it
-    "env": (section_env, 10, ()),
-    "alignment": (section_alignment, 60, ()),
-    "gemm": (section_gemm, 75, ()),
+    "env": (section_env, 5, ()),
+    "alignment": (section_alignment, 50, ()),
     "engine_vs_trainer": (section_engine_vs_trainer, 30, ()),
-    "grad_determinism": (section_grad_determinism, 45, ()),
-    "nccl_one_rank": (section_nccl_one_rank, 30, ()),
-    "attention": (section_attention, 30, ()),
-    "engine_sync": (section_engine_sync, 20, ()),
-    "engine_decode": (section_engine_decode, 90, ()),
-    "logprobs_vocab": (section_logprobs_vocab, 20, ()),
-    "model_0.6b": (section_model_dense, 70, ()),
-    "train_16k": (section_train_16k, 60, ()),
-    "model_moe": (section_model_moe, 50, ()),
-    "fp32_triton": (section_fp32_triton, 40, ()),
-    "decode_profile": (section_decode_profile, 25, ()),
-    "rl_loop": (section_rl_loop, 30, ()),
-    "rl_demo": (section_rl_demo, 30, ("yaml", "gymnasium")),
+    "gemm": (section_gemm, 55, ()),
+    "attention": (section_attention, 25, ()),
+    "logprobs_vocab": (section_logprobs_vocab, 15, ()),
+    "engine_decode": (section_engine_decode, 80, ()),
+    "nccl_one_rank": (section_nccl_one_rank, 25, ()),
+    "grad_determinism": (section_grad_determinism, 35, ()),
+    "engine_sync": (section_engine_sync, 15, ()),
+    "model_0.6b": (section_model_dense, 45, ()),
+    "train_16k": (section_train_16k, 35, ()),
+    "model_moe": (section_model_moe, 35, ()),
+    "fp32_triton": (section_fp32_triton, 25, ()),
+    "decode_profile": (section_decode_profile, 10, ()),
+    "rl_loop": (section_rl_loop, 20, ()),
+    "rl_demo": (section_rl_demo, 10, ("yaml", "gymnasium")),
 }
+
+
+def budgets_sum_s() -> float:
+    """The sum of every section's GPU budget (at most GPU_TOTAL_BUDGET_S)."""
+    return float(sum(budget for _, budget, _ in SECTIONS.values()))
 
 
 def goals(results: dict) -> dict:
@@ -1266,14 +1358,19 @@ def goals(results: dict) -> dict:
     }
 
 
-class SectionTimeout(Exception):
-    """A section ran past its time budget."""
+class SectionTimeout(BaseException):
+    """A section ran past its time budget.
+
+    A BaseException, not an Exception: the engine's and the sections' broad ``except Exception`` handlers
+    (a failed step fails its sequences and carries on) must not swallow it and let the section report a
+    pass. Where a library still turns it into another exception, ``Expiry`` records that it fired."""
 
 
 class Expiry:
     """Whether a ``time_limit`` fired: the SectionTimeout it raised can reach the section's caller as another
     exception (a library that catches and re-raises, e.g. Triton's JIT mid-compile: ``TypeError: unsupported
-    callable``), so the caller asks this instead of the exception's type."""
+    callable``) or not at all (a handler that swallowed it), so the caller asks this instead of the
+    exception's type."""
 
     def __init__(self) -> None:
         self.message: str | None = None
@@ -1299,6 +1396,54 @@ def time_limit(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def fail_unless(out: dict, condition: bool, message: str) -> None:
+    """Record ``message`` in ``out["failures"]`` unless ``condition``: the section then reads FAILED, never ok."""
+    if not condition:
+        out.setdefault("failures", []).append(message)
+
+
+def check_completions(out: dict, completions, expected_reason: str, expected_tokens: int | None) -> None:
+    """Every completion finished for ``expected_reason`` (with ``expected_tokens`` tokens when given);
+    failures name the first few that did not (an engine that failed a step finishes them with "error")."""
+    reasons: dict[str, int] = {}
+    for c in completions:
+        reasons[c.finish_reason] = reasons.get(c.finish_reason, 0) + 1
+    out["finish_reasons"] = reasons
+    bad = [c for c in completions if c.finish_reason != expected_reason]
+    fail_unless(
+        out,
+        not bad,
+        f"{len(bad)} of {len(completions)} completions finished "
+        f"{sorted({c.finish_reason for c in bad})}, not {expected_reason!r}"
+        + (f" ({bad[0].error})"[:200] if bad and getattr(bad[0], "error", None) else ""),
+    )
+    if expected_tokens is not None:
+        short = [len(c.tokens) for c in completions if len(c.tokens) != expected_tokens]
+        fail_unless(out, not short, f"completions of {short[:4]} tokens, not {expected_tokens}")
+
+
+def run_section(check: Check, fn, allowed: float) -> dict:
+    """``fn(check)`` under a budget of ``allowed`` s; its result, or ``{"timeout": ...}`` if the budget fired
+    (however the section ended: returned, raised, or raised something else), or ``{"error": ...}``."""
+    expiry = Expiry()
+    check.deadline = time.perf_counter() + allowed
+    try:
+        with time_limit(allowed) as expiry:
+            result = fn(check)
+    except SectionTimeout as exc:
+        result = {"timeout": str(exc)}
+    except ModuleNotFoundError as exc:
+        result = {"skipped": f"needs {exc.name} (not installed here)"}
+    except Exception as exc:  # one broken (or slow) section must not hide the others
+        result = {"error": f"{type(exc).__name__}: {exc}"[:500], "trace": traceback.format_exc()[-2000:]}
+    finally:
+        check.deadline = float("inf")
+    if expiry.message and "timeout" not in result:  # swallowed, or re-raised as another exception
+        how = result.get("error") or "swallowed by the section, which returned"
+        result = {"timeout": f"{expiry.message} (surfaced as: {how})"[:500], "partial": result}
+    return result
 
 
 class CompileTimes:
@@ -1358,17 +1503,25 @@ def write_atomically(path: Path, payload: dict) -> None:
 
 
 def status_of(result: dict) -> str:
+    """ok only for a section that ran to its end within its budget with no failure recorded."""
+    if "timeout" in result:
+        return "timeout"
     if "error" in result:
         return "ERROR"
+    if result.get("failures"):
+        return "FAILED"
     if "skipped" in result:
         return "skipped"
     return "ok"
 
 
 def human_summary(payload: dict, out: Path) -> str:
-    lines = [f"[gpu_check] {payload['total_s']} s total, results in {out}"]
+    lines = [
+        f"[gpu_check] {payload['total_s']} s total (budget {payload['budget_s']:.0f} s, sections' budgets sum "
+        f"to {payload['budgets_sum_s']:.0f} s), results in {out}"
+    ]
     for name, result in payload["sections"].items():
-        note = result.get("error") or result.get("skipped") or ""
+        note = _note(result)
         seconds = payload["section_seconds"].get(name, 0.0)
         lines.append(f"  {name:17s} {status_of(result):8s} {seconds:6.1f} s  {str(note)[:90]}")
     lines.append("  goals: " + ", ".join(f"{k}={v}" for k, v in payload["goals"].items()))
@@ -1378,23 +1531,30 @@ def human_summary(payload: dict, out: Path) -> str:
     return "\n".join(lines)
 
 
-def ran_out_of_time(result: dict) -> bool:
-    """A section the budget stopped: skipped for the total budget, or cut at its own (SectionTimeout)."""
-    note = str(result.get("skipped") or result.get("error") or "")
-    return note.startswith("total time budget") or note.startswith("SectionTimeout")
+def _note(result: dict) -> str:
+    return str(
+        result.get("timeout")
+        or result.get("error")
+        or "; ".join(result.get("failures") or [])
+        or result.get("skipped")
+        or ""
+    )
 
 
 def previous_sections(out: Path) -> dict[str, tuple[dict, float]]:
-    """--resume: the sections a previous run wrote to ``out`` that need no rerun (name -> result, seconds)."""
+    """--resume: the sections a previous run (of this result format) wrote to ``out`` that passed: name ->
+    (result, seconds). Everything else (timeout, error, failed, skipped, an older format) runs again."""
     try:
         old = json.loads(out.read_text())
     except (OSError, ValueError):
+        return {}
+    if old.get("result_format") != RESULT_FORMAT:
         return {}
     seconds = old.get("section_seconds", {})
     return {
         name: (result, seconds.get(name, 0.0))
         for name, result in old.get("sections", {}).items()
-        if name in SECTIONS and isinstance(result, dict) and not ran_out_of_time(result)
+        if name in SECTIONS and isinstance(result, dict) and status_of(result) == "ok"
     }
 
 
@@ -1411,6 +1571,9 @@ def main() -> int:
         "section_seconds": {},
         "total_s": 0.0,
         "budget_s": check.budget_s,
+        "budgets_sum_s": budgets_sum_s() * ARGS.section_budget_scale,
+        "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
+        "result_format": RESULT_FORMAT,
         "complete": False,
     }
     kept = previous_sections(out) if ARGS.resume else {}
@@ -1433,19 +1596,7 @@ def main() -> int:
         elif left < 1.0:
             result = {"skipped": f"total time budget {check.budget_s:.0f} s spent"}
         else:
-            expiry = Expiry()
-            try:
-                with time_limit(allowed) as expiry:
-                    result = fn(check)
-            except ModuleNotFoundError as exc:
-                result = {"skipped": f"needs {exc.name} (not installed here)"}
-            except Exception as exc:  # one broken (or slow) section must not hide the others
-                error = f"{type(exc).__name__}: {exc}"
-                if expiry.message and not isinstance(
-                    exc, SectionTimeout
-                ):  # the timeout, re-raised as another
-                    error = f"SectionTimeout: {expiry.message} (surfaced as {error})"
-                result = {"error": error[:500], "trace": traceback.format_exc()[-2000:]}
+            result = run_section(check, fn, allowed)
             if check.device.type == "cuda":
                 with contextlib.suppress(Exception):
                     torch.cuda.synchronize(check.device)
@@ -1457,14 +1608,15 @@ def main() -> int:
         payload["goals"] = goals(payload["sections"])
         payload["triton_compile"] = compiles.to_json()
         write_atomically(out, payload)
-        note = result.get("error") or result.get("skipped") or ""
+        note = _note(result)
         print(
             f"[gpu_check] {name}: {status_of(result)} in {payload['section_seconds'][name]} s {str(note)[:120]}"
         )
     payload["complete"] = True
     write_atomically(out, payload)
     print(human_summary(payload, out))
-    return 0 if not any("error" in r for r in payload["sections"].values()) else 1
+    passed = all(status_of(r) in ("ok", "skipped") for r in payload["sections"].values())
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -2,7 +2,11 @@
 
 A decode-only step (one new token per sequence) runs over buffers allocated once per bucket:
 tokens, positions, page-table rows and the page tables (width: the pages of max_len). ``fill``
-writes the step's metadata on the host and uploads it in one copy (pinned, non-blocking on CUDA);
+writes the step's metadata on the host and uploads it in one copy (pinned, non-blocking on CUDA); the page
+tables are kept in the bucket's buffer from step to step and only the entries that changed are written (a
+row admitted, grown by a page, replaced or finished), so a step costs O(batch) Python work plus a C-speed
+comparison of each real row's pages, never a rebuild of batch x width entries; the upload covers the page
+tables only in a step that changed them;
 ``forward`` is the model over those buffers. The model then sees the same shapes, addresses and
 metadata layout every time a bucket repeats, and ``forward`` reads nothing back to the host: it is
 the function rz_agents.engine.cuda_graphs captures once per bucket and replays on CUDA, and the
@@ -44,6 +48,10 @@ class StepBuffers:
     batch: int
     width: int
     uploaded: torch.cuda.Event | None = None  # the last upload from ``host`` (CUDA): wait before rewriting
+    # The pages written in each row of the table (a copy of the list; [] for a padding row): what the next
+    # ``fill`` compares with, to write only what changed.
+    written: list[list[int]] | None = None
+    tables_uploaded: bool = False  # the device copy's page tables equal the host's
 
     def part(self, t: torch.Tensor, i: int) -> torch.Tensor:
         return t[i * self.batch : (i + 1) * self.batch]
@@ -132,24 +140,56 @@ class DecodeStep:
 
     def _write(self, buf: StepBuffers, tokens, positions, page_tables) -> None:
         b, n, width = buf.batch, len(tokens), self.width
+        if any(len(pages) > width for pages in page_tables):
+            raise ValueError(f"a page table of more than {width} pages (the step's width)")
         flat = [0] * (3 * b)
         flat[:n] = tokens
         flat[b : b + n] = positions
         flat[2 * b : 3 * b] = range(b)
-        table = [self.scratch_page] * (b * width)
-        for i, pages in enumerate(page_tables):
-            table[i * width : i * width + len(pages)] = pages
-        staged = torch.tensor(flat + table, dtype=torch.long)
         if buf.uploaded is not None and not buf.uploaded.query():
             # The previous upload from this pinned buffer must have been read before it is rewritten
             # (normally long done, so no wait: each engine step waits for its sampled tokens).
             buf.uploaded.synchronize()
-        buf.host.copy_(staged)
+        buf.host[: 3 * b].copy_(torch.tensor(flat, dtype=torch.long))
+        changed = self._update_tables(buf, page_tables)
         if buf.device is not buf.host:
-            buf.device.copy_(buf.host, non_blocking=True)  # one upload of the whole step's metadata
+            # one upload: the tokens, positions and rows, and the page tables only if this step changed them
+            size = buf.host.numel() if changed or not buf.tables_uploaded else 3 * b
+            buf.device[:size].copy_(buf.host[:size], non_blocking=True)
+            buf.tables_uploaded = True
             if buf.uploaded is None:
                 buf.uploaded = torch.cuda.Event()
             buf.uploaded.record()
+
+    def _update_tables(self, buf: StepBuffers, page_tables: Sequence[Sequence[int]]) -> bool:
+        """Bring ``buf``'s page tables to ``page_tables`` (rows past them: padding, all scratch) by writing
+        only the entries that differ from what the rows hold. Returns whether anything was written.
+
+        Per row: unchanged (the common case: one list comparison), grown (only the new pages written), or
+        different (admitted, replaced, finished: the row rewritten, and scratch over the old row's extra
+        pages). Cost per step: O(real pages) list comparison in C plus O(changed entries) writes."""
+        table = buf.table(buf.host)
+        if buf.written is None:  # a new buffer: every row a padding row
+            table.fill_(self.scratch_page)
+            buf.written = [[] for _ in range(buf.batch)]
+        changed = False
+        for i in range(buf.batch):
+            given = page_tables[i] if i < len(page_tables) else []
+            old = buf.written[i]
+            if given == old:  # (a list compared in C; other sequences of ints are copied first)
+                continue
+            pages = list(given)  # a copy: the caller's list grows in place between steps
+            if pages == old:
+                continue
+            changed = True
+            k = len(old)
+            start = k if len(pages) > k and pages[:k] == old else 0  # grown: only the new pages
+            if pages[start:]:
+                table[i, start : len(pages)] = torch.tensor(pages[start:], dtype=torch.long)
+            if len(pages) < k:  # the old row reached further: those entries back to the scratch page
+                table[i, len(pages) : k] = self.scratch_page
+            buf.written[i] = pages
+        return changed
 
     def forward(self, buf: StepBuffers, max_position: int, positions: Sequence[int]) -> torch.Tensor:
         """Final hidden states [bucket, hidden] of the model over ``buf`` (padding rows included).

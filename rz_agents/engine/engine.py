@@ -253,20 +253,35 @@ class RZEngine:
         except Exception as e:  # a bug in the engine itself: tell every waiting caller, do not hang them
             log.exception("engine step loop failed")
             self._fail_all(f"engine step loop failed: {e!r}")
+        except BaseException as e:
+            # Not the engine's to handle (KeyboardInterrupt, a caller's time limit such as gpu_check's
+            # SectionTimeout): no step handler caught it (they catch Exception only). Free the sequences and
+            # raise it in every waiting caller, so it reaches whoever set it instead of becoming "error"
+            # completions that look like a finished run, and instead of leaving the callers waiting forever.
+            # (Raised here too only when no caller received it: a task's exception nobody awaits is lost.)
+            if not self._fail_all(f"engine step loop interrupted: {e!r}", raise_in_callers=e):
+                raise
 
-    def _resolve(self, finished: list[Sequence]) -> None:
+    def _resolve(self, finished: list[Sequence], raise_in_callers: BaseException | None = None) -> int:
+        """Hand each finished sequence's caller its completion (or ``raise_in_callers``); how many callers."""
+        told = 0
         for seq in finished:
             fut = self._futures.pop(seq, None)
             if fut is not None and not fut.done():
-                fut.set_result(seq.to_completion())
+                if raise_in_callers is not None:
+                    fut.set_exception(raise_in_callers)
+                else:
+                    fut.set_result(seq.to_completion())
+                told += 1
+        return told
 
-    def _fail_all(self, reason: str) -> None:
+    def _fail_all(self, reason: str, raise_in_callers: BaseException | None = None) -> int:
         with self._lock:  # a step may still be finishing in its worker thread
             self._take_incoming()
             pending = list(self.scheduler.waiting) + list(self.scheduler.running)
             for seq in pending:
                 self._fail(seq, reason)
-        self._resolve(pending)
+        return self._resolve(pending, raise_in_callers)
 
     def _take_incoming(self) -> None:
         while self._incoming:
@@ -294,7 +309,7 @@ class RZEngine:
         t0 = time.perf_counter()
         try:
             hidden = self.runner.forward(batch)
-        except Exception as e:
+        except Exception as e:  # (not BaseException: an interrupt or a caller's time limit propagates)
             log.exception("model forward failed; failing the %d sequences of this step", len(batch.chunks))
             for chunk in batch.chunks:
                 self._fail(chunk.seq, f"model forward failed: {e!r}")

@@ -2,7 +2,8 @@
 
 Our parameter names are the HF on-disk names, so loading is a copy by name. Tied embeddings are
 written once (no lm_head.weight), as transformers does. Writes are atomic: files go to a sibling
-temporary directory that is renamed into place.
+temporary directory that is renamed into place. safetensors is imported where it is used, not at module
+level: importing this module (the learner imports it) needs only torch.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from rz_agents.model.config import ModelConfig
 from rz_agents.model.transformer import Transformer
@@ -49,6 +48,8 @@ def save_hf_checkpoint(
     extra_files: dict | None = None,
 ) -> Path:
     """Write model as an HF checkpoint directory (transformers' AutoModelForCausalLM loads it)."""
+    from safetensors.torch import save_file
+
     out = Path(out_dir)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
@@ -104,6 +105,8 @@ def _weight_files(ckpt: Path) -> list[Path]:
 
 def load_state(ckpt_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory by name."""
+    from safetensors import safe_open
+
     state: dict[str, torch.Tensor] = {}
     for f in _weight_files(Path(ckpt_dir)):
         with safe_open(str(f), framework="pt") as fh:
@@ -118,6 +121,8 @@ class LazyState(Mapping):
     learner cutting its shard of each) never holds the whole state."""
 
     def __init__(self, ckpt_dir: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
+        from safetensors import safe_open
+
         self.ckpt_dir, self.dtype = Path(ckpt_dir), dtype
         self._file_of: dict[str, Path] = {}
         for f in _weight_files(self.ckpt_dir):
@@ -127,6 +132,8 @@ class LazyState(Mapping):
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._file_of:
             raise CheckpointError(f"{self.ckpt_dir}: no tensor {name}")
+        from safetensors import safe_open
+
         with safe_open(str(self._file_of[name]), framework="pt") as fh:
             tensor = fh.get_tensor(name)
         return tensor if self.dtype is None else tensor.to(self.dtype)

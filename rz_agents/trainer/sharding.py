@@ -61,6 +61,59 @@ def collective_device(model_device: str | torch.device = "cpu", backend: str | N
     return torch.device("cpu" if "cpu" in accepted else accepted[0])
 
 
+class _EveryWeightGetsAGradient(torch.autograd.Function):
+    """Identity on ``out`` whose backward also gives each of ``weights`` a zero gradient. Autograd adds it to
+    the weight's real gradient where the weight was used (g + 0 == g, bit for bit) and makes it the gradient
+    where it was not, so no parameter of the FSDP unit is left with ``grad is None``."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        ctx.specs = [(w.shape, w.dtype, w.device) for w in weights]
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.specs]
+        return (grad, *zeros)
+
+
+def _touch_every_expert(module: torch.nn.Module, args, out: torch.Tensor) -> torch.Tensor:
+    """Forward hook of a ``SparseMoE``: its output, tied to every expert weight by ``_EveryWeightGetsAGradient``."""
+    if not torch.is_grad_enabled():
+        return out
+    weights = [p for p in module.experts.parameters() if p.requires_grad]
+    return _EveryWeightGetsAGradient.apply(out, *weights) if weights else out
+
+
+def reduce_scatter_unused_params(model: torch.nn.Module) -> str:
+    """Make every rank reduce-scatter the same parameters of each FSDP unit, whichever experts its tokens
+    reached. Returns how: ``"fsdp"`` or ``"zero_grads"``.
+
+    FSDP2 reduce-scatters, per unit, the parameters whose gradient is not None. An MoE expert that no token of
+    this rank reached (the CPU op set's MoE runs only the experts that have rows) has none, so the ranks would
+    send different sets of gradients: mismatched collectives (an error with gloo, a hang or garbage with NCCL).
+
+    torch >= 2.13 has ``FSDPModule.set_reduce_scatter_unused_params``: FSDP itself then sends zeros for them
+    (``"fsdp"``). Older torch (2.11 on the H200 machine) lacks it: every ``SparseMoE`` then gets a forward hook
+    that ties its output to all its expert weights, whose backward gives each expert a zero gradient that adds
+    to the real one (``"zero_grads"``; the forward's bits are unchanged: the hook returns a view of the
+    output). Either way an unreached expert's gradient is zeros, as the Triton MoE gives it anyway.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    from rz_agents.model.transformer import SparseMoE
+
+    if hasattr(FSDPModule, "set_reduce_scatter_unused_params"):
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_reduce_scatter_unused_params(True, recurse=False)
+        return "fsdp"
+    for module in model.modules():
+        if isinstance(module, SparseMoE):
+            module.register_forward_hook(_touch_every_expert)
+    return "zero_grads"
+
+
 class SingleProcess:
     """The one-process learner: every micro-batch runs here and there is nothing to exchange."""
 
@@ -142,8 +195,8 @@ class ShardedRanks(SingleProcess):
             if hasattr(module, "set_gradient_divide_factor"):
                 module.set_gradient_divide_factor(1.0)  # sum over ranks: the loss is normalised globally
                 module.set_force_sum_reduction_for_comms(True)  # gloo has no AVG / PREMUL_SUM
-                # MoE experts that no token of this rank reached still join the reduce-scatter.
-                module.set_reduce_scatter_unused_params(True, recurse=False)
+        # MoE experts that no token of this rank reached must still join the reduce-scatter.
+        reduce_scatter_unused_params(model)
         return model
 
     def share(self, num_micro_batches: int) -> list[int | None]:

@@ -18,11 +18,14 @@ exit at once. The tiles are the ones the host-built table had (cut from each run
 the input gradients keep their bits. The weight gradients come from one grouped launch per projection that
 sums each expert's rows in order (``grouped_weight_grad``; the padded batched GEMM it replaces needed the
 longest run on the host); an expert no row reached gets a zero gradient, not None (the host cannot know).
-The experts' weight addresses go to the GPU from pinned memory without a wait.
+The experts' weight addresses (the pointer table) live on the device, built once per set of addresses and
+reused (``pointer_table``): a decode step captured in a CUDA graph allocates no pinned memory and copies nothing
+from the host; the capture's warm-up builds the tables, and a table a graph captured is never evicted.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -207,13 +210,47 @@ def group_by_expert(flat_expert: torch.Tensor, num_experts: int, block_m: int) -
     )
 
 
-def _pointer_table(weights: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The experts' weight addresses on ``device``; on CUDA copied from pinned memory without waiting (a
-    pageable copy would make the host wait for the GPU)."""
-    table = torch.tensor([w.data_ptr() for w in weights], dtype=torch.int64)
-    if device.type == "cuda":
-        return table.pin_memory().to(device, non_blocking=True)
-    return table.to(device)
+# Device pointer tables by (device, the experts' addresses): the table's content IS its key, so a hit is always
+# right (even for new tensors that reuse old addresses). Bounded: the least recently used are dropped, except
+# those a CUDA graph captured (the graph reads the table's memory at every replay).
+_POINTER_TABLES: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+_CAPTURED_TABLES: set[tuple] = set()
+MAX_POINTER_TABLES = 1024
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def pointer_table(weights: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The experts' weight addresses as an int64 tensor on ``device``, made once per set of addresses.
+
+    A miss builds it from the host (on CUDA from pinned memory without a wait: a pageable copy would make the
+    host wait for the GPU); a hit is the same device tensor, so a CUDA-graph capture (whose warm-up made the
+    table) allocates nothing and copies nothing. A miss during a capture raises (the table would be a copy
+    from host memory baked into the graph): the engine then decodes eagerly, same bits."""
+    key = (str(device), *(w.data_ptr() for w in weights))
+    capturing = _capturing(device)
+    table = _POINTER_TABLES.get(key)
+    if table is not None:
+        _POINTER_TABLES.move_to_end(key)
+        if capturing:
+            _CAPTURED_TABLES.add(key)
+        return table
+    if capturing:
+        raise RuntimeError(
+            "grouped_matmul: no device pointer table for these expert weights during a CUDA-graph capture "
+            "(run the step once before capturing: the warm-up builds it)"
+        )
+    host = torch.tensor([w.data_ptr() for w in weights], dtype=torch.int64)
+    table = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+    _POINTER_TABLES[key] = table
+    while len(_POINTER_TABLES) > MAX_POINTER_TABLES:
+        old = next((k for k in _POINTER_TABLES if k not in _CAPTURED_TABLES), None)
+        if old is None:
+            break
+        del _POINTER_TABLES[old]
+    return table
 
 
 def grouped_matmul(
@@ -237,7 +274,7 @@ def grouped_matmul(
     bm, bn, bk, warps, stages = GROUPED_CONFIG[x.dtype]
     if grouping.block_m != bm:
         raise ValueError(f"grouped_matmul: a grouping of {grouping.block_m}-row tiles, the kernel's are {bm}")
-    table = _pointer_table(weights, x.device)
+    table = pointer_table(weights, x.device)
     stride_wn, stride_wk = (w0.stride(1), w0.stride(0)) if transpose else (w0.stride(0), w0.stride(1))
     grid = (grouping.tile_row0.numel(), triton.cdiv(n, bn))
     _grouped_matmul_kernel[grid](
