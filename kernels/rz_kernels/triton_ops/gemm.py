@@ -13,9 +13,21 @@ in the last bit. The earlier per-M table is kept as `GEMM_CONFIGS_BY_M`, selecte
 (or `set_gemm_tiles("by_m")`, or `table=` per call), so that `scripts/gpu_check.py` can measure its speed and
 its bits against the single config on a real GPU; the interpreter (CPU tests) computes every config with the
 same fixed-order dot, so only a GPU can tell them apart. Engine and trainer must use the same mode.
-The single config is wgmma-shaped (64 rows: one warpgroup) with 128 columns: at decode sizes the grid is
-N / 128 programs (a 4096-wide projection: 32), the price of invariance that fused projections
-(model/fused.py) and the LM head's width soften.
+The single config is wgmma-shaped (64 rows: one warpgroup) with 128 columns: at decode sizes the grid alone
+would be N / 128 programs (Qwen3-4B's o_proj and down_proj, N = 2560: 20 programs on 132 SMs).
+
+Split-K (issue 37): the K range is cut into ``split_count(K, N)`` splits, a function of K and N only (never
+of M), each a run of whole BLOCK_K blocks; a program per (tile, split) accumulates its split in fp32 exactly
+as the unsplit kernel does (same tl.dot, same block order within the split) and stores the fp32 partial; a
+combine kernel sums each element's partials in split order 0, 1, ..., S - 1 (fp32, from partial 0) and casts
+once, as split-KV attention folds its splits. Every M therefore gives an element the same partials summed in
+the same order: batch-invariant, engine and trainer alike, and o_proj / down_proj run 6 x 20 = 120 programs
+at decode. Wide outputs (N / BLOCK_N >= 67 tiles) fill the SMs by columns and keep S = 1 (no partials).
+Because S depends on N, a stacked GEMM (model/fused.py) keeps each part's bits only when the stack and every
+part get the same S: ``fusion_keeps_bits`` is the op set's ``fusable`` check (q/k/v of Qwen3-4B then run as
+separate GEMMs in the engine, as they do in the trainer; gate/up stay fused). The partials cost
+S * M * N * 4 bytes written and read once: at decode a few MB against the weight's tens of MB; in training
+rows are launched in chunks of ``SPLIT_ROWS`` so the scratch stays bounded.
 """
 
 from __future__ import annotations
@@ -104,6 +116,35 @@ def precision_for(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float32 else None
 
 
+# Split-K: the SMs a decode GEMM should fill (H100 / H200), the fewest K blocks a split walks, the most splits.
+SPLIT_TARGET_PROGRAMS = 132
+MIN_K_BLOCKS_PER_SPLIT = 8
+MAX_SPLITS = 16
+# Rows per launch when S > 1 (bounds the fp32 partials' scratch: S * SPLIT_ROWS * N * 4 bytes).
+SPLIT_ROWS = 4096
+
+
+def split_count(k: int, n: int, cfg: GemmConfig) -> tuple[int, int]:
+    """(splits S, K blocks per split) for a [*, K] x [K, N] GEMM with tile config ``cfg``: a function of K and
+    N only. S = SPLIT_TARGET_PROGRAMS // (N tiles), capped so that a split walks >= MIN_K_BLOCKS_PER_SPLIT
+    blocks, then trimmed so no split is empty."""
+    n_tiles = triton.cdiv(n, cfg.block_n)
+    k_blocks = triton.cdiv(k, cfg.block_k)
+    want = min(SPLIT_TARGET_PROGRAMS // n_tiles, k_blocks // MIN_K_BLOCKS_PER_SPLIT, MAX_SPLITS)
+    if want <= 1:
+        return 1, k_blocks
+    per = triton.cdiv(k_blocks, want)
+    return triton.cdiv(k_blocks, per), per
+
+
+def fusion_keeps_bits(sizes, k: int, dtype: torch.dtype) -> bool:
+    """Whether one GEMM over weights stacked row-wise ([sum(sizes), k]) gives each part's columns bit for bit:
+    the same tiles and K blocks, so the same split count for the stack and every part."""
+    cfg = GEMM_CONFIG[dtype]
+    whole = split_count(k, sum(sizes), cfg)
+    return all(split_count(k, n, cfg) == whole for n in sizes)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _matmul_kernel(
     a_ptr,
@@ -112,18 +153,23 @@ def _matmul_kernel(
     M,
     N,
     K,
+    K_PER_SPLIT,
     stride_am,
     stride_ak,
     stride_bn,
     stride_bk,
     stride_cm,
     stride_cn,
+    stride_cs,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
+    """C tile (pid) over K blocks [split * K_PER_SPLIT, ...) (SPLIT: the fp32 partial to c_ptr's split
+    slice, else the whole K cast to c's dtype)."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -136,18 +182,42 @@ def _matmul_kernel(
     pid_n = (pid % num_pid_in_group) // group_size_m
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SPLIT:
+        split = tl.program_id(1)
+        k_lo = split * K_PER_SPLIT
+        k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+        c_ptr += split.to(tl.int64) * stride_cs
+    else:
+        k_lo = 0
+        k_hi = K
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_lo + offs_k[None, :]) * stride_ak
+    b_ptrs = b_ptr + (k_lo + offs_k[:, None]) * stride_bk + offs_n[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] + k0 < K), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] + k0 < K) & (offs_n[None, :] < N), other=0.0)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] + k0 < k_hi), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] + k0 < k_hi) & (offs_n[None, :] < N), other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit(do_not_specialize=["M"])
+def _splitk_combine_kernel(part_ptr, c_ptr, M, N, S, stride_ps, stride_cm, BLOCK: tl.constexpr):
+    """c[m, n] = sum of the S fp32 partials of (m, n) in split order 0, 1, ..., cast once."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M.to(tl.int64) * N
+    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
+    for s in range(1, S):
+        acc += tl.load(part_ptr + s * stride_ps + offs, mask=mask, other=0.0)
+    row = offs // N
+    col = offs % N
+    tl.store(c_ptr + row * stride_cm + col, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+COMBINE_BLOCK = 1024
 
 
 def matmul(x: torch.Tensor, weight: torch.Tensor, table=None) -> torch.Tensor:
@@ -161,11 +231,22 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, table=None) -> torch.Tensor:
         return out
     x = x.contiguous()
     cfg = config_for(x.dtype, m, table)
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    # The per-M table (a measurement mode) runs unsplit; the single config splits K by (K, N).
+    if table is not None or gemm_tiles() == "by_m":
+        splits, per = 1, triton.cdiv(k, cfg.block_k)
+    else:
+        splits, per = split_count(k, n, cfg)
     stages = _STAGES.get(cfg, cfg.num_stages)
     while True:
         try:
-            _launch(x, weight, out, m, n, k, cfg, grid, stages)
+            if splits == 1:
+                grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), 1)
+                _launch(x, weight, out, cfg, grid, stages, 1, per)
+            else:
+                for r0 in range(0, m, SPLIT_ROWS):  # rows are independent: chunks bound the scratch
+                    _split_launch(
+                        x[r0 : r0 + SPLIT_ROWS], weight, out[r0 : r0 + SPLIT_ROWS], cfg, stages, splits, per
+                    )
             return out
         except OutOfResources:
             # A GPU with less shared memory: pipeline fewer K blocks ahead. Same tiles, same K order,
@@ -180,25 +261,41 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, table=None) -> torch.Tensor:
 _STAGES: dict[GemmConfig, int] = {}
 
 
-def _launch(x, weight, out, m, n, k, cfg: GemmConfig, grid, stages: int) -> None:
+def _split_launch(x, weight, out, cfg: GemmConfig, stages: int, splits: int, per: int) -> None:
+    """S partial GEMMs into fp32 scratch [S, m, n], then the fixed-order combine into ``out``."""
+    m, k = x.shape
+    n = weight.shape[0]
+    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), splits)
+    _launch(x, weight, part, cfg, grid, stages, splits, per)
+    _splitk_combine_kernel[(triton.cdiv(m * n, COMBINE_BLOCK),)](
+        part, out, m, n, splits, part.stride(0), out.stride(0), BLOCK=COMBINE_BLOCK
+    )
+
+
+def _launch(x, weight, dest, cfg: GemmConfig, grid, stages: int, splits: int, per: int) -> None:
+    """The tile kernel over ``grid``; ``dest`` is the output [m, n] (S = 1) or the fp32 partials [S, m, n]."""
     _matmul_kernel[grid](
         x,
         weight,
-        out,
-        m,
-        n,
-        k,
+        dest,
+        x.shape[0],
+        weight.shape[0],
+        x.shape[1],
+        per * cfg.block_k,
         x.stride(0),
         x.stride(1),
         weight.stride(0),
         weight.stride(1),
-        out.stride(0),
-        out.stride(1),
+        dest.stride(-2),
+        dest.stride(-1),
+        dest.stride(0) if splits > 1 else 0,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         GROUP_M=8,
         PRECISION=precision_for(x.dtype),
+        SPLIT=splits > 1,
         num_warps=cfg.num_warps,
         num_stages=stages,
     )

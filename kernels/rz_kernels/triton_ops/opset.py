@@ -15,4 +15,5 @@ TRITON = OpSet(
     rope=rowwise.rope,
     silu_mul=rowwise.silu_mul,
     route=moe.route,
+    fusable=gemm.fusion_keeps_bits,  # split-K depends on N: a stack must split as its parts do
 )
