@@ -302,6 +302,9 @@ class Transformer(nn.Module):
                 p.fill_(1.0)
             else:  # biases too (random, not zero: a test model then shows a path that drops one)
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+        for name, b in self.named_buffers():  # DeepSeek's router correction bias (selection only)
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=gen, dtype=torch.float32) * std)
 
     def forward(
         self,
