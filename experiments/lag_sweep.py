@@ -158,6 +158,22 @@ ARMS: dict[str, list[str]] = {
         "rollout.lag_governor=true",
         *WIDE,
     ],
+    # The governed arm with each treatment of a finished group older than the governor's bound (issue 43):
+    # drop it (the governor runs above) or train it within max_lag, pacing admission and the learner.
+    "async_wide_governor64_drop": [
+        "rollout.max_lag=64",
+        "rollout.max_ahead_batches=null",
+        "rollout.lag_governor=true",
+        "rollout.stale_groups=drop",
+        *WIDE,
+    ],
+    "async_wide_governor64_pace": [
+        "rollout.max_lag=64",
+        "rollout.max_ahead_batches=null",
+        "rollout.lag_governor=true",
+        "rollout.stale_groups=pace",
+        *WIDE,
+    ],
     "async_wide_bound8": ["rollout.max_lag=8", "rollout.max_ahead_batches=null", *WIDE],
     "async_wide_ahead2": ["rollout.max_lag=64", "rollout.max_ahead_batches=2", *WIDE],
 }
@@ -267,6 +283,10 @@ def run_arm(args, task: str, arm: str, seed: int, warm: Path, out_dir: Path, tas
             "skipped_steps": run_summary["skipped_steps"],
             "max_lag_seen": run_summary["max_lag_seen"],
             "wall_s": run_summary["wall_s"],
+            "steps_per_s": run_summary.get("steps_per_s"),  # of the RL loop (rl_wall_s)
+            "rollout": run_summary.get("rollout"),
+            # mean tokens of finished vs trained episodes (issue 43: does dropping stale groups lose long ones?)
+            "episode_lengths": run_summary.get("episode_lengths"),
         },
     )
 

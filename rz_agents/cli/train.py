@@ -37,9 +37,6 @@ class RunConfig(TrainConfig):
     summary_window: int = 5  # steps averaged for reward_start / reward_end
     # Write the trained policy as an HF directory, run_dir/final_model (`rz eval --checkpoint` reads it).
     export_final_model: bool = True
-    # `rz eval CONFIG`'s settings (rz_agents.eval.math_config.MathEvalConfig), kept in the same file;
-    # training does not read them.
-    eval: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> RunPlan:
         """The run's checks (``TrainConfig.validate``, which returns the plan) plus warm start and report."""
@@ -107,6 +104,9 @@ class _ProgressWriter:
         self.inner.write(step, metrics)
         self.on_step(step, metrics)
 
+    def write_histograms(self, step: int, histograms: dict[str, Any]) -> None:
+        self.inner.write_histograms(step, histograms)
+
     def close(self) -> None:
         self.inner.close()
 
@@ -150,7 +150,11 @@ def build_summary(
         else None,
         "skipped_steps": run_summary.get("skipped_steps"),
         "rollout": run_summary.get("rollout"),
+        "steps_per_s": run_summary.get("steps_per_s"),
+        "episode_lengths": run_summary.get("episode_lengths"),
+        "staleness": run_summary.get("staleness"),
         "episodes": episode_counts(run_summary),
+        "eval": run_summary.get("eval"),  # the in-loop evaluations (eval.every), one entry each
         "health": health_summary(history),
     }
 

@@ -89,6 +89,10 @@ class MathEvalConfig:
             )
 
 
+# Keys of the eval section that only the training loop reads (rz_agents/eval/in_loop.py): rz eval ignores them.
+IN_LOOP_KEYS = ("every",)
+
+
 def load_eval_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> MathEvalConfig:
     """The ``eval:`` section of the YAML file at ``path`` (defaults when None), then ``overrides``.
 
@@ -104,6 +108,7 @@ def load_eval_config(path: str | Path | None, overrides: dict[str, Any] | None =
         data = doc.get("eval") or {}
         if not isinstance(data, dict):
             raise ConfigError(f"eval: expected a mapping, got {data!r}")
+    data = {k: v for k, v in data.items() if k not in IN_LOOP_KEYS}
     data = {**data, **{k: v for k, v in (overrides or {}).items() if v is not None}}
     config = from_dict(MathEvalConfig, data, "eval")
     config.validate()

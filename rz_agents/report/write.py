@@ -13,11 +13,17 @@ from pathlib import Path
 
 from rz_agents.report.inspector import write_inspector
 from rz_agents.report.tables import value_html
+from rz_agents.trainer.metrics import staleness_histogram
 
 _LAG_BUCKETS = [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 127), (128, 255)]
 
 PANELS: list[tuple[str, str, list[str]]] = [
     ("reward", "Reward (mean over the step's episodes)", ["reward_mean"]),
+    (
+        "eval",
+        "Held-out evaluation during training (eval.every): avg@k, pass@k, mean reward",
+        ["eval/avg_at_k", "eval/pass_at_k", "eval/mean_reward"],
+    ),
     ("lag", "Policy lag of trained tokens (learner steps)", ["lag_min", "lag_mean", "lag_max"]),
     (
         "is_weight",
@@ -50,6 +56,11 @@ PANELS: list[tuple[str, str, list[str]]] = [
         "ess_by_lag",
         "ESS/n of the IS weights per lag bucket",
         [f"is_weight_ess_fraction_lag_{lo}_{hi}" for lo, hi in _LAG_BUCKETS],
+    ),
+    (
+        "staleness",
+        "Staleness: mean lag per token, and of each trajectory's oldest token (per trajectory, token-weighted)",
+        ["lag_mean", "lag_oldest_mean", "lag_oldest_token_mean", "lag_oldest_max"],
     ),
     ("admission", "Lag governor: admission bound", ["rollout_admission_lag"]),
     ("throughput", "Trained tokens per second", ["trained_tokens_per_s", "learner_tokens_per_s"]),
@@ -129,6 +140,38 @@ def _plot_time_split(rows: list[dict], out: Path) -> bool:
     return True
 
 
+def _plot_staleness_hist(rows: list[dict], out: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hist = staleness_histogram(rows)
+    names = list(hist["token"])
+    if not names:
+        return False
+    n_traj = sum(hist["oldest_traj"].values()) or 1.0
+    fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=100)
+    xs = range(len(names))
+    ax.bar([x - 0.27 for x in xs], list(hist["token"].values()), width=0.27, label="tokens (by own lag)")
+    ax.bar(xs, list(hist["oldest_token"].values()), width=0.27, label="tokens (by trajectory's oldest lag)")
+    ax.bar(
+        [x + 0.27 for x in xs],
+        [v / n_traj for v in hist["oldest_traj"].values()],
+        width=0.27,
+        label="trajectories (by oldest lag)",
+    )
+    ax.set_xticks(list(xs), names)
+    ax.set_xlabel("lag (learner steps)")
+    ax.set_ylabel("share of the run")
+    ax.set_title("Staleness histogram over the run (trained batches)", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return True
+
+
 def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
     """Write <run_dir>/plots/*.png, <run_dir>/report.html and, when steps were recorded for it,
     <run_dir>/inspector.html; return the report's path."""
@@ -141,6 +184,8 @@ def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
         out = plots / f"{name}.png"
         if _plot_panel(rows, title, keys, out):
             images.append((title, out))
+    if _plot_staleness_hist(rows, plots / "staleness_hist.png"):
+        images.append(("Staleness histogram over the run", plots / "staleness_hist.png"))
     if _plot_time_split(rows, plots / "time_split.png"):
         images.append(("Step time split", plots / "time_split.png"))
     if summary is None and (run / "summary.json").is_file():

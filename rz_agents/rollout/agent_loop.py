@@ -22,7 +22,15 @@ class EpisodeError(RuntimeError):
     """An episode could not complete (engine error, env failure, bad observation); it is dropped."""
 
 
-class ReplicaLost(EpisodeError):
+class InfraFailure(EpisodeError):
+    """The episode was lost to infrastructure, not to the policy: its env worker, sandbox or desktop died,
+    or the env raised an exception the run names as infrastructure (``rollout.infra_exceptions``), or the
+    env said so (``info["infra_failure"]``, a reason string, from reset or step). The controller runs it
+    again (``rollout.max_episode_reruns``) and otherwise masks it: it is left out of its group (baseline and
+    loss) and counted (``rollout_infra_failed``), never scored."""
+
+
+class ReplicaLost(InfraFailure):
     """The engine replica or env worker serving the episode died (Ray runtime); the episode can be run
     again from its start (the controller does, up to ``rollout.max_episode_reruns`` times)."""
 
@@ -151,14 +159,18 @@ async def run_episode(
     sampling,
     limits: EpisodeLimits,
     executor: Executor | None = None,
+    infra_exceptions: Sequence[str] = (),
 ) -> Trajectory:
-    """Run one episode to its end and return its Trajectory; raises EpisodeError if it cannot complete.
+    """Run one episode to its end and return its Trajectory; raises EpisodeError if it cannot complete, and
+    InfraFailure (an EpisodeError) if infrastructure lost it.
 
     ``sampling`` is the engine's SamplingParams template: max_tokens, seed and stop_token_ids are set per turn.
+    ``infra_exceptions``: names of exception classes which, raised by env.reset or env.step (the class or a
+    base of it), mean the infrastructure failed (e.g. an env's own ``TimeoutError`` waiting for a desktop).
     """
     name = type(getattr(env, "unwrapped", env)).__name__
     reset_seed = spec.seed if spec.reset_seed is None else spec.reset_seed
-    messages, info = await _reset(env, name, reset_seed, spec.task, executor)
+    messages, info = await _reset(env, name, reset_seed, spec.task, executor, infra_exceptions)
     transcript = _Transcript.of_prompt(
         template.encode_prompt(tokenizer, messages, tools=info.get("tools") or None)
     )
@@ -182,7 +194,7 @@ async def run_episode(
         turns += 1
         text, ended_with_stop = _turn_text(tokenizer, completion.tokens, stops)
         role = "tool" if info.get("tools") else "user"
-        obs, reward, terminated, truncated = await _step(env, name, text, role, executor)
+        obs, reward, terminated, truncated = await _step(env, name, text, role, executor, infra_exceptions)
         total_reward += reward
         if terminated or truncated:
             finish = "terminated" if terminated else "truncated"
@@ -194,16 +206,34 @@ async def run_episode(
     return _trajectory(transcript, total_reward, spec, episode)
 
 
-async def _reset(env, name: str, seed: int, task, executor: Executor | None) -> tuple[list, dict]:
+def _env_failure(method: str, e: Exception, infra_exceptions: Sequence[str]) -> EpisodeError:
+    """The error for an exception an env call raised: InfraFailure when its class (or a base of it) is named
+    in ``infra_exceptions``, EpisodeError otherwise."""
+    names = {c.__name__ for c in type(e).__mro__}
+    kind = InfraFailure if names & set(infra_exceptions) else EpisodeError
+    return kind(f"{method} failed: {type(e).__name__}: {e}")
+
+
+def _check_infra(info: Any, method: str) -> None:
+    """InfraFailure when the env's info dict reports one (``info["infra_failure"]``: the reason)."""
+    reason = info.get("infra_failure") if isinstance(info, dict) else None
+    if reason:
+        raise InfraFailure(f"{method} reported an infrastructure failure: {reason}")
+
+
+async def _reset(
+    env, name: str, seed: int, task, executor: Executor | None, infra_exceptions: Sequence[str] = ()
+) -> tuple[list, dict]:
     """``env.reset`` for the episode: (its first messages, its info dict); EpisodeError when it fails or
-    returns something else."""
+    returns something else, InfraFailure when infrastructure failed it."""
     try:
         result = await call_env(executor, env.reset, seed=seed, options={"task": task})
-    except ReplicaLost:
+    except InfraFailure:
         raise
     except Exception as e:
-        raise EpisodeError(f"env.reset failed: {type(e).__name__}: {e}") from e
+        raise _env_failure("env.reset", e, infra_exceptions) from e
     obs, info = _returned(result, f"{name}.reset", "(observation, info)", 2)
+    _check_infra(info, f"{name}.reset")
     messages = _observation(obs, f"{name}.reset", "user")
     if not isinstance(info, dict):
         raise EpisodeError(f"{name}.reset returned info of type {type(info).__name__}; expected a dict")
@@ -211,19 +241,21 @@ async def _reset(env, name: str, seed: int, task, executor: Executor | None) -> 
 
 
 async def _step(
-    env, name: str, text: str, role: str, executor: Executor | None
+    env, name: str, text: str, role: str, executor: Executor | None, infra_exceptions: Sequence[str] = ()
 ) -> tuple[list, float, bool, bool]:
     """``env.step(text)``: (the observation as messages of ``role``, the reward as a float, terminated,
-    truncated); EpisodeError when it fails or returns something else."""
+    truncated); EpisodeError when it fails or returns something else, InfraFailure when infrastructure
+    failed it (then its reward is never used)."""
     try:
         result = await call_env(executor, env.step, text)
-    except ReplicaLost:
+    except InfraFailure:
         raise
     except Exception as e:
-        raise EpisodeError(f"env.step failed: {type(e).__name__}: {e}") from e
-    obs, reward, terminated, truncated, _ = _returned(
+        raise _env_failure("env.step", e, infra_exceptions) from e
+    obs, reward, terminated, truncated, info = _returned(
         result, f"{name}.step", "(observation, reward, terminated, truncated, info)", 5
     )
+    _check_infra(info, f"{name}.step")
     obs = _observation(obs, f"{name}.step", role)
     try:
         reward = float(reward)

@@ -26,12 +26,13 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, ReplicaLost, run_episode
+from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, InfraFailure, run_episode
 from rz_agents.rollout.group_ledger import STATE_FORMAT, Counters, GroupLedger
 from rz_agents.rollout.lag_policy import LagPolicy
 from rz_agents.rollout.task_source import TaskSource
@@ -55,15 +56,28 @@ class RolloutConfig:
     # Stop the run (RolloutFailure) after this many episodes in a row failed: a broken env or a prompt that
     # cannot fit is a configuration error, not bad luck. 0 disables the check.
     max_consecutive_failures: int = 256
-    # An episode whose engine replica or env worker died (Ray runtime) is run again from its start, same
-    # task, new sampling seed, up to this many times; then it is dropped. Both are counted.
+    # An episode lost to infrastructure (its engine replica or env worker died, its sandbox or desktop was
+    # gone, see InfraFailure) is run again from its start, same task, new sampling seed, up to this many
+    # times; then it is masked: left out of its group's baseline and the loss, counted (infra_failed), never
+    # scored. Both are counted (episodes_rerun, infra_failed).
     max_episode_reruns: int = 2
+    # Names of exception classes which, raised by env.reset / env.step (the class or a base of it), mean the
+    # infrastructure failed, not the policy: e.g. [TimeoutError] for an env whose own timeout waits on a
+    # desktop or a remote service. Any other env exception drops the episode as an env error.
+    infra_exceptions: list[str] = field(default_factory=list)
     # A group whose rewards are all equal has advantage 0: the learner leaves it out of its forward/backward
     # (counted per step: groups_skipped_uniform). With oversample: k > 0, up to k such groups per learner
     # step are dropped as they finish (groups_dropped_uniform) and replacements are started, so batches hold
     # groups that teach something; beyond k per step they are queued and skipped by the learner.
     skip_uniform_groups: bool = False
     oversample: int = 0
+    # What happens to a finished group older than the admission bound (the lag governor's, when it is below
+    # max_lag): "pace" trains it (its per-token IS weights carry the staleness) and keeps every trained token
+    # within max_lag by pacing: admission holds back new groups while the oldest one in flight would pass
+    # the admission bound, and the learner waits for a group in flight rather than train a step after which
+    # that group would be past max_lag. "drop" drops it (rollout_groups_dropped_stale): the behavior before
+    # issue 43, which biases training toward short episodes (long ones are the ones that age).
+    stale_groups: str = "pace"
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -72,6 +86,13 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_episode_reruns < 0:
             raise ValueError(f"rollout.max_episode_reruns must be >= 0, got {self.max_episode_reruns}")
+        for name in self.infra_exceptions:
+            if not (isinstance(name, str) and name.isidentifier()):
+                raise ValueError(
+                    f"rollout.infra_exceptions must list exception class names (e.g. TimeoutError), got {name!r}"
+                )
+        if self.stale_groups not in STALE_GROUPS:
+            raise ValueError(f"rollout.stale_groups must be one of {STALE_GROUPS}, got {self.stale_groups!r}")
         if self.oversample < 0:
             raise ValueError(f"rollout.oversample must be >= 0, got {self.oversample}")
         if self.oversample and not self.skip_uniform_groups:
@@ -87,9 +108,43 @@ class RolloutConfig:
             raise ValueError("rollout.limits.max_turns and max_tokens_per_turn must be >= 1")
 
 
+STALE_GROUPS = ("pace", "drop")
+
+
 def rerun_seed(seed: int, attempt: int) -> int:
     """The episode seed of the ``attempt``-th run of an episode (a new sample, still reproducible)."""
     return (seed * 1_000_003 + attempt * 999_983) % (2**62)
+
+
+@dataclass
+class EpisodeLengths:
+    """Tokens of the episodes that finished and of those the learner took, summed since the run (this process)
+    started: whether training keeps long episodes at their share (dropping stale groups loses them)."""
+
+    finished_episodes: int = 0
+    finished_tokens: int = 0
+    trained_episodes: int = 0
+    trained_tokens: int = 0
+
+    def finished(self, trajs: list[Trajectory]) -> None:
+        """Count the trajectories of a group that just finished."""
+        self.finished_episodes += len(trajs)
+        self.finished_tokens += sum(len(t.tokens) for t in trajs)
+
+    def trained(self, trajs: list[Trajectory]) -> None:
+        """Count the trajectories of a batch the learner took."""
+        self.trained_episodes += len(trajs)
+        self.trained_tokens += sum(len(t.tokens) for t in trajs)
+
+    def metrics(self) -> dict[str, float]:
+        """episode_tokens_mean_{finished,trained} (NaN before any) and their ratio trained / finished."""
+        fin = self.finished_tokens / self.finished_episodes if self.finished_episodes else math.nan
+        tr = self.trained_tokens / self.trained_episodes if self.trained_episodes else math.nan
+        return {
+            "episode_tokens_mean_finished": fin,
+            "episode_tokens_mean_trained": tr,
+            "episode_tokens_trained_over_finished": tr / fin if fin == fin and tr == tr and fin else math.nan,
+        }
 
 
 class RolloutFailure(RuntimeError):
@@ -142,6 +197,12 @@ class RolloutController:
         self.failure: RolloutFailure | None = None  # set when the run must stop; next_batch raises it
         self.first_error: str | None = None  # the run's first failed episode, for the summary
         self.admission_lag: int | None = None  # set by the runtime's lag governor (rollout.lag_governor)
+        # Pacing (rollout.stale_groups: pace): the learner's version as the loop last told it (next_batch,
+        # step_done), and for each group in flight the version it was admitted at, a lower bound of its
+        # oldest token's version (the engine samples with the weights published by then, or newer ones).
+        self.learner_version = 0
+        self._admitted_at: dict[int, int] = {}
+        self.episode_lengths = EpisodeLengths()  # tokens of finished and of trained episodes
 
     # ---- the ledger's figures, as callers read them -------------------------------------------------
     @property
@@ -168,16 +229,38 @@ class RolloutController:
         return self.lag.ahead_batches(self.admission_lag)  # admission_lag: the lag governor's bound
 
     @property
-    def train_bound(self) -> int:
-        """The oldest lag a trained token may have: max_lag, or the lag governor's bound when it is lower. A
-        group admitted under an earlier, larger bound that is now over it is dropped (``dropped_stale``), not
-        trained: with many episodes in flight the admitted pipeline is many batches deep, and training on it
-        would keep the stale data the governor reacted to coming for as many steps."""
+    def admission_bound(self) -> int:
+        """max_lag, or the lag governor's bound when it is lower."""
         return self.lag.bound if self.admission_lag is None else min(self.lag.bound, self.admission_lag)
 
+    @property
+    def pacing(self) -> bool:
+        """Whether stale groups are paced (trained within max_lag) rather than dropped: stale_groups: pace on a
+        bounded lag (sync and fixed-lag runs generate one batch at a time: nothing to pace)."""
+        return self.cfg.stale_groups == "pace" and self.lag.kind == "bounded"
+
+    @property
+    def train_bound(self) -> int:
+        """The oldest lag a trained token may have. Dropping (stale_groups: drop): the admission bound, so a
+        group admitted under an earlier, larger governor bound that is now over it is dropped
+        (``dropped_stale``): with many episodes in flight the admitted pipeline is many batches deep, and
+        training on it would keep the stale data the governor reacted to coming for as many steps. Pacing:
+        max_lag, which the learner's wait keeps every group within (``_must_wait``)."""
+        return self.lag.bound if self.pacing else self.admission_bound
+
     def may_start_group(self) -> bool:
-        """True while starting one more group keeps the lag bound (see the module docstring)."""
-        return self.ledger.live < (self.steps_done + self._ahead_batches()) * self.cfg.groups_per_batch
+        """True while starting one more group keeps the lag bound (see the module docstring); when pacing,
+        also while no group in flight would be past the admission bound after the next step."""
+        if self.ledger.live >= (self.steps_done + self._ahead_batches()) * self.cfg.groups_per_batch:
+            return False
+        return not (self.pacing and self._oldest_in_flight_lag(1) > self.admission_bound)
+
+    def _oldest_in_flight_lag(self, steps_ahead: int) -> int:
+        """The lag the oldest group in flight will have (at most) ``steps_ahead`` learner steps from now; -1
+        when none is in flight."""
+        if not self._admitted_at:
+            return -1
+        return self.learner_version + steps_ahead - min(self._admitted_at.values())
 
     def _wake(self) -> None:
         self._admission.set()
@@ -199,6 +282,7 @@ class RolloutController:
                     self._admission.clear()
                     await self._admission.wait()
                     continue
+                self._admitted_at[index] = self.learner_version
                 members = []
                 for m in range(self.cfg.group_size):
                     await self._slots.acquire()
@@ -233,6 +317,8 @@ class RolloutController:
             raise
         except (EpisodeError, Exception) as e:  # one bad episode never stops the run
             self.ledger.episodes_failed += 1
+            if isinstance(e, InfraFailure):  # masked: out of the group's baseline and the loss, not scored
+                self.ledger.infra_failed += 1
             where = f"group {spec.group_id}, member {spec.member}"
             first = self.first_error is None
             if first:
@@ -253,7 +339,8 @@ class RolloutController:
             self._slots.release()
 
     async def _run_with_reruns(self, spec: EpisodeSpec, env) -> Trajectory:
-        """run_episode; if its engine replica or env worker dies, run it again (same task, new seed).
+        """run_episode; if infrastructure loses it (InfraFailure: its engine replica or env worker died, its
+        sandbox was gone), run it again (same task, new seed).
 
         A lost run leaves nothing behind: a trajectory exists only once an episode has run to its end.
         """
@@ -268,8 +355,9 @@ class RolloutController:
                     self._request,
                     self.cfg.limits,
                     self._executor,
+                    self.cfg.infra_exceptions,
                 )
-            except ReplicaLost:
+            except InfraFailure:
                 if attempt >= self.cfg.max_episode_reruns:
                     self.ledger.episodes_lost += 1
                     raise
@@ -280,7 +368,11 @@ class RolloutController:
         results = await asyncio.gather(*members)
         if self._stopping:  # the run is ending: the group stays in flight (a resume runs it again), so the
             return  # accounting the last step logged is the final checkpoint's
+        # Members that failed (infrastructure included) are not in the group: its baseline is the mean over
+        # the members that ran to their end, and the loss has no row for the others.
         trajs = [t for t in results if t is not None]
+        self._admitted_at.pop(index, None)
+        self.episode_lengths.finished(trajs)
         if trajs and self._replace_uniform(trajs):
             self.ledger.drop_uniform(index)
             self._wake()  # admission starts a replacement
@@ -309,14 +401,29 @@ class RolloutController:
 
         if self.failure is not None:
             raise self.failure
+        self.learner_version = version
         groups = await self.queue.take(
-            self.cfg.groups_per_batch, version, self.train_bound, on_drop, check=self._check_not_deadlocked
+            self.cfg.groups_per_batch,
+            version,
+            self.train_bound,
+            on_drop,
+            check=self._check_not_deadlocked,
+            oldest_first=self.pacing,
+            wait=self._must_wait if self.pacing else None,
         )
         if self.failure is not None:
             raise self.failure
         self.ledger.take(groups)
+        self.episode_lengths.trained([t for g in groups for t in g.trajectories])
         # Group order (not completion order) fixes the summation order of the loss: reproducible steps.
         return [t for g in sorted(groups, key=lambda g: g.index) for t in g.trajectories]
+
+    def _must_wait(self) -> bool:
+        """Pacing: whether the learner must wait for a group in flight instead of training the batch it could
+        take now. That batch's step makes the version ``learner_version + 1``; a group still in flight is
+        trained at that version or later, so the step may run only while every group in flight stays within
+        max_lag of it. Once the oldest finishes, it is queued and taken first (oldest_first)."""
+        return self._oldest_in_flight_lag(1) > self.lag.bound
 
     def _check_not_deadlocked(self) -> None:
         """Raise RolloutDeadlock if the batch next_batch waits for can never be filled.
@@ -340,8 +447,11 @@ class RolloutController:
         """Send new weights to the engine (episodes in flight continue with them)."""
         self.engine.load_weights(weights, version)
 
-    def step_done(self) -> None:
-        """The learner finished a step (applied or skipped) on the oldest taken batch: admit the next groups."""
+    def step_done(self, version: int | None = None) -> None:
+        """The learner finished a step (applied or skipped) on the oldest taken batch: admit the next groups.
+        ``version``: the learner's version after it (pacing counts lags from it; None keeps the last one)."""
+        if version is not None:
+            self.learner_version = version
         self.ledger.step_done()
         self._wake()
         self.queue.notify()

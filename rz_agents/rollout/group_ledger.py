@@ -41,6 +41,7 @@ COUNTERS = (
     "episodes_failed",
     "episodes_rerun",
     "episodes_lost",
+    "infra_failed",
 )
 
 
@@ -68,6 +69,9 @@ class GroupLedger:
     episodes_failed: int = 0
     episodes_rerun: int = 0  # runs started again after their engine replica or env worker died
     episodes_lost: int = 0  # dropped after that happened more than max_episode_reruns times
+    # episodes masked as lost to infrastructure (InfraFailure after its reruns; episodes_lost among them):
+    # out of their group's baseline and the loss, never scored. Also counted in episodes_failed.
+    infra_failed: int = 0
     steps_done: int = 0  # finished learner steps
     in_flight: dict[int, Any] = field(default_factory=dict)  # group index -> its task
     # Groups in flight at the checkpoint this run resumed from: started again first (same index, task and

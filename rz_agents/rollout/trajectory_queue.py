@@ -63,19 +63,29 @@ class TrajectoryQueue:
         max_lag: int,
         on_drop: Callable[[list[Group]], None] | None = None,
         check: Callable[[], None] | None = None,
+        oldest_first: bool = False,
+        wait: Callable[[], bool] | None = None,
     ) -> list[Group]:
-        """Wait for ``n`` groups whose every token has lag <= max_lag at ``version``; oldest first.
+        """Wait for ``n`` groups whose every token has lag <= max_lag at ``version``; first finished first
+        (``oldest_first``: the groups with the oldest tokens first, finish order among equals).
 
         ``on_drop`` receives the groups dropped as stale. ``check`` runs before every wait and may raise
-        (the caller's way to say that no group can ever arrive). Returns [] if the queue is closed
-        (``wake``) while waiting.
+        (the caller's way to say that no group can ever arrive). ``wait``: while it returns True the take
+        waits even with ``n`` groups queued (pacing: a group still in flight must be in the next batch).
+        Returns [] if the queue is closed (``wake``) while waiting.
         """
         while not self.closed:
             dropped = self.drop_stale(version, max_lag)
             if dropped and on_drop is not None:
                 on_drop(dropped)
-            if len(self._groups) >= n:
-                return [self._groups.popleft() for _ in range(n)]
+            if len(self._groups) >= n and (wait is None or not wait()):
+                if not oldest_first:
+                    return [self._groups.popleft() for _ in range(n)]
+                order = sorted(range(len(self._groups)), key=lambda i: (self._groups[i].oldest_version(), i))
+                chosen = set(order[:n])
+                taken = [g for i, g in enumerate(self._groups) if i in chosen]
+                self._groups = deque(g for i, g in enumerate(self._groups) if i not in chosen)
+                return taken
             if check is not None:
                 check()
             self._changed.clear()

@@ -273,6 +273,10 @@ class TrainConfig:
     # on rollout_cpus, so that neither side takes the other's cores. None: no pinning.
     learner_cpus: list[int] | None = None
     rollout_cpus: list[int] | None = None
+    # Held-out evaluation: `rz eval CONFIG`'s settings (a math benchmark: MathEvalConfig's fields; or the
+    # run's env: tasks, k, temperature ...), and with `every: N` also run inside training every N learner
+    # steps on the run's engine, logged as eval/* (rz_agents/eval/in_loop.py, docs/training_loop.md).
+    eval: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> RunPlan:
         """Check every field and return what the config decides: the ``RunPlan`` (``runtime.plan.resolve``,
@@ -313,6 +317,7 @@ class TrainConfig:
                 f"engine.max_len ({self.engine.max_len})"
             )
         self.rollout.validate()
+        self._validate_eval()
         plan = resolve(self)  # raises on a conflict between a field and the one it must follow
         plan.learner.validate()
         plan.engine.validate()
@@ -327,6 +332,11 @@ class TrainConfig:
                 "needs older versions kept: use weight_transport: object_store"
             )
         return plan
+
+    def _validate_eval(self) -> None:
+        from rz_agents.eval.in_loop import plan_loop_eval
+
+        plan_loop_eval(self.eval, self)  # raises naming the bad eval.* field
 
     def _validate_env(self) -> None:
         from rz_agents.envs.resolve import check_env_kwargs, check_turn_limit, import_modules, resolve_env

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rz_agents.eval.in_loop import LoopEvaluator, plan_loop_eval
 from rz_agents.rollout.checkpoint_cut import InconsistentCheckpoint, check_consistent_cut, upgrade_state
 from rz_agents.rollout.controller import RolloutController
 from rz_agents.runtime.config import TrainConfig
@@ -31,6 +32,7 @@ from rz_agents.runtime.watchdog import Watchdog
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rz_agents.trainer.health import HealthMonitor
 from rz_agents.trainer.inspect import inspected_steps, write_step_record
+from rz_agents.trainer.metrics import staleness_histogram, staleness_metrics
 from rz_agents.trainer.metrics_log import MetricsWriter
 
 
@@ -62,6 +64,12 @@ class TrainLoop:
             self._resume(cfg.resume_from)
         self.health = HealthMonitor(self.history)  # rolling ESS/n and KL, the collapse alarm
         self.governor = controller.lag.governor_for(self.history)
+        eval_plan = plan_loop_eval(cfg.eval, cfg)
+        self.evaluator = (
+            LoopEvaluator(eval_plan, cfg, controller.engine, controller.template, controller.tokenizer)
+            if eval_plan is not None
+            else None
+        )
         if self.governor is not None:
             controller.admission_lag = self.governor.bound
         # The writer starts at the first step this run records: rows a killed run wrote after its last
@@ -72,6 +80,7 @@ class TrainLoop:
             else None
         )
         placement.load_engine_weights(*self.weights_to_publish())
+        controller.learner_version = placement.learner_version  # pacing counts lags from it
 
     def _resume(self, path: str) -> None:
         payload = load_checkpoint(path)
@@ -138,6 +147,7 @@ class TrainLoop:
             # before the step: the log-probs recorded are those the step's loss uses
             record = await placement.inspection_record(batch)
             write_step_record(Path(cfg.output_dir) / "inspect", step, record)
+        staleness, token_lags, oldest_lags = self._staleness(batch, placement.learner_version)
         metrics = await placement.learner_step(batch)
         if cfg.learner_step_delay_s:
             await asyncio.sleep(cfg.learner_step_delay_s)
@@ -153,26 +163,45 @@ class TrainLoop:
             time_step_s=time.perf_counter() - t0,
             **{f"rollout_{k}": v for k, v in self.controller.counters.items()},
             queue_groups=len(self.controller.queue),
+            **self.controller.episode_lengths.metrics(),
             **placement.engine_step_metrics(),
             rss_gb=rss_bytes() / 2**30,
             trained_tokens_per_s=metrics.get("learner_tokens", 0) / max(time.perf_counter() - t0, 1e-9),
         )
+        metrics.update(staleness)
         metrics.update(self.health.update(metrics))
         if self.governor is not None:
             bound = self.governor.update(
                 metrics.get("is_weight_ess_fraction"), metrics.get("kl_k3_behavior_to_learner")
             )
             self.controller.admission_lag = metrics["rollout_admission_lag"] = bound
+        if self.evaluator is not None and self.evaluator.due(self.steps_done + 1, cfg.steps):
+            # the weights this step published, evaluated while the learner waits (the rollouts go on)
+            t_eval = time.perf_counter()
+            metrics.update(await self.evaluator.evaluate())
+            metrics.update(
+                {"eval/version": placement.learner_version, "time_eval_s": time.perf_counter() - t_eval}
+            )
         # The step is counted (history, steps_done and controller) before it is logged or checkpointed: a
         # checkpoint whose steps_done lagged its history shrank the admission window on every resume until
         # nothing was admitted (issue 17).
         self.history.append(metrics)
         self.steps_done += 1
-        self.controller.step_done()
+        self.controller.step_done(placement.learner_version)
         if self.writer:
             self.writer.write(step, metrics)
+            histograms = getattr(self.writer, "write_histograms", None)  # a wrapping writer may not have it
+            if histograms is not None:
+                lags = {"staleness/token_lag": token_lags, "staleness/trajectory_oldest_lag": oldest_lags}
+                histograms(step, lags)
         if cfg.output_dir and cfg.checkpoint_every and self.steps_done % cfg.checkpoint_every == 0:
             self.checkpoint(Path(cfg.output_dir) / "checkpoint.pt")
+
+    def _staleness(self, batch: list, version: int) -> tuple[dict[str, float], list[int], list[int]]:
+        """The batch's token-weighted staleness at the learner's ``version`` (trainer.metrics.staleness_metrics):
+        its metrics, every sampled token's lag, every trajectory's oldest lag."""
+        lags = [[version - v for v, m in zip(t.versions, t.loss_mask, strict=True) if m] for t in batch]
+        return staleness_metrics(lags, self.controller.lag.bound)
 
     def _progress(self) -> tuple:
         """What the watchdog compares: engine work, episode events, learner steps."""
@@ -230,8 +259,18 @@ class TrainLoop:
             "steps_per_s": steps_run / wall_s if wall_s > 0 else 0.0,
             "reward_mean_per_step": rewards,
             "max_lag_seen": lag_max,
+            "staleness": staleness_histogram(h),  # per lag bucket, over the run (report.write)
+            # the in-loop evaluations (eval.every): after which step, and their eval/* figures
+            "eval": [
+                {"step": m["step"], **{k[5:]: v for k, v in m.items() if k.startswith("eval/")}}
+                for m in h
+                if "eval/wall_s" in m
+            ],
             "skipped_steps": self.placement.skipped_steps,
             "rollout": dict(self.controller.counters),
+            # mean tokens of finished vs trained episodes (this process): dropping stale groups trains short
+            # ones more often than they finish
+            "episode_lengths": self.controller.episode_lengths.metrics(),
             "first_episode_error": self.controller.first_error,
             "engine": self.placement.engine_summary(),
         }

@@ -97,6 +97,78 @@ def lag_histogram(lags: torch.Tensor, max_lag: int) -> dict[str, float]:
     return out
 
 
+def lag_buckets(max_lag: int) -> list[tuple[int, int]]:
+    """The lag buckets of ``lag_histogram``: (0, 0), (1, 1), (2, 3), (4, 7), ... with the last ending at max_lag."""
+    out, lo = [], 0
+    while lo <= max_lag:
+        hi = 0 if lo == 0 else min(2 * lo - 1, max_lag)
+        out.append((lo, hi))
+        lo = hi + 1
+    return out
+
+
+def staleness_metrics(
+    token_lags: Sequence[Sequence[int]], max_lag: int
+) -> tuple[dict[str, float], list[int], list[int]]:
+    """Token-weighted staleness of a trained batch, from each trajectory's sampled-token lags
+    (learner version - the version that sampled the token).
+
+    Returns (metrics, every token's lag, every trajectory's oldest lag). The metrics, per lag bucket of
+    ``lag_buckets`` (lags above max_lag, which the bound excludes, fall in no bucket):
+
+    lag_token_frac_<lo>_<hi>        share of the batch's sampled tokens with that lag
+    lag_oldest_traj_<lo>_<hi>       trajectories whose oldest sampled token has that lag
+    lag_oldest_token_frac_<lo>_<hi> share of the tokens that belong to those trajectories (token-weighted)
+    lag_oldest_mean / _max          mean / max over trajectories of the oldest token's lag
+    lag_oldest_token_mean           the same mean, each trajectory weighted by its sampled tokens
+    lag_sampled_tokens              the sampled tokens counted (to weigh steps when summing a run)
+    """
+    rows = [[int(x) for x in lags] for lags in token_lags if len(lags)]
+    flat = [x for lags in rows for x in lags]
+    oldest = [max(lags) for lags in rows]
+    out: dict[str, float] = {}
+    if not rows:
+        return out, flat, oldest
+    n_tok = len(flat)
+    sizes = [len(lags) for lags in rows]
+    for lo, hi in lag_buckets(max_lag):
+        out[f"lag_token_frac_{lo}_{hi}"] = sum(lo <= x <= hi for x in flat) / n_tok
+        inside = [i for i, o in enumerate(oldest) if lo <= o <= hi]
+        out[f"lag_oldest_traj_{lo}_{hi}"] = float(len(inside))
+        out[f"lag_oldest_token_frac_{lo}_{hi}"] = sum(sizes[i] for i in inside) / n_tok
+    out["lag_oldest_mean"] = sum(oldest) / len(oldest)
+    out["lag_oldest_max"] = float(max(oldest))
+    out["lag_oldest_token_mean"] = sum(o * n for o, n in zip(oldest, sizes, strict=True)) / n_tok
+    out["lag_sampled_tokens"] = float(n_tok)
+    return out, flat, oldest
+
+
+def staleness_histogram(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """The run's staleness histograms, summed over its steps: per lag bucket ("lo-hi"), the share of sampled
+    tokens with that lag (``token``), and the share of tokens in trajectories whose oldest token has that lag
+    (``oldest_token``) and the count of such trajectories (``oldest_traj``)."""
+    tokens = sum(float(r.get("lag_sampled_tokens", 0) or 0) for r in rows)
+    out: dict[str, dict[str, float]] = {"token": {}, "oldest_token": {}, "oldest_traj": {}}
+    buckets = sorted(
+        {
+            tuple(int(x) for x in k.rsplit("_", 2)[1:])
+            for r in rows
+            for k in r
+            if k.startswith("lag_oldest_traj_")
+        }
+    )
+    for lo, hi in buckets:
+        name = f"{lo}-{hi}" if hi != lo else str(lo)
+        for kind, key in (("token", "lag_token_frac"), ("oldest_token", "lag_oldest_token_frac")):
+            weighted = sum(
+                float(r.get(f"{key}_{lo}_{hi}", 0) or 0) * float(r.get("lag_sampled_tokens", 0) or 0)
+                for r in rows
+            )
+            out[kind][name] = weighted / tokens if tokens else 0.0
+        out["oldest_traj"][name] = sum(float(r.get(f"lag_oldest_traj_{lo}_{hi}", 0) or 0) for r in rows)
+    return out
+
+
 def ess_by_lag_bucket(log_w: torch.Tensor, lags: torch.Tensor, max_lag: int) -> dict[str, float]:
     """Kish ESS/n of the IS weights within each lag bucket of ``lag_histogram`` that has tokens, keys
     is_weight_ess_fraction_lag_<lo>_<hi>: which staleness the batch's effective sample size is lost to."""

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 def truncate_metrics(path: str | Path, start_step: int) -> int:
@@ -73,6 +76,15 @@ class MetricsWriter:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
+
+    def write_histograms(self, step: int, histograms: dict[str, Sequence[float]]) -> None:
+        """TensorBoard histograms of one step (name -> values, e.g. every trained token's lag); metrics.jsonl
+        holds their bucket counts, which the caller logs with ``write``."""
+        if self._tb is None:
+            return
+        for name, values in histograms.items():
+            if len(values):
+                self._tb.add_histogram(name, np.asarray(values, dtype=np.float64), step)
 
     def close(self) -> None:
         """Flush and close the files."""

@@ -57,9 +57,8 @@ def test_bad_governor_config_is_refused():
         TrainConfig(rollout=spec).validate()
 
 
-def test_async_run_logs_the_governed_bound_and_admits_under_it(tmp_path):
+def _governed_run(tmp_path, steps: int, stale_groups: str):
     # target_ess 0.999: every stale batch reads below it, so the bound falls from 8 to 1 and stays there.
-    steps = 10
     cfg = TrainConfig(
         mode="async",
         steps=steps,
@@ -75,12 +74,18 @@ def test_async_run_logs_the_governed_bound_and_admits_under_it(tmp_path):
             max_lag=8,
             lag_governor=True,
             lag_governor_target_ess=0.999,
+            stale_groups=stale_groups,
             limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=6, max_episode_tokens=200),
         ),
         learner=LearnerSpec(optim=OptimConfig(lr=3e-2)),
     )
     s = run_training(cfg)
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return s, [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_async_run_logs_the_governed_bound_and_admits_under_it(tmp_path):
+    steps = 10
+    s, rows = _governed_run(tmp_path, steps, "drop")
     bounds = [r["rollout_admission_lag"] for r in rows]
     assert len(bounds) == steps and bounds[-1] == 1 and all(1 <= b <= 8 for b in bounds)
     assert s["max_lag_seen"] <= 8
@@ -91,3 +96,17 @@ def test_async_run_logs_the_governed_bound_and_admits_under_it(tmp_path):
     # under the larger bound that went over it were dropped, not trained.
     assert all(now["lag_max"] <= before["rollout_admission_lag"] for before, now in pairwise(rows))
     assert s["rollout"]["groups_dropped_stale"] > 0
+
+
+def test_pacing_trains_the_groups_dropping_would_drop_and_keeps_every_token_within_max_lag(tmp_path):
+    """stale_groups: pace (the default): the same governed run drops no group as stale; the groups admitted
+    under the larger bound are trained (lag above the governor's bound, never above max_lag), and admission
+    still follows the governor's bound."""
+    steps = 10
+    s, rows = _governed_run(tmp_path, steps, "pace")
+    assert [r["rollout_admission_lag"] for r in rows][-1] == 1
+    assert s["rollout"]["groups_dropped_stale"] == 0
+    assert all(r["lag_max"] <= 8 and r["lag_oldest_max"] <= 8 for r in rows)  # the hard bound holds
+    assert any(now["lag_max"] > before["rollout_admission_lag"] for before, now in pairwise(rows))
+    assert s["rollout"]["groups_started"] < (steps + 8 + 1) * 2
+    assert rows[-1]["episode_tokens_mean_trained"] > 0 and rows[-1]["episode_tokens_mean_finished"] > 0

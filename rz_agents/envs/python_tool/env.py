@@ -19,7 +19,7 @@ from rz_agents.data.synthetic import arithmetic_task
 from rz_agents.envs.base import Message, MultiTurnTextEnv, ToolSpec
 from rz_agents.envs.python_tool.limits import SandboxLimits
 from rz_agents.envs.python_tool.pool import SandboxPool
-from rz_agents.envs.python_tool.sandbox import PythonSandbox, SandboxResult
+from rz_agents.envs.python_tool.sandbox import PythonSandbox, SandboxError, SandboxResult
 from rz_agents.envs.tool_calls import ToolCall, parse_tool_calls
 from rz_agents.rewards import MathVerifier, extract_boxed, math_reward
 
@@ -62,6 +62,15 @@ def format_tool_result(result: SandboxResult, max_chars: int = 4000) -> str:
     return text
 
 
+def _infra_failure(result: SandboxResult, timeouts_are_infra: bool) -> str | None:
+    """Why ``result`` is the infrastructure's failure rather than the policy's, or None when it is not."""
+    if result.lost:
+        return f"sandbox lost: {result.error}"
+    if timeouts_are_infra and result.timed_out:
+        return f"sandbox timeout (timeouts_are_infra): {result.error}"
+    return None
+
+
 class PythonToolEnv(MultiTurnTextEnv):
     """Solve a math/arithmetic task with a sandboxed Python tool.
 
@@ -79,6 +88,11 @@ class PythonToolEnv(MultiTurnTextEnv):
     ends a calling turn at its call, and a penalty (rather than cutting the turn there) keeps every
     sampled token in the trajectory and teaches the policy to stop by itself, whatever engine
     samples it later.
+    Infrastructure failures (docs/training_loop.md): a call that finds its sandbox already dead (killed
+    between calls: host OOM killer, preemption) ends the turn with ``info["infra_failure"]`` set, and the
+    rollout masks the episode out of its group instead of scoring it. ``timeouts_are_infra``: a call
+    that exceeds its wall time is reported the same way (default False: a timeout is the policy's code
+    running too long, an error the policy sees and is scored on).
     ``prewarm``: start the episode's sandbox at reset (it boots while the first turn is
     generated); False starts it at the first tool call, saving the start-up CPU for episodes
     that never call the tool.
@@ -104,6 +118,7 @@ class PythonToolEnv(MultiTurnTextEnv):
         allow_unsandboxed: bool = False,
         prewarm: bool = True,
         advertise_tools: bool = True,
+        timeouts_are_infra: bool = False,
     ) -> None:
         super().__init__(max_turns=max_turns)
         if prompt_style not in ("default", "compact"):
@@ -129,6 +144,7 @@ class PythonToolEnv(MultiTurnTextEnv):
         self.allow_unsandboxed = allow_unsandboxed
         self.prewarm = prewarm
         self.advertise_tools = advertise_tools
+        self.timeouts_are_infra = timeouts_are_infra
         self.tools = [PYTHON_TOOL]
         self.task: dict[str, Any] = {}
         self.sandbox: PythonSandbox | None = None
@@ -182,7 +198,8 @@ class PythonToolEnv(MultiTurnTextEnv):
             return self.sandbox.run(code)
         except Exception as exc:  # noqa: BLE001 - a broken sandbox fails this call, not the episode
             self._release_sandbox()
-            return SandboxResult(error=f"SandboxError: {exc}")
+            # a sandbox that cannot start is the infrastructure's failure, not the policy's
+            return SandboxResult(error=f"SandboxError: {exc}", lost=isinstance(exc, SandboxError))
 
     def _step(self, text: str) -> tuple[list[Message], float, bool, dict]:
         turn = parse_tool_calls(text, self.tools, code_blocks=self.code_blocks)
@@ -192,6 +209,9 @@ class PythonToolEnv(MultiTurnTextEnv):
             for item in turn.items[: self.max_calls_per_turn]:
                 if isinstance(item, ToolCall):
                     result = self._run_code(item.arguments["code"])
+                    infra = _infra_failure(result, self.timeouts_are_infra)
+                    if infra:  # the rollout masks the episode: no observation, no reward from here
+                        return [], 0.0, True, {"infra_failure": infra, "tool_calls": ran + 1}
                     ran += 1
                     errors += result.error is not None
                     content = format_tool_result(result)

@@ -290,6 +290,10 @@ class LocalWorker(Transport):
                 f"{self.session_memory_bytes >> 20} MiB, so it was killed"
             )
 
+    def has_exited(self) -> bool:
+        """Whether the worker process (bubblewrap, or the unsandboxed worker) has ended."""
+        return self.proc.poll() is not None
+
     def exit_description(self) -> str:
         """How the worker ended, for error messages (e.g. 'killed by SIGKILL')."""
         try:

@@ -27,6 +27,11 @@ class SandboxResult:
     timed_out: bool = False
     duration_s: float = 0.0  # host-side round trip
     restarted: bool = False  # the session died or was killed; variables are gone
+    # The session was already dead when the call was sent: nothing of the policy's was running (background
+    # threads end a call with a restart, processes it started are killed after each call), so the
+    # infrastructure lost it (host OOM killer, preemption, an operator). The env reports it as an
+    # infrastructure failure; a death while the code runs is the code's (its limits kill it the same way).
+    lost: bool = False
 
     @property
     def ok(self) -> bool:
@@ -153,7 +158,19 @@ class PythonSandbox:
             self.calls += 1
             start = time.monotonic()
             try:
+                if self._worker.has_exited():  # dead before the call: its pipe may still take the frame
+                    raise WorkerGone(self._worker.exit_description())
                 self._worker.send_frame({"code": code, "timeout_s": wall})
+            except WorkerGone as exc:
+                self._restart()
+                return SandboxResult(
+                    error=f"SandboxError: the Python session was gone before the call ({exc}); "
+                    "it was restarted and its variables are lost",
+                    duration_s=time.monotonic() - start,
+                    restarted=True,
+                    lost=True,
+                )
+            try:
                 reply = self._worker.recv_frame(start + wall + self.limits.grace_s)
             except DeadlineExceeded:
                 self._restart()

@@ -42,6 +42,10 @@ class Transport:
         """How the worker ended, for error messages."""
         return "exited"
 
+    def has_exited(self) -> bool:
+        """Whether the worker is known to have ended (False when the backend cannot tell without a call)."""
+        return False
+
     def stderr_tail(self, limit: int = 2000) -> str:
         """What the worker wrote to its stderr before redirecting it (startup errors)."""
         return ""
