@@ -20,7 +20,9 @@ from typing import Any
 from rz_agents.envs.osworld.cache import is_local_url, missing_inputs
 from rz_agents.envs.osworld.getters import GETTERS, UNAVAILABLE, getter_problem
 from rz_agents.envs.osworld.gsettings import gsettings_problem, schemas_in
+from rz_agents.envs.osworld.live_web import LIVE_WEB_TASKS
 from rz_agents.envs.osworld.metrics import METRICS, SPECIAL_METRICS, blocker, option_problem
+from rz_agents.envs.osworld.providers.wrappers import installed_packages
 from rz_agents.envs.osworld.setup_steps import STEPS
 from rz_agents.envs.osworld.task import Task, TaskFormatError, load_tasks
 from rz_agents.envs.osworld.terminal import terminal_problem
@@ -37,16 +39,32 @@ APP_BINARIES: dict[str, tuple[str, ...]] = {
     "msoffice_excel": ("excel",),
     "thunderbird": ("thunderbird",),
     "vlc": ("vlc",),
+    # The multi-app tasks' names: LibreOffice and the browser by other names; Ubuntu's PDF and image
+    # viewers (Document Viewer, Image Viewer), which files open in as on the VM (home_defaults.py);
+    # Ubuntu's "Videos" (Totem) where installed, else VLC, the video player the VM also has (the one
+    # task naming it opens a video to cut its subtitles, which Totem cannot do).
+    "calc": ("soffice", "libreoffice"),
+    "writer": ("soffice", "libreoffice"),
+    "libreoffice": ("soffice", "libreoffice"),
+    "browser": ("chromium", "chromium-browser", "google-chrome"),
+    "pdf": ("evince",),
+    "image": ("eog",),
+    "ubuntu_media_player": ("totem", "vlc"),
+    "picard": ("picard",),
 }
 VSCODE_APPS = ("vscode", "vs_code")  # the desktop's `code` runs code-server (vscode.py)
-NO_BINARY_APPS = ("os", "base_setup", "terminal")
+# No program of their own: the desktop itself (the multi-app tasks' snapshot is "multiapps").
+NO_BINARY_APPS = ("os", "base_setup", "terminal", "multiapps")
 
 SHELL_WORDS = {
     "cd", "echo", "export", "[", "[[", "if", "then", "else", "elif", "fi", "for", "do", "done", "while",
     "test", "true", "false", "set", "source", ".", "exit", "read", "printf", "case", "esac", "local",
     "return", "{", "}", "!", "sudo", "exec", "eval", "unset", "shift", "wait", "kill", "time",
 }  # fmt: skip
-GNOME_ONLY = {"nautilus", "gnome-shell", "gnome-screenshot"}  # no stand-in without GNOME Shell
+GNOME_SHELL = {"gnome-shell"}  # no stand-in: openbox is the window manager
+# GNOME's own applications run on any X desktop with a session bus, when installed.
+GNOME_APPS = {"nautilus": "nautilus", "gnome-screenshot": "gnome-screenshot"}
+APT_INSTALL = re.compile(r"\bapt(?:-get)?\s+((?:-\S+\s+)*)install\b((?:\s+[^\s;&|]+)*)")
 GSETTINGS_COMMANDS = {"gsettings", "dconf"}  # work on the desktop's own session bus (gsettings.py)
 TERMINAL_HOTKEY = re.compile(r"""hotkey\(\s*['"]ctrl['"]\s*,\s*['"]alt['"]\s*,\s*['"]t['"]""")
 URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+")
@@ -93,9 +111,24 @@ def _command_heads(command: Any) -> list[str]:
     return heads
 
 
-def _check_command(command: Any, add: Any, wrapped: set[str]) -> None:
+def _apt_packages(text: str) -> list[str] | None:
+    """The packages an ``apt``/``apt-get install`` in ``text`` names; None when there is none."""
+    found = APT_INSTALL.findall(text)
+    if not found:
+        return None
+    return [w for _opts, words in found for w in words.split() if not w.startswith("-")]
+
+
+def _check_command(command: Any, add: Any, wrapped: set[str], setup: bool = False) -> None:
+    """``setup``: a task's own setup step, whose ``apt-get install`` of packages installed here
+    succeeds on the desktop as on the VM (``providers/wrappers.py``)."""
     text = _command_text(command)
-    if re.search(r"\b(apt-get|apt|pip3?|snap)\s+(-\S+\s+)*install\b", text):
+    apt = _apt_packages(text) if setup else None
+    if apt is not None and not re.search(r"\b(pip3?|snap)\s+(-\S+\s+)*install\b", text):
+        missing = [p for p in apt if re.split(r"[=:]", p)[0] not in installed_packages()]
+        if missing:
+            add("needs internet (package install)", f"{' '.join(missing)} (not installed here): {text[:120]}")
+    elif re.search(r"\b(apt-get|apt|pip3?|snap)\s+(-\S+\s+)*install\b", text):
         add("needs internet (package install)", text[:120])
     for ext in re.findall(r"--install-extension[\s=]+(\S+)", text):
         if not ext.lower().endswith(".vsix"):
@@ -109,8 +142,12 @@ def _check_command(command: Any, add: Any, wrapped: set[str]) -> None:
             add("needs internet (web page)", url)
     for head in _command_heads(command):
         name = head.rsplit("/", 1)[-1]
-        if name in GNOME_ONLY:
+        if name in GNOME_SHELL:
             add("needs GNOME desktop", name)
+        elif name in GNOME_APPS and not shutil.which(name):
+            add("needs GNOME desktop", f"{name} (not installed: apt-get install {GNOME_APPS[name]})")
+        elif name in ("apt", "apt-get") and setup:
+            continue  # the desktop's apt wrapper (checked above)
         elif name in GSETTINGS_COMMANDS:
             problem = gsettings_problem(schemas_in(text)) or (
                 None if shutil.which(name) else f"{name} is not installed (apt-get install dconf-cli)"
@@ -154,6 +191,8 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
     ev = task.evaluator
     if not ev.funcs:
         add("no evaluator defined", "the task's evaluator is empty or a placeholder")
+    if task.id in LIVE_WEB_TASKS:
+        add("needs internet (the instruction's web pages)", LIVE_WEB_TASKS[task.id])
     for app in [*task.related_apps, task.snapshot]:
         key = app.lower()
         if key in NO_BINARY_APPS or not key:
@@ -182,7 +221,7 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
                 if not is_local_url(str(url)):
                     add("needs internet (web page)", str(url))
         elif step.type in ("execute", "command", "launch"):
-            _check_command(p.get("command"), add, wrapped)
+            _check_command(p.get("command"), add, wrapped, setup=True)
     if not assume_cached:
         for item in missing_inputs(task, download_cache):
             add("needs internet download", item.url[:120])

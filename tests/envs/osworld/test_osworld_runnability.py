@@ -16,7 +16,8 @@ from osworld_cli_helper import rz_osworld
 from rz_agents.envs.osworld import LOCAL_TASKS
 from rz_agents.envs.osworld.cache import download_paths
 from rz_agents.envs.osworld.gsettings import gsettings_problem
-from rz_agents.envs.osworld.runnability import check_task, validate_dir
+from rz_agents.envs.osworld.live_web import LIVE_WEB_TASKS
+from rz_agents.envs.osworld.runnability import APP_BINARIES, check_task, validate_dir
 from rz_agents.envs.osworld.session import atspi_problem
 from rz_agents.envs.osworld.task import parse_task
 from rz_agents.envs.osworld.terminal import terminal_problem
@@ -153,16 +154,19 @@ def test_gsettings_commands_count_only_with_dconf_and_their_schema(monkeypatch):
     assert [c for c, _ in check_task(wallpaper, "/x").reasons] == ["getter unavailable here"]
 
 
-def test_commands_missing_here_and_gnome_only_commands():
-    task = _task(
-        result={
-            "type": "vm_command_line",
-            "command": "nautilus ~; surely-not-a-command-xyz --x",
-            "shell": True,
-        }
-    )
-    cats = _categories(task)
+def test_commands_missing_here_and_gnome_only_commands(monkeypatch):
+    def cmd(text):
+        return _task(result={"type": "vm_command_line", "command": text, "shell": True})
+
+    cats = _categories(cmd("gnome-shell --replace; surely-not-a-command-xyz --x"))
     assert "needs GNOME desktop" in cats and "command not installed" in cats
+    # GNOME's own apps run on this desktop when installed; without them the reason names the package.
+    _without(monkeypatch, "nautilus")
+    reasons = check_task(cmd("nautilus ~"), "/x").reasons
+    assert reasons == [("needs GNOME desktop", "nautilus (not installed: apt-get install nautilus)")]
+    monkeypatch.undo()
+    if shutil.which("nautilus"):
+        assert check_task(cmd("nautilus ~"), "/x").runnable
     ok = _task(
         result={"type": "vm_command_line", "command": "[ -d ~/x ] && echo yes 2>&1 || echo no", "shell": True}
     )
@@ -256,3 +260,49 @@ def test_vscode_tasks_count_with_code_server_and_without_a_marketplace_download(
     _without(monkeypatch, "code-server")
     reasons = check_task(local, "/x", assume_cached=True).reasons
     assert reasons[0][0] == "app not installed" and "install code-server" in reasons[0][1]
+
+
+def test_multi_app_names_map_to_installed_apps(monkeypatch):
+    """The multi-app tasks' related_apps names (any case) need the program standing for each."""
+    for app, program in (("pdf", "evince"), ("image", "eog"), ("Writer", "soffice"), ("calc", "soffice"),
+                         ("browser", "chromium"), ("Chrome", "chromium")):  # fmt: skip
+        task = _task(apps=(app,))
+        if shutil.which(program):
+            assert check_task(task, "/x").runnable, app
+        _without(monkeypatch, *APP_BINARIES[app.lower()])
+        assert check_task(task, "/x").reasons == [("app not installed", app)], app
+        monkeypatch.undo()
+    assert check_task(_task(apps=("multiapps", "OS", "terminal")), "/x").runnable
+    assert check_task(_task(apps=("no-such-app",)), "/x").reasons == [("app not installed", "no-such-app")]
+
+
+def test_setup_package_installs_count_when_installed_here(monkeypatch):
+    """A setup's apt-get install succeeds on the desktop (its apt wrapper) for packages the host has;
+    any other package, a pip install, or an install the evaluator runs needs the internet."""
+    import rz_agents.envs.osworld.runnability as runnability
+
+    monkeypatch.setattr(runnability, "installed_packages", lambda: ("unzip", "xsel"))
+
+    def setup(command):
+        return _task(config=[{"type": "execute", "parameters": {"command": command, "shell": True}}])
+
+    ok = "echo password | sudo -S apt-get update -y && echo password | sudo -S apt-get install unzip -y && unzip a"
+    assert check_task(setup(ok), "/x").runnable
+    assert check_task(setup("sudo apt install xsel && xsel -bc"), "/x").runnable
+    reasons = check_task(setup("sudo apt-get install -y sysstat unzip"), "/x").reasons
+    assert [c for c, _ in reasons] == ["needs internet (package install)"]
+    assert reasons[0][1].startswith("sysstat (not installed here)")
+    assert _categories(setup("sudo pip install pysrt")) == ["needs internet (package install)"]
+    scored = _task(result={"type": "vm_command_line", "command": "apt-get install unzip", "shell": True})
+    assert "needs internet (package install)" in _categories(scored)
+
+
+def test_tasks_whose_instruction_needs_the_web_name_it():
+    task_id = next(iter(LIVE_WEB_TASKS))
+    raw = {"id": task_id, "instruction": "i", "snapshot": "os", "related_apps": ["os"],
+           "evaluator": {"func": "exact_match", "result": RULE, "expected": RULE}}  # fmt: skip
+    assert check_task(parse_task(raw), "/x").reasons == [
+        ("needs internet (the instruction's web pages)", LIVE_WEB_TASKS[task_id])
+    ]
+    official = Path(__file__).parents[3] / "rz_agents/envs/osworld/official/examples/multi_apps"
+    assert all((official / f"{i}.json").is_file() for i in LIVE_WEB_TASKS)  # ids of packaged tasks

@@ -5,6 +5,10 @@ widget down) on first start, and ask "Keep current format?" when a task's postco
 saved and a correct episode would score 0. The entries go into LibreOffice's user registry, which
 LibreOffice keeps and extends (metrics that read it, e.g. the autosave interval, still see the
 agent's changes).
+
+File types open as on Ubuntu's GNOME (the VM): PDFs in Document Viewer (evince), images in Image
+Viewer (eog), where installed. Without a choice, ``xdg-open`` (the tasks' ``open`` step) takes
+the first handler it finds, here GIMP for both.
 """
 
 from __future__ import annotations
@@ -21,8 +25,32 @@ _ITEMS = (
 )
 
 
+MIMEAPPS = ".config/mimeapps.list"
+APPLICATIONS_DIR = "/usr/share/applications"
+# Ubuntu 22.04's defaults.list entries for the types the tasks open (desktop file per MIME type).
+UBUNTU_DEFAULTS = {
+    "application/pdf": "org.gnome.Evince.desktop",
+    **{f"image/{t}": "org.gnome.eog.desktop" for t in ("jpeg", "png", "gif", "bmp", "webp", "tiff")},
+}
+
+
+def default_handlers(applications_dir: str = APPLICATIONS_DIR) -> dict[str, str]:
+    """Ubuntu's default handler per MIME type, for the handlers installed here."""
+    return {
+        mime: desktop
+        for mime, desktop in UBUNTU_DEFAULTS.items()
+        if os.path.exists(os.path.join(applications_dir, desktop))
+    }
+
+
 def write_home_defaults(home: str) -> None:
     """Write the default settings into the episode's home folder (its ``/home/user``)."""
+    handlers = default_handlers()
+    if handlers:
+        os.makedirs(os.path.join(home, ".config"), exist_ok=True)
+        lines = "".join(f"{mime}={desktop}\n" for mime, desktop in handlers.items())
+        with open(os.path.join(home, MIMEAPPS), "w") as f:
+            f.write(f"[Default Applications]\n{lines}")
     path = os.path.join(home, LIBREOFFICE_REGISTRY)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     items = "".join(

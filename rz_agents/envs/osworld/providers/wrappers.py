@@ -5,13 +5,20 @@
   still runs ``cmd`` (what needs root then fails, as on a read-only system);
 - ``vlc``: VLC with the HTTP interface OSWorld's VM configures (``127.0.0.1:8080``, password
   ``password``), which the ``vlc_playing_info`` getter reads from inside the desktop, and without
-  the first-run privacy dialog (answered on OSWorld's VM).
+  the first-run privacy dialog (answered on OSWorld's VM);
+- ``apt``/``apt-get``: the desktop has no network and a read-only system. Tasks' setups install
+  what their scoring needs (``sudo apt-get install -y unzip && unzip ...``); on the VM that
+  succeeds, so here ``update`` succeeds and ``install`` succeeds when every package named is
+  installed on the host (the list is written next to the wrapper), and fails with apt's status
+  100 naming the missing ones otherwise, as an offline apt would.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from functools import lru_cache
 
 VLC_HTTP_ARGS = (
     "--extraintf",
@@ -49,3 +56,41 @@ def write_vlc_wrapper(bin_dir: str) -> str | None:
         return None
     args = " ".join((*VLC_HTTP_ARGS, *VLC_QUIET_ARGS))
     return _write_script(os.path.join(bin_dir, "vlc"), f'exec "{vlc}" {args} "$@"\n')
+
+
+@lru_cache(maxsize=1)
+def installed_packages() -> tuple[str, ...]:
+    """The Debian packages installed on this host (empty where there is no dpkg)."""
+    if shutil.which("dpkg-query") is None:
+        return ()
+    out = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Package} ${db:Status-Status}\\n"], capture_output=True, text=True
+    ).stdout
+    return tuple(sorted(line.split()[0] for line in out.splitlines() if line.endswith(" installed")))
+
+
+APT_SCRIPT = """list="$(dirname "$0")/.installed-packages"
+cmd=""; pkgs=""
+for a in "$@"; do
+  case "$a" in -*) ;; *) if [ -z "$cmd" ]; then cmd="$a"; else pkgs="$pkgs $a"; fi ;; esac
+done
+case "$cmd" in
+  update) echo "Reading package lists... Done"; exit 0 ;;
+  install)
+    missing=""
+    for p in $pkgs; do grep -qxF "${p%%[=:]*}" "$list" || missing="$missing $p"; done
+    if [ -z "$missing" ]; then
+      for p in $pkgs; do echo "$p is already the newest version."; done
+      exit 0
+    fi
+    echo "E: Unable to locate package$missing (no network on this desktop)" >&2; exit 100 ;;
+  *) echo "E: '$cmd' is not available on this desktop (no network, read-only system)" >&2; exit 100 ;;
+esac
+"""
+
+
+def write_apt_wrappers(bin_dir: str) -> list[str]:
+    """``apt`` and ``apt-get`` that succeed for packages installed on the host (see the module doc)."""
+    with open(os.path.join(bin_dir, ".installed-packages"), "w") as f:
+        f.write("".join(f"{p}\n" for p in installed_packages()))
+    return [_write_script(os.path.join(bin_dir, name), APT_SCRIPT) for name in ("apt", "apt-get")]
