@@ -31,9 +31,9 @@ from rz_agents.warmstart.episodes import EpisodeFileError
 class RunConfig(TrainConfig):
     """A `rz train` YAML file: the training run (TrainConfig fields) plus warm start and report."""
 
-    description: str = ""
+    description: str = ""  # one line shown by rz train --list-configs
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    report: bool = True
+    report: bool = True  # write report.html and inspector.html at the end of the run
     summary_window: int = 5  # steps averaged for reward_start / reward_end
     # Write the trained policy as an HF directory, run_dir/final_model (`rz eval --checkpoint` reads it).
     export_final_model: bool = True

@@ -56,9 +56,9 @@ class EpisodeSpec:
 class EpisodeLimits:
     """Per-episode bounds. max_episode_tokens must stay below the engine's max_len."""
 
-    max_turns: int = 4
-    max_tokens_per_turn: int = 256
-    max_episode_tokens: int = 2048
+    max_turns: int = 4  # policy turns per episode; the episode is truncated after the last
+    max_tokens_per_turn: int = 256  # tokens the policy may sample in one turn
+    max_episode_tokens: int = 2048  # prompt + every turn and observation: the episode is truncated past it
 
 
 def turn_seed(episode_seed: int, turn: int) -> int:

@@ -70,7 +70,7 @@ class RolloutConfig:
     # step are dropped as they finish (groups_dropped_uniform) and replacements are started, so batches hold
     # groups that teach something; beyond k per step they are queued and skipped by the learner.
     skip_uniform_groups: bool = False
-    oversample: int = 0
+    oversample: int = 0  # k: uniform-reward groups replaced per learner step (needs skip_uniform_groups)
     # What happens to a finished group older than the admission bound (the lag governor's, when it is below
     # max_lag): "pace" trains it (its per-token IS weights carry the staleness) and keeps every trained token
     # within max_lag by pacing: admission holds back new groups while the oldest one in flight would pass

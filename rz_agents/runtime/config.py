@@ -30,15 +30,18 @@ class ModelSpec:
     """
 
     checkpoint: str | None = None
+    # architecture of a random tiny model (llama | qwen3 | qwen3_moe); a checkpoint's config.json decides otherwise
     model_type: str = "qwen3"
     # The op set of engine and learner alike: "aligned" (bit-identical log-probs) or "standard" (stock
     # PyTorch ops, the negative control). Nothing else selects it.
     kernels: str = "aligned"
+    # float32 | bfloat16: parameters, KV cache and activations of engine and learner alike
     dtype: str = "float32"
     # cpu | cuda | cuda:N: where model, engine (KV cache, sampler) and learner run; on CUDA the aligned
     # op set is the Triton kernels
     device: str = "cpu"
-    init_seed: int = 0
+    init_seed: int = 0  # seed of a random tiny model's initial weights
+    # ModelConfig fields of the random tiny model (hidden_size, num_layers, ...)
     tiny_overrides: dict[str, Any] = field(default_factory=dict)
     # Recompute activations in the learner's backward (memory linear in sequence length; forward
     # values unchanged). For long trajectories (16K tokens and more).
@@ -248,17 +251,20 @@ class TrainConfig:
         )
     )
     learner: LearnerSpec = field(default_factory=LearnerSpec)
-    mode: str = "async"
-    steps: int = 10
+    mode: str = "async"  # async (rollouts run ahead of the learner within the lag bound) or sync (lag-0 only)
+    steps: int = 10  # learner steps to train
+    # the run's seed: tasks, episode sampling seeds, model init unless model.init_seed says otherwise
     seed: int = 0
     # torch threads of engine and learner alike (alignment needs the same count); the one thread setting of a
     # run (engine.num_threads follows it). Unset: torch's default, or with runtime: ray what engines and
     # learner ranks both reserve (min of placement.cpus_per_engine and cpus_per_learner_rank).
     num_threads: int | None = None
+    # the run directory (metrics, checkpoints, report); rz train sets it from --run-dir
     output_dir: str | None = None
     checkpoint_every: int = 0  # steps; 0: only at the end (when output_dir is set)
+    # a checkpoint.pt to continue from (rz train --resume DIR sets it to DIR/checkpoint.pt)
     resume_from: str | None = None
-    tensorboard: bool = False
+    tensorboard: bool = False  # write TensorBoard events under output_dir/tb
     # learner steps whose batches are recorded token by token for the trajectory inspector (run_dir/inspect,
     # inspector.html); negative counts from the end. Each costs one forward pass without gradient.
     inspect_steps: list[int] = field(default_factory=lambda: [0, -1])
@@ -272,6 +278,7 @@ class TrainConfig:
     # CPU pinning (Linux): the learner process on learner_cpus, the engine, env threads and env subprocesses
     # on rollout_cpus, so that neither side takes the other's cores. None: no pinning.
     learner_cpus: list[int] | None = None
+    # CPUs of the engine and env side when learner_process pins (see learner_cpus)
     rollout_cpus: list[int] | None = None
     # Held-out evaluation: `rz eval CONFIG`'s settings (a math benchmark: MathEvalConfig's fields; or the
     # run's env: tasks, k, temperature ...), and with `every: N` also run inside training every N learner

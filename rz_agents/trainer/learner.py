@@ -299,13 +299,13 @@ class Learner:
         self.model.train()
         self.master_weights.zero_grads()
         t_fwd = t_bwd = 0.0
-        plan = micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens)
-        aux = self._estimator_aux(trajs, masks, behavior, plan)
+        mbs = micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens)
+        aux = self._estimator_aux(trajs, masks, behavior, mbs)
         device = next(self.model.parameters()).device
-        ex = StepExchange([len(t.tokens) for t in trajs], device, num_losses=len(plan), with_counters=True)
-        for j in self.ranks.share(len(plan)):
+        ex = StepExchange([len(t.tokens) for t in trajs], device, num_losses=len(mbs), with_counters=True)
+        for j in self.ranks.share(len(mbs)):
             t0 = time.perf_counter()
-            mb = plan[j] if j is not None else []
+            mb = mbs[j] if j is not None else []
             loss, mb_logps, n_gated = self._micro_batch_loss(kept, mb, aux)
             t1 = time.perf_counter()
             for i, lp in zip(mb, mb_logps, strict=True):
@@ -318,7 +318,7 @@ class Learner:
             self.master_weights.accumulate()
             t_fwd += t1 - t0
             t_bwd += time.perf_counter() - t1
-        if not plan:  # every group skipped: zero gradients, so AdamW still steps as it would on the batch
+        if not mbs:  # every group skipped: zero gradients, so AdamW still steps as it would on the batch
             self.master_weights.zero_sums()
         ex.exchange(self.ranks.reduce_sum)  # the step's one exchange and one host copy
         return _Scored(ex.all_logps(), ex.loss(), ex.nonfinite == 0, ex.gated, t_fwd, t_bwd)
@@ -359,7 +359,7 @@ class Learner:
         trajs: list[Trajectory],
         masks: list[torch.Tensor],
         behavior: list[torch.Tensor],
-        plan: list[list[int]],
+        mbs: list[list[int]],
     ) -> list[torch.Tensor | None]:
         """Per sequence, what the estimator needs beyond its own tokens: the proximal log-probs
         (decoupled_ppo: one no-grad forward under the snapshot, none when proximal_every is 1) or a statistic of
@@ -373,20 +373,20 @@ class Learner:
                 else:
                     self.proximal.load_state_dict(self.model.state_dict())
                 self.proximal_version = self.version
-            return self._score(self.proximal, trajs, plan)
+            return self._score(self.proximal, trajs, mbs)
         if est.prepare is not None:
-            return est.prepare(self._score(self.model, trajs, plan), behavior, masks, cfg.loss)
+            return est.prepare(self._score(self.model, trajs, mbs), behavior, masks, cfg.loss)
         return [None] * len(trajs)
 
     @torch.no_grad()
     def _score(
-        self, model: torch.nn.Module, trajs: list[Trajectory], plan: list[list[int]]
+        self, model: torch.nn.Module, trajs: list[Trajectory], mbs: list[list[int]]
     ) -> list[torch.Tensor]:
         """Detached log-probs of tokens[1:] of every trajectory under ``model`` (this rank's micro-batches,
         then exchanged; an idle rank runs the same dummy pass as in the backward loop)."""
         ex = StepExchange([len(t.tokens) for t in trajs], next(model.parameters()).device)
-        for j in self.ranks.share(len(plan)):
-            mb = plan[j] if j is not None else []
+        for j in self.ranks.share(len(mbs)):
+            mb = mbs[j] if j is not None else []
             if not mb:
                 idle_pass(model)
                 continue

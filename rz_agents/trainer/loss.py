@@ -78,7 +78,9 @@ class LossConfig:
     restoring term beta * (log w)^2 / 2 added to any estimator (0: off).
     """
 
+    # the loss: reinforce_zero or a comparison estimator (formulas in this file)
     estimator: str = "reinforce_zero"
+    # token: the loss sums over sampled tokens / their count; sequence: per-sequence means
     normalization: str = "token"
     gate_ratio: float = 2.0
     truncation_cap: float = 2.0

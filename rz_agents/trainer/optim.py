@@ -14,15 +14,15 @@ SCHEDULES = ("constant", "linear", "cosine")
 class OptimConfig:
     """AdamW hyper-parameters, gradient clipping and the LR schedule (warmup then constant/linear/cosine)."""
 
-    lr: float = 1e-5
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
+    lr: float = 1e-5  # AdamW learning rate (after warmup)
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
+    eps: float = 1e-8  # AdamW epsilon
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
     max_grad_norm: float = 1.0  # <= 0 disables clipping (the norm is still computed for the guard)
-    schedule: str = "constant"
-    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | linear | cosine decay after the warmup
+    warmup_steps: int = 0  # steps of linear warmup from 0 to lr
     total_steps: int = 0  # needed by linear/cosine decay
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: float = 0.0  # linear/cosine decay ends at lr * min_lr_ratio
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""

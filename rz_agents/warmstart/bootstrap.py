@@ -25,16 +25,16 @@ from rz_agents.warmstart.demos import Demonstration
 class BootstrapConfig:
     """``warm_start.bootstrap``: ``rounds: 0`` disables it."""
 
-    rounds: int = 0
+    rounds: int = 0  # rounds of sample -> keep the rewarded -> SFT (0: off)
     tasks_per_round: int = 32  # tasks drawn (without repeats inside a round) from env.tasks per round
-    samples_per_task: int = 4
+    samples_per_task: int = 4  # episodes sampled per task and round
     threshold: float = 1.0  # keep an episode when its reward >= threshold
     # A few-shot prompt (worked examples) used while sampling, not in what is trained on. Put in front of
     # the env's system message, or as a system message of its own.
     system_prompt: str | None = None
     epochs: int = 2  # SFT epochs per round over the kept episodes
     lr: float | None = None  # null: warm_start.lr
-    temperature: float = 1.0
+    temperature: float = 1.0  # sampling temperature of the bootstrap's episodes
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""

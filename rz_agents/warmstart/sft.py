@@ -33,23 +33,23 @@ class WarmStartConfig:
          base models often do. RL then has to learn when the tool pays.
     """
 
-    episodes: str | None = None
+    episodes: str | None = None  # a JSON Lines file of episodes to train on first (warmstart/episodes.py)
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     demos: int = 0
     prior_demos: int = 0
     task: str = "arithmetic"  # demonstrations' tasks: "arithmetic" ("Compute 37*48+12.") or "word_problems"
     tool_fraction: float = 0.2
-    difficulty: int = 1
-    epochs: int = 3
-    batch_size: int = 32
+    difficulty: int = 1  # operands / steps of the synthetic demonstrations' problems
+    epochs: int = 3  # epochs over demos (format phase) and over the episodes file
+    batch_size: int = 32  # episodes per SFT optimizer step
     # token budget of one packed forward/backward (gradients accumulate over a batch's micro-batches);
     # null: the whole batch at once. Bounds the activation memory of long demonstrations.
     micro_batch_tokens: int | None = None
-    lr: float = 3e-3
-    prior_lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 20
-    seed: int = 0
+    lr: float = 3e-3  # learning rate of the format phase and of episodes
+    prior_lr: float = 1e-3  # learning rate of the prior phase (demos)
+    weight_decay: float = 0.0  # AdamW weight decay of the SFT
+    warmup_steps: int = 20  # linear warmup steps of the SFT
+    seed: int = 0  # seed of the demonstrations and the SFT's shuffling
     # op set of the SFT: null keeps the run's kernels; "standard" is faster (RL still uses the run's)
     kernels: str | None = None
     # torch threads of the SFT (it runs before RL, alone): null keeps the run's num_threads
