@@ -4,7 +4,10 @@
 the one captured here: the same code over the same static buffers, so what the CPU tests prove about
 it (padding changes no bit of the real rows, no read-back to the host) holds for the replay.
 
-Per bucket, on first use: the buffers are filled with padding rows (all on the scratch page, so the
+One graph per (batch bucket, position bound), on first use: the bound is the step's highest position rounded
+up by ``DecodeStep.graph_max_position`` (a power-of-two number of 512-key attention splits, at most
+``static_max_position``), so the attention's decode grid follows the batch's real longest context, not
+max_len, from a few graphs per bucket. Per graph, on first use: the buffers are filled with padding rows (all on the scratch page, so the
 warm-up writes no real sequence's K/V), the step runs twice on a side stream (Triton JIT, lazily made
 device tables such as RoPE's, allocator warm-up; the first run under the host-read recorder,
 rz_agents.engine.host_reads, so a step that would sync is refused with its location instead of
@@ -71,7 +74,7 @@ class DecodeGraphs:
             raise ValueError(f"CUDA graphs need the KV cache on a CUDA device, got {step.cache.device}")
         self.step = step
         self.device = step.cache.device
-        self._graphs: dict[int, _Graph] = {}
+        self._graphs: dict[tuple[int, int], _Graph] = {}  # (bucket, position bound) -> graph
         self._pool = None
         self._weights = weight_addresses(step.model)
         self._kernels = getattr(step.model, "kernels", None)  # a graph replays the op set it captured
@@ -81,7 +84,12 @@ class DecodeGraphs:
 
     @property
     def captured(self) -> list[int]:
-        """Buckets with a captured graph, ascending."""
+        """Buckets with a captured graph (at any position bound), ascending."""
+        return sorted({bucket for bucket, _ in self._graphs})
+
+    @property
+    def captured_keys(self) -> list[tuple[int, int]]:
+        """(bucket, position bound) of every captured graph, ascending."""
         return sorted(self._graphs)
 
     def check_weights(self) -> bool:
@@ -97,14 +105,20 @@ class DecodeGraphs:
         return False
 
     @torch.inference_mode()
-    def capture(self, bucket: int) -> None:
-        """Capture the bucket's graph (a no-op if captured). Raises what the capture raised."""
-        if bucket in self._graphs:
-            return
+    def capture(self, bucket: int, max_position: int | None = None) -> None:
+        """Capture the graph of ``bucket`` at the position bound ``max_position`` (one of
+        ``step.graph_bounds()``; default the largest); a no-op if captured. Raises what the capture raised."""
         step = self.step
+        max_position = step.static_max_position if max_position is None else max_position
+        if max_position not in step.graph_bounds():
+            raise ValueError(
+                f"a graph's position bound must be one of {step.graph_bounds()}, got {max_position}"
+            )
+        key = (bucket, max_position)
+        if key in self._graphs:
+            return
         buf = step.buffers(bucket)
         step.fill_padding(buf)
-        max_position = step.static_max_position
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -116,13 +130,15 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             output = step.forward(buf, max_position, [0] * bucket)
-        self._graphs[bucket] = _Graph(graph, output)
+        self._graphs[key] = _Graph(graph, output)
         self.captures += 1
 
     def capture_all(self) -> None:
-        """Capture every bucket now, largest first (the pool then serves the smaller ones)."""
+        """Capture every bucket at every position bound now, largest first (the pool then serves the
+        smaller ones)."""
         for bucket in reversed(self.step.buckets):
-            self.capture(bucket)
+            for bound in reversed(self.step.graph_bounds()):
+                self.capture(bucket, bound)
 
     @torch.inference_mode()
     def run(
@@ -136,18 +152,21 @@ class DecodeGraphs:
         if kernels != self._kernels:  # set_kernels since the captures: they replay the old op set
             self._graphs.clear()
             self._kernels = kernels
+        if not tokens or max(positions) > self.step.static_max_position:
+            return self.step.run(tokens, positions, page_tables)  # (raises the step's clear error)
         bucket = self.step.bucket(len(tokens))
-        if bucket not in self._graphs:
+        bound = self.step.graph_max_position(max(positions))
+        if (bucket, bound) not in self._graphs:
             try:
-                self.capture(bucket)
+                self.capture(bucket, bound)
             except Exception as e:  # noqa: BLE001 - any capture failure: eager decode, same bits
-                self.disabled_reason = f"capture of bucket {bucket} failed: {e!r}"
+                self.disabled_reason = f"capture of bucket {bucket} (positions <= {bound}) failed: {e!r}"
                 log.warning("CUDA graphs off for this engine (decode runs eagerly): %s", self.disabled_reason)
                 self._graphs.clear()
                 torch.cuda.synchronize(self.device)
                 return self.step.run(tokens, positions, page_tables)
         self.step.fill(tokens, positions, page_tables)  # one pinned upload, ordered before the replay
-        got = self._graphs[bucket]
+        got = self._graphs[(bucket, bound)]
         got.graph.replay()
         self.replays += 1
         return got.output[: len(tokens)]

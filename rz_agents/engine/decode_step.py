@@ -27,6 +27,11 @@ import torch
 
 from rz_agents.model.kv_cache import PAGE_SIZE, KVCache
 
+# Graph bounds on the highest position are multiples of this many positions: the Triton attention's split-KV
+# split (SPLIT_BLOCKS x BLOCK_N = 512 keys, rz_kernels.triton_ops.attention; a kernels test checks they agree),
+# so a bound's decode grid has exactly a power-of-two number of splits.
+GRAPH_POSITION_QUANTUM = 512
+
 
 def decode_buckets(max_batch: int) -> list[int]:
     """Batch sizes a decode step is padded to: 1, 2, 4, then multiples of 8, and max_batch itself."""
@@ -90,9 +95,31 @@ class DecodeStep:
         self.buckets = decode_buckets(max_batch)
         self._buffers: dict[int, StepBuffers] = {}
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) or width * PAGE_SIZE
-        # Every position a step may feed is <= this (checked on the host): the bound a captured graph
-        # is built with, so no position-dependent host value is baked into it.
+        # Every position a step may feed is <= this (checked on the host): the largest bound a captured graph
+        # is built with (see graph_max_position).
         self.static_max_position = min(width * PAGE_SIZE, limit) - 1
+
+    def graph_bounds(self) -> list[int]:
+        """Every bound a CUDA graph of this step is captured with: (2^k x 512) - 1 positions, k = 0, 1, ...,
+        then ``static_max_position``."""
+        bounds, splits = [], 1
+        while splits * GRAPH_POSITION_QUANTUM - 1 < self.static_max_position:
+            bounds.append(splits * GRAPH_POSITION_QUANTUM - 1)
+            splits *= 2
+        return bounds + [self.static_max_position]
+
+    def graph_max_position(self, top: int) -> int:
+        """The bound a CUDA graph replaying a step whose highest position is ``top`` (host-known) is captured
+        with: the smallest of ``graph_bounds`` >= top. The attention's decode grid (one program per token,
+        kv head and 512-key split up to the bound) then covers the batch's longest context rounded up to a
+        power-of-two number of splits (at most 2x its real splits, never the whole max_len), from a handful
+        of graphs per batch bucket. Any bound >= top gives the same bits (programs past a token's last split
+        exit; the combine folds only the token's own splits)."""
+        if top > self.static_max_position:
+            raise ValueError(
+                f"position {top} exceeds the decode step's {self.static_max_position + 1} positions"
+            )
+        return next(b for b in self.graph_bounds() if b >= top)
 
     def bucket(self, n: int) -> int:
         """The smallest bucket holding n rows."""
@@ -196,7 +223,7 @@ class DecodeStep:
 
         This is the step CUDA graphs capture: it reads only ``buf``'s device tensors, the weights and
         the cache, and calls nothing that reads a device value back. ``max_position`` bounds every
-        position in ``buf`` (the real one when eager, ``static_max_position`` under a graph);
+        position in ``buf`` (the real one when eager, ``graph_max_position`` of it under a graph);
         ``positions`` (host, one per row of the bucket) marks the forward as a decode step, so the
         attention plan needs no read-back: the CPU plan groups rows by them, the Triton and SDPA plans
         use only the device positions (a replay feeds other positions than the capture saw).

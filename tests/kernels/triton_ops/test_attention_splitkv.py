@@ -111,8 +111,9 @@ def test_decode_equals_prefill_chunked_and_trainer_across_split_boundaries(dtype
 
 
 def test_a_decode_grid_sized_for_the_capacity_gives_the_same_bits():
-    # Under a CUDA graph the split bound is the cache's capacity, not the step's highest position:
-    # programs past a token's last split exit, and the bits do not move.
+    # Under a CUDA graph the split bound is the step's highest position rounded up to a power-of-two number
+    # of splits (DecodeStep.graph_max_position; before issue 37 the capacity): programs past a token's last
+    # split exit, and the bits do not move.
     q, k, v, seq, pos = _packed(torch.float32, lengths=(SPLIT + 20, 30))
     kp, vp, table = _paged(k, v)
     rows = [(0, SPLIT + 19), (1, 29)]
@@ -215,3 +216,15 @@ def test_group_sizes_decode_in_the_prefill_tile_across_a_split(heads, rows):
         plan = ta.plan_attention(seq[:1], pos[p : p + 1], heads, 1, decode_positions=[p])
         assert plan.block_m == rows == ta.tile_rows(heads, 1)
         assert torch.equal(ta.attention(q[p : p + 1], k, v, plan, 0.25)[0], chunk[p - lo]), p
+
+
+def test_the_engine_rounds_graph_bounds_to_whole_attention_splits():
+    from rz_agents.engine.decode_step import GRAPH_POSITION_QUANTUM
+
+    assert GRAPH_POSITION_QUANTUM == SPLIT  # a graph bound of 2^k splits has exactly 2^k splits in the grid
+    rows = [(0, SPLIT + 19)]
+    seq, pos = torch.tensor([0]), torch.tensor([SPLIT + 19])
+    plan = ta.plan_attention(
+        seq, pos, HEADS, KV_HEADS, max_position=2 * SPLIT - 1, decode_positions=[rows[0][1]]
+    )
+    assert plan.decode_splits == 2
