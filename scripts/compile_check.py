@@ -40,13 +40,17 @@ os.environ.pop("TRITON_INTERPRET", None)  # the recorder needs @triton.jit funct
 H200_SMS = 132
 
 
-def _record(models: list[str], subset: str | None, log) -> list:
+def _record(models: list[str], subset: str | None, log) -> tuple[list, dict[str, dict]]:
+    """The launches of each recipe, and each recipe's model config fields (for the roofline)."""
+    import dataclasses
+
     from rz_agents.compile_check.workloads import RECIPES, recipe_shapes, record_recipe
 
-    launches = []
+    launches, fields = [], {}
     for name in models:
         t0 = time.perf_counter()
         shapes = recipe_shapes(RECIPES[name], ROOT)
+        fields[name] = dataclasses.asdict(shapes.model)
         if subset == "ci":  # the 4B decode and train shapes: buckets up to 128, the two contexts, no prefill
             got = record_recipe(shapes, buckets=[1, 16, 48, 128], contexts=(2048, 8192), prefill=False)
         else:
@@ -54,7 +58,7 @@ def _record(models: list[str], subset: str | None, log) -> list:
         log(f"recorded {name}: {len(got)} launches, {len({x.key() for x in got})} distinct "
             f"({time.perf_counter() - t0:.1f} s)")  # fmt: skip
         launches.extend(got)
-    return launches
+    return launches, fields
 
 
 def _grids(launches: list) -> dict[str, list[dict]]:
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     caps = [cc.TARGETS[t] for t in targets]
     cache = Path(args.cache) if args.cache else cc.DEFAULT_CACHE
 
-    launches = _record(models, args.subset, log)
+    launches, model_fields = _record(models, args.subset, log)
     t_recorded = time.perf_counter()
     distinct: dict[str, dict] = {}
     for x in launches:
@@ -147,13 +151,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{t}: {v['compiled']} compiled, {v['failed']} failed, {v['over_shared_limit']} over smem, "
             f"{v['with_spills']} spilling" for t, v in per_target.items()))  # fmt: skip
     grids = _grids(launches)
+    tags_by_key: dict[str, set] = defaultdict(set)
+    for x in launches:
+        tags_by_key[x.key()].add(f"{x.tags.get('model')}:{x.tags.get('side')}:{x.tags.get('phase')}")
     for key, launch in distinct.items():
-        tags = [x.tags for x in launches if x.key() == key]
         entry = {
             "kernel": launch["kernel"].rsplit(".", 1)[-1],
             "constexprs": launch["constexprs"], "num_warps": launch["num_warps"],
             "num_stages": launch["num_stages"], "signature": launch["signature"], "attrs": launch["attrs"],
-            "used_by": sorted({f"{t.get('model')}:{t.get('side')}:{t.get('phase')}" for t in tags}),
+            "used_by": sorted(tags_by_key[key]),
             "results": {
                 f"triton-{v}/{t}": {k2: r[(key, cap)].get(k2) for k2 in (
                     "ok", "error", "registers", "spill_stores", "spill_loads", "shared", "over_shared_limit",
@@ -178,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from rz_kernels.compile_check.cost_model import report_predictions
 
-        report["predicted"] = report_predictions(launches)
+        report["predicted"] = report_predictions(launches, model_fields)
     except ImportError:
         pass
     report["seconds"] = {
@@ -212,9 +218,15 @@ def _summary(report: dict, log) -> None:
     pred = report.get("predicted")
     if pred:
         for row in pred.get("decode", []):
+            if row["batch"] not in (1, 16, 48, 128) or "roofline_ms" not in row:
+                continue
             log(f"predicted {row['model']} decode b{row['batch']} ctx {row['context']}: {row['step_ms']:.2f} ms "
                 f"({row['tokens_per_s']:.0f} tok/s), roofline {row['roofline_ms']:.2f} ms, "
                 f"fraction {row['fraction_of_roofline']:.2f}")  # fmt: skip
+        for row in pred.get("train", []):
+            log(f"predicted {row['model']} train micro-batch of {row['tokens']} tokens: {row['micro_batch_ms']:.1f} ms "
+                f"({row['tokens_per_s']:.0f} tok/s; Triton {row['triton_ms']:.1f} ms + cuBLAS backward "
+                f"{row['cublas_backward_gemm_ms']:.1f} ms)")  # fmt: skip
     log(f"ok={report['ok']} in {report['seconds']['total']} s")
 
 

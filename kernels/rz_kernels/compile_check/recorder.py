@@ -19,6 +19,7 @@ Inside ``record_launches()``:
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -49,21 +50,13 @@ class Launch:
     args: dict[str, Any] = field(default_factory=dict)  # int/float values and tensor shapes, for cost models
 
     def key(self) -> str:
-        """What distinguishes one binary from another (the grid and tags do not)."""
-        import json
-
-        return json.dumps(
-            [
-                self.kernel,
-                self.source,
-                self.signature,
-                self.constexprs,
-                self.attrs,
-                self.num_warps,
-                self.num_stages,
-            ],
-            sort_keys=True,
-        )
+        """What distinguishes one binary from another (the grid and tags do not); computed once."""
+        cached = self.__dict__.get("_key")
+        if cached is None:
+            fields = [self.kernel, self.source, self.signature, self.constexprs, self.attrs, self.num_warps,
+                      self.num_stages]  # fmt: skip
+            cached = self.__dict__["_key"] = json.dumps(fields, sort_keys=True)
+        return cached
 
     def to_json(self) -> dict:
         return {

@@ -92,3 +92,27 @@ def test_a_stack_is_fusable_only_when_it_splits_as_its_parts(small_splits):
     # Qwen3-4B at full size: q/k/v split differently (not fused), gate/up alike (fused)
     assert not gemm.fusion_keeps_bits((4096, 1024, 1024), 2560, torch.bfloat16)
     assert gemm.fusion_keeps_bits((9728, 9728), 2560, torch.bfloat16)
+
+
+def test_engine_cached_inference_equals_the_training_forward_with_split_k_in_every_gemm(small_splits, monkeypatch):
+    # The model through the Triton op set with K split in its GEMMs (tiny shapes: 2-3 K blocks per GEMM);
+    # the engine's paths (prefill, chunked, decode) and the trainer's forward agree bit for bit.
+    from rz_agents.model import ModelConfig, Transformer
+    from rz_agents.model.alignment import check_model
+
+    splits = []
+    real = gemm._split_launch
+
+    def spy(x, weight, out, cfg, stages, s, per):
+        splits.append(s)
+        return real(x, weight, out, cfg, stages, s, per)
+
+    monkeypatch.setattr(gemm, "_split_launch", spy)
+    cfg = ModelConfig.tiny("qwen3", dtype="float32", vocab_size=120, hidden_size=64, intermediate_size=96,
+                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    model = Transformer(cfg, kernels="triton")
+    model.reset_parameters(std=0.1, seed=0)
+    report = check_model(model, seed=0, batch_sizes=(2,), max_len=8)
+    assert splits and max(splits) >= 2
+    assert report.tokens_checked > 10
+    assert report.bit_identical, report.failures
