@@ -166,6 +166,7 @@ def _layer_activation_bytes(c: ModelConfig, tokens: int, moe: bool) -> int:
     if moe:
         rows = tokens * c.num_experts_per_tok
         mlp = rows * e * (h + 3 * c.moe_intermediate_size) + rows * h * 4 + tokens * c.num_experts * 4
+        mlp += tokens * e * 3 * c.n_shared_experts * c.moe_intermediate_size  # DeepSeek's shared experts
     else:
         mlp = tokens * e * (h + 3 * c.intermediate_size)
     return attn + mlp

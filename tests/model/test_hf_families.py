@@ -148,3 +148,17 @@ def test_deepseek_config_fields_survive_to_hf_and_back():
         ModelConfig.tiny("deepseek_v3", topk_group=4)
     with pytest.raises(ValueError, match="scoring_func"):
         ModelConfig.from_hf({**cfg.to_hf(), "scoring_func": "softmax"})
+
+
+def test_deepseek_chat_format_is_refused_with_a_clear_error():
+    from types import SimpleNamespace
+
+    from rz_agents.model.chat_template import QWEN25_CHAT_TEMPLATE, template_for
+
+    r1_distill = "{{bos_token}}{% for m in messages %}<\uff5cUser\uff5c>{{m.content}}{% endfor %}<\uff5cAssistant\uff5c><think>\n"
+    with pytest.raises(ValueError, match="DeepSeek"):
+        template_for(SimpleNamespace(chat_template=r1_distill))
+    qwen25 = (
+        "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}"
+    )
+    assert template_for(SimpleNamespace(chat_template=qwen25)) is QWEN25_CHAT_TEMPLATE
