@@ -22,6 +22,7 @@ import torch
 from rz_agents.engine.config import EngineConfig
 from rz_agents.engine.pages import PagePool
 from rz_agents.engine.params import Completion, SamplingParams
+from rz_agents.engine.pause import PauseGate, PauseMode
 from rz_agents.engine.runner import ModelRunner
 from rz_agents.engine.sampler import HostTokens, sample_on_device
 from rz_agents.engine.scheduler import Scheduler
@@ -99,6 +100,7 @@ class RZEngine:
         self._futures: dict[Sequence, asyncio.Future] = {}
         self._incoming: deque[Sequence] = deque()  # new requests, handed to the scheduler by the step
         self._loop_task: asyncio.Task | None = None
+        self.pause_gate = PauseGate()  # the RL control API's pause / resume (engine/pause.py)
         self.counters = {
             "steps": 0,
             "forward_s": 0.0,
@@ -124,17 +126,23 @@ class RZEngine:
         return self._version
 
     async def generate(
-        self, prompt: list[int] | torch.Tensor, params: SamplingParams | None = None
+        self,
+        prompt: list[int] | torch.Tensor,
+        params: SamplingParams | None = None,
+        on_start: Callable[[Sequence], None] | None = None,
     ) -> Completion:
         """Generate a completion of ``prompt`` (token ids); raises ValueError for bad input.
 
         Failures inside the engine do not raise: the Completion then has finish_reason "error" and
-        says why in ``error``. Cancelling the awaiting task frees the sequence's pages.
+        says why in ``error``. Cancelling the awaiting task frees the sequence's pages. ``on_start``
+        receives the queued Sequence (read-only: a streaming server reads its ``output`` as it grows).
         """
         params = params or SamplingParams()
         prompt = self._check_request(prompt, params)
         loop = asyncio.get_running_loop()
         seq = Sequence(prompt, params)
+        if on_start is not None:
+            on_start(seq)
         fut = loop.create_future()
         self._futures[seq] = fut
         self._incoming.append(seq)  # deque.append is atomic: safe while a step runs in a worker thread
@@ -160,6 +168,31 @@ class RZEngine:
             self._version = int(version)
             self.scheduler.on_weights_updated(recompute=self.config.kv_on_update == "recompute")
             self.counters["weight_updates"] += 1
+
+    async def pause_generation(self, mode: PauseMode = "abort") -> None:
+        """Pause between steps for a weight update; ``mode`` says what happens to the requests in flight
+        (engine/pause.py: "abort" finishes them now with their partial output, "wait" lets them finish,
+        "keep" freezes them until ``resume_generation``). New requests wait until then."""
+        self.pause_gate.close(mode)
+        with self._lock:  # a step running in a worker thread ends first
+            if mode == "abort":
+                self._take_incoming()
+                for seq in (*self.scheduler.waiting, *self.scheduler.running):
+                    seq.cancelled = True
+                done = self._sweep_cancelled()
+            else:
+                done = []
+        self._resolve(done)
+        await self.pause_gate.drained(lambda: self.scheduler.has_work)
+
+    def resume_generation(self) -> None:
+        """Resume after ``pause_generation``: frozen and queued requests continue."""
+        self.pause_gate.open()
+
+    @property
+    def is_paused(self) -> bool:
+        """True while generation is paused (for mode "wait": once the running requests finished)."""
+        return self.pause_gate.paused
 
     def stats(self) -> dict[str, float | int]:
         """Queue, memory and throughput counters."""
@@ -241,6 +274,7 @@ class RZEngine:
     async def _run(self) -> None:
         try:
             while self._incoming or self.scheduler.has_work:
+                await self.pause_gate.before_step(self.scheduler.has_work)
                 if self.config.step_in_thread:
                     finished = await asyncio.to_thread(self.step)
                 else:
@@ -301,7 +335,8 @@ class RZEngine:
     def _step(self) -> list[Sequence]:
         """schedule -> runner -> sample -> scheduler.postprocess; returns the sequences that finished."""
         self._pin_threads()
-        self._take_incoming()
+        if not self.pause_gate.holds_new_requests:
+            self._take_incoming()
         done = self._sweep_cancelled()
         batch = self.scheduler.schedule(self._version)
         if not batch.chunks:

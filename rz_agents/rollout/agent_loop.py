@@ -168,6 +168,9 @@ async def run_episode(
     ``infra_exceptions``: names of exception classes which, raised by env.reset or env.step (the class or a
     base of it), mean the infrastructure failed (e.g. an env's own ``TimeoutError`` waiting for a desktop).
     """
+    own = getattr(getattr(env, "unwrapped", env), "run_agent_episode", None)
+    if own is not None:  # the env runs its own agent against the engine (envs/openai_agent: rz serve sessions)
+        return await own(engine, template, tokenizer, spec, sampling, limits, executor)
     name = type(getattr(env, "unwrapped", env)).__name__
     reset_seed = spec.seed if spec.reset_seed is None else spec.reset_seed
     messages, info = await _reset(env, name, reset_seed, spec.task, executor, infra_exceptions)

@@ -1,0 +1,228 @@
+"""Token-exact sessions: a conversation kept as the tokens the model saw and sampled, never re-tokenized.
+
+A chat request that names a session (header ``X-RZ-Session``, ``metadata.rz_session`` or the URL prefix
+``/sessions/ID/v1``) is answered from the session's token history: when its messages extend the messages
+the session has seen (the previous request's, plus the assistant message the server returned), only the
+new messages are rendered (``encode_continuation``) and appended; the sampled tokens stay exactly as
+sampled, with their log-probs and policy versions. That is the rollout data the agent loop records, so a
+session becomes the same ``Trajectory`` (``Session.trajectory``).
+
+A request whose messages do not extend the history (the client rewrote or dropped a turn, changed the
+tools) is a prefix mismatch: counted (``SessionStore.counters["prefix_mismatches"]``), logged as a warning,
+and the session starts a new segment rendered from the request's messages. Only the last segment becomes
+the trajectory (a token sequence the model really saw end to end); the sampled tokens of earlier segments
+are counted as dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rz_agents.trajectory import NOT_SAMPLED, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionPolicy:
+    """What a training session imposes on every request, whatever the client asks: the run's sampling
+    distribution (the learner scores tokens under it), a seed per turn and the episode's token budget."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    max_tokens_per_turn: int
+    max_session_tokens: int
+    max_turns: int | None = None
+
+
+def _canonical_arguments(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return json.dumps(arguments, sort_keys=True)
+
+
+def message_key(message: dict[str, Any]) -> tuple:
+    """What the chat template renders of a message (ids and key order do not count): two messages with the
+    same key render to the same tokens."""
+    calls = tuple(
+        (c["function"]["name"], _canonical_arguments(c["function"].get("arguments")))
+        for c in message.get("tool_calls") or ()
+    )
+    return (message["role"], message.get("content") or "", message.get("reasoning_content"), calls)
+
+
+@dataclass
+class Session:
+    """One conversation's tokens with their loss mask, behavior log-probs and versions (the current segment),
+    and the messages those tokens render."""
+
+    id: str
+    policy: SessionPolicy | None = None
+    tokens: list[int] = field(default_factory=list)
+    mask: list[bool] = field(default_factory=list)
+    behavior: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools_key: str | None = None
+    last_turn_closed: bool = True  # the last sampled turn ended with a stop token
+    turns: int = 0
+    prefix_mismatches: int = 0
+    segments: int = 0
+    sampled_tokens_dropped: int = 0
+    limit_reached: str | None = None  # why a training session refused a request (its budget or turn limit)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    def add_context(self, ids: Sequence[int]) -> None:
+        """Tokens the policy did not sample (prompt, observations, template glue)."""
+        self.tokens.extend(int(t) for t in ids)
+        self.mask.extend([False] * len(ids))
+        self.behavior.extend([0.0] * len(ids))
+        self.versions.extend([NOT_SAMPLED] * len(ids))
+
+    def add_sampled(self, tokens: Sequence[int], logprobs: Sequence[float], versions: Sequence[int]) -> None:
+        """A sampled turn, exactly as the engine returned it."""
+        self.tokens.extend(int(t) for t in tokens)
+        self.mask.extend([True] * len(tokens))
+        self.behavior.extend(float(x) for x in logprobs)
+        self.versions.extend(int(v) for v in versions)
+        self.turns += 1
+
+    def snapshot(self) -> tuple:
+        """What ``restore`` puts back (a request that failed or was cancelled leaves no trace)."""
+        return (
+            list(self.tokens), list(self.mask), list(self.behavior), list(self.versions), list(self.messages),
+            self.tools_key, self.last_turn_closed, self.turns, self.segments,
+        )  # fmt: skip
+
+    def restore(self, state: tuple) -> None:
+        (self.tokens, self.mask, self.behavior, self.versions, self.messages, self.tools_key,
+         self.last_turn_closed, self.turns, self.segments) = state  # fmt: skip
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(self.mask)
+
+    def trajectory(
+        self, reward: float, group_id: int | str, info: dict[str, Any] | None = None
+    ) -> Trajectory:
+        """The session's current segment as a validated Trajectory (TrajectoryError if it sampled nothing)."""
+        traj = Trajectory(
+            tokens=list(self.tokens),
+            loss_mask=list(self.mask),
+            behavior_logprobs=list(self.behavior),
+            versions=list(self.versions),
+            reward=float(reward),
+            group_id=group_id,
+            info={
+                "session": self.id,
+                "turns": self.turns,
+                "prefix_mismatches": self.prefix_mismatches,
+                "sampled_tokens_dropped": self.sampled_tokens_dropped,
+                **(info or {}),
+            },
+        )
+        traj.validate()
+        return traj
+
+
+class SessionStore:
+    """Sessions by id, and how their prompts are built (append-only, or a new segment on a mismatch)."""
+
+    def __init__(self, tokenizer, template) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        self.stops = tuple(template.stop_token_ids(tokenizer))
+        self.sessions: dict[str, Session] = {}
+        self.counters = {
+            "sessions_opened": 0,
+            "session_requests": 0,
+            "appended_requests": 0,
+            "prefix_mismatches": 0,
+            "tokens_appended": 0,
+            "tokens_rendered": 0,
+        }
+
+    def open(self, session_id: str, policy: SessionPolicy | None = None) -> Session:
+        """A new empty session (replacing one of the same id)."""
+        session = Session(session_id, policy=policy)
+        self.sessions[session_id] = session
+        self.counters["sessions_opened"] += 1
+        return session
+
+    def get(self, session_id: str) -> Session:
+        """The session of that id, opened on first use."""
+        session = self.sessions.get(session_id)
+        return session if session is not None else self.open(session_id)
+
+    def close(self, session_id: str) -> Session | None:
+        """Forget the session; returns it (None if unknown)."""
+        return self.sessions.pop(session_id, None)
+
+    def prompt(
+        self, session: Session, messages: list[dict[str, Any]], tools: list | None, enable_thinking: bool
+    ) -> list[int]:
+        """The session's tokens for this request's messages, ready to sample the next assistant turn."""
+        self.counters["session_requests"] += 1
+        tools_key = json.dumps(tools, sort_keys=True) if tools else None
+        seen = session.messages
+        if session.tokens and self._extends(seen, messages) and tools_key == session.tools_key:
+            new = messages[len(seen) :]
+            ids = [] if session.last_turn_closed else [self.stops[0]]
+            ids += self.template.encode_continuation(self.tokenizer, new, enable_thinking=enable_thinking)
+            session.add_context(ids)
+            self.counters["appended_requests"] += 1
+            self.counters["tokens_appended"] += len(ids)
+        else:
+            if session.tokens:
+                self._mismatch(session, seen, messages, tools_key != session.tools_key)
+            ids = self.template.encode_prompt(
+                self.tokenizer, messages, tools=tools, enable_thinking=enable_thinking
+            )
+            session.tokens, session.mask, session.behavior, session.versions = [], [], [], []
+            session.add_context(ids)
+            session.segments += 1
+            session.tools_key = tools_key
+            self.counters["tokens_rendered"] += len(ids)
+        session.messages = list(messages)
+        return list(session.tokens)
+
+    def record(self, session: Session, completion, assistant_message: dict[str, Any]) -> None:
+        """The sampled turn and the assistant message returned for it (the next request must repeat it)."""
+        session.add_sampled(completion.tokens, completion.logprobs.tolist(), completion.versions)
+        session.last_turn_closed = bool(completion.tokens) and completion.tokens[-1] in self.stops
+        session.messages.append(assistant_message)
+
+    @staticmethod
+    def _extends(seen: list[dict[str, Any]], messages: list[dict[str, Any]]) -> bool:
+        if len(messages) <= len(seen):
+            return False
+        return all(message_key(a) == message_key(b) for a, b in zip(seen, messages, strict=False))
+
+    def _mismatch(self, session: Session, seen: list, messages: list, tools_changed: bool) -> None:
+        session.prefix_mismatches += 1
+        session.sampled_tokens_dropped += session.num_sampled
+        self.counters["prefix_mismatches"] += 1
+        where = next(
+            (
+                i
+                for i, (a, b) in enumerate(zip(seen, messages, strict=False))
+                if message_key(a) != message_key(b)
+            ),
+            min(len(seen), len(messages)),
+        )
+        why = "the tools changed" if tools_changed else f"message {where} differs from the history"
+        log.warning(
+            "session %r: the request does not extend the session's history (%s); a new token segment starts "
+            "and the %d sampled tokens before it will not be trained",
+            session.id, why, session.num_sampled,
+        )  # fmt: skip

@@ -1,0 +1,77 @@
+"""rz_agents/OpenAIAgent-v0: an agent written only against the OpenAI SDK trains through rz serve sessions
+of the run's engine; the learner's lag-0 re-scoring of the session tokens is exact, and the server counts a
+client that rewrites history (0 for an append-only one)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rz_agents.envs.openai_agent.env import _ENDPOINTS, OpenAIAgentEnv
+from rz_agents.rollout.agent_loop import EpisodeLimits
+from rz_agents.runtime import EnvSpec, LearnerSpec, LocalRun, RolloutSpec, TrainConfig
+from rz_agents.trainer.optim import OptimConfig
+
+AGENTS = "rz_agents.envs.examples.openai_letters_agent"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_torch_thread):
+    yield
+
+
+def _cfg(agent: str, steps: int) -> TrainConfig:
+    return TrainConfig(
+        mode="sync",
+        steps=steps,
+        num_threads=1,
+        env=EnvSpec(
+            id="rz_agents/OpenAIAgent-v0", kwargs={"agent": f"{AGENTS}:{agent}", "scorer": f"{AGENTS}:score"}
+        ),
+        rollout=RolloutSpec(
+            group_size=4,
+            groups_per_batch=2,
+            max_concurrent_episodes=8,
+            limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=8, max_episode_tokens=400),
+        ),
+        learner=LearnerSpec(optim=OptimConfig(lr=1e-2), assert_lag0_exact=True),
+    )
+
+
+def _train(cfg: TrainConfig):
+    run = LocalRun(cfg)
+    try:
+        summary = asyncio.run(run.train())
+        counters = dict(_ENDPOINTS[run.engine][1].server.sessions.counters)
+        return summary, run.loop.history, counters
+    finally:
+        run.close()
+
+
+def test_an_openai_sdk_agent_trains_on_its_session_tokens_with_exact_lag0_logprobs():
+    summary, history, counters = _train(_cfg("agent", steps=2))
+    assert summary["steps"] == 2 and summary["rollout"]["episodes_failed"] == 0
+    assert all(m["lag0_abs_dlogp_max"] == 0.0 for m in history)
+    assert counters["prefix_mismatches"] == 0
+    assert (
+        counters["appended_requests"] == counters["session_requests"] // 2
+    )  # turn 2 of each episode appended
+    assert counters["sessions_opened"] >= 16
+
+
+def test_a_client_that_rewrites_history_is_counted_and_still_trains_its_last_segment():
+    summary, history, counters = _train(_cfg("rewriting_agent", steps=1))
+    assert summary["steps"] == 1 and summary["rollout"]["episodes_failed"] == 0
+    assert history[0]["lag0_abs_dlogp_max"] == 0.0
+    assert counters["prefix_mismatches"] >= 8  # every episode's second turn
+
+
+def test_the_env_refuses_to_be_stepped_and_needs_an_agent():
+    with pytest.raises(ValueError, match="exactly one of agent"):
+        OpenAIAgentEnv()
+    env = OpenAIAgentEnv(agent=f"{AGENTS}:agent")
+    with pytest.raises(RuntimeError, match="run_agent_episode"):
+        env.reset()
+    with pytest.raises(ValueError, match="agent 'nope:x'"):
+        OpenAIAgentEnv(agent="nope:x")
