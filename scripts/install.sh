@@ -35,9 +35,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   if [ "$OSWORLD_APPS" = 1 ]; then
     pkgs+=(libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gtk3 gimp vlc thunderbird
            xdg-utils  # xdg-open: tasks' "open" step
-           # multi-app tasks: Ubuntu's file manager, PDF and image viewers (their related_apps "pdf", "image"),
+           # multi-app tasks: Ubuntu's file manager, PDF, image, video viewers and text editor,
            # and the tools their setup and scoring run (wmctrl, update-desktop-database, xsel, sar)
-           nautilus evince eog wmctrl desktop-file-utils xsel sysstat
+           nautilus evince eog totem gedit wmctrl desktop-file-utils xsel sysstat
            build-essential libkrb5-dev ripgrep)  # code-server's native modules and its ripgrep (VS Code)
   fi
   need=()

@@ -33,3 +33,7 @@ def test_the_wheel_ships_the_packaged_configs_data_and_kernels(tmp_path):
     for name in ("rz_kernels/__init__.py", "rz_agents/data/math/aime24.jsonl", "rz_agents/cli/configs.py"):
         assert name in names, name
     assert any(n.startswith("rz_agents/envs/osworld/tasks/") for n in names)
+    # OSWorld's multi-app task files, their task list and licence (data of the whole-benchmark run)
+    official = "rz_agents/envs/osworld/official/"
+    assert {official + n for n in ("test_all.json", "LICENSE", "SOURCE.md")} <= names
+    assert sum(n.startswith(official + "examples/multi_apps/") for n in names) == 105

@@ -94,14 +94,23 @@ def add_eval_arguments(group: Any) -> None:
     _add(group, "--provider", choices=("local", "docker"), default="local")
     _add(group, "--cache", default=None, help="input-file cache folder (default $RZ_OSWORLD_CACHE)")
     _add(group, "--include-unrunnable", action="store_true", help="also try tasks the check rejects")
+    _add(
+        group,
+        "--subset",
+        default=None,
+        help="OSWorld's task list (test_all.json; default: one next to the --tasks folder): run the listed "
+        "tasks and add the whole-benchmark figure, tasks not run here counted as failures",
+    )
     _add(group, "--json", action="store_true", help="print the full result as JSON")
 
 
-def _subset_file(args: argparse.Namespace) -> Path | None:
+def _subset_file(args: argparse.Namespace, folder: str | None = None) -> Path | None:
+    """``--subset``, else OSWorld's ``test_all.json`` next to the task folder (its layout)."""
     if args.subset:
         return Path(args.subset)
-    guess = Path(args.dir).resolve().parent / "test_all.json"
-    return guess if Path(args.dir).is_dir() and guess.is_file() else None
+    folder = folder if folder is not None else args.dir
+    guess = Path(folder).resolve().parent / "test_all.json"
+    return guess if Path(folder).is_dir() and guess.is_file() else None
 
 
 def run_validate(args: argparse.Namespace) -> int:
@@ -187,6 +196,12 @@ def run_eval(args: argparse.Namespace) -> int:
             score = "-" if row["score"] is None else f"{row['score']:.2f}"
             print(f"  {row['status']:<8} {score:>5}  {row['id']}", file=sys.stderr, flush=True)
 
+    subset = _subset_file(args, args.tasks)
+    try:
+        ids = json.loads(subset.read_text()) if subset else None
+    except (OSError, ValueError) as exc:
+        print(f"error: --subset {subset}: {exc}", file=sys.stderr)
+        return 2
     try:
         policy = _policy(args)
         summary = run_osworld_eval(
@@ -199,6 +214,7 @@ def run_eval(args: argparse.Namespace) -> int:
             include_unrunnable=args.include_unrunnable,
             max_tree_tokens=args.max_tree_tokens,
             on_result=progress,
+            subset=ids,
         )
     except (FileNotFoundError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)

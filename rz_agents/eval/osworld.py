@@ -5,6 +5,13 @@ recorded with its error and scores 0 without stopping the run. Tasks that cannot
 (``runnability.check_task``) are reported as skipped with their reasons. A policy may return plain
 text or a ``Reply`` with token counts (model policies do): each row then reports the prompt and
 completion tokens of its episode.
+
+With a task list (OSWorld's ``test_all.json``: domain -> ids) the run covers the listed tasks and
+the summary adds the whole-benchmark figure: OSWorld's harness runs every listed task and scores
+the benchmark over all of them, so here a listed task that cannot run (skipped, or its file
+missing) counts as a failure in ``benchmark`` (score sum / tasks listed), per domain and overall,
+besides the success over the tasks evaluated (what OSWorld's ``show_result.py`` prints as each
+domain's "Runned" success, with its Office / Daily / Professional groups).
 """
 
 from __future__ import annotations
@@ -33,8 +40,13 @@ def run_osworld_eval(
     pause: float = 0.5,
     max_tree_tokens: int = 10000,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    subset: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on the tasks at ``tasks_path`` (a file or folder).
+
+    ``subset``: OSWorld's task list (domain -> ids); only listed tasks run (a task file named after
+    its id, in its domain's folder), listed tasks with no file are rows with status ``missing``,
+    and the summary has the whole-benchmark figure (see the module doc).
 
     Returns ``{"tasks": [per-task dicts], "success_rate", "evaluated", "skipped", "by_domain"}``;
     each task dict has ``id``, ``domain``, ``status`` (``ok``/``error``/``skipped``), ``score``,
@@ -47,8 +59,15 @@ def run_osworld_eval(
     fn = load_policy(policy, tasks_path)
     results: list[dict[str, Any]] = []
     env: OSWorldEnv | None = None
+    listed = {(d, i) for d, ids in subset.items() for i in ids} if subset is not None else None
+    seen: set[tuple[str, str]] = set()
     try:
         for path, task in load_tasks(tasks_path):
+            if listed is not None:
+                key = (path.parent.name, path.stem)  # "<id>-win.json" variants are not the listed task
+                if key not in listed or key in seen:
+                    continue
+                seen.add(key)
             if isinstance(task, TaskFormatError):
                 row = {
                     "id": path.stem,
@@ -82,10 +101,16 @@ def run_osworld_eval(
             results.append(row)
             if on_result is not None:
                 on_result(row)
+        for domain, task_id in sorted((listed or set()) - seen):
+            row = {"id": task_id, "domain": domain, "status": "missing", "score": None,
+                   "reasons": ["task file not found under the task folder"]}  # fmt: skip
+            results.append(row)
+            if on_result is not None:
+                on_result(row)
     finally:
         if env is not None:
             env.close()
-    return summarize(results)
+    return summarize(results, benchmark=subset is not None)
 
 
 def _run_one(env: Any, task: Task, policy: Policy) -> dict[str, Any]:
@@ -117,23 +142,62 @@ def _run_one(env: Any, task: Task, policy: Policy) -> dict[str, Any]:
     return row
 
 
-def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Success rate over evaluated tasks (skipped ones excluded), overall and per domain."""
-    evaluated = [r for r in results if r["status"] != "skipped"]
+# OSWorld's show_result.py groups (multi_apps, "Workflow" in the paper, is in none of them).
+GROUPS = {
+    "Office": ("libreoffice_calc", "libreoffice_impress", "libreoffice_writer"),
+    "Daily": ("vlc", "thunderbird", "chrome"),
+    "Professional": ("gimp", "vs_code"),
+}
+
+
+def summarize(results: list[dict[str, Any]], benchmark: bool = False) -> dict[str, Any]:
+    """Success over evaluated tasks (skipped and missing ones excluded), overall and per domain.
+
+    ``benchmark``: the rows are a whole task list; add ``benchmark`` (score sum over every row:
+    tasks that could not run score 0, none dropped), per domain too, and OSWorld's groups.
+    """
+    evaluated = [r for r in results if r["status"] not in ("skipped", "missing")]
     by_domain: dict[str, dict[str, Any]] = {}
-    for r in evaluated:
-        d = by_domain.setdefault(r["domain"], {"evaluated": 0, "score_sum": 0.0})
-        d["evaluated"] += 1
-        d["score_sum"] += r["score"] or 0.0
+    for r in results:
+        d = by_domain.setdefault(r["domain"], {"listed": 0, "evaluated": 0, "score_sum": 0.0})
+        d["listed"] += 1
+        if r["status"] not in ("skipped", "missing"):
+            d["evaluated"] += 1
+            d["score_sum"] += r["score"] or 0.0
     for d in by_domain.values():
-        d["success_rate"] = d["score_sum"] / d["evaluated"]
-    return {
+        d["not_run"] = d["listed"] - d["evaluated"]
+        d["success_rate"] = d["score_sum"] / d["evaluated"] if d["evaluated"] else 0.0
+        d["benchmark_success_rate"] = d["score_sum"] / d["listed"]
+    if not benchmark:
+        by_domain = {k: v for k, v in by_domain.items() if v["evaluated"]}
+        for d in by_domain.values():
+            for key in ("listed", "not_run", "benchmark_success_rate"):
+                d.pop(key)
+    score_sum = sum(r["score"] or 0.0 for r in evaluated)
+    summary = {
         "tasks": results,
         "evaluated": len(evaluated),
-        "skipped": len(results) - len(evaluated),
-        "success_rate": (sum(r["score"] or 0.0 for r in evaluated) / len(evaluated)) if evaluated else 0.0,
+        "skipped": sum(r["status"] == "skipped" for r in results),
+        "success_rate": (score_sum / len(evaluated)) if evaluated else 0.0,
         "by_domain": by_domain,
     }
+    if benchmark:
+        missing = sum(r["status"] == "missing" for r in results)
+        groups = {}
+        for name, domains in GROUPS.items():
+            ds = [by_domain[x] for x in domains if x in by_domain]
+            n = sum(d["evaluated"] for d in ds)
+            groups[name] = {"evaluated": n, "success_rate": sum(d["score_sum"] for d in ds) / n if n else 0.0}
+        summary["missing"] = missing
+        summary["benchmark"] = {
+            "listed": len(results),
+            "evaluated": len(evaluated),
+            "not_run": len(results) - len(evaluated),
+            "score_sum": score_sum,
+            "success_rate": score_sum / len(results) if results else 0.0,
+            "groups": groups,
+        }
+    return summary
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -152,10 +216,25 @@ def format_table(summary: dict[str, Any]) -> str:
         if note and r["status"] != "ok" or (r.get("error") and r["status"] == "ok"):
             lines.append(f"    {note[:150]}")
     lines.append("")
+    bench = summary.get("benchmark")
     for name, d in sorted(summary["by_domain"].items()):
-        lines.append(f"{name:<10} success {d['success_rate']:.3f} over {d['evaluated']} tasks")
+        line = f"{name:<10} success {d['success_rate']:.3f} over {d['evaluated']} tasks"
+        if bench:
+            line = (f"{name:<19} success {d['success_rate']:.3f} over {d['evaluated']:>3} run; "
+                    f"benchmark {d['benchmark_success_rate']:.3f} over {d['listed']:>3} listed "
+                    f"({d['not_run']} not run here, counted as failures)")  # fmt: skip
+        lines.append(line)
+    if bench:
+        for name, g in bench["groups"].items():
+            lines.append(f"{name:<19} success {g['success_rate']:.3f} over {g['evaluated']:>3} run")
     lines.append(
         f"overall    success {summary['success_rate']:.3f} over {summary['evaluated']} tasks "
         f"({summary['skipped']} skipped: cannot run here)"
     )
+    if bench:
+        lines.append(
+            f"benchmark  success {bench['success_rate']:.3f} over all {bench['listed']} listed tasks "
+            f"({bench['not_run']} not run here: {summary['skipped']} cannot run, {summary['missing']} "
+            "missing; each counted as a failure, as OSWorld scores the whole list)"
+        )
     return "\n".join(lines)

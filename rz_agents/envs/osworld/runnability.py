@@ -67,6 +67,11 @@ GNOME_APPS = {"nautilus": "nautilus", "gnome-screenshot": "gnome-screenshot"}
 APT_INSTALL = re.compile(r"\bapt(?:-get)?\s+((?:-\S+\s+)*)install\b((?:\s+[^\s;&|]+)*)")
 GSETTINGS_COMMANDS = {"gsettings", "dconf"}  # work on the desktop's own session bus (gsettings.py)
 TERMINAL_HOTKEY = re.compile(r"""hotkey\(\s*['"]ctrl['"]\s*,\s*['"]alt['"]\s*,\s*['"]t['"]""")
+# OSWorld's setup steps that act on live web services (they cannot be stood in for offline).
+ONLINE_STEPS = {
+    "googledrive": "uploads to / clears a Google Drive account through its API (internet and credentials)",
+    "login": "logs in to a website in Chrome (internet and an account)",
+}
 URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+")
 
 
@@ -210,6 +215,9 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
     if vscode_problem() is None:
         wrapped.add("code")  # each desktop's own wrapper
     for step in [*task.config, *ev.postconfig]:
+        if step.type in ONLINE_STEPS:
+            add("needs internet (setup step)", f"{step.type}: {ONLINE_STEPS[step.type]}")
+            continue
         if step.type not in STEPS:
             add("setup step not implemented", step.type)
             continue

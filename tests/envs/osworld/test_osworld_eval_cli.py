@@ -103,3 +103,61 @@ def test_cli_eval_bad_policy_or_path_exits_2(tmp_path, capsys):
     assert "module:callable" in capsys.readouterr().err
     assert rz_osworld("eval", "--tasks", str(tmp_path / "missing"), "--policy", "noop") == 2
     assert "no task file" in capsys.readouterr().err
+
+
+def test_benchmark_figure_counts_tasks_not_run_as_failures():
+    """OSWorld scores the whole task list: a listed task that cannot run here is a failure in the
+    benchmark figure, while the per-domain success over tasks run is reported beside it."""
+    rows = [
+        {"id": "a", "domain": "os", "status": "ok", "score": 1.0},
+        {"id": "b", "domain": "os", "status": "skipped", "score": None, "reasons": ["needs internet"]},
+        {"id": "c", "domain": "gimp", "status": "ok", "score": 0.0},
+        {"id": "d", "domain": "multi_apps", "status": "ok", "score": 1.0},
+        {"id": "e", "domain": "multi_apps", "status": "missing", "score": None, "reasons": ["no file"]},
+        {"id": "f", "domain": "multi_apps", "status": "error", "score": 0.0, "error": "SetupError: x"},
+    ]
+    s = summarize(rows, benchmark=True)
+    assert (s["evaluated"], s["skipped"], s["missing"], s["success_rate"]) == (4, 1, 1, 0.5)
+    assert s["benchmark"] == {
+        "listed": 6, "evaluated": 4, "not_run": 2, "score_sum": 2.0, "success_rate": 2.0 / 6,
+        "groups": {"Office": {"evaluated": 0, "success_rate": 0.0},
+                   "Daily": {"evaluated": 0, "success_rate": 0.0},
+                   "Professional": {"evaluated": 1, "success_rate": 0.0}},
+    }  # fmt: skip
+    ma = s["by_domain"]["multi_apps"]
+    counts = (ma["listed"], ma["evaluated"], ma["not_run"], ma["success_rate"], ma["benchmark_success_rate"])
+    assert counts == (3, 2, 1, 0.5, 1 / 3)
+    table = format_table(s)
+    assert "benchmark  success 0.333 over all 6 listed tasks (2 not run here: 1 cannot run, 1 missing" in (
+        table
+    )
+    assert "multi_apps          success 0.500 over   2 run; benchmark 0.333 over   3 listed" in table
+    plain = summarize(rows)  # without a task list: no benchmark figure, as before
+    assert "benchmark" not in plain and set(plain["by_domain"]["os"]) == {
+        "evaluated",
+        "score_sum",
+        "success_rate",
+    }
+
+
+def test_task_list_selects_listed_tasks_and_reports_missing_ones(tmp_path, capsys):
+    """With OSWorld's test_all.json next to the folder, only listed tasks (a file named after the id in
+    its domain's folder) run; listed ids without a file are rows, never dropped."""
+    examples = tmp_path / "examples"
+    (examples / "os").mkdir(parents=True)
+    task = json.loads((TASKS / "os" / "rz-os-rename-file.json").read_text())
+    task["config"] = [{"type": "download", "parameters": {"files": [{"url": "https://example.org/f",
+                                                                      "path": "/home/user/f"}]}}]  # fmt: skip
+    for name in ("listed", "unlisted"):
+        (examples / "os" / f"{name}.json").write_text(json.dumps({**task, "id": name}))
+    (examples / "os" / "listed-win.json").write_text(json.dumps({**task, "id": "listed"}))
+    (tmp_path / "test_all.json").write_text(json.dumps({"os": ["listed"], "multi_apps": ["gone"]}))
+    s = run_osworld_eval(examples, "noop", subset={"os": ["listed"], "multi_apps": ["gone"]})
+    assert [(r["domain"], r["id"], r["status"]) for r in s["tasks"]] == [
+        ("os", "listed", "skipped"),
+        ("multi_apps", "gone", "missing"),
+    ]
+    assert s["benchmark"]["listed"] == 2 and s["benchmark"]["not_run"] == 2
+    assert rz_osworld("eval", "--tasks", str(examples), "--policy", "noop") == 0  # finds test_all.json
+    out = capsys.readouterr().out
+    assert "benchmark  success 0.000 over all 2 listed tasks" in out and "unlisted" not in out

@@ -256,3 +256,39 @@ def test_is_expected_url_pattern_match_without_patterns_passes_even_without_a_ur
     assert M["is_expected_url_pattern_match"](None, {"expected": []}) == 0.0
     with pytest.raises(TypeError):
         M["is_expected_url_pattern_match"]({"url": None}, {"expected": ["a"]})
+
+
+# --- found by a differential run against OSWorld's general.py (issue 44: the multi-app metrics) -------
+
+
+def test_check_json_applies_an_unexpect_rule_to_a_missing_key_as_none(tmp_path):
+    """OSWorld: a key path missing from the file is None for an ``unexpect`` rule, and the rule still
+    applies (``None != 2`` matches, so the file fails); a regex or ordering on it raises there (0)."""
+    path = tmp_path / "s.json"
+    path.write_text('{"a": {"b": 1}, "c": "y"}')
+    check = METRICS["check_json"]
+
+    def unexpect(method, ref, key=("a", "z")):
+        return check(str(path), {"unexpect": [{"key": list(key), "method": method, "ref": ref}]})
+
+    assert unexpect("ne", 2) == 0.0  # None != 2
+    assert unexpect("eq", None) == 0.0  # None == None
+    assert unexpect("eq", 2) == 1.0  # None == 2 is false: nothing unexpected
+    assert unexpect("re", "x") == 0.0  # re.search over None raises there
+    assert unexpect("lt", 3) == 0.0  # None < 3 raises there
+    assert unexpect("eq", 2, key=("c",)) == 1.0 and unexpect("eq", "y", key=("c",)) == 0.0
+    expect = {"expect": [{"key": ["c"], "method": "lt", "ref": 3}]}
+    assert check(str(path), expect) == 0.0  # "y" < 3 raises there
+    assert check(str(path), {"expect": [{"key": ["a", "b"], "method": "lt", "ref": 3}]}) == 1.0
+    assert check(str(path), {"expect": [{"key": ["a", "q"], "method": "eq", "ref": None}]}) == 0.0
+
+
+def test_check_direct_json_object_string_rule_is_membership_in_a_list_result():
+    """OSWorld tests ``expected not in result[key]`` whatever the result is: a list holding the string
+    passes; a missing key raises there (0)."""
+    check = METRICS["check_direct_json_object"]
+    rules = {"expected": {"b": "v"}, "expect_in_result": True}
+    assert check({"b": ["v", "w"]}, rules) == 1.0
+    assert check("{'b': ['v', 'w'], 'a': null}", rules) == 1.0
+    assert check({"b": ["vw"]}, rules) == 0.0  # a list member must equal it
+    assert check({"b": "xvx"}, rules) == 1.0 and check({"a": "v"}, rules) == 0.0

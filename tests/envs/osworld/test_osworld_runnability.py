@@ -97,7 +97,7 @@ def test_remote_pages_and_package_installs_need_internet():
 
 def test_missing_app_step_getter_metric_are_each_named(monkeypatch):
     assert _categories(_task(apps=["gimp"])) == (["app not installed"] if not shutil.which("gimp") else [])
-    assert _categories(_task([{"type": "googledrive", "parameters": {}}])) == ["setup step not implemented"]
+    assert _categories(_task([{"type": "no_such_step", "parameters": {}}])) == ["setup step not implemented"]
     assert _categories(_task(result={"type": "no_such_getter"})) == ["getter not implemented"]
     web_pdf = _task(result={"type": "pdf_from_url", "path": "https://example.org/a", "dest": "a.pdf"})
     assert _categories(web_pdf) == ["needs internet (web page)"]
@@ -306,3 +306,12 @@ def test_tasks_whose_instruction_needs_the_web_name_it():
     ]
     official = Path(__file__).parents[3] / "rz_agents/envs/osworld/official/examples/multi_apps"
     assert all((official / f"{i}.json").is_file() for i in LIVE_WEB_TASKS)  # ids of packaged tasks
+
+
+def test_online_setup_steps_are_named_as_needing_the_internet():
+    for step in ("googledrive", "login"):
+        reasons = check_task(_task(config=[{"type": step, "parameters": {}}]), "/x").reasons
+        assert [c for c, _ in reasons] == ["needs internet (setup step)"] and reasons[0][1].startswith(step)
+    assert _categories(_task(config=[{"type": "no_such_step", "parameters": {}}])) == [
+        "setup step not implemented"
+    ]

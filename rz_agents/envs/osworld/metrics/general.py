@@ -10,6 +10,7 @@ import csv
 import datetime
 import difflib
 import json
+import operator
 import os
 import re
 import sqlite3
@@ -160,7 +161,12 @@ def check_direct_json_object(result: Any, rules: dict[str, Any], **_: Any) -> fl
             ):
                 return 0.0
         elif isinstance(want, str):
-            if not isinstance(got, str) or want not in got:
+            # OSWorld tests `want not in got` whatever got is: a list result passes when it holds the
+            # string, a missing one raises (caught there: 0)
+            try:
+                if want not in got:
+                    return 0.0
+            except TypeError:
                 return 0.0
         else:
             return 0.0
@@ -215,23 +221,39 @@ def check_json(result: str | None, rules: dict[str, Any], is_yaml: bool = False,
         except json.JSONDecodeError:
             return 0.0
 
-    def lookup(keys: list[Any]) -> tuple[bool, Any]:
+    def lookup(keys: list[Any]) -> Any:
         value = data
         for k in keys:
-            try:
-                value = value[k]
-            except (KeyError, IndexError, TypeError):
-                return False, None
-        return True, value
+            value = value[k]  # KeyError: the caller's; TypeError/IndexError raise there too (0)
+        return value
 
-    for rule in rules.get("expect", []):
-        found, value = lookup(rule["key"])
-        if not found or not match_value_to_rule(value, rule):
-            return 0.0
-    for rule in rules.get("unexpect", []):
-        found, value = lookup(rule["key"])
-        if found and value is not None and match_value_to_rule(value, rule):
-            return 0.0
+    def matches(value: Any, rule: dict[str, Any]) -> bool:
+        # OSWorld's rule match raises on a regex over a non-string (a missing key's None) and on an
+        # ordering of None: the evaluation fails (0) where match_value_to_rule would say "no match".
+        method = str(rule["method"])
+        if method.startswith("re") and not isinstance(value, str):
+            raise TypeError(f"regex rule on {type(value).__name__}")
+        if method in ("lt", "le", "gt", "ge"):
+            return bool(getattr(operator, method)(value, rule["ref"]))  # None < 1, "a" < 1: TypeError
+        return match_value_to_rule(value, rule)
+
+    try:
+        for rule in rules.get("expect", []):
+            try:
+                value = lookup(rule["key"])
+            except KeyError:
+                return 0.0
+            if not matches(value, rule):
+                return 0.0
+        for rule in rules.get("unexpect", []):
+            try:
+                value = lookup(rule["key"])
+            except KeyError:
+                value = None  # as OSWorld: a missing key is None, and the rule is still applied to it
+            if matches(value, rule):
+                return 0.0
+    except (TypeError, IndexError):
+        return 0.0
     return 1.0
 
 

@@ -7,8 +7,10 @@ LibreOffice keeps and extends (metrics that read it, e.g. the autosave interval,
 agent's changes).
 
 File types open as on Ubuntu's GNOME (the VM): PDFs in Document Viewer (evince), images in Image
-Viewer (eog), where installed. Without a choice, ``xdg-open`` (the tasks' ``open`` step) takes
-the first handler it finds, here GIMP for both.
+Viewer (eog), videos in Videos (Totem), text, JSON and Python files in Text Editor (gedit; two
+multi-app tasks start with a JSON file "opened"), where installed (a task asks to make VLC the
+default video player: without Totem, VLC would already be it). Without a choice, ``xdg-open``
+(the tasks' ``open`` step) takes the first handler it finds, here GIMP for PDFs and images.
 """
 
 from __future__ import annotations
@@ -26,11 +28,22 @@ _ITEMS = (
 
 
 MIMEAPPS = ".config/mimeapps.list"
+VIDEO_MIME_TYPES = tuple(
+    f"video/{t}"
+    for t in (
+        "3gp 3gpp 3gpp2 dv divx fli flv mp2t mp4 mp4v-es mpeg mpeg-system msvideo ogg quicktime vivo "
+        "vnd.divx vnd.mpegurl vnd.rn-realvideo vnd.vivo webm x-anim x-avi x-flc x-fli x-flic x-flv x-m4v "
+        "x-matroska x-mpeg x-mpeg2 x-ms-asf x-ms-wmv x-msvideo x-nsv x-ogm+ogg x-theora+ogg x-totem-stream"
+    ).split()
+)
 APPLICATIONS_DIR = "/usr/share/applications"
 # Ubuntu 22.04's defaults.list entries for the types the tasks open (desktop file per MIME type).
 UBUNTU_DEFAULTS = {
     "application/pdf": "org.gnome.Evince.desktop",
     **{f"image/{t}": "org.gnome.eog.desktop" for t in ("jpeg", "png", "gif", "bmp", "webp", "tiff")},
+    **{mime: "org.gnome.gedit.desktop" for mime in ("text/plain", "application/json", "text/x-python")},
+    # every video type Totem declares (Ubuntu's defaults.list gives them all to Totem)
+    **{mime: "org.gnome.Totem.desktop" for mime in VIDEO_MIME_TYPES},
 }
 
 
