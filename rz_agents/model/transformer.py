@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from rz_agents.model.config import ModelConfig
 from rz_agents.model.fused import FusedLinears, project
 from rz_agents.model.kv_cache import PAGE_SIZE, CacheView
+from rz_agents.model.lora import linear as adapted_linear
 from rz_agents.model.rope_scaling import rope_table
 from rz_kernels import ALIGNED, OpSet, get_ops
 from rz_kernels.attention import KEY_BLOCK, verify_attention
@@ -77,7 +78,7 @@ class Attention(nn.Module):
         k = ops.rope(ctx.rope, k, ctx.positions)
         k_buf, v_buf = ctx.store(layer, k, v)
         out = ops.attention(q, k_buf, v_buf, ctx.attention_plan, 1.0 / math.sqrt(self.head_dim))
-        return ops.linear(out.reshape(t, -1), self.o_proj.weight)
+        return adapted_linear(self.o_proj, out.reshape(t, -1), ops)  # (+ its LoRA adapter: model/lora.py)
 
 
 class MLP(nn.Module):
@@ -90,7 +91,7 @@ class MLP(nn.Module):
 
     def run(self, x: torch.Tensor, ops: OpSet, fused: bool = False) -> torch.Tensor:
         gate, up = project(self.gate_up, (self.gate_proj, self.up_proj), x, ops, fused)
-        return ops.linear(ops.silu_mul(gate, up), self.down_proj.weight)
+        return adapted_linear(self.down_proj, ops.silu_mul(gate, up), ops)
 
     def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
         return self.run(x, ctx.ops, ctx.fused)
