@@ -18,6 +18,8 @@ than it was sampled from.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -100,6 +102,17 @@ def add_lora(model: nn.Module, cfg: LoraConfig) -> list[str]:
     if not cfg.enabled:
         return []
     targets = set(cfg.target_modules)
+    if has_lora(model):  # loaded with its adapter (a checkpoint's lora_adapter/): keep it if it is this one
+        have = model.lora_config
+        if (have.rank, have.alpha, sorted(have.target_modules)) != (cfg.rank, cfg.alpha, sorted(targets)):
+            raise ValueError(
+                f"learner.lora (rank {cfg.rank}, alpha {cfg.alpha}, {sorted(targets)}) does not match the "
+                f"checkpoint's adapter (rank {have.rank}, alpha {have.alpha}, {sorted(have.target_modules)})"
+            )
+        model.requires_grad_(False)
+        for name in adapter_names(model):
+            model.get_parameter(name).requires_grad_(True)
+        return sorted({n.rsplit(".lora_", 1)[0] for n in adapter_names(model)})
     _refuse_unsupported(model, targets)
     dtype = next(model.parameters()).dtype
     device = next(model.parameters()).device
@@ -120,6 +133,8 @@ def add_lora(model: nn.Module, cfg: LoraConfig) -> list[str]:
         m.lora_B = b.to(device=device, dtype=dtype)
         m.lora_scale = cfg.scale
         names.append(name)
+    for name in adapter_names(model):
+        model.get_parameter(name).requires_grad_(True)
     if not names:
         raise ValueError(f"learner.lora.target_modules {sorted(targets)} matched no layer of the model")
     model.lora_config = cfg
@@ -133,3 +148,20 @@ def adapter_names(model: nn.Module) -> list[str]:
 
 def has_lora(model: nn.Module) -> bool:
     return any(".lora_A." in k for k, _ in model.named_parameters())
+
+
+@contextmanager
+def base_trainable(model: nn.Module) -> Iterator[None]:
+    """Within the block the base weights train and the adapters are frozen (a supervised warm start of the
+    base before LoRA RL: the adapters stay at their init, B = 0); restored after. No-op without adapters."""
+    if not has_lora(model):
+        yield
+        return
+    saved = {n: p.requires_grad for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        p.requires_grad_(".lora_" not in n)
+    try:
+        yield
+    finally:
+        for n, p in model.named_parameters():
+            p.requires_grad_(saved[n])

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from rz_agents.engine import RZEngine
-from rz_agents.model.lora import add_lora
+from rz_agents.model.lora import add_lora, has_lora
 from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.factories import (
     build_controller,
@@ -181,7 +181,10 @@ class LocalRun(RunHandle):
         """``model`` was changed in place (a supervised warm start): the learner takes its weights (fp32
         masters included), keeping its version, and the engine samples with them."""
         self.learner.load_weights({k: v.detach() for k, v in self.model.state_dict().items()})
-        self.engine.load_weights(*self.loop.weights_to_publish())
+        weights, version = self.loop.weights_to_publish()
+        if has_lora(self.model):  # the warm start changed the (otherwise frozen) base: send it all once
+            weights = {k: v.detach() for k, v in self.model.state_dict().items()}
+        self.engine.load_weights(weights, version)
 
     def close(self) -> None:
         """Release envs, threads and files; undo the CPU pinning of this thread."""
