@@ -165,3 +165,22 @@ def base_trainable(model: nn.Module) -> Iterator[None]:
     finally:
         for n, p in model.named_parameters():
             p.requires_grad_(saved[n])
+
+
+def publication_bytes(config, cfg: LoraConfig) -> tuple[int, int]:
+    """(bytes of the adapter tensors, bytes of every weight) one weight update of a model with ``config``
+    publishes with LoRA ``cfg`` vs a full update (from the shapes only: the model is built on the meta
+    device). Tied embeddings count once."""
+    from rz_agents.model.transformer import Transformer  # (lora.py is imported by transformer.py)
+
+    with torch.device("meta"):
+        model = Transformer(config, init=False)
+    size = torch.empty((), dtype=next(model.parameters()).dtype, device="meta").element_size()
+    full = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) * size
+    _refuse_unsupported(model, set(cfg.target_modules))
+    adapter = sum(
+        cfg.rank * (m.in_features + m.out_features)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in cfg.target_modules
+    )
+    return adapter * size, full

@@ -8,7 +8,7 @@ import torch
 
 from rz_agents.model import ModelConfig, Transformer
 from rz_agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
-from rz_agents.model.lora import LoraConfig, add_lora, adapter_names
+from rz_agents.model.lora import LoraConfig, adapter_names, add_lora
 from rz_agents.model.peft_files import ADAPTER_DIR, PREFIX, load_peft_adapter, read_peft_config
 
 transformers = pytest.importorskip("transformers")
@@ -50,7 +50,8 @@ def test_peft_loads_rz_adapter_with_rz_logits_and_rz_reloads_it_exactly(tmp_path
     assert (our_logits - _logits(Transformer(ours.config).eval(), tokens[0])).abs().max() > 1e-3  # adapters count
     back = load_hf_checkpoint(ckpt)  # base + lora_adapter/
     assert list(back.state_dict()) == list(ours.state_dict())
-    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), back.state_dict().values()))
+    pairs = zip(ours.state_dict().values(), back.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
     assert torch.equal(_logits(back, tokens[0]), our_logits)
     assert all(p.requires_grad == (".lora_" in n) for n, p in back.named_parameters())
 

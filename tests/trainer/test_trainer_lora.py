@@ -10,7 +10,7 @@ import torch
 
 from rz_agents.engine import EngineConfig, RZEngine, SamplingParams, generate_batch
 from rz_agents.model import ModelConfig, Transformer
-from rz_agents.model.lora import LoraConfig, adapter_names, add_lora
+from rz_agents.model.lora import LoraConfig, adapter_names, add_lora, publication_bytes
 from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
 from rz_agents.trajectory import Trajectory
@@ -54,6 +54,10 @@ def test_lora_learner_trains_adapters_only_and_lag0_stays_exact_through_adapter_
         assert m["lag0_token_count"] > 0 and m["lag0_abs_dlogp_max"] == 0.0
         published = learner.published_weights()
         assert sorted(published) == sorted(names)
+        sent = sum(t.numel() * t.element_size() for t in published.values())
+        everything = sum(t.numel() * t.element_size() for t in learner.weights().values())
+        # adapters only, vs the base weights a full update (without LoRA) sends
+        assert (sent, everything - sent) == publication_bytes(model.config, LORA)
         engine.load_weights(published, learner.version)
     assert len(learner.optimizer.state) == len(names)  # AdamW state for the adapters only
     assert all(p.grad is None for n, p in model.named_parameters() if ".lora_" not in n)
