@@ -184,3 +184,20 @@ def publication_bytes(config, cfg: LoraConfig) -> tuple[int, int]:
         if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in cfg.target_modules
     )
     return adapter * size, full
+
+
+@torch.no_grad()
+def merge_into_base(model: nn.Module) -> None:
+    """Fold every adapter into its base weight (``W + scale * B A``, computed in fp32, rounded once to the
+    weight's dtype) and remove the adapters: an export step (the merged model's log-probs are close to the
+    adapted model's, not bit-identical, so an engine never merges on its own)."""
+    for m in list(model.modules()):
+        a = getattr(m, "lora_A", None)
+        if a is None:
+            continue
+        delta = (m.lora_B.weight.float() @ a.weight.float()) * m.lora_scale
+        m.weight.copy_((m.weight.float() + delta).to(m.weight.dtype))
+        del m.lora_A, m.lora_B, m.lora_scale
+    if hasattr(model, "lora_config"):
+        del model.lora_config
+    model.requires_grad_(True)

@@ -89,3 +89,16 @@ def test_peft_files_refuse_what_rz_cannot_compute(tmp_path):
     save_file(tensors, str(adapter / "adapter_model.safetensors"))
     with pytest.raises(ValueError, match="missing"):
         load_hf_checkpoint(ckpt)
+
+
+def test_merged_export_is_close_to_the_adapted_model_and_has_no_adapter(tmp_path):
+    import runpy
+
+    ours = _rz_adapted()
+    ckpt = save_hf_checkpoint(ours, tmp_path / "ours")
+    merge = runpy.run_path("scripts/merge_lora.py")["main"]
+    assert merge([str(ckpt), str(tmp_path / "merged")]) == 0
+    assert not (tmp_path / "merged" / ADAPTER_DIR).exists()
+    merged = load_hf_checkpoint(tmp_path / "merged")
+    tokens = torch.arange(3, 30)
+    assert (_logits(merged, tokens) - _logits(ours, tokens)).abs().max() <= 1e-4
