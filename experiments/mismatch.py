@@ -16,6 +16,8 @@ ratio last/first window.
 
     python3 experiments/mismatch.py --quick     # CI: tiny random model, 2 steps of training, no vLLM
     python3 experiments/mismatch.py             # the documented run
+    python3 experiments/mismatch.py --parts a --tiny qwen2   # part A on a tiny random model of one family
+                                                # (qwen2, deepseek_v3, ...; random-token prompts, no vLLM)
 """
 
 from __future__ import annotations
@@ -53,17 +55,18 @@ VLLM_PYTHON = Path(os.environ.get("VLLM_VENV", "/opt/vllm-venv")) / "bin" / "pyt
 
 
 # ---- Part A: rollouts from three engines, scored by the trainer -------------------------------------------
-def load_model(checkpoint: str | None, kernels: str, dtype: str, quick: bool):
-    """(model, HF checkpoint dir) — the packaged SmolLM2, or a tiny random Qwen3 saved to a temp dir."""
+def load_model(checkpoint: str | None, kernels: str, dtype: str, quick: bool, arch: str = "qwen3"):
+    """(model, HF checkpoint dir) — the packaged SmolLM2, or a tiny random model of family `arch` (qwen3 in
+    --quick) saved to a temp dir."""
     from rz_agents.model import ModelConfig, Transformer
     from rz_agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
     from rz_agents.model.packaged import resolve_checkpoint
 
     if quick:
-        path = Path(tempfile.gettempdir()) / "rz-mismatch-tiny"
+        path = Path(tempfile.gettempdir()) / ("rz-mismatch-tiny" + ("" if arch == "qwen3" else f"-{arch}"))
         if not (path / "config.json").is_file():
             cfg = ModelConfig.tiny(
-                "qwen3",
+                arch,
                 hidden_size=128,
                 num_attention_heads=2,
                 num_key_value_heads=1,
@@ -190,9 +193,11 @@ def pair_stats(engine_lp: list[list[float]], trainer_lp: list[list[float]]) -> d
 
 def part_a(args, out_dir: Path) -> dict[str, Any]:
     dtype = args.dtype
-    aligned, ckpt = load_model(args.checkpoint, "aligned", dtype, args.quick)
-    standard, _ = load_model(args.checkpoint, "standard", dtype, args.quick)
-    prompts = build_prompts(ckpt, args.prompts, args.quick, aligned.config.vocab_size)
+    tiny = args.quick or args.tiny is not None
+    arch = args.tiny or "qwen3"
+    aligned, ckpt = load_model(args.checkpoint, "aligned", dtype, tiny, arch)
+    standard, _ = load_model(args.checkpoint, "standard", dtype, tiny, arch)
+    prompts = build_prompts(ckpt, args.prompts, tiny, aligned.config.vocab_size)
     log(f"part A: {len(prompts)} prompts x {args.max_tokens} tokens, {dtype}, model {ckpt}")
     rollouts = {
         "rz_aligned": rz_rollouts(aligned, prompts, args.max_tokens, args.seed),
@@ -200,8 +205,8 @@ def part_a(args, out_dir: Path) -> dict[str, Any]:
     }
     vllm = (
         vllm_rollouts(ckpt, prompts, args.max_tokens, args.seed, dtype)
-        if not args.quick
-        else "skipped in --quick"
+        if not tiny
+        else "skipped for a tiny random model"
     )
     if isinstance(vllm, list):
         rollouts["vllm_cpu"] = vllm
@@ -231,7 +236,7 @@ def part_a(args, out_dir: Path) -> dict[str, Any]:
     if isinstance(vllm, str):
         results["vllm_cpu"] = vllm
     write_json(out_dir / "part_a.json", results)
-    if not args.quick:
+    if not tiny:
         plot_part_a(per_token)
     return results
 
@@ -359,10 +364,18 @@ def main() -> int:
     p.add_argument("--runs", type=Path, default=DEFAULT_RUNS)
     p.add_argument("--parts", nargs="*", default=["a", "b"], choices=["a", "b"])
     p.add_argument("--quick", action="store_true")
+    p.add_argument(
+        "--tiny",
+        default=None,
+        choices=["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3"],
+        help="part A on a tiny random model of this family (random-token prompts; results in mismatch_tiny_ARCH)",
+    )
     args = p.parse_args()
     if args.quick:
         args.prompts, args.max_tokens, args.seeds = 6, 12, [0]
-    out_dir = RESULTS / ("mismatch_quick" if args.quick else "mismatch")
+    out_dir = RESULTS / (
+        "mismatch_quick" if args.quick else f"mismatch_tiny_{args.tiny}" if args.tiny else "mismatch"
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"command": command_line()}
     if "a" in args.parts:

@@ -81,6 +81,7 @@ $PY -m pip install -q torch==2.13.0
 # Triton (no dependencies; it never pulls a torch): the version the CUDA torch 2.13.0 wheel pins. Here it runs
 # the aligned GPU kernels' tests on CPU through its interpreter.
 $PY -m pip install -q triton==3.7.1
+# dev brings peft (the LoRA adapter-file tests load rz adapters with it)
 $PY -m pip install -q -e ".[dev,hf,osworld,docker,ray,adapters]"
 # openenv-core without its declared deps (gradio's pins would downgrade pillow); the adapters extra has what
 # its client and server import.

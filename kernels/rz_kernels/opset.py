@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rz_kernels import activation, attention, gemm, moe, norm
+from rz_kernels import activation, attention, gemm, grouped_route, moe, norm
 from rz_kernels.rope import RopeTable
 
 
@@ -28,6 +28,8 @@ class OpSet:
     rope: Callable = RopeTable.apply  # (table, x, positions)
     silu_mul: Callable = activation.silu_mul  # (gate, up)
     route: Callable = moe.route  # (router_logits, top_k, normalize)
+    # DeepSeek-V3 routing: (router_logits, correction_bias, top_k, n_group, topk_group, normalize, scaling)
+    sigmoid_route: Callable = grouped_route.sigmoid_route
     # (sizes, k, dtype) -> whether `linear` over weights stacked row-wise gives each part's columns
     # bit for bit (then the model may fuse q/k/v and gate/up into one GEMM).
     fusable: Callable = lambda sizes, k, dtype: True  # noqa: E731
@@ -56,6 +58,7 @@ STANDARD = OpSet(
     attention.plan_sdpa,
     attention.sdpa_attention,
     _per_expert(moe.standard_moe),
+    sigmoid_route=grouped_route.make_sigmoid_route(torch.sigmoid),
 )
 
 KERNELS = ("aligned", "standard", "triton")

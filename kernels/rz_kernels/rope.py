@@ -14,16 +14,33 @@ import torch
 class RopeTable:
     """cos/sin tables [max_positions, head_dim] (rotate-half layout, as in HF Llama/Qwen3)."""
 
-    def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float,
+        max_positions: int,
+        inv_freq: torch.Tensor | None = None,
+        scale: float = 1.0,
+    ) -> None:
+        """Tables of the default RoPE frequencies of `theta`, or of `inv_freq` [head_dim // 2] (a scaled RoPE,
+        e.g. YaRN), with cos and sin multiplied by `scale` (YaRN's attention factor; 1.0: untouched)."""
         # explicit device: tables stay real CPU tensors even when a model is built on the meta device
-        inv_freq = 1.0 / (
-            theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim)
-        )
+        if inv_freq is None:
+            inv_freq = 1.0 / (
+                theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim)
+            )
+        if inv_freq.shape != (head_dim // 2,):
+            raise ValueError(
+                f"inv_freq must have head_dim // 2 = {head_dim // 2} entries, got {tuple(inv_freq.shape)}"
+            )
+        inv_freq = inv_freq.to(device="cpu", dtype=torch.float32)
         pos = torch.arange(max_positions, dtype=torch.float32, device="cpu")
         freqs = torch.outer(pos, inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = emb.cos()
         self.sin = emb.sin()
+        if scale != 1.0:
+            self.cos, self.sin = self.cos * scale, self.sin * scale
         self.max_positions = max_positions
         self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._prechecked = False

@@ -7,6 +7,7 @@ import json
 import sys
 
 from rz_agents.model.alignment import DEFAULT_BATCH_SIZES, check_model, check_random_models
+from rz_agents.model.config import ARCHS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +23,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object per (arch, dtype, kernels)")
     p.add_argument(
-        "--arch", nargs="+", default=["qwen3", "qwen3_moe"], choices=["llama", "qwen3", "qwen3_moe"]
+        "--arch",
+        nargs="+",
+        default=["qwen3", "qwen3_moe"],
+        choices=list(ARCHS),
     )
     p.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_BATCH_SIZES))

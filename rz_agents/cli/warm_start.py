@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rz_agents.model.lora import base_trainable
 from rz_agents.warmstart import (
     DEMO_TASKS,
     WarmStartConfig,
@@ -177,23 +178,25 @@ def run_warm_start(run, cfg, log: Callable[[str], None]) -> dict | None:
     kernels, threads = run.model.kernels, torch.get_num_threads()
     run.model.set_kernels(ws.kernels or kernels)
     torch.set_num_threads(ws.num_threads or threads)
-    try:
-        if ws.episodes:
-            demos = episode_demos(run, ws.episodes, log)
-            tokens = sum(sum(d.loss_mask) for d in demos)
-            log(
-                f"warm start, episodes: {len(demos)} from {ws.episodes} ({tokens} assistant tokens) x {ws.epochs} epochs"
-            )
-            result["episodes"] = supervised_warm_start(run.model, demos, ws, on_step=progress("episodes"))
-            result["episodes"]["count"] = len(demos)
-            run.push_model_weights()
-        if ws.bootstrap.rounds > 0:
-            result["bootstrap"] = bootstrap(run, ws, log)
-        if ws.demos > 0:
-            result.update(_synthetic(run, ws, log, progress))
-    finally:
-        run.model.set_kernels(kernels)
-        torch.set_num_threads(threads)
+    # LoRA: the warm start fine-tunes the base (adapters frozen at B = 0), RL then trains the adapters
+    with base_trainable(run.model):
+        try:
+            if ws.episodes:
+                demos = episode_demos(run, ws.episodes, log)
+                tokens = sum(sum(d.loss_mask) for d in demos)
+                log(
+                    f"warm start, episodes: {len(demos)} from {ws.episodes} ({tokens} assistant tokens) x {ws.epochs} epochs"
+                )
+                result["episodes"] = supervised_warm_start(run.model, demos, ws, on_step=progress("episodes"))
+                result["episodes"]["count"] = len(demos)
+                run.push_model_weights()
+            if ws.bootstrap.rounds > 0:
+                result["bootstrap"] = bootstrap(run, ws, log)
+            if ws.demos > 0:
+                result.update(_synthetic(run, ws, log, progress))
+        finally:
+            run.model.set_kernels(kernels)
+            torch.set_num_threads(threads)
     # The learner (and its fp32 masters) and the engines take the warm-started weights (same version).
     run.push_model_weights()
     if cfg.output_dir:

@@ -62,6 +62,11 @@ TOOLS_FOOTER = (
 )
 
 SMOLLM2_DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+# Qwen2.5-Instruct (and -Math-Instruct, -Coder-Instruct): ChatML without think blocks, this default system
+# prompt when the conversation has none (with or without tools); its tool format is Qwen3's.
+QWEN25_DEFAULT_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+# DeepSeek's own chat format (DeepSeek-R1-Distill-Qwen, DeepSeek-V3): not ChatML; no template here renders it.
+DEEPSEEK_ASSISTANT_MARKER = "<\uff5cAssistant\uff5c>"
 THINKING_STYLES = ("switch", "never", "always")
 OPEN_THINK = "<think>\n"
 
@@ -374,6 +379,7 @@ QWEN3_CHAT_TEMPLATE = ChatTemplate()
 QWEN3_INSTRUCT_2507_CHAT_TEMPLATE = ChatTemplate(thinking="never")
 QWEN3_THINKING_2507_CHAT_TEMPLATE = ChatTemplate(thinking="always")
 SMOLLM2_CHAT_TEMPLATE = ChatTemplate(default_system_prompt=SMOLLM2_DEFAULT_SYSTEM_PROMPT)
+QWEN25_CHAT_TEMPLATE = ChatTemplate(default_system_prompt=QWEN25_DEFAULT_SYSTEM_PROMPT, thinking="never")
 CHAT_TEMPLATE_JINJA = QWEN3_CHAT_TEMPLATE.to_jinja()
 
 
@@ -397,11 +403,20 @@ def thinking_style(jinja: str) -> str:
 
 
 def template_for(tokenizer: Any) -> ChatTemplate:
-    """The ChatTemplate that renders like the tokenizer's own jinja ``chat_template``: SmolLM2's (its
-    default system prompt) when the jinja names it; else Qwen3's, in the jinja's thinking style."""
+    """The ChatTemplate that renders like the tokenizer's own jinja ``chat_template``: SmolLM2's or
+    Qwen2.5's (their default system prompts) when the jinja names them; else Qwen3's, in the jinja's thinking
+    style. DeepSeek's own format (R1-Distill-Qwen's tokenizer) is refused: no template here renders it."""
     jinja = tokenizer.chat_template or ""
     if SMOLLM2_DEFAULT_SYSTEM_PROMPT in jinja:
         return SMOLLM2_CHAT_TEMPLATE
+    if QWEN25_DEFAULT_SYSTEM_PROMPT in jinja:
+        return QWEN25_CHAT_TEMPLATE
+    if DEEPSEEK_ASSISTANT_MARKER in jinja:
+        raise ValueError(
+            "the tokenizer's chat template is DeepSeek's (<\uff5cUser\uff5c>/<\uff5cAssistant\uff5c>, e.g. "
+            "DeepSeek-R1-Distill-Qwen): not supported by rz's chat templates (ChatML only); use raw prompts "
+            "or a ChatML tokenizer"
+        )
     return {
         "switch": QWEN3_CHAT_TEMPLATE,
         "never": QWEN3_INSTRUCT_2507_CHAT_TEMPLATE,

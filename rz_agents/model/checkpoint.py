@@ -51,7 +51,8 @@ def save_hf_checkpoint(
     from safetensors.torch import save_file
 
     out = Path(out_dir)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    # LoRA adapters are not base weights: they go to <out>/lora_adapter as a PEFT directory (model/peft_files.py)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if ".lora_" not in k}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -71,6 +72,10 @@ def save_hf_checkpoint(
             (tmp / INDEX_NAME).write_text(
                 json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
             )
+        if any(".lora_" in k for k in model.state_dict()):
+            from rz_agents.model.peft_files import ADAPTER_DIR, save_peft_adapter
+
+            save_peft_adapter(model, tmp / ADAPTER_DIR)
         for name, content in (extra_files or {}).items():
             (tmp / name).write_text(content if isinstance(content, str) else json.dumps(content, indent=2))
         if out.exists():
@@ -192,4 +197,9 @@ def load_hf_checkpoint(
                     f"{ckpt_dir}: {name} has shape {tuple(t.shape)}, expected {tuple(params[name].shape)}"
                 )
             params[name].copy_(t.to(params[name].dtype))
+    adapter = Path(ckpt_dir) / "lora_adapter"
+    if (adapter / "adapter_config.json").is_file():  # a LoRA model saved by save_hf_checkpoint: base + adapter
+        from rz_agents.model.peft_files import load_peft_adapter
+
+        load_peft_adapter(model, adapter)
     return model

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.autograd.graph import increment_version
 
+from rz_agents.model.lora import adapted
+
 
 class FusedLinears:
     """The rows of ``linears``' weights (and biases) in one tensor; their parameters are views of it."""
@@ -83,7 +85,10 @@ class FusedLinears:
 def project(
     fused: FusedLinears | None, linears: Sequence[nn.Linear], x: torch.Tensor, ops, use_fused: bool
 ) -> tuple[torch.Tensor, ...]:
-    """``linears``' outputs of x: one stacked GEMM where fused and allowed, else one GEMM per layer."""
+    """``linears``' outputs of x: one stacked GEMM where fused and allowed, else one GEMM per layer. A layer
+    with a LoRA adapter gets it added to its part afterwards, the same way on both (model/lora.py)."""
     if use_fused and fused is not None and fused.usable(ops):
-        return fused(x, ops)
-    return tuple(ops.linear(x, m.weight, m.bias) for m in linears)
+        parts = fused(x, ops)
+    else:
+        parts = tuple(ops.linear(x, m.weight, m.bias) for m in linears)
+    return tuple(adapted(m, x, y, ops) for m, y in zip(linears, parts, strict=True))

@@ -21,6 +21,14 @@ _QWEN3_COMMON: dict[str, Any] = dict(
     dtype="bfloat16",
 )
 
+_QWEN2_COMMON: dict[str, Any] = dict(
+    model_type="qwen2",
+    vocab_size=151936,
+    rms_norm_eps=1e-6,
+    bos_token_id=151643,
+    dtype="bfloat16",
+)
+
 PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-0.6b": dict(
         _QWEN3_COMMON,
@@ -58,11 +66,95 @@ PRESETS: dict[str, dict[str, Any]] = {
         decoder_sparse_step=1,
         mlp_only_layers=[],
     ),
+    # Qwen2 family: q/k/v biases, no q/k norm (config.json of the published checkpoints)
+    "qwen2.5-1.5b-instruct": dict(
+        _QWEN2_COMMON,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        head_dim=128,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        eos_token_id=151645,
+    ),
+    "qwen2.5-7b-instruct": dict(
+        _QWEN2_COMMON,
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        head_dim=128,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+        eos_token_id=151645,
+    ),
+    # the recipe's published mismatch model (Qwen2.5-Math-1.5B's architecture)
+    "deepseek-r1-distill-qwen-1.5b": dict(
+        _QWEN2_COMMON,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        head_dim=128,
+        rope_theta=10_000.0,
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        bos_token_id=151646,
+        eos_token_id=151643,
+    ),
+    # DeepSeek-V3 (671B total, 37B active): MLA + DeepSeek MoE, YaRN to 160k positions
+    "deepseek-v3": dict(
+        model_type="deepseek_v3",
+        vocab_size=129280,
+        hidden_size=7168,
+        intermediate_size=18432,
+        moe_intermediate_size=2048,
+        num_hidden_layers=61,
+        num_attention_heads=128,
+        num_key_value_heads=128,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        num_experts=256,
+        num_experts_per_tok=8,
+        n_shared_experts=1,
+        n_group=8,
+        topk_group=4,
+        routed_scaling_factor=2.5,
+        first_k_dense_replace=3,
+        norm_topk_prob=True,
+        rms_norm_eps=1e-6,
+        rope_theta=10_000.0,
+        max_position_embeddings=163840,
+        rope_scaling=dict(
+            rope_type="yarn",
+            factor=40,
+            original_max_position_embeddings=4096,
+            beta_fast=32,
+            beta_slow=1,
+            mscale=1.0,
+            mscale_all_dim=1.0,
+        ),
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=1,
+        dtype="bfloat16",
+    ),
 }
 
 
 def preset_config(name: str, **overrides: Any) -> ModelConfig:
-    """The ModelConfig of a published architecture (`qwen3-0.6b`, `qwen3-4b`, `qwen3-30b-a3b`)."""
+    """The ModelConfig of a published architecture (a key of PRESETS: `qwen3-4b`, `qwen2.5-1.5b-instruct`,
+    `deepseek-r1-distill-qwen-1.5b`, `deepseek-v3`, ...)."""
     key = name.lower()
     if key not in PRESETS:
         raise KeyError(f"no preset {name!r}; known: {sorted(PRESETS)}")

@@ -1,4 +1,5 @@
-"""Llama / Qwen3 / Qwen3-MoE decoder in plain PyTorch, on a switchable op set.
+"""Llama / Qwen2 / Qwen3 / Qwen3-MoE (and DeepSeek-V3: model/mla.py, model/deepseek_moe.py) decoder in
+plain PyTorch, on a switchable op set.
 
 One model code serves the rollout engine (cached inference) and the trainer (packed forward).
 Tokens travel as one flat stream with absolute positions and a sequence id per token; attention
@@ -24,7 +25,9 @@ from torch.utils.checkpoint import checkpoint
 from rz_agents.model.config import ModelConfig
 from rz_agents.model.fused import FusedLinears, project
 from rz_agents.model.kv_cache import PAGE_SIZE, CacheView
-from rz_kernels import ALIGNED, OpSet, RopeTable, get_ops
+from rz_agents.model.lora import linear as adapted_linear
+from rz_agents.model.rope_scaling import rope_table
+from rz_kernels import ALIGNED, OpSet, get_ops
 from rz_kernels.attention import KEY_BLOCK, verify_attention
 from rz_kernels.gemm import verify_weights
 
@@ -51,9 +54,9 @@ class Attention(nn.Module):
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         d = cfg.head_dim
-        self.q_proj = _linear(cfg.hidden_size, self.num_heads * d, cfg.attention_bias)
-        self.k_proj = _linear(cfg.hidden_size, self.num_kv_heads * d, cfg.attention_bias)
-        self.v_proj = _linear(cfg.hidden_size, self.num_kv_heads * d, cfg.attention_bias)
+        self.q_proj = _linear(cfg.hidden_size, self.num_heads * d, cfg.qkv_bias)
+        self.k_proj = _linear(cfg.hidden_size, self.num_kv_heads * d, cfg.qkv_bias)
+        self.v_proj = _linear(cfg.hidden_size, self.num_kv_heads * d, cfg.qkv_bias)
         self.o_proj = _linear(self.num_heads * d, cfg.hidden_size, False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
@@ -75,7 +78,7 @@ class Attention(nn.Module):
         k = ops.rope(ctx.rope, k, ctx.positions)
         k_buf, v_buf = ctx.store(layer, k, v)
         out = ops.attention(q, k_buf, v_buf, ctx.attention_plan, 1.0 / math.sqrt(self.head_dim))
-        return ops.linear(out.reshape(t, -1), self.o_proj.weight)
+        return adapted_linear(self.o_proj, out.reshape(t, -1), ops)  # (+ its LoRA adapter: model/lora.py)
 
 
 class MLP(nn.Module):
@@ -88,7 +91,7 @@ class MLP(nn.Module):
 
     def run(self, x: torch.Tensor, ops: OpSet, fused: bool = False) -> torch.Tensor:
         gate, up = project(self.gate_up, (self.gate_proj, self.up_proj), x, ops, fused)
-        return ops.linear(ops.silu_mul(gate, up), self.down_proj.weight)
+        return adapted_linear(self.down_proj, ops.silu_mul(gate, up), ops)
 
     def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
         return self.run(x, ctx.ops, ctx.fused)
@@ -127,9 +130,17 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.index = index
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SparseMoE(cfg) if cfg.is_moe_layer(index) else MLP(cfg.hidden_size, cfg.intermediate_size)
+        if cfg.model_type == "deepseek_v3":  # MLA + DeepSeek MoE live in their own files (they import this one)
+            from rz_agents.model.deepseek_moe import DeepseekMoE
+            from rz_agents.model.mla import LatentAttention
+
+            self.self_attn = LatentAttention(cfg)
+            moe = DeepseekMoE(cfg) if cfg.is_moe_layer(index) else None
+        else:
+            self.self_attn = Attention(cfg)
+            moe = SparseMoE(cfg) if cfg.is_moe_layer(index) else None
+        self.mlp = moe if moe is not None else MLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x, ctx.ops), ctx, self.index)
@@ -232,7 +243,7 @@ class Transformer(nn.Module):
         self.lm_head = _linear(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rope = RopeTable(config.head_dim, config.rope_theta, config.max_position_embeddings)
+        self.rope = rope_table(config)  # default or YaRN frequencies over config.rope_dim
         self.fused_projections = False
         if init:  # init=False leaves parameters for the caller to fill (checkpoint loading)
             self.reset_parameters()
@@ -303,10 +314,11 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
                 p.fill_(1.0)
-            elif name.endswith(".bias"):
-                p.zero_()
-            else:
+            else:  # biases too (random, not zero: a test model then shows a path that drops one)
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+        for name, b in self.named_buffers():  # DeepSeek's router correction bias (selection only)
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=gen, dtype=torch.float32) * std)
 
     def forward(
         self,

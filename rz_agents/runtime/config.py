@@ -365,7 +365,11 @@ class TrainConfig:
             for name, default in (("ray", RayConfig()), ("placement", PlacementConfig())):
                 if getattr(self, name) != default:
                     raise ValueError(f"{name}: is set but runtime is 'local'; set runtime: ray to use it")
+            if self.learner.lora.enabled and self.learner_process:
+                raise ValueError("learner.lora needs learner_process: false (the child does not publish adapters)")
             return
+        if self.learner.lora.enabled:  # the Ray engines build their own models: they would hold no adapters
+            raise ValueError("learner.lora needs runtime: local (the Ray runtime does not sync adapters yet)")
         p = self.placement
         if self.model.device not in ("cpu", "cuda"):
             raise ValueError(

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from rz_agents.engine import RZEngine
+from rz_agents.model.lora import add_lora, has_lora
 from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.factories import (
     build_controller,
@@ -97,7 +98,8 @@ class LocalPlacement(Placement):
             self.learner.load_state(state, folder)
 
     def learner_weights(self) -> dict[str, torch.Tensor]:
-        return self.learner.weights()
+        published = getattr(self.learner, "published_weights", None)  # LoRA: the adapters only
+        return published() if published is not None else self.learner.weights()
 
     def snapshot_weights(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return _clone(weights)
@@ -142,6 +144,7 @@ class LocalRun(RunHandle):
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         vocab = vocab_size(cfg.tokenizer, self.tokenizer)
         self.model = build_model(cfg.model, vocab)
+        add_lora(self.model, plan.learner.lora)  # (before the engine's copy: both hold the adapters)
         # The engine samples from its own copy; the learner publishes into it after each step.
         engine_model = copy.deepcopy(self.model)
         engine_model.requires_grad_(False)
@@ -178,7 +181,10 @@ class LocalRun(RunHandle):
         """``model`` was changed in place (a supervised warm start): the learner takes its weights (fp32
         masters included), keeping its version, and the engine samples with them."""
         self.learner.load_weights({k: v.detach() for k, v in self.model.state_dict().items()})
-        self.engine.load_weights(*self.loop.weights_to_publish())
+        weights, version = self.loop.weights_to_publish()
+        if has_lora(self.model):  # the warm start changed the (otherwise frozen) base: send it all once
+            weights = {k: v.detach() for k, v in self.model.state_dict().items()}
+        self.engine.load_weights(weights, version)
 
     def close(self) -> None:
         """Release envs, threads and files; undo the CPU pinning of this thread."""

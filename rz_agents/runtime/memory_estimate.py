@@ -168,6 +168,7 @@ def _layer_activation_bytes(c: ModelConfig, tokens: int, moe: bool) -> int:
     if moe:
         rows = tokens * c.num_experts_per_tok
         mlp = rows * e * (h + 3 * c.moe_intermediate_size) + rows * h * 4 + tokens * c.num_experts * 4
+        mlp += tokens * e * 3 * c.n_shared_experts * c.moe_intermediate_size  # DeepSeek's shared experts
     else:
         mlp = tokens * e * (h + 3 * c.intermediate_size)
     return attn + mlp
@@ -181,14 +182,21 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
     ckpt = cfg.model.activation_checkpointing  # ModelSpec: layers and LM-head chunks recomputed
     est = MemoryEstimate(model_name or c.model_type, n, c.dtype, ckpt)
 
-    # Learner.
-    est.learner["weights"] = n * e
+    # Learner. With LoRA only the adapters (t parameters) train: masters, gradients and AdamW state are theirs.
+    lora = getattr(cfg.learner, "lora", None)
+    t = n
+    if lora is not None and lora.enabled:
+        from rz_agents.model.lora import publication_bytes
+
+        t = publication_bytes(c, lora)[0] // e
+        est.notes.append(f"LoRA rank {lora.rank}: {t:,} trained adapter parameters on a frozen base of {n:,}")
+    est.learner["weights"] = (n + t) * e if t != n else n * e
     low_precision = c.torch_dtype != torch.float32
     if low_precision:
-        est.learner["master_weights_fp32"] = n * 4
+        est.learner["master_weights_fp32"] = t * 4
     # The model's own gradients (one micro-batch) plus, in bf16, their fp32 sums on the masters.
-    est.learner["gradients"] = n * e + (n * 4 if low_precision else 0)
-    est.learner["adamw_state_fp32"] = 2 * n * 4
+    est.learner["gradients"] = t * e + (t * 4 if low_precision else 0)
+    est.learner["adamw_state_fp32"] = 2 * t * 4
     # A micro-batch fills its token budget; one episode longer than the budget gets a micro-batch alone.
     tokens = max(cfg.learner.micro_batch_tokens, cfg.rollout.limits.max_episode_tokens)
     layers = [c.is_moe_layer(i) for i in range(c.num_hidden_layers)]
@@ -212,7 +220,7 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
     eng = cfg.engine
     page = bytes_per_page(c)
     pages = eng.num_kv_pages(page)
-    est.engine["weights"] = n * e
+    est.engine["weights"] = est.learner["weights"]  # (with LoRA: the base and the adapters, like the learner)
     est.engine["kv_cache"] = pages * page
     step_tokens = eng.max_batch_tokens
     sampled = min(eng.num_slots, step_tokens)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from rz_agents.model.logprobs import packed_token_logprobs
+from rz_agents.model.lora import LoraConfig, adapter_names, has_lora
 from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.advantages import BASELINES, group_advantages, uniform_groups
 from rz_agents.trainer.exchange import StepExchange, idle_pass
@@ -52,10 +53,13 @@ class LearnerConfig:
     # loss normalizer still counts their tokens, so the update is the whole batch's (bit for bit within one
     # micro-batch; across micro-batches the gradient sums run in another order).
     skip_uniform_groups: bool = False
+    # LoRA adapters (rank 0: off, full fine-tune): base frozen, only the adapters train and are published
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
         self.loss.validate()
+        self.lora.validate()
         self.optim.validate()
         self.lr_control.validate()
         if self.baseline not in BASELINES:
@@ -171,6 +175,12 @@ class Learner:
         self.model = self.ranks.shard(model)
         self.cfg = cfg
         self.version = version
+        if cfg.lora.enabled and not has_lora(model):
+            raise ValueError(
+                "learner.lora is set but the model has no adapters: call model.lora.add_lora on the model "
+                "before the engine copies it (the runtimes do)"
+            )
+        # LoRA: the frozen base has requires_grad False, so it gets no gradient, fp32 master or AdamW state
         self.params = [p for p in model.parameters() if p.requires_grad]
         # fp32 masters: separate copies in one process, the fp32 shards themselves with FSDP2, none in fp32
         self.master_weights = MasterWeights(self.params, self.dtype, self.ranks)
@@ -478,6 +488,15 @@ class Learner:
         state = self.model.state_dict()
         for name in names if names is not None else list(state):
             yield name, self.ranks.full(state[name].detach().to(self.dtype))
+
+    def published_names(self) -> list[str] | None:
+        """The names a weight update publishes: with LoRA only the adapter tensors (the engine holds the same
+        frozen base); None: every weight."""
+        return adapter_names(self.model) if has_lora(self.model) else None
+
+    def published_weights(self) -> dict[str, torch.Tensor]:
+        """The tensors a weight update sends to the engines (``weights()``, or only the adapters with LoRA)."""
+        return dict(self.iter_weights(self.published_names()))
 
     def weight_shapes(self) -> dict[str, torch.Tensor]:
         """Meta tensors with the names, whole shapes and dtype of ``weights()`` (nothing gathered)."""

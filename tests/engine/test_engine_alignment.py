@@ -38,7 +38,15 @@ MIXED_PARAMS = [
 
 @pytest.mark.parametrize(
     "model_type,dtype",
-    [("qwen3", "float32"), ("llama", "float32"), ("qwen3_moe", "float32"), ("qwen3", "bfloat16")],
+    [
+        ("qwen3", "float32"),
+        ("llama", "float32"),
+        ("qwen3_moe", "float32"),
+        ("qwen3", "bfloat16"),
+        ("qwen2", "float32"),
+        ("deepseek_v3", "float32"),
+        ("deepseek_v3", "bfloat16"),
+    ],
 )
 def test_engine_logprobs_equal_trainer_forward_in_mixed_chunked_batches(tiny_model, model_type, dtype):
     model = tiny_model(model_type, dtype=dtype)
@@ -184,8 +192,9 @@ def test_engine_update_with_keep_attends_to_old_kv_exactly(tiny_model, perturbed
     assert engine.stats()["prefix_cached_pages"] == 0
 
 
-def test_engine_standard_kernels_negative_control_differs_from_trainer(tiny_model):
-    model = tiny_model(kernels="standard")
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "deepseek_v3"])
+def test_engine_standard_kernels_negative_control_differs_from_trainer(tiny_model, model_type):
+    model = tiny_model(model_type, kernels="standard")
     engine = RZEngine(model, EngineConfig(num_slots=4, max_len=256, max_batch_tokens=24, num_threads=1))
     prompts = _prompts(6, model.config.vocab_size, seed=5)
     params = SamplingParams(temperature=1.0, max_tokens=12, seed=3)
@@ -305,7 +314,7 @@ def test_shared_prompt_pages_give_the_same_bits_as_private_ones(tiny_model):
         assert torch.equal(x.logprobs, _trainer_logprobs(model, prompt, x, sp))
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe", "qwen2", "deepseek_v3"])
 def test_static_decode_step_padding_changes_no_bit(tiny_model, model_type):
     # 3 and 11 decoding sequences are padded to buckets of 4 and 16 rows (scratch-page sequences).
     model = tiny_model(model_type)

@@ -31,7 +31,7 @@ def _model(arch: str, dtype: str, seed: int = 0) -> Transformer:
     return m
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "llama"])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "llama", "qwen2", "deepseek_v3"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_aligned_cached_and_training_logprobs_are_bit_identical(arch, dtype, threads):
     report = check_model(_model(arch, dtype), seed=1, batch_sizes=FAST_BATCHES, max_len=90)
@@ -39,7 +39,7 @@ def test_aligned_cached_and_training_logprobs_are_bit_identical(arch, dtype, thr
     assert report.bit_identical, report.failures
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "qwen2", "deepseek_v3"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_standard_kernels_differ_negative_control(arch, dtype):
     model = _model(arch, dtype)

@@ -33,6 +33,16 @@ def test_qwen3_4b_shape_builds_on_the_meta_device_with_its_published_size():
     assert 0.59e9 < count_parameters(preset_config("qwen3-0.6b")) < 0.61e9
 
 
+def test_qwen2_and_deepseek_v3_presets_have_their_published_sizes():
+    assert 1.54e9 < count_parameters(preset_config("qwen2.5-1.5b-instruct")) < 1.55e9  # "1.54B"
+    assert 7.6e9 < count_parameters(preset_config("qwen2.5-7b-instruct")) < 7.62e9  # "7.61B"
+    assert 1.77e9 < count_parameters(preset_config("deepseek-r1-distill-qwen-1.5b")) < 1.78e9  # untied head
+    # "671B" (without the MTP layer)
+    assert 671.0e9 < count_parameters(preset_config("deepseek-v3")) < 671.1e9
+    cfg, source = model_config_of(ModelSpec(checkpoint="/nowhere/DeepSeek-R1-Distill-Qwen-1.5B"))
+    assert cfg.model_type == "qwen2" and cfg.qkv_bias and "absent here" in source
+
+
 def test_a_missing_checkpoint_is_sized_by_its_directory_name():
     assert preset_for_checkpoint("/models/Qwen3-4B") == "qwen3-4b"
     assert preset_for_checkpoint("/models/other") is None

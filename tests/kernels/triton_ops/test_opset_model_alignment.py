@@ -40,9 +40,14 @@ def test_aligned_resolves_to_triton_on_cuda_and_to_the_cpu_kernels_on_cpu():
         get_ops("fast")
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
-def test_cached_inference_and_training_forward_bit_identical_bf16(arch):
-    report = check_model(_model(arch, "bfloat16"), seed=0, batch_sizes=(2,), max_len=10)
+# deepseek_v3: MLA (padded 32-dim heads) + a MoE layer (first_k_dense_replace=0: its one layer is sparse)
+@pytest.mark.parametrize(
+    "arch,overrides",
+    [("qwen3", {}), ("qwen3_moe", {}), ("qwen2", {}), ("deepseek_v3", {"first_k_dense_replace": 0})],
+    ids=["qwen3", "qwen3_moe", "qwen2", "deepseek_v3"],
+)
+def test_cached_inference_and_training_forward_bit_identical_bf16(arch, overrides):
+    report = check_model(_model(arch, "bfloat16", **overrides), seed=0, batch_sizes=(2,), max_len=10)
     assert report.tokens_checked > 20
     assert report.bit_identical, report.failures
 
