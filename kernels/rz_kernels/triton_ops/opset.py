@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rz_kernels.opset import OpSet
-from rz_kernels.triton_ops import attention, gemm, moe, rowwise
+from rz_kernels.triton_ops import attention, gemm, moe, rowwise, sigmoid
 
 TRITON = OpSet(
     "triton",
@@ -15,4 +15,5 @@ TRITON = OpSet(
     rope=rowwise.rope,
     silu_mul=rowwise.silu_mul,
     route=moe.route,
+    sigmoid_route=sigmoid.sigmoid_route,
 )
