@@ -150,6 +150,14 @@ class LazyState(Mapping):
         return len(self._file_of)
 
 
+def _prediction_layer(name: str, config: ModelConfig) -> bool:
+    """A tensor of DeepSeek-V3's multi-token-prediction layer (stored as model.layers.{num_hidden_layers}.*):
+    not part of the causal LM, skipped as transformers skips it."""
+    if config.model_type != "deepseek_v3" or not name.startswith("model.layers."):
+        return False
+    return int(name.split(".")[2]) >= config.num_hidden_layers
+
+
 def model_skeleton(
     ckpt_dir: str | os.PathLike, kernels: str = "aligned", dtype: str | None = None
 ) -> Transformer:
@@ -182,6 +190,7 @@ def load_hf_checkpoint(
         expected.discard("lm_head.weight")
     # transformers never stores rotary buffers; some exports carry them.
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    state = {k: v for k, v in state.items() if not _prediction_layer(k, config)}
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:
         raise CheckpointError(

@@ -80,7 +80,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.rope_scaling is not None:  # HF's rope_parameters spelling carries rope_theta: kept apart here
-            self.rope_scaling = {k: v for k, v in self.rope_scaling.items() if k not in ("rope_theta", "type")}
+            self.rope_scaling = {
+                k: v for k, v in self.rope_scaling.items() if k not in ("rope_theta", "type")
+            }
         if self.model_type == "deepseek_v3":
             # MLA expands K/V to one head per query head, stored at the padded attention head dim.
             self.num_key_value_heads = self.num_attention_heads

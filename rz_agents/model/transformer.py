@@ -131,7 +131,8 @@ class DecoderLayer(nn.Module):
         self.index = index
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        if cfg.model_type == "deepseek_v3":  # MLA + DeepSeek MoE live in their own files (they import this one)
+        # MLA + DeepSeek MoE live in their own files (which import this one: imported here, not at the top)
+        if cfg.model_type == "deepseek_v3":
             from rz_agents.model.deepseek_moe import DeepseekMoE
             from rz_agents.model.mla import LatentAttention
 

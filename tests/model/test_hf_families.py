@@ -162,3 +162,18 @@ def test_deepseek_chat_format_is_refused_with_a_clear_error():
         "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}"
     )
     assert template_for(SimpleNamespace(chat_template=qwen25)) is QWEN25_CHAT_TEMPLATE
+
+
+def test_deepseek_multi_token_prediction_layer_is_skipped_on_load(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from rz_agents.model import Transformer
+
+    model = Transformer(ModelConfig.tiny("deepseek_v3", num_hidden_layers=2))
+    ckpt = save_hf_checkpoint(model, tmp_path / "c")
+    state = load_file(str(ckpt / "model.safetensors"))
+    state["model.layers.2.eh_proj.weight"] = torch.zeros(64, 128)  # what the released checkpoints carry
+    save_file(state, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    back = load_hf_checkpoint(ckpt)
+    mine, theirs = model.state_dict(), back.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)

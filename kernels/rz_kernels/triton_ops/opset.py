@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rz_kernels.opset import OpSet
-from rz_kernels.triton_ops import attention, gemm, moe, rowwise
+from rz_kernels.triton_ops import attention, gemm, moe, rowwise, sigmoid
 
 TRITON = OpSet(
     "triton",
@@ -16,4 +16,5 @@ TRITON = OpSet(
     silu_mul=rowwise.silu_mul,
     route=moe.route,
     fusable=gemm.fusion_keeps_bits,  # split-K depends on N: a stack must split as its parts do
+    sigmoid_route=sigmoid.sigmoid_route,
 )
