@@ -34,6 +34,9 @@ from rz_kernels.logprobs import sampling_logprobs
 RECIPES = {
     "qwen3-4b": "configs/qwen3-4b-python-tool.yaml",
     "qwen3-30b-a3b": "configs/qwen3-30b-a3b-python-tool.yaml",
+    # the other families (issue 40) at a recipe's engine and learner sizes: "config#preset" swaps the model
+    "qwen2.5-1.5b": "configs/qwen3-4b-python-tool.yaml#qwen2.5-1.5b-instruct",
+    "deepseek-v3": "configs/qwen3-30b-a3b-python-tool.yaml#deepseek-v3",
 }
 
 
@@ -56,12 +59,13 @@ class RecipeShapes:
 
 def recipe_shapes(config_path: str | Path, repo_root: Path | None = None) -> RecipeShapes:
     """Read a recipe YAML: the model preset named by its checkpoint directory, engine and learner sizes."""
+    config_path, _, swap = str(config_path).partition("#")  # "config.yaml#preset": another model, same sizes
     path = Path(config_path)
     if not path.is_absolute() and repo_root is not None:
         path = repo_root / path
     raw = yaml.safe_load(path.read_text())
     model = raw.get("model") or {}
-    preset = preset_for_checkpoint(str(model.get("checkpoint", "")))
+    preset = swap or preset_for_checkpoint(str(model.get("checkpoint", "")))
     if preset is None:
         raise ValueError(f"{path}: model.checkpoint {model.get('checkpoint')!r} names no preset architecture")
     ckpt = bool(model.get("activation_checkpointing", False))

@@ -129,19 +129,20 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.index = index
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # MLA + DeepSeek MoE live in their own files (which import this one: imported here, not at the top)
         if cfg.model_type == "deepseek_v3":
             from rz_agents.model.deepseek_moe import DeepseekMoE
             from rz_agents.model.mla import LatentAttention
 
-            self.self_attn = LatentAttention(cfg)
-            moe = DeepseekMoE(cfg) if cfg.is_moe_layer(index) else None
+            attn, moe = LatentAttention, DeepseekMoE
         else:
-            self.self_attn = Attention(cfg)
-            moe = SparseMoE(cfg) if cfg.is_moe_layer(index) else None
-        self.mlp = moe if moe is not None else MLP(cfg.hidden_size, cfg.intermediate_size)
+            attn, moe = Attention, SparseMoE
+        # Registration order = parameter order (optimizer, gradient-norm sums, checkpoints): keep it the HF
+        # order, input norm, attention, post-attention norm, MLP.
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = attn(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = moe(cfg) if cfg.is_moe_layer(index) else MLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x, ctx.ops), ctx, self.index)
