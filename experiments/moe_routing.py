@@ -76,8 +76,8 @@ def _with_seq(model, tokens, positions, seq_ids, cache=None):
 
     original = transformer._Context.__init__
 
-    def init(self, m, pos, sid, kv):
-        original(self, m, pos, sid, kv)
+    def init(self, m, pos, sid, kv, *rest):
+        original(self, m, pos, sid, kv, *rest)
         self.record_seq = sid
 
     transformer._Context.__init__ = init

@@ -100,8 +100,8 @@ def _routing(model: Transformer, seqs, seed: int):
 
     original = transformer._Context.__init__
 
-    def init(self, m, positions, seq_ids, kv):
-        original(self, m, positions, seq_ids, kv)
+    def init(self, m, positions, seq_ids, kv, *rest):
+        original(self, m, positions, seq_ids, kv, *rest)
         self.record_seq = seq_ids  # cached path: row of the page table; packed: sequence index (same order)
 
     rec = _Recorder(model)
