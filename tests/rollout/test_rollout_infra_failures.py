@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 
 import pytest
 import torch
@@ -56,13 +57,17 @@ class PreemptedOnce(PythonToolEnv):
     worker's whole process group, waited for) just before the call."""
 
     killed: list[int] = []
+    lock = threading.Lock()  # episodes step on several threads: exactly one of them kills
 
     def _step(self, text):
-        if not PreemptedOnce.killed and "print(x)" in text:
-            proc = self.sandbox._worker.proc
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-            PreemptedOnce.killed.append(proc.pid)
+        if "print(x)" in text:
+            with PreemptedOnce.lock:
+                first = not PreemptedOnce.killed
+                if first:
+                    proc = self.sandbox._worker.proc
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=10)
+                    PreemptedOnce.killed.append(proc.pid)
         return super()._step(text)
 
 
