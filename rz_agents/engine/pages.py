@@ -223,9 +223,12 @@ class PagePool:
     # -- the prefix index -------------------------------------------------------------------
     def track(self, seq: Sequence, version: int) -> None:
         """Index the pages of ``seq``'s table that have no node yet (fresh pages it writes), and give each
-        page whose 64 tokens are now known its key in the hash chain. Cheap when nothing changed."""
-        parent = ROOT
-        for j, p in enumerate(seq.pages):
+        page whose 64 tokens are now known its key in the hash chain. Starts at ``seq.indexed_pages`` (the
+        leading pages already done), so a decode step costs O(1) pages, not the whole table."""
+        start = seq.indexed_pages
+        parent = ROOT if start == 0 else self._nodes[seq.pages[start - 1]].block
+        for j in range(start, len(seq.pages)):
+            p = seq.pages[j]
             node = self._nodes.get(p)
             if node is None:
                 if j * PAGE_SIZE >= seq.num_tokens:
@@ -239,6 +242,8 @@ class PagePool:
                 key = (node.parent, tuple(node.known()), node.version)
                 node.key = key
                 self._full.setdefault(key, p)
+            if j == seq.indexed_pages and (node.key is not None or node.owner is not seq):
+                seq.indexed_pages += 1  # done for good: its key is set, or another sequence owns it
             parent = node.block
 
     def untrack(self, seq: Sequence) -> None:

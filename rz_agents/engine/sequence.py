@@ -48,6 +48,7 @@ class Sequence:
     kv_from_old_weights: bool = False
     admitted: bool = False  # set at its first admission (num_cached_prompt_tokens is from then)
     num_preemptions: int = 0  # times its pages were taken back (it then recomputes its K/V)
+    indexed_pages: int = 0  # leading pages of ``pages`` the page pool's prefix index is done with
     generator: torch.Generator | None = None
 
     def __post_init__(self) -> None:
