@@ -1044,7 +1044,7 @@ def _step_bytes(model, batch: int, context: int) -> int:
     return total + batch * pages_for(context + 1) * PAGE_SIZE * per_position
 
 
-def _add_predictions(cfg, results: dict, timeout_s: float) -> None:
+def _add_predictions(cfg, sizes: list[tuple[int, int]], results: dict, timeout_s: float) -> None:
     """Beside each measured size, the static cost model's prediction (rz_agents.compile_check.predict, issue
     37): ``predicted_ms`` and ``measured_over_predicted``. Computed in a child process (the launch recorder
     patches Triton's launcher, which this process is using), bounded by ``timeout_s``; a failure is recorded
@@ -1052,11 +1052,7 @@ def _add_predictions(cfg, results: dict, timeout_s: float) -> None:
     import dataclasses
     import subprocess
 
-    sizes = [
-        (int(k[1 : k.index("_")]), int(k[k.index("ctx") + 3 :]))
-        for k, r in results.items()
-        if "skipped" not in r
-    ]
+    sizes = [(b, c) for b, c in sizes if "skipped" not in results[f"b{b}_ctx{c}"]]  # the measured ones
     if not sizes:
         return
     code = (
@@ -1188,7 +1184,7 @@ def section_engine_decode(check: Check) -> dict:
     if graphs_ok and done:
         out["graph_equals_eager"] = all(r.get("aligned_graph_equals_eager") for r in done)
     out["standard_differs"] = all(r["standard_differs_from_aligned"] for r in done) if done else None
-    _add_predictions(cfg, results, timeout_s=min(30.0, max(5.0, check.section_left() - 2.0)))
+    _add_predictions(cfg, sizes, results, timeout_s=min(30.0, max(5.0, check.section_left() - 2.0)))
     b48 = results.get("b48_ctx2048", {})
     out["b48_ctx2k_roofline_fraction"] = b48.get("hbm_roofline_fraction")
     out["b48_ctx2k_tokens_per_s"] = b48.get("aligned_tokens_per_s")

@@ -33,10 +33,6 @@ class LagBound:
 
     # -- what the config decided ----------------------------------------------------------------
     @property
-    def kind(self) -> str:
-        return self.policy.kind
-
-    @property
     def hard(self) -> int:
         """No trained token is older than this."""
         return self.policy.bound
