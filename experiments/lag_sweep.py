@@ -148,9 +148,9 @@ ARMS: dict[str, list[str]] = {
     "async_governor64": ["rollout.max_lag=64", "rollout.max_ahead_batches=null", "rollout.lag_governor=true"],
     "async_bound8": ["rollout.max_lag=8", "rollout.max_ahead_batches=null"],
     "async_ahead2": ["rollout.max_lag=64", "rollout.max_ahead_batches=2"],  # the demo's own setting
-    # The same four with 512 episodes in flight (engine.num_slots and rollout.max_concurrent_episodes 512, against
-    # 80 / 64): the engine's batched decode then outruns the learner, so the queue of finished groups grows and
-    # the real lag reaches tens of versions, as with many rollout replicas per learner.
+    # The same four with 512 episodes in flight (engine.num_slots and rollout.max_concurrent_episodes 512,
+    # against 80 / 64): the engine's batched decode then outruns the learner, so the queue of finished groups
+    # grows and the real lag reaches tens of versions, as with many rollout replicas per learner.
     "async_wide_bound64": ["rollout.max_lag=64", "rollout.max_ahead_batches=null", *WIDE],
     "async_wide_governor64": [
         "rollout.max_lag=64",
@@ -285,7 +285,8 @@ def run_arm(args, task: str, arm: str, seed: int, warm: Path, out_dir: Path, tas
             "wall_s": run_summary["wall_s"],
             "steps_per_s": run_summary.get("steps_per_s"),  # of the RL loop (rl_wall_s)
             "rollout": run_summary.get("rollout"),
-            # mean tokens of finished vs trained episodes (issue 43: does dropping stale groups lose long ones?)
+            # mean tokens of finished vs trained episodes (issue 43: does dropping stale groups lose long
+            # ones?)
             "episode_lengths": run_summary.get("episode_lengths"),
         },
     )

@@ -269,7 +269,7 @@ def plot_part_a(per_token: dict[str, list[float]]) -> None:
     plt.close(fig)
 
 
-# ---- Part B: a short synchronous training run per op set -----------------------------------------------------
+# ---- Part B: a short synchronous training run per op set ---------------------------------------------------
 def part_b(args, out_dir: Path) -> dict[str, Any]:
     warm = warm_start_checkpoint(
         args.runs, "configs/demo.yaml", name="warm_demo" + ("_quick" if args.quick else ""), quick=args.quick

@@ -48,7 +48,8 @@ def _module_stub(name: str) -> types.ModuleType:
 def _stub_modules() -> None:
     """Empty stand-ins for the libraries missing here (the compared functions never call them)."""
     libraries = {"pandas": (), "formulas": (), "xmltodict": (), "rapidfuzz": ("fuzz",), "pdfplumber": (),
-                 "PyPDF2": (), "easyocr": (), "odf": ("opendocument", "text"), "skimage": ("color",)}  # fmt: skip
+                 "PyPDF2": (), "easyocr": (), "odf": ("opendocument", "text"),
+                 "skimage": ("color",)}  # fmt: skip
     for name, submodules in libraries.items():
         if importlib.util.find_spec(name) is None:
             sys.modules[name] = _module_stub(name)

@@ -89,7 +89,8 @@ def _operand(form: str, weight: torch.Tensor, a: int, b: int):
         # so a cache keyed on (data_ptr, version) would hand back the previous step's weights).
         return torch.ops.mkldnn._reorder_linear_weight(weight[a:b].detach().contiguous(), None)
     # Packed copies live on the weight tensor, keyed by its storage and version counter: an in-place
-    # update through the parameter (optimizer step, engine weight load) makes them stale, and they are rebuilt.
+    # update through the parameter (optimizer step, engine weight load) makes them stale, and they are
+    # rebuilt.
     stamp = (weight.data_ptr(), weight._version)
     cache = getattr(weight, "_rz_packed", None)
     if cache is None or cache[0] != stamp:

@@ -207,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
             return _dry_run(load_config(RunConfig, resolve_config(args.config), args.overrides))
         recorded, cfg, run_dir, resuming = _configs(args)
         try:
-            plan = cfg.validate()  # the run's resolve: the run is built from this plan, nothing resolves again
+            # the run's resolve: the run is built from this plan, nothing resolves again
+            plan = cfg.validate()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     except ConfigError as exc:

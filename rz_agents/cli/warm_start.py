@@ -27,7 +27,8 @@ from rz_agents.warmstart import (
 from rz_agents.warmstart.bootstrap import round_tasks, sample_round
 from rz_agents.warmstart.demos import Demonstration
 
-# The built-in envs each kind of synthetic demonstration is written for (their prompts, tool and answer format).
+# The built-in envs each kind of synthetic demonstration is written for (their prompts, tool and answer
+# format).
 DEMO_ENVS = {
     "arithmetic": ("rz_agents.envs.arithmetic_tool", "ArithmeticToolEnv"),
     "word_problems": ("rz_agents.envs.word_problem_tool", "WordProblemToolEnv"),

@@ -28,8 +28,8 @@ import torch
 from rz_agents.model.kv_cache import PAGE_SIZE, KVCache
 
 # Graph bounds on the highest position are multiples of this many positions: the Triton attention's split-KV
-# split (SPLIT_BLOCKS x BLOCK_N = 512 keys, rz_kernels.triton_ops.attention; a kernels test checks they agree),
-# so a bound's decode grid has exactly a power-of-two number of splits.
+# split (SPLIT_BLOCKS x BLOCK_N = 512 keys, rz_kernels.triton_ops.attention; a kernels test checks they
+# agree), so a bound's decode grid has exactly a power-of-two number of splits.
 GRAPH_POSITION_QUANTUM = 512
 
 

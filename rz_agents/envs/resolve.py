@@ -71,7 +71,8 @@ def load_env_plugins() -> list[str]:
 
 
 # A module name is checked against every installed module: a looser match suggests unrelated ones
-# ('rayenvs' -> 'rz_agents' scores 0.62); a typo of a letter or two ('lookup_env' -> 'lookup_envs') scores >= 0.9.
+# ('rayenvs' -> 'rz_agents' scores 0.62); a typo of a letter or two ('lookup_env' -> 'lookup_envs')
+# scores >= 0.9.
 MODULE_CUTOFF = 0.8
 
 

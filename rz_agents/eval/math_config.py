@@ -89,7 +89,8 @@ class MathEvalConfig:
             )
 
 
-# Keys of the eval section that only the training loop reads (rz_agents/eval/in_loop.py): rz eval ignores them.
+# Keys of the eval section that only the training loop reads (rz_agents/eval/in_loop.py): rz eval ignores
+# them.
 IN_LOOP_KEYS = ("every",)
 
 

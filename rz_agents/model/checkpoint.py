@@ -51,7 +51,8 @@ def save_hf_checkpoint(
     from safetensors.torch import save_file
 
     out = Path(out_dir)
-    # LoRA adapters are not base weights: they go to <out>/lora_adapter as a PEFT directory (model/peft_files.py)
+    # LoRA adapters are not base weights: they go to <out>/lora_adapter as a PEFT directory
+    # (model/peft_files.py)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if ".lora_" not in k}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -207,7 +208,8 @@ def load_hf_checkpoint(
                 )
             params[name].copy_(t.to(params[name].dtype))
     adapter = Path(ckpt_dir) / "lora_adapter"
-    if (adapter / "adapter_config.json").is_file():  # a LoRA model saved by save_hf_checkpoint: base + adapter
+    # a LoRA model saved by save_hf_checkpoint: base + adapter
+    if (adapter / "adapter_config.json").is_file():
         from rz_agents.model.peft_files import load_peft_adapter
 
         load_peft_adapter(model, adapter)

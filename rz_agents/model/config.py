@@ -56,7 +56,8 @@ class ModelConfig:
     norm_topk_prob: bool = True
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = field(default_factory=list)
-    # RoPE scaling (HF `rope_scaling` / `rope_parameters` minus rope_theta): None or {"rope_type": "yarn", ...}
+    # RoPE scaling (HF `rope_scaling` / `rope_parameters` minus rope_theta): None or
+    # {"rope_type": "yarn", ...}
     rope_scaling: dict[str, Any] | None = None
     # deepseek_v3 only (HF names): MLA ...
     q_lora_rank: int | None = None

@@ -26,7 +26,8 @@ class SigmoidRouter(nn.Module):
         self.register_buffer("e_score_correction_bias", torch.zeros(cfg.num_experts, dtype=torch.float32))
 
     def _apply(self, fn, recurse: bool = True):
-        # A model-wide .to(bfloat16) must not round the bias (it decides near-ties between experts): keep fp32.
+        # A model-wide .to(bfloat16) must not round the bias (it decides near-ties between experts): keep
+        # fp32.
         old = self.e_score_correction_bias
         out = super()._apply(fn, recurse)
         new = self.e_score_correction_bias

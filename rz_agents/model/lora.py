@@ -35,7 +35,8 @@ class LoraConfig:
 
     rank: int = 0  # adapter rank r (0: no LoRA, full fine-tune)
     alpha: float = 16.0  # scale = alpha / rank, applied to B (A x)
-    dropout: float = 0.0  # must be 0: the engine cannot apply dropout, so sampled and scored tokens would differ
+    # must be 0: the engine cannot apply dropout, so sampled and scored tokens would differ
+    dropout: float = 0.0
     # Layer names to adapt (each layer of the model that has one): q_proj k_proj v_proj o_proj gate_proj
     # up_proj down_proj. MoE experts and DeepSeek-V3 (MLA) layers are refused.
     target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))

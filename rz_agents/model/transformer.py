@@ -175,7 +175,8 @@ class _Context:
         self.positions = positions
         self.kv_cache = kv_cache
         # Stacked q/k/v and gate/up GEMMs (where fuse_projections made them) on the cached-inference path
-        # only: the trainer's packed forward keeps the separate GEMMs (same bits, and its gradients reach them).
+        # only: the trainer's packed forward keeps the separate GEMMs (same bits, and its gradients reach
+        # them).
         self.fused = model.fused_projections and kv_cache is not None and not torch.is_grad_enabled()
         cfg = model.config
         page_table = None

@@ -169,7 +169,8 @@ async def run_episode(
     base of it), mean the infrastructure failed (e.g. an env's own ``TimeoutError`` waiting for a desktop).
     """
     own = getattr(getattr(env, "unwrapped", env), "run_agent_episode", None)
-    if own is not None:  # the env runs its own agent against the engine (envs/openai_agent: rz serve sessions)
+    # the env runs its own agent against the engine (envs/openai_agent: rz serve sessions)
+    if own is not None:
         return await own(engine, template, tokenizer, spec, sampling, limits, executor)
     name = type(getattr(env, "unwrapped", env)).__name__
     reset_seed = spec.seed if spec.reset_seed is None else spec.reset_seed

@@ -182,7 +182,8 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
     ckpt = cfg.model.activation_checkpointing  # ModelSpec: layers and LM-head chunks recomputed
     est = MemoryEstimate(model_name or c.model_type, n, c.dtype, ckpt)
 
-    # Learner. With LoRA only the adapters (t parameters) train: masters, gradients and AdamW state are theirs.
+    # Learner. With LoRA only the adapters (t parameters) train: masters, gradients and AdamW state are
+    # theirs.
     lora = getattr(cfg.learner, "lora", None)
     t = n
     if lora is not None and lora.enabled:
@@ -201,7 +202,8 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
     tokens = max(cfg.learner.micro_batch_tokens, cfg.rollout.limits.max_episode_tokens)
     layers = [c.is_moe_layer(i) for i in range(c.num_hidden_layers)]
     per_layer = [_layer_activation_bytes(c, tokens, moe) for moe in layers]
-    # With checkpointing each layer keeps its input and one layer's graph is rebuilt at a time in the backward.
+    # With checkpointing each layer keeps its input and one layer's graph is rebuilt at a time in the
+    # backward.
     act_on = len(layers) * tokens * c.hidden_size * e + max(per_layer)
     act_off = sum(per_layer)
     edges = tokens * c.hidden_size * e * 2  # embeddings and final norm

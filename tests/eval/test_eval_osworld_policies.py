@@ -49,7 +49,8 @@ class ChatServer:
                 if status == 200:
                     prompt = sum(len(m["content"].split()) for m in body["messages"])
                     answer = {"choices": [{"message": {"role": "assistant", "content": text}}],
-                              "usage": {"prompt_tokens": prompt, "completion_tokens": len(text.split())}}  # fmt: skip
+                              "usage": {"prompt_tokens": prompt,
+                                        "completion_tokens": len(text.split())}}  # fmt: skip
                 else:
                     answer = {"error": {"message": text}}
                 data = json.dumps(answer).encode()
@@ -129,8 +130,9 @@ def test_rz_osworld_eval_with_an_openai_endpoint_solves_the_task(capsys):
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> str:
     """A random tiny Qwen3 with the real vocabulary (Qwen3's tokenizer is used: no tokenizer.json)."""
-    cfg = ModelConfig.tiny("qwen3", vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096)  # fmt: skip
+    cfg = ModelConfig.tiny("qwen3", vocab_size=151936, hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                           max_position_embeddings=4096)  # fmt: skip
     model = Transformer(cfg)
     model.reset_parameters(std=0.05, seed=0)
     return str(save_hf_checkpoint(model, tmp_path_factory.mktemp("ckpt") / "tiny-qwen3"))

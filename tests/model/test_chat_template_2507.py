@@ -181,7 +181,8 @@ TOOLS = [
     }
 ]
 # The `chat_template` of Qwen/Qwen2.5-7B-Instruct's tokenizer_config.json (the Qwen2.5-Instruct releases share
-# it), as quoted verbatim in a public repository's test fixtures found with the code search. Same use as above.
+# it), as quoted verbatim in a public repository's test fixtures found with the code search. Same use as
+# above.
 QWEN25_INSTRUCT = r"""{%- if tools %}
     {{- '<|im_start|>system\n' }}
     {%- if messages[0]['role'] == 'system' %}
@@ -314,7 +315,8 @@ def test_a_rollout_appends_tokens_and_equals_the_official_render_of_the_episode(
         for turn in range(rng.randint(1, 3)):
             arguments = json.dumps({"name": "python", "arguments": {"code": f"print({turn})"}})
             call = f"<tool_call>\n{arguments}\n</tool_call>"
-            # what the model writes after the generation prompt (a thinking model: reasoning, </think>, answer)
+            # what the model writes after the generation prompt (a thinking model: reasoning, </think>,
+            # answer)
             written = (f"step {turn} of {episode}\n</think>\n\n" if name == "thinking" else "") + call
             tokens += tokenizer.encode(written) + [stops[0]]
             observation = [{"role": "tool", "content": str(turn)} for _ in range(rng.randint(1, 2))]

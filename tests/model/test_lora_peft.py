@@ -47,7 +47,8 @@ def test_peft_loads_rz_adapter_with_rz_logits_and_rz_reloads_it_exactly(tmp_path
         hf_logits = hf(tokens).logits[0]
     our_logits = _logits(ours, tokens[0])
     assert (our_logits - hf_logits).abs().max() <= 1e-5
-    assert (our_logits - _logits(Transformer(ours.config).eval(), tokens[0])).abs().max() > 1e-3  # adapters count
+    # adapters count
+    assert (our_logits - _logits(Transformer(ours.config).eval(), tokens[0])).abs().max() > 1e-3
     back = load_hf_checkpoint(ckpt)  # base + lora_adapter/
     assert list(back.state_dict()) == list(ours.state_dict())
     pairs = zip(ours.state_dict().values(), back.state_dict().values(), strict=True)

@@ -104,7 +104,8 @@ def test_non_finite_loss_skips_the_step_and_keeps_weights(bad_logprob):
     model = _model()
     learner = Learner(model, _cfg(assert_lag0_exact=False))
     batch = _batch(model)
-    # behavior logprob -1e4 (or -inf): w = exp(logp + 1e4) is inf; the ratio is not clipped, the step is skipped.
+    # behavior logprob -1e4 (or -inf): w = exp(logp + 1e4) is inf; the ratio is not clipped, the step is
+    # skipped.
     batch[0].behavior_logprobs[-1] = bad_logprob
     before = _weights(model)
     m = learner.step(batch)

@@ -161,7 +161,7 @@ def test_sequence_gate_drops_a_sequence_with_an_overflowing_weight_without_nan()
     assert loss == 0.0 and grad == [0.0, 0.0]
 
 
-# ---- the lag-tolerant estimators (issue 25) -----------------------------------------------------------------
+# ---- the lag-tolerant estimators (issue 25) ----------------------------------------------------------------
 def _terms(logp_vals, blp_vals, mask_vals, adv, cfg, aux=None, n_total=None):
     """Loss, gradient and gated-token count of one sequence under a token normalizer of n_total tokens."""
     logp = torch.tensor(logp_vals, dtype=torch.float32, requires_grad=True)
@@ -246,7 +246,8 @@ def test_decoupled_ppo_weights_by_behavior_and_clips_against_the_proximal(
 
 
 def test_decoupled_ppo_with_the_current_policy_as_proximal_is_capped_unclipped_is():
-    # proximal_every 1: logp_prox = sg(logp), r = 1 (never clipped); the gradient is w A grad logp where w <= cap.
+    # proximal_every 1: logp_prox = sg(logp), r = 1 (never clipped); the gradient is w A grad logp
+    # where w <= cap.
     cfg = LossConfig("decoupled_ppo", proximal_every=1, decoupled_weight_cap=5.0)
     loss, grad, gated = _terms([-1.0, -1.0], [-1.5, -3.0], [True, True], 1.0, cfg)
     w = math.exp(0.5)

@@ -210,9 +210,9 @@ def group_by_expert(flat_expert: torch.Tensor, num_experts: int, block_m: int) -
     )
 
 
-# Device pointer tables by (device, the experts' addresses): the table's content IS its key, so a hit is always
-# right (even for new tensors that reuse old addresses). Bounded: the least recently used are dropped, except
-# those a CUDA graph captured (the graph reads the table's memory at every replay).
+# Device pointer tables by (device, the experts' addresses): the table's content IS its key, so a hit is
+# always right (even for new tensors that reuse old addresses). Bounded: the least recently used are dropped,
+# except those a CUDA graph captured (the graph reads the table's memory at every replay).
 _POINTER_TABLES: OrderedDict[tuple, torch.Tensor] = OrderedDict()
 _CAPTURED_TABLES: set[tuple] = set()
 MAX_POINTER_TABLES = 1024

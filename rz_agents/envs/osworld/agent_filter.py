@@ -13,7 +13,8 @@ from __future__ import annotations
 KEPT_SUFFIXES = ("item", "button", "heading", "label", "scrollbar", "searchbox", "textbox", "link",
                  "tabelement", "textfield", "textarea", "menu")  # fmt: skip
 KEPT_TAGS = frozenset({"alert", "canvas", "check-box", "combo-box", "entry", "icon", "image", "paragraph",
-                       "scroll-bar", "section", "slider", "static", "table-cell", "terminal", "text"})  # fmt: skip
+                       "scroll-bar", "section", "slider", "static", "table-cell", "terminal",
+                       "text"})  # fmt: skip
 ACTIONABLE_STATES = ("enabled", "editable", "expandable", "checkable")
 
 

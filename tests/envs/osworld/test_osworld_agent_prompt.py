@@ -44,7 +44,8 @@ def test_a_node_that_cannot_be_acted_on_is_dropped_as_osworld_drops_it():
         "https://accessibility.ubuntu.example.org/ns/component",
     )
     for state, kept in [("", False), ('st:focusable="true"', False), ('st:enabled="true"', True),
-                        ('st:editable="true"', True), ('st:expandable="true"', True), ('st:checkable="true"', True)]:  # fmt: skip
+                        ('st:editable="true"', True), ('st:expandable="true"', True),
+                        ('st:checkable="true"', True)]:  # fmt: skip
         rows = linearize(head + row.format(state) + "</desktop-frame>").split("\n")[1:]
         assert (rows == ['push-button\tGo\t""\t\t\t(1, 1)\t(5, 5)']) is kept, state
 

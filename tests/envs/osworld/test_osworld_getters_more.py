@@ -65,7 +65,8 @@ def test_last_row_as_text_prints_values_as_pandas_types_them(tmp_path):
 def test_every_getter_of_the_task_files_is_implemented_or_says_why_not():
     for kind in ("active_tab_html_parse", "vscode_config", "find_unpacked_extension_path", "audio_in_slide",
                  "background_image_in_slide", "content_from_vm_file", "default_video_player", "pdf_from_url",
-                 "find_installed_extension_name", "new_startup_page", "time_diff_range", "rule_relativeTime"):  # fmt: skip
+                 "find_installed_extension_name", "new_startup_page", "time_diff_range",
+                 "rule_relativeTime"):  # fmt: skip
         assert kind in GETTERS
     for kind in ("googledrive_file", "info_from_website", "calc_insensitive_md5"):
         assert kind not in GETTERS and UNAVAILABLE[kind]

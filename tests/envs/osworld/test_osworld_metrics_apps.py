@@ -135,7 +135,8 @@ def test_thunderbird_prefs_and_filters(tmp_path):
         'user_pref("mail.identity.id1.auto_quote", false);\nuser_pref("mail.identity.id1.htmlSigText", "Anonym\\nXYZ Lab");\n',
     )
     rule = {"expect": {"mail.identity.id1.auto_quote": {"method": "eq", "ref": False},
-                       "mail.identity.id1.htmlSigText": {"method": "re.S", "ref": "Anonym.+XYZ Lab"}}}  # fmt: skip
+                       "mail.identity.id1.htmlSigText": {"method": "re.S",
+                                                         "ref": "Anonym.+XYZ Lab"}}}  # fmt: skip
     assert M["check_thunderbird_prefs"](prefs, rule) == 1.0
     assert (
         M["check_thunderbird_prefs"](prefs, {"expect": {"mail.missing": {"method": "eq", "ref": 1}}}) == 0.0

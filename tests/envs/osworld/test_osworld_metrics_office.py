@@ -247,8 +247,10 @@ def test_ciede2000_reference_pairs():
 
 def odt(path, spans):
     """A minimal .odt whose first paragraph holds ``spans`` ((text, highlighted) pairs)."""
-    ns = ('xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0" '
-          'xmlns:style="urn:oasis:names:tc:opendocument:xmlns:style:1.0" xmlns:fo="urn:oasis:names:tc:opendocument:xmlns:xsl-fo-compatible:1.0"')  # fmt: skip
+    ns = ('xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
+          'xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0" '
+          'xmlns:style="urn:oasis:names:tc:opendocument:xmlns:style:1.0" '
+          'xmlns:fo="urn:oasis:names:tc:opendocument:xmlns:xsl-fo-compatible:1.0"')  # fmt: skip
     body = "".join(f'<text:span text:style-name="{"T1" if hl else "T2"}">{t}</text:span>' for t, hl in spans)
     content = (
         f"<office:document-content {ns}><office:automatic-styles>"

@@ -139,7 +139,8 @@ def test_gnome_file_manager_and_document_viewer_stand_in(task_dir):
             if "nautilus  desktop book" in windows.lower() and "Spectral Graph Theory" in windows:
                 break
             env.step("WAIT")
-        # Debian 12's Nautilus 43 names its class "org.gnome.Nautilus"; Ubuntu 22.04's 42, "Org.gnome.Nautilus"
+        # Debian 12's Nautilus 43 names its class "org.gnome.Nautilus"; Ubuntu 22.04's 42,
+        # "Org.gnome.Nautilus"
         assert "org.gnome.nautilus.org.gnome.nautilus  desktop book" in windows.lower(), windows
         assert "Spectral Graph Theory" in windows and "evince" in windows.lower(), windows
         for mime, desktop_file in (("application/pdf", "org.gnome.Evince.desktop"),

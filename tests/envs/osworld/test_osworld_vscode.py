@@ -123,7 +123,9 @@ def test_code_installs_a_vsix_opens_the_workbench_and_its_settings_land_where_vs
         seen: list[str] = []
 
         def toggled():  # settings.json may exist before the toggle lands (workspace trust is set there first)
-            path = get_state(env.ctx, {"type": "vm_file", "path": "/home/user/.config/Code/User/settings.json", "dest": "s.json"})  # fmt: skip
+            path = get_state(env.ctx, {"type": "vm_file",
+                                       "path": "/home/user/.config/Code/User/settings.json",
+                                       "dest": "s.json"})  # fmt: skip
             if path:
                 seen[:] = [open(path).read()]
             return path if path and METRICS["check_json_settings"](path, rules) == 1.0 else None

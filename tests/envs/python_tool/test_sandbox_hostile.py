@@ -73,7 +73,8 @@ def test_fork_bomb_is_bounded_by_the_process_limit(sandbox):
     start = time.monotonic()
     r = sandbox.run("import os\nwhile True:\n    os.fork()")
     assert time.monotonic() - start < STOPPED_WITHIN
-    # the process limit stops it; on a loaded machine the children's spinning may let the wall limit come first
+    # the process limit stops it; on a loaded machine the children's spinning may let the wall limit come
+    # first
     limit = r.error == "BlockingIOError: [Errno 11] Resource temporarily unavailable"
     assert limit or (r.timed_out and r.error.startswith("TimeoutError: wall time limit")), r
     assert_healthy(sandbox)

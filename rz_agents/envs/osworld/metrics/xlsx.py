@@ -398,7 +398,8 @@ def sheet_pivots(ws: Any, props: list[str]) -> dict[str, dict[str, Any]]:
         key = f"{src.type};{(r1, c1 + left)}:{(r2, c2 - right)};{src.worksheetSource.sheet}"
         info: dict[str, Any] = {}
         simple = {"name": "name", "show_total": "visualTotals", "show_empty_row": "showEmptyRow",
-                  "show_empty_col": "showEmptyCol", "show_headers": "showHeaders", "location": "location"}  # fmt: skip
+                  "show_empty_col": "showEmptyCol", "show_headers": "showHeaders",
+                  "location": "location"}  # fmt: skip
         for p, attr in simple.items():
             if p in props:
                 info[p] = getattr(pvt, attr)
