@@ -8,8 +8,9 @@ Sequential mode, per domain (an ``os`` task and a ``chrome`` task from the local
 episode runs ``reset`` (fresh Xvfb + openbox + sandbox + setup steps), ``--steps`` pyautogui steps
 with the observation (screenshot + accessibility tree), ``evaluate`` and ``close``; medians.
 
-``--concurrent N [N ...]``: (``--json``: one JSON line per N) N desktops (tasks alternating over ``--domains``) are reset at once from N
-threads, then all of them step at once (``--steps`` each, with the observation the RL env uses:
+``--concurrent N [N ...]``: (``--json``: one JSON line per N) N desktops (tasks alternating over
+``--domains``) are reset at once from N threads, then all of them step at once (``--steps`` each, with the
+observation the RL env uses:
 ``--observe tree``), then all close. Reported: start rate (desktops ready per second of the whole
 start), reset and step p50/p99 with all busy, PSS per desktop (from ``/proc/*/smaps_rollup`` of
 the episode's processes), host memory and CPU use, failures, and processes or folders left after

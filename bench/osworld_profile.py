@@ -11,8 +11,8 @@ cstime`` its parent gains when it reaps it (less what the child's own samples al
 The machine may be shared: these are CPU seconds of the desktop's own processes, not wall time.
 
 Operations: ``idle`` (one second of nothing), ``action`` (``/execute`` of one pyautogui line, no
-observation), ``tree`` (``/accessibility`` in the env's ``a11y_view``), ``screenshot`` (``/screenshot``), ``step``
-(``DesktopEnv.step`` with the observation the env was built with) and ``reset`` (a warm reset in
+observation), ``tree`` (``/accessibility`` in the env's ``a11y_view``), ``screenshot`` (``/screenshot``),
+``step`` (``DesktopEnv.step`` with the observation the env was built with) and ``reset`` (a warm reset in
 place plus the task's setup).
 """
 

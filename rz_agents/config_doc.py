@@ -28,7 +28,8 @@ _ENTRY = re.compile(rf"^(\s*)(?:[-*]\s+)?({_NAME}(?:\s*/\s*{_NAME})*)\s*:\s?(.*)
 
 @dataclass(frozen=True)
 class FieldDoc:
-    """One row of the reference: ``path`` (dotted), ``type``, ``default`` (as YAML would show it) and ``doc``."""
+    """One row of the reference: ``path`` (dotted), ``type``, ``default`` (as YAML would show it) and
+    ``doc``."""
 
     path: str
     type: str

@@ -2,7 +2,7 @@
 """Host time of one decode step's metadata write (DecodeStep.fill) against the former per-step rebuild of
 every page-table entry (batch x width Python list, then one tensor), on CPU.
 
-    python3 scripts/bench_page_table_fill.py            # batches 48 and 256, width 256 (max_len 16K), 2K context
+    python3 scripts/bench_page_table_fill.py  # batches 48 and 256, width 256 (max_len 16K), 2K context
 
 The decode rows hold 2K context (32 pages); a page is added to one row per step (the steady state: each row
 crosses a page boundary every 64 tokens)."""

@@ -42,36 +42,44 @@ fp32_triton 25, decode_profile 10, rl_loop 20, rl_demo 10): bit identity first, 
 
   section          owner  GPU budget s  what
   env              #23      10  torch / triton / GPU
-  gemm             #23      75  aligned Triton GEMM vs cuBLAS (bf16) on Qwen3-4B's GEMM shapes (N = 1024, 2560,
-                                4096, 9728, 151936 over K = 2560 / 4096 / 9728) at M = 1, 16, 24, 48, 512, 16384;
-                                every row bit-identical across M (cuBLAS for contrast)
-  attention        #23      30  aligned attention vs batched SDPA (one call, padded): prefill 4 x 2048 and decode
-                                64 x 2048 (split-KV: splits, tile rows); decode rows == prefill rows == trainer
-                                rows bit for bit, at and around the 512-key split boundaries
-  alignment        #23      60  `rz align-check`'s suite: dense + MoE, bf16; aligned bit-identical, standard differs
+  gemm             #23      75  aligned Triton GEMM vs cuBLAS (bf16) on Qwen3-4B's GEMM shapes (N = 1024,
+                                2560, 4096, 9728, 151936 over K = 2560 / 4096 / 9728) at M = 1, 16, 24, 48,
+                                512, 16384; every row bit-identical across M (cuBLAS for contrast)
+  attention        #23      30  aligned attention vs batched SDPA (one call, padded): prefill 4 x 2048 and
+                                decode 64 x 2048 (split-KV: splits, tile rows); decode rows == prefill rows ==
+                                trainer rows bit for bit, at and around the 512-key split boundaries
+  alignment        #23      60  `rz align-check`'s suite: dense + MoE, bf16; aligned bit-identical, standard
+                                differs
   fp32_triton      #23      40  the same suite in fp32 on the Triton op set (its fp32 paths, once)
-  logprobs_vocab   #23      20  full 151,936-token vocabulary: engine log-softmax vs trainer log-softmax+gather
-                                (multi-block), bit for bit, and a row alone == the row in the batch
+  logprobs_vocab   #23      20  full 151,936-token vocabulary: engine log-softmax vs trainer
+                                log-softmax+gather (multi-block), bit for bit, and a row alone == the row in
+                                the batch
   grad_determinism #23      45  the same train step twice (dense and MoE): gradients bitwise equal; the Triton
                                 MoE forward + backward's synchronizing CUDA calls (0 wanted)
-  nccl_one_rank    #23      30  a one-rank NCCL group (gloo in a dry run) running the sharded MoE learner step (and the
-                                meta-device start from a checkpoint, weights compared bitwise): every
+  nccl_one_rank    #23      30  a one-rank NCCL group (gloo in a dry run) running the sharded MoE learner step
+                                (and the meta-device start from a checkpoint, weights compared bitwise): every
                                 collective on the device its group takes
-  model_0.6b       #23      70  Qwen3-0.6B-shaped random model, bf16: decode step (64 x 1,024 context) and train step
-                                (8 x 1,024 tokens), aligned vs standard, interleaved; engine path == training forward
+  model_0.6b       #23      70  Qwen3-0.6B-shaped random model, bf16: decode step (64 x 1,024 context) and
+                                train step (8 x 1,024 tokens), aligned vs standard, interleaved; engine path
+                                == training forward
   model_moe        #23      50  a small Qwen3-MoE-shaped model (64 experts, top-8), the same measurements
-  train_16k        #23      60  Qwen3-4B-shaped learner (8 of its 36 layers) train step on one 16,384-token sequence
-                                with activation checkpointing: time and peak memory vs the `--dry-run` estimator
+  train_16k        #23      60  Qwen3-4B-shaped learner (8 of its 36 layers) train step on one 16,384-token
+                                sequence with activation checkpointing: time and peak memory vs the
+                                `--dry-run` estimator
   decode_profile   #23      25  torch.profiler over one decode step: kernel count, GPU-busy vs wall time
-  rl_loop          #23      30  3 RL steps: the rz engine samples on the GPU, the learner trains, weights go back
-  rl_demo          #23      30  3 RL steps of configs/demo.yaml (needs the demo's packages: skips, naming them)
-  engine_decode    #22      90  Qwen3-4B-shaped decode step (LM head + sampler) at batch 1/16/48/128/256, context
-                                2K/8K: eager vs CUDA graph, aligned vs standard, graph == eager bitwise, tokens/s,
-                                fraction of the HBM roofline; sizes that do not fit (memory, budget) skipped, named
-  engine_sync      #22      20  graph-less decode step (dense, MoE) under set_sync_debug_mode("error") + host-read
-                                recorder: no host sync before the step's one copy of its tokens
-  engine_vs_trainer #22     30  engine (paged, shared prefix, graph decode) vs trainer forward, bf16, dense + MoE;
-                                on the GPU 500-token prompts, so split-KV decode crosses the 512-key split
+  rl_loop          #23      30  3 RL steps: the rz engine samples on the GPU, the learner trains, weights go
+                                back
+  rl_demo          #23      30  3 RL steps of configs/demo.yaml (needs the demo's packages: skips, naming
+                                them)
+  engine_decode    #22      90  Qwen3-4B-shaped decode step (LM head + sampler) at batch 1/16/48/128/256,
+                                context 2K/8K: eager vs CUDA graph, aligned vs standard, graph == eager
+                                bitwise, tokens/s, fraction of the HBM roofline; sizes that do not fit
+                                (memory, budget) skipped, named
+  engine_sync      #22      20  graph-less decode step (dense, MoE) under set_sync_debug_mode("error") +
+                                host-read recorder: no host sync before the step's one copy of its tokens
+  engine_vs_trainer #22     30  engine (paged, shared prefix, graph decode) vs trainer forward, bf16, dense +
+                                MoE; on the GPU 500-token prompts, so split-KV decode crosses the 512-key
+                                split
 
 Goals (from issue 23): aligned GEMM >= 0.8x cuBLAS at M >= 1024 (bf16); aligned train step >= 0.9x standard;
 every aligned row bit-identical; gradients bitwise reproducible.

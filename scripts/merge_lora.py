@@ -4,7 +4,8 @@
 
 CHECKPOINT_DIR is an HF checkpoint directory; its adapter is CHECKPOINT_DIR/lora_adapter (what rz writes for
 a LoRA run) or the PEFT directory given by --adapter. The merged weights compute W + scale * B A rounded once
-to the model's dtype: close to the adapted model, not bit-identical, which is why merging is this explicit step.
+to the model's dtype: close to the adapted model, not bit-identical, which is why merging is this explicit
+step.
 """
 
 from __future__ import annotations

@@ -415,7 +415,8 @@ def _tile_group(qf, k, v, b: _Bucket, sel, scale: float, page_table=None):
 
 
 def _groups(b: _Bucket):
-    """Index tensors of tile groups of bucket b whose scores fit WORK_BUDGET (one tile per group for long spans)."""
+    """Index tensors of tile groups of bucket b whose scores fit WORK_BUDGET (one tile per group for long
+    spans)."""
     n = b.tile_seq.numel()
     per_tile = b.rows * b.num_blocks * KEY_BLOCK
     step = 1 if b.num_blocks >= IN_PLACE_BLOCKS else max(1, WORK_BUDGET // per_tile)

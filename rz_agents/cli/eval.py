@@ -6,7 +6,8 @@
   flags given on the command line override it.
 * ``rz eval RUN/config.yaml --checkpoint DIR [--tasks FILE] [--k 4] [--threshold 1.0]``: a training config
   (it has ``env:``) and no benchmark (``--benchmark`` or ``eval.benchmark``): the run's own env on its eval
-  tasks (``env.eval_tasks`` or ``--tasks``), with the env's prompt, tools and reward (rz_agents.eval.env_eval).
+  tasks (``env.eval_tasks`` or ``--tasks``), with the env's prompt, tools and reward
+  (rz_agents.eval.env_eval).
 * ``rz eval osworld --tasks DIR|FILE ...``: the OSWorld success table (the same command as
   ``rz osworld eval``; its options are defined once, in ``rz_agents.cli.osworld``).
 """

@@ -2,8 +2,9 @@
 
 Runs on the run's own model, tokenizer, chat template, env and engine (before RL), then hands the weights
 to the learner and the engines. Writes run_dir/warm_start_model (and run_dir/initial_model when the policy
-is a random init, which exists nowhere else: ``rz eval --checkpoint`` scores the policy before and after). A warm start that does not fit the run's env is a
-``WarmStartMismatch`` (one line), raised before anything trains.
+is a random init, which exists nowhere else: ``rz eval --checkpoint`` scores the policy before and after). A
+warm start that does not fit the run's env is a ``WarmStartMismatch`` (one line), raised before anything
+trains.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``load_dataset``: named packaged sets or user JSONL/JSON/parquet files -> ``{"id", "question", "answer"}``."""
+"""``load_dataset``: named packaged sets or user JSONL/JSON/parquet
+files -> ``{"id", "question", "answer"}``."""
 
 from __future__ import annotations
 
@@ -100,9 +101,10 @@ def load_dataset(
 
     ``name_or_path``: a packaged name (``aime24``, ``aime25``, ``aime26``, ``amc23``, ``math500``,
     ``gsm8k``, ``math_numeric_3k``), ``word_problems`` (the held-out set of the GSM8K-style template
-    generator: ``WORD_PROBLEMS_HELDOUT`` problems of seed ``WORD_PROBLEMS_SEED``) or a ``.jsonl`` / ``.json`` / ``.parquet`` file (parquet needs
-    pyarrow). ``field_map`` maps our keys to the file's field names, e.g.
-    ``{"question": "prompt", "answer": "target"}``; records without an id get ``<name>-<index>``.
+    generator: ``WORD_PROBLEMS_HELDOUT`` problems of seed ``WORD_PROBLEMS_SEED``) or a
+    ``.jsonl`` / ``.json`` / ``.parquet`` file (parquet needs pyarrow). ``field_map`` maps our keys to the
+    file's field names, e.g. ``{"question": "prompt", "answer": "target"}``; records without an id get
+    ``<name>-<index>``.
     """
     key = str(name_or_path)
     key = ALIASES.get(key, key)

@@ -7,10 +7,10 @@ it (padding changes no bit of the real rows, no read-back to the host) holds for
 One graph per (batch bucket, position bound), on first use: the bound is the step's highest position rounded
 up by ``DecodeStep.graph_max_position`` (a power-of-two number of 512-key attention splits, at most
 ``static_max_position``), so the attention's decode grid follows the batch's real longest context, not
-max_len, from a few graphs per bucket. Per graph, on first use: the buffers are filled with padding rows (all on the scratch page, so the
-warm-up writes no real sequence's K/V), the step runs twice on a side stream (Triton JIT, lazily made
-device tables such as RoPE's, allocator warm-up; the first run under the host-read recorder,
-rz_agents.engine.host_reads, so a step that would sync is refused with its location instead of
+max_len, from a few graphs per bucket. Per graph, on first use: the buffers are filled with padding rows (all
+on the scratch page, so the warm-up writes no real sequence's K/V), the step runs twice on a side stream
+(Triton JIT, lazily made device tables such as RoPE's, allocator warm-up; the first run under the host-read
+recorder, rz_agents.engine.host_reads, so a step that would sync is refused with its location instead of
 breaking a capture), then once under capture. Every graph allocates from
 one shared memory pool; that is safe because a replay's output is read (LM head, sampler) before the
 next replay is launched, on the same stream. A replay: ``DecodeStep.fill`` writes the step's
@@ -21,8 +21,9 @@ What keeps a graph valid: it holds the addresses of the weights, the KV pages an
 Weights are loaded in place (``ModelRunner.load_state`` copies into the parameters' storage) and
 ``check_weights`` drops every graph (recaptured on next use) if a parameter's storage moved anyway;
 the page tables are buffer contents, so preemption, re-admission and new page placements need no
-recapture. A graph replays the op set it was captured with: switching the model's kernels drops them. A step that reads back (e.g. an MoE still grouping experts on the host) or a capture that
-fails turns graphs off for this engine with a logged reason, and decode runs eagerly (same bits).
+recapture. A graph replays the op set it was captured with: switching the model's kernels drops them. A step
+that reads back (e.g. an MoE still grouping experts on the host) or a capture that fails turns graphs off for
+this engine with a logged reason, and decode runs eagerly (same bits).
 """
 
 from __future__ import annotations

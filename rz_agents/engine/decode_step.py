@@ -233,7 +233,8 @@ class DecodeStep:
 
     @torch.inference_mode()
     def run(self, tokens: list[int], positions: list[int], page_tables: list[list[int]]) -> torch.Tensor:
-        """Hidden states [n, hidden] of n decode rows (row i: tokens[i] at positions[i], pages page_tables[i])."""
+        """Hidden states [n, hidden] of n decode rows (row i: tokens[i] at positions[i], pages
+        page_tables[i])."""
         buf = self.fill(tokens, positions, page_tables)
         padded = list(positions) + [0] * (buf.batch - len(positions))
         return self.forward(buf, max(positions), padded)[: len(tokens)]

@@ -113,7 +113,8 @@ class RZEngine:
     # -- public API ---------------------------------------------------------------------------
     @property
     def graphs(self):
-        """The runner's CUDA graphs of the static decode step (None when they are off: ``cuda_graphs_off``)."""
+        """The runner's CUDA graphs of the static decode step (None when they are off:
+        ``cuda_graphs_off``)."""
         return self.runner.graphs
 
     @property

@@ -87,9 +87,9 @@ class PageNode:
 
 @dataclass
 class PrefixMatch:
-    """The longest reusable prefix of a prompt: ``full`` pages to reference, then ``partial`` positions to copy
-    from ``partial_page``; ``computed`` tokens in all. ``potential`` counts what running sequences have not
-    computed yet as well (waiting for it pays when it exceeds ``computed``); ``running``: the match goes
+    """The longest reusable prefix of a prompt: ``full`` pages to reference, then ``partial`` positions to
+    copy from ``partial_page``; ``computed`` tokens in all. ``potential`` counts what running sequences have
+    not computed yet as well (waiting for it pays when it exceeds ``computed``); ``running``: the match goes
     through pages a running sequence is writing (sharing rather than the cache of finished sequences)."""
 
     full: list[int] = field(default_factory=list)
@@ -247,7 +247,8 @@ class PagePool:
             parent = node.block
 
     def untrack(self, seq: Sequence) -> None:
-        """Take ``seq``'s pages out of the index (their K/V now mix weight versions: nobody may reuse them)."""
+        """Take ``seq``'s pages out of the index (their K/V now mix weight versions: nobody may reuse
+        them)."""
         for p in seq.pages:
             if p in self._nodes and self._nodes[p].owner is seq:
                 self._forget(p)

@@ -143,7 +143,8 @@ class LoopEvaluator:
         self._make_env = None
 
     def due(self, steps_done: int, total_steps: int) -> bool:
-        """Whether to evaluate after ``steps_done`` learner steps: every ``every`` steps, and after the last."""
+        """Whether to evaluate after ``steps_done`` learner steps: every ``every`` steps, and after the
+        last."""
         return steps_done > 0 and (steps_done % self.plan.every == 0 or steps_done == total_steps)
 
     async def evaluate(self) -> dict[str, Any]:

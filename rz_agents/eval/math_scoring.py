@@ -46,7 +46,8 @@ class ProblemResult:
         return sum(s.correct for s in self.samples)
 
     def top_answer(self) -> str | None:
-        """The most frequent extracted answer (by light normal form), in the form first written; None if none."""
+        """The most frequent extracted answer (by light normal form), in the form first written; None if
+        none."""
         answers = [s.answer for s in self.samples if s.answer is not None]
         if not answers:
             return None
@@ -74,8 +75,8 @@ def final_answer(text: str) -> str | None:
 def score_completion(text: str, gold: str, verifier: MathVerifier | None = None) -> SampleResult:
     """Score one final answer text: the last ``\\boxed{}`` against ``gold`` with math equivalence.
 
-    No boxed answer (or an empty ``\\boxed{}``) is wrong (reward 0); ``1/2``, ``0.5`` and ``\\frac{1}{2}`` are the same answer.
-    A verifier failure scores the sample wrong and records why instead of raising.
+    No boxed answer (or an empty ``\\boxed{}``) is wrong (reward 0); ``1/2``, ``0.5`` and ``\\frac{1}{2}`` are
+    the same answer. A verifier failure scores the sample wrong and records why instead of raising.
     """
     answer = final_answer(text)
     if answer is None:

@@ -50,7 +50,8 @@ class Sampling:
 
 
 def parse_openai_spec(spec: str) -> tuple[str, str]:
-    """``openai:URL/MODEL`` -> (base URL, model); the split is after ``/v1`` when present, else at the last ``/``."""
+    """``openai:URL/MODEL`` -> (base URL, model); the split is after ``/v1`` when present, else at the last
+    ``/``."""
     body = spec.removeprefix("openai:")
     if "/v1/" in body:
         base, model = body.split("/v1/", 1)

@@ -4,7 +4,8 @@ Queries come from a low-rank projection (q_a_proj -> RMSNorm -> q_b_proj; or one
 keys and values from a shared compressed latent (the first kv_lora_rank columns of kv_a_proj_with_mqa, RMS-
 normed, expanded per head by kv_b_proj) plus one rotary key part shared by all heads (the last
 qk_rope_head_dim columns). Each head's q/k are [no-RoPE part | RoPE part]; DeepSeek checkpoints store the
-RoPE part's pairs interleaved, which a fixed column permutation turns into the rotate-half layout RoPE runs on.
+RoPE part's pairs interleaved, which a fixed column permutation turns into the rotate-half layout RoPE runs
+on.
 
 What the paged cache holds: the *expanded* K and V per head, at `config.head_dim` (mla_head_dim: the q/k
 head dim and the value head dim padded with zeros to one power of two). That reuses the aligned attention

@@ -1,4 +1,5 @@
-"""RoPE tables of a model config: the default frequencies, or YaRN-scaled ones (DeepSeek-V3, long-context Qwen2.5).
+"""RoPE tables of a model config: the default frequencies, or YaRN-scaled ones (DeepSeek-V3, long-context
+Qwen2.5).
 
 YaRN (Peng et al. 2023, "YaRN: Efficient Context Window Extension") blends, per frequency, the original
 frequency (kept for the fast-rotating dims, which see many full turns within the pretraining length) and the

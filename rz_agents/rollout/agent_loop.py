@@ -164,7 +164,8 @@ async def run_episode(
     """Run one episode to its end and return its Trajectory; raises EpisodeError if it cannot complete, and
     InfraFailure (an EpisodeError) if infrastructure lost it.
 
-    ``sampling`` is the engine's SamplingParams template: max_tokens, seed and stop_token_ids are set per turn.
+    ``sampling`` is the engine's SamplingParams template: max_tokens, seed and stop_token_ids are set per
+    turn.
     ``infra_exceptions``: names of exception classes which, raised by env.reset or env.step (the class or a
     base of it), mean the infrastructure failed (e.g. an env's own ``TimeoutError`` waiting for a desktop).
     """

@@ -5,11 +5,11 @@ Admission control: a group may start only while
     groups_started - groups_dropped < (steps_done + ahead) * groups_per_batch
 
 where steps_done counts finished learner steps and ahead is the run's ``LagPolicy.ahead_batches()``
-(min(max_lag + 1, max_ahead_batches); 1 with a fixed lag), max_lag its ``bound``. A group admitted under this rule is, in order of start,
-among the next max_lag + 1 batches, so its tokens would be trained at most max_lag versions later.
-Groups finish out of order, so ``TrajectoryQueue.take`` also drops (and counts) any group whose oldest
-token has lag > max_lag (or > the lag governor's bound, when it is lower: ``LagBound.train``): no trained token
-ever exceeds the bound. max_lag = 0 is the synchronous mode:
+(min(max_lag + 1, max_ahead_batches); 1 with a fixed lag), max_lag its ``bound``. A group admitted under this
+rule is, in order of start, among the next max_lag + 1 batches, so its tokens would be trained at most max_lag
+versions later. Groups finish out of order, so ``TrajectoryQueue.take`` also drops (and counts) any group
+whose oldest token has lag > max_lag (or > the lag governor's bound, when it is lower: ``LagBound.train``): no
+trained token ever exceeds the bound. max_lag = 0 is the synchronous mode:
 one batch is generated with the current weights, trained, published, then the next one starts.
 
 Accounting: every started group is in exactly one place: in flight (or waiting to be relaunched after a

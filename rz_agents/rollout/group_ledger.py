@@ -208,7 +208,8 @@ class GroupLedger:
         task_position: int | None = None,
         where: str = "",
     ) -> None:
-        """Raise InconsistentCheckpoint (naming the counts) unless every started group is in exactly one place.
+        """Raise InconsistentCheckpoint (naming the counts) unless every started group is in exactly one
+        place.
 
         ``steps``: learner steps in the checkpoint (its history); ``trained_groups``: the group indices of
         each of those steps, when the history records them; ``task_position``: the task source's position
@@ -223,7 +224,8 @@ class GroupLedger:
             raise InconsistentCheckpoint(prefix + "; ".join(problems))
 
     def _places(self, trained_groups: list[list[int]] | None) -> dict[str, list[int]]:
-        """The group indices of each known place (taken batches count as queued, as a checkpoint saves them)."""
+        """The group indices of each known place (taken batches count as queued, as a checkpoint saves
+        them)."""
         places = {
             "queued": [g.index for batch in self.taken for g in batch]
             + [g.index for g in self.queue.snapshot()],

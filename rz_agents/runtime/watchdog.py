@@ -37,7 +37,8 @@ def thread_stacks() -> str:
 
 
 def task_stacks(loop: asyncio.AbstractEventLoop) -> str:
-    """Where each asyncio task of ``loop`` waits: its chain of awaits, outermost first (call from the loop)."""
+    """Where each asyncio task of ``loop`` waits: its chain of awaits, outermost first (call from the
+    loop)."""
     parts = []
     for task in asyncio.all_tasks(loop):
         lines = [f"--- task {task.get_name()}"]

@@ -1,4 +1,5 @@
-"""HTTP for ``OpenAIServer``: the FastAPI app, server-sent events, disconnects, errors; and two ways to run it.
+"""HTTP for ``OpenAIServer``: the FastAPI app, server-sent events, disconnects, errors; and two ways to run
+it.
 
 Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``; the same under
 ``/sessions/{ID}/v1/...`` (the session named by the URL, so an unmodified client configured by

@@ -65,7 +65,8 @@ class RLControl:
         return self.engine.version
 
     def update_weights_from_path(self, path: str, version: int) -> int:
-        """``update_weights`` from an HF checkpoint directory, a .safetensors file or a torch state-dict file."""
+        """``update_weights`` from an HF checkpoint directory, a .safetensors file or a torch state-dict
+        file."""
         return self.update_weights(read_state(path), version)
 
 

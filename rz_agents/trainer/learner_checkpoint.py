@@ -8,8 +8,8 @@ load), keyed by parameter name:
   (one process, bf16 model), the fp32 shards (FSDP2 ranks) or the fp32 parameters themselves. The model's
   weights are not stored: they are always these rounded to the model's dtype (``MasterWeights``), so a
   resume rounds them again and gets the same bits.
-- ``optimizer/<name>/<key>``: AdamW's per-parameter state (``exp_avg``, ``exp_avg_sq``, ``step``), sharded like
-  the parameter where it has the parameter's shape.
+- ``optimizer/<name>/<key>``: AdamW's per-parameter state (``exp_avg``, ``exp_avg_sq``, ``step``), sharded
+  like the parameter where it has the parameter's shape.
 
 Everything small (param groups, schedule, version, counters) is returned to the caller, which keeps it in
 the runtime checkpoint file next to the folder (trainer/checkpoint.py). One process writes the same folder

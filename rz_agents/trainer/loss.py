@@ -34,7 +34,8 @@ stop-gradient, 1[.] an indicator, and "the batch" is every sampled token of the 
 
 Any estimator can add a restoring term, ``behavior_kl_coef`` = beta (default 0: off, the recipe unchanged):
 
-    s_t  ->  s_t - beta * (log w_t)^2 / 2      (the k2 estimate of KL(behavior || learner) on the sampled tokens)
+    s_t  ->  s_t - beta * (log w_t)^2 / 2      (the k2 estimate of KL(behavior || learner)
+                                                on the sampled tokens)
 
 whose gradient, -beta * log w_t * grad logp, pulls every sampled token's log-prob back toward the value its
 sampler recorded, in proportion to how far it moved (log w, not w: a weight of 1e3 pulls with 6.9 beta).

@@ -32,8 +32,8 @@ the demo's lr / 8 = 2.5e-5, the rate at which lag 64 was stable; at lr 2.5e-5 an
 B is a property of the task and model (how far a policy may move before its stale samples stop teaching
 it), measured on the demo; on another task measure it as docs/results.md does.
 
-Off by default (``kl_target: null``, ``lr_lag_budget: null``). Every rank sees the same KL (the log-probs are reduced before the
-metric), so every rank takes the same scale.
+Off by default (``kl_target: null``, ``lr_lag_budget: null``). Every rank sees the same KL (the log-probs are
+reduced before the metric), so every rank takes the same scale.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ import torch
 
 
 class Lag0MismatchError(AssertionError):
-    """Raised (when asked) if a token sampled at the learner's version has logp_learner != behavior logprob."""
+    """Raised (when asked) if a token sampled at the learner's version has logp_learner != behavior
+    logprob."""
 
 
 def _stats(prefix: str, x: Sequence[float]) -> dict[str, float]:
@@ -98,7 +99,8 @@ def lag_histogram(lags: torch.Tensor, max_lag: int) -> dict[str, float]:
 
 
 def lag_buckets(max_lag: int) -> list[tuple[int, int]]:
-    """The lag buckets of ``lag_histogram``: (0, 0), (1, 1), (2, 3), (4, 7), ... with the last ending at max_lag."""
+    """The lag buckets of ``lag_histogram``: (0, 0), (1, 1), (2, 3), (4, 7), ... with the last ending at
+    max_lag."""
     out, lo = [], 0
     while lo <= max_lag:
         hi = 0 if lo == 0 else min(2 * lo - 1, max_lag)

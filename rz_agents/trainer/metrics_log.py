@@ -13,7 +13,8 @@ import numpy as np
 
 
 def truncate_metrics(path: str | Path, start_step: int) -> int:
-    """Keep only the rows of ``path`` (JSONL) whose step is below ``start_step``; returns how many were removed.
+    """Keep only the rows of ``path`` (JSONL) whose step is below ``start_step``; returns how many were
+    removed.
 
     A run resumed from a checkpoint of ``start_step`` steps writes those steps' rows again; the rows a killed
     run wrote after its last checkpoint (and a line torn by the kill) would otherwise repeat step numbers.

@@ -78,7 +78,8 @@ class _EveryWeightGetsAGradient(torch.autograd.Function):
 
 
 def _touch_every_expert(module: torch.nn.Module, args, out: torch.Tensor) -> torch.Tensor:
-    """Forward hook of a ``SparseMoE``: its output, tied to every expert weight by ``_EveryWeightGetsAGradient``."""
+    """Forward hook of a ``SparseMoE``: its output, tied to every expert weight by
+    ``_EveryWeightGetsAGradient``."""
     if not torch.is_grad_enabled():
         return out
     weights = [p for p in module.experts.parameters() if p.requires_grad]
@@ -91,12 +92,13 @@ def reduce_scatter_unused_params(model: torch.nn.Module) -> str:
 
     FSDP2 reduce-scatters, per unit, the parameters whose gradient is not None. An MoE expert that no token of
     this rank reached (the CPU op set's MoE runs only the experts that have rows) has none, so the ranks would
-    send different sets of gradients: mismatched collectives (an error with gloo, a hang or garbage with NCCL).
+    send different sets of gradients: mismatched collectives (an error with gloo, a hang or garbage with
+    NCCL).
 
     torch >= 2.13 has ``FSDPModule.set_reduce_scatter_unused_params``: FSDP itself then sends zeros for them
-    (``"fsdp"``). Older torch (2.11 on the H200 machine) lacks it: every ``SparseMoE`` then gets a forward hook
-    that ties its output to all its expert weights, whose backward gives each expert a zero gradient that adds
-    to the real one (``"zero_grads"``; the forward's bits are unchanged: the hook returns a view of the
+    (``"fsdp"``). Older torch (2.11 on the H200 machine) lacks it: every ``SparseMoE`` then gets a forward
+    hook that ties its output to all its expert weights, whose backward gives each expert a zero gradient that
+    adds to the real one (``"zero_grads"``; the forward's bits are unchanged: the hook returns a view of the
     output). Either way an unreached expert's gradient is zeros, as the Triton MoE gives it anyway.
     """
     from torch.distributed.fsdp import FSDPModule

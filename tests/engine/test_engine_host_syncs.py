@@ -2,9 +2,10 @@
 
 Run on CPU, where a device-to-host read cannot stall anything but can be seen (rz_agents.engine.
 host_reads records every op that would sync on a GPU). The one read allowed is ``HostTokens.lists``
-(the step's tokens and log-probs, one copy, one wait). Not covered here: top-p's CPU form (a candidate loop decided row by row on the host; the
-CUDA form is one sort, read-free) and copies to the host from a CUDA tensor (not visible on CPU:
-gpu_check's engine_sync section runs the step under torch.cuda.set_sync_debug_mode("error")).
+(the step's tokens and log-probs, one copy, one wait). Not covered here: top-p's CPU form (a candidate loop
+decided row by row on the host; the CUDA form is one sort, read-free) and copies to the host from a CUDA
+tensor (not visible on CPU: gpu_check's engine_sync section runs the step under
+torch.cuda.set_sync_debug_mode("error")).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """``env.id: openenv:URL``: an OpenEnv environment server (openenv-core's own create_app, served by uvicorn on
 loopback as its docs start one) runs as a Gymnasium multi-turn env, one WebSocket session per episode, trains
-under ``rz train`` and evaluates under ``rz eval``; a server that does not answer is one line at config load."""
+under ``rz train`` and evaluates under ``rz eval``; a server that does not answer is one line at config
+load."""
 
 from __future__ import annotations
 

@@ -305,7 +305,8 @@ def test_prompts_render_as_the_checkpoints_own_template(checkpoints, name):
 
 @pytest.mark.parametrize("name", list(STYLES))
 def test_a_rollout_appends_tokens_and_equals_the_official_render_of_the_episode(checkpoints, name):
-    """prompt + sampled + <|im_end|> + continuation ... == the checkpoint's template over the whole episode."""
+    """prompt + sampled + <|im_end|> + continuation ... == the checkpoint's template over the whole
+    episode."""
     tokenizer, template, hf = checkpoints[name]
     rng = random.Random(1)
     for episode in range(20):

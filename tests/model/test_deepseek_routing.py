@@ -95,7 +95,8 @@ class _Recorder:
 
 
 def _routing(model: Transformer, seqs, seed: int):
-    """Routing decisions and log-probs of the cached path (chunked prefill + decode) and of the packed forward."""
+    """Routing decisions and log-probs of the cached path (chunked prefill + decode) and of the packed
+    forward."""
     from rz_agents.model import transformer
 
     original = transformer._Context.__init__

@@ -1,4 +1,5 @@
-"""Fused q/k/v and gate/up projections: one GEMM over stacked weights gives each part's bits, names unchanged."""
+"""Fused q/k/v and gate/up projections: one GEMM over stacked weights gives each part's bits, names
+unchanged."""
 
 import copy
 import dataclasses

@@ -22,7 +22,8 @@ def _traj(group: int, version: int = 0, reward: float = 1.0) -> Trajectory:
 
 
 def _ledger_through_every_place() -> tuple[GroupLedger, list[list[int]]]:
-    """Eight groups: 0-1 trained, 2-3 taken, 4 queued, 5 dropped (failed), 6 dropped (uniform), 7 in flight."""
+    """Eight groups: 0-1 trained, 2-3 taken, 4 queued, 5 dropped (failed), 6 dropped (uniform), 7 in
+    flight."""
     led = GroupLedger()
     for i in range(8):
         assert led.start({"task": i}) == i

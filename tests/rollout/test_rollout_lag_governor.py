@@ -1,6 +1,6 @@
 """The lag governor: the admission bound halves when ESS/n falls below the target or KL k3 rises above
-max_kl, grows back by one version a step up to max_lag when both recover, and a real async run logs the bound it admitted under at every step and
-trains nothing older than it."""
+max_kl, grows back by one version a step up to max_lag when both recover, and a real async run logs the bound
+it admitted under at every step and trains nothing older than it."""
 
 import json
 from itertools import pairwise

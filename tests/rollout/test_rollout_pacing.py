@@ -1,5 +1,6 @@
 """Pacing instead of dropping (rollout.stale_groups): a slow episode is trained at its lag, within max_lag,
-because the learner waits for it rather than train past the bound; with drop it is generated and thrown away."""
+because the learner waits for it rather than train past the bound; with drop it is generated and thrown
+away."""
 
 from __future__ import annotations
 

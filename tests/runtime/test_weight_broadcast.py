@@ -1,4 +1,5 @@
-"""The broadcast transport: weights travel bucket by bucket, bitwise, from a sender that never holds them all."""
+"""The broadcast transport: weights travel bucket by bucket, bitwise, from a sender that never holds them
+all."""
 
 from __future__ import annotations
 

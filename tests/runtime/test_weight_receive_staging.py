@@ -1,6 +1,6 @@
-"""An engine replica that receives weights by broadcast (placement.weight_transport: broadcast) holds the whole
-received state beside its own weights until it applies it between engine steps: the memory estimate (and so
-``rz train --dry-run``) counts that copy as ``weight_receive_staging``, exactly the bytes
+"""An engine replica that receives weights by broadcast (placement.weight_transport: broadcast) holds the
+whole received state beside its own weights until it applies it between engine steps: the memory estimate (and
+so ``rz train --dry-run``) counts that copy as ``weight_receive_staging``, exactly the bytes
 ``WeightBroadcast.receive`` allocates (checked on a one-member gloo group); the object-store transport has no
 device-side staging copy."""
 

@@ -1,5 +1,6 @@
 """One torch thread for every rz serve test (tiny models, shared cores); the helpers are serve_fixtures.py
-(a module of its own name: a second conftest module could not be imported by name beside tests/*/conftest.py)."""
+(a module of its own name: a second conftest module could not be imported by name beside
+tests/*/conftest.py)."""
 
 import pytest
 

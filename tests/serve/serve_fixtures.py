@@ -1,4 +1,5 @@
-"""Shared by the rz serve tests: a tiny aligned model behind a real `rz serve` HTTP server on 127.0.0.1, for the official openai client.
+"""Shared by the rz serve tests: a tiny aligned model behind a real `rz serve` HTTP server on 127.0.0.1, for
+the official openai client.
 
 The model is taught (a few hundred supervised steps, a few seconds) one short tool-use conversation, so
 greedy decoding really writes a ``<tool_call>`` and, after the tool's answer, a final reply: the tool path is

@@ -1,10 +1,10 @@
 """The sharded MoE learner on a torch without ``FSDPModule.set_reduce_scatter_unused_params`` (torch < 2.13;
 the H200 machine has 2.11).
 
-Two gloo ranks train a tiny MoE model with the method deleted from ``FSDPModule``. The batch is one micro-batch:
-rank 0 runs it, rank 1 runs the learner's 2-token idle pass, which reaches at most 4 of the 8 experts, so
-some experts have no gradient on rank 1 unless the fallback gives them zeros. Before the guard the learner
-crashed in ``ShardedRanks.shard`` (AttributeError); without a fallback the ranks would reduce-scatter
+Two gloo ranks train a tiny MoE model with the method deleted from ``FSDPModule``. The batch is one
+micro-batch: rank 0 runs it, rank 1 runs the learner's 2-token idle pass, which reaches at most 4 of the 8
+experts, so some experts have no gradient on rank 1 unless the fallback gives them zeros. Before the guard the
+learner crashed in ``ShardedRanks.shard`` (AttributeError); without a fallback the ranks would reduce-scatter
 different parameter sets. The updated weights must match the one-process learner's step from the same state
 to the tolerance tests/trainer/test_trainer_sharding.py states (lr / 100 after one AdamW step).
 """
@@ -35,7 +35,8 @@ def _cfg() -> LearnerConfig:
 
 
 def _batch() -> list[Trajectory]:
-    """One group of two sampled continuations with different rewards (a nonzero advantage), one micro-batch."""
+    """One group of two sampled continuations with different rewards (a nonzero advantage), one
+    micro-batch."""
     out = []
     for reward, tail in ((1.0, [9, 11, 13, 15]), (0.0, [10, 12, 14, 16])):
         prompt = [1, 5, 7, 3]

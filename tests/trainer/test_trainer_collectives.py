@@ -1,10 +1,10 @@
 """Collectives of the sharded learner: on the device their group's backend takes, once per step.
 
-NCCL takes CUDA tensors only: a CPU tensor all-reduced on an NCCL group fails ("No backend type associated with
-device type cpu"), which gloo groups (CPU tests) never show. So the device of every collective comes from the
-group's backend (``collective_device``), and a step's collectives are recorded and checked against it. A group
-registered for CUDA tensors only stands in for NCCL on this CPU machine (gloo underneath, so its refusal is
-torch's own dispatch, the same error NCCL gives).
+NCCL takes CUDA tensors only: a CPU tensor all-reduced on an NCCL group fails ("No backend type associated
+with device type cpu"), which gloo groups (CPU tests) never show. So the device of every collective comes from
+the group's backend (``collective_device``), and a step's collectives are recorded and checked against it. A
+group registered for CUDA tensors only stands in for NCCL on this CPU machine (gloo underneath, so its refusal
+is torch's own dispatch, the same error NCCL gives).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ COLLECTIVES = (
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """Every torch.distributed collective called while the fixture lives: (name, device types of its tensors)."""
+    """Every torch.distributed collective called while the fixture lives: (name, device types of its
+    tensors)."""
     calls: list[tuple[str, list[str]]] = []
     for name in COLLECTIVES:
         fn = getattr(dist, name, None)

@@ -1,5 +1,5 @@
-"""Learner checkpoints through torch.distributed.checkpoint: the tensors in a folder beside the checkpoint file
-(each rank its own shards, nothing gathered), the rest in the file; a resume is bitwise the uninterrupted
+"""Learner checkpoints through torch.distributed.checkpoint: the tensors in a folder beside the checkpoint
+file (each rank its own shards, nothing gathered), the rest in the file; a resume is bitwise the uninterrupted
 run, on one process and on two FSDP2 gloo ranks; the folder moves between 1 and 2 ranks; files of the format
 before folders still load; a crash inside the write leaves the previous checkpoint."""
 

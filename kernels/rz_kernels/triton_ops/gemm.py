@@ -10,12 +10,13 @@ One tile config per dtype, whatever M (`GEMM_CONFIG`), as the public batch-invar
 keyed on M (small tiles for decode, big ones for training) keeps BLOCK_K and the K loop, but on Hopper
 BLOCK_M 16 compiles to `mma.sync` and 64/128 to `wgmma`: different instructions whose per-element sums
 nothing guarantees to agree, so an engine decoding 16 rows and a trainer running 512-row chunks could differ
-in the last bit. The earlier per-M table is kept as `GEMM_CONFIGS_BY_M`, selected by `RZ_TRITON_GEMM_TILES=by_m`
-(or `set_gemm_tiles("by_m")`, or `table=` per call), so that `scripts/gpu_check.py` can measure its speed and
-its bits against the single config on a real GPU; the interpreter (CPU tests) computes every config with the
-same fixed-order dot, so only a GPU can tell them apart. Engine and trainer must use the same mode.
-The single config is wgmma-shaped (64 rows: one warpgroup) with 128 columns: at decode sizes the grid alone
-would be N / 128 programs (Qwen3-4B's o_proj and down_proj, N = 2560: 20 programs on 132 SMs).
+in the last bit. The earlier per-M table is kept as `GEMM_CONFIGS_BY_M`, selected by
+`RZ_TRITON_GEMM_TILES=by_m` (or `set_gemm_tiles("by_m")`, or `table=` per call), so that
+`scripts/gpu_check.py` can measure its speed and its bits against the single config on a real GPU; the
+interpreter (CPU tests) computes every config with the same fixed-order dot, so only a GPU can tell them
+apart. Engine and trainer must use the same mode. The single config is wgmma-shaped (64 rows: one warpgroup)
+with 128 columns: at decode sizes the grid alone would be N / 128 programs (Qwen3-4B's o_proj and down_proj,
+N = 2560: 20 programs on 132 SMs).
 
 Split-K (issue 37): the K range is cut into ``split_count(K, N)`` splits, a function of K and N only (never
 of M), each a run of whole BLOCK_K blocks; a program per (tile, split) accumulates its split in fp32 exactly
@@ -100,7 +101,8 @@ def gemm_tiles() -> str:
 
 
 def config_for(dtype: torch.dtype, m: int, table=None) -> GemmConfig:
-    """The tile config for M rows of `dtype`: GEMM_CONFIG's, or from a per-M `table` (or the "by_m" mode's)."""
+    """The tile config for M rows of `dtype`: GEMM_CONFIG's, or from a per-M `table` (or the "by_m"
+    mode's)."""
     if table is None and gemm_tiles() == "by_m":
         table = GEMM_CONFIGS_BY_M
     if table is None:

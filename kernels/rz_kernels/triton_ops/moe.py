@@ -19,8 +19,8 @@ the input gradients keep their bits. The weight gradients come from one grouped 
 sums each expert's rows in order (``grouped_weight_grad``; the padded batched GEMM it replaces needed the
 longest run on the host); an expert no row reached gets a zero gradient, not None (the host cannot know).
 The experts' weight addresses (the pointer table) live on the device, built once per set of addresses and
-reused (``pointer_table``): a decode step captured in a CUDA graph allocates no pinned memory and copies nothing
-from the host; the capture's warm-up builds the tables, and a table a graph captured is never evicted.
+reused (``pointer_table``): a decode step captured in a CUDA graph allocates no pinned memory and copies
+nothing from the host; the capture's warm-up builds the tables, and a table a graph captured is never evicted.
 """
 
 from __future__ import annotations
@@ -175,8 +175,8 @@ class Grouping:
 
 
 def max_tiles(rows: int, num_experts: int, block_m: int) -> int:
-    """The most ``block_m``-row tiles ``rows`` rows cut into runs of ``num_experts`` experts can take (from the
-    shapes alone): the full tiles, plus at most one partial tile per expert."""
+    """The most ``block_m``-row tiles ``rows`` rows cut into runs of ``num_experts`` experts can take (from
+    the shapes alone): the full tiles, plus at most one partial tile per expert."""
     return rows // block_m + min(num_experts, rows)
 
 

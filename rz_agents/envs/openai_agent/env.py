@@ -77,8 +77,8 @@ class OpenAIAgentEnv(gymnasium.Env):
         agent: ``agent(client, task) -> result`` (callable or ``"module:function"``); ``client`` is an
             ``openai.OpenAI`` whose base URL is the episode's session.
         command: instead of ``agent``, a command line run once per episode with ``OPENAI_BASE_URL`` (the
-            session), ``OPENAI_API_KEY`` and ``RZ_TASK`` (the task as JSON) set; its stdout (JSON if it parses)
-            is the result.
+            session), ``OPENAI_API_KEY`` and ``RZ_TASK`` (the task as JSON) set; its stdout (JSON if it
+            parses) is the result.
         scorer: ``scorer(task, result, messages) -> float``: the reward (``messages``: the conversation as the
             server last saw it, the final assistant reply included). Default: the result itself.
         model_name: the model id the endpoint serves (what the agent passes as ``model``).

@@ -3,7 +3,8 @@
 Checks, in order: an evaluator exists; the related apps are installed; every setup/postconfig
 step, getter and metric is implemented (and usable here); downloads are in the cache or local;
 pages to open are local; commands the task runs exist here and need no package installs or
-GNOME Shell (``gsettings`` works when its schemas and dconf are here, Ctrl+Alt+T when GNOME Terminal is). ``validate_dir`` summarises a folder as ``rz osworld validate`` prints it.
+GNOME Shell (``gsettings`` works when its schemas and dconf are here, Ctrl+Alt+T when GNOME Terminal is).
+``validate_dir`` summarises a folder as ``rz osworld validate`` prints it.
 """
 
 from __future__ import annotations

@@ -229,7 +229,8 @@ def make_server(listen_fd: int | None) -> socketserver.BaseServer:
 
 
 def serve(server: socketserver.BaseServer) -> None:
-    """Serve forever; stdout and stderr go to /dev/null first (the provider stops reading after the ready line)."""
+    """Serve forever; stdout and stderr go to /dev/null first (the provider stops reading after the ready
+    line)."""
     threading.Thread(target=_runner.start, daemon=True).start()  # preload while the desktop settles
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)

@@ -1,4 +1,5 @@
-"""VS Code on the local desktop: code-server (VS Code's own workbench and server, from npm) behind a ``code`` command.
+"""VS Code on the local desktop: code-server (VS Code's own workbench and server, from npm) behind a ``code``
+command.
 
 VS Code desktop is not in Debian. code-server (coder/code-server on npm, ``scripts/install.sh
 --osworld-apps``) is VS Code's workbench served to a browser, with VS Code's CLI for extensions.

@@ -28,7 +28,8 @@ class Transport:
         raise NotImplementedError
 
     def recv(self, n: int, deadline: float, watch: bool = True) -> bytes:
-        """Read exactly ``n`` bytes before ``deadline`` (time.monotonic); raises WorkerGone / DeadlineExceeded.
+        """Read exactly ``n`` bytes before ``deadline`` (time.monotonic); raises
+        WorkerGone / DeadlineExceeded.
 
         ``watch``: enforce the session-wide resource checks while waiting (off during startup).
         """

@@ -1,4 +1,5 @@
-"""Joining Ray: start a local instance or connect to a cluster, and the resource requests of each actor kind."""
+"""Joining Ray: start a local instance or connect to a cluster, and the resource requests of each actor
+kind."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The text agent's side of OSWorld: tree filtering and linearisation, token budgets, prompts, history window."""
+"""The text agent's side of OSWorld: tree filtering and linearisation, token budgets, prompts, history
+window."""
 
 from __future__ import annotations
 

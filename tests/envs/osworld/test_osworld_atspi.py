@@ -64,7 +64,8 @@ def test_fallback_tree_when_atspi_is_switched_off():
     not shutil.which("soffice"), reason="needs LibreOffice (scripts/install.sh --osworld-apps)"
 )
 def test_libreoffice_calc_exposes_cells_and_menus(tmp_path):
-    """Slow (LibreOffice starts in ~10 s, the tree of a Calc window takes a few seconds): not in CI's default run."""
+    """Slow (LibreOffice starts in ~10 s, the tree of a Calc window takes a few seconds): not in CI's default
+    run."""
     with DesktopEnv(require_screenshot=False) as env:
         env.reset(None)
         code = "import openpyxl; wb = openpyxl.Workbook(); ws = wb.active; ws.append(['Region', 'Sales']); ws.append(['North', 42]); wb.save('/home/user/sales.xlsx')"

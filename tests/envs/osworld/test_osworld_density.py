@@ -73,7 +73,8 @@ def _chrome_tree(env: DesktopEnv, extra: list[str], popups: int = 0) -> str:
 
 
 def _normal(xml: str) -> str:
-    """The tree without the tab's live memory figure (Chromium names a tab "Shop - Memory usage - 22.1 MB")."""
+    """The tree without the tab's live memory figure (Chromium names a tab "Shop - Memory usage - 22.1
+    MB")."""
     return MEMORY_IN_NAME.sub("", xml)
 
 

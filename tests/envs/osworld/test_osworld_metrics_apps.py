@@ -1,4 +1,5 @@
-"""Image metrics (GIMP, screenshots) and application-settings metrics (GIMP, LibreOffice, Thunderbird, VLC)."""
+"""Image metrics (GIMP, screenshots) and application-settings metrics (GIMP, LibreOffice, Thunderbird,
+VLC)."""
 
 from __future__ import annotations
 

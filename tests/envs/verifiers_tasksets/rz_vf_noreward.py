@@ -1,4 +1,5 @@
-"""A verifiers taskset whose task has no ``@vf.reward``: every episode would score 0, so the adapter refuses it."""
+"""A verifiers taskset whose task has no ``@vf.reward``: every episode would score 0, so the adapter refuses
+it."""
 
 from __future__ import annotations
 

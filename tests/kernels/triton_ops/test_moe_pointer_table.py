@@ -1,7 +1,7 @@
 """The Triton MoE's expert pointer table is a device tensor made once per set of expert addresses and reused,
-so a CUDA-graph capture of an MoE decode step (whose warm-up runs the step first) allocates no pinned memory and
-copies nothing from the host; a miss during a capture raises instead of baking a host copy into the graph; a
-table a graph captured is never evicted. The grouped MoE keeps its bits with the cached tables."""
+so a CUDA-graph capture of an MoE decode step (whose warm-up runs the step first) allocates no pinned memory
+and copies nothing from the host; a miss during a capture raises instead of baking a host copy into the graph;
+a table a graph captured is never evicted. The grouped MoE keeps its bits with the cached tables."""
 
 import pytest
 

@@ -1,5 +1,5 @@
-"""The Triton router sigmoid (DeepSeek-V3 routing): close to torch.sigmoid, and a row's values and route do not
-depend on the other rows of the call (interpreter)."""
+"""The Triton router sigmoid (DeepSeek-V3 routing): close to torch.sigmoid, and a row's values and route do
+not depend on the other rows of the call (interpreter)."""
 
 import pytest
 

@@ -48,7 +48,8 @@ def fuzz_ratio(a: str, b: str) -> float:
 
 
 def exact_match(result: Any, rules: dict[str, Any], **_: Any) -> float:
-    """1 when the result equals ``rules["expected"]`` (a missing result equals an expected ``None``, as OSWorld)."""
+    """1 when the result equals ``rules["expected"]`` (a missing result equals an expected ``None``, as
+    OSWorld)."""
     return float(result == rules["expected"])
 
 
@@ -192,7 +193,8 @@ def check_json_settings(actual: str | None, expected: dict[str, Any], **_: Any) 
 
 
 def check_json_keybindings(actual: str | None, expected: dict[str, Any], **_: Any) -> float:
-    """1 when the keybindings list (a JSON list, possibly after a comment line) holds ``expected["expected"]``."""
+    """1 when the keybindings list (a JSON list, possibly after a comment line) holds
+    ``expected["expected"]``."""
     text = read_text(actual)
     if text is None:
         return 0.0
@@ -283,7 +285,8 @@ def check_csv(result: str | None, rules: dict[str, Any], **_: Any) -> float:
 
 
 def run_sqlite3(result: str | None, rules: dict[str, Any], **_: Any) -> float:
-    """The first column of the first row ``rules["sql"]`` returns on the database (0 when empty or failing)."""
+    """The first column of the first row ``rules["sql"]`` returns on the database (0 when empty or
+    failing)."""
     if not result:
         return 0.0
     try:
@@ -308,7 +311,8 @@ A11Y_NAMESPACES = {
 
 
 def check_accessibility_tree(result: str | None, rules: list[dict[str, Any]], **_: Any) -> float:
-    """Each rule selects nodes (``xpath`` or CSS ``selectors``); with ``text`` the best node's text must match.
+    """Each rule selects nodes (``xpath`` or CSS ``selectors``); with ``text`` the best node's text must
+    match.
 
     The score is the product over rules: 1 per exact match, the fuzzy ratio with ``exact: false``,
     0 when a rule selects nothing.

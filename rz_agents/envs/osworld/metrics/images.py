@@ -103,7 +103,8 @@ def _brightness(img: Any) -> float:
 def check_brightness_decrease_and_structure_sim(
     src: str | None, tgt: str | None, threshold: float = 0.03, **_: Any
 ) -> float:
-    """1 when ``src`` is darker than ``tgt`` and, both normalised to mean brightness 128, their MSE is below ``threshold``."""
+    """1 when ``src`` is darker than ``tgt`` and, both normalised to mean brightness 128, their MSE is below
+    ``threshold``."""
     if not src or not tgt:
         return 0.0
     a, b = _open(src), _open(tgt)

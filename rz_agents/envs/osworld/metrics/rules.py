@@ -46,7 +46,8 @@ def _ranges(ranges: Any) -> list[tuple[int, int, int, int]]:
 
 
 def _within(inner: Any, outer: Any) -> bool:
-    """Every range of ``inner`` lies inside one range of ``outer`` (no cell enumeration: D2:D1048576 is fine)."""
+    """Every range of ``inner`` lies inside one range of ``outer`` (no cell enumeration: D2:D1048576 is
+    fine)."""
     boxes = _ranges(outer)
     return all(
         any(o[0] <= i[0] and o[1] <= i[1] and i[2] <= o[2] and i[3] <= o[3] for o in boxes)

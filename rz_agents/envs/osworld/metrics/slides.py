@@ -228,7 +228,8 @@ def _slide_xml(pptx_file: str, name: str) -> ET.Element | None:
 
 
 def check_transition(pptx_file: str | None, rules: dict[str, Any], **_: Any) -> float:
-    """1 when slide ``slide_idx`` (0-based) has a transition of type ``transition_type`` (e.g. ``dissolve``)."""
+    """1 when slide ``slide_idx`` (0-based) has a transition of type ``transition_type`` (e.g.
+    ``dissolve``)."""
     if not pptx_file:
         return 0.0
     root = _slide_xml(pptx_file, f"ppt/slides/slide{int(rules['slide_idx']) + 1}.xml")
@@ -293,7 +294,8 @@ def evaluate_presentation_fill_to_rgb_distance(
 
 
 def check_image_stretch_and_center(modified: str | None, original: str | None, **_: Any) -> float:
-    """1 when the original's first picture (same image data) fills the first slide, centred (within 0.5 in)."""
+    """1 when the original's first picture (same image data) fills the first slide, centred (within 0.5
+    in)."""
     if not modified or not original:
         return 0.0
     from pptx.util import Inches

@@ -86,9 +86,9 @@ def check_python_file_by_test_suite(actual_files: Any, test_file: str | None, **
     """1 when the test file's ``test_function_name`` (default ``test``) returns a truthy value.
 
     OSWorld imports the test file into the evaluator and calls the function; here it runs in a
-    child interpreter (``-I -B``: no bytecode caches left behind, cwd = the test file's folder, the result files' folders first on
-    ``sys.path``), limited to ``TEST_SUITE_TIMEOUT_S``; an exception, a falsy return or a timeout
-    scores 0. The code is the task's test and the agent's files: it runs on the evaluating host.
+    child interpreter (``-I -B``: no bytecode caches left behind, cwd = the test file's folder, the result
+    files' folders first on ``sys.path``), limited to ``TEST_SUITE_TIMEOUT_S``; an exception, a falsy return
+    or a timeout scores 0. The code is the task's test and the agent's files: it runs on the evaluating host.
     A test file that cannot be loaded raises, as in OSWorld.
     """
     if not test_file or not os.path.isfile(test_file):

@@ -1,10 +1,10 @@
 """Settings a fresh desktop home starts with: what OSWorld's VM image has already answered.
 
 LibreOffice would otherwise show its tip of the day and a "what's new" bar (which moves every
-widget down) on first start, and ask "Keep current format?" when a task's postconfig presses Ctrl+S on an .xlsx/.docx/.pptx, so the file would not be
-saved and a correct episode would score 0. The entries go into LibreOffice's user registry, which
-LibreOffice keeps and extends (metrics that read it, e.g. the autosave interval, still see the
-agent's changes).
+widget down) on first start, and ask "Keep current format?" when a task's postconfig presses Ctrl+S on an
+.xlsx/.docx/.pptx, so the file would not be saved and a correct episode would score 0. The entries go into
+LibreOffice's user registry, which LibreOffice keeps and extends (metrics that read it, e.g. the autosave
+interval, still see the agent's changes).
 
 File types open as on Ubuntu's GNOME (the VM): PDFs in Document Viewer (evince), images in Image
 Viewer (eog), videos in Videos (Totem), text, JSON and Python files in Text Editor (gedit; two

@@ -1,4 +1,5 @@
-"""Per-episode command wrappers put first on the desktop's ``PATH`` (``google-chrome`` lives in ``chrome.py``).
+"""Per-episode command wrappers put first on the desktop's ``PATH`` (``google-chrome`` lives in
+``chrome.py``).
 
 - ``sudo``: the desktop has no root to become (and ``no_new_privs`` stops a real sudo); it strips
   sudo's options and runs the command as the desktop user, so tasks' ``echo password | sudo -S cmd``
