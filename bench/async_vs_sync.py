@@ -240,10 +240,12 @@ def main(argv=None) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(
-            f"async/sync = {ratio:.2f}x  (ideal {ideal:.2f}x, {ratio / ideal:.0%} of it; 3-way ideal {ideal3:.2f}x)\n"
-            f"episodes in flight: max sync {sync['episodes_in_flight_max']} / async {asyn['episodes_in_flight_max']}, "
-            f"mean while running sync {sync['episodes_in_flight_mean_while_running']:.1f} / "
-            f"async {asyn['episodes_in_flight_mean_while_running']:.1f}\n"
+            f"async/sync = {ratio:.2f}x  (ideal {ideal:.2f}x, {ratio / ideal:.0%} of it; 3-way ideal "
+            f"{ideal3:.2f}x)\n"
+            f"episodes in flight: max sync {sync['episodes_in_flight_max']} / async "
+            f"{asyn['episodes_in_flight_max']}, mean while running sync "
+            f"{sync['episodes_in_flight_mean_while_running']:.1f} / async "
+            f"{asyn['episodes_in_flight_mean_while_running']:.1f}\n"
             f"sync: gen {gen:.2f}s + env {env:.2f}s + train {train:.2f}s per step; "
             f"async max lag {asyn['max_lag_seen']:.0f}"
         )

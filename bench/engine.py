@@ -425,7 +425,8 @@ def main() -> None:
         "threads": args.threads,
         "ratio_metric": key,
         "rounds": len(rounds),
-        "multiturn_reuse": "rz: prefix cache; vllm: automatic prefix caching; hf: DynamicCache passed back each turn",
+        "multiturn_reuse": "rz: prefix cache; vllm: automatic prefix caching; hf: DynamicCache passed back "
+                           "each turn",
         "results": results,
     }
     per_round_ratios = {}

@@ -493,9 +493,10 @@ def main(argv: list[str] | None = None) -> int:
                 r = rows[-1]
                 print(
                     f"N={n:<3} steady started {r['started']}/{n}  {r['episodes']} episodes "
-                    f"({r['episodes_per_min']}/min)  reset p50 {r['reset_p50_s']:.2f}s p99 {r['reset_p99_s']:.2f}s  "
-                    f"step p50 {r['step_p50_s']:.2f}s p99 {r['step_p99_s']:.2f}s  cpu {r['cpu_busy']:.0%}  "
-                    f"failed {r['failed']}  leftovers {r['leftover_processes']} procs {r['leftover_dirs']} dirs",
+                    f"({r['episodes_per_min']}/min)  reset p50 {r['reset_p50_s']:.2f}s p99 "
+                    f"{r['reset_p99_s']:.2f}s  step p50 {r['step_p50_s']:.2f}s p99 {r['step_p99_s']:.2f}s  "
+                    f"cpu {r['cpu_busy']:.0%}  failed {r['failed']}  leftovers {r['leftover_processes']} "
+                    f"procs {r['leftover_dirs']} dirs",
                     flush=True,
                 )
             else:

@@ -223,16 +223,18 @@ def main() -> None:
         print(json.dumps(result))
         return
     print(
-        f"warm call round trip   p50 {result['p50_ms']:.3f} ms   p99 {result['p99_ms']:.3f} ms  ({args.calls} calls)"
+        f"warm call round trip   p50 {result['p50_ms']:.3f} ms   p99 {result['p99_ms']:.3f} ms  "
+        f"({args.calls} calls)"
     )
     print(
         f"{args.sessions} concurrent sessions  {result['calls_per_s']:.0f} calls/s "
-        f"({result['concurrent_calls']} calls in {elapsed:.2f} s, {result['cpus']} CPUs; {len(wrong)} wrong or timed out)"
+        f"({result['concurrent_calls']} calls in {elapsed:.2f} s, {result['cpus']} CPUs; {len(wrong)} wrong "
+        "or timed out)"
     )
     print(
         f"{args.sessions} sessions open: started {result['open_start_per_s']:.1f}/s, "
-        f"{result['open_rss_mib_per_session']:.1f} MiB RSS ({result['open_pss_mib_per_session']:.1f} MiB PSS) each, "
-        f"call p50 {result['open_call_p50_ms']:.2f} ms p99 {result['open_call_p99_ms']:.2f} ms, "
+        f"{result['open_rss_mib_per_session']:.1f} MiB RSS ({result['open_pss_mib_per_session']:.1f} MiB "
+        f"PSS) each, call p50 {result['open_call_p50_ms']:.2f} ms p99 {result['open_call_p99_ms']:.2f} ms, "
         f"{result['open_sessions_alive']} alive"
     )
     print(f"fresh `python -c` per call   p50 {result['fresh_process_p50_ms']:.1f} ms")

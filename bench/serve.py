@@ -145,8 +145,8 @@ def main() -> None:
         r = rows[-1]
         print(
             f"b{b}: engine {engine['tok_per_s']:.0f} tok/s ({engine['tok_per_cpu_s']:.0f}/cpu-s), rz serve "
-            f"{http['tok_per_s']:.0f} tok/s ({http['tok_per_cpu_s']:.0f}/cpu-s): ratio wall {r['ratio_wall']:.2f}, "
-            f"cpu {r['ratio_cpu']:.2f}",
+            f"{http['tok_per_s']:.0f} tok/s ({http['tok_per_cpu_s']:.0f}/cpu-s): ratio wall "
+            f"{r['ratio_wall']:.2f}, cpu {r['ratio_cpu']:.2f}",
             file=sys.stderr,
         )
     if args.json:

@@ -90,8 +90,8 @@ def main() -> None:
     else:
         print(
             f"uniform groups {args.uniform:.0%}: learner step {full:.3f} s -> {skip:.3f} s with the skip "
-            f"(x{skip / full:.2f}); tokens trained {tokens[False]:,} -> {tokens[True]:,}; weights bit-identical: "
-            f"{identical} (max |dw| {max_diff:.1e})"
+            f"(x{skip / full:.2f}); tokens trained {tokens[False]:,} -> {tokens[True]:,}; weights "
+            f"bit-identical: {identical} (max |dw| {max_diff:.1e})"
         )
 
 

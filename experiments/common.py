@@ -195,7 +195,8 @@ def evaluate_policy(
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     if proc.returncode != 0:
         raise RuntimeError(
-            f"eval failed ({proc.returncode}): {shlex.join(cmd)}\n{out.with_suffix('.log').read_text()[-3000:]}"
+            f"eval failed ({proc.returncode}): {shlex.join(cmd)}\n"
+            f"{out.with_suffix('.log').read_text()[-3000:]}"
         )
     return json.loads(out.read_text())
 

@@ -355,8 +355,8 @@ def markdown_table(per_arm: dict[str, Any]) -> str:
 
     lines = [
         "| arm | seeds | held-out reward (per seed) | no answer | train reward first → last window | "
-        "IS dev peak/median | KL k3 last window | KL k3 last/first | max IS weight | skipped steps | clipfrac | "
-        "mean lag | steps/s |",
+        "IS dev peak/median | KL k3 last window | KL k3 last/first | max IS weight | skipped steps | "
+        "clipfrac | mean lag | steps/s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, e in per_arm.items():

@@ -369,7 +369,8 @@ def main() -> int:
         "--tiny",
         default=None,
         choices=["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3"],
-        help="part A on a tiny random model of this family (random-token prompts; results in mismatch_tiny_ARCH)",
+        help="part A on a tiny random model of this family (random-token prompts; results in "
+             "mismatch_tiny_ARCH)",
     )
     args = p.parse_args()
     if args.quick:

@@ -61,9 +61,10 @@ def table(rows: list[dict]) -> str:
     lines = [head, "|" + "---|" * 13]
     for r in rows:
         lines.append(
-            f"| {r['arm']} | {r['seed']} | {r['heldout']:.3f} | {r['steps_per_s']:.3f} | {r['lag_mean']:.1f} | "
-            f"{r['lag_max']:.0f} | {r['bound']} | {r['started']} | {r['dropped_stale']} | "
-            f"{r['tokens_finished']:.1f} | {r['tokens_trained']:.1f} | {r['ratio']:.3f} | {r['reward_last10']:.3f} |"
+            f"| {r['arm']} | {r['seed']} | {r['heldout']:.3f} | {r['steps_per_s']:.3f} | {r['lag_mean']:.1f} "
+            f"| {r['lag_max']:.0f} | {r['bound']} | {r['started']} | {r['dropped_stale']} | "
+            f"{r['tokens_finished']:.1f} | {r['tokens_trained']:.1f} | {r['ratio']:.3f} | "
+            f"{r['reward_last10']:.3f} |"
         )
     return "\n".join(lines)
 

@@ -61,8 +61,8 @@ def main() -> None:
                 tables[s % batch].pop()
             step.fill(tokens, positions, tables)
         print(
-            f"batch {batch}, width {width}, {context_pages} pages a row: incremental {times['incremental']:.3f} ms,"
-            f" rebuild {times['rebuild']:.3f} ms per step"
+            f"batch {batch}, width {width}, {context_pages} pages a row: incremental "
+            f"{times['incremental']:.3f} ms, rebuild {times['rebuild']:.3f} ms per step"
         )
 
 

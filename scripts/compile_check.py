@@ -83,7 +83,9 @@ def _grids(launches: list) -> dict[str, list[dict]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "--models", default="qwen3-4b,qwen3-30b-a3b,qwen2.5-1.5b,deepseek-v3", help="recipes (comma separated)"
+        "--models",
+        default="qwen3-4b,qwen3-30b-a3b,qwen2.5-1.5b,deepseek-v3",
+        help="recipes (comma separated)",
     )
     ap.add_argument("--targets", default="sm_90a,sm_80", help="sm_90a and/or sm_80")
     ap.add_argument("--triton", action="append", default=None,

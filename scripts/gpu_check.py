@@ -1067,7 +1067,8 @@ def _add_predictions(cfg, sizes: list[tuple[int, int]], results: dict, timeout_s
         "import json, sys; from rz_agents.model import ModelConfig; "
         "from rz_agents.compile_check.predict import predict_decode_step; "
         "a = json.loads(sys.argv[1]); cfg = ModelConfig(**a['cfg']); "
-        "print(json.dumps({f'b{b}_ctx{c}': predict_decode_step(cfg, b, c)['step_ms'] for b, c in a['sizes']}))"
+        "print(json.dumps({f'b{b}_ctx{c}': predict_decode_step(cfg, b, c)['step_ms'] for b, c in "
+        "a['sizes']}))"
     )
     arg = json.dumps({"cfg": dataclasses.asdict(cfg), "sizes": sizes})
     env = {
@@ -1570,8 +1571,8 @@ def status_of(result: dict) -> str:
 
 def human_summary(payload: dict, out: Path) -> str:
     lines = [
-        f"[gpu_check] {payload['total_s']} s total (budget {payload['budget_s']:.0f} s, sections' budgets sum "
-        f"to {payload['budgets_sum_s']:.0f} s), results in {out}"
+        f"[gpu_check] {payload['total_s']} s total (budget {payload['budget_s']:.0f} s, sections' budgets "
+        f"sum to {payload['budgets_sum_s']:.0f} s), results in {out}"
     ]
     for name, result in payload["sections"].items():
         note = _note(result)
@@ -1663,7 +1664,8 @@ def main() -> int:
         write_atomically(out, payload)
         note = _note(result)
         print(
-            f"[gpu_check] {name}: {status_of(result)} in {payload['section_seconds'][name]} s {str(note)[:120]}"
+            f"[gpu_check] {name}: {status_of(result)} in {payload['section_seconds'][name]} s "
+            f"{str(note)[:120]}"
         )
     payload["complete"] = True
     write_atomically(out, payload)

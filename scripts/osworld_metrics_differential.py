@@ -77,7 +77,8 @@ def _load(root: str, module: str) -> types.ModuleType:
 # Functions whose official code changed between OSWorld versions, the port following the later one.
 KNOWN_VERSION_DIFFERENCES = {
     "check_thunderbird_folder": "OSWorld's older code skips every non-empty message (`if mail.strip(): "
-    "continue`), so folders of non-empty messages all compare equal; later code skips the empty ones, as the port does",
+    "continue`), so folders of non-empty messages all compare equal; later code skips the empty ones, as the "
+    "port does",
 }
 WORDS = ["alpha", "Beta", "gamma", "x1", "org.gnome.Nautilus", "  pad ", "", "ICML", "2019", "a b", "\t", "Ω"]
 
@@ -231,8 +232,8 @@ def main() -> int:
                 if rng.random() < 0.6}  # fmt: skip
         case("compare_docx_files", docs.compare_docx_files, rng.choice([a, a, None, a[:-1]]), b, **opts)
 
-        mails = [f"From: {rng.choice(['a', 'b'])}\nX-Mozilla-Status: 000{rng.choice('0189')}\nX-Mozilla-Keys: "
-                 f"{rng.choice(['', 'label1'])}\nMIME-Version: 1.0\n\n{rng.choice(WORDS)}"
+        mails = [f"From: {rng.choice(['a', 'b'])}\nX-Mozilla-Status: 000{rng.choice('0189')}\n"
+                 f"X-Mozilla-Keys: {rng.choice(['', 'label1'])}\nMIME-Version: 1.0\n\n{rng.choice(WORDS)}"
                  for _ in range(rng.randint(0, 3))]  # fmt: skip
         gold = rng.choice([mails, mails[::-1], mails + mails[:1], [m.replace("0001", "0000") for m in mails]])
         opts = {k: rng.choice([True, False])

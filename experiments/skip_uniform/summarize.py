@@ -39,8 +39,8 @@ def main(root: Path) -> None:
                 out[run.name] = run_stats(run)
     for name, s in out.items():
         print(
-            f"{name}: learner {s['learner_s_per_step']:.2f} s/step ({s['learner_s_total']:.0f} s), tokens trained "
-            f"{s['tokens_trained']:,}, uniform groups {s['uniform_groups']}/{s['groups']}, reward "
+            f"{name}: learner {s['learner_s_per_step']:.2f} s/step ({s['learner_s_total']:.0f} s), tokens "
+            f"trained {s['tokens_trained']:,}, uniform groups {s['uniform_groups']}/{s['groups']}, reward "
             f"{s['reward_first3']:.3f} -> {s['reward_last3']:.3f} (mean {s['reward_mean_all']:.3f}), RL wall "
             f"{s['rl_wall_s']:.0f} s"
         )

@@ -18,7 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "Runs random batch compositions (batch sizes, chunked/full prefill, decode, packed and padded "
             "training batches) through the cached-inference path and the training forward of random tiny "
             "models (or --checkpoint) and compares per-token log-probs with torch.equal. Exits 0 only when "
-            "every aligned case is bit-identical AND the standard op set differs somewhere (negative control)."
+            "every aligned case is bit-identical AND the standard op set differs somewhere (negative "
+            "control)."
         ),
     )
     p.add_argument("--json", action="store_true", help="print one JSON object per (arch, dtype, kernels)")

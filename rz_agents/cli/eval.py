@@ -86,7 +86,8 @@ def add_parser(subparsers: Any) -> None:
         "--tool",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="offer the sandboxed Python tool (multi-turn episodes); default: no tool, direct \\boxed{} answer",
+        help="offer the sandboxed Python tool (multi-turn episodes); default: no tool, direct \\boxed{} "
+             "answer",
     )
     m.add_argument("--temperature", type=float, help="sampling temperature (default 0.6; 0 = greedy)")
     m.add_argument("--top-p", type=float, help="nucleus sampling (default 0.95)")
@@ -124,9 +125,9 @@ def add_parser(subparsers: Any) -> None:
     m.add_argument("--rows", type=int, default=None, help="print at most N table rows")
     e = parser.add_argument_group(
         "the run's own env (CONFIG is a training config, e.g. RUN/config.yaml, and no benchmark is named); "
-        "--tasks FILE (JSONL/JSON/Parquet or a packaged name) replaces env.eval_tasks, and --k, --temperature, "
-        "--top-p, --top-k, --seed, --limit, --num-slots, --num-threads, --kernels, --dtype apply; sampling "
-        "defaults to the run's rollout settings, turn and token limits are the run's"
+        "--tasks FILE (JSONL/JSON/Parquet or a packaged name) replaces env.eval_tasks, and --k, "
+        "--temperature, --top-p, --top-k, --seed, --limit, --num-slots, --num-threads, --kernels, --dtype "
+        "apply; sampling defaults to the run's rollout settings, turn and token limits are the run's"
     )
     e.add_argument("--threshold", type=float, default=None, help="success means reward >= this (default 1.0)")
     e.add_argument(

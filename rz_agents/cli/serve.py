@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(
         f"rz serve: {server.model_name} on http://{args.host}:{args.port}/v1 "
-        f"(engine: {engine.config.num_slots} slots, max_len {engine.config.max_len}, version {engine.version})",
+        f"(engine: {engine.config.num_slots} slots, max_len {engine.config.max_len}, version "
+        f"{engine.version})",
         file=sys.stderr,
     )
     uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")

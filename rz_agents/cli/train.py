@@ -87,8 +87,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="check the config and print a per-GPU memory estimate (weights, optimizer, activations, KV cache); "
-        "trains nothing",
+        help="check the config and print a per-GPU memory estimate (weights, optimizer, activations, KV "
+        "cache); trains nothing",
     )
     p.set_defaults(func=run)
 
@@ -283,7 +283,10 @@ def _train_with_progress(runner: RunHandle, cfg: RunConfig, console, plain: bool
         tps = metrics.get("trained_tokens_per_s", 0.0)
         ess = metrics.get("is_weight_ess_fraction", float("nan"))
         kl = metrics.get("kl_k3_behavior_to_learner", float("nan"))
-        return f"reward {r:.3f}  lag<= {lag}  ESS/n {ess:.2f}  KL {kl:.3f}  {tps:,.0f} tok/s{failed_note(metrics)}"
+        return (
+            f"reward {r:.3f}  lag<= {lag}  ESS/n {ess:.2f}  KL {kl:.3f}  {tps:,.0f} "
+            f"tok/s{failed_note(metrics)}"
+        )
 
     if plain:
 
@@ -322,8 +325,9 @@ def _health_line(h: dict) -> str:
         return f"health: ALARM from step {a['step']} ({a['reason']}); {h['advice']}"
     last = h.get("last_window") or {}
     return (
-        f"health: {h.get('status', 'n/a')} (last 10 steps: KL k3 median {last.get('kl_k3_median', math.nan):.3g}, "
-        f"ESS/n median {last.get('ess_fraction_median', math.nan):.3g})"
+        f"health: {h.get('status', 'n/a')} (last 10 steps: KL k3 median "
+        f"{last.get('kl_k3_median', math.nan):.3g}, ESS/n median "
+        f"{last.get('ess_fraction_median', math.nan):.3g})"
     )
 
 
@@ -338,7 +342,8 @@ def _print_summary(s: dict, run_dir: Path, report: Path | None) -> None:
         f"steps: {s['steps']}   wall: {fmt(s['wall_s'], '.1f')} s (RL {fmt(s['rl_wall_s'], '.1f')} s)",
         f"max policy lag reached: {s['max_lag_seen']} (bound {s['max_lag_allowed']})",
         f"lag-0 max |dlogp|: {s['lag0_max_abs_dlogp']} over {s['lag0_tokens_checked']} tokens "
-        f"({'bit-identical' if s['lag0_max_abs_dlogp'] == 0.0 else 'NOT bit-identical'}, kernels={s['kernels']})"
+        f"({'bit-identical' if s['lag0_max_abs_dlogp'] == 0.0 else 'NOT bit-identical'}, "
+        f"kernels={s['kernels']})"
         if s["lag0_max_abs_dlogp"] is not None
         else "lag-0 max |dlogp|: no lag-0 token was trained, none checked",
         f"generated tokens/s: {fmt(s['generated_tokens_per_s'], ',.0f')}",

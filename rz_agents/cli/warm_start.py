@@ -65,7 +65,8 @@ def check_demos_fit(ws: WarmStartConfig, env_id: str, env_class: Any) -> None:
     cls = getattr(importlib.import_module(module), name)
     if not (isinstance(env_class, type) and issubclass(env_class, cls)):
         raise WarmStartMismatch(
-            f"warm_start.demos makes {ws.task!r} demonstrations for {module}:{name}, but env.id is {env_id!r}: "
+            f"warm_start.demos makes {ws.task!r} demonstrations for {module}:{name}, but env.id is "
+            f"{env_id!r}: "
             "they would teach this env nothing. Give your own episodes (warm_start.episodes: FILE.jsonl), "
             "a bootstrap (warm_start.bootstrap.rounds: N), or set warm_start.demos: 0 (docs/custom_env.md)"
         )
@@ -93,7 +94,8 @@ def episode_demos(run, path: str, log: Callable[[str], None]) -> list[Demonstrat
     longest = max(len(d.tokens) for d in demos)
     if longest > limit:
         log(
-            f"warning: the longest warm-start episode has {longest} tokens > rollout.limits.max_episode_tokens {limit}"
+            f"warning: the longest warm-start episode has {longest} tokens > "
+            f"rollout.limits.max_episode_tokens {limit}"
         )
     return demos
 
@@ -132,8 +134,8 @@ def bootstrap(run, ws: WarmStartConfig, log: Callable[[str], None]) -> dict[str,
             "sample_s": time.perf_counter() - t0,
         }
         log(
-            f"warm start, bootstrap round {r + 1}/{b.rounds}: kept {len(result.kept)}/{result.total} episodes "
-            f"(reward >= {b.threshold}; mean reward {result.reward_mean:.3f}"
+            f"warm start, bootstrap round {r + 1}/{b.rounds}: kept {len(result.kept)}/{result.total} "
+            f"episodes (reward >= {b.threshold}; mean reward {result.reward_mean:.3f}"
             + (f"; {result.failed} failed" if result.failed else "")
             + f"); fine-tuning on {len(kept)} kept so far"
         )
@@ -187,7 +189,8 @@ def run_warm_start(run, cfg, log: Callable[[str], None]) -> dict | None:
                 demos = episode_demos(run, ws.episodes, log)
                 tokens = sum(sum(d.loss_mask) for d in demos)
                 log(
-                    f"warm start, episodes: {len(demos)} from {ws.episodes} ({tokens} assistant tokens) x {ws.epochs} epochs"
+                    f"warm start, episodes: {len(demos)} from {ws.episodes} ({tokens} assistant tokens) x "
+                    f"{ws.epochs} epochs"
                 )
                 result["episodes"] = supervised_warm_start(run.model, demos, ws, on_step=progress("episodes"))
                 result["episodes"]["count"] = len(demos)

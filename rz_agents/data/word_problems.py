@@ -117,7 +117,8 @@ def _legs(rng, name, item):
 def _wage(rng, name, item):
     a, b, c = _n(rng, 12, 45), _n(rng, 10, 40), _n(rng, 2, 9)
     return (
-        f"{name} earns ${a} per hour and works {b} hours a week. How many dollars does {name} earn in {c} weeks?",
+        f"{name} earns ${a} per hour and works {b} hours a week. "
+        f"How many dollars does {name} earn in {c} weeks?",
         f"{a} * {b} * {c}",
     )
 

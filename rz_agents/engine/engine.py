@@ -243,7 +243,8 @@ class RZEngine:
             raise ValueError("prompt must contain at least one token")
         if len(prompt) >= self.config.max_len:
             raise ValueError(
-                f"prompt has {len(prompt)} tokens; the engine's max_len {self.config.max_len} leaves no room to generate"
+                f"prompt has {len(prompt)} tokens; the engine's max_len {self.config.max_len} leaves no room "
+                "to generate"
             )
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:

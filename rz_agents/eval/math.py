@@ -368,7 +368,8 @@ def format_math_table(result: dict[str, Any], max_rows: int | None = None) -> st
     for p in rows:
         frac = f"{p['num_correct']}/{p['num_samples']}"
         lines.append(
-            f"{cell(p['id'], 28):<{id_w}}  {cell(p['answer'], 16):<16}  {frac:>8}  {cell(p['top_answer'], 24)}"
+            f"{cell(p['id'], 28):<{id_w}}  {cell(p['answer'], 16):<16}  {frac:>8}  "
+            f"{cell(p['top_answer'], 24)}"
         )
     if max_rows and len(result["problems"]) > max_rows:
         lines.append(f"... {len(result['problems']) - max_rows} more problems")
@@ -380,8 +381,9 @@ def format_math_table(result: dict[str, Any], max_rows: int | None = None) -> st
         f"T={s['temperature']}, top_p={s['top_p']}, max_tokens={s['max_tokens']})",
         f"avg@{result['k']} (pass@1): {100 * result['avg_at_k']:.2f}%   "
         f"pass@{result['k']}: {100 * result['pass_at_k']:.2f}%",
-        f"no answer: {100 * result['no_answer_rate']:.1f}%   truncated: {100 * result['truncated_rate']:.1f}%   "
-        f"failed samples: {result['num_failed']}   mean tokens: {result['mean_tokens']:.1f}",
+        f"no answer: {100 * result['no_answer_rate']:.1f}%   truncated: "
+        f"{100 * result['truncated_rate']:.1f}%   failed samples: {result['num_failed']}   mean tokens: "
+        f"{result['mean_tokens']:.1f}",
         f"wall: {result['wall_s']:.1f} s   ({result['generated_tokens_per_s']:.1f} generated tokens/s)",
     ]
     return "\n".join(lines)

@@ -203,7 +203,8 @@ def summarize(results: list[dict[str, Any]], benchmark: bool = False) -> dict[st
 def format_table(summary: dict[str, Any]) -> str:
     """The success table as plain text: one row per task, then per-domain and overall rates."""
     lines = [
-        f"{'task':<44} {'domain':<10} {'status':<8} {'score':>5} {'turns':>5} {'secs':>6} {'prompt_tok':>10} {'reply_tok':>9}"
+        f"{'task':<44} {'domain':<10} {'status':<8} {'score':>5} {'turns':>5} {'secs':>6} {'prompt_tok':>10} "
+        f"{'reply_tok':>9}"
     ]
     for r in summary["tasks"]:
         score = "-" if r["score"] is None else f"{r['score']:.2f}"

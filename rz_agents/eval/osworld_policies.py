@@ -132,7 +132,8 @@ class EnginePolicy:
         self.max_len = min(max_len or model_len, model_len)
         if self.sampling.max_tokens >= self.max_len:
             raise ValueError(
-                f"max_tokens {self.sampling.max_tokens} leaves no room for a prompt in {self.max_len} positions"
+                f"max_tokens {self.sampling.max_tokens} leaves no room for a prompt in {self.max_len} "
+                "positions"
             )
         stops = tuple(checkpoint.template.stop_token_ids(checkpoint.tokenizer))
         self.stops = stops

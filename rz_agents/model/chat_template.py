@@ -92,7 +92,8 @@ def _content(message: Message, index: int) -> str:
         return ""
     if not isinstance(content, str):
         raise TypeError(
-            f"message {index} ({message.get('role')}): content must be a str or None, got {type(content).__name__}"
+            f"message {index} ({message.get('role')}): content must be a str or None, got "
+            f"{type(content).__name__}"
         )
     return content
 
@@ -363,9 +364,11 @@ _JINJA = (
     "        {%- endif %}\n"
     "        {{- '<|im_end|>\\n' }}\n"
     "    {%- elif message.role == 'tool' %}\n"
-    "        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}\n"
+    "        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}"
+    "{{- '<|im_start|>user' }}{%- endif %}\n"
     "        {{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}\n"
-    "        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}\n"
+    "        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}\n"
     "    {%- endif %}\n"
     "{%- endfor %}\n"
     "{%- if add_generation_prompt %}\n"

@@ -60,8 +60,8 @@ class LoraConfig:
             raise ValueError(f"learner.lora.alpha must be > 0, got {self.alpha}")
         if self.dropout != 0:
             raise ValueError(
-                f"learner.lora.dropout must be 0, got {self.dropout}: the engine cannot apply dropout, so the "
-                "trainer would score tokens under another function than the engine sampled them from"
+                f"learner.lora.dropout must be 0, got {self.dropout}: the engine cannot apply dropout, so "
+                "the trainer would score tokens under another function than the engine sampled them from"
             )
         if not self.target_modules:
             raise ValueError("learner.lora.target_modules must name at least one layer")
@@ -89,8 +89,8 @@ def _refuse_unsupported(model: nn.Module, targets: set[str]) -> None:
         raise ValueError("learner.lora: DeepSeek-V3 (MLA + DeepSeek MoE) layers are not supported by LoRA")
     if getattr(cfg, "num_experts", 0) and targets & {"gate_proj", "up_proj", "down_proj"}:
         raise ValueError(
-            "learner.lora.target_modules: MoE experts cannot be adapted (gate_proj/up_proj/down_proj on an MoE "
-            "model); target the attention projections only"
+            "learner.lora.target_modules: MoE experts cannot be adapted (gate_proj/up_proj/down_proj on an "
+            "MoE model); target the attention projections only"
         )
 
 

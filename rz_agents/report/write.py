@@ -43,7 +43,8 @@ PANELS: list[tuple[str, str, list[str]]] = [
     ),
     (
         "health",
-        "Health: ESS/n, KL k3 (10-step medians; alarm at KL > 0.5 or ESS/n < 0.3), IS tail, estimator clipfrac",
+        "Health: ESS/n, KL k3 (10-step medians; alarm at KL > 0.5 or ESS/n < 0.3), IS tail, estimator "
+        "clipfrac",
         [
             "is_weight_ess_fraction",
             "health_ess_fraction_median",
@@ -59,7 +60,8 @@ PANELS: list[tuple[str, str, list[str]]] = [
     ),
     (
         "staleness",
-        "Staleness: mean lag per token, and of each trajectory's oldest token (per trajectory, token-weighted)",
+        "Staleness: mean lag per token, and of each trajectory's oldest token (per trajectory, "
+        "token-weighted)",
         ["lag_mean", "lag_oldest_mean", "lag_oldest_token_mean", "lag_oldest_max"],
     ),
     ("admission", "Lag governor: admission bound", ["rollout_admission_lag"]),
@@ -215,7 +217,8 @@ def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
     for title, path in images:
         data = base64.b64encode(path.read_bytes()).decode()
         parts.append(
-            f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
+            f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' "
+            f"src='data:image/png;base64,{data}'>"
         )
     if not images:
         parts.append("<p>No metrics to plot yet.</p>")

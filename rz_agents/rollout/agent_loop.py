@@ -266,7 +266,8 @@ async def _step(
         reward = float(reward)
     except (TypeError, ValueError):
         raise EpisodeError(
-            f"{name}.step returned a reward of type {type(reward).__name__} ({reward!r:.40}); expected a number"
+            f"{name}.step returned a reward of type {type(reward).__name__} ({reward!r:.40}); expected a "
+            "number"
         ) from None
     return obs, reward, terminated, truncated
 

@@ -90,7 +90,8 @@ class RolloutConfig:
         for name in self.infra_exceptions:
             if not (isinstance(name, str) and name.isidentifier()):
                 raise ValueError(
-                    f"rollout.infra_exceptions must list exception class names (e.g. TimeoutError), got {name!r}"
+                    "rollout.infra_exceptions must list exception class names (e.g. TimeoutError), got "
+                    f"{name!r}"
                 )
         if self.stale_groups not in STALE_GROUPS:
             raise ValueError(f"rollout.stale_groups must be one of {STALE_GROUPS}, got {self.stale_groups!r}")
@@ -416,8 +417,9 @@ class RolloutController:
         raise RolloutDeadlock(
             f"the learner waits for {self.cfg.groups_per_batch} groups but none can come: {len(self.queue)} "
             f"queued, 0 in flight, and admission is closed (live groups {self.ledger.live}"
-            f" = started {c['groups_started']} - dropped {self.ledger.dropped} >= (steps_done {self.steps_done} + "
-            f"ahead {ahead}) x {self.cfg.groups_per_batch}; trained {c['groups_trained']}). The controller "
+            f" = started {c['groups_started']} - dropped {self.ledger.dropped} >= (steps_done "
+            f"{self.steps_done} + ahead {ahead}) x {self.cfg.groups_per_batch}; trained "
+            f"{c['groups_trained']}). The controller "
             "state (a checkpoint?) does not account for every started group."
         )
 

@@ -259,7 +259,8 @@ class GroupLedger:
             problems.append(f"task position {task_position} != groups_started {started}")
         if self.dropped_indices_known and len(self.dropped_indices) != self.dropped:
             problems.append(
-                f"{len(self.dropped_indices)} dropped group indices != dropped {failed} + {stale}{with_uniform}"
+                f"{len(self.dropped_indices)} dropped group indices != dropped {failed} + "
+                f"{stale}{with_uniform}"
             )
         if trained_groups is not None:
             if len(trained_groups) != steps:

@@ -159,7 +159,8 @@ class PlacementConfig:
             raise ValueError(f"placement.actor_restarts must be >= 0, got {self.actor_restarts}")
         if self.weight_transport not in WEIGHT_TRANSPORTS:
             raise ValueError(
-                f"placement.weight_transport must be one of {WEIGHT_TRANSPORTS}, got {self.weight_transport!r}"
+                f"placement.weight_transport must be one of {WEIGHT_TRANSPORTS}, got "
+                f"{self.weight_transport!r}"
             )
 
 
@@ -295,7 +296,8 @@ class TrainConfig:
         for name, spec in (("rollout", RolloutSpec), ("learner", LearnerSpec)):
             if not isinstance(getattr(self, name), spec):
                 raise TypeError(
-                    f"{name}: needs a {spec.__name__} (the run schema), got {type(getattr(self, name)).__name__}"
+                    f"{name}: needs a {spec.__name__} (the run schema), got "
+                    f"{type(getattr(self, name)).__name__}"
                 )
         if self.learner_process and self.model.device != "cpu":
             raise ValueError("learner_process: true needs model.device: cpu (the child shares CPU memory)")
@@ -367,7 +369,8 @@ class TrainConfig:
                 if getattr(self, name) != default:
                     raise ValueError(f"{name}: is set but runtime is 'local'; set runtime: ray to use it")
             if self.learner.lora.enabled and self.learner_process:
-                raise ValueError("learner.lora needs learner_process: false (the child does not publish adapters)")
+                raise ValueError("learner.lora needs learner_process: false (the child does not publish "
+                                 "adapters)")
             return
         if self.learner.lora.enabled:  # the Ray engines build their own models: they would hold no adapters
             raise ValueError("learner.lora needs runtime: local (the Ray runtime does not sync adapters yet)")

@@ -209,7 +209,8 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
     edges = tokens * c.hidden_size * e * 2  # embeddings and final norm
     est.learner["activations"] = (act_on if ckpt else act_off) + edges
     est.notes.append(
-        f"activations with layer checkpointing {(act_on + edges) / GIB:.1f} GiB, without {(act_off + edges) / GIB:.1f} GiB"
+        f"activations with layer checkpointing {(act_on + edges) / GIB:.1f} GiB, without "
+        f"{(act_off + edges) / GIB:.1f} GiB"
     )
     logits_all = tokens * c.vocab_size * 4
     # Chunks recomputed in the backward (above KEEP_LOGITS_BYTES, or with checkpointing on, as
@@ -277,8 +278,8 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
                 publish = max(publish, 2 * BUCKET_BYTES)
             est.learner["publication_transient"] = publish
             est.notes.append(
-                f"weight publication gathers one tensor at a time: {publish / GIB:.2f} GiB transient per rank "
-                f"(a whole copy of the weights would be {n * e / GIB:.1f} GiB)"
+                f"weight publication gathers one tensor at a time: {publish / GIB:.2f} GiB transient per "
+                f"rank (a whole copy of the weights would be {n * e / GIB:.1f} GiB)"
             )
             est.notes.append(
                 "checkpoints: each rank writes its own shards of weights, fp32 masters and AdamW state "
@@ -369,12 +370,14 @@ def cpu_memory_warning(cfg, available: int | None = None) -> str | None:
     )
     line = (
         f"this run needs ~{need / GIB:.1f} GiB (learner {est.learner_total / GIB:.1f}, of it activations "
-        f"{est.learner['activations'] / GIB:.1f}; {engine}) and this machine has {available / GIB:.1f} GiB available"
+        f"{est.learner['activations'] / GIB:.1f}; {engine}) and this machine has {available / GIB:.1f} GiB "
+        "available"
     )
     if not cfg.model.activation_checkpointing:
         on = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, activation_checkpointing=True))
         line += (
-            f"; model.activation_checkpointing=true needs ~{estimate_memory(on, model_cfg, source).learner_total / GIB:.1f}"
+            "; model.activation_checkpointing=true needs "
+            f"~{estimate_memory(on, model_cfg, source).learner_total / GIB:.1f}"
             " GiB for the learner"
         )
     return line + " (rz train CONFIG --dry-run shows the estimate)"

@@ -150,7 +150,8 @@ def load_checkpoint(path: str | Path, restore_rng: bool = True) -> dict[str, Any
     payload = torch.load(path, map_location="cpu", weights_only=False)
     if payload.get("format_version") not in READABLE_VERSIONS:
         raise ValueError(
-            f"{path}: checkpoint format {payload.get('format_version')!r}, expected one of {READABLE_VERSIONS}"
+            f"{path}: checkpoint format {payload.get('format_version')!r}, expected one of "
+            f"{READABLE_VERSIONS}"
         )
     learner = payload.get("learner")
     payload["learner_folder"] = learner_folder(path, learner) if isinstance(learner, dict) else None

@@ -119,7 +119,8 @@ class LossConfig:
             raise ValueError(f"loss.decoupled_weight_cap must be > 0, got {self.decoupled_weight_cap}")
         if not self.dual_clip_c > 1.0 + self.ppo_clip_eps:
             raise ValueError(
-                f"loss.dual_clip_c must be > 1 + ppo_clip_eps ({1.0 + self.ppo_clip_eps}), got {self.dual_clip_c}"
+                f"loss.dual_clip_c must be > 1 + ppo_clip_eps ({1.0 + self.ppo_clip_eps}), got "
+                f"{self.dual_clip_c}"
             )
         if not (math.isfinite(self.behavior_kl_coef) and self.behavior_kl_coef >= 0.0):
             raise ValueError(
@@ -335,8 +336,8 @@ ESTIMATORS = tuple(ESTIMATOR_TABLE)
 # Names that once selected more than a loss, and what to write instead (one line each).
 RETIRED_ESTIMATORS = {
     "standard_is": (
-        "learner.loss.estimator: standard_is is gone: it was reinforce_zero run on stock PyTorch ops, and the "
-        "op set is now named only by model.kernels; write learner.loss.estimator: reinforce_zero and "
+        "learner.loss.estimator: standard_is is gone: it was reinforce_zero run on stock PyTorch ops, and "
+        "the op set is now named only by model.kernels; write learner.loss.estimator: reinforce_zero and "
         "model.kernels: standard"
     ),
 }

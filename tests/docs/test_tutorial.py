@@ -54,7 +54,8 @@ def test_the_tutorial_trains_a_policy_that_beats_its_random_init_on_held_out_tas
     warm = _eval(run_dir, "warm_start_model", tmp_path / "warm.json")
     after = _eval(run_dir, "final_model", tmp_path / "after.json")
     print(
-        f"held-out mean reward: before {before['mean_reward']:.3f} -> after warm start {warm['mean_reward']:.3f} -> after RL {after['mean_reward']:.3f}"
+        f"held-out mean reward: before {before['mean_reward']:.3f} -> after warm start "
+        f"{warm['mean_reward']:.3f} -> after RL {after['mean_reward']:.3f}"
     )
     assert before["num_tasks"] == after["num_tasks"] == 64 and after["num_samples"] == 64 * 16
     assert after["num_failed"] == 0

@@ -95,7 +95,8 @@ def test_the_taskset_config_is_verifiers_own_and_checked(target):
         ),
         (
             "verifiers:rz-vf-docker-tools",
-            "its toolset ShellToolset runs in a DockerConfig runtime (a sandbox), which the adapter does not run",
+            "its toolset ShellToolset runs in a DockerConfig runtime (a sandbox), "
+            "which the adapter does not run",
         ),
     ],
 )

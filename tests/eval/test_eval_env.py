@@ -101,7 +101,8 @@ def test_a_failed_sample_is_counted_and_all_failed_exits_non_zero(run_dir, capsy
     rc, out, err = _eval(run_dir, capsys, tasks[1:], "--k", "2")
     assert rc == 1
     assert err.strip() == (
-        "rz eval: error: all 2 samples failed; the first: EpisodeError: env.step failed: RuntimeError: env exploded"
+        "rz eval: error: all 2 samples failed; the first: EpisodeError: env.step failed: "
+        "RuntimeError: env exploded"
     )
 
 

@@ -29,7 +29,10 @@ RENAME = str(Path(LOCAL_TASKS) / "os" / "rz-os-rename-file.json")
 needs_desktop = pytest.mark.skipif(
     not (shutil.which("Xvfb") and shutil.which("openbox")), reason="needs xvfb and openbox"
 )
-SOLVE = "I will rename it.\n```python\nimport os\nos.rename('/home/user/Desktop/draft.txt', '/home/user/Desktop/final.txt')\n```"
+SOLVE = (
+    "I will rename it.\n```python\nimport os\nos.rename('/home/user/Desktop/draft.txt', "
+    "'/home/user/Desktop/final.txt')\n```"
+)
 
 
 class ChatServer:

@@ -155,7 +155,10 @@ def test_deepseek_chat_format_is_refused_with_a_clear_error():
 
     from rz_agents.model.chat_template import QWEN25_CHAT_TEMPLATE, template_for
 
-    r1_distill = "{{bos_token}}{% for m in messages %}<\uff5cUser\uff5c>{{m.content}}{% endfor %}<\uff5cAssistant\uff5c><think>\n"
+    r1_distill = (
+        "{{bos_token}}{% for m in messages %}<\uff5cUser\uff5c>{{m.content}}{% endfor %}"
+        "<\uff5cAssistant\uff5c><think>\n"
+    )
     with pytest.raises(ValueError, match="DeepSeek"):
         template_for(SimpleNamespace(chat_template=r1_distill))
     qwen25 = (

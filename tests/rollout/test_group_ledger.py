@@ -121,7 +121,8 @@ def test_a_group_in_two_places_is_an_inconsistent_checkpoint_naming_both():
     led.dropped_indices[0] = 4  # group 4 is queued; record it as dropped instead of 5
     with pytest.raises(
         InconsistentCheckpoint,
-        match=r"inconsistent checkpoint \(saving\): 1 group indices are in more than one place: 4 \(queued \+ dropped\)",
+        match=r"inconsistent checkpoint \(saving\): 1 group indices are in more than one place: "
+              r"4 \(queued \+ dropped\)",
     ):
         led.check(steps=1, trained_groups=trained, task_position=8, where="saving")
 
@@ -151,7 +152,10 @@ def test_counts_that_disagree_are_named_with_their_figures():
         led.check(steps=2, trained_groups=trained, task_position=8)
     msg = str(e.value)
     assert "steps_done 1 != 2 learner steps in the history" in msg
-    expected = "groups_started 9 != trained 2 + queued 3 + in flight 1 + dropped 1 failed + 0 stale + 1 uniform (= 8)"
+    expected = (
+        "groups_started 9 != trained 2 + queued 3 + in flight 1 + dropped 1 failed + 0 stale "
+        "+ 1 uniform (= 8)"
+    )
     assert expected in msg
     assert "task position 8 != groups_started 9" in msg
     assert "1 trained batches recorded != 2 steps" in msg

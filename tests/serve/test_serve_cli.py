@@ -28,7 +28,10 @@ def test_a_bad_target_is_a_clear_error():
 
 @pytest.mark.parametrize(
     "override, message",
-    [("rollout.max_lagg=3", "did you mean max_lag?"), ("learner.temperature=0.5", "conflicts with rollout.temperature")],
+    [
+        ("rollout.max_lagg=3", "did you mean max_lag?"),
+        ("learner.temperature=0.5", "conflicts with rollout.temperature"),
+    ],
 )
 def test_a_bad_config_is_one_line_and_exit_2(override, message, capsys):
     from rz_agents.cli import main

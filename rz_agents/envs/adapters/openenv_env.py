@@ -191,7 +191,10 @@ class OpenEnvEnv(MultiTurnTextEnv):
         try:
             action = json.loads(text.strip())
         except json.JSONDecodeError as exc:
-            return f"Write the action as one JSON object with the fields {', '.join(self.action_fields)} ({exc.msg})."
+            return (
+                f"Write the action as one JSON object with the fields {', '.join(self.action_fields)} "
+                f"({exc.msg})."
+            )
         if not isinstance(action, dict):
             return f"Write the action as one JSON object with the fields {', '.join(self.action_fields)}."
         return action

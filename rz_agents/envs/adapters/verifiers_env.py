@@ -91,7 +91,10 @@ def _class_problem(cls: type, name: str) -> str | None:
         )
     task_cls = cls.task_type()
     if getattr(task_cls, "NEEDS_CONTAINER", False):
-        return f"its task {task_cls.__name__} needs a container (NEEDS_CONTAINER), which the adapter does not run"
+        return (
+            f"its task {task_cls.__name__} needs a container (NEEDS_CONTAINER), "
+            "which the adapter does not run"
+        )
     try:  # tool servers, as the default configs declare them
         config_cls = concrete_type(cls, vf.TasksetConfig, origin=vf.Taskset) or vf.TasksetConfig
         toolsets = [*cls.toolsets(config_cls(id=name)), *task_cls.toolsets(task_cls.config_type()())]
@@ -104,8 +107,8 @@ def _class_problem(cls: type, name: str) -> str | None:
     runtime = sorted(fn.__name__ for fn in rewards if _needs_runtime(fn))
     if runtime:
         return (
-            f"reward(s) {', '.join(runtime)} of {task_cls.__name__} read the task's runtime (a sandbox), which "
-            "the adapter does not run"
+            f"reward(s) {', '.join(runtime)} of {task_cls.__name__} read the task's runtime (a sandbox), "
+            "which the adapter does not run"
         )
     return None
 
@@ -122,7 +125,10 @@ def _instance_problem(taskset: Any, task: Any) -> str | None:
     rewards = task.hooks("reward")
     runtime = sorted(fn.__name__ for fn in rewards if _needs_runtime(fn))
     if runtime:
-        return f"reward(s) {', '.join(runtime)} read the task's runtime (a sandbox), which the adapter does not run"
+        return (
+            f"reward(s) {', '.join(runtime)} read the task's runtime (a sandbox), "
+            "which the adapter does not run"
+        )
     if not rewards:
         return f"its task {type(task).__name__} has no @vf.reward: every episode would score 0"
     return None
@@ -261,8 +267,8 @@ class VerifiersEnv(MultiTurnTextEnv):
         data = self._task.data
         if data.prompt is None:
             raise ValueError(
-                f"verifiers task {data.idx} has no prompt (the user opens the conversation: a user simulator, "
-                "which the adapter does not run)"
+                f"verifiers task {data.idx} has no prompt (the user opens the conversation: a user "
+                "simulator, which the adapter does not run)"
             )
         prompt = [vf.UserMessage(content=data.prompt)] if isinstance(data.prompt, str) else list(data.prompt)
         if data.system_prompt is not None:

@@ -92,7 +92,8 @@ def add_visits(db_path: str, history: list[dict[str, Any]], now: dt.datetime | N
         for item in history:
             stamp = chrome_time(now - dt.timedelta(seconds=item["visit_time_from_now_in_seconds"]))
             cur = db.execute(
-                "INSERT INTO urls (url, title, visit_count, typed_count, last_visit_time, hidden) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO urls (url, title, visit_count, typed_count, last_visit_time, hidden) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
                 (item["url"], item["title"], 1, 0, stamp, 0),
             )
             db.execute(

@@ -25,7 +25,8 @@ CHROME_DIR = "/home/user/.config/google-chrome"
 PROFILE_DIR = CHROME_DIR + "/Default"
 
 UNAVAILABLE: dict[str, str] = {
-    "googledrive_file": "reads a Google Drive account through its API (needs internet and the user's credentials)",
+    "googledrive_file": "reads a Google Drive account through its API (needs internet and the user's "
+                        "credentials)",
     "info_from_website": "reads a live website (needs internet)",
     "gotoRecreationPage_and_get_html_content": "navigates recreation.gov (needs internet)",
     "calc_insensitive_md5": "not a getter of OSWorld (its task cannot be scored there either)",

@@ -46,7 +46,10 @@ First think briefly about the current observation and what was done so far, then
 and nothing else."""
 
 TASK_LINE = "You are asked to complete the following task: {instruction}"
-OBSERVATION = "Given the info from accessibility tree as below:\n{tree}\nWhat's the next step that you will do to help with the task?"
+OBSERVATION = (
+    "Given the info from accessibility tree as below:\n{tree}\nWhat's the next step that you will do to help "
+    "with the task?"
+)
 
 
 def system_prompt(action_space: str, instruction: str, screen: tuple[int, int]) -> str:

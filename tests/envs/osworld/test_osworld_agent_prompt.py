@@ -39,7 +39,10 @@ def test_linearize_keeps_what_osworld_keeps():
 
 def test_a_node_that_cannot_be_acted_on_is_dropped_as_osworld_drops_it():
     # judge_node keeps a node only if it is enabled, editable, expandable or checkable
-    row = '<push-button name="Go" st:showing="true" st:visible="true" {} cp:screencoord="(1, 1)" cp:size="(5, 5)"/>'
+    row = (
+        '<push-button name="Go" st:showing="true" st:visible="true" {} cp:screencoord="(1, 1)" '
+        'cp:size="(5, 5)"/>'
+    )
     head = '<desktop-frame xmlns:st="{}" xmlns:cp="{}">'.format(
         "https://accessibility.ubuntu.example.org/ns/state",
         "https://accessibility.ubuntu.example.org/ns/component",
@@ -52,7 +55,11 @@ def test_a_node_that_cannot_be_acted_on_is_dropped_as_osworld_drops_it():
 
 
 def test_fallback_tree_without_states_keeps_named_nodes():
-    xml = '<desktop-frame name="main"><application name="Chromium"><frame name="Home" screencoord="(0, 0)" size="(800, 600)"/><link name="About us" screencoord="(10, 20)" size="(50, 12)" text=""/></application></desktop-frame>'
+    xml = (
+        '<desktop-frame name="main"><application name="Chromium"><frame name="Home" screencoord="(0, 0)" '
+        'size="(800, 600)"/><link name="About us" screencoord="(10, 20)" size="(50, 12)" text=""/>'
+        '</application></desktop-frame>'
+    )
     rows = linearize(xml).split("\n")[1:]
     assert [r.split("\t")[:2] for r in rows] == [
         ["application", "Chromium"],

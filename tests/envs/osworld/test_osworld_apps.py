@@ -75,7 +75,10 @@ def test_calc_task_from_the_cache_is_edited_saved_and_scored(tmp_path):
             assert time.monotonic() < deadline, "LibreOffice never opened the file"
             time.sleep(0.5)
         time.sleep(3)  # the window settles (toolbars, sidebar)
-        keys = "pyautogui.click(900, 600); pyautogui.hotkey('ctrl', 'home'); pyautogui.press(['right'] * 4 + ['down'] * 2)"
+        keys = (
+            "pyautogui.click(900, 600); pyautogui.hotkey('ctrl', 'home'); "
+            "pyautogui.press(['right'] * 4 + ['down'] * 2)"
+        )
         env.step(f"{keys}; pyautogui.typewrite('=191.6667'); pyautogui.press('enter')", pause=1)
         env.step("DONE")
         assert env.evaluate() == 1.0, env.last_evaluation

@@ -16,7 +16,10 @@ from rz_agents.envs.osworld.setup_steps import step_launch
 
 pytestmark = needs_atspi
 
-PAGE = "printf '<title>Shop</title><h1>Offers</h1><a href=\"x.html\">About us</a><button>Buy now</button>' > ~/shop.html"
+PAGE = (
+    "printf '<title>Shop</title><h1>Offers</h1><a href=\"x.html\">About us</a><button>Buy now</button>' "
+    "> ~/shop.html"
+)
 
 
 def _until(fn, timeout_s=30.0):
@@ -68,7 +71,10 @@ def test_libreoffice_calc_exposes_cells_and_menus(tmp_path):
     run."""
     with DesktopEnv(require_screenshot=False) as env:
         env.reset(None)
-        code = "import openpyxl; wb = openpyxl.Workbook(); ws = wb.active; ws.append(['Region', 'Sales']); ws.append(['North', 42]); wb.save('/home/user/sales.xlsx')"
+        code = (
+            "import openpyxl; wb = openpyxl.Workbook(); ws = wb.active; ws.append(['Region', 'Sales']); "
+            "ws.append(['North', 42]); wb.save('/home/user/sales.xlsx')"
+        )
         env.ctx.client.execute(["python3", "-c", code])
         env.ctx.client.launch(["soffice", "--calc", "/home/user/sales.xlsx"])
 

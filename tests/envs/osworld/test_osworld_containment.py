@@ -85,7 +85,8 @@ def test_the_system_is_read_only_and_only_home_and_tmp_take_writes(env, tmp_path
     assert got == expected
     unlink = inside(
         env,
-        "import os, json\ntry:\n os.remove('/etc/hostname')\nexcept OSError as e:\n print(json.dumps(e.errno))",
+        "import os, json\ntry:\n os.remove('/etc/hostname')\nexcept OSError as e:\n"
+        " print(json.dumps(e.errno))",
     )
     assert unlink == errno.EROFS
     # On the host: nothing outside the episode's folder; the home file is inside it.

@@ -66,7 +66,8 @@ def test_wrong_trajectories_score_zero(env):
     assert env.evaluate() == 0.0
     env.reset(_task("chrome", "rz-chrome-open-about"))
     env.step(
-        "pyautogui.hotkey('ctrl', 'l'); pyautogui.typewrite('file:///home/user/site/contact.html'); pyautogui.press('enter'); time.sleep(1)"
+        "pyautogui.hotkey('ctrl', 'l'); pyautogui.typewrite('file:///home/user/site/contact.html'); "
+        "pyautogui.press('enter'); time.sleep(1)"
     )
     env.step("DONE")
     assert env.evaluate() == 0.0

@@ -24,7 +24,10 @@ def scripted_policy(messages, task):
     turn = sum(m["role"] == "assistant" for m in messages)
     if turn == 0:
         assert "following task: Rename the file draft.txt" in messages[0]["content"]
-        return "```python\nimport os\nos.rename('/home/user/Desktop/draft.txt', '/home/user/Desktop/final.txt')\n```"
+        return (
+            "```python\nimport os\nos.rename('/home/user/Desktop/draft.txt', "
+            "'/home/user/Desktop/final.txt')\n```"
+        )
     return "DONE"
 
 

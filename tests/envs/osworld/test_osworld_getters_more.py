@@ -93,7 +93,8 @@ def _deck_with_audio(mp3: bytes) -> bytes:
                 rel = (
                     '<Relationship Id="rId9" Type="http://schemas.microsoft.com/office/2007/relationships/media"'
                     ' Target="../media/media1.mp3"/><Relationship Id="rId10" Type="http://schemas.'
-                    'openxmlformats.org/officeDocument/2006/relationships/audio" Target="../media/media1.mp3"/>'
+                    'openxmlformats.org/officeDocument/2006/relationships/audio" '
+                    'Target="../media/media1.mp3"/>'
                 )
                 data = data.replace(b"</Relationships>", rel.encode() + b"</Relationships>")
             dst.writestr(item, data)

@@ -29,17 +29,26 @@ def _until(fn, timeout_s=20.0):
 
 
 def _tree(*frames: str) -> str:
-    return f'<desktop-frame xmlns:st="{ST}"><application name="gnome-terminal-server">{"".join(frames)}</application></desktop-frame>'
+    return (
+        f'<desktop-frame xmlns:st="{ST}">'
+        f'<application name="gnome-terminal-server">{"".join(frames)}</application></desktop-frame>'
+    )
 
 
 def test_terminal_output_is_the_focused_terminal_of_the_active_frame_right_stripped():
-    active = '<frame st:active="true"><filler><terminal st:focused="true">$ ls\na  b\n$ \n\n</terminal></filler></frame>'
+    active = (
+        '<frame st:active="true"><filler><terminal st:focused="true">$ ls\na  b\n$ \n\n'
+        '</terminal></filler></frame>'
+    )
     assert terminal_output(_tree(active)) == "$ ls\na  b\n$"
     inactive = '<frame><terminal st:focused="true">x</terminal></frame>'
     assert terminal_output(_tree(inactive)) is None
     unfocused = '<frame st:active="true"><terminal>x</terminal></frame>'
     assert terminal_output(_tree(unfocused)) is None
-    two = '<frame st:active="true"><terminal st:focused="true">a</terminal><terminal st:focused="true">b</terminal></frame>'
+    two = (
+        '<frame st:active="true"><terminal st:focused="true">a</terminal>'
+        '<terminal st:focused="true">b</terminal></frame>'
+    )
     assert terminal_output(_tree(two)) is None  # the official xpath needs exactly one
     other_app = active.replace("$ ls", "other")
     xml = (

@@ -112,9 +112,12 @@ def test_gimp_and_libreoffice_settings(tmp_path):
     xcu = write(
         tmp_path / "registrymodifications.xcu",
         '<?xml version="1.0"?><oor:items xmlns:oor="http://openoffice.org/2001/registry">'
-        '<item oor:path="/org.openoffice.Office.Impress/Misc/Start"><prop oor:name="EnablePresenterScreen" oor:op="fuse"><value>false</value></prop></item>'
-        '<item oor:path="/org.openoffice.Office.Common/Save/Document"><prop oor:name="AutoSaveTimeIntervall" oor:op="fuse"><value>3</value></prop></item>'
-        '<item oor:path="/org.openoffice.Office.Writer/DefaultFont"><prop oor:name="Standard" oor:op="fuse"><value>Times New Roman</value></prop></item>'
+        '<item oor:path="/org.openoffice.Office.Impress/Misc/Start"><prop oor:name="EnablePresenterScreen" '
+        'oor:op="fuse"><value>false</value></prop></item>'
+        '<item oor:path="/org.openoffice.Office.Common/Save/Document"><prop oor:name="AutoSaveTimeIntervall" '
+        'oor:op="fuse"><value>3</value></prop></item>'
+        '<item oor:path="/org.openoffice.Office.Writer/DefaultFont"><prop oor:name="Standard" oor:op="fuse">'
+        '<value>Times New Roman</value></prop></item>'
         "</oor:items>",
     )
     assert M["check_presenter_console_disable"](xcu) == 1.0
@@ -133,7 +136,8 @@ def test_gimp_and_libreoffice_settings(tmp_path):
 def test_thunderbird_prefs_and_filters(tmp_path):
     prefs = write(
         tmp_path / "prefs.js",
-        'user_pref("mail.identity.id1.auto_quote", false);\nuser_pref("mail.identity.id1.htmlSigText", "Anonym\\nXYZ Lab");\n',
+        'user_pref("mail.identity.id1.auto_quote", false);\nuser_pref("mail.identity.id1.htmlSigText", '
+        '"Anonym\\nXYZ Lab");\n',
     )
     rule = {"expect": {"mail.identity.id1.auto_quote": {"method": "eq", "ref": False},
                        "mail.identity.id1.htmlSigText": {"method": "re.S",
@@ -151,7 +155,8 @@ def test_thunderbird_prefs_and_filters(tmp_path):
     filters = write(
         tmp_path / "msgFilterRules.dat",
         'version="9"\nlogging="no"\nname="Promo"\nenabled="yes"\ntype="17"\naction="Move to folder"\n'
-        'actionValue="mailbox://nobody@Local%20Folders/Promotions"\ncondition="AND (subject,contains,discount)"\n',
+        'actionValue="mailbox://nobody@Local%20Folders/Promotions"\n'
+        'condition="AND (subject,contains,discount)"\n',
     )
     want = {"expect": [{"enabled": "yes", "action": "Move to folder", "actionValue": "mailbox://nobody@Local%20Folders/Promotions",
                         "condition": ["AND (subject,contains,discount)"]}]}  # fmt: skip

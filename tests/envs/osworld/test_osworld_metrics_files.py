@@ -24,7 +24,8 @@ def make_pdf(path, pages: list[str]) -> str:
     objects.append("<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
     for i, text in enumerate(pages):
         objects.append(
-            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 300 200] /Contents {5 + 2 * i} 0 R /Resources << /Font << /F1 3 0 R >> >> >>"
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 300 200] /Contents {5 + 2 * i} 0 R /Resources << "
+            "/Font << /F1 3 0 R >> >> >>"
         )
         stream = f"BT /F1 12 Tf 20 100 Td ({text}) Tj ET"
         objects.append(f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream")
@@ -112,7 +113,8 @@ def test_check_accessibility_tree_with_css_and_xpath():
     css = [
         {
             "selectors": [
-                'application[name=Thunderbird] page-tab-list[attr|id="tabmail-tabs"]>page-tab[name="About Profiles"]'
+                'application[name=Thunderbird] '
+                'page-tab-list[attr|id="tabmail-tabs"]>page-tab[name="About Profiles"]'
             ]
         }
     ]

@@ -125,7 +125,10 @@ def test_page_number_colour_and_left_panel(tmp_path):
             z.writestr(name, data)
     assert M["check_page_number_colors"](str(path), {"color": "red"}) == 1.0
     assert M["check_page_number_colors"](str(path), {"color": "blue"}) == 0.0
-    tree = '<desktop-frame><application name="soffice"><document-frame name="Slides View"/></application></desktop-frame>'
+    tree = (
+        '<desktop-frame><application name="soffice"><document-frame name="Slides View"/></application>'
+        '</desktop-frame>'
+    )
     assert M["check_left_panel"](tree) == 1.0
     assert M["check_left_panel"](tree.replace("Slides View", "Outline")) == 0.0
 
@@ -254,8 +257,9 @@ def odt(path, spans):
     body = "".join(f'<text:span text:style-name="{"T1" if hl else "T2"}">{t}</text:span>' for t, hl in spans)
     content = (
         f"<office:document-content {ns}><office:automatic-styles>"
-        '<style:style style:name="T1" style:family="text"><style:text-properties fo:background-color="#ffff00"/></style:style>'
-        '<style:style style:name="T2" style:family="text"><style:text-properties fo:font-weight="bold"/></style:style>'
+        '<style:style style:name="T1" style:family="text">'
+        '<style:text-properties fo:background-color="#ffff00"/></style:style><style:style style:name="T2" '
+        'style:family="text"><style:text-properties fo:font-weight="bold"/></style:style>'
         f"</office:automatic-styles><office:body><office:text><text:p>{body}</text:p></office:text></office:body></office:document-content>"
     )
     with zipfile.ZipFile(path, "w") as z:

@@ -45,13 +45,15 @@ def _vsix() -> bytes:
         '<Identity Language="en-US" Id="marker" Version="0.0.1" Publisher="rzpub"/>'
         "<DisplayName>marker</DisplayName><Description>test</Description></Metadata>"
         '<Installation><InstallationTarget Id="Microsoft.VisualStudio.Code"/></Installation>'
-        '<Assets><Asset Type="Microsoft.VisualStudio.Code.Manifest" Path="extension/package.json" Addressable="true"/>'
+        '<Assets><Asset Type="Microsoft.VisualStudio.Code.Manifest" Path="extension/package.json" '
+        'Addressable="true"/>'
         "</Assets></PackageManifest>"
     )
     types = (
         '<?xml version="1.0" encoding="utf-8"?><Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
-        '<Default Extension="json" ContentType="application/json"/><Default Extension="js" ContentType="application/javascript"/>'
-        '<Default Extension="vsixmanifest" ContentType="text/xml"/></Types>'
+        '<Default Extension="json" ContentType="application/json"/><Default Extension="js" '
+        'ContentType="application/javascript"/><Default Extension="vsixmanifest" ContentType="text/xml"/>'
+        '</Types>'
     )
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:

@@ -150,7 +150,10 @@ def test_killing_the_parent_or_everything_only_hurts_the_sandbox(sandbox):
         assert r.error == "PermissionError: [Errno 1] Operation not permitted", r  # pid 1 belongs to root
     else:  # docker's pid 1 (tini) runs as the sandbox user, but SIGKILL from inside cannot kill a pid-1
         assert r.error is None and sandbox_pids(sandbox)[1][0] == 1
-    code = "import os, signal, subprocess\np = subprocess.Popen(['sleep', '100'])\nos.kill(-1, signal.SIGKILL)\np.wait()"
+    code = (
+        "import os, signal, subprocess\np = subprocess.Popen(['sleep', '100'])\nos.kill(-1, signal.SIGKILL)\n"
+        "p.wait()"
+    )
     assert sandbox.run(code).stdout == "-9\n"  # kill(-1) reaches only the sandbox's own processes
     r = sandbox.run("import os, signal\nos.killpg(0, signal.SIGKILL)")
     assert r.restarted and "died" in r.error
@@ -161,7 +164,8 @@ def test_killing_the_parent_or_everything_only_hurts_the_sandbox(sandbox):
 def test_signal_games_cannot_defeat_the_time_limit(sandbox):
     for code in (
         "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True: pass",
-        "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM, signal.SIGXCPU])\nwhile True: pass",
+        "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM, signal.SIGXCPU])\n"
+        "while True: pass",
         "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)",
     ):
         start = time.monotonic()
@@ -256,7 +260,10 @@ def test_no_host_file_descriptors_are_inherited(tmp_path, backend):
 
 def test_memory_spread_over_many_processes_is_bounded_per_session(backend):
     limits = SandboxLimits(wall_s=8.0, memory_bytes=512 << 20, session_memory_bytes=768 << 20)
-    fork = "for _ in range(6):\n    if os.fork() == 0:\n        block = b'x' * (300 << 20)  # written, so resident\n"
+    fork = (
+        "for _ in range(6):\n    if os.fork() == 0:\n"
+        "        block = b'x' * (300 << 20)  # written, so resident\n"
+    )
     with PythonSandbox(limits, backend=backend) as sb:
         start = time.monotonic()
         if backend == "local":  # the session's memory watcher restarts it past session_memory_bytes

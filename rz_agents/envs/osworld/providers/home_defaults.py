@@ -67,7 +67,8 @@ def write_home_defaults(home: str) -> None:
     path = os.path.join(home, LIBREOFFICE_REGISTRY)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     items = "".join(
-        f'<item oor:path="{item}"><prop oor:name="{name}" oor:op="fuse"><value>{value}</value></prop></item>\n'
+        f'<item oor:path="{item}"><prop oor:name="{name}" oor:op="fuse"><value>{value}</value></prop>'
+        '</item>\n'
         for item, name, value in _ITEMS
     )
     with open(path, "w") as f:
