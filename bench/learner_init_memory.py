@@ -89,8 +89,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ModelConfig.tiny(
-            "qwen3", hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=args.layers,
-            vocab_size=args.vocab, num_attention_heads=8, num_key_value_heads=4, head_dim=args.hidden // 8,
+            "qwen3", hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+            num_hidden_layers=args.layers, vocab_size=args.vocab, num_attention_heads=8,
+            num_key_value_heads=4, head_dim=args.hidden // 8,
             dtype="bfloat16",
         )  # fmt: skip
         with torch.device("meta"):

@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     missing = undocumented(RunConfig)
     if missing:
-        print("fields without a doc (a comment on the field, or an entry in its class docstring):", file=sys.stderr)
+        print(
+            "fields without a doc (a comment on the field, or an entry in its class docstring):",
+            file=sys.stderr,
+        )
         for path in missing:
             print(f"  {path}", file=sys.stderr)
         return 1

@@ -1453,7 +1453,8 @@ def time_limit(seconds: float):
 
 
 def fail_unless(out: dict, condition: bool, message: str) -> None:
-    """Record ``message`` in ``out["failures"]`` unless ``condition``: the section then reads FAILED, never ok."""
+    """Record ``message`` in ``out["failures"]`` unless ``condition``: the section then reads FAILED, never
+    ok."""
     if not condition:
         out.setdefault("failures", []).append(message)
 

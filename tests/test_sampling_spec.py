@@ -16,7 +16,8 @@ def test_engine_requests_and_learner_scoring_name_the_same_distribution():
 
 @pytest.mark.parametrize(
     "kw, field", [(dict(temperature=-1.0), "rollout.temperature"), (dict(top_k=-2), "rollout.top_k"),
-                  (dict(top_p=0.0), "rollout.top_p"), (dict(temperature=float("nan")), "rollout.temperature")],
+                  (dict(top_p=0.0), "rollout.top_p"),
+                  (dict(temperature=float("nan")), "rollout.temperature")],
 )  # fmt: skip
 def test_a_bad_value_names_the_rollout_field(kw, field):
     with pytest.raises(ValueError, match=field):

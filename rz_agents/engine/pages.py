@@ -290,7 +290,9 @@ class PagePool:
                         m.computed += PAGE_SIZE
                     parent, start = node.block, start + PAGE_SIZE
                     continue
-            self._best_partial(m, tokens[start : min(start + PAGE_SIZE, limit)], parent, version, running, start)
+            self._best_partial(
+                m, tokens[start : min(start + PAGE_SIZE, limit)], parent, version, running, start
+            )
             break
         return m
 

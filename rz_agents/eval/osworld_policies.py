@@ -68,8 +68,8 @@ def parse_openai_spec(spec: str) -> tuple[str, str]:
 class OpenAIPolicy:
     """Calls ``POST {base_url}/chat/completions`` once per turn (retrying 429/5xx answers briefly)."""
 
-    def __init__(self, base_url: str, model: str, sampling: Sampling | None = None, api_key: str | None = None,
-                 timeout_s: float = 300.0, retries: int = 2) -> None:  # fmt: skip
+    def __init__(self, base_url: str, model: str, sampling: Sampling | None = None,
+                 api_key: str | None = None, timeout_s: float = 300.0, retries: int = 2) -> None:  # fmt: skip
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.sampling = sampling or Sampling()

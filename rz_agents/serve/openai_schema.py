@@ -278,7 +278,8 @@ def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool]:
     if choice == "none":
         return tools or None, False
     raise _fail(
-        f"tool_choice {choice!r} is not supported: rz serve does not constrain decoding; use 'auto' or 'none'",
+        f"tool_choice {choice!r} is not supported: rz serve does not constrain decoding; "
+        "use 'auto' or 'none'",
         "tool_choice",
     )
 

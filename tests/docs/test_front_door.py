@@ -31,5 +31,9 @@ def test_every_relative_link_in_the_readme_and_docs_resolves():
 
 def test_the_docs_index_lists_every_page():
     index = (ROOT / "docs" / "README.md").read_text()
-    missing = [p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md" and f"]({p.name})" not in index]
+    missing = [
+        p.name
+        for p in (ROOT / "docs").glob("*.md")
+        if p.name != "README.md" and f"]({p.name})" not in index
+    ]
     assert missing == []

@@ -31,7 +31,9 @@ def _prompts(vocab: int) -> list[list[int]]:
 def _engine_vs_trainer(model, static_decode: bool) -> list[bool]:
     engine = RZEngine(
         model,
-        EngineConfig(num_slots=3, max_len=256, max_batch_tokens=24, num_threads=1, static_decode=static_decode),
+        EngineConfig(
+            num_slots=3, max_len=256, max_batch_tokens=24, num_threads=1, static_decode=static_decode
+        ),
     )
     prompts = _prompts(model.config.vocab_size)
     params = SamplingParams(temperature=1.0, max_tokens=10, seed=1)
@@ -39,7 +41,8 @@ def _engine_vs_trainer(model, static_decode: bool) -> list[bool]:
     # the trainer's forward: packed sequences, grad enabled (as in the learner), separate (unfused) GEMMs
     lps = packed_token_logprobs(model, [p + o.tokens for p, o in zip(prompts, outs, strict=True)])
     return [
-        torch.equal(o.logprobs, lp[len(p) - 1 :].detach()) for p, o, lp in zip(prompts, outs, lps, strict=True)
+        torch.equal(o.logprobs, lp[len(p) - 1 :].detach())
+        for p, o, lp in zip(prompts, outs, lps, strict=True)
     ]
 
 

@@ -36,7 +36,9 @@ class _Sim:
     def check_cached(self, seq: Sequence) -> None:
         for pos in range(seq.num_cached):
             got = self.kv[seq.pages[pos // PAGE]][pos % PAGE]
-            assert got == (seq.tokens[pos], self.version) or (seq.kv_from_old_weights and got[0] == seq.tokens[pos])
+            assert got == (seq.tokens[pos], self.version) or (
+                seq.kv_from_old_weights and got[0] == seq.tokens[pos]
+            )
             self.checked += 1
 
     def check_pool(self) -> None:
@@ -107,5 +109,7 @@ def test_random_traffic_reuses_only_its_own_tokens_kv_and_loses_no_page(seed, pr
             done_before = {id(s) for s in finished}
             running = list(sim.sched.running)
             sim.step()
-            finished += [s for s in running if s.status is SequenceStatus.FINISHED and id(s) not in done_before]
+            finished += [
+                s for s in running if s.status is SequenceStatus.FINISHED and id(s) not in done_before
+            ]
     assert sim.checked > 0

@@ -107,7 +107,7 @@ OFFICIAL_QWEN3_TEMPLATE = """{%- if tools %}
     {%- if enable_thinking is defined and enable_thinking is false %}
         {{- '<think>\\n\\n</think>\\n\\n' }}
     {%- endif %}
-{%- endif %}"""
+{%- endif %}"""  # noqa: E501 (the official template, verbatim)
 
 TOOLS = [
     {

@@ -102,7 +102,7 @@ THINKING_2507 = r"""{%- if tools %}
 {%- endfor %}
 {%- if add_generation_prompt %}
     {{- '<|im_start|>assistant\n<think>\n' }}
-{%- endif %}"""
+{%- endif %}"""  # noqa: E501 (the official template, verbatim)
 
 INSTRUCT_2507 = r"""{%- if tools %}
     {{- '<|im_start|>system\n' }}
@@ -164,7 +164,7 @@ INSTRUCT_2507 = r"""{%- if tools %}
 {%- endfor %}
 {%- if add_generation_prompt %}
     {{- '<|im_start|>assistant\n' }}
-{%- endif %}"""
+{%- endif %}"""  # noqa: E501 (the official template, verbatim)
 
 TOOLS = [
     {
@@ -237,7 +237,7 @@ QWEN25_INSTRUCT = r"""{%- if tools %}
 {%- if add_generation_prompt %}
     {{- '<|im_start|>assistant\n' }}
 {%- endif %}
-"""
+"""  # noqa: E501 (the official template, verbatim)
 # name -> (the checkpoint's jinja, the thinking style it implies); Qwen2.5-Instruct: "never", plus its default
 # system prompt (template_for picks QWEN25_CHAT_TEMPLATE).
 STYLES = {

@@ -62,7 +62,9 @@ def test_rz_loads_a_peft_made_adapter_with_peft_logits(tmp_path):
     base_rz.reset_parameters(std=0.05, seed=3)
     ckpt = save_hf_checkpoint(base_rz, tmp_path / "base")
     hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt)
-    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, init_lora_weights=False)
+    cfg = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, init_lora_weights=False
+    )
     hf = peft.get_peft_model(hf, cfg)  # init_lora_weights=False: B random too, so the adapter counts
     hf.save_pretrained(tmp_path / "adapter")
     tokens = torch.randint(0, base_rz.config.vocab_size, (1, 29), generator=torch.Generator().manual_seed(2))

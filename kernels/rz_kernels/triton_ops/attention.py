@@ -407,8 +407,8 @@ def _attn_decode_split_kernel(
     j_lo = s * SPLIT_BLOCKS
     if j_lo < n_blocks:
         tok, head, present, seq, row_pos, q = _tile_queries(
-            q_ptr, tile_tokens, tile_seq, tile_start, tile, kvh, stride_qt, stride_qh, G, G2, TILE_POS, HEAD_D,
-            BLOCK_M,
+            q_ptr, tile_tokens, tile_seq, tile_start, tile, kvh, stride_qt, stride_qh, G, G2, TILE_POS,
+            HEAD_D, BLOCK_M,
         )  # fmt: skip
         d = tl.arange(0, HEAD_D)
         m_s, l_s, acc_s = _split_partial(

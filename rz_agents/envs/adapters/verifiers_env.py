@@ -220,7 +220,10 @@ class VerifiersEnv(MultiTurnTextEnv):
         if self._rows is None:
             if not self.taskset.bounded:
                 raise ValueError(f"verifiers taskset {self.name!r} is infinite: give env.tasks (row fields)")
-            key = f"{type(self.taskset).__module__}.{type(self.taskset).__qualname__}:{self.config.model_dump_json()}"
+            key = (
+                f"{type(self.taskset).__module__}.{type(self.taskset).__qualname__}:"
+                f"{self.config.model_dump_json()}"
+            )
             rows = _ROWS.get(key)
             if rows is None:
                 rows = list(self.taskset)

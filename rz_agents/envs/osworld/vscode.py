@@ -94,7 +94,7 @@ if [ -n "$FILE" ]; then
   done
 fi
 exit 0
-"""
+"""  # noqa: E501 (the shell script as written to disk)
     path = os.path.join(bin_dir, "code")
     with open(path, "w") as f:
         f.write(script)

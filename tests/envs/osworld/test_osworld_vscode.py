@@ -106,7 +106,8 @@ def test_code_installs_a_vsix_opens_the_workbench_and_its_settings_land_where_vs
 
         marker = get_state(
             env.ctx,
-            {"type": "vscode_config", "vscode_extension_command": "RZ Write Marker", "path": "/home/user/marker.txt", "dest": "m.txt"},
+            {"type": "vscode_config", "vscode_extension_command": "RZ Write Marker",
+             "path": "/home/user/marker.txt", "dest": "m.txt"},
         )  # fmt: skip
         if marker is None:  # a slow extension host: the palette again, as an agent would
             _palette(env, "RZ Write Marker")

@@ -28,7 +28,7 @@ _TOKEN = re.compile(
     | (?P<func>[A-Za-z_][A-Za-z0-9_.]*)\s*\(
     | (?P<name>[A-Za-z_][A-Za-z0-9_.]*)
     | (?P<op><>|<=|>=|[-+*/^&%=<>(),;])
-    )""",
+    )""",  # noqa: E501 (one token pattern per line)
     re.X,
 )
 _REF = re.compile(r"(\$?)([A-Za-z]{1,3})(\$?)(\d+)")

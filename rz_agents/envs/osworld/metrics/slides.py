@@ -24,7 +24,8 @@ PICTURE, TABLE, FREEFORM = 13, 19, 5  # MSO_SHAPE_TYPE values
 
 DEFAULTS = {
     "examine_number_of_slides": True, "examine_shape": True, "examine_text": True, "examine_indent": True,
-    "examine_font_name": True, "examine_font_size": True, "examine_font_bold": True, "examine_font_italic": True,
+    "examine_font_name": True, "examine_font_size": True, "examine_font_bold": True,
+    "examine_font_italic": True,
     "examine_color_rgb": True, "examine_font_underline": True, "examine_strike_through": True,
     "examine_alignment": True, "examine_title_bottom_position": False, "examine_table_bottom_position": False,
     "examine_right_position": False, "examine_top_position": False, "examine_shape_for_shift_size": False,

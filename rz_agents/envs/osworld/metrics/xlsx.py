@@ -450,8 +450,9 @@ def sheet_filters(ws: Any) -> dict[str, Any]:
         s = af.sortState
         out["sort_state"] = {
             "sort": s.columnSort, "case": s.caseSensitive, "method": s.sortMethod, "ref": s.ref,
-            "condition": [{"descending": c.descending, "key": c.sortBy, "ref": c.ref, "custom_list": c.customList,
-                           "dxf_id": c.dxfId, "icon": c.iconSet, "iconid": c.iconId} for c in s.sortCondition],
+            "condition": [{"descending": c.descending, "key": c.sortBy, "ref": c.ref,
+                           "custom_list": c.customList, "dxf_id": c.dxfId, "icon": c.iconSet,
+                           "iconid": c.iconId} for c in s.sortCondition],
         }  # fmt: skip
     return out
 
