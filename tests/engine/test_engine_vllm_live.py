@@ -30,9 +30,7 @@ def diffs(model, prompts, outs):
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    cfg = ModelConfig.tiny(
-        "qwen3", hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64
-    )
+    cfg = ModelConfig.tiny("qwen3", hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64)
     model = Transformer(cfg)
     model.reset_parameters(std=0.05, seed=0)
     engine = VLLMEngine(save_hf_checkpoint(model, sys.argv[1] + "/ckpt"), max_len=256, max_num_seqs=8)
@@ -55,7 +53,7 @@ if __name__ == "__main__":
         "diff_after_vs_new_weights": diffs(model, prompts, after),
         "engine_version": engine.version,
     }))
-"""
+"""  # noqa: E501 (the script run in the vLLM venv, verbatim)
 
 
 @pytest.mark.slow

@@ -82,8 +82,9 @@ def test_the_local_runtime_hands_one_plan_to_rollout_and_learner(tmp_path):
     try:
         assert run.learner.sampling is run.controller.sampling is run.plan.sampling
         assert run.controller.sampling.temperature == 0.7 and run.controller.sampling.top_p == 0.9
-        assert run.learner.max_lag == run.controller.lag.hard == 8
-        assert run.controller.lag.policy is run.plan.lag
+        assert (
+            run.learner.max_lag == run.controller.lag.hard == 8 and run.controller.lag.policy is run.plan.lag
+        )
         assert run.engine.config.num_threads == 1
     finally:
         run.close()
