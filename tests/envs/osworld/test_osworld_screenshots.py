@@ -65,7 +65,10 @@ def test_tree_positions_and_sizes_move_to_image_pixels():
 
 
 def test_bad_observation_and_image_size_are_refused_by_name():
-    with pytest.raises(ValueError, match="observation must be one of a11y_tree, screenshot, screenshot_a11y_tree, got .pixels."):
+    with pytest.raises(
+        ValueError,
+        match="observation must be one of a11y_tree, screenshot, screenshot_a11y_tree, got .pixels.",
+    ):
         OSWorldEnv(observation="pixels")
     with pytest.raises(ValueError, match="set-of-marks"):
         OSWorldEnv(observation="som")
@@ -141,3 +144,40 @@ def test_an_oracle_episode_scores_with_screenshot_observations():
                 assert "accessibility tree as below:\ntag\tname" in messages[1]["content"][0]["text"]
         finally:
             env.close()
+
+
+def clicking_policy(messages, task):
+    """A module:callable policy for the CLI test: checks it sees 320x180 screenshots, then solves the task."""
+    images = message_images(messages)
+    assert images and all(i.size == (320, 180) for i in images), [i.size for i in images]
+    turn = sum(m["role"] == "assistant" for m in messages)
+    if turn == 0:
+        write = "open('/home/user/Desktop/notes.txt', 'w').write('buy milk\\n')"
+        return f"```python\npyautogui.click(160, 90)\n{write}\n```"
+    return "DONE"
+
+
+@needs_desktop
+def test_cli_eval_runs_screenshot_episodes_at_the_image_size(capsys):
+    from osworld_cli_helper import rz_osworld
+
+    task = Path(LOCAL_TASKS) / "os" / "rz-os-write-note.json"
+    args = ["eval", "--tasks", str(task), "--policy", f"{__name__}:clicking_policy", "--json"]
+    assert rz_osworld(*args, "--observation", "screenshot", "--image-size", "320", "180") == 0
+    (row,) = json.loads(capsys.readouterr().out)["tasks"]
+    assert (row["status"], row["score"], row["turns"]) == ("ok", 1.0, 2), row
+
+
+def test_openai_messages_carry_screenshots_as_png_data_urls():
+    import base64
+
+    from rz_agents.eval.osworld_policies import openai_message
+
+    img = Image.new("RGB", (8, 4), (10, 20, 30))
+    msg = {"role": "user", "content": [{"type": "text", "text": "Given"}, {"type": "image", "image": img}]}
+    out = openai_message(msg)
+    assert out["content"][0] == {"type": "text", "text": "Given"}
+    url = out["content"][1]["image_url"]["url"]
+    assert out["content"][1]["type"] == "image_url" and url.startswith("data:image/png;base64,")
+    assert from_png(base64.b64decode(url.split(",", 1)[1])).tobytes() == img.tobytes()
+    assert openai_message({"role": "user", "content": "text"}) == {"role": "user", "content": "text"}
