@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from rz_agents.engine import EngineConfig, RZEngine, SamplingParams
-from rz_agents.envs.images import content_text, from_png, message_images
+from rz_agents.envs.base import MultiTurnTextEnv
+from rz_agents.envs.images import content_text, from_png, image_part, message_images, text_part
 from rz_agents.envs.visual_click import VisualClickEnv
 from rz_agents.model import ModelConfig, Transformer
 from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, run_episode
@@ -69,3 +70,25 @@ def test_the_trajectory_keeps_every_image_as_png_in_order():
     text = bytes(t for t in traj.tokens if t < 256).decode(errors="replace")
     assert text.count("<image>") == 1 and content_text(messages[1]["content"]) in text
     assert Trajectory.from_dict(traj.to_dict()) == traj
+
+
+class ShadesEnv(MultiTurnTextEnv):
+    """Each observation holds two images, shaded by turn and position: their order is checkable."""
+
+    @staticmethod
+    def _obs(turn):
+        shades = [np.full((4, 6, 3), 10 * turn + k, np.uint8) for k in range(2)]
+        return [{"role": "user", "content": [image_part(shades[0]), text_part("and"), image_part(shades[1])]}]
+
+    def _reset(self, task, rng):
+        return self._obs(0), {"task_id": "shades"}
+
+    def _step(self, text):
+        return self._obs(self.turn + 1), 0.0, False, {}
+
+
+def test_images_of_every_turn_are_kept_in_order_of_appearance():
+    traj = _run(ImagePlaceholderTemplate(), ShadesEnv(max_turns=3), turns=3)
+    # reset + 2 observations rendered (the third step ends the episode: its observation is never rendered)
+    shades = [int(np.asarray(from_png(b))[0, 0, 0]) for b in traj.images]
+    assert shades == [0, 1, 10, 11, 20, 21] and traj.info["turns"] == 3
