@@ -1,13 +1,14 @@
-"""Baseline policies for ``rz_agents/VisualClick-v0``: an oracle that reads the picture, and random clicks.
+"""Baseline policies for ``rz_agents/VisualClick-v0`` and ``rz_agents/ChartRead-v0``: oracles that read
+the picture, and random answers.
 
-Both are ``policy(messages) -> reply``, seeing what a model sees (the image part and the instruction),
-never the env's state: the oracle finds the buttons by their palette colours and, when the
+All are ``policy(messages) -> reply``, seeing what a model sees (the image part and the text), never
+the env's state. The click oracle finds the buttons by their palette colours and, when the
 instruction names a label, tells which button wears it by painting each candidate with that label
-(``render.draw_button``) and comparing pixels. So an oracle score of 1.0 shows the task is solvable
-from the image alone.
+(``render.draw_button``) and comparing pixels. The chart oracle measures the named bar in pixels and
+divides by the tick spacing. So an oracle score of 1.0 shows a task is solvable from the image alone.
 
-``python -m rz_agents.envs.visual_click.policies --episodes 400`` prints both policies' mean reward
-per split and the chance rate.
+``python -m rz_agents.envs.visual_click.policies --episodes 400`` prints the oracle's and the random
+policy's mean reward per split and the chance rate (``--task chart`` for the charts).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from typing import Any
 import numpy as np
 
 from rz_agents.envs.images import as_pil, message_images
-from rz_agents.envs.visual_click.render import PALETTE, Button, draw_button, glyph_scale
+from rz_agents.envs.visual_click.render import INK, PALETTE, Button, draw_button, glyph_scale
 
 Policy = Callable[[list[dict[str, Any]]], str]
 _COLOR = re.compile(r"Click the (\w+) button\.")
 _LABEL = re.compile(r"Click the button labelled (\d)\.")
+_BAR = re.compile(r"value of the (\w+) bar\?")
 
 
 def _last_user(messages: list[dict[str, Any]]) -> tuple[np.ndarray, str]:
@@ -87,12 +89,41 @@ def random_policy(seed: int = 0) -> Policy:
     return policy
 
 
-def mean_reward(policy: Policy, episodes: int, seed: int = 0, **env_kwargs: Any) -> dict[str, float]:
-    """The policy's mean reward over ``episodes`` episodes (reset seeds ``seed``, ``seed + 1``, ...),
-    and the mean chance rate of the pictures it saw."""
+def chart_value(pixels: np.ndarray, question: str) -> int:
+    """The named bar's value: its height in pixels over the spacing of the ticks on the left edge."""
+    m = _BAR.search(question)
+    if not m or m.group(1) not in PALETTE:
+        raise ValueError(f"the question names no bar colour: {question!r}")
+    ys = np.nonzero(np.all(pixels == np.array(PALETTE[m.group(1)], dtype=np.uint8), axis=-1))[0]
+    ticks = np.nonzero(np.all(pixels[:, 0] == np.array(INK, dtype=np.uint8), axis=-1))[0]
+    if not len(ys) or len(ticks) < 2:
+        raise ValueError(f"no {m.group(1)} bar or no ticks in the picture")
+    return int(round((ys.max() - ys.min() + 1) / (ticks[1] - ticks[0])))
+
+
+def chart_oracle_policy(messages: list[dict[str, Any]]) -> str:
+    """Answers the named bar's value, measured on the picture."""
+    pixels, text = _last_user(messages)
+    return str(chart_value(pixels, text))
+
+
+def guess_policy(max_value: int = 9, seed: int = 0) -> Policy:
+    """Answers a uniformly random value in ``1..max_value`` (hit rate ``1 / max_value``)."""
+    rng = np.random.default_rng(seed)
+    return lambda messages: str(int(rng.integers(1, max_value + 1)))
+
+
+def mean_reward(
+    policy: Policy, episodes: int, seed: int = 0, task: str = "click", **env_kwargs: Any
+) -> dict[str, float]:
+    """The policy's mean reward over ``episodes`` episodes (reset seeds ``seed``, ``seed + 1``, ...) of
+    ``task`` (``click``: VisualClickEnv, ``chart``: ChartReadEnv), and the mean chance rate."""
+    from rz_agents.envs.visual_click.chart_env import ChartReadEnv
     from rz_agents.envs.visual_click.env import VisualClickEnv
 
-    env = VisualClickEnv(**env_kwargs)
+    if task not in ("click", "chart"):
+        raise ValueError(f"task must be click or chart, got {task!r}")
+    env = VisualClickEnv(**env_kwargs) if task == "click" else ChartReadEnv(**env_kwargs)
     rewards, chances = [], []
     for k in range(episodes):
         messages, info = env.reset(seed=seed + k)
@@ -105,23 +136,31 @@ def mean_reward(policy: Policy, episodes: int, seed: int = 0, **env_kwargs: Any)
             total += reward
             done = terminated or truncated
         rewards.append(total)
-        chances.append(info["chance"])
+        chances.append(info["chance"] if task == "click" else 1 / env.max_value)
     return {"reward": float(np.mean(rewards)), "chance": float(np.mean(chances)), "episodes": episodes}
 
 
 def main(argv: list[str] | None = None) -> None:
     """Print the oracle's and random clicks' mean reward per split (JSON)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--task", choices=("click", "chart"), default="click")
     ap.add_argument("--episodes", type=int, default=400)
     ap.add_argument("--image-size", type=int, default=64)
-    ap.add_argument("--n-buttons", type=int, default=3)
-    ap.add_argument("--name-by", default="color")
+    ap.add_argument("--n-buttons", type=int, default=3, help="click: buttons per picture")
+    ap.add_argument("--name-by", default="color", help="click: color or label")
+    ap.add_argument("--n-bars", type=int, default=4, help="chart: bars per chart")
+    ap.add_argument("--max-value", type=int, default=9, help="chart: the largest value")
     args = ap.parse_args(argv)
-    kw = {"image_size": args.image_size, "n_buttons": args.n_buttons, "name_by": args.name_by}
+    if args.task == "click":
+        kw = {"image_size": args.image_size, "n_buttons": args.n_buttons, "name_by": args.name_by}
+        oracle, rand = oracle_policy, random_policy(1)
+    else:
+        kw = {"image_size": args.image_size, "n_bars": args.n_bars, "max_value": args.max_value}
+        oracle, rand = chart_oracle_policy, guess_policy(args.max_value, 1)
     out = {
         split: {
-            "oracle": mean_reward(oracle_policy, args.episodes, split=split, **kw),
-            "random": mean_reward(random_policy(1), args.episodes, split=split, **kw),
+            "oracle": mean_reward(oracle, args.episodes, task=args.task, split=split, **kw),
+            "random": mean_reward(rand, args.episodes, task=args.task, split=split, **kw),
         }
         for split in ("train", "test")
     }
