@@ -38,7 +38,8 @@ def is_image(x: Any) -> bool:
 
 
 def as_pil(image: Any):
-    """``image`` as an RGB ``PIL.Image.Image`` (an ``HxWx3 uint8`` array is wrapped, other modes converted)."""
+    """``image`` as an RGB ``PIL.Image.Image`` (an ``HxWx3 uint8`` array is wrapped, other modes
+    converted)."""
     from PIL import Image
 
     if isinstance(image, Image.Image):
