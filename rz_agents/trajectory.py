@@ -2,6 +2,13 @@
 
 Every per-token list has one entry per token of ``tokens``. Tokens the policy did not sample (the prompt,
 observations, chat-template glue) have ``loss_mask`` False, ``behavior_logprobs`` 0.0 and ``versions`` -1.
+
+``images`` holds the episode's images (screenshots, rendered pictures) as PNG bytes, one entry per image
+the chat template placed in ``tokens``, in the order they appear there: a learner decodes them
+(``rz_agents.envs.images.from_png``) and re-encodes exactly the pixels the policy saw. PNG is lossless
+and compact (a 1280x720 desktop is ~50-150 KB), and bytes survive every way a trajectory travels
+(``to_dict``, pickle for Ray and the learner process, ``torch.save`` in checkpoints). Text-only
+episodes leave it empty.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # the first 8 bytes of every PNG file
 NOT_SAMPLED = -1  # the version recorded for tokens the policy did not sample
 
 
@@ -28,6 +36,7 @@ class Trajectory:
     reward: float
     group_id: int | str
     info: dict[str, Any] = field(default_factory=dict)
+    images: list[bytes] = field(default_factory=list)  # PNG bytes, in order of appearance in tokens
 
     def sampled_versions(self) -> list[int]:
         """The policy versions of the sampled tokens, in order."""
@@ -58,6 +67,10 @@ class Trajectory:
         ):
             if m and (v < 0 or not (lp <= 0.0)):  # `not <=` also rejects NaN
                 raise TrajectoryError(f"sampled token {t}: version {v}, behavior logprob {lp!r}")
+        for i, img in enumerate(self.images):
+            if not isinstance(img, (bytes, bytearray)) or bytes(img[:8]) != PNG_SIGNATURE:
+                got = type(img).__name__ if not isinstance(img, (bytes, bytearray)) else repr(bytes(img[:8]))
+                raise TrajectoryError(f"images[{i}] is not PNG bytes ({got})")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (for checkpoints and JSON)."""
@@ -65,5 +78,5 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
-        """Inverse of to_dict."""
+        """Inverse of to_dict (a dict without ``images``, from before the field, has none)."""
         return cls(**d)

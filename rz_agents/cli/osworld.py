@@ -35,8 +35,8 @@ def add_parser(subparsers: Any) -> None:
     v.add_argument(
         "--subset",
         default=None,
-        help="a test_all.json ({domain: [ids]}) to count runnable tasks of (default: DIR/../test_all.json if "
-             "present)",
+        help="a test_all.json ({domain: [ids]}) to count runnable tasks of "
+        "(default: DIR/../test_all.json if present)",
     )
     v.set_defaults(func=run_validate)
 
@@ -85,6 +85,22 @@ def add_eval_arguments(group: Any) -> None:
         type=int,
         default=10000,
         help="accessibility-tree budget per turn (default 10000)",
+    )
+    _add(
+        group,
+        "--observation",
+        choices=("a11y_tree", "screenshot", "screenshot_a11y_tree"),
+        default="a11y_tree",
+        help="what the policy sees, OSWorld's names (default a11y_tree)",
+    )
+    _add(
+        group,
+        "--image-size",
+        type=int,
+        nargs=2,
+        metavar=("W", "H"),
+        default=None,
+        help="resize screenshots to W x H (the model's image size; coordinates scaled back to the screen)",
     )
     _add(group, "--max-len", type=int, default=None, help="engine context length (default: the model's)")
     _add(group, "--num-threads", type=int, help="torch threads for the engine (default: torch's)")
@@ -148,8 +164,8 @@ def _print_validate(report: dict[str, Any], assumed: bool) -> None:
         print(f"PARSE ERROR {path}: {err}")
     note = " (input files assumed cached)" if assumed else ""
     print(
-        f"\n{report['parsed']}/{report['total']} parsed, {report['runnable']} runnable here{note}; not "
-        "runnable by first reason:"
+        f"\n{report['parsed']}/{report['total']} parsed, {report['runnable']} runnable here{note}; "
+        "not runnable by first reason:"
     )
     for reason, n in report["not_runnable"].items():
         print(f"  {n:4d}  {reason}")
@@ -217,6 +233,8 @@ def run_eval(args: argparse.Namespace) -> int:
             max_tree_tokens=args.max_tree_tokens,
             on_result=progress,
             subset=ids,
+            observation=args.observation,
+            image_size=tuple(args.image_size) if args.image_size else None,
         )
     except (FileNotFoundError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -19,22 +19,28 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-Message = dict[str, str]  # {"role": "system"|"user"|"assistant"|"tool", "content": str}
+from rz_agents.envs.images import check_content
+
+# {"role": "system"|"user"|"assistant"|"tool", "content": str or a list of text/image parts}
+# (the parts' shape: rz_agents.envs.images)
+Message = dict[str, Any]
 ToolSpec = dict[str, Any]  # OpenAI/Qwen3 function format: {"type": "function", "function": {...}}
 
 ROLES = ("system", "user", "assistant", "tool")
 
 
 class ChatMessages(spaces.Space):
-    """Observation space: a list of ``{"role", "content"}`` chat messages (possibly empty)."""
+    """Observation space: a list of ``{"role", "content"}`` chat messages (possibly empty).
+
+    ``content`` is a string, or a list of text and image parts (``rz_agents.envs.images``)."""
 
     def __init__(self) -> None:
         super().__init__(shape=None, dtype=None)
 
     def contains(self, x: Any) -> bool:
-        """True when ``x`` is a list of messages with a known role and string content."""
+        """True when ``x`` is a list of messages with a known role and string (or parts) content."""
         return isinstance(x, list) and all(
-            isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in x
+            isinstance(m, dict) and m.get("role") in ROLES and _content_ok(m.get("content")) for m in x
         )
 
     def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
@@ -78,11 +84,20 @@ class TurnText(spaces.Space):
         return isinstance(other, TurnText)
 
 
+def _content_ok(content: Any) -> bool:
+    try:
+        check_content(content)
+    except ValueError:
+        return False
+    return True
+
+
 def as_messages(obs: str | Message | Sequence[Message] | None, role: str = "user") -> list[Message]:
     """Normalise an observation to a list of messages.
 
     A plain string means one message with ``role`` (``"user"`` or ``"tool"``); ``None`` means no
-    new message. Raises ``ValueError`` naming the problem for anything else.
+    new message. A message's content is a string or a list of text/image parts
+    (``rz_agents.envs.images``). Raises ``ValueError`` naming the problem for anything else.
     """
     if obs is None:
         return []
@@ -97,11 +112,13 @@ def as_messages(obs: str | Message | Sequence[Message] | None, role: str = "user
         )
     out: list[Message] = []
     for i, m in enumerate(obs):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or "content" not in m:
             raise ValueError(
                 f"observation message {i} must be a dict with role in {ROLES} and str content, got {m!r:.200}"
             )
-        out.append({"role": m["role"], "content": m["content"]})
+        content = m["content"]
+        check_content(content, f"observation message {i} content")
+        out.append({"role": m["role"], "content": content if isinstance(content, str) else list(content)})
     return out
 
 

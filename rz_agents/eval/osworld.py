@@ -41,8 +41,13 @@ def run_osworld_eval(
     max_tree_tokens: int = 10000,
     on_result: Callable[[dict[str, Any]], None] | None = None,
     subset: dict[str, list[str]] | None = None,
+    observation: str = "a11y_tree",
+    image_size: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on the tasks at ``tasks_path`` (a file or folder).
+
+    ``observation`` / ``image_size``: what the policy sees (``OSWorldEnv``'s options: the tree, a
+    screenshot at ``image_size``, or both).
 
     ``subset``: OSWorld's task list (domain -> ids); only listed tasks run (a task file named after
     its id, in its domain's folder), listed tasks with no file are rows with status ``missing``,
@@ -96,6 +101,8 @@ def run_osworld_eval(
                             download_cache=cache,
                             pause=pause,
                             max_tree_tokens=max_tree_tokens,
+                            observation=observation,
+                            image_size=image_size,
                         )
                     row = _run_one(env, task, fn)
             results.append(row)
@@ -203,8 +210,8 @@ def summarize(results: list[dict[str, Any]], benchmark: bool = False) -> dict[st
 def format_table(summary: dict[str, Any]) -> str:
     """The success table as plain text: one row per task, then per-domain and overall rates."""
     lines = [
-        f"{'task':<44} {'domain':<10} {'status':<8} {'score':>5} {'turns':>5} {'secs':>6} {'prompt_tok':>10} "
-        f"{'reply_tok':>9}"
+        f"{'task':<44} {'domain':<10} {'status':<8} {'score':>5} {'turns':>5} {'secs':>6} "
+        f"{'prompt_tok':>10} {'reply_tok':>9}"
     ]
     for r in summary["tasks"]:
         score = "-" if r["score"] is None else f"{r['score']:.2f}"

@@ -7,12 +7,15 @@ turns first, then cuts the current observation's tree.
 
 ``--policy openai:URL/MODEL``: URL is the API base (``http://host:8000/v1``); MODEL may contain
 ``/`` (``openai:http://gpu:8000/v1/Qwen/Qwen3-4B``). The key, if the server wants one, comes from
-``$OPENAI_API_KEY``.
+``$OPENAI_API_KEY``. Screenshot observations go to it as OpenAI ``image_url`` parts holding a
+``data:image/png;base64,...`` URL (what OSWorld's agent and vLLM's vision models take). The engine
+policy renders text only; a screenshot observation is a PolicyError naming that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import time
@@ -21,6 +24,7 @@ import urllib.request
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rz_agents.envs.images import has_images, to_png
 from rz_agents.envs.osworld.a11y import TRUNCATED
 from rz_agents.envs.osworld.prompts import window_messages
 
@@ -50,8 +54,8 @@ class Sampling:
 
 
 def parse_openai_spec(spec: str) -> tuple[str, str]:
-    """``openai:URL/MODEL`` -> (base URL, model); the split is after ``/v1`` when present, else at the last
-    ``/``."""
+    """``openai:URL/MODEL`` -> (base URL, model); the split is after ``/v1`` when present, else at the
+    last ``/``."""
     body = spec.removeprefix("openai:")
     if "/v1/" in body:
         base, model = body.split("/v1/", 1)
@@ -104,7 +108,7 @@ class OpenAIPolicy:
         s = self.sampling
         body = {
             "model": self.model,
-            "messages": window_messages(messages, s.history_turns),
+            "messages": [openai_message(m) for m in window_messages(messages, s.history_turns)],
             "max_tokens": s.max_tokens,
             "temperature": s.temperature,
             "top_p": s.top_p,
@@ -117,6 +121,21 @@ class OpenAIPolicy:
             raise PolicyError(f"{self.url}: unexpected answer {str(answer)[:200]}") from None
         usage = answer.get("usage") or {}
         return Reply(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+
+
+def openai_message(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` in OpenAI's chat format: image parts become ``image_url`` parts with PNG data URLs."""
+    content = message["content"]
+    if isinstance(content, str):
+        return message
+    parts = []
+    for p in content:
+        if p["type"] == "image":
+            url = "data:image/png;base64," + base64.b64encode(to_png(p["image"])).decode()
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            parts.append(p)
+    return {**message, "content": parts}
 
 
 class EnginePolicy:
@@ -196,6 +215,11 @@ class EnginePolicy:
     def __call__(self, messages: list[dict[str, str]], task: dict[str, Any]) -> Reply:
         from rz_agents.engine import SamplingParams
 
+        if has_images(messages) and not getattr(self.policy.template, "renders_images", False):
+            raise PolicyError(
+                f"the observations hold screenshots but {type(self.policy.template).__name__} renders text "
+                "only: evaluate a vision-language model, or use --observation a11y_tree"
+            )
         prompt = self.fit(messages)
         s = self.sampling
         params = SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,

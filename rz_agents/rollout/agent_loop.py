@@ -3,6 +3,10 @@
 The conversation is kept as tokens from start to end. The prompt is rendered once with the chat template;
 after each sampled turn, the env's new messages are rendered with ``encode_continuation`` and appended
 (loss mask False). Sampled tokens are never decoded and re-encoded: the decoded text only goes to the env.
+
+Observations may hold images (content parts, ``rz_agents.envs.images``): they go to the template with their
+messages (a template that renders them says so with ``renders_images = True``; a text-only template is a
+clear EpisodeError) and into ``Trajectory.images`` as PNG bytes, in the order they appear.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from rz_agents.envs.images import message_images, to_png
 from rz_agents.trajectory import NOT_SAMPLED, Trajectory
 
 
@@ -87,11 +92,16 @@ class _Transcript:
     mask: list[bool]
     behavior: list[float]
     versions: list[int]
+    images: list[bytes] = dataclasses.field(default_factory=list)  # PNG bytes, in order of appearance
 
     @classmethod
     def of_prompt(cls, prompt: Sequence[int]) -> _Transcript:
         n = len(prompt)
         return cls([int(t) for t in prompt], [False] * n, [0.0] * n, [NOT_SAMPLED] * n)
+
+    def add_images(self, messages: Sequence[dict[str, Any]]) -> None:
+        """Keep the images of messages just rendered into the tokens (lossless PNG)."""
+        self.images.extend(to_png(image) for image in message_images(messages))
 
     def add_context(self, ids: Sequence[int]) -> None:
         """Tokens the policy did not sample (observations, template glue): masked out of the loss."""
@@ -176,9 +186,11 @@ async def run_episode(
     name = type(getattr(env, "unwrapped", env)).__name__
     reset_seed = spec.seed if spec.reset_seed is None else spec.reset_seed
     messages, info = await _reset(env, name, reset_seed, spec.task, executor, infra_exceptions)
+    _check_images(template, messages, f"{name}.reset")
     transcript = _Transcript.of_prompt(
         template.encode_prompt(tokenizer, messages, tools=info.get("tools") or None)
     )
+    transcript.add_images(messages)
     stops: tuple[int, ...] = tuple(template.stop_token_ids(tokenizer))
     total_reward, turns, finish = 0.0, 0, "max_turns"
     while turns < limits.max_turns:
@@ -206,9 +218,24 @@ async def run_episode(
             break
         if not ended_with_stop:
             transcript.add_context([stops[0]])  # close the cut-off turn the way the template renders it
+        _check_images(template, obs, f"{name}.step")
         transcript.add_context(template.encode_continuation(tokenizer, obs))
+        transcript.add_images(obs)
     episode = {"task_id": info.get("task_id"), "turns": turns, "finish": finish, "reset_seed": reset_seed}
     return _trajectory(transcript, total_reward, spec, episode)
+
+
+def _check_images(template, messages: Sequence[dict[str, Any]], method: str) -> None:
+    """EpisodeError when ``messages`` hold images and ``template`` renders text only."""
+    if getattr(template, "renders_images", False):
+        return
+    n = len(message_images(messages))
+    if n:
+        raise EpisodeError(
+            f"{method} returned {n} image(s) but the chat template {type(template).__name__} renders text "
+            "only (no renders_images = True): train on image observations with a vision-language model's "
+            "template"
+        )
 
 
 def _env_failure(method: str, e: Exception, infra_exceptions: Sequence[str]) -> EpisodeError:
@@ -266,8 +293,8 @@ async def _step(
         reward = float(reward)
     except (TypeError, ValueError):
         raise EpisodeError(
-            f"{name}.step returned a reward of type {type(reward).__name__} ({reward!r:.40}); expected a "
-            "number"
+            f"{name}.step returned a reward of type {type(reward).__name__} ({reward!r:.40}); "
+            "expected a number"
         ) from None
     return obs, reward, terminated, truncated
 
@@ -281,6 +308,7 @@ def _trajectory(transcript: _Transcript, reward: float, spec: EpisodeSpec, episo
         versions=transcript.versions,
         reward=reward,
         group_id=spec.group_id,
+        images=transcript.images,
         info={
             "task_id": episode["task_id"],
             "turns": episode["turns"],

@@ -8,6 +8,12 @@ or ``computer_13`` JSON, with ``WAIT``/``DONE``/``FAIL``. The reward is ``Deskto
 given when the agent says ``DONE``/``FAIL`` or the turn limit ends the episode; every other step
 gives 0. The env keeps the whole chat (a trajectory's tokens only grow); policies that see a
 window of it (``prompts.window_messages``) trim on their side.
+
+``observation`` picks what the agent sees, with OSWorld's names: ``a11y_tree`` (the default, the
+text above), ``screenshot`` or ``screenshot_a11y_tree``. With a screenshot, each observation
+message's content is a list of parts, the text then ``{"type": "image", "image": PIL.Image}``
+(``rz_agents.envs.images``), the screen resized to ``image_size``; the agent's coordinates are in
+the image's pixels and are scaled to the screen's before its code runs (``screen_scale.py``).
 """
 
 from __future__ import annotations
@@ -17,10 +23,18 @@ from typing import Any
 import numpy as np
 
 from rz_agents.envs.base import Message, MultiTurnTextEnv
+from rz_agents.envs.images import image_part, text_part
 from rz_agents.envs.osworld.a11y import linearize, trim
-from rz_agents.envs.osworld.actions import ActionParseError, parse_action
+from rz_agents.envs.osworld.actions import Action, ActionParseError, parse_action
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
-from rz_agents.envs.osworld.prompts import observation_prompt, system_prompt
+from rz_agents.envs.osworld.prompts import OBSERVATION_TYPES, observation_prompt, system_prompt
+from rz_agents.envs.osworld.screen_scale import (
+    ScreenScale,
+    check_image_size,
+    resize_screenshot,
+    scale_pyautogui_code,
+    scale_tree_table,
+)
 from rz_agents.envs.osworld.task import Task, load_tasks
 
 ENV_ID = "rz_agents/OSWorld-v0"
@@ -42,6 +56,11 @@ class OSWorldEnv(MultiTurnTextEnv):
     ``info["evaluation"]`` on the last step holds the score's details; ``info["action_error"]`` is
     set when a reply held no valid action. One env holds one desktop at a time, so the number of
     env instances (the rollout's concurrent episodes) bounds the desktops running at once.
+
+    ``observation``: ``a11y_tree`` | ``screenshot`` | ``screenshot_a11y_tree`` (OSWorld's ``som`` is
+    not offered). ``image_size``: ``[width, height]`` the screenshot is resized to (the model's image
+    size; None keeps the screen's); only with a screenshot observation. ``info["screen_scale"]``
+    (reset) gives both sizes and the factors from image to screen pixels.
     """
 
     def __init__(
@@ -54,8 +73,22 @@ class OSWorldEnv(MultiTurnTextEnv):
         download_cache: str | None = None,
         max_tree_tokens: int = 10000,
         pause: float = 0.5,
+        observation: str = "a11y_tree",
+        image_size: list[int] | tuple[int, int] | None = None,
     ) -> None:
         super().__init__(max_turns=max_turns)
+        if observation not in OBSERVATION_TYPES:
+            hint = " (set-of-marks is not offered)" if observation == "som" else ""
+            raise ValueError(
+                f"observation must be one of {', '.join(OBSERVATION_TYPES)}, got {observation!r}{hint}"
+            )
+        self.observation = observation
+        self.screenshots = observation != "a11y_tree"
+        if image_size is not None and not self.screenshots:
+            raise ValueError(
+                f"image_size={image_size!r} needs a screenshot observation (observation={observation!r})"
+            )
+        self.image_size = check_image_size(image_size)
         self.action_space_name = action_space
         self.max_tree_tokens = max_tree_tokens
         self.pause = pause
@@ -70,16 +103,32 @@ class OSWorldEnv(MultiTurnTextEnv):
         self.desktop = DesktopEnv(
             provider_name=provider,
             action_space=action_space,
-            require_screenshot=False,  # a text env: the tree is the observation
+            require_screenshot=self.screenshots,
+            require_a11y_tree=observation != "screenshot",
             a11y_view="agent",  # only what the table reads: a fraction of the tree's CPU
             download_cache=download_cache,
             provider_options=provider_options,
         )
         self.screen_size = getattr(self.desktop.provider, "screen_size", (1920, 1080))
+        w, h = self.screen_size
+        self.scale = ScreenScale(w, h, *(self.image_size or (w, h)))  # updated by each screenshot
 
-    def _observation_text(self, obs: dict[str, Any], errors: list[str] | None = None) -> str:
-        tree = trim(linearize(obs.get("accessibility_tree")), self.max_tree_tokens)
-        return observation_prompt(tree, errors)
+    def _observation(self, obs: dict[str, Any], errors: list[str] | None = None) -> str | list[dict]:
+        """The user message's content: the prompt text, then the screenshot when the agent sees one."""
+        tree = None
+        if self.screenshots:
+            image, self.scale = resize_screenshot(obs["screenshot"], self.image_size)
+        if self.observation != "screenshot":
+            tree = trim(linearize(obs.get("accessibility_tree")), self.max_tree_tokens)
+            tree = scale_tree_table(tree, self.scale) if self.screenshots else tree
+        text = observation_prompt(tree, errors, self.observation)
+        return [text_part(text), image_part(image)] if self.screenshots else text
+
+    def _to_screen(self, action: Action) -> Action:
+        """The action with its coordinates in screen pixels (the agent gave them in image pixels)."""
+        if action.kind != "code" or self.scale.identity:
+            return action
+        return Action("code", scale_pyautogui_code(action.code, self.scale))
 
     def _reset(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[list[Message], dict]:
         if task is None:
@@ -96,16 +145,21 @@ class OSWorldEnv(MultiTurnTextEnv):
             task_obj = task
         obs = self.desktop.reset(task_obj)
         assert self.desktop.task is not None
+        user = self._observation(obs)  # first: a screenshot sets the scale the prompt states
+        size = (self.scale.image_w, self.scale.image_h) if self.screenshots else self.screen_size
         messages = [
             {
                 "role": "system",
-                "content": system_prompt(self.action_space_name, obs["instruction"], self.screen_size),
+                "content": system_prompt(self.action_space_name, obs["instruction"], size, self.observation),
             },
-            {"role": "user", "content": self._observation_text(obs)},
+            {"role": "user", "content": user},
         ]
-        return messages, {"task_id": self.desktop.task.id, "timings": dict(self.desktop.timings)}
+        info = {"task_id": self.desktop.task.id, "timings": dict(self.desktop.timings)}
+        if self.screenshots:
+            info["screen_scale"] = self.scale.as_dict()
+        return messages, info
 
-    def _step(self, text: str) -> tuple[str, float, bool, dict]:
+    def _step(self, text: str) -> tuple[str | list[Message], float, bool, dict]:
         try:
             actions = parse_action(text, self.action_space_name)
         except ActionParseError as exc:
@@ -114,13 +168,15 @@ class OSWorldEnv(MultiTurnTextEnv):
         errors = []
         for i, action in enumerate(actions):
             # only the reply's last action is observed: the agent reads no tree in between
-            obs, _r, done, info = self.desktop.step(action, pause=self.pause, observe=i == len(actions) - 1)
+            obs, _r, done, info = self.desktop.step(
+                self._to_screen(action), pause=self.pause, observe=i == len(actions) - 1
+            )
             if info.get("error"):
                 errors.append(info["error"])
             if done:
                 score = self.desktop.evaluate()
                 return "Episode finished.", score, True, self._final_info()
-        return self._observation_text(obs, errors), 0.0, False, {"errors": errors}
+        return [{"role": "user", "content": self._observation(obs, errors)}], 0.0, False, {"errors": errors}
 
     def _final_info(self) -> dict[str, Any]:
         ev = self.desktop.last_evaluation

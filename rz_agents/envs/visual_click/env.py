@@ -1,0 +1,122 @@
+"""``rz_agents/VisualClick-v0``: click the named button in a small rendered picture.
+
+The visual counterpart of the OSWorld screenshot env, small enough for a tiny vision-language
+model on CPU: each episode shows one picture (``image_size`` square, 64 by default) of a few
+labelled coloured buttons (``render.py``) and names one, by colour ("Click the red button.") or
+by label ("Click the button labelled 7."). The policy answers ``click(x, y)`` in the picture's
+pixels (``pyautogui.click(x, y)`` reads the same); reward 1 when the point is on the named
+button, else 0. The observation is one user message whose content is the image part then the
+instruction (``rz_agents.envs.images``).
+
+Tasks are ``{"split": "train"|"test", "index": i}`` (or ``{"id": "visual-click/test/12"}``);
+without one, the env draws an index of its own ``split`` with the reset's seed, from
+``range(num_train_tasks)`` on ``train`` when that is set (a finite training set whose pictures
+repeat), else from ``range(2**31)``. ``test`` pictures come from another random stream: held out.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from rz_agents.envs.base import Message, MultiTurnTextEnv
+from rz_agents.envs.images import image_part, text_part
+from rz_agents.envs.visual_click.render import SPLITS, Layout, check_size, make_layout, render
+
+ENV_ID = "rz_agents/VisualClick-v0"
+NAME_BY = ("color", "label")
+_CLICK = re.compile(r"click\(\s*(?:x\s*=\s*)?(-?\d+(?:\.\d+)?)\s*,\s*(?:y\s*=\s*)?(-?\d+(?:\.\d+)?)\s*\)")
+_TASK_ID = re.compile(r"^visual-click/(train|test)/(\d+)$")
+
+SYSTEM = (
+    "You see a {n}x{n} pixel picture of coloured buttons, each labelled with a digit. "
+    "Click the button the instruction names: answer with click(x, y), where x counts pixels from the "
+    "left edge and y from the top."
+)
+
+
+def instruction(layout: Layout, name_by: str) -> str:
+    """The sentence naming the target."""
+    b = layout.target_button
+    return f"Click the {b.color} button." if name_by == "color" else f"Click the button labelled {b.label}."
+
+
+def parse_click(text: str) -> tuple[float, float] | None:
+    """The last ``click(x, y)`` of a reply (after any reasoning), or None."""
+    found = _CLICK.findall(text)
+    return (float(found[-1][0]), float(found[-1][1])) if found else None
+
+
+class VisualClickEnv(MultiTurnTextEnv):
+    """Click the named button; reward 1.0 on it, else 0 (see the module docstring)."""
+
+    def __init__(
+        self,
+        image_size: int = 64,
+        n_buttons: int = 3,
+        name_by: str = "color",
+        split: str = "train",
+        num_train_tasks: int | None = None,
+        max_turns: int = 1,
+    ) -> None:
+        super().__init__(max_turns=max_turns)
+        check_size(image_size, n_buttons)
+        if name_by not in NAME_BY:
+            raise ValueError(f"name_by must be one of {', '.join(NAME_BY)}, got {name_by!r}")
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if num_train_tasks is not None and (not isinstance(num_train_tasks, int) or num_train_tasks < 1):
+            raise ValueError(f"num_train_tasks must be a positive int or null, got {num_train_tasks!r}")
+        self.image_size, self.n_buttons, self.name_by = image_size, n_buttons, name_by
+        self.split, self.num_train_tasks = split, num_train_tasks
+        self.layout: Layout | None = None
+
+    def task_of(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[str, int]:
+        """``(split, index)`` of a task dict, or drawn with ``rng`` (ValueError naming a bad task)."""
+        if task is None:
+            high = self.num_train_tasks if self.split == "train" and self.num_train_tasks else 2**31
+            return self.split, int(rng.integers(high))
+        if "id" in task and "index" not in task:
+            m = _TASK_ID.match(str(task["id"]))
+            if not m:
+                raise ValueError(
+                    f"task id {task['id']!r} is not of the form visual-click/<train|test>/<index>"
+                )
+            return m.group(1), int(m.group(2))
+        split, index = task.get("split", self.split), task.get("index")
+        if split not in SPLITS or not isinstance(index, int) or index < 0:
+            raise ValueError(f"a task is {{'split': 'train'|'test', 'index': int >= 0}}, got {task!r}")
+        return split, index
+
+    def _reset(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[list[Message], dict]:
+        split, index = self.task_of(task, rng)
+        self.layout = make_layout(split, index, self.image_size, self.n_buttons)
+        picture = render(self.layout)
+        messages = [
+            {"role": "system", "content": SYSTEM.format(n=self.image_size)},
+            {
+                "role": "user",
+                "content": [image_part(picture), text_part(instruction(self.layout, self.name_by))],
+            },
+        ]
+        info = {
+            "task_id": f"visual-click/{split}/{index}",
+            "tools": [],
+            "target": self.layout.target_button,
+            "chance": self.layout.chance,
+        }
+        return messages, info
+
+    def _step(self, text: str) -> tuple[str, float, bool, dict]:
+        assert self.layout is not None
+        target = self.layout.target_button
+        click = parse_click(text)
+        if click is None:
+            return "Answer with click(x, y).", 0.0, False, {"error": "no_click", "hit": False}
+        hit = target.contains(*click)
+        info = {"click": click, "hit": hit}
+        if hit:
+            return "Hit.", 1.0, True, info
+        return f"Missed: ({click[0]:g}, {click[1]:g}) is not on that button.", 0.0, False, info
