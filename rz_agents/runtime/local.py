@@ -92,10 +92,7 @@ class LocalPlacement(Placement):
         return self.learner.save_state(folder)
 
     def load_learner_state(self, state: dict[str, Any], folder: Path | None = None) -> None:
-        if folder is None:
-            self.learner.load_state_dict(state)
-        else:
-            self.learner.load_state(state, folder)
+        self.learner.load_state(state, folder)
 
     def learner_weights(self) -> dict[str, torch.Tensor]:
         published = getattr(self.learner, "published_weights", None)  # LoRA: the adapters only

@@ -48,7 +48,7 @@ class Placement(ABC):
     @abstractmethod
     def load_learner_state(self, state: dict[str, Any], folder: Path | None = None) -> None:
         """``Learner.load_state(state, folder)`` wherever the learner runs; ``folder`` None: a checkpoint of
-        the format before folders, whose ``state`` holds the whole tensors (``Learner.load_state_dict``)."""
+        the format before folders, whose ``state`` holds the whole tensors."""
 
     # ---- weights: learner -> engines -------------------------------------------------------------
     @abstractmethod

@@ -14,11 +14,16 @@ load), keyed by parameter name:
 Everything small (param groups, schedule, version, counters) is returned to the caller, which keeps it in
 the runtime checkpoint file next to the folder (trainer/checkpoint.py). One process writes the same folder
 with ``no_dist`` (no process group needed).
+
+Checkpoints from before folders (checkpoint format 1) held the learner's whole tensors in the file itself
+(``model``, ``masters``, ``optimizer`` beside the counters); ``load_whole_tensor_state`` still reads them, with a
+deprecation warning, and nothing writes them any more.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +33,8 @@ import torch
 
 if TYPE_CHECKING:
     from rz_agents.trainer.learner import Learner
+
+log = logging.getLogger(__name__)
 
 FORMAT = "dcp-1"  # the "format" entry of the small state this module returns
 
@@ -120,4 +127,28 @@ def load_learner_state(learner: Learner, state: dict[str, Any], directory: str |
     for i, extra in state["optimizer_other"].items():
         per_param.setdefault(int(i), {}).update(extra)
     learner.optimizer.load_state_dict({"state": per_param, "param_groups": state["optimizer_param_groups"]})
+    learner.load_counters(state)
+
+
+@torch.no_grad()
+def load_whole_tensor_state(learner: Learner, state: dict[str, Any]) -> None:
+    """Restore a learner state of the format before folders: whole tensors in ``state`` (every rank cuts its
+    shards from them). Deprecated: a checkpoint saved now writes the folder format."""
+    message = (
+        "this checkpoint holds the learner's whole tensors (the format before folders): "
+        "it loads, but it is deprecated; the next checkpoint of the run is saved in the folder format"
+    )
+    log.warning(message)
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+    learner._load_model(state)  # (the learner's own loader of whole weights and masters)
+    optimizer = state["optimizer"]
+    if learner.ranks.world > 1:
+        optimizer = {**optimizer, "state": dict(optimizer["state"])}
+        for index, per_param in optimizer["state"].items():
+            param = learner.master_weights.optimized()[int(index)]
+            optimizer["state"][index] = {
+                k: learner.ranks.shard_like(v, param) if isinstance(v, torch.Tensor) and v.dim() else v
+                for k, v in per_param.items()
+            }
+    learner.optimizer.load_state_dict(optimizer)
     learner.load_counters(state)

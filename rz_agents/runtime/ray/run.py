@@ -220,10 +220,7 @@ class RayPlacement(Placement):
         return self.learner.save_state(folder)
 
     def load_learner_state(self, state: dict[str, Any], folder: Path | None = None) -> None:
-        if folder is None:
-            self.learner.load_state_dict(state)
-        else:
-            self.learner.load_state(state, folder)
+        self.learner.load_state(state, folder)
 
     def learner_weights(self) -> Any:
         # None while the weights travel by broadcast and are not in the store (send_weights copes).
