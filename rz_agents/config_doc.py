@@ -3,7 +3,7 @@
 A field's meaning is read from the dataclass's own source, where the code already says it, in this order:
 1. a comment on the field's line (``max_len: int = 512  # positions per sequence``);
 2. the comment block right above the field;
-3. the class docstring: an entry that starts a line with the field's name (``num_slots: the most ...``,
+3. the class docstring: an entry that starts a line with the field's name (``max_running: the most ...``,
    ``prefix_cache / prefix_cache_ttl_s: ...``, ``cpus_per_*: ...``, ``- name: ...``) and runs on over
    the more-indented lines after it; or else the first sentence that names it as ````name````.
 Inherited fields are looked up in the class that declares them. ``field_docs`` reports a field with none

@@ -244,7 +244,7 @@ class TrainConfig:
     imports: list[str] = field(default_factory=list)
     # "byte" (tiny vocab), "qwen3", or "checkpoint" (model.checkpoint's tokenizer.json and chat template)
     tokenizer: str = "byte"
-    engine: EngineConfig = field(default_factory=lambda: EngineConfig(num_slots=32, max_len=512))
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(max_running=32, max_len=512))
     rollout: RolloutSpec = field(
         default_factory=lambda: RolloutSpec(
             limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=32, max_episode_tokens=448)

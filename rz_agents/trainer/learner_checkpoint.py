@@ -23,7 +23,6 @@ deprecation warning, and nothing writes them any more.
 from __future__ import annotations
 
 import contextlib
-import logging
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rz_agents.deprecation import warn_deprecated
+
 if TYPE_CHECKING:
     from rz_agents.trainer.learner import Learner
-
-log = logging.getLogger(__name__)
 
 FORMAT = "dcp-1"  # the "format" entry of the small state this module returns
 
@@ -134,12 +133,11 @@ def load_learner_state(learner: Learner, state: dict[str, Any], directory: str |
 def load_whole_tensor_state(learner: Learner, state: dict[str, Any]) -> None:
     """Restore a learner state of the format before folders: whole tensors in ``state`` (every rank cuts its
     shards from them). Deprecated: a checkpoint saved now writes the folder format."""
-    message = (
+    warn_deprecated(
         "this checkpoint holds the learner's whole tensors (the format before folders): "
-        "it loads, but it is deprecated; the next checkpoint of the run is saved in the folder format"
+        "it loads, but the format is deprecated; the run's next checkpoint is saved in the folder format",
+        stacklevel=4,
     )
-    log.warning(message)
-    warnings.warn(message, DeprecationWarning, stacklevel=3)
     learner._load_model(state)  # (the learner's own loader of whole weights and masters)
     optimizer = state["optimizer"]
     if learner.ranks.world > 1:

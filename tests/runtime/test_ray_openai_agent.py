@@ -27,7 +27,7 @@ def test_an_openai_sdk_agent_trains_under_the_ray_runtime(ray_cluster):
         env=EnvSpec(
             id="rz_agents/OpenAIAgent-v0", kwargs={"agent": f"{AGENTS}:agent", "scorer": f"{AGENTS}:score"}
         ),
-        engine=EngineConfig(num_slots=8, max_len=512, max_batch_tokens=512),
+        engine=EngineConfig(max_running=8, max_len=512, max_batch_tokens=512),
         rollout=RolloutSpec(
             group_size=2,
             groups_per_batch=2,

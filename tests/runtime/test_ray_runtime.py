@@ -57,7 +57,7 @@ def _cfg(runtime="ray", mode="sync", steps=4, placement=None, env_latency=0.0, *
         seed=5,
         num_threads=1,
         env=EnvSpec(kwargs={"max_turns": 2, "latency_s": env_latency}),
-        engine=EngineConfig(num_slots=16, max_len=256, max_batch_tokens=512),
+        engine=EngineConfig(max_running=16, max_len=256, max_batch_tokens=512),
         rollout=RolloutSpec(**rollout),
         learner=LearnerSpec(optim=OptimConfig(lr=1e-2), assert_lag0_exact=kw.pop("exact", True)),
         **extra,
@@ -367,7 +367,7 @@ def test_rz_train_with_runtime_ray_warm_starts_trains_and_exports(ray_cluster, t
         "steps: 2\nnum_threads: 1\nmode: sync\nruntime: ray\n"
         "rollout:\n  group_size: 2\n  groups_per_batch: 2\n  max_concurrent_episodes: 4\n"
         "  limits: {max_turns: 2, max_tokens_per_turn: 8, max_episode_tokens: 200}\n"
-        "engine: {num_slots: 8, max_len: 256}\nenv:\n  kwargs: {latency_s: 0.0}\n"
+        "engine: {max_running: 8, max_len: 256}\nenv:\n  kwargs: {latency_s: 0.0}\n"
         "learner: {assert_lag0_exact: true}\n"
         f"warm_start: {{episodes: {episodes}, epochs: 1, batch_size: 8, warmup_steps: 0}}\n"
     )

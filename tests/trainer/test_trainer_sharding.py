@@ -62,7 +62,7 @@ def _sample(
     """Sample a batch with the real engine from ``weights``: prompt, then up to 12 sampled tokens."""
     model = _model(kind)
     model.load_state_dict(weights)
-    engine = RZEngine(model, EngineConfig(num_slots=16, max_len=64, num_threads=1), version=version)
+    engine = RZEngine(model, EngineConfig(max_running=16, max_len=64, num_threads=1), version=version)
 
     async def run():
         jobs = []

@@ -68,7 +68,7 @@ def test_the_config_file_is_valid():
     assert cfg.runtime == "ray" and cfg.placement.env_workers >= 2
     assert cfg.rollout.max_concurrent_episodes % cfg.placement.env_workers == 0
     # the engine runs every desktop's episode at once
-    assert cfg.engine.num_slots >= cfg.rollout.max_concurrent_episodes
+    assert cfg.engine.max_running >= cfg.rollout.max_concurrent_episodes
     assert cfg.env.kwargs["provider_options"] == {"warm_reset": True}
 
 
