@@ -32,10 +32,10 @@ import ray
 from rz_agents.engine import EngineConfig
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.runtime import (
+    ActorsConfig,
     EnvSpec,
     LearnerSpec,
     ModelSpec,
-    PlacementConfig,
     RolloutSpec,
     TrainConfig,
     build_run,
@@ -44,7 +44,7 @@ from rz_agents.trainer.optim import OptimConfig
 
 
 def training_config(args, runtime: str) -> TrainConfig:
-    extra = {"placement": PlacementConfig()} if runtime == "ray" else {}
+    extra = {"actors": ActorsConfig()} if runtime == "ray" else {}
     return TrainConfig(
         runtime=runtime,
         mode="async",
@@ -72,7 +72,7 @@ def training_config(args, runtime: str) -> TrainConfig:
 def generation_config(args, engines: int) -> TrainConfig:
     return TrainConfig(
         runtime="ray",
-        placement=PlacementConfig(engines=engines, env_workers=1),
+        actors=ActorsConfig(engines=engines, env_workers=1),
         mode="async",
         seed=0,
         num_threads=1,

@@ -252,8 +252,8 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
     )
     est.notes.append(f"learner micro-batch: {tokens} tokens")
     if getattr(cfg, "runtime", "local") == "ray":
-        est.engine_replicas, est.learner_ranks = cfg.placement.engines, cfg.placement.learner_ranks
-        if cfg.placement.weight_transport == "broadcast":
+        est.engine_replicas, est.learner_ranks = cfg.actors.engines, cfg.actors.learner_ranks
+        if cfg.actors.weight_transport == "broadcast":
             # WeightBroadcast.receive keeps every bucket until the engine loads them: a second full copy, of
             # every state-dict name (tied embeddings travel twice: embed_tokens and lm_head)
             tied = c.vocab_size * c.hidden_size if c.tie_word_embeddings else 0
@@ -270,7 +270,7 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
             est.learner["fsdp_unsharded_layers"] = 2 * layer * e  # the running layer and the prefetched one
             publish = largest * e  # one tensor gathered whole at a time, copied to the host at once
             if (
-                cfg.placement.weight_transport == "broadcast"
+                cfg.actors.weight_transport == "broadcast"
             ):  # a bucket of gathered tensors and its packed copy
                 publish = max(publish, 2 * BUCKET_BYTES)
             est.learner["publication_transient"] = publish
@@ -356,7 +356,7 @@ def cpu_memory_warning(cfg, available: int | None = None) -> str | None:
     if available is None:
         return None
     est = estimate_memory(cfg, model_cfg, source)
-    engines = max(1, cfg.placement.engines) if cfg.runtime == "ray" else 1
+    engines = max(1, cfg.actors.engines) if cfg.runtime == "ray" else 1
     need = est.learner_total + engines * est.engine_total
     if need <= available:
         return None

@@ -207,7 +207,7 @@ class Learner:
 
     @property
     def masters(self) -> list[torch.Tensor] | None:
-        """The separate fp32 copies of ``params`` (None: an fp32 model, or a placement whose fp32 shards are
+        """The separate fp32 copies of ``params`` (None: an fp32 model, or ranks whose fp32 shards are
         the masters; ``master_weights.in_shards`` says which)."""
         return self.master_weights.copies
 

@@ -166,7 +166,7 @@ def test_a_cpu_run_that_would_not_fit_in_free_memory_is_warned_with_what_checkpo
 
 
 def test_sharded_ranks_count_one_gathered_tensor_for_publication_not_a_whole_copy():
-    from rz_agents.runtime.config import PlacementConfig
+    from rz_agents.runtime.config import ActorsConfig
     from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES
 
     model_cfg = preset_config("qwen3-0.6b")
@@ -174,7 +174,7 @@ def test_sharded_ranks_count_one_gathered_tensor_for_publication_not_a_whole_cop
     est = {}
     for transport in ("object_store", "broadcast"):
         cfg = TrainConfig(
-            model=spec, runtime="ray", placement=PlacementConfig(learner_ranks=8, weight_transport=transport)
+            model=spec, runtime="ray", actors=ActorsConfig(learner_ranks=8, weight_transport=transport)
         )
         est[transport] = estimate_memory(cfg, model_cfg)
     largest = model_cfg.vocab_size * model_cfg.hidden_size  # the embedding (tied with the LM head)
@@ -186,6 +186,6 @@ def test_sharded_ranks_count_one_gathered_tensor_for_publication_not_a_whole_cop
     assert rank.learner_rank_total == rank.learner_sharded(8)
     assert rank.learner["fsdp_unsharded_layers"] > 0
     single = estimate_memory(
-        TrainConfig(model=spec, runtime="ray", placement=PlacementConfig(learner_ranks=1)), model_cfg
+        TrainConfig(model=spec, runtime="ray", actors=ActorsConfig(learner_ranks=1)), model_cfg
     )
     assert "publication_transient" not in single.learner  # one rank publishes views of its own weights

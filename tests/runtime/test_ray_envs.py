@@ -18,7 +18,7 @@ import pytest
 
 from rz_agents.engine import EngineConfig
 from rz_agents.rollout.agent_loop import EpisodeLimits, _turn_text
-from rz_agents.runtime import EnvSpec, PlacementConfig, RolloutSpec, TrainConfig, build_run
+from rz_agents.runtime import ActorsConfig, EnvSpec, RolloutSpec, TrainConfig, build_run
 from rz_agents.runtime.factories import build_tokenizer
 from tests.envs.user_package import forget, write_package
 from tests.runtime.test_ray_runtime import record_batches
@@ -45,7 +45,7 @@ def _cfg(env: EnvSpec, imports=(), max_turns: int = 1) -> TrainConfig:
             max_concurrent_episodes=4,
             limits=EpisodeLimits(max_turns=max_turns, max_tokens_per_turn=6, max_episode_tokens=200),
         ),
-        placement=PlacementConfig(),
+        actors=ActorsConfig(),
     )
 
 

@@ -70,8 +70,8 @@ def test_ray_threads_default_to_what_engines_and_learner_ranks_both_reserve(tmp_
     overrides = [
         "runtime=ray",
         "num_threads=null",
-        "placement.cpus_per_engine=3",
-        "placement.cpus_per_learner_rank=2",
+        "actors.cpus_per_engine=3",
+        "actors.cpus_per_learner_rank=2",
     ]
     plan = resolve(_load(tmp_path, "", overrides))
     assert plan.num_threads == plan.engine.num_threads == 2

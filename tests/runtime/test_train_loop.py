@@ -1,4 +1,4 @@
-"""TrainLoop(cfg, controller, placement): the runtime's half is an explicit Placement, and the loop's step
+"""TrainLoop(cfg, controller, loop_runtime): the runtime's half is an explicit LoopRuntime, and the loop's step
 counter is its own (saved in checkpoints, checked against the history on resume)."""
 
 import asyncio
@@ -8,8 +8,8 @@ import pytest
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.checkpoint_cut import InconsistentCheckpoint
 from rz_agents.runtime import LearnerSpec, LocalRun, RolloutSpec, TrainConfig
-from rz_agents.runtime.local import LocalPlacement
-from rz_agents.runtime.placement import Placement
+from rz_agents.runtime.local import LocalLoopRuntime
+from rz_agents.runtime.loop_runtime import LoopRuntime
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rz_agents.trainer.optim import OptimConfig
 
@@ -37,12 +37,12 @@ def _train(cfg):
         run.close()
 
 
-def test_a_placement_missing_a_hook_fails_when_built_not_mid_run():
-    hooks = {name: (lambda self, *args: None) for name in Placement.__abstractmethods__ - {"send_weights"}}
-    missing = type("Missing", (Placement,), hooks)
+def test_a_loop_runtime_missing_a_hook_fails_when_built_not_mid_run():
+    hooks = {name: (lambda self, *args: None) for name in LoopRuntime.__abstractmethods__ - {"send_weights"}}
+    missing = type("Missing", (LoopRuntime,), hooks)
     with pytest.raises(TypeError, match="send_weights"):
         missing()
-    assert not LocalPlacement.__abstractmethods__  # the local placement implements every hook
+    assert not LocalLoopRuntime.__abstractmethods__  # the local loop runtime implements every hook
 
 
 def test_checkpoints_carry_the_step_counter_and_a_resume_continues_it(tmp_path):

@@ -44,7 +44,7 @@ def _cfg(**kw) -> LearnerConfig:
     return LearnerConfig(**base)
 
 
-def test_the_placements_state_whether_their_shards_are_the_fp32_masters():
+def test_the_ranks_state_whether_their_shards_are_the_fp32_masters():
     assert SingleProcess.keeps_fp32_shards is False
     assert ShardedRanks.keeps_fp32_shards is True
 
