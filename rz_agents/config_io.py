@@ -212,6 +212,40 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def _renamed_key(cls: type, key: str) -> str:
+    """The dotted override key ``key`` for dataclass ``cls`` with each old field name on its way replaced by
+    the new path (warned like a renamed field in a file)."""
+    parts, done, node = key.strip().split("."), [], cls
+    while parts:
+        part = parts.pop(0)
+        new = getattr(node, "RENAMED_FIELDS", {}).get(part) if node is not None else None
+        if new is not None:
+            here = ".".join(done)
+            warn_deprecated(
+                f"config key {_join(here, part)} is renamed {_join(here, new)}; the old name is accepted for "
+                "one release",
+                stacklevel=5,
+            )
+            *parents, part = new.split(".")
+            for parent in parents:
+                done.append(parent)
+                node = _dataclass_in(typing.get_type_hints(node).get(parent)) if node is not None else None
+        done.append(part)
+        node = _dataclass_in(typing.get_type_hints(node).get(part)) if node is not None else None
+    return ".".join(done)
+
+
+def override_config(cls: type, data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """The raw config ``data`` for dataclass ``cls`` under its current field names, with ``overrides``
+    (``a.b=v``) applied: an override with an old name sets the field's new name (so a config file with the
+    new names and an old command line agree; of two overrides of one field the later wins, as always)."""
+    data = rename_fields(cls, data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        apply_overrides(data, [f"{_renamed_key(cls, key)}{sep}{raw}" if sep else item])
+    return data
+
+
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """The top-level mapping of a YAML file; ConfigError if missing, invalid, or not a mapping."""
     p = Path(path)
@@ -232,8 +266,7 @@ def load_config(
     """Load YAML at `path` (or defaults when None), apply overrides, return a `cls` (validated unless
     ``validate`` is False: types and field names are checked either way)."""
     data: dict[str, Any] = read_yaml_mapping(path) if path is not None else {}
-    apply_overrides(data, overrides or [])
-    obj = from_dict(cls, data)
+    obj = from_dict(cls, override_config(cls, data, overrides or []))
     check = getattr(obj, "validate", None)
     if validate and callable(check):
         try:

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 from rz_agents.config_io import (
     ConfigError,
-    apply_overrides,
     from_dict,
+    override_config,
     read_yaml_mapping,
     rename_fields,
     to_dict,
@@ -27,7 +27,7 @@ T = TypeVar("T")
 
 CHECKPOINT = "checkpoint.pt"
 CONFIG = "config.yaml"
-# Fields a resume may change: how long, how often to save, reporting, where the pieces run (not the algorithm).
+# Fields a resume may change: how long, how often to save, reporting, where things run (not the algorithm).
 RESUMABLE = (
     "description",
     "steps",
@@ -94,8 +94,7 @@ def config_for_resume(cls: type[T], run_dir: str | Path, overrides: list[str]) -
         raise ConfigError(f"{', '.join(fixed)}: --resume continues from {run_dir / CHECKPOINT}, in {run_dir}")
     # (old config names, e.g. a run dir from before a rename, compare under their new names)
     original = rename_fields(cls, read_yaml_mapping(run_dir / CONFIG))
-    data = apply_overrides(rename_fields(cls, read_yaml_mapping(run_dir / CONFIG)), overrides)
-    data = rename_fields(cls, data)  # (an override may use an old name too)
+    data = override_config(cls, read_yaml_mapping(run_dir / CONFIG), overrides)
     bad = changed_fields(original, data)
     if bad:
         raise ConfigError(
