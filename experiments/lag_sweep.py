@@ -148,8 +148,8 @@ ARMS: dict[str, list[str]] = {
     "async_governor64": ["rollout.max_lag=64", "rollout.max_ahead_batches=null", "rollout.lag_governor=true"],
     "async_bound8": ["rollout.max_lag=8", "rollout.max_ahead_batches=null"],
     "async_ahead2": ["rollout.max_lag=64", "rollout.max_ahead_batches=2"],  # the demo's own setting
-    # The same four with 512 episodes in flight (engine.max_running and rollout.max_concurrent_episodes 512, against
-    # 80 / 64): the engine's batched decode then outruns the learner, so the queue of finished groups grows and
+    # The same four with 512 episodes in flight (engine.max_running and rollout.max_concurrent_episodes 512,
+    # against 80 / 64): the engine's batched decode then outruns the learner, so the queue of finished groups grows and
     # the real lag reaches tens of versions, as with many rollout replicas per learner.
     "async_wide_bound64": ["rollout.max_lag=64", "rollout.max_ahead_batches=null", *WIDE],
     "async_wide_governor64": [

@@ -1,6 +1,6 @@
-"""One way to say that something still works but is deprecated: a one-line warning in the log (what a user of
-``rz`` sees) and a ``DeprecationWarning`` (what code and tests can catch or turn into errors), once per message
-and process."""
+"""One way to say that something still works but is deprecated: a one-line warning in the log (what a user
+of ``rz`` sees, once per message and process) and a ``DeprecationWarning`` (what code and tests can catch or
+turn into errors)."""
 
 from __future__ import annotations
 

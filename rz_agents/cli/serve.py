@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(
         f"rz serve: {server.model_name} on http://{args.host}:{args.port}/v1 "
-        f"(engine: max_running {engine.config.max_running}, max_len {engine.config.max_len}, version {engine.version})",
+        f"(engine: max_running {engine.config.max_running}, max_len {engine.config.max_len}, "
+        f"version {engine.version})",
         file=sys.stderr,
     )
     uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")

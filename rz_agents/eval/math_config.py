@@ -27,8 +27,8 @@ class MathEvalConfig:
     (one direct answer in ``\\boxed{}``). max_tokens: per answer (per turn with the tool).
     max_turns / max_context: tool episodes' turn limit and token budget (prompt + all turns; None
     derives it from the longest prompt). temperature 0 is greedy.
-    max_running: sequences generated at once (was num_slots); kv_cache_gb sizes the engine's paged KV cache (the
-    engine queues what its pages cannot hold; one sequence of the longest prompt + max_tokens, or a
+    max_running: sequences generated at once (was num_slots); kv_cache_gb sizes the engine's paged KV cache
+    (the engine queues what its pages cannot hold; one sequence of the longest prompt + max_tokens, or a
     whole tool episode, must fit). kernels: "aligned" (bit-identical to the trainer) or
     "standard". thinking: Qwen3's thinking mode (False puts an empty think block in the prompt).
     system_prompt / instruction: the prompt's system message (None: the template's default) and the

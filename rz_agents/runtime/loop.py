@@ -3,8 +3,8 @@
 A runtime places the pieces (``LocalRun``: one process; ``RayRun``: Ray actors) and then this same code
 drives them: the ``RolloutController`` (admission under the lag bound, the trajectory queue, the agent loop
 per episode) runs in this process either way, and the learner step is ``Learner.step`` either way. What
-differs is the runtime's ``LoopRuntime`` (runtime/loop_runtime.py), handed to ``TrainLoop``: where the learner step
-runs, what a published set of weights is (tensors, or a reference into Ray's object store) and how it reaches
+differs is the runtime's ``LoopRuntime`` (runtime/loop_runtime.py), handed to ``TrainLoop``: where the learner
+step runs, what a published set of weights is (tensors, or a reference into Ray's object store) and how it reaches
 the engines.
 
 ``rollout.fixed_lag: k`` keeps the engines exactly k versions behind: before each step the loop records the
@@ -243,10 +243,12 @@ class TrainLoop:
             "steps_done": self.steps_done,
         }
         if self.weight_history is not None:
+            to_tensors = self.loop_runtime.weights_to_tensors
             runtime["weight_history"] = {
-                v: self.loop_runtime.weights_to_tensors(w) for v, w in self.weight_history.state_dict().items()
+                v: to_tensors(w) for v, w in self.weight_history.state_dict().items()
             }
-        return save_checkpoint(path, self.loop_runtime.learner_state, runtime)  # the learner writes its folder
+        # (the learner writes its folder)
+        return save_checkpoint(path, self.loop_runtime.learner_state, runtime)
 
     def summary(self, wall_s: float, steps_run: int) -> dict[str, Any]:
         """What the run did, in plain numbers."""

@@ -16,8 +16,8 @@ the runtime checkpoint file next to the folder (trainer/checkpoint.py). One proc
 with ``no_dist`` (no process group needed).
 
 Checkpoints from before folders (checkpoint format 1) held the learner's whole tensors in the file itself
-(``model``, ``masters``, ``optimizer`` beside the counters); ``load_whole_tensor_state`` still reads them, with a
-deprecation warning, and nothing writes them any more.
+(``model``, ``masters``, ``optimizer`` beside the counters); ``load_whole_tensor_state`` still reads them, with
+a deprecation warning, and nothing writes them any more.
 """
 
 from __future__ import annotations

@@ -131,7 +131,9 @@ def test_engine_update_with_recompute_matches_trainer_with_new_weights(tiny_mode
     old = tiny_model()  # a frozen copy of the initial weights
     engine = RZEngine(
         model,
-        EngineConfig(max_running=4, max_len=256, max_batch_tokens=32, kv_on_update="recompute", num_threads=1),
+        EngineConfig(
+            max_running=4, max_len=256, max_batch_tokens=32, kv_on_update="recompute", num_threads=1
+        ),
     )
     params = SamplingParams(temperature=1.0, max_tokens=16, seed=9)
     prompts = _prompts(4, model.config.vocab_size, seed=8, lengths=(5, 33, 60, 12))
@@ -171,7 +173,8 @@ def test_engine_update_with_keep_attends_to_old_kv_exactly(tiny_model, perturbed
     model = tiny_model()
     old = tiny_model()
     engine = RZEngine(
-        model, EngineConfig(max_running=4, max_len=256, max_batch_tokens=32, kv_on_update="keep", num_threads=1)
+        model,
+        EngineConfig(max_running=4, max_len=256, max_batch_tokens=32, kv_on_update="keep", num_threads=1),
     )
     params = SamplingParams(temperature=1.0, max_tokens=16, seed=9)
     prompts = _prompts(4, model.config.vocab_size, seed=8, lengths=(5, 33, 60, 12))

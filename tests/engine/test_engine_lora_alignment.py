@@ -31,7 +31,9 @@ def _prompts(vocab: int) -> list[list[int]]:
 def _engine_vs_trainer(model, static_decode: bool) -> list[bool]:
     engine = RZEngine(
         model,
-        EngineConfig(max_running=3, max_len=256, max_batch_tokens=24, num_threads=1, static_decode=static_decode),
+        EngineConfig(
+            max_running=3, max_len=256, max_batch_tokens=24, num_threads=1, static_decode=static_decode
+        ),
     )
     prompts = _prompts(model.config.vocab_size)
     params = SamplingParams(temperature=1.0, max_tokens=10, seed=1)

@@ -148,7 +148,7 @@ def test_a_cpu_run_that_would_not_fit_in_free_memory_is_warned_with_what_checkpo
     from rz_agents.runtime.memory_estimate import cpu_memory_warning
 
     gib = 2**30
-    # the engine's share follows engine.max_running: pinned, so the figures do not move with the config's sizing
+    # the engine's share follows engine.max_running: pinned, so the figures do not move with the config's size
     off = load_config(
         RunConfig,
         resolve_config("osworld-local"),

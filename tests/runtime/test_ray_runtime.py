@@ -4,7 +4,7 @@ What is deterministic under Ray, and tested here:
 - sync mode (1 engine, 1 env worker, 1 learner rank; and 2 engines, 2 env workers): trajectories and weights
   are those of the local runtime, bit for bit, step after step;
 - rollout.fixed_lag (async): the same, because each batch is generated with the weights published for it;
-- async mode, any actors layout (here 2 engines, 2 env workers, actors killed mid-run): every trajectory is a pure
+- async mode, any actors layout (2 engines, 2 env workers, actors killed mid-run): every trajectory is a pure
   function of its task, its episode seed and the policy versions its tokens record. Replayed in one process
   with those weights, each single-version trajectory comes out identical (tokens, log-probs, reward).
 What is not: in async mode, which version samples which token (when a publication lands between engine

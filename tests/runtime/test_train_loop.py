@@ -1,5 +1,5 @@
-"""TrainLoop(cfg, controller, loop_runtime): the runtime's half is an explicit LoopRuntime, and the loop's step
-counter is its own (saved in checkpoints, checked against the history on resume)."""
+"""TrainLoop(cfg, controller, loop_runtime): the runtime's half is an explicit LoopRuntime, and the loop's
+step counter is its own (saved in checkpoints, checked against the history on resume)."""
 
 import asyncio
 

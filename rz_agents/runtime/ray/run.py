@@ -2,8 +2,8 @@
 
 The driver (this process) runs what the local runtime runs: the rollout controller with its agent loop
 per episode, the lag bound and the trajectory queue, and the training loop (runtime/loop.py). Only the
-loop runtime differs: the controller's engine is ``EngineReplicas`` (routing episodes to engine actors), its env
-factory hands out handles on envs living in ``EnvHost`` actors, and the learner step runs in the learner
+loop runtime differs: the controller's engine is ``EngineReplicas`` (routing episodes to engine actors), its
+env factory hands out handles on envs living in ``EnvHost`` actors, and the learner step runs in the learner
 ranks. The same ``Trajectory`` objects and versioned weights move between them through Ray.
 """
 
