@@ -67,3 +67,19 @@ def test_a_checkpoint_whose_counter_disagrees_with_its_history_is_refused(tmp_pa
     old = save_checkpoint(tmp_path / "old.pt", payload["learner"], payload["runtime"])
     _, steps = _train(_cfg(tmp_path / "d", steps=3, resume_from=str(old)))
     assert steps == 3
+
+
+def test_every_learner_class_has_one_state_api_the_folder_format():
+    """Learner, the child-process learner and the Ray learner ranks / group save and load the learner's state
+    one way (``save_state(folder)`` / ``load_state(state, folder)``); the whole-tensor ``state_dict`` is gone."""
+    import inspect
+
+    pytest.importorskip("ray")
+    from rz_agents.runtime.learner_process import LearnerProcess
+    from rz_agents.runtime.ray.learner import LearnerGroup, LearnerRank
+    from rz_agents.trainer.learner import Learner
+
+    for cls in (Learner, LearnerProcess, LearnerRank, LearnerGroup):
+        assert not hasattr(cls, "state_dict") and not hasattr(cls, "load_state_dict"), cls.__name__
+        assert len(inspect.signature(cls.save_state).parameters) == 2, cls.__name__  # (self, folder)
+        assert len(inspect.signature(cls.load_state).parameters) == 3, cls.__name__  # (self, state, folder)
