@@ -136,7 +136,7 @@ def load_whole_tensor_state(learner: Learner, state: dict[str, Any]) -> None:
     warn_deprecated(
         "this checkpoint holds the learner's whole tensors (the format before folders): "
         "it loads, but the format is deprecated; the run's next checkpoint is saved in the folder format",
-        stacklevel=4,
+        stacklevel=5,  # (the caller of Learner.load_state, past torch.no_grad's wrapper)
     )
     learner._load_model(state)  # (the learner's own loader of whole weights and masters)
     optimizer = state["optimizer"]
