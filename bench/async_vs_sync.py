@@ -93,7 +93,7 @@ def _measure(args, mode: str) -> dict:
     from rz_agents.engine import EngineConfig
 
     cfg = _config(args, mode)
-    cfg.engine = EngineConfig(num_slots=args.concurrency + 8, max_len=1040, max_batch_tokens=1024)
+    cfg.engine = EngineConfig(max_running=args.concurrency + 8, max_len=1040, max_batch_tokens=1024)
     run = LocalRun(cfg)
     samples: list[
         tuple[float, int, int, float]

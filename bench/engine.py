@@ -110,7 +110,7 @@ def timed(fn, cpu_clock=time.process_time) -> dict[str, float]:
 # -- rz ------------------------------------------------------------------------------------------
 def rz_engine(model: Transformer, args, batch: int) -> RZEngine:
     cfg = EngineConfig(
-        num_slots=max(batch, args.episodes),
+        max_running=max(batch, args.episodes),
         max_len=args.prompt_len + args.turns * (args.gen + args.obs) + 64,
         max_batch_tokens=args.max_batch_tokens,
         num_threads=args.threads,

@@ -67,7 +67,7 @@ def run(policy: str, args, prompts, versions) -> dict:
     engine = RZEngine(
         model,
         EngineConfig(
-            num_slots=args.requests, max_len=1024, max_batch_tokens=256, kv_on_update=policy, num_threads=1
+            max_running=args.requests, max_len=1024, max_batch_tokens=256, kv_on_update=policy, num_threads=1
         ),
     )
     params = [

@@ -59,7 +59,7 @@ def engine_worker(context: int, args) -> dict:
     engine = RZEngine(
         model,
         EngineConfig(
-            num_slots=1,
+            max_running=1,
             max_len=max_len,
             max_batch_tokens=args.max_batch_tokens,
             num_threads=args.threads,

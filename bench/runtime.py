@@ -32,10 +32,10 @@ import ray
 from rz_agents.engine import EngineConfig
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.runtime import (
+    ActorsConfig,
     EnvSpec,
     LearnerSpec,
     ModelSpec,
-    PlacementConfig,
     RolloutSpec,
     TrainConfig,
     build_run,
@@ -44,7 +44,7 @@ from rz_agents.trainer.optim import OptimConfig
 
 
 def training_config(args, runtime: str) -> TrainConfig:
-    extra = {"placement": PlacementConfig()} if runtime == "ray" else {}
+    extra = {"actors": ActorsConfig()} if runtime == "ray" else {}
     return TrainConfig(
         runtime=runtime,
         mode="async",
@@ -55,7 +55,7 @@ def training_config(args, runtime: str) -> TrainConfig:
             tiny_overrides={"hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256}
         ),
         env=EnvSpec(kwargs={"max_turns": 2, "latency_s": 0.01}),
-        engine=EngineConfig(num_slots=48, max_len=256, max_batch_tokens=2048),
+        engine=EngineConfig(max_running=48, max_len=256, max_batch_tokens=2048),
         rollout=RolloutSpec(
             group_size=4,
             groups_per_batch=4,
@@ -72,7 +72,7 @@ def training_config(args, runtime: str) -> TrainConfig:
 def generation_config(args, engines: int) -> TrainConfig:
     return TrainConfig(
         runtime="ray",
-        placement=PlacementConfig(engines=engines, env_workers=1),
+        actors=ActorsConfig(engines=engines, env_workers=1),
         mode="async",
         seed=0,
         num_threads=1,
@@ -80,7 +80,7 @@ def generation_config(args, engines: int) -> TrainConfig:
             tiny_overrides={"hidden_size": args.gen_hidden, "num_hidden_layers": 4, "intermediate_size": 768}
         ),
         env=EnvSpec(kwargs={"max_turns": 1, "latency_s": 0.0}),
-        engine=EngineConfig(num_slots=64, max_len=256, max_batch_tokens=4096),
+        engine=EngineConfig(max_running=64, max_len=256, max_batch_tokens=4096),
         rollout=RolloutSpec(
             group_size=4,
             groups_per_batch=4,

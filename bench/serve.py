@@ -50,7 +50,7 @@ def in_process(config: str, overrides: list[str], reqs: list[dict], slots: int) 
     from rz_agents.cli.serve import build_server
     from rz_agents.engine import SamplingParams, generate_batch
 
-    _, engine = build_server(config, overrides, num_slots=slots)
+    _, engine = build_server(config, overrides, max_running=slots)
     params = [
         SamplingParams(max_tokens=r["max_tokens"], seed=r["seed"], temperature=r["temperature"]) for r in reqs
     ]
@@ -91,7 +91,7 @@ def served(config: str, overrides: list[str], reqs: list[dict], slots: int, port
     import httpx
 
     cmd = [sys.executable, "-m", "rz_agents.cli", "serve", config, *overrides, "--port", str(port)]
-    cmd += ["--num-slots", str(slots), "--model-name", "bench"]
+    cmd += ["--max-running", str(slots), "--model-name", "bench"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):

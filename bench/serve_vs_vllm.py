@@ -184,7 +184,7 @@ def start_servers(args, ckpt: Path, slots: int, max_len: int) -> tuple[Server, S
     threads = {"OMP_NUM_THREADS": str(args.threads)}
     rz_env = {**os.environ, **threads, "PYTHONPATH": f"{ROOT}:{ROOT / 'kernels'}"}
     rz_cmd = [sys.executable, "-m", "rz_agents.cli", "serve", str(ckpt), "--port", str(args.port)]
-    rz_cmd += ["--num-slots", str(slots), "--max-len", str(max_len), "--model-name", MODEL_NAME]
+    rz_cmd += ["--max-running", str(slots), "--max-len", str(max_len), "--model-name", MODEL_NAME]
     vllm_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     vllm_env.update(threads, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
     vllm_cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt)]

@@ -65,7 +65,7 @@ def main() -> int:
         thinking=False,
         system_prompt=None,
         prompt_style="compact",
-        num_slots=64,
+        max_running=64,
     )
     if "max_turns" in env_kwargs:
         config.max_turns = int(env_kwargs["max_turns"])

@@ -50,7 +50,7 @@ from common import (  # noqa: E402
 )
 
 # 512 episodes in flight (against the demo's 64, and 80 engine slots): see the async_wide_* arms
-WIDE = ["rollout.max_concurrent_episodes=512", "engine.num_slots=512"]
+WIDE = ["rollout.max_concurrent_episodes=512", "engine.max_running=512"]
 
 # arm -> overrides of the run config. "std" arms run engine and learner on the standard (stock PyTorch)
 # op set, whose bf16 log-probs differ between the batched engine and the packed trainer.
@@ -148,7 +148,7 @@ ARMS: dict[str, list[str]] = {
     "async_governor64": ["rollout.max_lag=64", "rollout.max_ahead_batches=null", "rollout.lag_governor=true"],
     "async_bound8": ["rollout.max_lag=8", "rollout.max_ahead_batches=null"],
     "async_ahead2": ["rollout.max_lag=64", "rollout.max_ahead_batches=2"],  # the demo's own setting
-    # The same four with 512 episodes in flight (engine.num_slots and rollout.max_concurrent_episodes 512,
+    # The same four with 512 episodes in flight (engine.max_running and rollout.max_concurrent_episodes 512,
     # against 80 / 64): the engine's batched decode then outruns the learner, so the queue of finished groups
     # grows and the real lag reaches tens of versions, as with many rollout replicas per learner.
     "async_wide_bound64": ["rollout.max_lag=64", "rollout.max_ahead_batches=null", *WIDE],

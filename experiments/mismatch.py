@@ -104,7 +104,7 @@ def rz_rollouts(model, prompts, max_tokens: int, seed: int) -> list[dict[str, An
     from rz_agents.engine import EngineConfig, RZEngine, SamplingParams
 
     engine = RZEngine(
-        model, EngineConfig(num_slots=len(prompts), max_len=max(map(len, prompts)) + max_tokens + 1)
+        model, EngineConfig(max_running=len(prompts), max_len=max(map(len, prompts)) + max_tokens + 1)
     )
 
     async def go():

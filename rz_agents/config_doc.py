@@ -3,7 +3,7 @@
 A field's meaning is read from the dataclass's own source, where the code already says it, in this order:
 1. a comment on the field's line (``max_len: int = 512  # positions per sequence``);
 2. the comment block right above the field;
-3. the class docstring: an entry that starts a line with the field's name (``num_slots: the most ...``,
+3. the class docstring: an entry that starts a line with the field's name (``max_running: the most ...``,
    ``prefix_cache / prefix_cache_ttl_s: ...``, ``cpus_per_*: ...``, ``- name: ...``) and runs on over
    the more-indented lines after it; or else the first sentence that names it as ````name````.
 Inherited fields are looked up in the class that declares them. ``field_docs`` reports a field with none
@@ -180,6 +180,18 @@ def undocumented(cls: type) -> list[str]:
     return [row.path for row in field_docs(cls) if not row.doc.strip()]
 
 
+def renamed_fields(cls: type, prefix: str = "") -> list[tuple[str, str]]:
+    """(old dotted path, new dotted path) of every renamed field of ``cls`` and its sections (their
+    ``RENAMED_FIELDS``, which config_io still reads under the old names)."""
+    found = [(prefix + old, prefix + new) for old, new in getattr(cls, "RENAMED_FIELDS", {}).items()]
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        section = _dataclass_of(hints.get(f.name, f.type))
+        if f.init and section is not None:
+            found += renamed_fields(section, f"{prefix}{f.name}.")
+    return found
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -201,4 +213,16 @@ def reference_markdown(cls: type, title: str, intro: str) -> str:
     for sec in sections:
         out += [f"## `{sec.path}`", "", _cell(sec.doc), ""]
         out += table([r for r in rows if r.path.startswith(sec.path + ".")]) + [""]
+    renamed = renamed_fields(cls)
+    if renamed:
+        out += [
+            "## Renamed fields",
+            "",
+            "These old names still load for one release (a one-line deprecation warning names the new one);",
+            "giving the old and the new name in one file is an error.",
+            "",
+            "| old name | new name |",
+            "|---|---|",
+        ]
+        out += [f"| `{old}` | `{new}` |" for old, new in renamed] + [""]
     return "\n".join(out).rstrip() + "\n"

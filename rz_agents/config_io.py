@@ -2,6 +2,12 @@
 
 A wrong field name or a value of the wrong type raises ConfigError naming the dotted path, e.g.
 `learner.lr: expected float, got 'fast'` or `rollout.max_lagg: unknown field (did you mean max_lag?)`.
+
+Renamed fields: a dataclass lists its old field names in ``RENAMED_FIELDS`` (a class attribute,
+``{old name: new dotted path from that class}``, e.g. ``{"num_slots": "max_running"}`` or a whole section
+``{"placement": "actors"}``). A config (file or override) that uses an old name still loads for one release:
+the value moves to the new name, with a one-line deprecation warning naming it (``rename_fields``); giving
+both the old and the new name is an error.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from pathlib import Path
 from typing import Any, TypeVar, Union
 
 import yaml
+
+from rz_agents.deprecation import warn_deprecated
 
 T = TypeVar("T")
 
@@ -91,10 +99,75 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     return value
 
 
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _rename_here(cls: type, data: dict[str, Any], path: str) -> dict[str, Any]:
+    """``data`` (a mapping for dataclass ``cls`` at ``path``) with the old names of ``cls.RENAMED_FIELDS``
+    moved to their new paths (a copy; each move warned once)."""
+    renamed: dict[str, str] = getattr(cls, "RENAMED_FIELDS", {})
+    if not any(old in data for old in renamed):
+        return data
+    data = dict(data)
+    for old, new in renamed.items():
+        if old not in data:
+            continue
+        value = data.pop(old)
+        *parents, last = new.split(".")
+        node = data
+        for part in parents:  # (copies along the way: the caller's mapping is not changed)
+            child = node.get(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(
+                    f"{_join(path, part)}: expected a mapping for the renamed {_join(path, old)}"
+                )
+            node[part] = node = dict(child)
+        if last in node:
+            raise ConfigError(
+                f"{_join(path, old)}: renamed to {_join(path, new)}, which is set too; "
+                f"keep only {_join(path, new)}"
+            )
+        node[last] = value
+        warn_deprecated(
+            f"config key {_join(path, old)} is renamed {_join(path, new)}; the old name is accepted for one "
+            f"release",
+            stacklevel=5,
+        )
+    return data
+
+
+def _dataclass_in(tp: Any) -> type | None:
+    """The dataclass a field of type ``tp`` holds (``X`` or ``X | None``), else None."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        found = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        return found[0] if len(found) == 1 else None
+    return None
+
+
+def rename_fields(cls: type, data: dict[str, Any], path: str = "") -> dict[str, Any]:
+    """A copy of the raw config mapping ``data`` (for dataclass ``cls``) with every old field name, at any
+    depth, moved to its new one (see the module docstring); used where raw configs are compared (a resume
+    against the run's config.yaml), so that old and new spellings of one config agree."""
+    data = _rename_here(cls, data, path)
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for key, value in data.items():
+        inner = _dataclass_in(hints.get(key, None))
+        out[key] = (
+            rename_fields(inner, value, _join(path, key)) if inner and isinstance(value, dict) else value
+        )
+    return out
+
+
 def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
-    """Build dataclass `cls` from a nested dict, checking every field name and type."""
+    """Build dataclass `cls` from a nested dict, checking every field name and type (old names of renamed
+    fields are accepted with a deprecation warning)."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
+    data = _rename_here(cls, data, path)
     kwargs = {}
     for key, value in data.items():
         where = f"{path}.{key}" if path else str(key)
@@ -139,6 +212,40 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def _renamed_key(cls: type, key: str) -> str:
+    """The dotted override key ``key`` for dataclass ``cls`` with each old field name on its way replaced by
+    the new path (warned like a renamed field in a file)."""
+    parts, done, node = key.strip().split("."), [], cls
+    while parts:
+        part = parts.pop(0)
+        new = getattr(node, "RENAMED_FIELDS", {}).get(part) if node is not None else None
+        if new is not None:
+            here = ".".join(done)
+            warn_deprecated(
+                f"config key {_join(here, part)} is renamed {_join(here, new)}; the old name is accepted for "
+                "one release",
+                stacklevel=5,
+            )
+            *parents, part = new.split(".")
+            for parent in parents:
+                done.append(parent)
+                node = _dataclass_in(typing.get_type_hints(node).get(parent)) if node is not None else None
+        done.append(part)
+        node = _dataclass_in(typing.get_type_hints(node).get(part)) if node is not None else None
+    return ".".join(done)
+
+
+def override_config(cls: type, data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """The raw config ``data`` for dataclass ``cls`` under its current field names, with ``overrides``
+    (``a.b=v``) applied: an override with an old name sets the field's new name (so a config file with the
+    new names and an old command line agree; of two overrides of one field the later wins, as always)."""
+    data = rename_fields(cls, data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        apply_overrides(data, [f"{_renamed_key(cls, key)}{sep}{raw}" if sep else item])
+    return data
+
+
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """The top-level mapping of a YAML file; ConfigError if missing, invalid, or not a mapping."""
     p = Path(path)
@@ -159,8 +266,7 @@ def load_config(
     """Load YAML at `path` (or defaults when None), apply overrides, return a `cls` (validated unless
     ``validate`` is False: types and field names are checked either way)."""
     data: dict[str, Any] = read_yaml_mapping(path) if path is not None else {}
-    apply_overrides(data, overrides or [])
-    obj = from_dict(cls, data)
+    obj = from_dict(cls, override_config(cls, data, overrides or []))
     check = getattr(obj, "validate", None)
     if validate and callable(check):
         try:

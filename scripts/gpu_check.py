@@ -563,7 +563,7 @@ def section_rl_loop(check: Check) -> dict:
         "qwen3", hidden_size=128, intermediate_size=384, head_dim=32, max_position_embeddings=512
     )
     model = random_model(check, cfg, check.aligned)
-    engine = RZEngine(copy.deepcopy(model).requires_grad_(False), EngineConfig(num_slots=64, max_len=256))
+    engine = RZEngine(copy.deepcopy(model).requires_grad_(False), EngineConfig(max_running=64, max_len=256))
     learner = Learner(model, LearnerConfig(optim=OptimConfig(lr=1e-3)), max_lag=64)
     engine.load_weights(learner.weights(), learner.version)
     gen = torch.Generator().manual_seed(0)
@@ -904,7 +904,7 @@ def section_train_16k(check: Check) -> dict:
         model=SimpleNamespace(activation_checkpointing=True),
         learner=SimpleNamespace(micro_batch_tokens=tokens),
         rollout=SimpleNamespace(limits=SimpleNamespace(max_episode_tokens=tokens)),
-        engine=EngineConfig(max_len=tokens, kv_cache_bytes=None, num_slots=1, max_batch_tokens=1),
+        engine=EngineConfig(max_len=tokens, kv_cache_bytes=None, max_running=1, max_batch_tokens=1),
     )
     est = estimate_memory(cfg, config)
     out = {
@@ -1302,7 +1302,7 @@ def section_engine_vs_trainer(check: Check) -> dict:
         ]
         params.append(SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True))
         max_len = 128 if check.dry else 640
-        engine = RZEngine(model, EngineConfig(num_slots=16, max_len=max_len, share_prefix_min_tokens=8))
+        engine = RZEngine(model, EngineConfig(max_running=16, max_len=max_len, share_prefix_min_tokens=8))
         done = generate_batch(engine, prompts, params)
         equal, compared = [], 0
         for p, sp, c in zip(prompts, params, done, strict=True):

@@ -20,12 +20,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rz_agents.cli.flags import add_renamed_flag
 from rz_agents.eval.math_config import BENCHMARKS
 
 PRODUCTION_NOTE = (
     "Production settings (AIME): --k 16..64 --temperature 0.6 --top-p 0.95, --max-tokens large enough "
     "for the model's reasoning (e.g. 32768 for Qwen3-4B with thinking; the KV cache then needs "
-    "--kv-cache-gb or fewer --num-slots). Report avg@k (the mean of "
+    "--kv-cache-gb or fewer --max-running). Report avg@k (the mean of "
     "the 0/1 reward over the k samples of each problem, then over problems) with its k."
 )
 
@@ -43,7 +44,7 @@ _CONFIG_FLAGS = (
     "max_context",
     "limit",
     "seed",
-    "num_slots",
+    "max_running",
     "kv_cache_gb",
     "num_threads",
     "kernels",
@@ -97,9 +98,12 @@ def add_parser(subparsers: Any) -> None:
     m.add_argument("--max-context", type=int, help="token budget of a tool episode (default: derived)")
     m.add_argument("--limit", type=int, help="evaluate only the first N problems")
     m.add_argument("--seed", type=int, help="sampling seed (default 0)")
-    m.add_argument("--num-slots", type=int, help="sequences generated at once (default 32)")
+    m.add_argument("--max-running", type=int, help="sequences generated at once (default 32)")
+    add_renamed_flag(m, "--num-slots", "--max-running", type=int)
     m.add_argument(
-        "--kv-cache-gb", type=float, help="KV-cache memory budget; sets the slots instead of --num-slots"
+        "--kv-cache-gb",
+        type=float,
+        help="KV-cache memory budget (the pages; --max-running caps the sequences)",
     )
     m.add_argument("--num-threads", type=int, help="torch threads for the engine (default: torch's)")
     m.add_argument("--kernels", choices=("aligned", "standard"), help="op set (default aligned)")
@@ -126,8 +130,8 @@ def add_parser(subparsers: Any) -> None:
     e = parser.add_argument_group(
         "the run's own env (CONFIG is a training config, e.g. RUN/config.yaml, and no benchmark is named); "
         "--tasks FILE (JSONL/JSON/Parquet or a packaged name) replaces env.eval_tasks, and --k, "
-        "--temperature, --top-p, --top-k, --seed, --limit, --num-slots, --num-threads, --kernels, --dtype "
-        "apply; sampling defaults to the run's rollout settings, turn and token limits are the run's"
+        "--temperature, --top-p, --top-k, --seed, --limit, --max-running, --num-threads, --kernels, "
+        "--dtype apply; sampling defaults to the run's rollout settings, turn and token limits are the run's"
     )
     e.add_argument("--threshold", type=float, default=None, help="success means reward >= this (default 1.0)")
     e.add_argument(

@@ -17,6 +17,7 @@ EXIT_ALL_FAILED = 1
 
 
 def _config(args: argparse.Namespace, section: dict[str, Any]):
+    from rz_agents.config_io import rename_fields
     from rz_agents.eval.env_eval import EnvEvalConfig
 
     names = (
@@ -26,11 +27,12 @@ def _config(args: argparse.Namespace, section: dict[str, Any]):
         "top_k",
         "seed",
         "limit",
-        "num_slots",
+        "max_running",
         "num_threads",
         "kernels",
         "dtype",
     )
+    section = rename_fields(EnvEvalConfig, section, "eval")
     values: dict[str, Any] = {n: section[n] for n in names if section.get(n) is not None}
     values.update({n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
     if section.get("success_threshold") is not None:

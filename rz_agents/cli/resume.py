@@ -14,13 +14,20 @@ import dataclasses
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rz_agents.config_io import ConfigError, apply_overrides, from_dict, read_yaml_mapping, to_dict
+from rz_agents.config_io import (
+    ConfigError,
+    from_dict,
+    override_config,
+    read_yaml_mapping,
+    rename_fields,
+    to_dict,
+)
 
 T = TypeVar("T")
 
 CHECKPOINT = "checkpoint.pt"
 CONFIG = "config.yaml"
-# Fields a resume may change: how long, how often to save, reporting and placement (not the algorithm).
+# Fields a resume may change: how long, how often to save, reporting, where things run (not the algorithm).
 RESUMABLE = (
     "description",
     "steps",
@@ -36,9 +43,9 @@ RESUMABLE = (
     "rollout_cpus",
     "learner_step_delay_s",
     "eval",
-    "runtime",  # checkpoints are the same in both runtimes and for any placement
+    "runtime",  # checkpoints are the same in both runtimes and for any actors
     "ray",
-    "placement",
+    "actors",
 )
 # Fields that always differ between the first start and a resume.
 _IGNORED = ("resume_from", "output_dir")
@@ -85,8 +92,9 @@ def config_for_resume(cls: type[T], run_dir: str | Path, overrides: list[str]) -
     fixed = [o for o in overrides if o.partition("=")[0].strip() in _IGNORED]
     if fixed:
         raise ConfigError(f"{', '.join(fixed)}: --resume continues from {run_dir / CHECKPOINT}, in {run_dir}")
-    original = read_yaml_mapping(run_dir / CONFIG)
-    data = apply_overrides(read_yaml_mapping(run_dir / CONFIG), overrides)
+    # (old config names, e.g. a run dir from before a rename, compare under their new names)
+    original = rename_fields(cls, read_yaml_mapping(run_dir / CONFIG))
+    data = override_config(cls, read_yaml_mapping(run_dir / CONFIG), overrides)
     bad = changed_fields(original, data)
     if bad:
         raise ConfigError(
@@ -110,7 +118,7 @@ def check_same_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
     if not (run_dir / CONFIG).is_file():
         return None
     original = read_yaml_mapping(run_dir / CONFIG)
-    bad = changed_fields(original, to_dict(cfg))
+    bad = changed_fields(rename_fields(type(cfg), original), to_dict(cfg))
     if bad:
         raise ConfigError(
             f"resuming {run_dir} with a config that differs from its {CONFIG} in {', '.join(bad)}; "

@@ -12,6 +12,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from rz_agents.cli.flags import add_renamed_flag
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -24,7 +26,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--model-name", default=None, help="the id /v1/models lists (default: the target's name)")
-    p.add_argument("--num-slots", type=int, default=None, help="sequences decoded at once (engine.num_slots)")
+    p.add_argument(
+        "--max-running", type=int, default=None, help="sequences decoded at once (engine.max_running)"
+    )
+    add_renamed_flag(p, "--num-slots", "--max-running", type=int)
     p.add_argument("--max-len", type=int, default=None, help="positions per sequence (engine.max_len)")
     p.set_defaults(func=run)
 
@@ -74,15 +79,15 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         server, engine = build_server(
-            args.target, args.overrides, args.model_name, num_slots=args.num_slots, max_len=args.max_len
+            args.target, args.overrides, args.model_name, max_running=args.max_running, max_len=args.max_len
         )
     except (ValueError, FileNotFoundError) as exc:  # ConfigError is a ValueError: one line, exit 2
         print(f"rz serve: cannot serve {args.target}: {exc}", file=sys.stderr)
         return 2
     print(
         f"rz serve: {server.model_name} on http://{args.host}:{args.port}/v1 "
-        f"(engine: {engine.config.num_slots} slots, max_len {engine.config.max_len}, version "
-        f"{engine.version})",
+        f"(engine: max_running {engine.config.max_running}, max_len {engine.config.max_len}, "
+        f"version {engine.version})",
         file=sys.stderr,
     )
     uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")

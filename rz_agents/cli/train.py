@@ -80,7 +80,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="RUN_DIR",
         default=None,
         help="continue the run in RUN_DIR with its own config.yaml, from its checkpoint.pt (overrides may "
-        "change only steps, checkpoint_every, reporting and placement)",
+        "change only steps, checkpoint_every, reporting, runtime, ray and actors)",
     )
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.add_argument("--list-configs", action="store_true", help="list the packaged configs and exit")

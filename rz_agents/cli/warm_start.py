@@ -105,7 +105,7 @@ def bootstrap(run, ws: WarmStartConfig, log: Callable[[str], None]) -> dict[str,
     b = ws.bootstrap
     tasks = run.controller.tasks.tasks
     cfg = run.cfg
-    concurrency = max(1, min(cfg.rollout.max_concurrent_episodes, cfg.engine.num_slots))
+    concurrency = max(1, min(cfg.rollout.max_concurrent_episodes, cfg.engine.max_running))
     kept: list[Demonstration] = []
     rounds = []
     for r in range(b.rounds):

@@ -17,8 +17,8 @@ def predict_decode_step(model_cfg: ModelConfig, batch: int, context: int) -> dic
     if batch < 1 or context < 1:
         raise ValueError(f"predict_decode_step: batch and context must be >= 1, got {batch}, {context}")
     shapes = RecipeShapes(
-        name="predict", model=model_cfg, num_slots=batch, max_len=context + 1, max_batch_tokens=max(batch, 8),
-        micro_batch_tokens=2, activation_checkpointing=False,
+        name="predict", model=model_cfg, max_running=batch, max_len=context + 1,
+        max_batch_tokens=max(batch, 8), micro_batch_tokens=2, activation_checkpointing=False,
     )  # fmt: skip
     launches = record_recipe(shapes, buckets=[batch], contexts=(context,), train=False, prefill=False)
     decode = [x for x in launches if x.tags.get("phase") == "decode"]

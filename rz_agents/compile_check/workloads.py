@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from rz_agents.config_io import rename_fields
+from rz_agents.engine.config import EngineConfig
 from rz_agents.engine.decode_step import DecodeStep, StepBuffers, decode_buckets
 from rz_agents.engine.runner import LOGIT_CHUNK_BYTES
 from rz_agents.model.config import ModelConfig
@@ -48,7 +50,7 @@ class RecipeShapes:
 
     name: str
     model: ModelConfig
-    num_slots: int
+    max_running: int
     max_len: int
     max_batch_tokens: int
     micro_batch_tokens: int
@@ -56,7 +58,7 @@ class RecipeShapes:
 
     @property
     def max_decode_batch(self) -> int:
-        return min(self.num_slots, self.max_batch_tokens)  # as Engine builds its DecodeStep
+        return min(self.max_running, self.max_batch_tokens)  # as Engine builds its DecodeStep
 
 
 def recipe_shapes(config_path: str | Path, repo_root: Path | None = None) -> RecipeShapes:
@@ -75,12 +77,12 @@ def recipe_shapes(config_path: str | Path, repo_root: Path | None = None) -> Rec
     cfg = preset_config(
         preset, activation_checkpointing=ckpt, **({"num_hidden_layers": int(layers)} if layers else {})
     )
-    engine = raw.get("engine") or {}
+    engine = rename_fields(EngineConfig, raw.get("engine") or {}, "engine")
     learner = raw.get("learner") or {}
     return RecipeShapes(
         name=preset,
         model=cfg,
-        num_slots=int(engine.get("num_slots", 64)),
+        max_running=int(engine.get("max_running", 64)),
         max_len=int(engine.get("max_len", 4096)),
         max_batch_tokens=int(engine.get("max_batch_tokens", 8192)),
         micro_batch_tokens=int(learner.get("micro_batch_tokens", 4096)),
@@ -114,7 +116,7 @@ class EngineDriver:
         self.model = meta_model(shapes.model, engine=True)
         self.width = pages_for(shapes.max_len)
         # Pages for every slot at max_len plus the scratch page (only addresses matter on meta).
-        self.num_pages = shapes.num_slots * self.width + 1
+        self.num_pages = shapes.max_running * self.width + 1
         self.cache = KVCache(shapes.model, self.num_pages, device="meta")
         self.step = DecodeStep(
             self.model, self.cache, shapes.max_decode_batch, self.width, scratch_page=self.num_pages - 1

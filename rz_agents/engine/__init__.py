@@ -1,6 +1,6 @@
 """Inference engine: token-in/token-out generation with continuous batching and aligned log-probs.
 
-engine = RZEngine(Transformer(cfg, kernels="aligned"), EngineConfig(num_slots=16))
+engine = RZEngine(Transformer(cfg, kernels="aligned"), EngineConfig(max_running=16))
 completion = await engine.generate(prompt_tokens, SamplingParams(temperature=1.0, max_tokens=64))
 engine.load_weights(state_dict, version=1)
 """

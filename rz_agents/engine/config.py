@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 KV_ON_UPDATE = ("keep", "recompute")
 
@@ -12,12 +12,13 @@ KV_ON_UPDATE = ("keep", "recompute")
 class EngineConfig:
     """How the rz engine batches, caches and updates.
 
-    num_slots: the most sequences running at once (the decode batch). The KV cache is paged (pages
+    max_running: the most sequences running at once (the decode batch; vLLM's max_num_seqs; called
+      num_slots before, a name still read with a deprecation warning). The KV cache is paged (pages
       of 64 positions, held in proportion to each sequence's real length, prompt pages shared within
       a group); requests beyond what the pages hold wait, and when running sequences outgrow the
       pages the newest is preempted and later recomputes its K/V (never an error).
     kv_cache_bytes: the KV cache's size in bytes (as many pages as fit, one kept as the scratch page
-      of padding rows). None gives num_slots x max_len positions (the memory a slot cache would
+      of padding rows). None gives max_running x max_len positions (the memory a slot cache would
       reserve) plus the scratch page.
     static_decode: run decode-only steps through the static decode step (rz_agents.engine.decode_step):
       the batch padded to a bucket over preallocated buffers, the CUDA-graph-capturable form. The
@@ -52,7 +53,9 @@ class EngineConfig:
     eos_token_ids: default stop tokens; None takes the model config's eos_token_id.
     """
 
-    num_slots: int = 16
+    RENAMED_FIELDS: ClassVar[dict[str, str]] = {"num_slots": "max_running"}  # config_io: old names
+
+    max_running: int = 16
     max_len: int = 2048
     max_batch_tokens: int = 512
     min_prefill_chunk: int = 16
@@ -76,14 +79,14 @@ class EngineConfig:
         page that padding rows of a static decode step write to."""
         if self.kv_cache_bytes is not None:
             return self.kv_cache_bytes // bytes_per_page
-        return self.num_slots * -(-self.max_len // 64) + 1
+        return self.max_running * -(-self.max_len // 64) + 1
 
     def validate(self) -> None:
         if self.kv_on_update not in KV_ON_UPDATE:
             raise ValueError(
                 f"EngineConfig.kv_on_update must be one of {KV_ON_UPDATE}, got {self.kv_on_update!r}"
             )
-        for name in ("num_slots", "max_len", "max_batch_tokens", "min_prefill_chunk"):
+        for name in ("max_running", "max_len", "max_batch_tokens", "min_prefill_chunk"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")

@@ -87,7 +87,7 @@ class RZEngine:
             min_prefill_chunk=self.config.min_prefill_chunk,
             copy_page=self.runner.copy_page,
             share_min_tokens=self.config.share_prefix_min_tokens,
-            max_running=self.config.num_slots,
+            max_running=self.config.max_running,
         )
         eos = self.config.eos_token_ids
         if eos is None:
@@ -202,7 +202,7 @@ class RZEngine:
             "version": self._version,
             "waiting": len(self.scheduler.waiting),
             "running": len(self.scheduler.running),
-            "max_running": self.config.num_slots,
+            "max_running": self.config.max_running,
             "kv_pages": pages.num_pages,
             "kv_pages_free": pages.num_free,
             "prefix_cached_pages": pages.num_cached_pages,

@@ -62,7 +62,7 @@ class ModelRunner:
             decode_step = DecodeStep(
                 model,
                 kv_cache,
-                max_batch=min(config.num_slots, config.max_batch_tokens),
+                max_batch=min(config.max_running, config.max_batch_tokens),
                 width=pages_for(config.max_len),
                 scratch_page=scratch_page,
             )

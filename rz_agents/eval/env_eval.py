@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from rz_agents.engine import Engine, RZEngine, SamplingParams
 from rz_agents.eval.checkpoint_policy import CheckpointPolicy
@@ -41,7 +41,9 @@ class EnvEvalConfig:
     seed: int = 0
     success_threshold: float = 1.0
     limit: int | None = None
-    num_slots: int = 32
+    RENAMED_FIELDS: ClassVar[dict[str, str]] = {"num_slots": "max_running"}  # config_io: old names
+
+    max_running: int = 32
     num_threads: int | None = None
     kernels: str = "aligned"
     dtype: str | None = None
@@ -49,7 +51,7 @@ class EnvEvalConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
-        for name in ("k", "num_slots"):
+        for name in ("k", "max_running"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("num_tasks", "limit"):
@@ -114,7 +116,7 @@ def run_env_eval(
     if engine is None:
         eng_cfg = dataclasses.replace(
             run_cfg.engine,
-            num_slots=config.num_slots,
+            max_running=config.max_running,
             seed=config.seed,
             num_threads=config.num_threads or plan.num_threads,
             max_len=max(run_cfg.engine.max_len, r.limits.max_episode_tokens + 1),
@@ -135,7 +137,7 @@ async def _run(tasks, config, policy, make_env, engine, sampling, limits, on_sam
     from rz_agents.eval.math import sample_seed
     from rz_agents.rollout.agent_loop import EpisodeSpec, run_episode
 
-    concurrency = config.num_slots
+    concurrency = config.max_running
     executor = ThreadPoolExecutor(max_workers=min(32, concurrency), thread_name_prefix="rz-eval-env")
     loop = asyncio.get_running_loop()
     idle: list[Any] = []

@@ -39,7 +39,7 @@ ENV_KEYS = (
     "max_tokens",
     "seed",
     "success_threshold",
-    "num_slots",
+    "max_running",
 )
 RZ_EVAL_ONLY = ("checkpoint", "kernels", "dtype", "num_threads", "save_text")
 FIGURES = ("avg_at_k", "pass_at_k", "mean_reward", "success_rate", "no_answer_rate", "num_failed", "wall_s")
@@ -76,14 +76,16 @@ def plan_loop_eval(section: dict[str, Any], run_cfg) -> LoopEvalPlan | None:
     every = eval_every(section)
     if not every:
         return None
+    from rz_agents.config_io import from_dict, rename_fields
+    from rz_agents.eval.env_eval import EnvEvalConfig
+    from rz_agents.eval.math_config import MathEvalConfig
+
     rest = {k: v for k, v in section.items() if k not in IN_LOOP_KEYS}
     if rest.get("benchmark"):
-        from rz_agents.config_io import from_dict
-        from rz_agents.eval.math_config import MathEvalConfig
-
         config = from_dict(MathEvalConfig, rest, "eval")
         config.validate()
         return LoopEvalPlan(every, "math", math=config)
+    rest = rename_fields(EnvEvalConfig, rest, "eval")
     unknown = sorted(set(rest) - set(ENV_KEYS) - set(RZ_EVAL_ONLY))
     if unknown:
         raise ValueError(
@@ -96,7 +98,7 @@ def plan_loop_eval(section: dict[str, Any], run_cfg) -> LoopEvalPlan | None:
 def _env_plan(every: int, rest: dict[str, Any], run_cfg) -> LoopEvalPlan:
     from rz_agents.eval.env_eval import EnvEvalConfig, eval_tasks
 
-    for name in ("k", "num_slots", "limit", "num_tasks", "seed"):
+    for name in ("k", "max_running", "limit", "num_tasks", "seed"):
         value = rest.get(name)
         low = 0 if name == "seed" else 1
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):

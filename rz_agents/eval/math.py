@@ -152,7 +152,7 @@ def _sampling(config: MathEvalConfig) -> SamplingParams:
 
 def _engine(config: MathEvalConfig, policy: CheckpointPolicy, max_len: int) -> RZEngine:
     engine_config = EngineConfig(
-        num_slots=config.num_slots,
+        max_running=config.max_running,
         max_len=max_len,
         num_threads=config.num_threads,
         seed=config.seed,
@@ -297,7 +297,7 @@ async def _run_with_tool(
     )
     engine = engine or _engine(config, policy, budget + 1)
     sampling = _sampling(config)
-    concurrency = config.num_slots
+    concurrency = config.max_running
     envs: asyncio.Queue = asyncio.Queue()
     created: list[PythonToolEnv] = []
     executor = ThreadPoolExecutor(max_workers=min(32, concurrency), thread_name_prefix="rz-eval-env")

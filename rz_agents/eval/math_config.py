@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from rz_agents.config_io import ConfigError, from_dict, read_yaml_mapping
+from rz_agents.config_io import ConfigError, from_dict, read_yaml_mapping, rename_fields
 
 BENCHMARKS = ("aime24", "aime25", "aime26", "amc23", "math500", "gsm8k", "word_problems")
 
@@ -27,8 +27,8 @@ class MathEvalConfig:
     (one direct answer in ``\\boxed{}``). max_tokens: per answer (per turn with the tool).
     max_turns / max_context: tool episodes' turn limit and token budget (prompt + all turns; None
     derives it from the longest prompt). temperature 0 is greedy.
-    num_slots: sequences generated at once; kv_cache_gb sizes the engine's paged KV cache (the
-    engine queues what its pages cannot hold; one sequence of the longest prompt + max_tokens, or a
+    max_running: sequences generated at once (was num_slots); kv_cache_gb sizes the engine's paged KV cache
+    (the engine queues what its pages cannot hold; one sequence of the longest prompt + max_tokens, or a
     whole tool episode, must fit). kernels: "aligned" (bit-identical to the trainer) or
     "standard". thinking: Qwen3's thinking mode (False puts an empty think block in the prompt).
     system_prompt / instruction: the prompt's system message (None: the template's default) and the
@@ -50,7 +50,9 @@ class MathEvalConfig:
     max_context: int | None = None
     limit: int | None = None
     seed: int = 0
-    num_slots: int = 32
+    RENAMED_FIELDS: ClassVar[dict[str, str]] = {"num_slots": "max_running"}  # config_io: old names
+
+    max_running: int = 32
     kv_cache_gb: float | None = None
     num_threads: int | None = None
     kernels: Literal["aligned", "standard"] = "aligned"
@@ -64,7 +66,7 @@ class MathEvalConfig:
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
         positive = {"k": self.k, "max_tokens": self.max_tokens, "max_turns": self.max_turns}
-        positive["num_slots"] = self.num_slots
+        positive["max_running"] = self.max_running
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"eval.{name}: must be >= 1, got {value}")
@@ -109,7 +111,7 @@ def load_eval_config(path: str | Path | None, overrides: dict[str, Any] | None =
         data = doc.get("eval") or {}
         if not isinstance(data, dict):
             raise ConfigError(f"eval: expected a mapping, got {data!r}")
-    data = {k: v for k, v in data.items() if k not in IN_LOOP_KEYS}
+    data = rename_fields(MathEvalConfig, {k: v for k, v in data.items() if k not in IN_LOOP_KEYS}, "eval")
     data = {**data, **{k: v for k, v in (overrides or {}).items() if v is not None}}
     config = from_dict(MathEvalConfig, data, "eval")
     config.validate()

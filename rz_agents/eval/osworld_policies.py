@@ -158,7 +158,7 @@ class EnginePolicy:
         self.stops = stops
         self.engine = RZEngine(
             checkpoint.model,
-            EngineConfig(num_slots=1, max_len=self.max_len, max_batch_tokens=512, eos_token_ids=stops,
+            EngineConfig(max_running=1, max_len=self.max_len, max_batch_tokens=512, eos_token_ids=stops,
                          num_threads=num_threads, prefix_cache=True),
         )  # fmt: skip
         self.turn = 0

@@ -2,10 +2,10 @@
 one-process runtime (learner optionally in a child process) and the Ray runtime (rz_agents.runtime.ray)."""
 
 from rz_agents.runtime.config import (
+    ActorsConfig,
     EnvSpec,
     LearnerSpec,
     ModelSpec,
-    PlacementConfig,
     RayConfig,
     RolloutSpec,
     TrainConfig,
@@ -20,7 +20,7 @@ __all__ = [
     "LearnerSpec",
     "LocalRun",
     "ModelSpec",
-    "PlacementConfig",
+    "ActorsConfig",
     "RayConfig",
     "RolloutSpec",
     "RunPlan",

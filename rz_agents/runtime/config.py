@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from rz_agents.engine import EngineConfig
 from rz_agents.rollout.agent_loop import EpisodeLimits
@@ -68,7 +68,7 @@ class RayConfig:
     """Where the ``ray`` runtime runs.
 
     ``address`` None starts a local Ray instance in this process (``num_cpus`` logical CPUs, None: as many
-    as the placement asks for, at least this machine's; an object store of ``object_store_mb``).
+    as the actors ask for, at least this machine's; an object store of ``object_store_mb``).
     ``auto`` joins the cluster started on this node with ``ray start --head``; ``ray://host:10001``
     connects through Ray Client. With an address, num_cpus and object_store_mb are the cluster's own.
     Local instance only: ``memory_monitor`` lets Ray kill workers when this machine's memory is 95% used
@@ -95,7 +95,7 @@ class RayConfig:
 
 
 @dataclass
-class PlacementConfig:
+class ActorsConfig:
     """How many Ray actors of each kind, and what each one reserves (``runtime: ray`` only).
 
     engines: RZEngine replicas; each episode is served by one replica for its whole life.
@@ -136,7 +136,7 @@ class PlacementConfig:
         """Raise ValueError naming the bad field."""
         for name in ("engines", "env_workers", "learner_ranks"):
             if getattr(self, name) < 1:
-                raise ValueError(f"placement.{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"actors.{name} must be >= 1, got {getattr(self, name)}")
         for name in (
             "engine_gpus",
             "learner_gpus",
@@ -145,22 +145,21 @@ class PlacementConfig:
             "cpus_per_learner_rank",
         ):
             if getattr(self, name) < 0:
-                raise ValueError(f"placement.{name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(f"actors.{name} must be >= 0, got {getattr(self, name)}")
         if self.learner_gpus and self.learner_gpus != int(self.learner_gpus):
             raise ValueError(
-                f"placement.learner_gpus must be 0 or a whole number (one NCCL rank per GPU), "
+                f"actors.learner_gpus must be 0 or a whole number (one NCCL rank per GPU), "
                 f"got {self.learner_gpus}"
             )
         for name in ("engine_resources", "env_worker_resources", "learner_resources"):
             for key, amount in getattr(self, name).items():
                 if not amount > 0:
-                    raise ValueError(f"placement.{name}.{key} must be > 0, got {amount}")
+                    raise ValueError(f"actors.{name}.{key} must be > 0, got {amount}")
         if self.actor_restarts < 0:
-            raise ValueError(f"placement.actor_restarts must be >= 0, got {self.actor_restarts}")
+            raise ValueError(f"actors.actor_restarts must be >= 0, got {self.actor_restarts}")
         if self.weight_transport not in WEIGHT_TRANSPORTS:
             raise ValueError(
-                f"placement.weight_transport must be one of {WEIGHT_TRANSPORTS}, got "
-                f"{self.weight_transport!r}"
+                f"actors.weight_transport must be one of {WEIGHT_TRANSPORTS}, got {self.weight_transport!r}"
             )
 
 
@@ -236,17 +235,20 @@ class LearnerSpec(LearnerConfig):
 class TrainConfig:
     """A whole training run. Plain dataclasses all the way down, with defaults that run on a laptop CPU."""
 
-    # Where the pieces run: "local" (one process; see learner_process) or "ray" (actors, see placement).
+    # old config names still read for one release (config_io): the Ray actors' section was "placement"
+    RENAMED_FIELDS: ClassVar[dict[str, str]] = {"placement": "actors"}
+
+    # Where the pieces run: "local" (one process; see learner_process) or "ray" (actors, see ``actors:``).
     runtime: str = "local"
     ray: RayConfig = field(default_factory=RayConfig)
-    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    actors: ActorsConfig = field(default_factory=ActorsConfig)
     model: ModelSpec = field(default_factory=ModelSpec)
     env: EnvSpec = field(default_factory=EnvSpec)
     # Modules imported before env.id is resolved (they register the user's envs), e.g. [mypkg.envs].
     imports: list[str] = field(default_factory=list)
     # "byte" (tiny vocab), "qwen3", or "checkpoint" (model.checkpoint's tokenizer.json and chat template)
     tokenizer: str = "byte"
-    engine: EngineConfig = field(default_factory=lambda: EngineConfig(num_slots=32, max_len=512))
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(max_running=32, max_len=512))
     rollout: RolloutSpec = field(
         default_factory=lambda: RolloutSpec(
             limits=EpisodeLimits(max_turns=2, max_tokens_per_turn=32, max_episode_tokens=448)
@@ -259,7 +261,7 @@ class TrainConfig:
     seed: int = 0
     # torch threads of engine and learner alike (alignment needs the same count); the one thread setting of a
     # run (engine.num_threads follows it). Unset: torch's default, or with runtime: ray what engines and
-    # learner ranks both reserve (min of placement.cpus_per_engine and cpus_per_learner_rank).
+    # learner ranks both reserve (min of actors.cpus_per_engine and cpus_per_learner_rank).
     num_threads: int | None = None
     # the run directory (metrics, checkpoints, report); rz train sets it from --run-dir
     output_dir: str | None = None
@@ -336,9 +338,9 @@ class TrainConfig:
                 "learner.assert_lag0_exact needs model.kernels: aligned; standard kernels do not give "
                 "bit-identical engine and learner log-probs"
             )
-        if self.runtime == "ray" and self.placement.weight_transport == "broadcast" and plan.lag.fixed_lag:
+        if self.runtime == "ray" and self.actors.weight_transport == "broadcast" and plan.lag.fixed_lag:
             raise ValueError(
-                "placement.weight_transport: broadcast sends the newest weights only; rollout.fixed_lag "
+                "actors.weight_transport: broadcast sends the newest weights only; rollout.fixed_lag "
                 "needs older versions kept: use weight_transport: object_store"
             )
         return plan
@@ -363,9 +365,9 @@ class TrainConfig:
         if self.runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {self.runtime!r}")
         self.ray.validate()
-        self.placement.validate()
+        self.actors.validate()
         if self.runtime == "local":
-            for name, default in (("ray", RayConfig()), ("placement", PlacementConfig())):
+            for name, default in (("ray", RayConfig()), ("actors", ActorsConfig())):
                 if getattr(self, name) != default:
                     raise ValueError(f"{name}: is set but runtime is 'local'; set runtime: ray to use it")
             if self.learner.lora.enabled and self.learner_process:
@@ -374,7 +376,7 @@ class TrainConfig:
             return
         if self.learner.lora.enabled:  # the Ray engines build their own models: they would hold no adapters
             raise ValueError("learner.lora needs runtime: local (the Ray runtime does not sync adapters yet)")
-        p = self.placement
+        p = self.actors
         if self.model.device not in ("cpu", "cuda"):
             raise ValueError(
                 f"model.device must be cpu or cuda with runtime: ray (Ray assigns each actor its GPUs), "
@@ -384,12 +386,12 @@ class TrainConfig:
         for name in ("engine_gpus", "learner_gpus"):
             if (getattr(p, name) > 0) != (self.model.device == "cuda"):
                 raise ValueError(
-                    f"placement.{name} ({getattr(p, name)}) conflicts with model.device "
+                    f"actors.{name} ({getattr(p, name)}) conflicts with model.device "
                     f"({self.model.device!r}): with runtime: ray, engines and learner ranks run on "
                     "model.device: cuda needs engine_gpus and learner_gpus > 0, cpu needs both 0"
                 )
         if self.learner_process or self.learner_cpus or self.rollout_cpus:
             raise ValueError(
                 "learner_process / learner_cpus / rollout_cpus are local-runtime settings; with runtime: ray "
-                "the learner is an actor and placement decides where it runs"
+                "the learner is an actor and actors: decides where it runs"
             )

@@ -4,8 +4,7 @@ On CPU, small-model forwards are many small torch ops; engine and learner thread
 take turns on the GIL and the learner step slows down several-fold while the engine is busy. This
 wrapper runs the same ``Learner`` in a spawned process: trajectories go in through a pipe, metrics come
 back, and new weights are written into shared-memory tensors that the engine copies from.
-It has the ``Learner`` methods the runtime uses (step, weights, version, state_dict, load_state_dict,
-save_state, load_state).
+It has the ``Learner`` methods the runtime uses (step, weights, version, save_state, load_state).
 """
 
 from __future__ import annotations
@@ -48,14 +47,8 @@ def _serve(conn, model_config, kernels: str, plan: RunPlan, shared, version: int
                 metrics = learner.step([Trajectory.from_dict(d) for d in arg])
                 publish()
                 conn.send(("ok", (metrics, learner.version, learner.skipped_steps)))
-            elif cmd == "state":
-                conn.send(("ok", learner.state_dict()))
             elif cmd == "save_state":
                 conn.send(("ok", learner.save_state(arg)))
-            elif cmd == "load":
-                learner.load_state_dict(arg)
-                publish()
-                conn.send(("ok", (learner.version, learner.skipped_steps)))
             elif cmd == "load_state":
                 learner.load_state(*arg)
                 publish()
@@ -120,21 +113,14 @@ class LearnerProcess:
         """The latest weights (shared memory, updated by each step; copy before the next step)."""
         return self._shared
 
-    def state_dict(self) -> dict[str, Any]:
-        """Learner.state_dict of the child."""
-        return self._call("state")
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Learner.load_state_dict in the child."""
-        self.version, self.skipped_steps = self._call("load", state)
-
     def save_state(self, folder: str | Path) -> dict[str, Any]:
         """Learner.save_state in the child (it writes the tensors into ``folder``)."""
         return self._call("save_state", str(folder))
 
-    def load_state(self, state: dict[str, Any], folder: str | Path) -> None:
-        """Learner.load_state in the child."""
-        self.version, self.skipped_steps = self._call("load_state", (state, str(folder)))
+    def load_state(self, state: dict[str, Any], folder: str | Path | None) -> None:
+        """Learner.load_state in the child (``folder`` None: a checkpoint of whole tensors, see there)."""
+        where = None if folder is None else str(folder)
+        self.version, self.skipped_steps = self._call("load_state", (state, where))
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Learner.load_weights in the child."""

@@ -1,10 +1,11 @@
 """The local runtime: dataset/env -> rollout controller -> engine -> learner, in one process.
 
 One asyncio event loop runs the engine's step loop, the episodes (env calls in a thread pool) and the
-learner loop (runtime/loop.py's ``TrainLoop``, shared with the Ray runtime, over a ``LocalPlacement``); each
-learner step runs in a worker thread so generation continues while it trains (torch releases the GIL inside
-its ops), or in a child process with ``learner_process: true``. ``mode="sync"`` is the same code with
-max_lag = 0: one batch is generated with the current weights, trained, published, then the next one starts.
+learner loop (runtime/loop.py's ``TrainLoop``, shared with the Ray runtime, over a ``LocalLoopRuntime``);
+each learner step runs in a worker thread so generation continues while it trains (torch releases the GIL
+inside its ops), or in a child process with ``learner_process: true``. ``mode="sync"`` is the same code
+with max_lag = 0: one batch is generated with the current weights, trained, published, then the next one
+starts.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from rz_agents.runtime.factories import (
 )
 from rz_agents.runtime.fixed_lag import _clone
 from rz_agents.runtime.loop import RunHandle, TrainLoop
+from rz_agents.runtime.loop_runtime import LoopRuntime
 from rz_agents.runtime.memory import limit_heap_growth
-from rz_agents.runtime.placement import Placement
 from rz_agents.runtime.plan import RunPlan
 from rz_agents.trainer.inspect import record_step
 
@@ -44,7 +45,7 @@ def _set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-class LocalPlacement(Placement):
+class LocalLoopRuntime(LoopRuntime):
     """One process: the learner steps in a worker thread (or a child process), weights are tensors the
     engine copies between its steps."""
 
@@ -92,10 +93,7 @@ class LocalPlacement(Placement):
         return self.learner.save_state(folder)
 
     def load_learner_state(self, state: dict[str, Any], folder: Path | None = None) -> None:
-        if folder is None:
-            self.learner.load_state_dict(state)
-        else:
-            self.learner.load_state(state, folder)
+        self.learner.load_state(state, folder)
 
     def learner_weights(self) -> dict[str, torch.Tensor]:
         published = getattr(self.learner, "published_weights", None)  # LoRA: the adapters only
@@ -158,9 +156,9 @@ class LocalRun(RunHandle):
         self.controller = build_controller(
             cfg, plan, self.engine, run_env_factory(cfg, plan), self.template, self.tokenizer
         )
-        self.placement = LocalPlacement(self)
+        self.loop_runtime = LocalLoopRuntime(self)
         try:  # a resume that fails (a bad checkpoint) releases the envs, threads and learner process
-            self.loop = TrainLoop(cfg, self.controller, self.placement)
+            self.loop = TrainLoop(cfg, self.controller, self.loop_runtime)
         except BaseException:
             self.close()
             raise
@@ -188,9 +186,9 @@ class LocalRun(RunHandle):
 
     def close(self) -> None:
         """Release envs, threads and files; undo the CPU pinning of this thread."""
-        placement = getattr(self, "placement", None)
-        if placement is not None:
-            placement.restore_affinity()
+        loop_runtime = getattr(self, "loop_runtime", None)
+        if loop_runtime is not None:
+            loop_runtime.restore_affinity()
         controller = getattr(self, "controller", None)
         if controller is not None:
             controller.close()

@@ -3,14 +3,14 @@
 A runtime places the pieces (``LocalRun``: one process; ``RayRun``: Ray actors) and then this same code
 drives them: the ``RolloutController`` (admission under the lag bound, the trajectory queue, the agent loop
 per episode) runs in this process either way, and the learner step is ``Learner.step`` either way. What
-differs is the runtime's ``Placement`` (runtime/placement.py), handed to ``TrainLoop``: where the learner step
-runs, what a published set of weights is (tensors, or a reference into Ray's object store) and how it reaches
-the engines.
+differs is the runtime's ``LoopRuntime`` (runtime/loop_runtime.py), handed to ``TrainLoop``: where the
+learner step runs, what a published set of weights is (tensors, or a reference into Ray's object store)
+and how it reaches the engines.
 
 ``rollout.fixed_lag: k`` keeps the engines exactly k versions behind: before each step the loop records the
 weights the step starts from, and after it publishes those of version v - k (runtime/fixed_lag.py). The steps
 of ``inspect_steps`` are recorded for the trajectory inspector before they train (run_dir/inspect/), scored
-wherever the learner runs (``Placement.inspection_record``).
+wherever the learner runs (``LoopRuntime.inspection_record``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from rz_agents.rollout.checkpoint_cut import InconsistentCheckpoint, check_consi
 from rz_agents.rollout.controller import RolloutController
 from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.fixed_lag import WeightHistory
+from rz_agents.runtime.loop_runtime import LoopRuntime
 from rz_agents.runtime.memory import rss_bytes, trim_heap
-from rz_agents.runtime.placement import Placement
 from rz_agents.runtime.watchdog import Watchdog
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rz_agents.trainer.health import HealthMonitor
@@ -44,22 +44,22 @@ def _trained_groups(history: list[dict[str, Any]]) -> list[list[int]] | None:
 
 
 class TrainLoop:
-    """The control loop shared by the runtimes: ``TrainLoop(cfg, controller, placement)``.
+    """The control loop shared by the runtimes: ``TrainLoop(cfg, controller, loop_runtime)``.
 
     ``cfg``: the run's config (steps, output_dir, checkpoint_every, resume_from ...); ``controller``: the
-    rollout controller (its ``lag`` is the run's lag policy); ``placement``: the runtime's half (where the
-    learner step runs, how weights reach the engines; runtime/placement.py). ``steps_done`` counts learner
+    rollout controller (its ``lag`` is the run's lag policy); ``loop_runtime``: the runtime's half (where the
+    learner step runs, how weights reach the engines; runtime/loop_runtime.py). ``steps_done`` counts learner
     steps, this run's and those of the checkpoint it resumed from; checkpoints save it, and it equals the
     length of ``history`` (a checkpoint where they differ is refused).
     """
 
-    def __init__(self, cfg: TrainConfig, controller: RolloutController, placement: Placement) -> None:
+    def __init__(self, cfg: TrainConfig, controller: RolloutController, loop_runtime: LoopRuntime) -> None:
         """History, metrics writer, fixed-lag weights; restore ``resume_from``; publish the first weights."""
-        self.cfg, self.controller, self.placement = cfg, controller, placement
+        self.cfg, self.controller, self.loop_runtime = cfg, controller, loop_runtime
         self.steps_done = 0
         self.history: list[dict[str, Any]] = []
         fixed = controller.lag.fixed_lag
-        self.weight_history = WeightHistory(fixed, copy=placement.snapshot_weights) if fixed else None
+        self.weight_history = WeightHistory(fixed, copy=loop_runtime.snapshot_weights) if fixed else None
         if cfg.resume_from:
             self._resume(cfg.resume_from)
         self.health = HealthMonitor(self.history)  # rolling ESS/n and KL, the collapse alarm
@@ -85,8 +85,8 @@ class TrainLoop:
             if cfg.output_dir
             else None
         )
-        placement.load_engine_weights(*self.weights_to_publish())
-        controller.learner_version = placement.learner_version  # pacing counts lags from it
+        loop_runtime.load_engine_weights(*self.weights_to_publish())
+        controller.learner_version = loop_runtime.learner_version  # pacing counts lags from it
 
     def _resume(self, path: str) -> None:
         payload = load_checkpoint(path)
@@ -102,19 +102,19 @@ class TrainLoop:
         groups_per_batch = self.controller.cfg.groups_per_batch
         state = upgrade_state(runtime["controller"], self.steps_done, groups_per_batch)
         check_consistent_cut(state, self.steps_done, _trained_groups(self.history), where=str(path))
-        self.placement.load_learner_state(payload["learner"], payload["learner_folder"])
+        self.loop_runtime.load_learner_state(payload["learner"], payload["learner_folder"])
         self.controller.load_state_dict(state)
         if self.weight_history is not None:
             kept = runtime.get("weight_history", {})
             self.weight_history.load_state_dict(
-                {v: self.placement.weights_from_tensors(w) for v, w in kept.items()}
+                {v: self.loop_runtime.weights_from_tensors(w) for v, w in kept.items()}
             )
 
     # ---- the loop ----------------------------------------------------------------------------------
     async def train(self) -> dict[str, Any]:
         """Run until ``cfg.steps`` learner steps are done; returns the summary."""
         cfg = self.cfg
-        self.placement.before_train()
+        self.loop_runtime.before_train()
         producer = asyncio.ensure_future(self.controller.run())
         t_start = time.perf_counter()
         start_step = self.steps_done
@@ -142,25 +142,25 @@ class TrainLoop:
 
     async def _train_one_step(self) -> None:
         """Wait for a batch, train it, publish, record the step (history, controller, metrics, checkpoint)."""
-        cfg, placement = self.cfg, self.placement
+        cfg, loop_runtime = self.cfg, self.loop_runtime
         t0 = time.perf_counter()
-        batch = await self.controller.next_batch(placement.learner_version)
+        batch = await self.controller.next_batch(loop_runtime.learner_version)
         t_wait = time.perf_counter() - t0
         if self.weight_history is not None:
-            self.weight_history.record(placement.learner_weights(), placement.learner_version)
+            self.weight_history.record(loop_runtime.learner_weights(), loop_runtime.learner_version)
         step = self.steps_done
         if cfg.output_dir and step in inspected_steps(cfg.inspect_steps, cfg.steps):
             # before the step: the log-probs recorded are those the step's loss uses
-            record = await placement.inspection_record(batch)
+            record = await loop_runtime.inspection_record(batch)
             write_step_record(Path(cfg.output_dir) / "inspect", step, record)
-        staleness, token_lags, oldest_lags = self._staleness(batch, placement.learner_version)
-        metrics = await placement.learner_step(batch)
+        staleness, token_lags, oldest_lags = self._staleness(batch, loop_runtime.learner_version)
+        metrics = await loop_runtime.learner_step(batch)
         if cfg.learner_step_delay_s:
             await asyncio.sleep(cfg.learner_step_delay_s)
         trim_heap()
         t1 = time.perf_counter()
         if not metrics.get("step_skipped_nonfinite") and not metrics.get("step_skipped_empty"):
-            await placement.send_weights(*self.weights_to_publish())
+            await loop_runtime.send_weights(*self.weights_to_publish())
         metrics.update(
             step=step,
             group_indices=sorted({int(t.group_id) for t in batch}),
@@ -170,7 +170,7 @@ class TrainLoop:
             **{f"rollout_{k}": v for k, v in self.controller.counters.items()},
             queue_groups=len(self.controller.queue),
             **self.controller.episode_lengths.metrics(),
-            **placement.engine_step_metrics(),
+            **loop_runtime.engine_step_metrics(),
             rss_gb=rss_bytes() / 2**30,
             trained_tokens_per_s=metrics.get("learner_tokens", 0) / max(time.perf_counter() - t0, 1e-9),
         )
@@ -182,14 +182,14 @@ class TrainLoop:
             t_eval = time.perf_counter()
             metrics.update(await self.evaluator.evaluate())
             metrics.update(
-                {"eval/version": placement.learner_version, "time_eval_s": time.perf_counter() - t_eval}
+                {"eval/version": loop_runtime.learner_version, "time_eval_s": time.perf_counter() - t_eval}
             )
         # The step is counted (history, steps_done and controller) before it is logged or checkpointed: a
         # checkpoint whose steps_done lagged its history shrank the admission window on every resume until
         # nothing was admitted (issue 17).
         self.history.append(metrics)
         self.steps_done += 1
-        self.controller.step_done(placement.learner_version)
+        self.controller.step_done(loop_runtime.learner_version)
         if self.writer:
             self.writer.write(step, metrics)
             histograms = getattr(self.writer, "write_histograms", None)  # a wrapping writer may not have it
@@ -210,7 +210,7 @@ class TrainLoop:
         """What the watchdog compares: engine work, episode events, learner steps."""
         c = self.controller.counters
         return (
-            self.placement.engine_progress(),
+            self.loop_runtime.engine_progress(),
             c["episodes_started"],
             c["episodes_finished"],
             c["episodes_failed"],
@@ -226,7 +226,7 @@ class TrainLoop:
 
     def weights_to_publish(self) -> tuple[Any, int]:
         """(weights, version) the engines should sample with now (fixed-lag mode: version v - fixed_lag)."""
-        weights, version = self.placement.learner_weights(), self.placement.learner_version
+        weights, version = self.loop_runtime.learner_weights(), self.loop_runtime.learner_version
         if self.weight_history is not None:
             weights, version = self.weight_history.to_publish(weights, version)
         return weights, version
@@ -244,10 +244,12 @@ class TrainLoop:
             "steps_done": self.steps_done,
         }
         if self.weight_history is not None:
+            to_tensors = self.loop_runtime.weights_to_tensors
             runtime["weight_history"] = {
-                v: self.placement.weights_to_tensors(w) for v, w in self.weight_history.state_dict().items()
+                v: to_tensors(w) for v, w in self.weight_history.state_dict().items()
             }
-        return save_checkpoint(path, self.placement.learner_state, runtime)  # the learner writes its folder
+        # (the learner writes its folder)
+        return save_checkpoint(path, self.loop_runtime.learner_state, runtime)
 
     def summary(self, wall_s: float, steps_run: int) -> dict[str, Any]:
         """What the run did, in plain numbers."""
@@ -257,7 +259,7 @@ class TrainLoop:
         return {
             "steps": self.steps_done,
             "steps_this_run": steps_run,
-            "version": self.placement.learner_version,
+            "version": self.loop_runtime.learner_version,
             "wall_s": wall_s,
             "steps_per_s": steps_run / wall_s if wall_s > 0 else 0.0,
             "reward_mean_per_step": rewards,
@@ -269,13 +271,13 @@ class TrainLoop:
                 for m in h
                 if "eval/wall_s" in m
             ],
-            "skipped_steps": self.placement.skipped_steps,
+            "skipped_steps": self.loop_runtime.skipped_steps,
             "rollout": dict(self.controller.counters),
             # mean tokens of finished vs trained episodes (this process): dropping stale groups trains short
             # ones more often than they finish
             "episode_lengths": self.controller.episode_lengths.metrics(),
             "first_episode_error": self.controller.first_error,
-            "engine": self.placement.engine_summary(),
+            "engine": self.loop_runtime.engine_summary(),
         }
 
     def close(self) -> None:

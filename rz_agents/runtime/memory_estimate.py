@@ -49,7 +49,7 @@ class MemoryEstimate:
     engine_replicas: int = 0
     learner_ranks: int = 0
     # sequences one engine replica's paged KV cache holds at once at the assumed length distribution
-    # (capped by engine.num_slots), and what a slot cache of max_len positions would hold
+    # (capped by engine.max_running), and what a slot cache of max_len positions would hold
     concurrent_sequences: int = 0
     slot_cache_sequences: int = 0
 
@@ -226,7 +226,7 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
     est.engine["weights"] = est.learner["weights"]  # (with LoRA: the base and the adapters, like the learner)
     est.engine["kv_cache"] = pages * page
     step_tokens = eng.max_batch_tokens
-    sampled = min(eng.num_slots, step_tokens)
+    sampled = min(eng.max_running, step_tokens)
     est.engine["step_activations"] = (
         step_tokens
         * e
@@ -235,7 +235,7 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
     est.engine["sampling_logits"] = 4 * sampled * c.vocab_size * 4  # logits, log-probs, probs, CDF scratch
     mean_positions = expected_sequence_positions(eng.max_len)
     by_memory = int(pages * PAGE_SIZE // (mean_positions + PAGE_SIZE / 2))  # half a page wasted per sequence
-    est.concurrent_sequences = min(eng.num_slots, by_memory)
+    est.concurrent_sequences = min(eng.max_running, by_memory)
     est.slot_cache_sequences = pages // pages_for(eng.max_len)
     est.notes.append(
         f"KV cache: {pages} pages of {PAGE_SIZE} positions ({page / 2**20:.1f} MiB each) = "
@@ -243,20 +243,20 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
         + (
             " (from engine.kv_cache_bytes)"
             if eng.kv_cache_bytes is not None
-            else " (engine.num_slots x max_len)"
+            else " (engine.max_running x max_len)"
         )
     )
     est.notes.append(
         f"concurrent sequences per replica (paged cache): {est.concurrent_sequences} "
         f"(the pages hold {by_memory} at a mean of {mean_positions:.0f} positions, sequence lengths "
         f"log-uniform on [{SHORTEST_SEQUENCE}, {eng.max_len}], group prompts not counted as shared; "
-        f"engine.num_slots caps running at {eng.num_slots}); a slot cache of max_len {eng.max_len} "
+        f"engine.max_running caps running at {eng.max_running}); a slot cache of max_len {eng.max_len} "
         f"would hold {est.slot_cache_sequences}"
     )
     est.notes.append(f"learner micro-batch: {tokens} tokens")
     if getattr(cfg, "runtime", "local") == "ray":
-        est.engine_replicas, est.learner_ranks = cfg.placement.engines, cfg.placement.learner_ranks
-        if cfg.placement.weight_transport == "broadcast":
+        est.engine_replicas, est.learner_ranks = cfg.actors.engines, cfg.actors.learner_ranks
+        if cfg.actors.weight_transport == "broadcast":
             # WeightBroadcast.receive keeps every bucket until the engine loads them: a second full copy, of
             # every state-dict name (tied embeddings travel twice: embed_tokens and lm_head)
             tied = c.vocab_size * c.hidden_size if c.tie_word_embeddings else 0
@@ -273,7 +273,7 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
             est.learner["fsdp_unsharded_layers"] = 2 * layer * e  # the running layer and the prefetched one
             publish = largest * e  # one tensor gathered whole at a time, copied to the host at once
             if (
-                cfg.placement.weight_transport == "broadcast"
+                cfg.actors.weight_transport == "broadcast"
             ):  # a bucket of gathered tensors and its packed copy
                 publish = max(publish, 2 * BUCKET_BYTES)
             est.learner["publication_transient"] = publish
@@ -359,7 +359,7 @@ def cpu_memory_warning(cfg, available: int | None = None) -> str | None:
     if available is None:
         return None
     est = estimate_memory(cfg, model_cfg, source)
-    engines = max(1, cfg.placement.engines) if cfg.runtime == "ray" else 1
+    engines = max(1, cfg.actors.engines) if cfg.runtime == "ray" else 1
     need = est.learner_total + engines * est.engine_total
     if need <= available:
         return None

@@ -84,7 +84,7 @@ def _num_threads(cfg: TrainConfig) -> int | None:
     """The torch threads of engines and learner alike (alignment needs the same count on both sides)."""
     threads = cfg.num_threads
     if threads is None and cfg.runtime == "ray":  # what engines and learner ranks both reserve
-        p = cfg.placement
+        p = cfg.actors
         threads = max(1, int(min(p.cpus_per_engine, p.cpus_per_learner_rank)))
     if threads is not None and threads < 1:
         raise ValueError(f"num_threads must be >= 1 or unset, got {threads}")

@@ -22,7 +22,11 @@ from rz_agents.model.lora import LoraConfig, adapter_names, has_lora
 from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.advantages import BASELINES, group_advantages, uniform_groups
 from rz_agents.trainer.exchange import StepExchange, idle_pass
-from rz_agents.trainer.learner_checkpoint import load_learner_state, save_learner_state
+from rz_agents.trainer.learner_checkpoint import (
+    load_learner_state,
+    load_whole_tensor_state,
+    save_learner_state,
+)
 from rz_agents.trainer.loss import ESTIMATOR_TABLE, LossConfig, sequence_terms, token_scales
 from rz_agents.trainer.lr_control import KLLrController, LrControlConfig
 from rz_agents.trainer.master_weights import MasterWeights
@@ -204,7 +208,7 @@ class Learner:
 
     @property
     def masters(self) -> list[torch.Tensor] | None:
-        """The separate fp32 copies of ``params`` (None: an fp32 model, or a placement whose fp32 shards are
+        """The separate fp32 copies of ``params`` (None: an fp32 model, or ranks whose fp32 shards are
         the masters; ``master_weights.in_shards`` says which)."""
         return self.master_weights.copies
 
@@ -516,25 +520,9 @@ class Learner:
         state = {"model": weights, "masters": None}
         self._load_model(state)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer, schedule, version and counters (for checkpoints)."""
-        masters = self.master_weights.state()  # whole fp32 tensors (sharded: the shards gathered)
-        optimizer = self.optimizer.state_dict()
-        if self.ranks.world > 1:  # (the per-parameter dicts are the optimizer's own: build new ones)
-            optimizer["state"] = {
-                index: {k: self.ranks.full(v) if isinstance(v, torch.Tensor) else v for k, v in per.items()}
-                for index, per in optimizer["state"].items()
-            }
-        return {
-            "model": self.weights() if self.ranks.world > 1 else self.model.state_dict(),
-            "masters": masters,
-            "optimizer": optimizer,
-            **self.counters(),
-        }
-
     def counters(self) -> dict[str, Any]:
-        """The schedule, version, counters and lr scale: the part of the state both checkpoint formats
-        (``state_dict`` and ``save_state``) keep as plain values."""
+        """The schedule, version, counters and lr scale: the part of the state ``save_state`` returns as plain
+        values (and the checkpoints before folders kept beside their whole tensors)."""
         return {
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
@@ -554,33 +542,25 @@ class Learner:
         self.lr_control.load_state_dict(state.get("lr_control"))
 
     def save_state(self, directory: str | Path) -> dict[str, Any]:
-        """The checkpoint's way of ``state_dict``: the tensors written into ``directory`` with
-        torch.distributed.checkpoint, each rank its own shards (nothing gathered; a collective with several
-        ranks), one layout for any number of ranks; returns the rest (trainer/learner_checkpoint.py)."""
+        """The learner's state for a checkpoint: the tensors (fp32 masters, AdamW state) written into
+        ``directory`` with torch.distributed.checkpoint, each rank its own shards (nothing gathered; a
+        collective with several ranks), one layout for any number of ranks; returns the rest (schedule,
+        version, counters; trainer/learner_checkpoint.py)."""
         return save_learner_state(self, directory)
 
-    def load_state(self, state: dict[str, Any], directory: str | Path) -> None:
-        """Restore what ``save_state`` wrote to ``directory`` and returned as ``state``."""
-        load_learner_state(self, state, directory)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict`` saved."""
-        self._load_model(state)
-        optimizer = state["optimizer"]
-        if self.ranks.world > 1:
-            optimizer = {**optimizer, "state": dict(optimizer["state"])}
-            for index, per_param in optimizer["state"].items():
-                param = self.master_weights.optimized()[int(index)]
-                optimizer["state"][index] = {
-                    k: self.ranks.shard_like(v, param) if isinstance(v, torch.Tensor) and v.dim() else v
-                    for k, v in per_param.items()
-                }
-        self.optimizer.load_state_dict(optimizer)
-        self.load_counters(state)
+    def load_state(self, state: dict[str, Any], directory: str | Path | None) -> None:
+        """Restore what ``save_state`` wrote to ``directory`` and returned as ``state``. ``directory`` None:
+        ``state`` is a checkpoint from before folders, holding the whole tensors (read with a deprecation
+        warning; any number of ranks cut their shards from it)."""
+        if directory is None:
+            load_whole_tensor_state(self, state)
+        else:
+            load_learner_state(self, state, directory)
 
     @torch.no_grad()
     def _load_model(self, state: dict[str, Any]) -> None:
-        """Weights from ``state["model"]``, fp32 masters from ``state["masters"]`` (or the weights)."""
+        """Weights from ``state["model"]``, fp32 masters from ``state["masters"]`` (or the weights); for
+        ``load_weights`` and the whole-tensor checkpoints (trainer/learner_checkpoint.py)."""
         if self.ranks.keeps_fp32_shards:  # the shards take their part of each whole tensor
             names = {id(p): n for n, p in self.model.named_parameters()}
             weights = _Lookup(state["model"], [names[id(p)] for p in self.params])  # one tensor at a time

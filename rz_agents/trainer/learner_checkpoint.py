@@ -14,6 +14,10 @@ load), keyed by parameter name:
 Everything small (param groups, schedule, version, counters) is returned to the caller, which keeps it in
 the runtime checkpoint file next to the folder (trainer/checkpoint.py). One process writes the same folder
 with ``no_dist`` (no process group needed).
+
+Checkpoints from before folders (checkpoint format 1) held the learner's whole tensors in the file itself
+(``model``, ``masters``, ``optimizer`` beside the counters); ``load_whole_tensor_state`` still reads them,
+with a deprecation warning, and nothing writes them any more.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from rz_agents.deprecation import warn_deprecated
 
 if TYPE_CHECKING:
     from rz_agents.trainer.learner import Learner
@@ -120,4 +126,27 @@ def load_learner_state(learner: Learner, state: dict[str, Any], directory: str |
     for i, extra in state["optimizer_other"].items():
         per_param.setdefault(int(i), {}).update(extra)
     learner.optimizer.load_state_dict({"state": per_param, "param_groups": state["optimizer_param_groups"]})
+    learner.load_counters(state)
+
+
+@torch.no_grad()
+def load_whole_tensor_state(learner: Learner, state: dict[str, Any]) -> None:
+    """Restore a learner state of the format before folders: whole tensors in ``state`` (every rank cuts its
+    shards from them). Deprecated: a checkpoint saved now writes the folder format."""
+    warn_deprecated(
+        "this checkpoint holds the learner's whole tensors (the format before folders): "
+        "it loads, but the format is deprecated; the run's next checkpoint is saved in the folder format",
+        stacklevel=5,  # (the caller of Learner.load_state, past torch.no_grad's wrapper)
+    )
+    learner._load_model(state)  # (the learner's own loader of whole weights and masters)
+    optimizer = state["optimizer"]
+    if learner.ranks.world > 1:
+        optimizer = {**optimizer, "state": dict(optimizer["state"])}
+        for index, per_param in optimizer["state"].items():
+            param = learner.master_weights.optimized()[int(index)]
+            optimizer["state"][index] = {
+                k: learner.ranks.shard_like(v, param) if isinstance(v, torch.Tensor) and v.dim() else v
+                for k, v in per_param.items()
+            }
+    learner.optimizer.load_state_dict(optimizer)
     learner.load_counters(state)

@@ -5,7 +5,7 @@ computes (forward and backward) and in fp32 where it updates: AdamW and its stat
 gradients of all micro-batches are summed there in fp32, and after each step the fp32 weights are rounded
 (to nearest even) into the model.
 
-Where those fp32 tensors live is the placement's choice, stated by ``placement.keeps_fp32_shards``:
+Where those fp32 tensors live is the learner's ranks' choice, stated by ``ranks.keeps_fp32_shards``:
 
 - one process (``SingleProcess``): the model's parameters stay in its dtype, and ``MasterWeights`` keeps a
   separate fp32 copy of each; every micro-batch's low-precision gradients move into fp32 sums on the copies.
@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 
 
-class Placement(Protocol):
+class Ranks(Protocol):
     """What ``MasterWeights`` needs of the learner's ranks (``SingleProcess`` or ``ShardedRanks``)."""
 
     keeps_fp32_shards: bool
@@ -34,27 +34,27 @@ class Placement(Protocol):
 
 
 class MasterWeights:
-    """The tensors AdamW optimizes for ``params`` (the model's trainable parameters, after the placement
+    """The tensors AdamW optimizes for ``params`` (the model's trainable parameters, after the ranks
     prepared the model) and their sync with the model's working dtype.
 
     ``working_dtype`` is the dtype the model computes and the engine samples in (the model's dtype before
-    the placement prepared it). Masters exist when it is not fp32: separate fp32 copies (``copies``) unless
-    the placement keeps fp32 shards itself (``in_shards``).
+    the ranks prepared it). Masters exist when it is not fp32: separate fp32 copies (``copies``) unless
+    the ranks keep fp32 shards themselves (``in_shards``).
     """
 
-    def __init__(self, params: Sequence[torch.Tensor], working_dtype: torch.dtype, placement: Placement):
+    def __init__(self, params: Sequence[torch.Tensor], working_dtype: torch.dtype, ranks: Ranks):
         self.params = list(params)
         self.working_dtype = working_dtype
-        self.placement = placement
+        self.ranks = ranks
         low_precision = working_dtype != torch.float32
-        self.in_shards = low_precision and placement.keeps_fp32_shards
+        self.in_shards = low_precision and ranks.keeps_fp32_shards
         self.copies: list[torch.Tensor] | None = None
-        if low_precision and not placement.keeps_fp32_shards:
+        if low_precision and not ranks.keeps_fp32_shards:
             self.copies = [p.detach().float().clone().requires_grad_(True) for p in self.params]
 
     @property
     def exist(self) -> bool:
-        """Whether the model trains through fp32 masters (separate copies or the placement's fp32 shards)."""
+        """Whether the model trains through fp32 masters (separate copies or the ranks' fp32 shards)."""
         return self.copies is not None or self.in_shards
 
     def optimized(self) -> list[torch.Tensor]:
@@ -100,7 +100,7 @@ class MasterWeights:
         if self.copies is not None:
             return [m.detach().clone() for m in self.copies]
         if self.in_shards:
-            return [self.placement.full(p.detach()) for p in self.params]
+            return [self.ranks.full(p.detach()) for p in self.params]
         return None
 
     @torch.no_grad()
@@ -109,11 +109,11 @@ class MasterWeights:
         ``weights`` (each parameter's whole weight, in ``params`` order).
 
         One process: the model's parameters were loaded already; the copies (if any) take ``saved`` or the
-        weights. A placement with sharded parameters: each parameter takes its shard of the fp32 tensor."""
-        if self.placement.keeps_fp32_shards:
+        weights. Ranks with sharded parameters: each parameter takes its shard of the fp32 tensor."""
+        if self.ranks.keeps_fp32_shards:
             for i, p in enumerate(self.params):
                 full = saved[i] if saved is not None else weights[i]
-                p.copy_(self.placement.shard_like(full.float(), p))
+                p.copy_(self.ranks.shard_like(full.float(), p))
             return
         if self.copies is not None:
             for i, m in enumerate(self.copies):

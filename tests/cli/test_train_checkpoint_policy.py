@@ -45,7 +45,7 @@ def _config(tmp_path, checkpoint) -> str:
     path.write_text(
         f"mode: sync\nsteps: 1\nnum_threads: 1\ntokenizer: checkpoint\nmodel: {{checkpoint: {checkpoint}}}\n"
         "env:\n  id: rz_agents/WordProblemTool-v0\n  kwargs: {max_turns: 2, prewarm: false}\n"
-        "engine: {num_slots: 8, max_len: 320}\n"
+        "engine: {max_running: 8, max_len: 320}\n"
         "rollout:\n  group_size: 2\n  groups_per_batch: 2\n  max_concurrent_episodes: 4\n"
         "  limits: {max_turns: 2, max_tokens_per_turn: 12, max_episode_tokens: 240}\n"
         "warm_start: {demos: 8, task: word_problems, epochs: 1, batch_size: 4, warmup_steps: 1, "
@@ -69,7 +69,7 @@ def test_train_exports_models_with_the_tokenizer_and_eval_reads_them(tiny_smollm
     capsys.readouterr()
     out = tmp_path / "eval.json"
     argv = ["eval", config, "--checkpoint", str(run_dir / "final_model"), "--limit", "2", "--k", "1"]
-    argv += ["--max-tokens", "8", "--max-turns", "2", "--num-threads", "1", "--num-slots", "4"]
+    argv += ["--max-tokens", "8", "--max-turns", "2", "--num-threads", "1", "--max-running", "4"]
     assert main([*argv, "--out", str(out), "--save-text", "--quiet"]) == 0
     result = json.loads(out.read_text())
     assert result["benchmark"] == "word_problems" and result["num_samples"] == 2 and result["num_failed"] == 0

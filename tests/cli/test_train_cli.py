@@ -16,7 +16,7 @@ TINY = (
     "steps: 2\nnum_threads: 1\nrollout:\n  group_size: 2\n  groups_per_batch: 2\n"
     "  max_concurrent_episodes: 4\n"
     "  limits: {max_turns: 2, max_tokens_per_turn: 8, max_episode_tokens: 200}\n"
-    "engine: {num_slots: 8, max_len: 256}\n"
+    "engine: {max_running: 8, max_len: 256}\n"
 )
 
 

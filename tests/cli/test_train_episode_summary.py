@@ -11,7 +11,7 @@ TINY = (
     "env: {id: 'tests.cli.test_train_episode_summary:FlakyEnv'}\n"
     "rollout:\n  group_size: 2\n  groups_per_batch: 1\n  max_concurrent_episodes: 2\n"
     "  limits: {max_turns: 1, max_tokens_per_turn: 4, max_episode_tokens: 100}\n"
-    "engine: {num_slots: 4, max_len: 128}\n"
+    "engine: {max_running: 4, max_len: 128}\n"
 )
 
 from rz_agents.envs import MultiTurnTextEnv  # noqa: E402

@@ -17,7 +17,7 @@ TINY = (
     "num_threads: 1\ncheckpoint_every: 1\nlearner_step_delay_s: 0.2\n"
     "rollout:\n  group_size: 2\n  groups_per_batch: 2\n  max_concurrent_episodes: 4\n  max_ahead_batches: 2\n"
     "  limits: {max_turns: 2, max_tokens_per_turn: 8, max_episode_tokens: 200}\n"
-    "engine: {num_slots: 8, max_len: 256}\nenv:\n  kwargs: {latency_s: 0.0}\n"
+    "engine: {max_running: 8, max_len: 256}\nenv:\n  kwargs: {latency_s: 0.0}\n"
     "report: false\nexport_final_model: false\n"
 )
 

@@ -52,7 +52,7 @@ def test_engine_logprobs_equal_trainer_forward_in_mixed_chunked_batches(tiny_mod
     model = tiny_model(model_type, dtype=dtype)
     # 3 slots for 8 requests: requests queue and join between decode steps; a 24-token budget
     # chunks every prompt longer than that and mixes prefill chunks with decodes.
-    engine = RZEngine(model, EngineConfig(num_slots=3, max_len=256, max_batch_tokens=24, num_threads=1))
+    engine = RZEngine(model, EngineConfig(max_running=3, max_len=256, max_batch_tokens=24, num_threads=1))
     prompts = _prompts(8, model.config.vocab_size, seed=5)
     params = [MIXED_PARAMS[i % len(MIXED_PARAMS)] for i in range(len(prompts))]
     outs = generate_batch(engine, prompts, params)
@@ -67,13 +67,13 @@ def test_engine_results_do_not_depend_on_batch_composition_or_chunk_size(tiny_mo
     params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=20, seed=11)
     target = _prompts(1, model.config.vocab_size, seed=1, lengths=(70,))[0]
     alone = generate_batch(
-        RZEngine(model, EngineConfig(num_slots=1, max_len=256, max_batch_tokens=512, num_threads=1)),
+        RZEngine(model, EngineConfig(max_running=1, max_len=256, max_batch_tokens=512, num_threads=1)),
         [target],
         params,
     )[0]
     others = _prompts(6, model.config.vocab_size, seed=2)
     crowded = generate_batch(
-        RZEngine(model, EngineConfig(num_slots=4, max_len=256, max_batch_tokens=13, num_threads=1)),
+        RZEngine(model, EngineConfig(max_running=4, max_len=256, max_batch_tokens=13, num_threads=1)),
         others[:3] + [target] + others[3:],
         [SamplingParams(max_tokens=8)] * 3 + [params] + [SamplingParams(max_tokens=30)] * 3,
     )[3]
@@ -83,7 +83,7 @@ def test_engine_results_do_not_depend_on_batch_composition_or_chunk_size(tiny_mo
 
 def test_engine_prefix_reuse_is_bit_identical_to_cold_prefill(tiny_model):
     model = tiny_model()
-    cfg = EngineConfig(num_slots=2, max_len=256, max_batch_tokens=32, num_threads=1)
+    cfg = EngineConfig(max_running=2, max_len=256, max_batch_tokens=32, num_threads=1)
     warm = RZEngine(model, cfg)
     cold = RZEngine(model, EngineConfig(**{**cfg.__dict__, "prefix_cache": False}))
     p = SamplingParams(temperature=1.0, max_tokens=10, seed=4)
@@ -131,7 +131,9 @@ def test_engine_update_with_recompute_matches_trainer_with_new_weights(tiny_mode
     old = tiny_model()  # a frozen copy of the initial weights
     engine = RZEngine(
         model,
-        EngineConfig(num_slots=4, max_len=256, max_batch_tokens=32, kv_on_update="recompute", num_threads=1),
+        EngineConfig(
+            max_running=4, max_len=256, max_batch_tokens=32, kv_on_update="recompute", num_threads=1
+        ),
     )
     params = SamplingParams(temperature=1.0, max_tokens=16, seed=9)
     prompts = _prompts(4, model.config.vocab_size, seed=8, lengths=(5, 33, 60, 12))
@@ -171,7 +173,8 @@ def test_engine_update_with_keep_attends_to_old_kv_exactly(tiny_model, perturbed
     model = tiny_model()
     old = tiny_model()
     engine = RZEngine(
-        model, EngineConfig(num_slots=4, max_len=256, max_batch_tokens=32, kv_on_update="keep", num_threads=1)
+        model,
+        EngineConfig(max_running=4, max_len=256, max_batch_tokens=32, kv_on_update="keep", num_threads=1),
     )
     params = SamplingParams(temperature=1.0, max_tokens=16, seed=9)
     prompts = _prompts(4, model.config.vocab_size, seed=8, lengths=(5, 33, 60, 12))
@@ -195,7 +198,7 @@ def test_engine_update_with_keep_attends_to_old_kv_exactly(tiny_model, perturbed
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "deepseek_v3"])
 def test_engine_standard_kernels_negative_control_differs_from_trainer(tiny_model, model_type):
     model = tiny_model(model_type, kernels="standard")
-    engine = RZEngine(model, EngineConfig(num_slots=4, max_len=256, max_batch_tokens=24, num_threads=1))
+    engine = RZEngine(model, EngineConfig(max_running=4, max_len=256, max_batch_tokens=24, num_threads=1))
     prompts = _prompts(6, model.config.vocab_size, seed=5)
     params = SamplingParams(temperature=1.0, max_tokens=12, seed=3)
     outs = generate_batch(engine, prompts, params)
@@ -214,7 +217,7 @@ def test_engine_group_of_one_prompt_prefills_it_once_and_stays_bit_identical(tin
     engine = RZEngine(
         model,
         EngineConfig(
-            num_slots=8, max_len=256, max_batch_tokens=24, share_prefix_min_tokens=16, num_threads=1
+            max_running=8, max_len=256, max_batch_tokens=24, share_prefix_min_tokens=16, num_threads=1
         ),
     )
     system = _prompts(1, model.config.vocab_size, seed=21, lengths=(40,))[0]
@@ -234,7 +237,7 @@ def test_engine_logprobs_equal_trainer_forward_at_a_2k_token_context(tiny_model)
     # Past IN_PLACE_BLOCKS key blocks the attention reads K/V in place, tile by tile; the prompt is
     # prefilled in chunks, then decoded: every generated token must still equal the packed forward.
     model = tiny_model(max_position_embeddings=2304)
-    engine = RZEngine(model, EngineConfig(num_slots=2, max_len=2304, max_batch_tokens=512, num_threads=1))
+    engine = RZEngine(model, EngineConfig(max_running=2, max_len=2304, max_batch_tokens=512, num_threads=1))
     prompt = _prompts(1, model.config.vocab_size, seed=9, lengths=(2100,))[0]
     params = SamplingParams(temperature=1.0, max_tokens=12, seed=5)
     out = generate_batch(engine, [prompt], params)[0]
@@ -252,7 +255,7 @@ def test_sampling_in_row_chunks_gives_the_same_tokens_and_logprobs(tiny_model, m
     ] * 10  # unseeded rows draw from the engine's generator in row order
 
     def run():
-        cfg = EngineConfig(num_slots=20, max_len=256, max_batch_tokens=512, num_threads=1, seed=3)
+        cfg = EngineConfig(max_running=20, max_len=256, max_batch_tokens=512, num_threads=1, seed=3)
         return generate_batch(RZEngine(model, cfg), prompts, params)
 
     whole = run()
@@ -277,9 +280,9 @@ def test_preemption_and_readmission_give_the_same_tokens_and_logprobs(tiny_model
     params = [SamplingParams(temperature=1.0, max_tokens=40, seed=i, ignore_eos=True) for i in range(6)]
     tight = RZEngine(
         model,
-        EngineConfig(num_slots=6, max_len=256, max_batch_tokens=48, kv_cache_bytes=6 * page, num_threads=1),
+        EngineConfig(max_running=6, max_len=256, max_batch_tokens=48, kv_cache_bytes=6 * page, num_threads=1),
     )
-    roomy = RZEngine(model, EngineConfig(num_slots=6, max_len=256, max_batch_tokens=48, num_threads=1))
+    roomy = RZEngine(model, EngineConfig(max_running=6, max_len=256, max_batch_tokens=48, num_threads=1))
     got, want = generate_batch(tight, prompts, params), generate_batch(roomy, prompts, params)
     assert tight.stats()["preemptions"] > 0 and roomy.stats()["preemptions"] == 0
     for p, sp, a, b in zip(prompts, params, got, want, strict=True):
@@ -293,7 +296,7 @@ def test_shared_prompt_pages_give_the_same_bits_as_private_ones(tiny_model):
     model = tiny_model()
     prompt = _prompts(1, model.config.vocab_size, seed=23, lengths=(150,))[0]
     params = [SamplingParams(temperature=1.0, max_tokens=8, seed=i) for i in range(4)]
-    cfg = dict(num_slots=4, max_len=256, max_batch_tokens=64, prefix_cache=False, num_threads=1)
+    cfg = dict(max_running=4, max_len=256, max_batch_tokens=64, prefix_cache=False, num_threads=1)
     shared = RZEngine(model, EngineConfig(**cfg, share_prefix_min_tokens=16))
     private = RZEngine(model, EngineConfig(**cfg, share_prefix_min_tokens=0))
 
@@ -322,8 +325,8 @@ def test_static_decode_step_padding_changes_no_bit(tiny_model, model_type):
     params = [SamplingParams(temperature=1.0, max_tokens=10, seed=i, ignore_eos=True) for i in range(11)]
     cfg = dict(max_len=256, max_batch_tokens=512, num_threads=1)
     for n in (3, 11):
-        static = RZEngine(model, EngineConfig(num_slots=16, static_decode=True, **cfg))
-        eager = RZEngine(model, EngineConfig(num_slots=16, static_decode=False, **cfg))
+        static = RZEngine(model, EngineConfig(max_running=16, static_decode=True, **cfg))
+        eager = RZEngine(model, EngineConfig(max_running=16, static_decode=False, **cfg))
         rows = []
         real_run = static.runner.decode_step.run
 

@@ -99,11 +99,11 @@ def test_padding_rows_change_no_bit_of_the_real_rows(tiny_model, model_type):
 
 def test_cuda_graphs_on_cpu_are_ignored_and_the_engine_says_why(tiny_model):
     model = tiny_model()
-    engine = RZEngine(model, EngineConfig(num_slots=4, max_len=128, num_threads=1))
+    engine = RZEngine(model, EngineConfig(max_running=4, max_len=128, num_threads=1))
     assert engine.config.cuda_graphs is True and engine.graphs is None
     stats = engine.stats()
     assert stats["cuda_graphs"] is False and "CUDA graphs need a CUDA device" in stats["cuda_graphs_off"]
-    off = RZEngine(model, EngineConfig(num_slots=4, max_len=128, static_decode=False, num_threads=1))
+    off = RZEngine(model, EngineConfig(max_running=4, max_len=128, static_decode=False, num_threads=1))
     assert "static_decode is false" in off.stats()["cuda_graphs_off"]
     with pytest.raises(ValueError, match="EngineConfig.cuda_graphs must be true or false"):
         EngineConfig(cuda_graphs="yes")
@@ -115,7 +115,7 @@ def test_a_weight_update_keeps_every_parameter_in_its_storage(tiny_model, pertur
     # Captured graphs hold the weights' addresses: load_weights copies in place, so they stay valid.
     for model_type in ("qwen3", "qwen3_moe"):
         model = tiny_model(model_type, tie_word_embeddings=True)
-        engine = RZEngine(model, EngineConfig(num_slots=4, max_len=128, num_threads=1))
+        engine = RZEngine(model, EngineConfig(max_running=4, max_len=128, num_threads=1))
         before = weight_addresses(model)
         engine.load_weights(perturbed_state(model, seed=1), version=1)
         assert weight_addresses(model) == before
@@ -176,7 +176,7 @@ def test_engine_with_cuda_graphs_samples_what_the_eager_engine_samples(tiny_mode
     model = tiny_model(dtype="bfloat16").cuda()
     prompts = _prompts(model.config.vocab_size)
     params = [SamplingParams(temperature=1.0, max_tokens=12, seed=i, ignore_eos=True) for i in range(3)]
-    cfg = dict(num_slots=8, max_len=256, num_threads=1)
+    cfg = dict(max_running=8, max_len=256, num_threads=1)
     graphed = RZEngine(model, EngineConfig(cuda_graphs=True, **cfg))
     eager = RZEngine(model, EngineConfig(cuda_graphs=False, **cfg))
     a, b = generate_batch(graphed, prompts, params), generate_batch(eager, prompts, params)

@@ -27,7 +27,7 @@ PARAMS = [
 
 def _decoding_engine(model, **cfg) -> RZEngine:
     """An engine whose 5 sequences (prompts up to 70 tokens: 1-2 pages) are all past their prefill."""
-    engine = RZEngine(model, EngineConfig(num_slots=8, max_len=256, num_threads=1, **cfg))
+    engine = RZEngine(model, EngineConfig(max_running=8, max_len=256, num_threads=1, **cfg))
     gen = torch.Generator().manual_seed(2)
     for n, p in zip((3, 70, 17, 64, 40), PARAMS, strict=True):
         seq_prompt = torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()

@@ -18,7 +18,7 @@ class CallerDeadline(BaseException):
 
 
 def _engine(model, **overrides) -> RZEngine:
-    return RZEngine(model, EngineConfig(num_slots=4, max_len=64, num_threads=1, **overrides))
+    return RZEngine(model, EngineConfig(max_running=4, max_len=64, num_threads=1, **overrides))
 
 
 @pytest.mark.parametrize("step_in_thread", [False, True])

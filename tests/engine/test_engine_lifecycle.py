@@ -13,7 +13,7 @@ from rz_agents.model.logprobs import packed_token_logprobs
 
 
 def _engine(model, **overrides) -> RZEngine:
-    cfg = dict(num_slots=4, max_len=128, max_batch_tokens=32, num_threads=1)
+    cfg = dict(max_running=4, max_len=128, max_batch_tokens=32, num_threads=1)
     cfg.update(overrides)
     return RZEngine(model, EngineConfig(**cfg))
 
@@ -54,7 +54,7 @@ def test_engine_stops_at_stop_tokens_and_stop_strings(tiny_model):
     stop = text[9:12]
     end = text.index(stop) + len(stop)  # one letter per token: the stop completes at token end-1
     out = generate_batch(
-        RZEngine(model, EngineConfig(num_slots=2, max_len=128, num_threads=1), decode=_letters),
+        RZEngine(model, EngineConfig(max_running=2, max_len=128, num_threads=1), decode=_letters),
         [PROMPT],
         SamplingParams(temperature=0.0, max_tokens=24, stop=(stop, "never-seen")),
     )[0]
@@ -71,7 +71,7 @@ def test_engine_finishes_with_length_at_max_tokens_or_max_len(tiny_model):
 
 def test_engine_queues_requests_when_the_cache_is_full_and_serves_them_all(tiny_model):
     model = tiny_model()
-    engine = _engine(model, num_slots=2, prefix_cache=False)
+    engine = _engine(model, max_running=2, prefix_cache=False)
     prompts = [[i + 1] * (i + 2) for i in range(7)]
     outs = generate_batch(engine, prompts, SamplingParams(max_tokens=5, seed=0))
     assert [len(o.tokens) for o in outs] == [5] * 7
@@ -86,7 +86,7 @@ def test_engine_sizes_the_paged_cache_from_a_memory_budget(tiny_model):
     model = tiny_model()
     page = bytes_per_page(model.config)
     # default: 3 x max_len 128 for the sequences, plus the scratch page of padding rows
-    assert _engine(model, num_slots=3).stats()["kv_pages"] == 3 * 2
+    assert _engine(model, max_running=3).stats()["kv_pages"] == 3 * 2
     engine = _engine(model, kv_cache_bytes=10 * page + page // 2)
     assert engine.kv_cache.num_pages == 10 and engine.stats()["kv_pages"] == 9
     assert engine.stats()["kv_bytes_total"] == 9 * page
@@ -96,7 +96,7 @@ def test_engine_sizes_the_paged_cache_from_a_memory_budget(tiny_model):
 
 def test_cancelling_a_request_frees_its_pages_and_others_finish(tiny_model):
     model = tiny_model()
-    engine = _engine(model, num_slots=2)
+    engine = _engine(model, max_running=2)
 
     async def main():
         long = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_tokens=100, ignore_eos=True)))
@@ -213,7 +213,7 @@ def test_generate_batch_refuses_to_run_inside_an_event_loop(tiny_model):
 
 def test_concurrent_multi_turn_episodes_reuse_prefixes_and_stay_aligned(tiny_model):
     model = tiny_model()
-    engine = _engine(model, num_slots=6, max_len=256)
+    engine = _engine(model, max_running=6, max_len=256)
     params = SamplingParams(temperature=1.0, max_tokens=8)
 
     async def episode(i: int):
@@ -240,7 +240,7 @@ def test_concurrent_multi_turn_episodes_reuse_prefixes_and_stay_aligned(tiny_mod
 
 def test_requests_arriving_while_a_threaded_step_runs_are_all_served(tiny_model):
     model = tiny_model()
-    engine = _engine(model, num_slots=3, step_in_thread=True)
+    engine = _engine(model, max_running=3, step_in_thread=True)
 
     async def main():
         tasks = []

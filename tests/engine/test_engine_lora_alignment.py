@@ -32,7 +32,7 @@ def _engine_vs_trainer(model, static_decode: bool) -> list[bool]:
     engine = RZEngine(
         model,
         EngineConfig(
-            num_slots=3, max_len=256, max_batch_tokens=24, num_threads=1, static_decode=static_decode
+            max_running=3, max_len=256, max_batch_tokens=24, num_threads=1, static_decode=static_decode
         ),
     )
     prompts = _prompts(model.config.vocab_size)

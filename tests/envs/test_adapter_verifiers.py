@@ -171,7 +171,7 @@ TRAIN = (
     "  eval_tasks: [{idx: 0}, {idx: 1}, {idx: 2}]\n"
     "rollout:\n  group_size: 2\n  groups_per_batch: 2\n  max_concurrent_episodes: 4\n"
     "  limits: {max_turns: 1, max_tokens_per_turn: 6, max_episode_tokens: 200}\n"
-    "engine: {num_slots: 4, max_len: 256}\n"
+    "engine: {max_running: 4, max_len: 256}\n"
 )
 
 

@@ -32,7 +32,7 @@ class TaskRewardEnv(MultiTurnTextEnv):
 
 TASKS = [{"id": "a", "reward": 1.0}, {"id": "b", "reward": 0.5}, {"id": "c", "reward": 0.0}]
 RUN = (
-    "tokenizer: byte\nnum_threads: 1\nengine: {{num_slots: 4, max_len: 128}}\n"
+    "tokenizer: byte\nnum_threads: 1\nengine: {{max_running: 4, max_len: 128}}\n"
     "env:\n  id: tests.eval.test_eval_env:TaskRewardEnv\n  eval_tasks: {tasks}\n"
     "rollout: {{limits: {{max_turns: 1, max_tokens_per_turn: 4, max_episode_tokens: 100}}}}\neval: {{}}\n"
 )

@@ -13,7 +13,7 @@ from rz_agents.model import ModelConfig, Transformer
 from rz_agents.model.checkpoint import save_hf_checkpoint
 
 # Small and one-threaded: the suite runs on a shared 2-core machine.
-FAST = ["--max-tokens", "16", "--num-threads", "1", "--num-slots", "8"]
+FAST = ["--max-tokens", "16", "--num-threads", "1", "--max-running", "8"]
 
 
 @pytest.fixture(scope="module")

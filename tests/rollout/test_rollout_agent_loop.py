@@ -17,7 +17,7 @@ from rz_agents.runtime.synthetic_env import LowercaseLettersEnv
 def _engine(vocab=320, seed=0):
     torch.manual_seed(seed)
     model = Transformer(ModelConfig.tiny("qwen3", vocab_size=vocab), kernels="aligned")
-    return model, RZEngine(model, EngineConfig(num_slots=8, max_len=512))
+    return model, RZEngine(model, EngineConfig(max_running=8, max_len=512))
 
 
 def _run(engine, env, template, tokenizer, limits, seed=3):

@@ -46,7 +46,7 @@ class ImagePlaceholderTemplate(ByteChatTemplate):
 def _run(template, env, turns=1):
     torch.manual_seed(0)
     engine = RZEngine(
-        Transformer(ModelConfig.tiny("qwen3", vocab_size=320)), EngineConfig(num_slots=2, max_len=512)
+        Transformer(ModelConfig.tiny("qwen3", vocab_size=320)), EngineConfig(max_running=2, max_len=512)
     )
     spec = EpisodeSpec(task=None, group_id=0, member=0, seed=4)
     limits = EpisodeLimits(max_turns=turns, max_tokens_per_turn=4, max_episode_tokens=480)

@@ -18,6 +18,7 @@ from rz_agents.runtime.synthetic_env import LowercaseLettersEnv
 from rz_agents.runtime.watchdog import RunStalled
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rz_agents.trainer.optim import OptimConfig
+from tests.trainer.learner_state import whole_state
 
 RESUME_TIMEOUT_S = 90  # a resume that hangs fails here instead of blocking the suite
 
@@ -294,7 +295,7 @@ def test_a_checkpoint_of_the_format_before_learner_folders_resumes_bitwise(tmp_p
     assert payload["learner_folder"] is not None
     loaded = LocalRun(_cfg(steps=4, mode="sync", resume_from=str(new / "checkpoint.pt")))
     try:
-        whole = loaded.learner.state_dict()  # the learner state as format 1 held it
+        whole = whole_state(loaded.learner)  # the learner state as format 1 held it
     finally:
         loaded.close()
     old = tmp_path / "old"

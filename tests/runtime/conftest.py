@@ -1,7 +1,7 @@
 """One Ray instance for the whole test session: a two-node cluster simulated on this machine (two raylets,
 two object stores), so every Ray test also moves objects between nodes. The head node carries the custom
-resource ``rollout_node``, the second node ``learner_node``: a placement asking for them pins actors to one
-node or the other. Small on purpose (the machine has 2 cores): 100 MB object store per node."""
+resource ``rollout_node``, the second node ``learner_node``: an actors: section asking for them pins actors to
+one node or the other. Small on purpose (the machine has 2 cores): 100 MB object store per node."""
 
 from __future__ import annotations
 

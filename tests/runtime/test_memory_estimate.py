@@ -53,7 +53,7 @@ def test_a_missing_checkpoint_is_sized_by_its_directory_name():
 
 
 def test_bf16_estimate_has_fp32_masters_and_adam_and_checkpointing_shrinks_activations():
-    cfg = TrainConfig(engine=EngineConfig(num_slots=4, max_len=1024), model=ModelSpec(dtype="bfloat16"))
+    cfg = TrainConfig(engine=EngineConfig(max_running=4, max_len=1024), model=ModelSpec(dtype="bfloat16"))
     model_cfg = preset_config("qwen3-0.6b")
     est = estimate_memory(cfg, model_cfg)
     n = est.parameters
@@ -88,21 +88,21 @@ def test_kv_cache_bytes_setting_sizes_the_cache():
 
 def test_the_paged_cache_holds_more_sequences_than_slots_at_realistic_lengths():
     qwen = preset_config("qwen3-4b")
-    cfg = TrainConfig(engine=EngineConfig(num_slots=512, max_len=16384), model=ModelSpec(dtype="bfloat16"))
+    cfg = TrainConfig(engine=EngineConfig(max_running=512, max_len=16384), model=ModelSpec(dtype="bfloat16"))
     est = estimate_memory(cfg, qwen)
-    # the default budget is num_slots x max_len; a slot cache would hold num_slots sequences
+    # the default budget is max_running x max_len; a slot cache would hold max_running sequences
     assert est.slot_cache_sequences == 512
     mean = expected_sequence_positions(16384)
     assert 3800 < mean < 3900  # (16384 - 256) / ln(64)
-    assert est.concurrent_sequences == 512  # capped by num_slots ...
+    assert est.concurrent_sequences == 512  # capped by max_running ...
     capped = estimate_memory(
-        TrainConfig(engine=EngineConfig(num_slots=48, max_len=16384, kv_cache_bytes=48 * 16384 * 147456)),
+        TrainConfig(engine=EngineConfig(max_running=48, max_len=16384, kv_cache_bytes=48 * 16384 * 147456)),
         qwen,
     )
     assert capped.slot_cache_sequences == 48 and 190 < int(48 * 16384 / (mean + 32)) <= 48 * 5
-    assert capped.concurrent_sequences == 48  # ... here by num_slots too
+    assert capped.concurrent_sequences == 48  # ... here by max_running too
     roomy = estimate_memory(
-        TrainConfig(engine=EngineConfig(num_slots=1024, max_len=16384, kv_cache_bytes=48 * 16384 * 147456)),
+        TrainConfig(engine=EngineConfig(max_running=1024, max_len=16384, kv_cache_bytes=48 * 16384 * 147456)),
         qwen,
     )
     assert roomy.concurrent_sequences == int(48 * 16384 / (mean + 32)) and roomy.concurrent_sequences > 4 * 48
@@ -148,11 +148,11 @@ def test_a_cpu_run_that_would_not_fit_in_free_memory_is_warned_with_what_checkpo
     from rz_agents.runtime.memory_estimate import cpu_memory_warning
 
     gib = 2**30
-    # the engine's share follows engine.num_slots: pinned, so the figures do not move with the config's sizing
+    # the engine's share follows engine.max_running: pinned, so the figures do not move with the config's size
     off = load_config(
         RunConfig,
         resolve_config("osworld-local"),
-        ["model.activation_checkpointing=false", "engine.num_slots=8"],
+        ["model.activation_checkpointing=false", "engine.max_running=8"],
     )
     line = cpu_memory_warning(off, available=12 * gib)
     assert line.startswith("this run needs ~16.8 GiB (learner 14.9, of it activations 9.9; engine 1.9)"), line
@@ -166,7 +166,7 @@ def test_a_cpu_run_that_would_not_fit_in_free_memory_is_warned_with_what_checkpo
 
 
 def test_sharded_ranks_count_one_gathered_tensor_for_publication_not_a_whole_copy():
-    from rz_agents.runtime.config import PlacementConfig
+    from rz_agents.runtime.config import ActorsConfig
     from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES
 
     model_cfg = preset_config("qwen3-0.6b")
@@ -174,7 +174,7 @@ def test_sharded_ranks_count_one_gathered_tensor_for_publication_not_a_whole_cop
     est = {}
     for transport in ("object_store", "broadcast"):
         cfg = TrainConfig(
-            model=spec, runtime="ray", placement=PlacementConfig(learner_ranks=8, weight_transport=transport)
+            model=spec, runtime="ray", actors=ActorsConfig(learner_ranks=8, weight_transport=transport)
         )
         est[transport] = estimate_memory(cfg, model_cfg)
     largest = model_cfg.vocab_size * model_cfg.hidden_size  # the embedding (tied with the LM head)
@@ -186,6 +186,6 @@ def test_sharded_ranks_count_one_gathered_tensor_for_publication_not_a_whole_cop
     assert rank.learner_rank_total == rank.learner_sharded(8)
     assert rank.learner["fsdp_unsharded_layers"] > 0
     single = estimate_memory(
-        TrainConfig(model=spec, runtime="ray", placement=PlacementConfig(learner_ranks=1)), model_cfg
+        TrainConfig(model=spec, runtime="ray", actors=ActorsConfig(learner_ranks=1)), model_cfg
     )
     assert "publication_transient" not in single.learner  # one rank publishes views of its own weights

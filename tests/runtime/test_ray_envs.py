@@ -18,7 +18,7 @@ import pytest
 
 from rz_agents.engine import EngineConfig
 from rz_agents.rollout.agent_loop import EpisodeLimits, _turn_text
-from rz_agents.runtime import EnvSpec, PlacementConfig, RolloutSpec, TrainConfig, build_run
+from rz_agents.runtime import ActorsConfig, EnvSpec, RolloutSpec, TrainConfig, build_run
 from rz_agents.runtime.factories import build_tokenizer
 from tests.envs.user_package import forget, write_package
 from tests.runtime.test_ray_runtime import record_batches
@@ -38,14 +38,14 @@ def _cfg(env: EnvSpec, imports=(), max_turns: int = 1) -> TrainConfig:
         num_threads=1,
         env=env,
         imports=list(imports),
-        engine=EngineConfig(num_slots=8, max_len=256, max_batch_tokens=512),
+        engine=EngineConfig(max_running=8, max_len=256, max_batch_tokens=512),
         rollout=RolloutSpec(
             group_size=2,
             groups_per_batch=2,
             max_concurrent_episodes=4,
             limits=EpisodeLimits(max_turns=max_turns, max_tokens_per_turn=6, max_episode_tokens=200),
         ),
-        placement=PlacementConfig(),
+        actors=ActorsConfig(),
     )
 
 
@@ -194,7 +194,7 @@ def test_rz_train_with_runtime_ray_then_rz_eval_run_a_users_package_env(
         "  eval_tasks: [{id: a, word: apple}, {id: t, word: tiger}]\n"
         "rollout:\n  group_size: 2\n  groups_per_batch: 2\n  max_concurrent_episodes: 4\n"
         "  limits: {max_turns: 1, max_tokens_per_turn: 6, max_episode_tokens: 200}\n"
-        "engine: {num_slots: 4, max_len: 256}\n"
+        "engine: {max_running: 4, max_len: 256}\n"
     )
     run_dir = tmp_path / "run"
     assert main(["train", str(config), "--run-dir", str(run_dir), "--no-progress"]) == 0

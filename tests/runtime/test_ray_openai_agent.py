@@ -8,7 +8,7 @@ import pytest
 
 from rz_agents.engine import EngineConfig
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.runtime import EnvSpec, LearnerSpec, PlacementConfig, RolloutSpec, TrainConfig, build_run
+from rz_agents.runtime import ActorsConfig, EnvSpec, LearnerSpec, RolloutSpec, TrainConfig, build_run
 from rz_agents.trainer.optim import OptimConfig
 
 pytest.importorskip("ray")
@@ -23,11 +23,11 @@ def test_an_openai_sdk_agent_trains_under_the_ray_runtime(ray_cluster):
         mode="sync",
         steps=1,
         num_threads=1,
-        placement=PlacementConfig(),
+        actors=ActorsConfig(),
         env=EnvSpec(
             id="rz_agents/OpenAIAgent-v0", kwargs={"agent": f"{AGENTS}:agent", "scorer": f"{AGENTS}:score"}
         ),
-        engine=EngineConfig(num_slots=8, max_len=512, max_batch_tokens=512),
+        engine=EngineConfig(max_running=8, max_len=512, max_batch_tokens=512),
         rollout=RolloutSpec(
             group_size=2,
             groups_per_batch=2,

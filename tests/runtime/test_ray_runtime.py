@@ -4,7 +4,7 @@ What is deterministic under Ray, and tested here:
 - sync mode (1 engine, 1 env worker, 1 learner rank; and 2 engines, 2 env workers): trajectories and weights
   are those of the local runtime, bit for bit, step after step;
 - rollout.fixed_lag (async): the same, because each batch is generated with the weights published for it;
-- async mode, any placement (here 2 engines, 2 env workers, actors killed mid-run): every trajectory is a pure
+- async mode, any actors layout (2 engines, 2 env workers, actors killed mid-run): every trajectory is a pure
   function of its task, its episode seed and the policy versions its tokens record. Replayed in one process
   with those weights, each single-version trajectory comes out identical (tokens, log-probs, reward).
 What is not: in async mode, which version samples which token (when a publication lands between engine
@@ -25,11 +25,11 @@ import torch
 from rz_agents.engine import EngineConfig, RZEngine, SamplingParams
 from rz_agents.rollout.agent_loop import EpisodeLimits, EpisodeSpec, run_episode
 from rz_agents.runtime import (
+    ActorsConfig,
     EnvSpec,
     LearnerSpec,
     LocalRun,
     ModelSpec,
-    PlacementConfig,
     RolloutSpec,
     TrainConfig,
     build_run,
@@ -46,10 +46,10 @@ LEARNER_NODE = {"learner_node": 0.01}
 LIMITS = EpisodeLimits(max_turns=2, max_tokens_per_turn=8, max_episode_tokens=200)
 
 
-def _cfg(runtime="ray", mode="sync", steps=4, placement=None, env_latency=0.0, **kw):
+def _cfg(runtime="ray", mode="sync", steps=4, actors=None, env_latency=0.0, **kw):
     rollout = dict(group_size=2, groups_per_batch=2, max_concurrent_episodes=8, max_lag=8, limits=LIMITS)
     rollout.update(kw.pop("rollout", {}))
-    extra = {"placement": placement or PlacementConfig()} if runtime == "ray" else {}
+    extra = {"actors": actors or ActorsConfig()} if runtime == "ray" else {}
     return TrainConfig(
         runtime=runtime,
         mode=mode,
@@ -57,7 +57,7 @@ def _cfg(runtime="ray", mode="sync", steps=4, placement=None, env_latency=0.0, *
         seed=5,
         num_threads=1,
         env=EnvSpec(kwargs={"max_turns": 2, "latency_s": env_latency}),
-        engine=EngineConfig(num_slots=16, max_len=256, max_batch_tokens=512),
+        engine=EngineConfig(max_running=16, max_len=256, max_batch_tokens=512),
         rollout=RolloutSpec(**rollout),
         learner=LearnerSpec(optim=OptimConfig(lr=1e-2), assert_lag0_exact=kw.pop("exact", True)),
         **extra,
@@ -142,8 +142,8 @@ def test_ray_sync_run_equals_the_local_run_bit_for_bit(ray_cluster, local_sync, 
     """Each episode is a function of its task, seed and weights: how many replicas and workers serve the
     episodes does not change them."""
     history, batches, weights = local_sync
-    placement = PlacementConfig(engines=engines, env_workers=env_workers)
-    run, summary, ray_batches, ray_weights = _run(_cfg(placement=placement))
+    actors = ActorsConfig(engines=engines, env_workers=env_workers)
+    run, summary, ray_batches, ray_weights = _run(_cfg(actors=actors))
     assert summary["steps"] == 4 and summary["version"] == 4
     _same_trajectories(batches, ray_batches)
     _same_weights(weights, ray_weights)
@@ -195,11 +195,11 @@ def test_killed_env_worker_and_engine_cost_only_their_episodes_and_async_traject
     ray_cluster,
 ):
     # Weights go by torch.distributed broadcast (gloo) until the engine dies, then through the object store.
-    placement = PlacementConfig(engines=2, env_workers=2, weight_transport="broadcast")
+    actors = ActorsConfig(engines=2, env_workers=2, weight_transport="broadcast")
     cfg = _cfg(
         mode="async",
         steps=6,
-        placement=placement,
+        actors=actors,
         env_latency=0.05,
         exact=False,
         rollout={"max_ahead_batches": 2, "max_lag": 4},
@@ -276,7 +276,7 @@ def test_two_nodes_learner_ranks_sharded_with_fsdp2_and_engines_on_the_other_nod
     ray_cluster, local_sync, tmp_path
 ):
     history, _, _ = local_sync
-    placement = PlacementConfig(
+    actors = ActorsConfig(
         engines=2,
         env_workers=1,
         learner_ranks=2,
@@ -284,7 +284,7 @@ def test_two_nodes_learner_ranks_sharded_with_fsdp2_and_engines_on_the_other_nod
         env_worker_resources=ROLLOUT_NODE,
         learner_resources=LEARNER_NODE,
     )
-    run = build_run(_cfg(steps=2, placement=placement, output_dir=str(tmp_path)))
+    run = build_run(_cfg(steps=2, actors=actors, output_dir=str(tmp_path)))
     try:
         head = ray_cluster.head_node.node_id
         engine_nodes = {ray.get(r.actor.node.remote()) for r in run.engine.replicas}
@@ -367,7 +367,7 @@ def test_rz_train_with_runtime_ray_warm_starts_trains_and_exports(ray_cluster, t
         "steps: 2\nnum_threads: 1\nmode: sync\nruntime: ray\n"
         "rollout:\n  group_size: 2\n  groups_per_batch: 2\n  max_concurrent_episodes: 4\n"
         "  limits: {max_turns: 2, max_tokens_per_turn: 8, max_episode_tokens: 200}\n"
-        "engine: {num_slots: 8, max_len: 256}\nenv:\n  kwargs: {latency_s: 0.0}\n"
+        "engine: {max_running: 8, max_len: 256}\nenv:\n  kwargs: {latency_s: 0.0}\n"
         "learner: {assert_lag0_exact: true}\n"
         f"warm_start: {{episodes: {episodes}, epochs: 1, batch_size: 8, warmup_steps: 0}}\n"
     )
@@ -396,7 +396,7 @@ def test_sharded_learner_ranks_start_from_a_checkpoint_on_the_meta_device(ray_cl
     model.reset_parameters(std=0.05, seed=4)
     spec = ModelSpec(checkpoint=str(save_hf_checkpoint(model, tmp_path / "ckpt")))
     local, local_summary, _, _ = _run(_cfg(runtime="local", steps=1, model=spec))
-    run, summary, _, _ = _run(_cfg(steps=1, placement=PlacementConfig(learner_ranks=2), model=spec))
+    run, summary, _, _ = _run(_cfg(steps=1, actors=ActorsConfig(learner_ranks=2), model=spec))
     assert summary["steps"] == local_summary["steps"] == 1
     first, expected = run.history[0], local.history[0]
     assert first["lag0_abs_dlogp_max"] == 0.0 and first["lag0_token_count"] > 0

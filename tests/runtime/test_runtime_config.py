@@ -9,7 +9,7 @@ from rz_agents.runtime import LocalRun, resolve
 from rz_agents.sampling import SamplingSpec
 
 TINY = (
-    "num_threads: 1\nengine: {num_slots: 4, max_len: 256}\n"
+    "num_threads: 1\nengine: {max_running: 4, max_len: 256}\n"
     "rollout: {group_size: 2, groups_per_batch: 1, max_concurrent_episodes: 2, temperature: 0.7, top_p: 0.9,"
     " max_lag: 8, limits: {max_turns: 1, max_tokens_per_turn: 4, max_episode_tokens: 100}}\n"
 )
@@ -70,8 +70,8 @@ def test_ray_threads_default_to_what_engines_and_learner_ranks_both_reserve(tmp_
     overrides = [
         "runtime=ray",
         "num_threads=null",
-        "placement.cpus_per_engine=3",
-        "placement.cpus_per_learner_rank=2",
+        "actors.cpus_per_engine=3",
+        "actors.cpus_per_learner_rank=2",
     ]
     plan = resolve(_load(tmp_path, "", overrides))
     assert plan.num_threads == plan.engine.num_threads == 2

@@ -1,5 +1,5 @@
-"""TrainLoop(cfg, controller, placement): the runtime's half is an explicit Placement, and the loop's step
-counter is its own (saved in checkpoints, checked against the history on resume)."""
+"""TrainLoop(cfg, controller, loop_runtime): the runtime's half is an explicit LoopRuntime, and the loop's
+step counter is its own (saved in checkpoints, checked against the history on resume)."""
 
 import asyncio
 
@@ -8,8 +8,8 @@ import pytest
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.checkpoint_cut import InconsistentCheckpoint
 from rz_agents.runtime import LearnerSpec, LocalRun, RolloutSpec, TrainConfig
-from rz_agents.runtime.local import LocalPlacement
-from rz_agents.runtime.placement import Placement
+from rz_agents.runtime.local import LocalLoopRuntime
+from rz_agents.runtime.loop_runtime import LoopRuntime
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rz_agents.trainer.optim import OptimConfig
 
@@ -37,12 +37,12 @@ def _train(cfg):
         run.close()
 
 
-def test_a_placement_missing_a_hook_fails_when_built_not_mid_run():
-    hooks = {name: (lambda self, *args: None) for name in Placement.__abstractmethods__ - {"send_weights"}}
-    missing = type("Missing", (Placement,), hooks)
+def test_a_loop_runtime_missing_a_hook_fails_when_built_not_mid_run():
+    hooks = {name: (lambda self, *args: None) for name in LoopRuntime.__abstractmethods__ - {"send_weights"}}
+    missing = type("Missing", (LoopRuntime,), hooks)
     with pytest.raises(TypeError, match="send_weights"):
         missing()
-    assert not LocalPlacement.__abstractmethods__  # the local placement implements every hook
+    assert not LocalLoopRuntime.__abstractmethods__  # the local loop runtime implements every hook
 
 
 def test_checkpoints_carry_the_step_counter_and_a_resume_continues_it(tmp_path):
@@ -67,3 +67,20 @@ def test_a_checkpoint_whose_counter_disagrees_with_its_history_is_refused(tmp_pa
     old = save_checkpoint(tmp_path / "old.pt", payload["learner"], payload["runtime"])
     _, steps = _train(_cfg(tmp_path / "d", steps=3, resume_from=str(old)))
     assert steps == 3
+
+
+def test_every_learner_class_has_one_state_api_the_folder_format():
+    """Learner, the child-process learner and the Ray learner ranks / group save and load the learner's
+    state one way (``save_state(folder)`` / ``load_state(state, folder)``); the whole-tensor
+    ``state_dict`` is gone."""
+    import inspect
+
+    pytest.importorskip("ray")
+    from rz_agents.runtime.learner_process import LearnerProcess
+    from rz_agents.runtime.ray.learner import LearnerGroup, LearnerRank
+    from rz_agents.trainer.learner import Learner
+
+    for cls in (Learner, LearnerProcess, LearnerRank, LearnerGroup):
+        assert not hasattr(cls, "state_dict") and not hasattr(cls, "load_state_dict"), cls.__name__
+        assert len(inspect.signature(cls.save_state).parameters) == 2, cls.__name__  # (self, folder)
+        assert len(inspect.signature(cls.load_state).parameters) == 3, cls.__name__  # (self, state, folder)

@@ -1,6 +1,6 @@
-"""An engine replica that receives weights by broadcast (placement.weight_transport: broadcast) holds the
-whole received state beside its own weights until it applies it between engine steps: the memory estimate (and
-so ``rz train --dry-run``) counts that copy as ``weight_receive_staging``, exactly the bytes
+"""An engine replica that receives weights by broadcast (actors.weight_transport: broadcast) holds the whole
+received state beside its own weights until it applies it between engine steps: the memory estimate (and so
+``rz train --dry-run``) counts that copy as ``weight_receive_staging``, exactly the bytes
 ``WeightBroadcast.receive`` allocates (checked on a one-member gloo group); the object-store transport has no
 device-side staging copy."""
 
@@ -14,7 +14,7 @@ import torch
 from rz_agents.model import Transformer
 from rz_agents.model.presets import preset_config
 from rz_agents.runtime import ModelSpec, TrainConfig
-from rz_agents.runtime.config import PlacementConfig
+from rz_agents.runtime.config import ActorsConfig
 from rz_agents.runtime.memory_estimate import estimate_memory
 from rz_agents.runtime.ray.weight_broadcast import WeightBroadcast
 
@@ -23,7 +23,7 @@ def _estimate(model_cfg, transport: str):
     cfg = TrainConfig(
         model=ModelSpec(dtype="bfloat16"),
         runtime="ray",
-        placement=PlacementConfig(learner_ranks=2, weight_transport=transport),
+        actors=ActorsConfig(learner_ranks=2, weight_transport=transport),
     )
     return estimate_memory(cfg, model_cfg)
 

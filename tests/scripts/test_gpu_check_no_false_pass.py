@@ -73,7 +73,7 @@ def test_a_timeout_inside_a_real_engine_step_reads_timeout(gpu_check):
     from rz_agents.model import ModelConfig, Transformer
 
     torch.manual_seed(0)
-    engine = RZEngine(Transformer(ModelConfig.tiny("qwen3")), EngineConfig(num_slots=4, max_len=64))
+    engine = RZEngine(Transformer(ModelConfig.tiny("qwen3")), EngineConfig(max_running=4, max_len=64))
     real_forward = engine.runner.forward
 
     def slow_forward(batch):

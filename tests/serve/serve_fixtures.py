@@ -87,12 +87,12 @@ def taught_model() -> Transformer:
 class Served:
     """A running server, the learner's copy of its weights and what built it."""
 
-    def __init__(self, num_slots: int = 16, taught: bool = True) -> None:
+    def __init__(self, max_running: int = 16, taught: bool = True) -> None:
         self.tokenizer, self.template = ByteTokenizer(), ByteChatTemplate()
         self.learner_model = taught_model() if taught else tiny_model().requires_grad_(False)
         engine_model = copy.deepcopy(self.learner_model)
         self.engine_config = EngineConfig(
-            num_slots=num_slots, max_len=512, max_batch_tokens=512, num_threads=1
+            max_running=max_running, max_len=512, max_batch_tokens=512, num_threads=1
         )
         self.engine = RZEngine(engine_model, self.engine_config, decode=self.tokenizer.decode)
         self.server = OpenAIServer(self.engine, self.tokenizer, self.template, model_name=MODEL)

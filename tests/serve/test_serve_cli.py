@@ -14,9 +14,9 @@ def test_rz_serve_is_a_subcommand_with_a_port_option():
 
 
 def test_build_server_takes_the_config_model_tokenizer_and_engine_settings_with_overrides():
-    server, engine = build_server("openai-agent", ["engine.max_len=448"], model_name="policy", num_slots=4)
+    server, engine = build_server("openai-agent", ["engine.max_len=448"], model_name="policy", max_running=4)
     assert server.model_name == "policy" and server.models()["data"][0]["id"] == "policy"
-    assert engine.config.max_len == 448 and engine.config.num_slots == 4
+    assert engine.config.max_len == 448 and engine.config.max_running == 4
     assert engine.model.config.hidden_size == 128  # configs/openai-agent.yaml's policy
     assert type(server.template).__name__ == "ByteChatTemplate"
 

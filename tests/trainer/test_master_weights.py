@@ -16,6 +16,7 @@ from rz_agents.trainer.master_weights import MasterWeights
 from rz_agents.trainer.optim import OptimConfig
 from rz_agents.trainer.sharding import ShardedRanks, SingleProcess
 from rz_agents.trajectory import Trajectory
+from tests.trainer.learner_state import whole_state
 
 
 def _model(dtype: str = "bfloat16", seed: int = 0) -> Transformer:
@@ -43,7 +44,7 @@ def _cfg(**kw) -> LearnerConfig:
     return LearnerConfig(**base)
 
 
-def test_the_placements_state_whether_their_shards_are_the_fp32_masters():
+def test_the_ranks_state_whether_their_shards_are_the_fp32_masters():
     assert SingleProcess.keeps_fp32_shards is False
     assert ShardedRanks.keeps_fp32_shards is True
 
@@ -109,10 +110,10 @@ def test_an_fp32_model_has_no_separate_masters():
     masters.accumulate()  # nothing to move: the gradients stay on the fp32 parameters
     assert all(torch.equal(p.grad, g) for p, g in zip(params, before, strict=True))
     learner = Learner(_model("float32"), _cfg())
-    assert learner.masters is None and learner.state_dict()["masters"] is None
+    assert learner.masters is None and whole_state(learner)["masters"] is None
 
 
-def test_the_masters_round_trip_through_state_and_load_bitwise():
+def test_the_masters_round_trip_through_state_and_load_bitwise(tmp_path):
     learner = Learner(_model(), _cfg(assert_lag0_exact=False))
     learner.step(_batch())
     saved = learner.master_weights.state()
@@ -122,7 +123,7 @@ def test_the_masters_round_trip_through_state_and_load_bitwise():
     assert not torch.equal(saved[0], learner.masters[0])
     saved[0].sub_(1.0)
     other = Learner(_model(seed=5), _cfg(assert_lag0_exact=False))
-    other.load_state_dict(learner.state_dict())
+    other.load_state(learner.save_state(tmp_path / "learner"), tmp_path / "learner")
     for a, b in zip(learner.masters, other.masters, strict=True):
         assert torch.equal(a, b)
     # Without saved masters (new weights from outside) the masters take the weights.

@@ -228,14 +228,12 @@ def test_resume_from_checkpoint_is_bitwise_identical(tmp_path):
     learner_b = Learner(model_b, cfg_b)
     learner_b.step(batches[0])
     queued = [[t.to_dict() for t in b] for b in batches[1:]]
-    path = save_checkpoint(
-        tmp_path / "ckpt.pt", learner_b.state_dict(), {"queued": queued, "data_position": 1}
-    )
+    path = save_checkpoint(tmp_path / "ckpt.pt", learner_b.save_state, {"queued": queued, "data_position": 1})
     assert not list(tmp_path.glob("*.tmp"))
     model_c = _model(seed=123)  # different init: everything must come from the checkpoint
     learner_c = Learner(model_c, cfg_b)
     payload = load_checkpoint(path)
-    learner_c.load_state_dict(payload["learner"])
+    learner_c.load_state(payload["learner"], payload["learner_folder"])
     assert payload["runtime"]["data_position"] == 1
     for b in payload["runtime"]["queued"]:
         learner_c.step([Trajectory.from_dict(d) for d in b])
@@ -307,9 +305,10 @@ def test_bf16_resume_restores_the_masters_bitwise(tmp_path):
         learner_a.step(b)
     learner_b = Learner(_bf16_model(), cfg)
     learner_b.step(batches[0])
-    path = save_checkpoint(tmp_path / "ckpt.pt", learner_b.state_dict(), {})
+    path = save_checkpoint(tmp_path / "ckpt.pt", learner_b.save_state, {})
     learner_c = Learner(_bf16_model(seed=9), cfg)
-    learner_c.load_state_dict(load_checkpoint(path)["learner"])
+    payload = load_checkpoint(path)
+    learner_c.load_state(payload["learner"], payload["learner_folder"])
     for b in batches[1:]:
         learner_c.step(b)
     for ma, mc in zip(learner_a.masters, learner_c.masters, strict=True):

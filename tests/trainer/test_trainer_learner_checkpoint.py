@@ -19,6 +19,7 @@ from rz_agents.model import ModelConfig, Transformer
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
+from tests.trainer.learner_state import whole_state
 from tests.trainer.test_trainer_meta_init import NOT_BITWISE, _batch
 
 
@@ -72,7 +73,7 @@ def test_a_one_process_resume_from_the_folder_is_bitwise_the_uninterrupted_run(t
     b.load_state(payload["learner"], payload["learner_folder"])
     assert b.version == 1
     _bitwise(b.step(_batch(2)), after)
-    _bitwise(b.state_dict(), a.state_dict())
+    _bitwise(whole_state(b), whole_state(a))
 
 
 def test_a_checkpoint_file_of_the_format_before_folders_still_loads(tmp_path):
@@ -82,14 +83,16 @@ def test_a_checkpoint_file_of_the_format_before_folders_still_loads(tmp_path):
     a = Learner(_model("bf16"), _cfg())
     a.step(_batch(1))
     old = tmp_path / "old.pt"
-    torch.save({"format_version": 1, "learner": a.state_dict(), "runtime": {}, "rng": rng_states()}, old)
+    torch.save({"format_version": 1, "learner": whole_state(a), "runtime": {}, "rng": rng_states()}, old)
     after = a.step(_batch(2))
     payload = load_checkpoint(old)
     assert payload["learner_folder"] is None
     b = Learner(_model("bf16", seed=7), _cfg())
-    b.load_state_dict(payload["learner"])
+    with pytest.warns(DeprecationWarning, match="whole tensors .the format before folders.") as caught:
+        b.load_state(payload["learner"], payload["learner_folder"])
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)  # one line, once
     _bitwise(b.step(_batch(2)), after)
-    _bitwise(b.state_dict(), a.state_dict())
+    _bitwise(whole_state(b), whole_state(a))
 
 
 def test_each_save_replaces_the_previous_folder_and_a_missing_folder_is_a_clear_error(tmp_path):
@@ -149,7 +152,7 @@ def test_sigkill_inside_the_learner_folder_write_leaves_the_previous_checkpoint(
     reference.step(_batch(1))
     resumed = Learner(_model("bf16", seed=7), _cfg())
     resumed.load_state(payload["learner"], payload["learner_folder"])
-    _bitwise(resumed.state_dict(), reference.state_dict())
+    _bitwise(whole_state(resumed), whole_state(reference))
     # The next save removes the torn folder.
     save_checkpoint(path, resumed.save_state, {"steps": 3})
     assert not list(tmp_path.glob(".*.tmp")) and len([p for p in tmp_path.iterdir() if p.is_dir()]) == 1
@@ -180,9 +183,9 @@ def _ranks_save(rank: int, world: int, store: str, out: str, kind: str) -> None:
             state = learner.save_state(os.path.join(out, "folder"))
         finally:
             DTensor.full_tensor = real
-        at_save = copy.deepcopy(learner.state_dict())  # (gathered after the save; it shares AdamW's steps)
+        at_save = copy.deepcopy(whole_state(learner))  # (gathered after the save; it shares AdamW's steps)
         metrics = learner.step(_batch(2))
-        after = learner.state_dict()
+        after = whole_state(learner)
         if rank == 0:
             torch.save({"gathers": gathers, "at_save": at_save, "metrics": metrics, "after": after,
                         "state": state}, os.path.join(out, "saved.pt"))  # fmt: skip
@@ -202,9 +205,9 @@ def _ranks_resume(rank: int, world: int, store: str, out: str, kind: str) -> Non
         learner = Learner(_model(kind, seed=7), _cfg(), ranks=ShardedRanks())
         state = torch.load(os.path.join(out, "saved.pt"), weights_only=False)["state"]
         learner.load_state(state, os.path.join(out, "folder"))
-        loaded = copy.deepcopy(learner.state_dict())
+        loaded = copy.deepcopy(whole_state(learner))
         metrics = learner.step(_batch(2))
-        after = learner.state_dict()  # (a collective: every rank)
+        after = whole_state(learner)  # (a collective: every rank)
         if rank == 0:
             torch.save({"loaded": loaded, "metrics": metrics, "after": after},
                        os.path.join(out, "resumed.pt"))  # fmt: skip
@@ -241,7 +244,7 @@ def test_one_process_loads_the_two_rank_folder_to_the_same_state(two_ranks):
     kind, out, saved, _ = two_ranks
     learner = Learner(_model(kind, seed=7), _cfg())
     learner.load_state(saved["state"], out / "folder")
-    state = learner.state_dict()
+    state = whole_state(learner)
     if kind == "bf16":  # the one-process layout has the tied LM head as a state-dict entry of its own
         saved_state = saved["at_save"]
         _bitwise(state["masters"], saved_state["masters"])

@@ -24,7 +24,7 @@ def _pair(dtype: str, kernels: str = "aligned") -> tuple[Transformer, RZEngine]:
     model = Transformer(ModelConfig.tiny("qwen3", vocab_size=64, dtype=dtype), kernels=kernels)
     add_lora(model, LORA)
     engine_model = copy.deepcopy(model).requires_grad_(False)
-    return model, RZEngine(engine_model, EngineConfig(num_slots=4, max_len=64, num_threads=1))
+    return model, RZEngine(engine_model, EngineConfig(max_running=4, max_len=64, num_threads=1))
 
 
 def _batch(engine: RZEngine, seed: int) -> list[Trajectory]:

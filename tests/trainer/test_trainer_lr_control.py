@@ -8,6 +8,7 @@ import torch
 from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trainer.lr_control import KLLrController, LrControlConfig
 from rz_agents.trainer.optim import OptimConfig
+from tests.trainer.learner_state import restore_whole_state, whole_state
 from tests.trainer.test_trainer_learner import _batch, _model
 
 
@@ -100,12 +101,12 @@ def test_the_scale_is_saved_and_restored_with_the_learner(tmp_path):
     first, stale = _batch(model, version=0), _batch(model, version=0, seed=1)  # both sampled at version 0
     learner.step(first)
     learner.step(stale)
-    state = learner.state_dict()
+    state = whole_state(learner)
     fresh = Learner(_model(seed=1), _cfg(1e-9))
-    fresh.load_state_dict(state)
+    restore_whole_state(fresh, state)
     assert fresh.lr_control.scale == learner.lr_control.scale < 1.0
     old = {k: v for k, v in state.items() if k != "lr_control"}  # a checkpoint from before the controller
-    fresh.load_state_dict(old)
+    restore_whole_state(fresh, old)
     assert fresh.lr_control.scale == 1.0
     fresh.load_state(learner.save_state(tmp_path / "learner"), tmp_path / "learner")  # the DCP format
     assert fresh.lr_control.scale == learner.lr_control.scale

@@ -14,6 +14,7 @@ from rz_agents.model.checkpoint import LazyState, load_hf_checkpoint, model_skel
 from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
 from rz_agents.trajectory import Trajectory
+from tests.trainer.learner_state import whole_state
 
 NOT_BITWISE = ("time_", "learner_tokens_per_s", "learner_thread_cpu_s")
 
@@ -49,9 +50,9 @@ def _worker(rank: int, world: int, store: str, ckpt: str, out_dir: str) -> None:
                 assert next(skeleton.parameters()).is_meta
                 learner = Learner(skeleton, cfg, ranks=ShardedRanks())
                 learner.load_weights(LazyState(ckpt, torch.bfloat16))
-            start = learner.state_dict()
+            start = whole_state(learner)
             metrics = learner.step(_batch())
-            results[way] = (start, metrics, learner.state_dict())
+            results[way] = (start, metrics, whole_state(learner))
         if rank == 0:
             torch.save(results, os.path.join(out_dir, "meta.pt"))
     finally:

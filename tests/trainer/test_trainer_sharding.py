@@ -30,6 +30,7 @@ from rz_agents.model import ModelConfig, Transformer
 from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
 from rz_agents.trajectory import Trajectory
+from tests.trainer.learner_state import restore_whole_state, whole_state
 
 LR = 1e-3
 STEPS = 2
@@ -61,7 +62,7 @@ def _sample(
     """Sample a batch with the real engine from ``weights``: prompt, then up to 12 sampled tokens."""
     model = _model(kind)
     model.load_state_dict(weights)
-    engine = RZEngine(model, EngineConfig(num_slots=16, max_len=64, num_threads=1), version=version)
+    engine = RZEngine(model, EngineConfig(max_running=16, max_len=64, num_threads=1), version=version)
 
     async def run():
         jobs = []
@@ -103,7 +104,7 @@ def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
             learner = Learner(_model(kind), _cfg(), ranks=ShardedRanks())
             record = []
             for step in range(steps):
-                before = copy.deepcopy(learner.state_dict())  # (it shares tensors with the live state)
+                before = copy.deepcopy(whole_state(learner))  # (it shares tensors with the live state)
                 batch = _sample(learner.weights(), kind, learner.version, seed=step)
                 metrics = learner.step(batch)
                 record.append((before, batch, metrics, learner.weights()))
@@ -140,7 +141,7 @@ NOT_BITWISE = ("time_", "learner_tokens_per_s", "learner_thread_cpu_s", "grad_no
 
 def _replay(kind, before, batch):
     learner = Learner(_model(kind), _cfg())
-    learner.load_state_dict(before)
+    restore_whole_state(learner, before)
     metrics = learner.step(batch)
     return learner, metrics
 
@@ -175,7 +176,7 @@ def test_each_sharded_step_matches_the_one_process_step_from_the_same_state(shar
 def test_the_sharded_checkpoint_has_the_one_process_layout(sharded):
     before, _, _, _ = sharded["bf16"][1]  # after one step: AdamW state exists, fp32 masters differ from bf16
     single = Learner(_model("bf16"), _cfg())
-    reference = single.state_dict()
+    reference = whole_state(single)
     assert set(before) == set(reference)
     assert [m.dtype for m in before["masters"]] == [torch.float32] * len(single.params)
     assert {k: v.shape for k, v in before["model"].items()} == {

@@ -12,13 +12,13 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError
 
-from rz_agents.runtime.config import PlacementConfig, TrainConfig
+from rz_agents.runtime.config import ActorsConfig, TrainConfig
 
 log = logging.getLogger(__name__)
 
 
-def logical_cpus(p: PlacementConfig) -> float:
-    """The CPUs a placement reserves in all."""
+def logical_cpus(p: ActorsConfig) -> float:
+    """The CPUs the actors of ``actors:`` reserve in all."""
     return (
         p.engines * p.cpus_per_engine
         + p.env_workers * p.cpus_per_env_worker
@@ -34,9 +34,9 @@ def connect(cfg: TrainConfig) -> bool:
     if cfg.ray.address:
         ray.init(address=cfg.ray.address, logging_level=logging.WARNING)
         return False
-    # Logical CPUs: at least what the placement reserves, so a small machine still schedules every actor
+    # Logical CPUs: at least what the actors reserve, so a small machine still schedules every actor
     # (the actors' torch threads, not these numbers, decide how many cores they use).
-    num_cpus = cfg.ray.num_cpus or max(os.cpu_count() or 1, int(logical_cpus(cfg.placement) + 0.999))
+    num_cpus = cfg.ray.num_cpus or max(os.cpu_count() or 1, int(logical_cpus(cfg.actors) + 0.999))
     # Read by the raylet this call starts (and inherited by the workers it starts).
     if not cfg.ray.memory_monitor:
         os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")

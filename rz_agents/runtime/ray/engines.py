@@ -64,7 +64,7 @@ class EngineServer:
         return version
 
     async def open_broadcast(self, address: str, rank: int, world: int, backend: str) -> None:
-        """Join the weights group (placement.weight_transport: broadcast) as member ``rank``."""
+        """Join the weights group (actors.weight_transport: broadcast) as member ``rank``."""
         from rz_agents.runtime.ray.weight_broadcast import WeightBroadcast
 
         self.broadcast = await asyncio.to_thread(WeightBroadcast, address, rank, world, backend)

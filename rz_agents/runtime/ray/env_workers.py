@@ -133,7 +133,7 @@ def check_env_workers(workers: list[Any], timeout_s: float | None = None) -> Non
     except ray.exceptions.GetTimeoutError:
         raise ValueError(
             f"the env workers did not start within {timeout_s:.0f} s (watchdog_s): does the cluster have "
-            "the CPUs and resources placement asks for them (cpus_per_env_worker, env_worker_resources)?"
+            "the CPUs and resources actors: asks for them (cpus_per_env_worker, env_worker_resources)?"
         ) from None
     nodes = None
     for i, problem in enumerate(problems):

@@ -116,23 +116,15 @@ class LearnerRank:
                 host[name] = tensor.detach().to("cpu")
         return [ray.put(host)] if self.rank == 0 else None
 
-    def state_dict(self) -> dict[str, Any] | None:
-        """Learner.state_dict with whole tensors (a collective); rank 0 returns it."""
-        state = self.learner.state_dict()
-        return state if self.rank == 0 else None
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Learner.load_state_dict (every rank cuts its shard from the whole state)."""
-        self.learner.load_state_dict(state)
-
     def save_state(self, folder: str) -> dict[str, Any] | None:
         """Learner.save_state: every rank writes its own shards into ``folder`` (a collective; the folder must
         be one filesystem for all ranks); rank 0 returns the rest of the state."""
         state = self.learner.save_state(folder)
         return state if self.rank == 0 else None
 
-    def load_state(self, state: dict[str, Any], folder: str) -> None:
-        """Learner.load_state: every rank reads its own shards from ``folder``."""
+    def load_state(self, state: dict[str, Any], folder: str | None) -> None:
+        """Learner.load_state: every rank reads its own shards from ``folder`` (None: cuts them from the
+        whole tensors of a checkpoint from before folders)."""
         self.learner.load_state(state, folder)
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -238,24 +230,19 @@ class LearnerGroup:
         """``weights_ref`` without blocking the event loop."""
         return await asyncio.to_thread(self.weights_ref)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The learner state (rank 0's whole tensors, gathered: checkpoints use ``save_state``)."""
-        return self._get([a.state_dict.remote() for a in self.actors])[0]
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Every rank loads ``state`` (one copy in the object store)."""
-        ref = ray.put(state)
-        self._get([a.load_state_dict.remote(ref) for a in self.actors])
-        self._loaded(state)
-
     def save_state(self, folder: str | Path) -> dict[str, Any]:
         """Every rank writes its own shards of the learner's tensors into ``folder`` (``Learner.save_state``;
         nothing is gathered); returns the rest of the state (rank 0's)."""
         return self._get([a.save_state.remote(str(folder)) for a in self.actors])[0]
 
-    def load_state(self, state: dict[str, Any], folder: str | Path) -> None:
-        """Every rank reads its own shards from ``folder`` (written by any number of ranks)."""
-        self._get([a.load_state.remote(state, str(folder)) for a in self.actors])
+    def load_state(self, state: dict[str, Any], folder: str | Path | None) -> None:
+        """Every rank reads its own shards from ``folder`` (written by any number of ranks); ``folder`` None:
+        ``state`` holds the whole tensors (a checkpoint from before folders; one copy in the object store)."""
+        if folder is None:
+            ref = ray.put(state)
+            self._get([a.load_state.remote(ref, None) for a in self.actors])
+        else:
+            self._get([a.load_state.remote(state, str(folder)) for a in self.actors])
         self._loaded(state)
 
     def _loaded(self, state: dict[str, Any]) -> None:

@@ -2,8 +2,8 @@
 
 The driver (this process) runs what the local runtime runs: the rollout controller with its agent loop
 per episode, the lag bound and the trajectory queue, and the training loop (runtime/loop.py). Only the
-placement differs: the controller's engine is ``EngineReplicas`` (routing episodes to engine actors), its env
-factory hands out handles on envs living in ``EnvHost`` actors, and the learner step runs in the learner
+loop runtime differs: the controller's engine is ``EngineReplicas`` (routing episodes to engine actors), its
+env factory hands out handles on envs living in ``EnvHost`` actors, and the learner step runs in the learner
 ranks. The same ``Trajectory`` objects and versioned weights move between them through Ray.
 """
 
@@ -31,8 +31,8 @@ from rz_agents.runtime.factories import (
     vocab_size,
 )
 from rz_agents.runtime.loop import RunHandle, TrainLoop
+from rz_agents.runtime.loop_runtime import LoopRuntime
 from rz_agents.runtime.memory import limit_heap_growth
-from rz_agents.runtime.placement import Placement
 from rz_agents.runtime.plan import RunPlan
 from rz_agents.runtime.ray.cluster import actor_options, connect
 from rz_agents.runtime.ray.engines import EngineReplicas, EngineServer
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 class RayRun(RunHandle):
-    """The wired actors of one run; ``train`` (its ``TrainLoop``, over a ``RayPlacement``) drives them from
+    """The wired actors of one run; ``train`` (its ``TrainLoop``, over a ``RayLoopRuntime``) drives them from
     this process."""
 
     def __init__(self, cfg: TrainConfig, plan: RunPlan | None = None) -> None:
@@ -57,14 +57,14 @@ class RayRun(RunHandle):
         self._actors: list[Any] = []
         try:
             self._place()
-            self.placement = RayPlacement(self)
-            self.loop = TrainLoop(cfg, self.controller, self.placement)
+            self.loop_runtime = RayLoopRuntime(self)
+            self.loop = TrainLoop(cfg, self.controller, self.loop_runtime)
         except BaseException:
             self.close()
             raise
 
     def _place(self) -> None:
-        cfg, plan, p = self.cfg, self.plan, self.cfg.placement
+        cfg, plan, p = self.cfg, self.plan, self.cfg.actors
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         self.vocab = vocab_size(cfg.tokenizer, self.tokenizer)
         # model.device is where engines and learner ranks run (validate: it agrees with their GPUs); the
@@ -104,7 +104,7 @@ class RayRun(RunHandle):
 
     def _start_engines(self, device: str) -> list[Any]:
         """The engine actors; each runs the plan's engine config (its torch threads: the learner ranks')."""
-        p = self.cfg.placement
+        p = self.cfg.actors
         engine_cls = ray.remote(EngineServer)
         engines = [
             engine_cls.options(
@@ -142,7 +142,7 @@ class RayRun(RunHandle):
     @property
     def publications(self) -> dict[str, int]:
         """How many weight publications went by broadcast and by the object store."""
-        return self.placement.publications
+        return self.loop_runtime.publications
 
     def close(self) -> None:
         """Close envs and end every actor of this run (and the local Ray instance if this run started it)."""
@@ -166,16 +166,16 @@ class RayRun(RunHandle):
             self._owns_ray = False
 
 
-class RayPlacement(Placement):
+class RayLoopRuntime(LoopRuntime):
     """Actors: the learner steps in its ranks, weights are object-store references (or a torch.distributed
-    broadcast from learner rank 0 to the engine replicas, ``placement.weight_transport: broadcast``)."""
+    broadcast from learner rank 0 to the engine replicas, ``actors.weight_transport: broadcast``)."""
 
     def __init__(self, run: RayRun) -> None:
         self.run = run
         self.engine, self.learner = run.engine, run.learner
         self.publications = {"broadcast": 0, "object_store": 0}
         self._broadcasting = False
-        p = run.cfg.placement
+        p = run.cfg.actors
         if p.weight_transport == "broadcast":
             self._open_broadcast("nccl" if p.engine_gpus and p.learner_gpus else "gloo")
 
@@ -220,10 +220,7 @@ class RayPlacement(Placement):
         return self.learner.save_state(folder)
 
     def load_learner_state(self, state: dict[str, Any], folder: Path | None = None) -> None:
-        if folder is None:
-            self.learner.load_state_dict(state)
-        else:
-            self.learner.load_state(state, folder)
+        self.learner.load_state(state, folder)
 
     def learner_weights(self) -> Any:
         # None while the weights travel by broadcast and are not in the store (send_weights copes).

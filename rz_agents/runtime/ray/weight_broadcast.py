@@ -1,5 +1,5 @@
 """Weights from learner rank 0 to every engine replica as torch.distributed broadcasts
-(``placement.weight_transport: broadcast``): NCCL when the learner and the engines are on GPUs, gloo on CPU.
+(``actors.weight_transport: broadcast``): NCCL when the learner and the engines are on GPUs, gloo on CPU.
 
 Rank 0 and the E replicas form their own group (size 1 + E, rank 0 the root), apart from the learner's FSDP
 group. A publication is a series of bucket broadcasts (``buckets``: tensors of one dtype, names sorted, packed

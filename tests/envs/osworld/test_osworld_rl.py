@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 # what CI can afford.
 TINY = [
     "runtime=local",
-    "placement.env_workers=1",
+    "actors.env_workers=1",
     "model.checkpoint=null",
     "tokenizer=byte",
     "model.model_type=qwen3",
@@ -65,10 +65,10 @@ def test_the_config_file_is_valid():
     assert cfg.env.id == "rz_agents/OSWorld-v0" and len(cfg.env.tasks) == 13
     assert cfg.rollout.limits.max_episode_tokens < cfg.engine.max_len
     # the desktops live in the Ray env-worker pool, an equal share each, reset in place
-    assert cfg.runtime == "ray" and cfg.placement.env_workers >= 2
-    assert cfg.rollout.max_concurrent_episodes % cfg.placement.env_workers == 0
+    assert cfg.runtime == "ray" and cfg.actors.env_workers >= 2
+    assert cfg.rollout.max_concurrent_episodes % cfg.actors.env_workers == 0
     # the engine runs every desktop's episode at once
-    assert cfg.engine.num_slots >= cfg.rollout.max_concurrent_episodes
+    assert cfg.engine.max_running >= cfg.rollout.max_concurrent_episodes
     assert cfg.env.kwargs["provider_options"] == {"warm_reset": True}
 
 

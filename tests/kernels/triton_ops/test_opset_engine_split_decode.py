@@ -32,7 +32,7 @@ def test_engine_decode_across_a_split_boundary_equals_the_trainer_forward(monkey
     gen = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 200, (n,), generator=gen).tolist() for n in (split - 3, 20)]
     params = [SamplingParams(temperature=1.0, max_tokens=6, seed=i, ignore_eos=True) for i in range(2)]
-    engine = RZEngine(model, EngineConfig(num_slots=4, max_len=640, max_batch_tokens=256, num_threads=1))
+    engine = RZEngine(model, EngineConfig(max_running=4, max_len=640, max_batch_tokens=256, num_threads=1))
     outs = generate_batch(engine, prompts, params)
     assert max(splits) == 2  # decode steps ran the split kernels, past the first boundary
     for prompt, out in zip(prompts, outs, strict=True):

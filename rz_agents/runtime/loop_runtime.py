@@ -1,9 +1,9 @@
 """What the training loop asks of a runtime: where the learner step runs, what a published set of weights
-is and how it reaches the engines. ``LocalPlacement`` (runtime/local.py: one process, the learner in a
-thread or a child process) and ``RayPlacement`` (runtime/ray/run.py: actors) implement it; ``TrainLoop``
+is and how it reaches the engines. ``LocalLoopRuntime`` (runtime/local.py: one process, the learner in a
+thread or a child process) and ``RayLoopRuntime`` (runtime/ray/run.py: actors) implement it; ``TrainLoop``
 (runtime/loop.py) drives either one with the same code.
 
-Every hook but ``before_train`` and the two learner figures is abstract: a placement that lacks one fails
+Every hook but ``before_train`` and the two learner figures is abstract: a runtime that lacks one fails
 when it is built, not in the middle of a run.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 
-class Placement(ABC):
+class LoopRuntime(ABC):
     """The runtime-specific half of a run (see the module docstring). ``learner``: the learner or the
     runtime's handle on it (a child process, Ray ranks), with ``version`` and ``skipped_steps``."""
 
@@ -48,7 +48,7 @@ class Placement(ABC):
     @abstractmethod
     def load_learner_state(self, state: dict[str, Any], folder: Path | None = None) -> None:
         """``Learner.load_state(state, folder)`` wherever the learner runs; ``folder`` None: a checkpoint of
-        the format before folders, whose ``state`` holds the whole tensors (``Learner.load_state_dict``)."""
+        the format before folders, whose ``state`` holds the whole tensors."""
 
     # ---- weights: learner -> engines -------------------------------------------------------------
     @abstractmethod
@@ -89,5 +89,5 @@ class Placement(ABC):
         """The engines' counters for the run summary."""
 
     # ---- the process -------------------------------------------------------------------------------
-    def before_train(self) -> None:  # noqa: B027 (optional: most placements have nothing to do)
+    def before_train(self) -> None:  # noqa: B027 (optional: most runtimes have nothing to do)
         """Called when ``train`` starts (e.g. CPU pinning)."""
