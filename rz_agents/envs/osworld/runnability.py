@@ -3,7 +3,8 @@
 Checks, in order: an evaluator exists; the related apps are installed; every setup/postconfig
 step, getter and metric is implemented (and usable here); downloads are in the cache or local;
 pages to open are local; commands the task runs exist here and need no package installs or
-GNOME Shell (``gsettings`` works when its schemas and dconf are here, Ctrl+Alt+T when GNOME Terminal is). ``validate_dir`` summarises a folder as ``rz osworld validate`` prints it.
+GNOME Shell (``gsettings`` works when its schemas and dconf are here, Ctrl+Alt+T when GNOME Terminal
+is). ``validate_dir`` summarises a folder as ``rz osworld validate`` prints it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from rz_agents.envs.osworld.getters import GETTERS, UNAVAILABLE, getter_problem
 from rz_agents.envs.osworld.gsettings import gsettings_problem, schemas_in
 from rz_agents.envs.osworld.live_web import LIVE_WEB_TASKS
 from rz_agents.envs.osworld.metrics import METRICS, SPECIAL_METRICS, blocker, option_problem
-from rz_agents.envs.osworld.providers.wrappers import installed_packages
+from rz_agents.envs.osworld.providers.wrappers import (
+    installed_packages,
+    missing_pip_packages,
+    pip_requirements,
+)
 from rz_agents.envs.osworld.setup_steps import STEPS
 from rz_agents.envs.osworld.task import Task, TaskFormatError, load_tasks
 from rz_agents.envs.osworld.terminal import terminal_problem
@@ -68,6 +73,8 @@ SYSTEMD_TOOLS = {"timedatectl", "loginctl", "hostnamectl", "localectl", "systemc
 # GNOME's own applications run on any X desktop with a session bus, when installed.
 GNOME_APPS = {"nautilus": "nautilus", "gnome-screenshot": "gnome-screenshot"}
 APT_INSTALL = re.compile(r"\bapt(?:-get)?\s+((?:-\S+\s+)*)install\b((?:\s+[^\s;&|]+)*)")
+PIP_INSTALL = re.compile(r"\bpip3?\s+((?:-\S+\s+)*)install\b((?:\s+[^\s;&|]+)*)")
+PIP_SOURCE = "scripts/install.sh --osworld-apps installs it from the package index"
 GSETTINGS_COMMANDS = {"gsettings", "dconf"}  # work on the desktop's own session bus (gsettings.py)
 TERMINAL_HOTKEY = re.compile(r"""hotkey\(\s*['"]ctrl['"]\s*,\s*['"]alt['"]\s*,\s*['"]t['"]""")
 # OSWorld's setup steps that act on live web services (they cannot be stood in for offline).
@@ -127,17 +134,42 @@ def _apt_packages(text: str) -> list[str] | None:
     return [w for _opts, words in found for w in words.split() if not w.startswith("-")]
 
 
+def _pip_packages(text: str) -> list[str] | None:
+    """The distributions a ``pip install`` in ``text`` names; None when there is none."""
+    found = PIP_INSTALL.findall(text)
+    if not found:
+        return None
+    names = []
+    for _opts, words in found:
+        try:
+            names += pip_requirements(shlex.split(words))
+        except ValueError:  # an unbalanced quote: the words as they stand
+            names += pip_requirements(words.split())
+    return names
+
+
 def _check_command(command: Any, add: Any, wrapped: set[str], setup: bool = False) -> None:
     """``setup``: a task's own setup step, whose ``apt-get install`` of packages installed here
-    succeeds on the desktop as on the VM (``providers/wrappers.py``)."""
+    succeeds on the desktop as on the VM, and whose ``pip install`` of packages the desktop's
+    Python has, likewise (``providers/wrappers.py``)."""
     text = _command_text(command)
     apt = _apt_packages(text) if setup else None
-    if apt is not None and not re.search(r"\b(pip3?|snap)\s+(-\S+\s+)*install\b", text):
+    pip = _pip_packages(text) if setup else None
+    if re.search(r"\bsnap\s+(-\S+\s+)*install\b", text) or (
+        not setup and re.search(r"\b(apt-get|apt|pip3?)\s+(-\S+\s+)*install\b", text)
+    ):
+        add("needs internet (package install)", text[:120])
+    if apt:
         missing = [p for p in apt if re.split(r"[=:]", p)[0] not in installed_packages()]
         if missing:
             add("needs internet (package install)", f"{' '.join(missing)} (not installed here): {text[:120]}")
-    elif re.search(r"\b(apt-get|apt|pip3?|snap)\s+(-\S+\s+)*install\b", text):
-        add("needs internet (package install)", text[:120])
+    if pip:
+        missing = missing_pip_packages(pip)
+        if missing:
+            add(
+                "needs internet (package install)",
+                f"pip install {' '.join(missing)} (not installed here; {PIP_SOURCE}): {text[:80]}",
+            )
     for ext in re.findall(r"--install-extension[\s=]+(\S+)", text):
         if not ext.lower().endswith(".vsix"):
             add("needs internet (extension marketplace)", ext)
@@ -165,7 +197,9 @@ def _check_command(command: Any, add: Any, wrapped: set[str], setup: bool = Fals
             if problem:
                 add("needs GNOME desktop: gsettings", problem)
         elif (
-            name in ("python", "python3", "socat") or name in wrapped or head.startswith(("./", "/home/user"))
+            name in ("python", "python3", "pip", "pip3", "socat")
+            or name in wrapped
+            or head.startswith(("./", "/home/user"))
         ):
             continue
         elif "/" not in head and not shutil.which(name):

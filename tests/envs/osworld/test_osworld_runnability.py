@@ -277,8 +277,8 @@ def test_multi_app_names_map_to_installed_apps(monkeypatch):
 
 
 def test_setup_package_installs_count_when_installed_here(monkeypatch):
-    """A setup's apt-get install succeeds on the desktop (its apt wrapper) for packages the host has;
-    any other package, a pip install, or an install the evaluator runs needs the internet."""
+    """A setup's apt-get / pip install succeeds on the desktop (its apt and pip wrappers) for packages
+    the host has; any other package, a snap, or an install the evaluator runs needs the internet."""
     import rz_agents.envs.osworld.runnability as runnability
 
     monkeypatch.setattr(runnability, "installed_packages", lambda: ("unzip", "xsel"))
@@ -292,7 +292,12 @@ def test_setup_package_installs_count_when_installed_here(monkeypatch):
     reasons = check_task(setup("sudo apt-get install -y sysstat unzip"), "/x").reasons
     assert [c for c, _ in reasons] == ["needs internet (package install)"]
     assert reasons[0][1].startswith("sysstat (not installed here)")
-    assert _categories(setup("sudo pip install pysrt")) == ["needs internet (package install)"]
+    # pip installs: what the desktop's Python (this one) has succeeds; anything else names the package
+    assert check_task(setup("echo password | sudo -S pip install pytest 'ruff>=0.1'"), "/x").runnable
+    reasons = check_task(setup("pip install -q pytest no-such-dist-rz"), "/x").reasons
+    assert [c for c, _ in reasons] == ["needs internet (package install)"]
+    assert reasons[0][1].startswith("pip install no-such-dist-rz (not installed here; scripts/install.sh")
+    assert "needs internet (package install)" in _categories(setup("sudo snap install code"))
     scored = _task(result={"type": "vm_command_line", "command": "apt-get install unzip", "shell": True})
     assert "needs internet (package install)" in _categories(scored)
 
