@@ -39,6 +39,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
            # multi-app tasks: Ubuntu's file manager, PDF, image, video viewers and text editor,
            # and the tools their setup and scoring run (wmctrl, update-desktop-database, xsel, sar)
            nautilus evince eog totem gedit wmctrl desktop-file-utils xsel sysstat
+           picard  # MusicBrainz Picard: the MP3-tagging task names it
            build-essential libkrb5-dev ripgrep)  # code-server's native modules and its ripgrep (VS Code)
   fi
   need=()

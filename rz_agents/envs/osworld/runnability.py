@@ -21,7 +21,7 @@ from typing import Any
 from rz_agents.envs.osworld.cache import is_local_url, missing_inputs
 from rz_agents.envs.osworld.getters import GETTERS, UNAVAILABLE, getter_problem
 from rz_agents.envs.osworld.gsettings import gsettings_problem, schemas_in
-from rz_agents.envs.osworld.live_web import LIVE_WEB_TASKS
+from rz_agents.envs.osworld.live_web import LIVE_WEB_TASKS, PAGES_NOT_NEEDED
 from rz_agents.envs.osworld.metrics import METRICS, SPECIAL_METRICS, blocker, option_problem
 from rz_agents.envs.osworld.providers.wrappers import (
     installed_packages,
@@ -228,6 +228,8 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
     seen: set[tuple[str, str]] = set()
 
     def add(category: str, detail: str) -> None:
+        if category == "needs internet (web page)" and task.id in PAGES_NOT_NEEDED:
+            return  # opened offline as error pages: neither the work nor the score needs them
         if (category, detail) not in seen:
             seen.add((category, detail))
             r.reasons.append((category, detail))
