@@ -82,6 +82,12 @@ ONLINE_STEPS = {
     "googledrive": "uploads to / clears a Google Drive account through its API (internet and credentials)",
     "login": "logs in to a website in Chrome (internet and an account)",
 }
+# Tasks whose work needs root on the machine: the desktop runs as one unprivileged user with no root
+# to become (its sudo runs the command as that user; /etc is read-only).
+NEEDS_ROOT_TASKS = {
+    "5812b315-e7bd-4265-b51f-863c02174c28": "creates a user account with a password (useradd, chpasswd), "
+    "scored through getent passwd",
+}
 URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+")
 
 
@@ -236,7 +242,14 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
 
     ev = task.evaluator
     if not ev.funcs:
-        add("no evaluator defined", "the task's evaluator is empty or a placeholder")
+        # OSWorld's harness cannot score it either: it looks its metric up by name (getattr(metrics, ""))
+        add(
+            "no evaluator defined",
+            "the task's evaluator is empty or a placeholder (func \"\"): OSWorld's "
+            "harness fails to load it too; none is among test_all.json's tasks",
+        )
+    if task.id in NEEDS_ROOT_TASKS:
+        add("needs root (the desktop has none to become)", NEEDS_ROOT_TASKS[task.id])
     if task.id in LIVE_WEB_TASKS:
         add("needs internet (the instruction's web pages)", LIVE_WEB_TASKS[task.id])
     for app in [*task.related_apps, task.snapshot]:

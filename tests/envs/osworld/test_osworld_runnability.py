@@ -16,8 +16,8 @@ from osworld_cli_helper import rz_osworld
 from rz_agents.envs.osworld import LOCAL_TASKS
 from rz_agents.envs.osworld.cache import download_paths
 from rz_agents.envs.osworld.gsettings import gsettings_problem
-from rz_agents.envs.osworld.live_web import LIVE_WEB_TASKS
-from rz_agents.envs.osworld.runnability import APP_BINARIES, check_task, validate_dir
+from rz_agents.envs.osworld.live_web import LIVE_WEB_TASKS, PAGES_NOT_NEEDED
+from rz_agents.envs.osworld.runnability import APP_BINARIES, NEEDS_ROOT_TASKS, check_task, validate_dir
 from rz_agents.envs.osworld.session import atspi_problem
 from rz_agents.envs.osworld.task import parse_task
 from rz_agents.envs.osworld.terminal import terminal_problem
@@ -311,6 +311,29 @@ def test_tasks_whose_instruction_needs_the_web_name_it():
     ]
     official = Path(__file__).parents[3] / "rz_agents/envs/osworld/official/examples/multi_apps"
     assert all((official / f"{i}.json").is_file() for i in LIVE_WEB_TASKS)  # ids of packaged tasks
+
+
+def test_live_pages_a_task_does_not_need_are_no_blocker_for_it_alone():
+    """Pages opened in the setup block a task unless it is listed in ``PAGES_NOT_NEEDED`` (scored on
+    the desktop's files; the tabs show Chromium's error page offline)."""
+    tabs = [{"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["https://example.org/"]}}]
+    raw = {"instruction": "i", "snapshot": "os", "related_apps": ["os"], "config": tabs,
+           "evaluator": {"func": "exact_match", "result": RULE, "expected": RULE}}  # fmt: skip
+    listed = next(iter(PAGES_NOT_NEEDED))
+    assert check_task(parse_task({**raw, "id": listed}), "/x").runnable
+    reasons = check_task(parse_task({**raw, "id": "other"}), "/x").reasons
+    assert reasons == [("needs internet (web page)", "https://example.org/")]
+    official = Path(__file__).parents[3] / "rz_agents/envs/osworld/official/examples/multi_apps"
+    assert all((official / f"{i}.json").is_file() for i in PAGES_NOT_NEEDED)
+
+
+def test_tasks_that_need_root_name_it():
+    task_id = next(iter(NEEDS_ROOT_TASKS))
+    raw = {"id": task_id, "instruction": "i", "snapshot": "os", "related_apps": ["os"],
+           "evaluator": {"func": "exact_match", "result": RULE, "expected": RULE}}  # fmt: skip
+    assert check_task(parse_task(raw), "/x").reasons == [
+        ("needs root (the desktop has none to become)", NEEDS_ROOT_TASKS[task_id])
+    ]
 
 
 def test_online_setup_steps_are_named_as_needing_the_internet():
