@@ -286,7 +286,10 @@ def test_setup_package_installs_count_when_installed_here(monkeypatch):
     def setup(command):
         return _task(config=[{"type": "execute", "parameters": {"command": command, "shell": True}}])
 
-    ok = "echo password | sudo -S apt-get update -y && echo password | sudo -S apt-get install unzip -y && unzip a"
+    ok = (
+        "echo password | sudo -S apt-get update -y && echo password | sudo -S apt-get install unzip -y"
+        " && unzip a"
+    )
     assert check_task(setup(ok), "/x").runnable
     assert check_task(setup("sudo apt install xsel && xsel -bc"), "/x").runnable
     reasons = check_task(setup("sudo apt-get install -y sysstat unzip"), "/x").reasons
