@@ -318,6 +318,31 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
     return r
 
 
+def setup_packages(task: Task) -> list[tuple[str, str]]:
+    """``("pip" | "apt", name)`` for every package the task's setup or postconfig installs (the
+    desktop's wrappers find them installed here, or fail as an offline install would)."""
+    found = []
+    for step in [*task.config, *task.evaluator.postconfig]:
+        if step.type in ("execute", "command", "launch"):
+            text = _command_text(step.parameters.get("command"))
+            found += [("pip", n) for n in _pip_packages(text) or []]
+            found += [("apt", re.split(r"[=:]", n)[0]) for n in _apt_packages(text) or []]
+    return list(dict.fromkeys(found))
+
+
+def _packages_summary(tasks: list[Task]) -> dict[str, dict[str, dict[str, Any]]]:
+    out: dict[str, dict[str, dict[str, Any]]] = {"pip": {}, "apt": {}}
+    for task in tasks:
+        for kind, name in setup_packages(task):
+            entry = out[kind].setdefault(name, {"installed": None, "tasks": []})
+            entry["tasks"].append(task.id)
+    for name, entry in out["pip"].items():
+        entry["installed"] = not missing_pip_packages([name])
+    for name, entry in out["apt"].items():
+        entry["installed"] = name in installed_packages()
+    return out
+
+
 def validate_dir(
     path: str | Path,
     download_cache: str,
@@ -328,7 +353,9 @@ def validate_dir(
 
     Returns ``total``, ``parsed``, ``parse_errors`` (path -> message), ``runnable``,
     ``not_runnable`` (first reason's category -> task count), ``reasons`` (every category ->
-    task count), ``by_domain`` and ``tasks`` (per task: id, domain, path, runnable, reasons).
+    task count), ``by_domain``, ``setup_packages`` (``pip``/``apt`` -> package -> installed here,
+    the ids of the tasks whose setup installs it: ``scripts/install.sh --osworld-apps`` puts them
+    here) and ``tasks`` (per task: id, domain, path, runnable, reasons).
     With ``subset`` (OSWorld's ``test_all.json``: domain -> ids), ``subset`` counts the listed
     tasks found (a task file named after its id, in its domain's folder) and runnable, per domain.
     """
@@ -351,6 +378,7 @@ def validate_dir(
         "not_runnable": dict(first.most_common()),
         "reasons": dict(every.most_common()),
         "by_domain": by_domain,
+        "setup_packages": _packages_summary([t for _p, t in loaded if isinstance(t, Task)]),
         "tasks": [
             {
                 "id": c.task_id,

@@ -305,6 +305,30 @@ def test_setup_package_installs_count_when_installed_here(monkeypatch):
     assert "needs internet (package install)" in _categories(scored)
 
 
+def test_validate_names_the_packages_setups_install_and_whether_they_are_here(tmp_path, monkeypatch):
+    import rz_agents.envs.osworld.runnability as runnability
+
+    monkeypatch.setattr(runnability, "installed_packages", lambda: ("unzip",))
+    (tmp_path / "os").mkdir()
+    command = "sudo apt-get install -y unzip zsh && pip install pytest no-such-dist-rz"
+    step = {"type": "execute", "parameters": {"command": command, "shell": True}}
+    raw = {"id": "p", "instruction": "i", "snapshot": "os", "related_apps": ["os"], "config": [step],
+           "evaluator": {"func": "exact_match", "result": RULE, "expected": RULE}}  # fmt: skip
+    (tmp_path / "os" / "p.json").write_text(json.dumps(raw))
+    report = validate_dir(tmp_path, "/x")
+    assert report["setup_packages"] == {
+        "pip": {
+            "pytest": {"installed": True, "tasks": ["p"]},
+            "no-such-dist-rz": {"installed": False, "tasks": ["p"]},
+        },
+        "apt": {"unzip": {"installed": True, "tasks": ["p"]}, "zsh": {"installed": False, "tasks": ["p"]}},
+    }
+    reasons = report["tasks"][0]["reasons"]
+    assert any("zsh (not installed here)" in r for r in reasons) and any(
+        "no-such-dist-rz" in r for r in reasons
+    )
+
+
 def test_tasks_whose_instruction_needs_the_web_name_it():
     task_id = next(iter(LIVE_WEB_TASKS))
     raw = {"id": task_id, "instruction": "i", "snapshot": "os", "related_apps": ["os"],
