@@ -88,6 +88,24 @@ NEEDS_ROOT_TASKS = {
     "5812b315-e7bd-4265-b51f-863c02174c28": "creates a user account with a password (useradd, chpasswd), "
     "scored through getent passwd",
 }
+# Tasks whose page content is not needed, yet which cannot score offline, and why (measured on this
+# desktop). Key: (domain, id): chrome and thunderbird share some ids.
+TABS_OFFLINE = (
+    "needs internet (tabs' URLs)",
+    "scored on the open tabs' URLs: offline a live page's tab reports chrome-error://chromewebdata/ "
+    "(Playwright's page.url, which OSWorld's getter reads), so the setup's tabs cannot match",
+)
+OFFLINE_SCORING_BLOCKERS: dict[tuple[str, str], tuple[str, str]] = {
+    ("chrome", "06fe7178-4491-4589-810f-2e2bc9502122"): TABS_OFFLINE,  # reopen the closed tab
+    ("multi_apps", "58565672-7bfe-48ab-b828-db349231de6b"): TABS_OFFLINE,  # an e-mail's link in a new tab
+    ("multi_apps", "e135df7c-7687-4ac0-a5f0-76b74438b53e"): TABS_OFFLINE,  # xlsx to html, viewed in Chrome
+    ("chrome", "3299584d-8f11-4457-bf4c-ce98f7600250"): (
+        "needs a used Chrome profile",
+        "its setup edits Chrome's Preferences with jq before Chrome starts: OSWorld's used profile has "
+        "that file, a fresh desktop profile not until Chromium first writes it (~10 s after launch), so "
+        "the edit fails and the untouched desktop would score 1",
+    ),
+}
 URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+")
 
 
@@ -250,6 +268,8 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
         )
     if task.id in NEEDS_ROOT_TASKS:
         add("needs root (the desktop has none to become)", NEEDS_ROOT_TASKS[task.id])
+    if (task.domain, task.id) in OFFLINE_SCORING_BLOCKERS:
+        add(*OFFLINE_SCORING_BLOCKERS[(task.domain, task.id)])
     if task.id in LIVE_WEB_TASKS:
         add("needs internet (the instruction's web pages)", LIVE_WEB_TASKS[task.id])
     for app in [*task.related_apps, task.snapshot]:

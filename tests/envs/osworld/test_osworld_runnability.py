@@ -17,7 +17,13 @@ from rz_agents.envs.osworld import LOCAL_TASKS
 from rz_agents.envs.osworld.cache import download_paths
 from rz_agents.envs.osworld.gsettings import gsettings_problem
 from rz_agents.envs.osworld.live_web import LIVE_WEB_TASKS, PAGES_NOT_NEEDED
-from rz_agents.envs.osworld.runnability import APP_BINARIES, NEEDS_ROOT_TASKS, check_task, validate_dir
+from rz_agents.envs.osworld.runnability import (
+    APP_BINARIES,
+    NEEDS_ROOT_TASKS,
+    OFFLINE_SCORING_BLOCKERS,
+    check_task,
+    validate_dir,
+)
 from rz_agents.envs.osworld.session import atspi_problem
 from rz_agents.envs.osworld.task import parse_task
 from rz_agents.envs.osworld.terminal import terminal_problem
@@ -352,6 +358,15 @@ def test_live_pages_a_task_does_not_need_are_no_blocker_for_it_alone():
     assert reasons == [("needs internet (web page)", "https://example.org/")]
     official = Path(__file__).parents[3] / "rz_agents/envs/osworld/official/examples/multi_apps"
     assert all((official / f"{i}.json").is_file() for i in PAGES_NOT_NEEDED)
+
+
+def test_tasks_that_cannot_score_offline_name_why_in_their_own_domain_only():
+    """Keyed by (domain, id): chrome and thunderbird share ids (06fe7178 is a tab task in chrome only)."""
+    (domain, task_id), (category, detail) = next(iter(OFFLINE_SCORING_BLOCKERS.items()))
+    raw = {"id": task_id, "instruction": "i", "related_apps": [],
+           "evaluator": {"func": "exact_match", "result": RULE, "expected": RULE}}  # fmt: skip
+    assert (category, detail) in check_task(parse_task({**raw, "snapshot": domain}), "/x").reasons
+    assert check_task(parse_task({**raw, "snapshot": "thunderbird"}), "/x").runnable
 
 
 def test_tasks_that_need_root_name_it():
