@@ -1,15 +1,17 @@
-"""Multi-app tasks whose setup opens live pages they do not need, run offline on the real desktop.
+"""Tasks whose setup opens live pages they do not need, run offline on the real desktop.
 
 ``live_web.PAGES_NOT_NEEDED``: the tabs show Chromium's error page (the desktop has no network), and
-the task is scored on the desktop's files, so a scripted episode scores 1 and the untouched desktop
-0 as on OSWorld's VM. The tasks are OSWorld's files, unchanged; their inputs (Google Drive downloads
-on the VM) are made here in OSWorld's cache layout: a cloned site's ``_config.yml`` to edit, MP3s
-without tags named "Artist - Title" (and the other files that task's setup unpacks).
+the task is scored on the desktop's files (or the browser's bookmarks, which keep the URL the tab was
+sent to), so a scripted episode scores 1 and the untouched desktop 0 as on OSWorld's VM. The tasks
+are OSWorld's files, unchanged; their inputs (Google Drive downloads on the VM) are made here in
+OSWorld's cache layout: a cloned site's ``_config.yml`` to edit, MP3s without tags named
+"Artist - Title" (and the other files that task's setup unpacks).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import subprocess
 import tarfile
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from rz_agents.envs.osworld.cache import download_paths
+from rz_agents.envs.osworld.desktop_env import DesktopEnv
 from rz_agents.envs.osworld.live_web import PAGES_NOT_NEEDED
 from rz_agents.envs.osworld.runnability import check_task
 from rz_agents.envs.osworld.task import load_task
@@ -28,6 +31,8 @@ ORACLES = Path(__file__).parent / "multi_app_oracles"
 YAML_SITE = "e2392362-125e-4f76-a2ee-524b183a3412"  # a cloned site's _config.yml (tab: the template's page)
 MP3_TAGS = "3f05f3b9-29ba-4b6b-95aa-2204697ffc06"  # tag MP3s from their names (tabs: Picard's, Kid3's)
 SAMPLE = (YAML_SITE, MP3_TAGS)
+BOOKMARK = "7a5a7856-f1b6-42a4-ade9-1ca81ca0f263"  # bookmark the page on screen (chrome: shared data)
+SHARED_CHROME = Path("/work/shared/data/osworld/examples/chrome")
 NEEDED = ("Xvfb", "openbox", "chromium", "nautilus", "picard", "ffmpeg", "code-server")
 
 pytestmark = pytest.mark.skipif(
@@ -115,3 +120,25 @@ def test_scripted_episodes_score_one_and_the_untouched_desktop_zero(task_dir):
     assert all(r["status"] == "ok" for r in empty["tasks"]) and errors[YAML_SITE] is None, empty["tasks"]
     # untagged files: OSWorld's check_mp3_meta raises reading them (scored 0), as here
     assert "ID3NoHeaderError" in errors[MP3_TAGS], errors
+
+
+@pytest.mark.skipif(
+    not (SHARED_CHROME / f"{BOOKMARK}.json").is_file(), reason="OSWorld's chrome tasks absent"
+)
+def test_bookmarking_the_unreachable_page_scores_one_and_the_untouched_desktop_zero():
+    """The tab shows Chromium's error page, yet bookmarking it (Ctrl+D, folder: Bookmarks bar) keeps
+    the URL OSWorld's metric expects."""
+    task = json.loads((SHARED_CHROME / f"{BOOKMARK}.json").read_text())
+    assert check_task(load_task(SHARED_CHROME / f"{BOOKMARK}.json"), "/x").reasons == []
+    oracle = (
+        "import time\npyautogui.hotkey('ctrl', 'd'); time.sleep(1.5)\n"
+        "pyautogui.press('tab'); pyautogui.press('space'); time.sleep(0.8)\n"  # the bubble's folder menu
+        "pyautogui.click(1683, 247); time.sleep(0.8)\n"  # its first entry: Bookmarks bar
+        "pyautogui.press('escape'); time.sleep(4)"  # Chromium writes Bookmarks 2.5 s after a change
+    )
+    with DesktopEnv(require_a11y_tree=False, require_screenshot=False) as env:
+        env.reset(task)
+        assert env.evaluate() == 0.0, env.last_evaluation
+        env.reset(task)
+        env.step(oracle)
+        assert env.evaluate() == 1.0, env.last_evaluation
