@@ -306,6 +306,10 @@ def test_setup_package_installs_count_when_installed_here(monkeypatch):
     reasons = check_task(setup("pip install -q pytest no-such-dist-rz"), "/x").reasons
     assert [c for c, _ in reasons] == ["needs internet (package install)"]
     assert reasons[0][1].startswith("pip install no-such-dist-rz (not installed here; scripts/install.sh")
+    for source in ("-r requirements.txt", "-e .", "./dist/x.whl"):  # cannot be checked offline: never "here"
+        reasons = check_task(setup(f"pip install --no-cache-dir pytest {source}"), "/x").reasons
+        assert [c for c, _ in reasons] == ["needs internet (package install)"], source
+        assert reasons[0][1].startswith(f"pip install {source} (not installed here"), source
     assert "needs internet (package install)" in _categories(setup("sudo snap install code"))
     scored = _task(result={"type": "vm_command_line", "command": "apt-get install unzip", "shell": True})
     assert "needs internet (package install)" in _categories(scored)

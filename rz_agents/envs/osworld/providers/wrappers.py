@@ -114,14 +114,23 @@ PIP_VALUE_OPTIONS = {
 }  # fmt: skip
 
 
+PIP_SOURCE_OPTIONS = {"-r", "--requirement", "-e", "--editable"}  # names no distribution by itself
+
+
 def pip_requirements(args: list[str]) -> list[str]:
-    """The distribution names a ``pip install`` argument list (after ``install``) names."""
-    names, skip = [], False
+    """The distribution names a ``pip install`` argument list (after ``install``) names; a requirements
+    file or an editable source is kept as ``"-r FILE"`` / ``"-e PATH"``: offline it cannot be checked,
+    so it never counts as installed."""
+    names, skip = [], ""
     for arg in args:
         if skip:
-            skip = False
+            if skip in PIP_SOURCE_OPTIONS:
+                names.append(f"{skip} {arg}")
+            skip = ""
         elif arg.startswith("-"):
-            skip = arg in PIP_VALUE_OPTIONS
+            skip = arg if arg in PIP_VALUE_OPTIONS else ""
+        elif "/" in arg or arg.startswith("."):  # a local path or URL, not a name on the index
+            names.append(arg)
         else:
             names.append(re.split(r"[<>=!~\[;@ ]", arg, maxsplit=1)[0])
     return [n for n in names if n]
@@ -133,7 +142,7 @@ def missing_pip_packages(names: list[str]) -> list[str]:
     for name in names:
         try:
             metadata.distribution(name)
-        except metadata.PackageNotFoundError:
+        except (metadata.PackageNotFoundError, ValueError):  # ValueError: not a distribution name
             missing.append(name)
     return missing
 
