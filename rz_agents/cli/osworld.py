@@ -164,11 +164,17 @@ def _print_validate(report: dict[str, Any], assumed: bool) -> None:
         print(f"PARSE ERROR {path}: {err}")
     note = " (input files assumed cached)" if assumed else ""
     print(
-        f"\n{report['parsed']}/{report['total']} parsed, {report['runnable']} runnable here{note}; "
-        "not runnable by first reason:"
+        f"\n{report['parsed']}/{report['total']} parsed, {report['runnable']} runnable here{note};"
+        " not runnable by first reason:"
     )
     for reason, n in report["not_runnable"].items():
         print(f"  {n:4d}  {reason}")
+    for kind, packages in report["setup_packages"].items():
+        if packages:
+            listed = ", ".join(
+                f"{n}{'' if p['installed'] else ' (NOT installed)'}" for n, p in packages.items()
+            )
+            print(f"setups' {kind} installs: {listed}")
     sub = report.get("subset")
     if sub:
         print(f"\n{sub['file']}: {sub['runnable']} of {sub['found']} tasks runnable ({sub['listed']} listed)")

@@ -33,3 +33,17 @@ LIVE_WEB_TASKS: dict[str, str] = {
     "e1fc0df3-c8b9-4ee7-864c-d0b590d3aa56": "LibreOffice's LanguageTool extension downloaded",
     "f8369178-fafe-40c2-adc4-b9b08a125456": "the Orchis theme downloaded from gnome-look.org",
 }
+
+
+# Tasks whose setup opens live pages that neither the agent's work nor the score depends on: offline
+# the tabs show Chromium's "site can't be reached" page at that URL, and the task is scored on the
+# desktop's files or the browser's own files (a bookmark keeps the URL the tab was sent to).
+# Each was checked against OSWorld's getters and metrics and run on this desktop
+# (tests/envs/osworld/test_osworld_offline_pages.py). Not here: tasks scored on the tabs' URLs (an
+# error page's URL is chrome-error://chromewebdata/, to Playwright as to OSWorld's getter) or on a page.
+# Key: task id; value: why the pages are not needed.
+PAGES_NOT_NEEDED: dict[str, str] = {
+    "7a5a7856-f1b6-42a4-ade9-1ca81ca0f263": "bookmark the page on screen: scored on the bookmark's URL",
+    "e2392362-125e-4f76-a2ee-524b183a3412": "edit a local _config.yml (the page, a template's): scored on it",
+    "3f05f3b9-29ba-4b6b-95aa-2204697ffc06": "tag local MP3s (pages: Picard's, Kid3's): scored on the files",
+}

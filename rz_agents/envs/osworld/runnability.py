@@ -3,8 +3,8 @@
 Checks, in order: an evaluator exists; the related apps are installed; every setup/postconfig
 step, getter and metric is implemented (and usable here); downloads are in the cache or local;
 pages to open are local; commands the task runs exist here and need no package installs or
-GNOME Shell (``gsettings`` works when its schemas and dconf are here, Ctrl+Alt+T when GNOME Terminal is).
-``validate_dir`` summarises a folder as ``rz osworld validate`` prints it.
+GNOME Shell (``gsettings`` works when its schemas and dconf are here, Ctrl+Alt+T when GNOME Terminal
+is). ``validate_dir`` summarises a folder as ``rz osworld validate`` prints it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,13 @@ from typing import Any
 from rz_agents.envs.osworld.cache import is_local_url, missing_inputs
 from rz_agents.envs.osworld.getters import GETTERS, UNAVAILABLE, getter_problem
 from rz_agents.envs.osworld.gsettings import gsettings_problem, schemas_in
-from rz_agents.envs.osworld.live_web import LIVE_WEB_TASKS
+from rz_agents.envs.osworld.live_web import LIVE_WEB_TASKS, PAGES_NOT_NEEDED
 from rz_agents.envs.osworld.metrics import METRICS, SPECIAL_METRICS, blocker, option_problem
-from rz_agents.envs.osworld.providers.wrappers import installed_packages
+from rz_agents.envs.osworld.providers.wrappers import (
+    installed_packages,
+    missing_pip_packages,
+    pip_requirements,
+)
 from rz_agents.envs.osworld.setup_steps import STEPS
 from rz_agents.envs.osworld.task import Task, TaskFormatError, load_tasks
 from rz_agents.envs.osworld.terminal import terminal_problem
@@ -69,12 +73,38 @@ SYSTEMD_TOOLS = {"timedatectl", "loginctl", "hostnamectl", "localectl", "systemc
 # GNOME's own applications run on any X desktop with a session bus, when installed.
 GNOME_APPS = {"nautilus": "nautilus", "gnome-screenshot": "gnome-screenshot"}
 APT_INSTALL = re.compile(r"\bapt(?:-get)?\s+((?:-\S+\s+)*)install\b((?:\s+[^\s;&|]+)*)")
+PIP_INSTALL = re.compile(r"\bpip3?\s+((?:-\S+\s+)*)install\b((?:\s+[^\s;&|]+)*)")
+PIP_SOURCE = "scripts/install.sh --osworld-apps installs it from the package index"
 GSETTINGS_COMMANDS = {"gsettings", "dconf"}  # work on the desktop's own session bus (gsettings.py)
 TERMINAL_HOTKEY = re.compile(r"""hotkey\(\s*['"]ctrl['"]\s*,\s*['"]alt['"]\s*,\s*['"]t['"]""")
 # OSWorld's setup steps that act on live web services (they cannot be stood in for offline).
 ONLINE_STEPS = {
     "googledrive": "uploads to / clears a Google Drive account through its API (internet and credentials)",
     "login": "logs in to a website in Chrome (internet and an account)",
+}
+# Tasks whose work needs root on the machine: the desktop runs as one unprivileged user with no root
+# to become (its sudo runs the command as that user; /etc is read-only).
+NEEDS_ROOT_TASKS = {
+    "5812b315-e7bd-4265-b51f-863c02174c28": "creates a user account with a password (useradd, chpasswd), "
+    "scored through getent passwd",
+}
+# Tasks whose page content is not needed, yet which cannot score offline, and why (measured on this
+# desktop). Key: (domain, id): chrome and thunderbird share some ids.
+TABS_OFFLINE = (
+    "needs internet (tabs' URLs)",
+    "scored on the open tabs' URLs: offline a live page's tab reports chrome-error://chromewebdata/ "
+    "(Playwright's page.url, which OSWorld's getter reads), so the setup's tabs cannot match",
+)
+OFFLINE_SCORING_BLOCKERS: dict[tuple[str, str], tuple[str, str]] = {
+    ("chrome", "06fe7178-4491-4589-810f-2e2bc9502122"): TABS_OFFLINE,  # reopen the closed tab
+    ("multi_apps", "58565672-7bfe-48ab-b828-db349231de6b"): TABS_OFFLINE,  # an e-mail's link in a new tab
+    ("multi_apps", "e135df7c-7687-4ac0-a5f0-76b74438b53e"): TABS_OFFLINE,  # xlsx to html, viewed in Chrome
+    ("chrome", "3299584d-8f11-4457-bf4c-ce98f7600250"): (
+        "needs a used Chrome profile",
+        "its setup edits Chrome's Preferences with jq before Chrome starts: OSWorld's used profile has "
+        "that file, a fresh desktop profile not until Chromium first writes it (~10 s after launch), so "
+        "the edit fails and the untouched desktop would score 1",
+    ),
 }
 URL_IN_TEXT = re.compile(r"https?://[^\s'\"<>]+")
 
@@ -128,17 +158,42 @@ def _apt_packages(text: str) -> list[str] | None:
     return [w for _opts, words in found for w in words.split() if not w.startswith("-")]
 
 
+def _pip_packages(text: str) -> list[str] | None:
+    """The distributions a ``pip install`` in ``text`` names; None when there is none."""
+    found = PIP_INSTALL.findall(text)
+    if not found:
+        return None
+    names = []
+    for _opts, words in found:
+        try:
+            names += pip_requirements(shlex.split(words))
+        except ValueError:  # an unbalanced quote: the words as they stand
+            names += pip_requirements(words.split())
+    return names
+
+
 def _check_command(command: Any, add: Any, wrapped: set[str], setup: bool = False) -> None:
     """``setup``: a task's own setup step, whose ``apt-get install`` of packages installed here
-    succeeds on the desktop as on the VM (``providers/wrappers.py``)."""
+    succeeds on the desktop as on the VM, and whose ``pip install`` of packages the desktop's
+    Python has, likewise (``providers/wrappers.py``)."""
     text = _command_text(command)
     apt = _apt_packages(text) if setup else None
-    if apt is not None and not re.search(r"\b(pip3?|snap)\s+(-\S+\s+)*install\b", text):
+    pip = _pip_packages(text) if setup else None
+    if re.search(r"\bsnap\s+(-\S+\s+)*install\b", text) or (
+        not setup and re.search(r"\b(apt-get|apt|pip3?)\s+(-\S+\s+)*install\b", text)
+    ):
+        add("needs internet (package install)", text[:120])
+    if apt:
         missing = [p for p in apt if re.split(r"[=:]", p)[0] not in installed_packages()]
         if missing:
             add("needs internet (package install)", f"{' '.join(missing)} (not installed here): {text[:120]}")
-    elif re.search(r"\b(apt-get|apt|pip3?|snap)\s+(-\S+\s+)*install\b", text):
-        add("needs internet (package install)", text[:120])
+    if pip:
+        missing = missing_pip_packages(pip)
+        if missing:
+            add(
+                "needs internet (package install)",
+                f"pip install {' '.join(missing)} (not installed here; {PIP_SOURCE}): {text[:80]}",
+            )
     for ext in re.findall(r"--install-extension[\s=]+(\S+)", text):
         if not ext.lower().endswith(".vsix"):
             add("needs internet (extension marketplace)", ext)
@@ -166,7 +221,9 @@ def _check_command(command: Any, add: Any, wrapped: set[str], setup: bool = Fals
             if problem:
                 add("needs GNOME desktop: gsettings", problem)
         elif (
-            name in ("python", "python3", "socat") or name in wrapped or head.startswith(("./", "/home/user"))
+            name in ("python", "python3", "pip", "pip3", "socat")
+            or name in wrapped
+            or head.startswith(("./", "/home/user"))
         ):
             continue
         elif "/" not in head and not shutil.which(name):
@@ -195,13 +252,24 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
     seen: set[tuple[str, str]] = set()
 
     def add(category: str, detail: str) -> None:
+        if category == "needs internet (web page)" and task.id in PAGES_NOT_NEEDED:
+            return  # opened offline as error pages: neither the work nor the score needs them
         if (category, detail) not in seen:
             seen.add((category, detail))
             r.reasons.append((category, detail))
 
     ev = task.evaluator
     if not ev.funcs:
-        add("no evaluator defined", "the task's evaluator is empty or a placeholder")
+        # OSWorld's harness cannot score it either: it looks its metric up by name (getattr(metrics, ""))
+        add(
+            "no evaluator defined",
+            "the task's evaluator is empty or a placeholder (func \"\"): OSWorld's "
+            "harness fails to load it too; none is among test_all.json's tasks",
+        )
+    if task.id in NEEDS_ROOT_TASKS:
+        add("needs root (the desktop has none to become)", NEEDS_ROOT_TASKS[task.id])
+    if (task.domain, task.id) in OFFLINE_SCORING_BLOCKERS:
+        add(*OFFLINE_SCORING_BLOCKERS[(task.domain, task.id)])
     if task.id in LIVE_WEB_TASKS:
         add("needs internet (the instruction's web pages)", LIVE_WEB_TASKS[task.id])
     for app in [*task.related_apps, task.snapshot]:
@@ -270,6 +338,31 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
     return r
 
 
+def setup_packages(task: Task) -> list[tuple[str, str]]:
+    """``("pip" | "apt", name)`` for every package the task's setup or postconfig installs (the
+    desktop's wrappers find them installed here, or fail as an offline install would)."""
+    found = []
+    for step in [*task.config, *task.evaluator.postconfig]:
+        if step.type in ("execute", "command", "launch"):
+            text = _command_text(step.parameters.get("command"))
+            found += [("pip", n) for n in _pip_packages(text) or []]
+            found += [("apt", re.split(r"[=:]", n)[0]) for n in _apt_packages(text) or []]
+    return list(dict.fromkeys(found))
+
+
+def _packages_summary(tasks: list[Task]) -> dict[str, dict[str, dict[str, Any]]]:
+    out: dict[str, dict[str, dict[str, Any]]] = {"pip": {}, "apt": {}}
+    for task in tasks:
+        for kind, name in setup_packages(task):
+            entry = out[kind].setdefault(name, {"installed": None, "tasks": []})
+            entry["tasks"].append(task.id)
+    for name, entry in out["pip"].items():
+        entry["installed"] = not missing_pip_packages([name])
+    for name, entry in out["apt"].items():
+        entry["installed"] = name in installed_packages()
+    return out
+
+
 def validate_dir(
     path: str | Path,
     download_cache: str,
@@ -280,7 +373,9 @@ def validate_dir(
 
     Returns ``total``, ``parsed``, ``parse_errors`` (path -> message), ``runnable``,
     ``not_runnable`` (first reason's category -> task count), ``reasons`` (every category ->
-    task count), ``by_domain`` and ``tasks`` (per task: id, domain, path, runnable, reasons).
+    task count), ``by_domain``, ``setup_packages`` (``pip``/``apt`` -> package -> installed here,
+    the ids of the tasks whose setup installs it: ``scripts/install.sh --osworld-apps`` puts them
+    here) and ``tasks`` (per task: id, domain, path, runnable, reasons).
     With ``subset`` (OSWorld's ``test_all.json``: domain -> ids), ``subset`` counts the listed
     tasks found (a task file named after its id, in its domain's folder) and runnable, per domain.
     """
@@ -303,6 +398,7 @@ def validate_dir(
         "not_runnable": dict(first.most_common()),
         "reasons": dict(every.most_common()),
         "by_domain": by_domain,
+        "setup_packages": _packages_summary([t for _p, t in loaded if isinstance(t, Task)]),
         "tasks": [
             {
                 "id": c.task_id,

@@ -18,6 +18,7 @@ from rz_agents.envs.osworld.chrome import pages
 from rz_agents.envs.osworld.chrome_history import step_update_browse_history
 from rz_agents.envs.osworld.client import ServerError
 from rz_agents.envs.osworld.context import EpisodeContext
+from rz_agents.envs.osworld.live_web import PAGES_NOT_NEEDED
 from rz_agents.envs.osworld.task import SetupStep
 
 
@@ -155,9 +156,10 @@ def step_upload_file(ctx: EpisodeContext, files: list[dict[str, str]], **_: Any)
 
 
 def step_chrome_open_tabs(ctx: EpisodeContext, urls_to_open: list[str], **_: Any) -> None:
-    """Open each URL in a new tab of the running Chrome."""
+    """Open each URL in a new tab of the running Chrome (offline, a live page only for a task that does
+    not need it: ``live_web.PAGES_NOT_NEEDED``; the tab then shows Chromium's error page at that URL)."""
     remote = [u for u in urls_to_open if not is_local_url(u)]
-    if remote and not ctx.allow_network:
+    if remote and not ctx.allow_network and ctx.task_id not in PAGES_NOT_NEEDED:
         raise SetupError(f"needs internet (web page): {remote[0]}")
     wait_for_chrome(ctx)
 

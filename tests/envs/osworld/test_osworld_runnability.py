@@ -16,8 +16,14 @@ from osworld_cli_helper import rz_osworld
 from rz_agents.envs.osworld import LOCAL_TASKS
 from rz_agents.envs.osworld.cache import download_paths
 from rz_agents.envs.osworld.gsettings import gsettings_problem
-from rz_agents.envs.osworld.live_web import LIVE_WEB_TASKS
-from rz_agents.envs.osworld.runnability import APP_BINARIES, check_task, validate_dir
+from rz_agents.envs.osworld.live_web import LIVE_WEB_TASKS, PAGES_NOT_NEEDED
+from rz_agents.envs.osworld.runnability import (
+    APP_BINARIES,
+    NEEDS_ROOT_TASKS,
+    OFFLINE_SCORING_BLOCKERS,
+    check_task,
+    validate_dir,
+)
 from rz_agents.envs.osworld.session import atspi_problem
 from rz_agents.envs.osworld.task import parse_task
 from rz_agents.envs.osworld.terminal import terminal_problem
@@ -277,8 +283,8 @@ def test_multi_app_names_map_to_installed_apps(monkeypatch):
 
 
 def test_setup_package_installs_count_when_installed_here(monkeypatch):
-    """A setup's apt-get install succeeds on the desktop (its apt wrapper) for packages the host has;
-    any other package, a pip install, or an install the evaluator runs needs the internet."""
+    """A setup's apt-get / pip install succeeds on the desktop (its apt and pip wrappers) for packages
+    the host has; any other package, a snap, or an install the evaluator runs needs the internet."""
     import rz_agents.envs.osworld.runnability as runnability
 
     monkeypatch.setattr(runnability, "installed_packages", lambda: ("unzip", "xsel"))
@@ -287,17 +293,50 @@ def test_setup_package_installs_count_when_installed_here(monkeypatch):
         return _task(config=[{"type": "execute", "parameters": {"command": command, "shell": True}}])
 
     ok = (
-        "echo password | sudo -S apt-get update -y && "
-        "echo password | sudo -S apt-get install unzip -y && unzip a"
+        "echo password | sudo -S apt-get update -y && echo password | sudo -S apt-get install unzip -y"
+        " && unzip a"
     )
     assert check_task(setup(ok), "/x").runnable
     assert check_task(setup("sudo apt install xsel && xsel -bc"), "/x").runnable
     reasons = check_task(setup("sudo apt-get install -y sysstat unzip"), "/x").reasons
     assert [c for c, _ in reasons] == ["needs internet (package install)"]
     assert reasons[0][1].startswith("sysstat (not installed here)")
-    assert _categories(setup("sudo pip install pysrt")) == ["needs internet (package install)"]
+    # pip installs: what the desktop's Python (this one) has succeeds; anything else names the package
+    assert check_task(setup("echo password | sudo -S pip install pytest 'ruff>=0.1'"), "/x").runnable
+    reasons = check_task(setup("pip install -q pytest no-such-dist-rz"), "/x").reasons
+    assert [c for c, _ in reasons] == ["needs internet (package install)"]
+    assert reasons[0][1].startswith("pip install no-such-dist-rz (not installed here; scripts/install.sh")
+    for source in ("-r requirements.txt", "-e .", "./dist/x.whl"):  # cannot be checked offline: never "here"
+        reasons = check_task(setup(f"pip install --no-cache-dir pytest {source}"), "/x").reasons
+        assert [c for c, _ in reasons] == ["needs internet (package install)"], source
+        assert reasons[0][1].startswith(f"pip install {source} (not installed here"), source
+    assert "needs internet (package install)" in _categories(setup("sudo snap install code"))
     scored = _task(result={"type": "vm_command_line", "command": "apt-get install unzip", "shell": True})
     assert "needs internet (package install)" in _categories(scored)
+
+
+def test_validate_names_the_packages_setups_install_and_whether_they_are_here(tmp_path, monkeypatch):
+    import rz_agents.envs.osworld.runnability as runnability
+
+    monkeypatch.setattr(runnability, "installed_packages", lambda: ("unzip",))
+    (tmp_path / "os").mkdir()
+    command = "sudo apt-get install -y unzip zsh && pip install pytest no-such-dist-rz"
+    step = {"type": "execute", "parameters": {"command": command, "shell": True}}
+    raw = {"id": "p", "instruction": "i", "snapshot": "os", "related_apps": ["os"], "config": [step],
+           "evaluator": {"func": "exact_match", "result": RULE, "expected": RULE}}  # fmt: skip
+    (tmp_path / "os" / "p.json").write_text(json.dumps(raw))
+    report = validate_dir(tmp_path, "/x")
+    assert report["setup_packages"] == {
+        "pip": {
+            "pytest": {"installed": True, "tasks": ["p"]},
+            "no-such-dist-rz": {"installed": False, "tasks": ["p"]},
+        },
+        "apt": {"unzip": {"installed": True, "tasks": ["p"]}, "zsh": {"installed": False, "tasks": ["p"]}},
+    }
+    reasons = report["tasks"][0]["reasons"]
+    assert any("zsh (not installed here)" in r for r in reasons) and any(
+        "no-such-dist-rz" in r for r in reasons
+    )
 
 
 def test_tasks_whose_instruction_needs_the_web_name_it():
@@ -309,6 +348,39 @@ def test_tasks_whose_instruction_needs_the_web_name_it():
     ]
     official = Path(__file__).parents[3] / "rz_agents/envs/osworld/official/examples/multi_apps"
     assert all((official / f"{i}.json").is_file() for i in LIVE_WEB_TASKS)  # ids of packaged tasks
+
+
+def test_live_pages_a_task_does_not_need_are_no_blocker_for_it_alone():
+    """Pages opened in the setup block a task unless it is listed in ``PAGES_NOT_NEEDED`` (scored on
+    the desktop's files; the tabs show Chromium's error page offline)."""
+    tabs = [{"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["https://example.org/"]}}]
+    raw = {"instruction": "i", "snapshot": "os", "related_apps": ["os"], "config": tabs,
+           "evaluator": {"func": "exact_match", "result": RULE, "expected": RULE}}  # fmt: skip
+    listed = next(iter(PAGES_NOT_NEEDED))
+    assert check_task(parse_task({**raw, "id": listed}), "/x").runnable
+    reasons = check_task(parse_task({**raw, "id": "other"}), "/x").reasons
+    assert reasons == [("needs internet (web page)", "https://example.org/")]
+    official = Path(__file__).parents[3] / "rz_agents/envs/osworld/official/examples/multi_apps"
+    folders = [official, *([SHARED / "chrome"] if SHARED.is_dir() else [])]
+    assert all(any((f / f"{i}.json").is_file() for f in folders) for i in PAGES_NOT_NEEDED)
+
+
+def test_tasks_that_cannot_score_offline_name_why_in_their_own_domain_only():
+    """Keyed by (domain, id): chrome and thunderbird share ids (06fe7178 is a tab task in chrome only)."""
+    (domain, task_id), (category, detail) = next(iter(OFFLINE_SCORING_BLOCKERS.items()))
+    raw = {"id": task_id, "instruction": "i", "related_apps": [],
+           "evaluator": {"func": "exact_match", "result": RULE, "expected": RULE}}  # fmt: skip
+    assert (category, detail) in check_task(parse_task({**raw, "snapshot": domain}), "/x").reasons
+    assert check_task(parse_task({**raw, "snapshot": "thunderbird"}), "/x").runnable
+
+
+def test_tasks_that_need_root_name_it():
+    task_id = next(iter(NEEDS_ROOT_TASKS))
+    raw = {"id": task_id, "instruction": "i", "snapshot": "os", "related_apps": ["os"],
+           "evaluator": {"func": "exact_match", "result": RULE, "expected": RULE}}  # fmt: skip
+    assert check_task(parse_task(raw), "/x").reasons == [
+        ("needs root (the desktop has none to become)", NEEDS_ROOT_TASKS[task_id])
+    ]
 
 
 def test_online_setup_steps_are_named_as_needing_the_internet():

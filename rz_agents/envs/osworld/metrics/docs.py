@@ -492,7 +492,12 @@ def _ocr_blocker() -> str | None:
     import importlib.util
 
     if importlib.util.find_spec("easyocr") is None:
-        return "OCR needs easyocr and its model weights (not installed; OSWorld's choice, no stand-in)"
+        # easyocr itself is on PyPI, but its CRAFT detector and English recogniser download from GitHub
+        # at first use; Tesseract (apt) reads text differently, so it would not score as OSWorld does.
+        return (
+            "OCR needs easyocr and its model weights (easyocr fetches them from GitHub at first use: no "
+            "internet here; OSWorld's choice, no stand-in: Tesseract reads text differently)"
+        )
     return None
 
 

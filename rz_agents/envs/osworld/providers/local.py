@@ -31,7 +31,12 @@ import rz_agents
 from rz_agents.envs.osworld.chrome import chromium_binary, write_chrome_wrapper
 from rz_agents.envs.osworld.providers import sandbox, warm
 from rz_agents.envs.osworld.providers.home_defaults import write_home_defaults
-from rz_agents.envs.osworld.providers.wrappers import write_apt_wrappers, write_sudo_shim, write_vlc_wrapper
+from rz_agents.envs.osworld.providers.wrappers import (
+    write_apt_wrappers,
+    write_pip_wrappers,
+    write_sudo_shim,
+    write_vlc_wrapper,
+)
 from rz_agents.envs.osworld.relay import Relay, connect_unix, tcp_listener, unix_listener
 from rz_agents.envs.osworld.session import SessionError, atspi_problem, read_line
 from rz_agents.envs.osworld.vscode import write_code_wrapper
@@ -302,6 +307,7 @@ class LocalProvider:
             write_sudo_shim(layout.bin)
         write_vlc_wrapper(layout.bin)
         write_apt_wrappers(layout.bin)  # setups' package installs: what the host has (no network)
+        write_pip_wrappers(layout.bin)  # likewise their pip installs: what the desktop's Python has
         chromium = chromium_binary()
         if chromium:
             write_code_wrapper(layout.bin, chromium)  # VS Code's `code` on code-server, when installed

@@ -1,5 +1,6 @@
-"""Per-episode command wrappers put first on the desktop's ``PATH`` (``google-chrome`` lives in
-``chrome.py``).
+"""Per-episode command wrappers put first on the desktop's ``PATH``.
+
+(``google-chrome`` lives in ``chrome.py``.)
 
 - ``sudo``: the desktop has no root to become (and ``no_new_privs`` stops a real sudo); it strips
   sudo's options and runs the command as the desktop user, so tasks' ``echo password | sudo -S cmd``
@@ -11,15 +12,22 @@
   what their scoring needs (``sudo apt-get install -y unzip && unzip ...``); on the VM that
   succeeds, so here ``update`` succeeds and ``install`` succeeds when every package named is
   installed on the host (the list is written next to the wrapper), and fails with apt's status
-  100 naming the missing ones otherwise, as an offline apt would.
+  100 naming the missing ones otherwise, as an offline apt would;
+- ``pip``/``pip3``: likewise for the Python packages tasks pip-install (``pip install pygame``): on
+  the VM pip fetches them from PyPI; here ``install`` succeeds when every requirement named is
+  installed in the desktop's Python (the host's, where ``scripts/install.sh --osworld-apps`` put
+  the tasks' packages from the package index, honouring the machine's pip configuration) and fails
+  with pip's status 1 naming the missing ones otherwise; other pip commands run pip itself.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from functools import lru_cache
+from importlib import metadata
 
 VLC_HTTP_ARGS = (
     "--extraintf",
@@ -95,3 +103,71 @@ def write_apt_wrappers(bin_dir: str) -> list[str]:
     with open(os.path.join(bin_dir, ".installed-packages"), "w") as f:
         f.write("".join(f"{p}\n" for p in installed_packages()))
     return [_write_script(os.path.join(bin_dir, name), APT_SCRIPT) for name in ("apt", "apt-get")]
+
+
+# pip's options that take a value (the next word is not a requirement).
+PIP_VALUE_OPTIONS = {
+    "-i", "--index-url", "--extra-index-url", "-f", "--find-links", "-t", "--target", "--prefix", "--root",
+    "-c", "--constraint", "-r", "--requirement", "--trusted-host", "--platform", "--python-version",
+    "--implementation", "--abi", "--src", "--upgrade-strategy", "--progress-bar", "--timeout", "--retries",
+    "--proxy", "--cert", "--client-cert", "--cache-dir", "--log", "-e", "--editable",
+}  # fmt: skip
+
+
+PIP_SOURCE_OPTIONS = {"-r", "--requirement", "-e", "--editable"}  # names no distribution by itself
+
+
+def pip_requirements(args: list[str]) -> list[str]:
+    """The distribution names a ``pip install`` argument list (after ``install``) names; a requirements
+    file or an editable source is kept as ``"-r FILE"`` / ``"-e PATH"``: offline it cannot be checked,
+    so it never counts as installed."""
+    names, skip = [], ""
+    for arg in args:
+        if skip:
+            if skip in PIP_SOURCE_OPTIONS:
+                names.append(f"{skip} {arg}")
+            skip = ""
+        elif arg.startswith("-"):
+            skip = arg if arg in PIP_VALUE_OPTIONS else ""
+        elif "/" in arg or arg.startswith("."):  # a local path or URL, not a name on the index
+            names.append(arg)
+        else:
+            names.append(re.split(r"[<>=!~\[;@ ]", arg, maxsplit=1)[0])
+    return [n for n in names if n]
+
+
+def missing_pip_packages(names: list[str]) -> list[str]:
+    """Those of ``names`` not installed in this Python (the desktop's: ``python`` is ``sys.executable``)."""
+    missing = []
+    for name in names:
+        try:
+            metadata.distribution(name)
+        except (metadata.PackageNotFoundError, ValueError):  # ValueError: not a distribution name
+            missing.append(name)
+    return missing
+
+
+PIP_INSTALL_PY = """import sys
+from rz_agents.envs.osworld.providers.wrappers import missing_pip_packages, pip_requirements
+names = pip_requirements(sys.argv[2:])
+missing = missing_pip_packages(names)
+if missing:
+    sys.stderr.write("ERROR: Could not find a version that satisfies the requirement " + " ".join(missing)
+                     + " (no network on this desktop; scripts/install.sh --osworld-apps installs the"
+                     + " packages OSWorld's tasks pip-install)\\n")
+    sys.exit(1)
+for name in names:
+    print("Requirement already satisfied: " + name)
+"""
+PIP_SCRIPT = """case "$1" in
+  install) exec python "$(dirname "$0")/.pip-install.py" "$@" ;;
+  *) exec python -m pip "$@" ;;
+esac
+"""
+
+
+def write_pip_wrappers(bin_dir: str) -> list[str]:
+    """``pip`` and ``pip3`` whose ``install`` succeeds for packages the desktop's Python has (module doc)."""
+    with open(os.path.join(bin_dir, ".pip-install.py"), "w") as f:
+        f.write(PIP_INSTALL_PY)
+    return [_write_script(os.path.join(bin_dir, name), PIP_SCRIPT) for name in ("pip", "pip3")]
