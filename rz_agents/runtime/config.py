@@ -366,11 +366,16 @@ class TrainConfig:
                 if getattr(self, name) != default:
                     raise ValueError(f"{name}: is set but runtime is 'local'; set runtime: ray to use it")
             if self.learner.lora.enabled and self.learner_process:
-                raise ValueError("learner.lora needs learner_process: false (the child does not publish adapters)")
+                raise ValueError(
+                    "learner.lora needs learner_process: false (the child does not publish adapters)"
+                )
             return
-        if self.learner.lora.enabled:  # the Ray engines build their own models: they would hold no adapters
-            raise ValueError("learner.lora needs runtime: local (the Ray runtime does not sync adapters yet)")
         p = self.placement
+        if self.learner.lora.enabled and p.learner_ranks > 1:  # (one rank publishes adapters: ray/learner.py)
+            raise ValueError(
+                f"learner.lora needs placement.learner_ranks: 1 (got {p.learner_ranks}): FSDP2-sharded ranks "
+                "do not build adapters yet"
+            )
         if self.model.device not in ("cpu", "cuda"):
             raise ValueError(
                 f"model.device must be cpu or cuda with runtime: ray (Ray assigns each actor its GPUs), "

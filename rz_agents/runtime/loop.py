@@ -85,6 +85,7 @@ class TrainLoop:
             if cfg.output_dir
             else None
         )
+        placement.load_engine_base()  # LoRA: the base too, once (a resumed one may differ from the engines')
         placement.load_engine_weights(*self.weights_to_publish())
         controller.learner_version = placement.learner_version  # pacing counts lags from it
 
