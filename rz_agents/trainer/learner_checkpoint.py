@@ -8,8 +8,8 @@ load), keyed by parameter name:
   (one process, bf16 model), the fp32 shards (FSDP2 ranks) or the fp32 parameters themselves. The model's
   weights are not stored: they are always these rounded to the model's dtype (``MasterWeights``), so a
   resume rounds them again and gets the same bits.
-- ``optimizer/<name>/<key>``: AdamW's per-parameter state (``exp_avg``, ``exp_avg_sq``, ``step``), sharded like
-  the parameter where it has the parameter's shape.
+- ``optimizer/<name>/<key>``: AdamW's per-parameter state (``exp_avg``, ``exp_avg_sq``, ``step``), sharded
+  like the parameter where it has the parameter's shape.
 - ``frozen/<name>``: each parameter that does not train (LoRA's base), as the model holds it: a warm start may
   have changed it from what the config builds, and no master rebuilds it.
 
@@ -115,7 +115,7 @@ def load_learner_state(learner: Learner, state: dict[str, Any], directory: str |
         kind, _, name = key.partition("/")
         if kind == "frozen":
             if name not in frozen:
-                raise ValueError(f"{directory}: frozen weight {name!r}, which this model does not train around")
+                raise ValueError(f"{directory}: frozen weight {name!r}, which this model does not have")
             targets[key] = frozen[name].detach()
     for key, meta in saved.items():
         kind, _, rest = key.partition("/")
