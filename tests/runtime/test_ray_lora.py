@@ -4,7 +4,8 @@ adapters, and a weight update publishes only the adapter tensors, through the ob
 - sync mode, object store: trajectories and weights are the local LoRA run's, bit for bit; lag-0 tokens score
   exactly (max |dlogp| 0.0) step after step; each update publishes the adapter bytes only;
 - broadcast (gloo), two engines: the same, bytes included;
-- a base changed in the driver (a warm start) reaches the engines once, whole; then adapters only;
+- a base changed in the driver (a warm start) reaches the engines once, whole; then adapters only; a
+  replica Ray restarted takes that base, then the newest adapters (it samples as the other replica);
 - learner_ranks > 1 with LoRA is refused at load with one line.
 """
 
@@ -15,7 +16,7 @@ import asyncio
 import pytest
 import torch
 
-from rz_agents.engine import EngineConfig
+from rz_agents.engine import EngineConfig, SamplingParams
 from rz_agents.model import ModelConfig
 from rz_agents.model.lora import LoraConfig, publication_bytes
 from rz_agents.rollout.agent_loop import EpisodeLimits
@@ -143,6 +144,42 @@ def test_ray_lora_engines_take_a_changed_base_once_then_adapters(ray_cluster):
     for m in run.history:
         assert m["lag0_abs_dlogp_max"] == 0.0 and m["lag0_token_count"] > 0
         assert m["weight_update_bytes"] == adapter > 0
+
+
+def _sample(replica, seed: int):
+    """One sampled completion of a fixed prompt on ``replica`` (tokens, their log-probs, versions)."""
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=seed, ignore_eos=True)
+    c = ray.get(replica.actor.generate.remote([3, 10, 40, 7], params), timeout=120)
+    return c.tokens, c.logprobs, c.versions
+
+
+def test_a_restarted_ray_engine_takes_the_changed_base_then_the_newest_adapters(ray_cluster):
+    """Ray restarts a killed replica with the checkpoint's base and a fresh adapter: the router sends it the
+    run's whole weights first, then the newest adapters, so it samples exactly as the other replica."""
+    run = build_run(_cfg(steps=2, placement=PlacementConfig(engines=2, env_workers=1)))
+    try:
+        with torch.no_grad():
+            for name, p in run.model.named_parameters():
+                if ".lora_" not in name:
+                    p.mul_(1.25)
+        run.push_model_weights()
+        asyncio.run(run.train())
+        restarted, other = run.engine.replicas
+        ray.kill(restarted.actor, no_restart=False)
+
+        async def revive():
+            run.engine._lost(restarted)  # (as a generate call on it would find out)
+            while not restarted.healthy:
+                assert restarted.reviving, "the replica was not revived"
+                await asyncio.sleep(0.2)
+
+        asyncio.run(asyncio.wait_for(revive(), 180))
+        for seed in (1, 2):
+            (t0, lp0, v0), (t1, lp1, v1) = _sample(restarted, seed), _sample(other, seed)
+            assert t0 == t1 and torch.equal(lp0, lp1) and list(v0) == list(v1) == [2] * 12
+    finally:
+        run.close()
+    assert run.engine.counters["replicas_revived"] == 1
 
 
 def test_lora_with_sharded_learner_ranks_is_refused_at_load():
