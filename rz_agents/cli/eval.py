@@ -6,7 +6,8 @@
   flags given on the command line override it.
 * ``rz eval RUN/config.yaml --checkpoint DIR [--tasks FILE] [--k 4] [--threshold 1.0]``: a training config
   (it has ``env:``) and no benchmark (``--benchmark`` or ``eval.benchmark``): the run's own env on its eval
-  tasks (``env.eval_tasks`` or ``--tasks``), with the env's prompt, tools and reward (rz_agents.eval.env_eval).
+  tasks (``env.eval_tasks`` or ``--tasks``), with the env's prompt, tools and reward
+  (rz_agents.eval.env_eval).
 * ``rz eval osworld --tasks DIR|FILE ...``: the OSWorld success table (the same command as
   ``rz osworld eval``; its options are defined once, in ``rz_agents.cli.osworld``).
 """
@@ -91,7 +92,8 @@ def add_parser(subparsers: Any) -> None:
         "--tool",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="offer the sandboxed Python tool (multi-turn episodes); default: no tool, direct \\boxed{} answer",
+        help="offer the sandboxed Python tool (multi-turn episodes); default: no tool, "
+        "direct \\boxed{} answer",
     )
     m.add_argument("--temperature", type=float, help="sampling temperature (default 0.6; 0 = greedy)")
     m.add_argument("--top-p", type=float, help="nucleus sampling (default 0.95)")
@@ -129,7 +131,8 @@ def add_parser(subparsers: Any) -> None:
     m.add_argument("--rows", type=int, default=None, help="print at most N table rows")
     e = parser.add_argument_group(
         "the run's own env (CONFIG is a training config, e.g. RUN/config.yaml, and no benchmark is named); "
-        "--tasks FILE (JSONL/JSON/Parquet or a packaged name) replaces env.eval_tasks, and --k, --temperature, "
+        "--tasks FILE (JSONL/JSON/Parquet or a packaged name) replaces env.eval_tasks, and --k, "
+        "--temperature, "
         "--top-p, --top-k, --seed, --limit, --num-slots, --num-threads, --kernels, --dtype apply; sampling "
         "defaults to the run's rollout settings, turn and token limits are the run's"
     )

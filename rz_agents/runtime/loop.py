@@ -201,8 +201,9 @@ class TrainLoop:
             self.checkpoint(Path(cfg.output_dir) / "checkpoint.pt")
 
     def _staleness(self, batch: list, version: int) -> tuple[dict[str, float], list[int], list[int]]:
-        """The batch's token-weighted staleness at the learner's ``version`` (trainer.metrics.staleness_metrics):
-        its metrics, every sampled token's lag, every trajectory's oldest lag."""
+        """The batch's token-weighted staleness at the learner's ``version``
+        (trainer.metrics.staleness_metrics): its metrics, every sampled token's lag, every trajectory's oldest
+        lag."""
         lags = [[version - v for v, m in zip(t.versions, t.loss_mask, strict=True) if m] for t in batch]
         return staleness_metrics(lags, self.controller.lag.hard)
 

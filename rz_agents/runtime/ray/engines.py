@@ -179,7 +179,8 @@ class EngineReplicas:
 
     # ---- failures ------------------------------------------------------------------------------------
     def _lost(self, replica: _Replica) -> None:
-        """Stop routing to ``replica``; once Ray has restarted it, give it the latest weights and route again."""
+        """Stop routing to ``replica``; once Ray has restarted it, give it the latest weights and route
+        again."""
         if not replica.healthy:
             return
         replica.healthy = False

@@ -65,7 +65,8 @@ class LearnerRank:
             return f"tcp://{host}:{s.getsockname()[1]}"
 
     def start(self, address: str | None) -> str:
-        """Join the group (several ranks), build and shard the model, build the learner; returns the node id."""
+        """Join the group (several ranks), build and shard the model, build the learner; returns the node
+        id."""
         from rz_agents.runtime.ray.cluster import node_id
 
         ranks = None
@@ -238,7 +239,8 @@ class LearnerGroup:
         self._ref = (ref, self.version)
 
     async def inspection_record(self, batch: list, tokenizer: str) -> dict[str, Any]:
-        """The trajectory inspector's record of ``batch`` under the current weights (computed on the ranks)."""
+        """The trajectory inspector's record of ``batch`` under the current weights (computed on the
+        ranks)."""
         ref = ray.put(batch)
         return (await self._await([a.inspection_record.remote(ref, tokenizer) for a in self.actors]))[0]
 
