@@ -3,8 +3,8 @@
 One asyncio event loop runs the engine's step loop, the episodes (env calls in a thread pool) and the
 learner loop (runtime/loop.py's ``TrainLoop``, shared with the Ray runtime, over a ``LocalPlacement``); each
 learner step runs in a worker thread so generation continues while it trains (torch releases the GIL inside
-its ops), or in a child process with ``learner_process: true``. ``mode="sync"`` is the same code with max_lag = 0: one batch is generated with
-the current weights, trained, published, then the next one starts.
+its ops), or in a child process with ``learner_process: true``. ``mode="sync"`` is the same code with
+max_lag = 0: one batch is generated with the current weights, trained, published, then the next one starts.
 """
 
 from __future__ import annotations
