@@ -78,6 +78,12 @@ def add_parser(subparsers: Any) -> None:
         "(smollm2-135m-instruct)",
     )
     m.add_argument(
+        "--adapter",
+        metavar="DIR",
+        help="a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) to load on "
+        "--checkpoint: base + adapter, unmerged (also for a training config's env)",
+    )
+    m.add_argument(
         "--benchmark",
         help=f"{' | '.join(BENCHMARKS)} (word_problems: 200 generated GSM8K-style problems held out from "
         "training), or a JSONL/JSON file of question/answer records",
@@ -87,8 +93,8 @@ def add_parser(subparsers: Any) -> None:
         "--tool",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="offer the sandboxed Python tool (multi-turn episodes); default: no tool, direct \\boxed{} "
-             "answer",
+        help="offer the sandboxed Python tool (multi-turn episodes); default: no tool, "
+        "direct \\boxed{} answer",
     )
     m.add_argument("--temperature", type=float, help="sampling temperature (default 0.6; 0 = greedy)")
     m.add_argument("--top-p", type=float, help="nucleus sampling (default 0.95)")
@@ -219,8 +225,9 @@ def _run_math(args: argparse.Namespace) -> int:
 
     try:
         policy = load_checkpoint_policy(
-            config.checkpoint, kernels=config.kernels, dtype=config.dtype, tokenizer=tokenizer
-        )
+            config.checkpoint, kernels=config.kernels, dtype=config.dtype, tokenizer=tokenizer,
+            adapter=args.adapter,
+        )  # fmt: skip
     except (FileNotFoundError, CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

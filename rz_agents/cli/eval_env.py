@@ -72,8 +72,9 @@ def run_env(args: argparse.Namespace) -> int:
         return fail(f"--out {args.out}: folder {Path(args.out).resolve().parent} does not exist")
     try:
         policy = load_checkpoint_policy(
-            config.checkpoint, kernels=config.kernels, dtype=config.dtype, tokenizer=run_cfg.tokenizer
-        )
+            config.checkpoint, kernels=config.kernels, dtype=config.dtype, tokenizer=run_cfg.tokenizer,
+            adapter=getattr(args, "adapter", None),
+        )  # fmt: skip
     except (FileNotFoundError, CheckpointError, ValueError) as exc:
         return fail(str(exc))
     result = _with_progress(run_cfg, config, policy, len(tasks) * config.k, args.quiet, run_env_eval)

@@ -22,9 +22,16 @@ class CheckpointPolicy:
 
 
 def load_checkpoint_policy(
-    checkpoint: str | Path, kernels: str = "aligned", dtype: str | None = None, tokenizer: str | None = None
+    checkpoint: str | Path,
+    kernels: str = "aligned",
+    dtype: str | None = None,
+    tokenizer: str | None = None,
+    adapter: str | Path | None = None,
 ) -> CheckpointPolicy:
     """Model from ``checkpoint`` (HF layout, or a packaged model's name) and the tokenizer its prompts use.
+
+    ``adapter``: a PEFT LoRA directory loaded on the model (base + adapter, unmerged: the same arithmetic
+    as training); it replaces an adapter the checkpoint holds (its lora_adapter/) of the same shape.
 
     ``tokenizer`` is a training config's ``tokenizer:`` ("byte", "qwen3", "checkpoint"); None takes the
     directory's tokenizer.json, else Qwen3's. Raises FileNotFoundError for a missing directory and
@@ -40,6 +47,13 @@ def load_checkpoint_policy(
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint}: no config.json (not an HF checkpoint directory)")
     model = load_hf_checkpoint(path, kernels=kernels, dtype=dtype).eval()
+    name = path.name
+    if adapter is not None:
+        from rz_agents.model.peft_files import adapter_config, load_peft_adapter
+
+        adapter_config(adapter, "adapter")  # (a clear error for a directory that is not one)
+        load_peft_adapter(model, adapter)
+        name = f"{path.name}+{Path(adapter).name}"
     tok, template, described = _tokenizer(path, tokenizer)
     if tok.vocab_size > model.config.vocab_size:
         config = path.parent / "config.yaml"  # a run directory's copy of its training config
@@ -50,7 +64,7 @@ def load_checkpoint_policy(
             f"config it was trained with (rz eval uses its tokenizer: field): rz eval {config_arg} "
             f"--checkpoint {checkpoint} ..."
         )
-    return CheckpointPolicy(model, tok, template, path.name)
+    return CheckpointPolicy(model, tok, template, name)
 
 
 def _tokenizer(path: Path, kind: str | None) -> tuple[Any, Any, str]:

@@ -67,14 +67,24 @@ def read_peft_config(adapter_dir: str | Path) -> LoraConfig:
         ("bias", "none"), ("modules_to_save", None), ("fan_in_fan_out", False), ("layers_to_transform", None),
     ):  # fmt: skip
         if raw.get(key) not in (None, ok):
-            raise ValueError(f"{adapter_dir}: adapter_config.json {key}={raw[key]!r} is not supported by "
-                             "rz's LoRA")
+            raise ValueError(
+                f"{adapter_dir}: adapter_config.json {key}={raw[key]!r} is not supported by rz's LoRA"
+            )
     targets = raw["target_modules"]
     if isinstance(targets, str):
-        raise ValueError(f"{adapter_dir}: target_modules as a regex ({targets!r}) is not supported; list the "
-                         "names")
+        raise ValueError(
+            f"{adapter_dir}: target_modules as a regex ({targets!r}) is not supported; list the names"
+        )
     # PEFT trains with dropout; the adapter itself is the same function without it (inference)
     return LoraConfig(rank=int(raw["r"]), alpha=float(raw["lora_alpha"]), target_modules=sorted(targets))
+
+
+def adapter_config(adapter_dir: str | Path, field: str) -> LoraConfig:
+    """``read_peft_config`` of a directory named by ``field`` (a config field or a flag), with a ValueError
+    naming it when the directory is not a PEFT adapter directory."""
+    if not (Path(adapter_dir) / CONFIG_NAME).is_file():
+        raise ValueError(f"{field} {adapter_dir}: no {CONFIG_NAME} there (not a PEFT adapter directory)")
+    return read_peft_config(adapter_dir)
 
 
 @torch.no_grad()
@@ -88,22 +98,26 @@ def load_peft_adapter(model: nn.Module, adapter_dir: str | Path) -> LoraConfig:
         add_lora(model, cfg)
     have: LoraConfig = model.lora_config
     if (have.rank, have.alpha, sorted(have.target_modules)) != (cfg.rank, cfg.alpha, cfg.target_modules):
-        raise ValueError(f"{adapter_dir}: adapter (r={cfg.rank}, alpha={cfg.alpha}, {cfg.target_modules}) "
-                         f"does not match the model's (r={have.rank}, alpha={have.alpha}, "
-                         f"{sorted(have.target_modules)})")
+        raise ValueError(
+            f"{adapter_dir}: adapter (r={cfg.rank}, alpha={cfg.alpha}, {cfg.target_modules}) does not "
+            f"match the model's (r={have.rank}, alpha={have.alpha}, {sorted(have.target_modules)})"
+        )
     tensors = load_file(str(Path(adapter_dir) / WEIGHTS_NAME))
     names = adapter_names(model)
     # PEFT names tensors without the adapter name ("default") in its files; accept it with one too
     found = {k.removeprefix(PREFIX).replace(".default.weight", ".weight"): v for k, v in tensors.items()}
     if sorted(found) != sorted(names):
         missing, extra = sorted(set(names) - set(found)), sorted(set(found) - set(names))
-        raise ValueError(f"{adapter_dir}: adapter tensors do not match the model: missing {missing[:3]}, "
-                         f"unexpected {extra[:3]}")
+        raise ValueError(
+            f"{adapter_dir}: adapter tensors do not match the model: missing {missing[:3]}, "
+            f"unexpected {extra[:3]}"
+        )
     params = dict(model.named_parameters())
     for name in names:
         src, dst = found[name], params[name]
         if src.shape != dst.shape:
-            raise ValueError(f"{adapter_dir}: {name} has shape {tuple(src.shape)}, the model "
-                             f"{tuple(dst.shape)}")
+            raise ValueError(
+                f"{adapter_dir}: {name} has shape {tuple(src.shape)}, the model {tuple(dst.shape)}"
+            )
         dst.copy_(src.to(dst.dtype))
     return cfg

@@ -30,8 +30,8 @@ class ModelSpec:
     """
 
     checkpoint: str | None = None
-    # architecture of a random tiny model (llama | qwen3 | qwen3_moe); a checkpoint's config.json decides
-    # otherwise
+    # architecture of a random tiny model (llama | qwen3 | qwen3_moe); a checkpoint's config.json
+    # decides otherwise
     model_type: str = "qwen3"
     # The op set of engine and learner alike: "aligned" (bit-identical log-probs) or "standard" (stock
     # PyTorch ops, the negative control). Nothing else selects it.
@@ -47,6 +47,10 @@ class ModelSpec:
     # Recompute activations in the learner's backward (memory linear in sequence length; forward
     # values unchanged). For long trajectories (16K tokens and more).
     activation_checkpointing: bool = False
+    # A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) loaded on the model:
+    # base + adapter. LoRA training continues from it: learner.lora must match its r, lora_alpha and
+    # target_modules. (A checkpoint saved by rz with its lora_adapter/ folder needs none: it loads both.)
+    adapter: str | None = None
 
 
 @dataclass
@@ -298,8 +302,8 @@ class TrainConfig:
         for name, spec in (("rollout", RolloutSpec), ("learner", LearnerSpec)):
             if not isinstance(getattr(self, name), spec):
                 raise TypeError(
-                    f"{name}: needs a {spec.__name__} (the run schema), got "
-                    f"{type(getattr(self, name)).__name__}"
+                    f"{name}: needs a {spec.__name__} (the run schema), "
+                    f"got {type(getattr(self, name)).__name__}"
                 )
         if self.learner_process and self.model.device != "cpu":
             raise ValueError("learner_process: true needs model.device: cpu (the child shares CPU memory)")
@@ -312,6 +316,8 @@ class TrainConfig:
             raise ValueError(
                 "tokenizer: checkpoint needs model.checkpoint (the directory holding tokenizer.json)"
             )
+        if self.model.adapter:
+            self._validate_adapter()
         if (self.learner_cpus or self.rollout_cpus) and not self.learner_process:
             raise ValueError(
                 "learner_cpus / rollout_cpus need learner_process: true (threads share one process)"
@@ -345,6 +351,20 @@ class TrainConfig:
             )
         return plan
 
+    def _validate_adapter(self) -> None:
+        from rz_agents.model.peft_files import adapter_config
+
+        have, lora = adapter_config(self.model.adapter, "model.adapter"), self.learner.lora
+        theirs = f"rank {have.rank}, alpha {have.alpha}, target_modules {have.target_modules}"
+        if not lora.enabled:
+            raise ValueError(f"model.adapter needs learner.lora set as the adapter's ({theirs})")
+        mine = (lora.rank, lora.alpha, sorted(lora.target_modules))
+        if mine != (have.rank, have.alpha, have.target_modules):
+            raise ValueError(
+                f"learner.lora (rank {lora.rank}, alpha {lora.alpha}, target_modules "
+                f"{sorted(lora.target_modules)}) does not match model.adapter's ({theirs})"
+            )
+
     def _validate_eval(self) -> None:
         from rz_agents.eval.in_loop import plan_loop_eval
 
@@ -371,12 +391,16 @@ class TrainConfig:
                 if getattr(self, name) != default:
                     raise ValueError(f"{name}: is set but runtime is 'local'; set runtime: ray to use it")
             if self.learner.lora.enabled and self.learner_process:
-                raise ValueError("learner.lora needs learner_process: false (the child does not publish "
-                                 "adapters)")
+                raise ValueError(
+                    "learner.lora needs learner_process: false (the child does not publish adapters)"
+                )
             return
-        if self.learner.lora.enabled:  # the Ray engines build their own models: they would hold no adapters
-            raise ValueError("learner.lora needs runtime: local (the Ray runtime does not sync adapters yet)")
         p = self.actors
+        if self.learner.lora.enabled and p.learner_ranks > 1:  # (one rank publishes adapters: ray/learner.py)
+            raise ValueError(
+                f"learner.lora needs actors.learner_ranks: 1 (got {p.learner_ranks}): FSDP2-sharded ranks "
+                "do not build adapters yet"
+            )
         if self.model.device not in ("cpu", "cuda"):
             raise ValueError(
                 f"model.device must be cpu or cuda with runtime: ray (Ray assigns each actor its GPUs), "

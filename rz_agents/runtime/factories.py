@@ -16,9 +16,19 @@ from rz_agents.runtime.plan import RunPlan
 
 
 def build_model(spec: ModelSpec, vocab_size: int):
-    """The policy model (random tiny, or loaded from an HF checkpoint) on ``spec.device``.
+    """The policy model (random tiny, or loaded from an HF checkpoint) on ``spec.device``, with
+    ``spec.adapter`` (a PEFT LoRA directory) loaded on it.
 
     Raises DeviceError (a ValueError) when the device is absent on this machine."""
+    model = _base_model(spec, vocab_size)
+    if spec.adapter:
+        from rz_agents.model.peft_files import load_peft_adapter
+
+        load_peft_adapter(model, spec.adapter)
+    return model
+
+
+def _base_model(spec: ModelSpec, vocab_size: int):
     from rz_agents.model import ModelConfig, Transformer
 
     device = resolve_device(spec.device, "model.device")

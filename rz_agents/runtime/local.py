@@ -53,6 +53,7 @@ class LocalLoopRuntime(LoopRuntime):
         self.run = run
         self.engine, self.learner, self.plan = run.engine, run.learner, run.plan
         self._saved_affinity: set[int] | None = None
+        self.publication_bytes = 0  # bytes of the latest weight update (with LoRA: the adapters')
 
     def before_train(self) -> None:
         cpus = self.run.cfg.rollout_cpus
@@ -105,8 +106,13 @@ class LocalLoopRuntime(LoopRuntime):
     def load_engine_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         self.engine.load_weights(weights, version)
 
+    def load_engine_base(self) -> None:
+        if has_lora(self.run.model):  # (learner_process is refused with LoRA: the learner is here)
+            self.engine.load_weights(self.learner.weights(), self.learner.version)
+
     async def send_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         self.engine.load_weights(weights, version)  # episodes in flight continue with them
+        self.publication_bytes = sum(t.numel() * t.element_size() for t in weights.values())
 
     def weights_to_tensors(self, weights: dict) -> dict:
         return weights
@@ -121,6 +127,7 @@ class LocalLoopRuntime(LoopRuntime):
         return {
             "engine_generated_tokens": self.engine.counters["generated_tokens"],
             "engine_version": self.engine.version,
+            "weight_update_bytes": self.publication_bytes,
         }
 
     def engine_summary(self) -> dict[str, Any]:
@@ -179,10 +186,8 @@ class LocalRun(RunHandle):
         """``model`` was changed in place (a supervised warm start): the learner takes its weights (fp32
         masters included), keeping its version, and the engine samples with them."""
         self.learner.load_weights({k: v.detach() for k, v in self.model.state_dict().items()})
-        weights, version = self.loop.weights_to_publish()
-        if has_lora(self.model):  # the warm start changed the (otherwise frozen) base: send it all once
-            weights = {k: v.detach() for k, v in self.model.state_dict().items()}
-        self.engine.load_weights(weights, version)
+        self.loop_runtime.load_engine_base()  # LoRA: the warm start changed the (otherwise frozen) base
+        self.engine.load_weights(*self.loop.weights_to_publish())
 
     def close(self) -> None:
         """Release envs, threads and files; undo the CPU pinning of this thread."""

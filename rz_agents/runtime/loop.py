@@ -85,6 +85,7 @@ class TrainLoop:
             if cfg.output_dir
             else None
         )
+        loop_runtime.load_engine_base()  # LoRA: the base, once (a resumed one may differ from the engines')
         loop_runtime.load_engine_weights(*self.weights_to_publish())
         controller.learner_version = loop_runtime.learner_version  # pacing counts lags from it
 

@@ -3,8 +3,8 @@ is and how it reaches the engines. ``LocalLoopRuntime`` (runtime/local.py: one p
 thread or a child process) and ``RayLoopRuntime`` (runtime/ray/run.py: actors) implement it; ``TrainLoop``
 (runtime/loop.py) drives either one with the same code.
 
-Every hook but ``before_train`` and the two learner figures is abstract: a runtime that lacks one fails
-when it is built, not in the middle of a run.
+Every hook but ``before_train``, ``load_engine_base`` and the two learner figures is abstract: a runtime
+that lacks one fails when it is built, not in the middle of a run.
 """
 
 from __future__ import annotations
@@ -62,6 +62,10 @@ class LoopRuntime(ABC):
     @abstractmethod
     def load_engine_weights(self, weights: Any, version: int) -> None:
         """Make the engines sample with ``weights`` as ``version`` now (before the loop starts)."""
+
+    def load_engine_base(self) -> None:  # noqa: B027 (optional: only LoRA publishes a part of the weights)
+        """With LoRA (a publication holds only the adapters): make the engines take the learner's whole
+        weights now (its frozen base may differ from theirs: a warm start, a resumed checkpoint)."""
 
     @abstractmethod
     async def send_weights(self, weights: Any, version: int) -> None:

@@ -10,6 +10,8 @@ load), keyed by parameter name:
   resume rounds them again and gets the same bits.
 - ``optimizer/<name>/<key>``: AdamW's per-parameter state (``exp_avg``, ``exp_avg_sq``, ``step``), sharded
   like the parameter where it has the parameter's shape.
+- ``frozen/<name>``: each parameter that does not train (LoRA's base), as the model holds it: a warm start may
+  have changed it from what the config builds, and no master rebuilds it.
 
 Everything small (param groups, schedule, version, counters) is returned to the caller, which keeps it in
 the runtime checkpoint file next to the folder (trainer/checkpoint.py). One process writes the same folder
@@ -44,6 +46,12 @@ def _names(learner: Learner) -> list[str]:
     return [by_id[id(p)] for p in learner.params]
 
 
+def _frozen(learner: Learner) -> list[tuple[str, torch.Tensor]]:
+    """(name, parameter) of each model parameter the learner does not train (LoRA's base)."""
+    trained = {id(p) for p in learner.params}
+    return [(n, p) for n, p in learner.model.named_parameters() if id(p) not in trained]
+
+
 def _distributed(learner: Learner) -> bool:
     """Whether the learner's tensors are DTensor shards of a process group (FSDP2 ranks)."""
     return learner.ranks.keeps_fp32_shards
@@ -67,6 +75,7 @@ def save_learner_state(learner: Learner, directory: str | Path) -> dict[str, Any
         f"masters/{name}": t.detach()
         for name, t in zip(names, learner.master_weights.optimized(), strict=True)
     }
+    tensors.update({f"frozen/{name}": p.detach() for name, p in _frozen(learner)})
     optimizer = learner.optimizer.state_dict()
     other: dict[int, dict[str, Any]] = {}
     for index, per_param in optimizer["state"].items():
@@ -107,6 +116,13 @@ def load_learner_state(learner: Learner, state: dict[str, Any], directory: str |
     targets: dict[str, torch.Tensor] = {f"masters/{n}": t.detach() for n, t in by_name.items()}
     per_param: dict[int, dict[str, Any]] = {}
     index = {n: i for i, n in enumerate(names)}
+    frozen = dict(_frozen(learner))
+    for key in saved:  # (a checkpoint from before frozen/ keeps the base the config built)
+        kind, _, name = key.partition("/")
+        if kind == "frozen":
+            if name not in frozen:
+                raise ValueError(f"{directory}: frozen weight {name!r}, which this model does not have")
+            targets[key] = frozen[name].detach()
     for key, meta in saved.items():
         kind, _, rest = key.partition("/")
         if kind != "optimizer":

@@ -8,7 +8,10 @@ episode goes to the replica serving the fewest live episodes. An episode is the 
 (the controller runs every episode in its own task), so routing needs nothing from the agent loop.
 
 Weights reach the replicas as one reference into Ray's object store (published by learner rank 0); each
-replica fetches the object (once per node) and applies it between engine steps. A replica that dies is
+replica fetches the object (once per node) and applies it between engine steps. With LoRA a replica builds
+the same adapters as the learner (``learner.lora``) and a publication holds only the adapter tensors; the
+whole weights go once (``load_base``: at the start, after a warm start or a resume) and again to a replica
+Ray restarted, before its adapters. A replica that dies is
 restarted by Ray; its episodes in flight fail with ``ReplicaLost`` (the controller runs them again or drops
 them, and counts both), and the router sends it the latest weights before routing to it again.
 """
@@ -28,6 +31,7 @@ from ray.exceptions import RayActorError
 
 from rz_agents.engine import EngineConfig, RZEngine
 from rz_agents.engine.params import Completion, SamplingParams
+from rz_agents.model.lora import LoraConfig, adapter_names, add_lora, has_lora
 from rz_agents.rollout.agent_loop import EpisodeError, ReplicaLost
 from rz_agents.runtime.config import ModelSpec
 from rz_agents.runtime.factories import build_model, build_tokenizer
@@ -46,11 +50,15 @@ class EngineServer:
         engine_cfg: EngineConfig,
         tokenizer: str,
         device: str = "cpu",
+        lora: LoraConfig | None = None,
     ) -> None:
+        """``lora``: the learner's adapters (``learner.lora``), built here the same way (same seeded init)."""
         if engine_cfg.num_threads is not None:
             torch.set_num_threads(engine_cfg.num_threads)
         tok, _ = build_tokenizer(tokenizer, spec.checkpoint)
         model = build_model(dataclasses.replace(spec, device=device), vocab)
+        if lora is not None:
+            add_lora(model, lora)
         model.requires_grad_(False)
         self.engine = RZEngine(model, engine_cfg, decode=tok.decode)
 
@@ -72,7 +80,10 @@ class EngineServer:
     async def receive_weights(self, version: int) -> int:
         """Receive the weights learner rank 0 broadcasts (in a thread: generation goes on meanwhile), then
         apply them between engine steps."""
-        state = await asyncio.to_thread(self.broadcast.receive, self.engine.model.state_dict())
+        like = self.engine.model.state_dict()
+        if has_lora(self.engine.model):  # the learner broadcasts only the adapters (ray/learner.py)
+            like = {name: like[name] for name in adapter_names(self.engine.model)}
+        state = await asyncio.to_thread(self.broadcast.receive, like)
         self.engine.load_weights(state, version)
         return version
 
@@ -108,6 +119,7 @@ class EngineReplicas:
         self.replicas = [_Replica(i, a) for i, a in enumerate(actors)]
         self._version = 0
         self._weights: tuple[Any, int] | None = None  # what every replica must hold: (object ref, version)
+        self._base: Any = None  # LoRA: the whole weights (object ref) a restarted replica loads first
         self._routes: weakref.WeakKeyDictionary[asyncio.Task, _Replica] = weakref.WeakKeyDictionary()
         self._changed: asyncio.Event | None = None
         self._revivals: set[asyncio.Task] = set()
@@ -189,6 +201,8 @@ class EngineReplicas:
                 while self._weights is None:  # the newest weights are not in the store (broadcast mode)
                     await self._wait_for_change()
                 target = self._weights
+                if self._base is not None:  # (its rebuilt model holds the checkpoint's base, not the run's)
+                    await call_when_alive(replica.actor.load_weights, self._base, target[1])
                 await call_when_alive(replica.actor.load_weights, *target)
                 if self._weights is target:  # no newer publication meanwhile
                     break
@@ -222,6 +236,12 @@ class EngineReplicas:
         """Every replica applied ``version``, broadcast by learner rank 0 (not in the object store)."""
         self._weights = None
         self._version = version
+
+    def load_base(self, weights: Any, version: int) -> None:
+        """(LoRA) Every replica takes the whole ``weights`` (an object ref: base and adapters) as ``version``
+        now, and a replica Ray restarts takes them again before the adapters published after them."""
+        self._base = weights
+        self.load_weights(weights, version)
 
     def load_weights(self, weights: Any, version: int) -> None:
         """``publish`` from outside the event loop (blocks until every replica applied the weights)."""

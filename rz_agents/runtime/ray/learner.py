@@ -3,9 +3,11 @@ on GPU), the model sharded with FSDP2 when there are several (trainer/sharding.p
 driver: every rank receives the same batch (one object in the store), runs ``Learner.step`` on its share of
 the micro-batches, and rank 0 returns the metrics; after a step every rank joins the all-gather of the
 weights and rank 0 puts the whole state in Ray's object store (one ``ray.put``) and returns the reference;
-the driver hands it to the engines, which fetch the object (the driver never does). A checkpoint has every
-rank write its own shards into one folder (``save_state``: the run directory must be one filesystem for
-all ranks, as it is on one node).
+the driver hands it to the engines, which fetch the object (the driver never does). With LoRA
+(``learner.lora``, one rank) a publication holds only the adapter tensors (``Learner.published_names``); the
+whole weights are put in the store only on demand (``full_weights_ref``: exports, the engines' base). A
+checkpoint has every rank write its own shards into one folder (``save_state``: the run directory must be one
+filesystem for all ranks, as it is on one node).
 
 Ranks are never restarted: a rank's death ends the run (``LearnerLost``) with its last checkpoint intact.
 """
@@ -23,6 +25,7 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
+from rz_agents.model.lora import add_lora
 from rz_agents.runtime.config import ModelSpec
 from rz_agents.runtime.factories import build_model, checkpoint_skeleton, checkpoint_weights
 from rz_agents.runtime.plan import RunPlan
@@ -81,6 +84,7 @@ class LearnerRank:
             self.learner.load_weights(checkpoint_weights(self.spec))
             return node_id()
         model = build_model(dataclasses.replace(self.spec, device=self.device), self.vocab)
+        add_lora(model, self.plan.learner.lora)  # (the engines build the same adapters: ray/engines.py)
         self.learner = self.plan.build_learner(model, ranks=ranks)
         return node_id()
 
@@ -106,15 +110,19 @@ class LearnerRank:
         )  # fmt: skip
         return record if self.rank == 0 else None
 
-    def weights(self) -> list | None:
-        """The whole weights (a collective, gathered tensor by tensor); rank 0 copies each to the host as it
-        arrives, puts them in the object store (one ``ray.put``) and returns ``[reference]`` (in a list, so
-        that Ray hands the driver the reference, not the tensors). The other ranks drop each at once."""
+    def weights(self, published: bool = True) -> list | None:
+        """The weights a publication sends (``published``: only the adapters with LoRA) or the whole weights
+        (a collective, gathered tensor by tensor); rank 0 copies each to the host as it arrives, puts them in
+        the object store (one ``ray.put``) and returns ``[reference, bytes]`` (in a list, so that Ray hands
+        the driver the reference, not the tensors). The other ranks drop each at once."""
         host: dict[str, torch.Tensor] = {}
-        for name, tensor in self.learner.iter_weights():
+        names = self.learner.published_names() if published else None
+        for name, tensor in self.learner.iter_weights(names):
             if self.rank == 0:
                 host[name] = tensor.detach().to("cpu")
-        return [ray.put(host)] if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        return [ray.put(host), sum(t.numel() * t.element_size() for t in host.values())]
 
     def save_state(self, folder: str) -> dict[str, Any] | None:
         """Learner.save_state: every rank writes its own shards into ``folder`` (a collective; the folder must
@@ -137,20 +145,25 @@ class LearnerRank:
 
         self.broadcast = WeightBroadcast(address, 0, world, backend)
 
-    def broadcast_weights(self) -> None:
-        """The whole weights (a collective of the learner ranks, gathered tensor by tensor in the broadcast's
-        bucket order), broadcast by rank 0 to the engines bucket by bucket."""
+    def broadcast_weights(self) -> int | None:
+        """The published weights (the whole weights, or only the adapters with LoRA; a collective of the
+        learner ranks, gathered tensor by tensor in the broadcast's bucket order), broadcast by rank 0 to the
+        engines bucket by bucket; rank 0 returns the bytes sent."""
         from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES, buckets
 
         shapes = self.learner.weight_shapes()
+        names = self.learner.published_names()
+        if names is not None:  # the engines receive a state laid out like their own adapters
+            shapes = {name: shapes[name] for name in names}
         bucket_bytes = self.broadcast.bucket_bytes if self.rank == 0 else BUCKET_BYTES
         order = [name for _, entries in buckets(shapes, bucket_bytes) for name, _ in entries]
         stream = self.learner.iter_weights(order)
         if self.rank == 0:
             self.broadcast.send(shapes, stream)
-        else:
-            for _ in stream:  # join each gather; keep nothing
-                pass
+            return sum(t.numel() * t.element_size() for t in shapes.values())
+        for _ in stream:  # join each gather; keep nothing
+            pass
+        return None
 
     def close_broadcast(self) -> None:
         """(rank 0) Leave the weights group."""
@@ -175,14 +188,17 @@ class LearnerGroup:
     fetch them from there); off while the weights travel by broadcast, then ``weights_ref`` makes the
     reference on demand (exports, checkpoints of the fixed-lag history)."""
 
-    def __init__(self, actors: list[Any], store_weights: bool = True) -> None:
+    def __init__(self, actors: list[Any], store_weights: bool = True, adapters_only: bool = False) -> None:
+        """``adapters_only``: LoRA (a publication holds only the adapters; ``full_weights_ref`` all)."""
         self.actors = actors
         self.version = 0
         self.skipped_steps = 0
         self.store_weights = store_weights
+        self.adapters_only = adapters_only
+        self.published_bytes = 0  # bytes of the latest publication put in the store
         address = ray.get(actors[0].rendezvous.remote()) if len(actors) > 1 else None
         self.nodes = self._get([a.start.remote(address) for a in actors])
-        self._ref: tuple[Any, int] | None = None  # (object ref of the weights, their version)
+        self._ref: tuple[Any, int] | None = None  # (object ref of the published weights, their version)
         self.weights_ref()
 
     def _get(self, refs: list) -> list:
@@ -207,8 +223,12 @@ class LearnerGroup:
         metrics, self.version, self.skipped_steps = results[0]
         if self.store_weights and self.cached_ref() is None:
             results = await self._await([a.weights.remote() for a in self.actors])
-            self._ref = (results[0][0], self.version)
+            self._stored(results[0])
         return metrics
+
+    def _stored(self, result: list) -> None:
+        ref, self.published_bytes = result
+        self._ref = (ref, self.version)
 
     async def inspection_record(self, batch: list, tokenizer: str) -> dict[str, Any]:
         """The trajectory inspector's record of ``batch`` under the current weights (computed on the
@@ -221,10 +241,18 @@ class LearnerGroup:
         return self._ref[0] if self._ref is not None and self._ref[1] == self.version else None
 
     def weights_ref(self) -> Any:
-        """The object ref of the current weights, gathered into the store if they are not yet."""
+        """The object ref of the current published weights (with LoRA the adapters only), gathered into the
+        store if they are not yet."""
         if self.cached_ref() is None:
-            self._ref = (self._get([a.weights.remote() for a in self.actors])[0][0], self.version)
+            self._stored(self._get([a.weights.remote() for a in self.actors])[0])
         return self._ref[0]
+
+    def full_weights_ref(self) -> Any:
+        """The object ref of the whole current weights (``weights_ref`` unless LoRA: then put in the store
+        now, base and adapters)."""
+        if not self.adapters_only:
+            return self.weights_ref()
+        return self._get([a.weights.remote(False) for a in self.actors])[0][0]
 
     async def weights_ref_async(self) -> Any:
         """``weights_ref`` without blocking the event loop."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import ray
 
+from rz_agents.model.lora import add_lora
 from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.factories import (
     build_controller,
@@ -95,7 +96,9 @@ class RayRun(RunHandle):
         self._actors += ranks
         self.engine = EngineReplicas(engines)
         self.env_workers = workers
-        self.learner = LearnerGroup(ranks, store_weights=p.weight_transport != "broadcast")
+        self.learner = LearnerGroup(
+            ranks, store_weights=p.weight_transport != "broadcast", adapters_only=plan.learner.lora.enabled
+        )
         check_env_workers(workers, timeout_s=cfg.watchdog_s or None)
         # An env that runs its own agent against the engine (rz_agents/OpenAIAgent-v0: rz serve sessions over
         # the replica router) is built here in the driver, where the router is; others live in the workers.
@@ -111,31 +114,41 @@ class RayRun(RunHandle):
                 **actor_options(
                     p.cpus_per_engine, p.engine_gpus, p.engine_resources, max_restarts=p.actor_restarts
                 )
-            ).remote(self.spec, self.vocab, self.plan.engine, self.cfg.tokenizer, device)
+            ).remote(self.spec, self.vocab, self.plan.engine, self.cfg.tokenizer, device, self._lora())
             for _ in range(p.engines)
         ]
         self._actors += engines
         return engines
 
+    def _lora(self):
+        """The learner's LoRA config for the engines to build the same adapters (None: no LoRA)."""
+        lora = self.plan.learner.lora
+        return lora if lora.enabled else None
+
     @functools.cached_property
     def model(self):
         """A copy of the policy in this process, for a supervised warm start (then ``push_model_weights``)
-        and for exporting; built on first use, with the learner's current weights."""
+        and for exporting; built on first use, with the learner's current weights (adapters included)."""
         model = build_model(self.spec, self.vocab)
-        model.load_state_dict(ray.get(self.learner.weights_ref()))
+        if self._lora() is not None:
+            add_lora(model, self._lora())
+        model.load_state_dict(ray.get(self.learner.full_weights_ref()))
         return model
 
     def push_model_weights(self) -> None:
         """``model`` was changed in place (a supervised warm start): the learner ranks take its weights
-        (fp32 masters included), keeping their version, and the engines sample with them."""
+        (fp32 masters included), keeping their version, and the engines sample with them (with LoRA the
+        whole weights once: the warm start changed the otherwise frozen base)."""
         self.learner.load_weights({k: v.detach() for k, v in self.model.state_dict().items()})
+        self.loop_runtime.load_engine_base()
         self.engine.load_weights(*self.loop.weights_to_publish())
 
     def export_model(self, out_dir: str | Path) -> Path:
-        """The learner's current weights as an HF checkpoint directory (``rz eval --checkpoint`` reads it)."""
+        """The learner's current weights as an HF checkpoint directory (``rz eval --checkpoint`` reads it;
+        with LoRA the adapter goes to its ``lora_adapter/``)."""
         from rz_agents.model.checkpoint import save_hf_checkpoint
 
-        self.model.load_state_dict(ray.get(self.learner.weights_ref()))
+        self.model.load_state_dict(ray.get(self.learner.full_weights_ref()))
         extra = tokenizer_files(self.cfg.tokenizer, self.cfg.model.checkpoint)
         return save_hf_checkpoint(self.model, out_dir, extra_files=extra)
 
@@ -174,6 +187,7 @@ class RayLoopRuntime(LoopRuntime):
         self.run = run
         self.engine, self.learner = run.engine, run.learner
         self.publications = {"broadcast": 0, "object_store": 0}
+        self.publication_bytes = 0  # bytes of the latest weight update (with LoRA: the adapters')
         self._broadcasting = False
         p = run.cfg.actors
         if p.weight_transport == "broadcast":
@@ -194,10 +208,11 @@ class RayLoopRuntime(LoopRuntime):
         """Publish ``version`` by broadcast; False (and the object store from now on) if it cannot be."""
         if self._broadcasting and self.engine.counters["replicas_lost"] == 0:
             try:
-                await asyncio.gather(
+                sent = await asyncio.gather(
                     *(a.broadcast_weights.remote() for a in self.learner.actors),
                     *(r.actor.receive_weights.remote(version) for r in self.engine.replicas),
                 )
+                self.publication_bytes = sent[0]
                 self.engine.received_broadcast(version)
                 self.publications["broadcast"] += 1
                 return True
@@ -232,6 +247,10 @@ class RayLoopRuntime(LoopRuntime):
     def load_engine_weights(self, weights: Any, version: int) -> None:
         self.engine.load_weights(weights, version)
 
+    def load_engine_base(self) -> None:
+        if self.learner.adapters_only:
+            self.engine.load_base(self.learner.full_weights_ref(), self.learner.version)
+
     async def send_weights(self, weights: Any, version: int) -> None:
         if await self._broadcast(version):
             return
@@ -239,6 +258,7 @@ class RayLoopRuntime(LoopRuntime):
             weights = await self.learner.weights_ref_async()
         await self.engine.publish(weights, version)
         self.publications["object_store"] += 1
+        self.publication_bytes = self.learner.published_bytes
 
     def weights_to_tensors(self, weights: Any) -> dict:
         return ray.get(weights)
@@ -255,6 +275,7 @@ class RayLoopRuntime(LoopRuntime):
             "engine_version": self.engine.version,
             "engine_replicas_lost": self.engine.counters["replicas_lost"],
             **{f"weights_published_by_{k}": v for k, v in self.publications.items()},
+            "weight_update_bytes": self.publication_bytes,
         }
 
     def engine_summary(self) -> dict[str, Any]:
