@@ -1,0 +1,248 @@
+"""Keep Chromium running across episodes and return it to a fresh start's state over DevTools.
+
+A Chromium start is most of a desktop reset's CPU (~0.7-0.85 of ~1.1 CPU-s), so with
+``DesktopEnv(keep_browser=True)`` the browser a chrome task started is kept for the next
+chrome task, and cleaned instead of restarted:
+
+1. a ``chrome://settings`` tab is opened (its WebUI can clear browsing data and set prefs),
+   then every other tab and window is closed without ``beforeunload`` handlers (open dialogs
+   go with their tabs; a new tab is a new back/forward list);
+2. the settings page clears, for all time: history, the download list, cookies and site data
+   (local storage, IndexedDB, service workers, cache storage, ...), the HTTP cache, site
+   settings (permissions, zoom), hosted-app data and autofill form data -- the data types of
+   Chromium's own "Clear browsing data" dialog;
+3. every pref the settings UI exposes goes back to the fresh profile's value (read once from a
+   freshly started browser: ``default_prefs``), and permission overrides are reset;
+4. the settings tab closes: the browser runs with no window (it is started with
+   ``--keep-alive-for-test``), as a desktop before the task's setup launches Chrome;
+5. verified: no tab left, no cookie, every pref back. Any difference, an error, or a browser
+   that died means a fresh start instead (the caller kills it and restores the profile).
+
+The task's setup then runs as usual, except that its first Chrome launch opens the launch's
+URLs in a new window of the kept browser (``open_window``), at the flags' position and size.
+The downloaded files and everything else in the home folder are the warm reset's
+(``providers/warm.py``), which leaves the profile folder to this module.
+
+Which tasks keep the browser: ``fresh_browser_reason`` says why one needs a fresh start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from rz_agents.envs.osworld.chrome import CHROME_ALIASES
+
+# Chromium's "Clear browsing data" dialog's data types (pref names, as its WebUI sends them).
+# ``passwords`` is left out: this Chromium's handler aborts the renderer on it, and the episode's
+# ``--password-store=basic`` has nothing a task could have saved that another task reads.
+CLEAR_DATA_TYPES = (
+    "browser.clear_data.browsing_history",
+    "browser.clear_data.download_history",
+    "browser.clear_data.cookies",
+    "browser.clear_data.cache",
+    "browser.clear_data.site_settings",
+    "browser.clear_data.hosted_apps_data",
+    "browser.clear_data.form_data",
+)
+ALL_TIME = 4  # the dialog's TimePeriod.ALL_TIME
+SETTINGS_URL = "chrome://settings/clearBrowserData"
+# Profile files a setup step may write before Chrome starts: such a task needs a fresh profile.
+PROFILE_MARKERS = (".config/google-chrome", ".config/chromium")
+# Preferences that are state, not settings: the clearing itself writes them.
+VOLATILE_PREFS = frozenset({"browser.clear_data.time_period"})
+
+
+class KeepError(RuntimeError):
+    """The kept browser could not be verified clean; a fresh start replaces it."""
+
+
+def chrome_launch_urls(step_type: str, params: dict[str, Any]) -> list[str] | None:
+    """The URLs a ``launch`` step opens when it starts Chrome, else None (not a Chrome launch)."""
+    if step_type != "launch":
+        return None
+    command = params.get("command")
+    argv = command.split() if isinstance(command, str) else list(command or [])
+    if not argv or os.path.basename(str(argv[0])) not in CHROME_ALIASES:
+        return None
+    return [str(a) for a in argv[1:] if not str(a).startswith("-")]
+
+
+def fresh_browser_reason(steps: list[tuple[str, dict[str, Any]]]) -> str | None:
+    """Why a task's setup needs a freshly started Chrome, or None when a kept one can serve it.
+
+    ``steps``: the setup's ``(type, parameters)``. A kept browser serves a setup whose first
+    Chrome launch is a plain ``launch`` (flags only the debugging port: every chrome and
+    multi-app task in OSWorld), with nothing before it that needs Chrome absent.
+    """
+    for step_type, params in steps:
+        text = json.dumps(params)
+        if step_type == "update_browse_history":
+            return "update_browse_history writes the History database before Chrome starts"
+        if any(marker in text for marker in PROFILE_MARKERS):
+            return f"a {step_type} step touches the Chrome profile folder"
+        urls = chrome_launch_urls(step_type, params)
+        if urls is not None:
+            command = params.get("command")
+            argv = command.split() if isinstance(command, str) else list(command)
+            flags = [a for a in argv[1:] if str(a).startswith("-")]
+            if any(not str(f).startswith("--remote-debugging-port") for f in flags):
+                return f"Chrome is launched with its own flags {flags}"
+            if params.get("shell"):
+                return "Chrome is launched through a shell command"
+            return None
+        if step_type in ("chrome_open_tabs", "chrome_close_tabs"):
+            return f"{step_type} before Chrome is launched (a fresh desktop has no Chrome to reach)"
+    return "the setup does not launch Chrome (a kept browser would stay running)"
+
+
+def _settings_session(browser: Any) -> tuple[Any, Any]:
+    """A ``chrome://settings`` tab whose own scripts never run, and a CDP session on it.
+
+    The settings UI (Polymer, every section) costs ~2 CPU-s to render; stopped before it parses
+    (``window.stop()`` first thing in the document) the page still carries the WebUI's bindings
+    (``chrome.send`` to the clear-browsing-data handler, ``chrome.settingsPrivate``) for ~0.3.
+    """
+    page = browser.contexts[0].new_page()
+    session = page.context.new_cdp_session(page)
+    session.send("Page.enable")
+    session.send("Page.addScriptToEvaluateOnNewDocument", {"source": "window.stop()"})
+    session.send("Page.navigate", {"url": SETTINGS_URL})
+    deadline = time.monotonic() + 15
+    probe = "typeof chrome.send + typeof (chrome.settingsPrivate || {}).getAllPrefs"
+    while _evaluate(session, probe) != "functionfunction":
+        if time.monotonic() > deadline:
+            raise KeepError("the settings page did not come up")
+        time.sleep(0.05)
+    return page, session
+
+
+def _evaluate(session: Any, expression: str) -> Any:
+    out = session.send(
+        "Runtime.evaluate", {"expression": expression, "awaitPromise": True, "returnByValue": True}
+    )
+    if "exceptionDetails" in out:
+        raise KeepError(f"settings page: {out['exceptionDetails'].get('text')}")
+    return out["result"].get("value")
+
+
+def read_prefs(session: Any) -> dict[str, Any]:
+    """Every pref the settings UI exposes: ``{key: value}`` (through a ``_settings_session``)."""
+    prefs = _evaluate(session, "new Promise(r => chrome.settingsPrivate.getAllPrefs(r))")
+    return {p["key"]: p.get("value") for p in prefs if p["key"] not in VOLATILE_PREFS}
+
+
+def default_prefs(browser: Any) -> dict[str, Any]:
+    """The prefs of a browser that has just started on a fresh profile (before anyone used it)."""
+    page, session = _settings_session(browser)
+    try:
+        return read_prefs(session)
+    finally:
+        page.close()
+
+
+def set_prefs(browser: Any, values: dict[str, Any]) -> None:
+    """Set prefs as the settings UI does (for tests that dirty a browser)."""
+    page, session = _settings_session(browser)
+    try:
+        for key, value in values.items():
+            _evaluate(
+                session,
+                f"new Promise(r => chrome.settingsPrivate.setPref({json.dumps(key)}, "
+                f"{json.dumps(value)}, '', r))",
+            )
+    finally:
+        page.close()
+
+
+def _clear_browsing_data(session: Any, timeout_s: float = 20.0) -> None:
+    # The page's own scripts never ran, so the handler's answer (``cr.webUIResponse``) lands in ours.
+    # ``initializeClearBrowsingData`` lets the handler call back into the page.
+    types, wait_ms = json.dumps(list(CLEAR_DATA_TYPES)), int(timeout_s * 1000)
+    ok = _evaluate(
+        session,
+        "new Promise((resolve) => {"
+        " window.cr = {webUIResponse: (id, ok) => { if (id === 'rz-clear') resolve(ok); },"
+        " webUIListenerCallback: () => {}};"
+        " chrome.send('initializeClearBrowsingData', ['rz-init']);"
+        f" chrome.send('clearBrowsingData', ['rz-clear', {types}, {ALL_TIME}]);"
+        f" setTimeout(() => resolve('timeout'), {wait_ms}); }})",
+    )
+    if ok is not True:
+        raise KeepError(f"clearing browsing data did not finish: {ok}")
+
+
+def _restore_prefs(session: Any, defaults: dict[str, Any]) -> list[str]:
+    """Set back every pref that differs from ``defaults``; returns the keys still different."""
+    now = read_prefs(session)
+    changed = [k for k in defaults if k in now and now[k] != defaults[k]]
+    for key in changed:
+        _evaluate(
+            session,
+            f"new Promise(r => chrome.settingsPrivate.setPref({json.dumps(key)}, "
+            f"{json.dumps(defaults[key])}, '', r))",
+        )
+    after = read_prefs(session) if changed else now
+    return sorted(k for k in set(defaults) | set(after) if after.get(k) != defaults.get(k))
+
+
+def clean_browser(browser: Any, defaults: dict[str, Any]) -> None:
+    """Return the running browser to a fresh start's state (see the module doc); raises ``KeepError``
+    with what stayed different."""
+    page, session = _settings_session(browser)
+    keep_id = session.send("Target.getTargetInfo")["targetInfo"]["targetId"]
+    browser_session = browser.new_browser_cdp_session()
+    try:
+        for info in browser_session.send("Target.getTargets")["targetInfos"]:
+            if info["type"] in ("page", "app") and info["targetId"] != keep_id:
+                try:  # no beforeunload: an open dialog goes with its tab
+                    browser_session.send("Target.closeTarget", {"targetId": info["targetId"]})
+                except Exception:  # noqa: BLE001 - gone already
+                    pass
+        _clear_browsing_data(session)
+        browser_session.send("Browser.resetPermissions")
+        differ = _restore_prefs(session, defaults)
+        if differ:
+            raise KeepError(f"prefs not back to a fresh profile's: {differ[:5]}")
+        browser_session.send("Target.closeTarget", {"targetId": keep_id})
+        _wait_no_pages(browser_session)
+        cookies = browser_session.send("Storage.getCookies").get("cookies", [])
+        if cookies:
+            raise KeepError(f"{len(cookies)} cookies left after clearing")
+    finally:
+        for s in (session, browser_session):
+            try:
+                s.detach()
+            except Exception:  # noqa: BLE001 - the tab is closed
+                pass
+
+
+def _wait_no_pages(session: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        infos = session.send("Target.getTargets")["targetInfos"]
+        left = [t["url"] for t in infos if t["type"] in ("page", "app")]
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise KeepError(f"tabs still open after closing them: {left[:3]}")
+        time.sleep(0.05)
+
+
+def open_window(browser: Any, urls: list[str], bounds: tuple[int, int, int, int]) -> None:
+    """What ``google-chrome URL...`` opens in a fresh browser: one window at ``bounds`` (left, top,
+    width, height) with a tab per URL (the new-tab page without one)."""
+    session = browser.new_browser_cdp_session()
+    try:
+        left, top, width, height = bounds
+        first, *rest = urls or ["chrome://newtab/"]
+        session.send(
+            "Target.createTarget",
+            {"url": first, "newWindow": True, "left": left, "top": top, "width": width, "height": height},
+        )
+        for url in rest:
+            session.send("Target.createTarget", {"url": url})
+    finally:
+        session.detach()
