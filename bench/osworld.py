@@ -11,8 +11,8 @@ with the observation (screenshot + accessibility tree), ``evaluate`` and ``close
 ``--concurrent N [N ...]``: (``--json``: one JSON line per N) N desktops (tasks alternating over
 ``--domains``) are reset at once from N threads, then all of them step at once (``--steps`` each,
 with the observation the RL env uses: ``--observe tree``), then all close; ``--reset fresh warm
-kept`` runs each reset kind and prints each one's reset p50 against ``kept``. Reported: start rate (desktops ready per second of the whole
-start), reset and step p50/p99 with all busy, PSS per desktop (from ``/proc/*/smaps_rollup`` of
+kept`` runs each reset kind and prints each one's reset p50 against ``kept``. Reported: start
+rate (desktops ready per second of the whole start), reset and step p50/p99 with all busy, PSS per desktop (from ``/proc/*/smaps_rollup`` of
 the episode's processes), host memory and CPU use, failures, and processes or folders left after
 close.
 
