@@ -12,9 +12,9 @@ with the observation (screenshot + accessibility tree), ``evaluate`` and ``close
 ``--domains``) are reset at once from N threads, then all of them step at once (``--steps`` each,
 with the observation the RL env uses: ``--observe tree``), then all close; ``--reset fresh warm
 kept`` runs each reset kind and prints each one's reset p50 against ``kept``. Reported: start
-rate (desktops ready per second of the whole start), reset and step p50/p99 with all busy, PSS per desktop (from ``/proc/*/smaps_rollup`` of
-the episode's processes), host memory and CPU use, failures, and processes or folders left after
-close.
+rate (desktops ready per second of the whole start), reset and step p50/p99 with all busy, PSS
+per desktop (from ``/proc/*/smaps_rollup`` of the episode's processes), host memory and CPU use,
+failures, and processes or folders left after close.
 
 ``--pattern steady --duration S``: N desktops start at once, then each runs episodes back to back
 for S seconds (reset in place + ``--steps`` actions), as an RL loop's env workers do; reported:
