@@ -4,9 +4,9 @@ A Chromium start is most of a desktop reset's CPU (~0.7-0.85 of ~1.1 CPU-s), so 
 ``DesktopEnv(keep_browser=True)`` the browser a chrome task started is kept for the next
 chrome task, and cleaned instead of restarted:
 
-1. a ``chrome://settings`` tab is opened (its WebUI can clear browsing data and set prefs),
-   then every other tab and window is closed without ``beforeunload`` handlers (open dialogs
-   go with their tabs; a new tab is a new back/forward list);
+1. every tab and window is closed (``/json/close``: no ``beforeunload`` handlers, open dialogs
+   go with their tabs; a new tab is a new back/forward list), then a ``chrome://settings`` tab
+   is opened with its own scripts stopped (its WebUI can clear browsing data and set prefs);
 2. the settings page clears, for all time: history, the download list, cookies and site data
    (local storage, IndexedDB, service workers, cache storage, ...), the HTTP cache, site
    settings (permissions, zoom), hosted-app data and autofill form data -- the data types of
@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.request
 from typing import Any
 
 from rz_agents.envs.osworld.chrome import CHROME_ALIASES
@@ -96,6 +97,28 @@ def fresh_browser_reason(steps: list[tuple[str, dict[str, Any]]]) -> str | None:
         if step_type in ("chrome_open_tabs", "chrome_close_tabs"):
             return f"{step_type} before Chrome is launched (a fresh desktop has no Chrome to reach)"
     return "the setup does not launch Chrome (a kept browser would stay running)"
+
+
+def close_tabs(endpoint: str, timeout_s: float = 10.0) -> None:
+    """Close every tab and app window over DevTools' HTTP endpoint (``/json/close``).
+
+    First, before any DevTools client attaches: a tab with an open ``alert`` answers nothing, so
+    a client that initialises every tab it finds (Playwright) would wait on it. Closing takes no
+    ``beforeunload`` handler; an open dialog goes with its tab."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(endpoint + "/json/list", timeout=5) as resp:
+            left = [t for t in json.load(resp) if t.get("type") in ("page", "app")]
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise KeepError(f"tabs still open after closing them: {[t.get('url') for t in left][:3]}")
+        for target in left:
+            try:
+                urllib.request.urlopen(f"{endpoint}/json/close/{target['id']}", timeout=5).close()
+            except OSError:
+                pass  # gone already
+        time.sleep(0.05)
 
 
 def _settings_session(browser: Any) -> tuple[Any, Any]:

@@ -218,6 +218,7 @@ class DesktopEnv:
             if link is None:
                 return "no DevTools link"
             try:
+                chrome_keep.close_tabs(link.endpoint)
                 link.call(lambda browser: chrome_keep.clean_browser(browser, defaults), timeout_s=60)
             except Exception as exc:  # noqa: BLE001 - any failure means a fresh browser
                 return f"{type(exc).__name__}: {exc}"

@@ -4,7 +4,7 @@ fresh start, field by field, after an episode that dirtied every field.
 Everything is read back independently of the code under test: a raw DevTools client (its own
 WebSocket) for tabs, windows, back/forward lists, open dialogs, cookies, origin storage (local and
 session storage, IndexedDB, service workers, cache storage, the HTTP cache, permissions), the
-settings UI's prefs and its history/download counters; then, once the browser has closed and
+settings UI's prefs; then, once the browser has closed and
 flushed its profile, the profile's own files (History: URLs, visits, downloads) and the Downloads
 folder. Real Chromium on the desktop's Xvfb, no mocks.
 """
@@ -131,8 +131,9 @@ class Cdp:
         self.ws.close()
 
 
-def dirty(env: DesktopEnv) -> None:
-    """An episode that touches every field the reset must put back."""
+def dirty(env: DesktopEnv) -> Cdp:
+    """An episode that touches every field the reset must put back; returns the DevTools client
+    that did it, still connected (its permission override ends when it disconnects)."""
     endpoint = env.ctx.chrome.endpoint
     home = env.provider.desktop.home_dir
     env.ctx.chrome.call(lambda b: set_prefs(b, DIRTY_PREFS))
@@ -147,6 +148,13 @@ def dirty(env: DesktopEnv) -> None:
         while cdp.evaluate(session, "document.readyState") != "complete":
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        click = "const a = document.createElement('a'); a.href = 'dl.bin'; a.download = 'dl.bin';"
+        cdp.evaluate(session, f"{click} document.body.appendChild(a); a.click(); true")
+        downloads = os.path.join(home, "Downloads")
+        deadline = time.monotonic() + 30
+        while "dl.bin" not in os.listdir(downloads):
+            assert time.monotonic() < deadline, os.listdir(downloads)
+            time.sleep(0.1)
         cdp.evaluate(
             session,
             """(async () => {
@@ -157,11 +165,10 @@ def dirty(env: DesktopEnv) -> None:
                 await navigator.serviceWorker.register('sw.js'); await navigator.serviceWorker.ready;
                 await (await caches.open('rzcache')).put('/x', new Response('y'));
                 await (await fetch('data.txt')).text();
-                const a = document.createElement('a'); a.href = 'dl.bin'; a.download = 'dl.bin';
-                document.body.appendChild(a); a.click();
                 return true;
             })()""",
         )
+        # a permission override, which lasts while this client stays connected (the caller closes it)
         grant = {"permission": {"name": "geolocation"}, "setting": "granted", "origin": ORIGIN}
         cdp.send("Browser.setPermission", grant)
         for page in ("page2.html", "page3.html"):  # a back/forward list of three
@@ -171,13 +178,9 @@ def dirty(env: DesktopEnv) -> None:
             while not str(cdp.evaluate(session, probe)).endswith(page + "complete"):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-        downloads = os.path.join(home, "Downloads")
-        deadline = time.monotonic() + 20
-        while "dl.bin" not in os.listdir(downloads):
-            assert time.monotonic() < deadline, os.listdir(downloads)
-            time.sleep(0.1)
-    finally:
+    except BaseException:
         cdp.close()
+        raise
 
     def dialog_tab(browser: Any) -> None:  # a listener keeps Playwright from dismissing the alert
         page = browser.contexts[0].new_page()
@@ -186,16 +189,23 @@ def dirty(env: DesktopEnv) -> None:
         page.wait_for_timeout(600)
 
     env.ctx.chrome.call(dialog_tab)
+    return cdp
 
 
-SETTINGS_PROBE = """new Promise((resolve) => {
-    const counters = {};
-    window.cr = {webUIResponse: () => {}, webUIListenerCallback: (name, pref, text) => {
-        if (name === 'update-counter-text') counters[pref] = text; }};
-    chrome.send('initializeClearBrowsingData', ['rz-probe']);
-    chrome.settingsPrivate.getAllPrefs((prefs) => setTimeout(() => resolve({counters,
-        prefs: Object.fromEntries(prefs.map(p => [p.key, p.value]))}), 1500));
-})"""
+def settings_session(cdp: Cdp) -> str:
+    """A ``chrome://settings`` tab with the page's own scripts stopped (its WebUI bindings stay)."""
+    target = cdp.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+    session = cdp.attach(target)
+    cdp.send("Page.addScriptToEvaluateOnNewDocument", {"source": "window.stop()"}, session)
+    cdp.send("Page.navigate", {"url": "chrome://settings/"}, session)
+    deadline = time.monotonic() + 20
+    while cdp.evaluate(session, "typeof chrome.send + typeof chrome.settingsPrivate") != "functionobject":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return session
+
+
+SETTINGS_PROBE = "new Promise(r => chrome.settingsPrivate.getAllPrefs(r))"
 
 ORIGIN_PROBE = """(async () => ({
     local_storage: localStorage.length,
@@ -236,21 +246,9 @@ def live_state(endpoint: str) -> dict[str, Any]:
         )
         _, session = cdp.open_tab(f"{ORIGIN}/probe.html")
         state.update(cdp.evaluate(session, ORIGIN_PROBE))
-        target = cdp.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = cdp.attach(target)
-        cdp.send("Page.addScriptToEvaluateOnNewDocument", {"source": "window.stop()"}, session)
-        cdp.send("Page.navigate", {"url": "chrome://settings/"}, session)
-        deadline = time.monotonic() + 20
-        while cdp.evaluate(session, "typeof chrome.send + typeof chrome.settingsPrivate") != "functionobject":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        settings = cdp.evaluate(session, SETTINGS_PROBE)
-        for pref, text in settings["counters"].items():
-            if pref.endswith(("browsing_history", "download_history")):
-                state[f"counter:{pref}"] = text
-        for key, value in settings["prefs"].items():
-            if key != "browser.clear_data.time_period":
-                state[f"pref:{key}"] = value
+        for pref in cdp.evaluate(settings_session(cdp), SETTINGS_PROBE):
+            if pref["key"] != "browser.clear_data.time_period":
+                state[f"pref:{pref['key']}"] = pref.get("value")
         return state
     finally:
         cdp.close()
@@ -259,14 +257,14 @@ def live_state(endpoint: str) -> dict[str, Any]:
 def profile_state(env: DesktopEnv) -> dict[str, Any]:
     """The profile's files once the browser has closed (Chromium flushes them on ``Browser.close``)."""
     provider = env.provider
-    main = provider.browser_pids()
+    main = provider.browser_pids(helpers=False)
     cdp = Cdp(env.ctx.chrome.endpoint)
     try:
         cdp.send("Browser.close")
     except Exception:  # noqa: BLE001 - the socket may close before the answer
         pass
     deadline = time.monotonic() + 20
-    while provider.browser_pids() & main:
+    while provider.browser_pids(helpers=False) & main:
         assert time.monotonic() < deadline, "the browser did not close"
         time.sleep(0.1)
     home = provider.desktop.home_dir
@@ -291,22 +289,28 @@ def _differ(a: dict, b: dict) -> dict[str, tuple]:
 @needs_desktop
 def test_kept_browser_comes_back_as_a_fresh_start_field_by_field():
     assert fresh_browser_reason([(s["type"], s["parameters"]) for s in TASK["config"]]) is None
-    with DesktopEnv(require_screenshot=False, require_a11y_tree=False) as fresh:
+    options = {"warm_reset": True}
+    with DesktopEnv(require_screenshot=False, require_a11y_tree=False, provider_options=options) as fresh:
         fresh.reset(TASK)
         fresh_live = live_state(fresh.ctx.chrome.endpoint)
         fresh_files = profile_state(fresh)
+        # the files' read-back sees a dirty episode (same desktop, its Chromium started afresh)
+        fresh.reset(TASK)
+        dirty(fresh).close()
+        dirty_files = profile_state(fresh)
+        for field in ("history_urls", "history_visits", "download_rows", "downloads_folder"):
+            assert fresh_files[field] != dirty_files[field], field
     with DesktopEnv(require_screenshot=False, require_a11y_tree=False, keep_browser=True) as env:
         env.reset(TASK)
         assert not env.browser_kept
         browser = env.provider.browser_pids()
-        dirty(env)
+        dirty_client = dirty(env)
         dirty_live = live_state(env.ctx.chrome.endpoint)
         # the read-back sees every field dirty: a field it could not tell apart would prove nothing
         changed = _differ(fresh_live, dirty_live)
         for field in (
             "tabs", "windows", "back_forward", "open_dialogs", "cookies", "local_storage",
             "indexeddb", "service_workers", "cache_storage", "http_cache", "geolocation_permission",
-            "counter:browser.clear_data.browsing_history", "counter:browser.clear_data.download_history",
             *(f"pref:{k}" for k in DIRTY_PREFS),
         ):  # fmt: skip
             assert field in changed, f"the dirty episode left {field} as a fresh start has it"
@@ -316,6 +320,7 @@ def test_kept_browser_comes_back_as_a_fresh_start_field_by_field():
         assert env.provider.browser_pids() & browser, "the browser was restarted, not kept"
         kept_live = live_state(env.ctx.chrome.endpoint)
         assert _differ(fresh_live, kept_live) == {}
+        dirty_client.close()
         kept_files = profile_state(env)
         assert _differ(fresh_files, kept_files) == {}
         assert fresh_files["history_urls"] == [f"{ORIGIN}/index.html", f"{ORIGIN}/probe.html"]

@@ -43,6 +43,9 @@ VM_HOME = sandbox.VM_HOME
 PROFILE_REL = os.path.join(".config", "google-chrome")  # the episode's Chrome profile, in its home
 # what a kept browser holds open in the home: its profile and its HTTP cache (XDG cache folder)
 BROWSER_PATHS = (PROFILE_REL, os.path.join(".cache", "google-chrome"))
+# what Chromium starts beside its own process tree: its crash handler (double-forked away), the
+# settings and GVfs daemons it activates over D-Bus (a fresh Chromium starts them as well)
+BROWSER_HELPERS = ("chrome_crashpad", "dconf-service", "gvfsd")
 HOME_DIRS = ("Desktop", "Documents", "Downloads", "Pictures", "Music", "Videos", ".config")
 MAX_PROCESSES = 4096  # threads count too: Chromium + LibreOffice use a few hundred
 # The folder holding the ``rz_agents`` package (the session imports it from there).
@@ -272,8 +275,10 @@ class LocalProvider:
             self.last_reset_kept_browser = True
         return problem
 
-    def browser_pids(self) -> set[int]:
-        """The episode's own Chromium (the ``google-chrome`` wrapper's profile) and its children."""
+    def browser_pids(self, helpers: bool = True) -> set[int]:
+        """The episode's own Chromium (the ``google-chrome`` wrapper's profile) and its children;
+        with ``helpers``, also what it runs beside it (``BROWSER_HELPERS``), which a kept browser
+        keeps using: killed, they come back (D-Bus activation) while the reset is still checking."""
         desktop = self.desktop
         if desktop is None:
             return set()
@@ -289,7 +294,12 @@ class LocalProvider:
                 continue
             if flag in argv and not any(a.startswith(b"--type=") for a in argv):
                 mains.append(pid)
-        return set(process_tree(mains)) if mains else set()
+        if not mains:
+            return set()
+        tree = set(process_tree(mains))
+        if helpers:
+            tree |= {p for p in self.pids() if warm.comm(p) in BROWSER_HELPERS}
+        return tree
 
     def _start(self, desktop: Desktop) -> Desktop:
         uid = sandbox.desktop_uid() if self.sandboxed and os.geteuid() == 0 else None

@@ -40,6 +40,11 @@ class Baseline:
     places: dict[str, set[str]] = field(default_factory=dict)  # host path -> its entries
 
 
+def comm(pid: int) -> str:
+    """The process's name (``/proc/PID/comm``, 15 characters at most), or "" when it is gone."""
+    return _comm(pid)
+
+
 def _comm(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as f:
