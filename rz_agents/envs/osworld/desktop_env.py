@@ -61,6 +61,7 @@ class DesktopEnv:
         # keep_browser: a chrome task's Chromium outlives its episode and is cleaned over DevTools
         # for the next chrome task instead of restarted (chrome_keep.py; local provider only)
         options = dict(provider_options or {})
+        keep_browser = keep_browser or bool(options.get("keep_browser"))  # the gym env passes it there
         if keep_browser:
             if provider_name != "local":
                 raise ValueError(f"keep_browser needs the local provider, got {provider_name!r}")
