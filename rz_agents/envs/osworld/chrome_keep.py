@@ -34,6 +34,7 @@ import time
 import urllib.request
 from typing import Any
 
+from rz_agents.envs.osworld.cdp import CdpClient
 from rz_agents.envs.osworld.chrome import CHROME_ALIASES
 
 # Chromium's "Clear browsing data" dialog's data types (pref names, as its WebUI sends them).
@@ -121,70 +122,65 @@ def close_tabs(endpoint: str, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def _settings_session(browser: Any) -> tuple[Any, Any]:
-    """A ``chrome://settings`` tab whose own scripts never run, and a CDP session on it.
+def _settings_session(cdp: CdpClient) -> tuple[str, str]:
+    """A ``chrome://settings`` tab whose own scripts never run: (target id, session).
 
     The settings UI (Polymer, every section) costs ~2 CPU-s to render; stopped before it parses
     (``window.stop()`` first thing in the document) the page still carries the WebUI's bindings
     (``chrome.send`` to the clear-browsing-data handler, ``chrome.settingsPrivate``) for ~0.3.
     """
-    page = browser.contexts[0].new_page()
-    session = page.context.new_cdp_session(page)
-    session.send("Page.enable")
-    session.send("Page.addScriptToEvaluateOnNewDocument", {"source": "window.stop()"})
-    session.send("Page.navigate", {"url": SETTINGS_URL})
+    target = cdp.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+    session = cdp.attach(target)
+    cdp.send("Page.addScriptToEvaluateOnNewDocument", {"source": "window.stop()"}, session)
+    cdp.send("Page.navigate", {"url": SETTINGS_URL}, session)
     deadline = time.monotonic() + 15
     probe = "typeof chrome.send + typeof (chrome.settingsPrivate || {}).getAllPrefs"
-    while _evaluate(session, probe) != "functionfunction":
+    while cdp.evaluate(session, probe) != "functionfunction":
         if time.monotonic() > deadline:
             raise KeepError("the settings page did not come up")
         time.sleep(0.05)
-    return page, session
+    return target, session
 
 
-def _evaluate(session: Any, expression: str) -> Any:
-    out = session.send(
-        "Runtime.evaluate", {"expression": expression, "awaitPromise": True, "returnByValue": True}
-    )
-    if "exceptionDetails" in out:
-        raise KeepError(f"settings page: {out['exceptionDetails'].get('text')}")
-    return out["result"].get("value")
-
-
-def read_prefs(session: Any) -> dict[str, Any]:
+def read_prefs(cdp: CdpClient, session: str) -> dict[str, Any]:
     """Every pref the settings UI exposes: ``{key: value}`` (through a ``_settings_session``)."""
-    prefs = _evaluate(session, "new Promise(r => chrome.settingsPrivate.getAllPrefs(r))")
+    prefs = cdp.evaluate(session, "new Promise(r => chrome.settingsPrivate.getAllPrefs(r))")
     return {p["key"]: p.get("value") for p in prefs if p["key"] not in VOLATILE_PREFS}
 
 
-def default_prefs(browser: Any) -> dict[str, Any]:
+def default_prefs(endpoint: str) -> dict[str, Any]:
     """The prefs of a browser that has just started on a fresh profile (before anyone used it)."""
-    page, session = _settings_session(browser)
-    try:
-        return read_prefs(session)
-    finally:
-        page.close()
+    with CdpClient(endpoint) as cdp:
+        target, session = _settings_session(cdp)
+        try:
+            return read_prefs(cdp, session)
+        finally:
+            cdp.send("Target.closeTarget", {"targetId": target})
 
 
-def set_prefs(browser: Any, values: dict[str, Any]) -> None:
+def _set_pref(cdp: CdpClient, session: str, key: str, value: Any) -> None:
+    cdp.evaluate(
+        session,
+        f"new Promise(r => chrome.settingsPrivate.setPref({json.dumps(key)}, {json.dumps(value)}, '', r))",
+    )
+
+
+def set_prefs(endpoint: str, values: dict[str, Any]) -> None:
     """Set prefs as the settings UI does (for tests that dirty a browser)."""
-    page, session = _settings_session(browser)
-    try:
-        for key, value in values.items():
-            _evaluate(
-                session,
-                f"new Promise(r => chrome.settingsPrivate.setPref({json.dumps(key)}, "
-                f"{json.dumps(value)}, '', r))",
-            )
-    finally:
-        page.close()
+    with CdpClient(endpoint) as cdp:
+        target, session = _settings_session(cdp)
+        try:
+            for key, value in values.items():
+                _set_pref(cdp, session, key, value)
+        finally:
+            cdp.send("Target.closeTarget", {"targetId": target})
 
 
-def _clear_browsing_data(session: Any, timeout_s: float = 20.0) -> None:
+def _clear_browsing_data(cdp: CdpClient, session: str, timeout_s: float = 20.0) -> None:
     # The page's own scripts never ran, so the handler's answer (``cr.webUIResponse``) lands in ours.
     # ``initializeClearBrowsingData`` lets the handler call back into the page.
     types, wait_ms = json.dumps(list(CLEAR_DATA_TYPES)), int(timeout_s * 1000)
-    ok = _evaluate(
+    ok = cdp.evaluate(
         session,
         "new Promise((resolve) => {"
         " window.cr = {webUIResponse: (id, ok) => { if (id === 'rz-clear') resolve(ok); },"
@@ -192,60 +188,44 @@ def _clear_browsing_data(session: Any, timeout_s: float = 20.0) -> None:
         " chrome.send('initializeClearBrowsingData', ['rz-init']);"
         f" chrome.send('clearBrowsingData', ['rz-clear', {types}, {ALL_TIME}]);"
         f" setTimeout(() => resolve('timeout'), {wait_ms}); }})",
+        timeout_s + 5,
     )
     if ok is not True:
         raise KeepError(f"clearing browsing data did not finish: {ok}")
 
 
-def _restore_prefs(session: Any, defaults: dict[str, Any]) -> list[str]:
+def _restore_prefs(cdp: CdpClient, session: str, defaults: dict[str, Any]) -> list[str]:
     """Set back every pref that differs from ``defaults``; returns the keys still different."""
-    now = read_prefs(session)
+    now = read_prefs(cdp, session)
     changed = [k for k in defaults if k in now and now[k] != defaults[k]]
     for key in changed:
-        _evaluate(
-            session,
-            f"new Promise(r => chrome.settingsPrivate.setPref({json.dumps(key)}, "
-            f"{json.dumps(defaults[key])}, '', r))",
-        )
-    after = read_prefs(session) if changed else now
+        _set_pref(cdp, session, key, defaults[key])
+    after = read_prefs(cdp, session) if changed else now
     return sorted(k for k in set(defaults) | set(after) if after.get(k) != defaults.get(k))
 
 
-def clean_browser(browser: Any, defaults: dict[str, Any]) -> None:
+def clean_browser(endpoint: str, defaults: dict[str, Any]) -> None:
     """Return the running browser to a fresh start's state (see the module doc); raises ``KeepError``
     with what stayed different."""
-    page, session = _settings_session(browser)
-    keep_id = session.send("Target.getTargetInfo")["targetInfo"]["targetId"]
-    browser_session = browser.new_browser_cdp_session()
-    try:
-        for info in browser_session.send("Target.getTargets")["targetInfos"]:
-            if info["type"] in ("page", "app") and info["targetId"] != keep_id:
-                try:  # no beforeunload: an open dialog goes with its tab
-                    browser_session.send("Target.closeTarget", {"targetId": info["targetId"]})
-                except Exception:  # noqa: BLE001 - gone already
-                    pass
-        _clear_browsing_data(session)
-        browser_session.send("Browser.resetPermissions")
-        differ = _restore_prefs(session, defaults)
+    close_tabs(endpoint)
+    with CdpClient(endpoint) as cdp:
+        target, session = _settings_session(cdp)
+        _clear_browsing_data(cdp, session)
+        cdp.send("Browser.resetPermissions")
+        differ = _restore_prefs(cdp, session, defaults)
         if differ:
             raise KeepError(f"prefs not back to a fresh profile's: {differ[:5]}")
-        browser_session.send("Target.closeTarget", {"targetId": keep_id})
-        _wait_no_pages(browser_session)
-        cookies = browser_session.send("Storage.getCookies").get("cookies", [])
+        cdp.send("Target.closeTarget", {"targetId": target})
+        _wait_no_pages(cdp)
+        cookies = cdp.send("Storage.getCookies").get("cookies", [])
         if cookies:
             raise KeepError(f"{len(cookies)} cookies left after clearing")
-    finally:
-        for s in (session, browser_session):
-            try:
-                s.detach()
-            except Exception:  # noqa: BLE001 - the tab is closed
-                pass
 
 
-def _wait_no_pages(session: Any, timeout_s: float = 5.0) -> None:
+def _wait_no_pages(cdp: CdpClient, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
-        infos = session.send("Target.getTargets")["targetInfos"]
+        infos = cdp.send("Target.getTargets")["targetInfos"]
         left = [t["url"] for t in infos if t["type"] in ("page", "app")]
         if not left:
             return
@@ -254,18 +234,13 @@ def _wait_no_pages(session: Any, timeout_s: float = 5.0) -> None:
         time.sleep(0.05)
 
 
-def open_window(browser: Any, urls: list[str], bounds: tuple[int, int, int, int]) -> None:
+def open_window(endpoint: str, urls: list[str], bounds: tuple[int, int, int, int]) -> None:
     """What ``google-chrome URL...`` opens in a fresh browser: one window at ``bounds`` (left, top,
     width, height) with a tab per URL (the new-tab page without one)."""
-    session = browser.new_browser_cdp_session()
-    try:
-        left, top, width, height = bounds
-        first, *rest = urls or ["chrome://newtab/"]
-        session.send(
-            "Target.createTarget",
-            {"url": first, "newWindow": True, "left": left, "top": top, "width": width, "height": height},
-        )
+    left, top, width, height = bounds
+    first, *rest = urls or ["chrome://newtab/"]
+    with CdpClient(endpoint) as cdp:
+        window = {"newWindow": True, "left": left, "top": top, "width": width, "height": height}
+        cdp.send("Target.createTarget", {"url": first, **window})
         for url in rest:
-            session.send("Target.createTarget", {"url": url})
-    finally:
-        session.detach()
+            cdp.send("Target.createTarget", {"url": url})

@@ -219,8 +219,7 @@ class DesktopEnv:
             if link is None:
                 return "no DevTools link"
             try:
-                chrome_keep.close_tabs(link.endpoint)
-                link.call(lambda browser: chrome_keep.clean_browser(browser, defaults), timeout_s=60)
+                chrome_keep.clean_browser(link.endpoint, defaults)
             except Exception as exc:  # noqa: BLE001 - any failure means a fresh browser
                 return f"{type(exc).__name__}: {exc}"
             return None
@@ -251,7 +250,7 @@ class DesktopEnv:
         run_steps(self.ctx, steps[:launch])
         urls = chrome_keep.chrome_launch_urls(steps[launch].type, steps[launch].parameters) or []
         w, h = getattr(self.provider, "screen_size", (1920, 1080))
-        self.ctx.chrome.call(lambda browser: chrome_keep.open_window(browser, urls, (0, 0, w, h)))
+        chrome_keep.open_window(self.ctx.chrome.endpoint, urls, (0, 0, w, h))
         wait_for_pages_loaded(self.ctx)
         run_steps(self.ctx, steps[launch + 1 :])
 
@@ -262,7 +261,7 @@ class DesktopEnv:
         if chrome_keep.fresh_browser_reason([(s.type, s.parameters) for s in steps]) is not None:
             return
         try:
-            prefs = self.ctx.chrome.call(chrome_keep.default_prefs, timeout_s=60)
+            prefs = chrome_keep.default_prefs(self.ctx.chrome.endpoint)
         except Exception as exc:  # noqa: BLE001 - the next chrome task tries again
             self.ctx.notes.append(f"keep_browser: prefs not read: {type(exc).__name__}: {exc}")
             return

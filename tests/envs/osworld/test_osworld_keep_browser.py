@@ -136,7 +136,7 @@ def dirty(env: DesktopEnv) -> Cdp:
     that did it, still connected (its permission override ends when it disconnects)."""
     endpoint = env.ctx.chrome.endpoint
     home = env.provider.desktop.home_dir
-    env.ctx.chrome.call(lambda b: set_prefs(b, DIRTY_PREFS))
+    set_prefs(env.ctx.chrome.endpoint, DIRTY_PREFS)
     cdp = Cdp(endpoint)
     try:
         # a second window, whose tab stores everything an origin can store
