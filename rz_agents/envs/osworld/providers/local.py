@@ -246,8 +246,7 @@ class LocalProvider:
         if not baseline.pids <= set(current):
             return f"desktop processes died: {sorted(baseline.pids - set(current))}"
         keep = browser_cleaner is not None and bool(self.browser_pids())
-        spared = self.browser_pids if keep else (lambda: set())
-        warm.kill_extra_until_gone(lambda: [p for p in self.pids() if p not in spared()], baseline)
+        warm.kill_extra_until_gone(self._pids_but_browser if keep else self.pids, baseline)
         skip = BROWSER_PATHS if keep else ()
         warm.restore_files(baseline, desktop.home_dir, desktop.uid, keep=skip)
         if keep:
@@ -260,8 +259,7 @@ class LocalProvider:
                 warm.restore_files(baseline, desktop.home_dir, desktop.uid)
         client = VMClient(desktop.server_url, timeout_s=20)
         self._center_pointer(client)
-        spared_now = self.browser_pids() if keep else set()
-        current = [p for p in self.pids() if p not in spared_now]
+        current = self._pids_but_browser() if keep else self.pids()
         problem = warm.verify(current, baseline, desktop.home_dir, skip)
         if problem is None:
             # a killed app's windows leave the X server's list a moment after the app: give them 3 s
@@ -275,7 +273,14 @@ class LocalProvider:
             self.last_reset_kept_browser = True
         return problem
 
-    def browser_pids(self, helpers: bool = True) -> set[int]:
+    def _pids_but_browser(self) -> list[int]:
+        """The desktop's processes less the kept browser's (one listing of each: a listing reads
+        every process's environment on the host)."""
+        pids = self.pids()
+        spared = self.browser_pids(pids=pids)
+        return [p for p in pids if p not in spared]
+
+    def browser_pids(self, helpers: bool = True, pids: list[int] | None = None) -> set[int]:
         """The episode's own Chromium (the ``google-chrome`` wrapper's profile) and its children;
         with ``helpers``, also what it runs beside it (``BROWSER_HELPERS``), which a kept browser
         keeps using: killed, they come back (D-Bus activation) while the reset is still checking."""
@@ -284,8 +289,9 @@ class LocalProvider:
             return set()
         home = VM_HOME if desktop.sandboxed else desktop.home_dir
         flag = f"--user-data-dir={os.path.join(home, PROFILE_REL)}".encode()
+        pids = self.pids() if pids is None else pids
         mains = []
-        for pid in self.pids():
+        for pid in pids:
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     # Chromium rewrites its argv as one space-joined title
@@ -298,7 +304,7 @@ class LocalProvider:
             return set()
         tree = set(process_tree(mains))
         if helpers:
-            tree |= {p for p in self.pids() if warm.comm(p) in BROWSER_HELPERS}
+            tree |= {p for p in pids if warm.comm(p) in BROWSER_HELPERS}
         return tree
 
     def _start(self, desktop: Desktop) -> Desktop:
