@@ -324,3 +324,46 @@ def test_kept_browser_comes_back_as_a_fresh_start_field_by_field():
         kept_files = profile_state(env)
         assert _differ(fresh_files, kept_files) == {}
         assert fresh_files["history_urls"] == [f"{ORIGIN}/index.html", f"{ORIGIN}/probe.html"]
+
+
+def _launch(*argv: str) -> tuple[str, dict]:
+    return ("launch", {"command": list(argv)})
+
+
+def test_fresh_browser_reason_decides_per_task():
+    plain = _launch("google-chrome", "--remote-debugging-port=1337", "file:///home/user/a.html")
+    assert fresh_browser_reason([("execute", {"command": "mkdir ~/site"}), plain]) is None
+    assert fresh_browser_reason([plain, ("chrome_open_tabs", {"urls_to_open": ["x"]})]) is None
+    reasons = {
+        "update_browse_history": [("update_browse_history", {"history": []}), plain],
+        "profile folder": [
+            ("execute", {"command": "jq . ~/.config/google-chrome/Default/Preferences"}),
+            plain,
+        ],
+        "own flags": [_launch("google-chrome", "--incognito", "--remote-debugging-port=1337")],
+        "shell": [("launch", {"command": "google-chrome --remote-debugging-port=1337", "shell": True})],
+        "before Chrome is launched": [("chrome_open_tabs", {"urls_to_open": ["x"]}), plain],
+        "does not launch Chrome": [_launch("libreoffice", "--calc", "a.xlsx")],
+    }
+    for words, steps in reasons.items():
+        assert words in (fresh_browser_reason(steps) or ""), (words, fresh_browser_reason(steps))
+
+
+def test_warm_restore_leaves_the_kept_browser_paths_alone(tmp_path):
+    from rz_agents.envs.osworld.providers import warm
+
+    home, base = tmp_path / "home", tmp_path / "base"
+    (base / ".config" / "app").mkdir(parents=True)
+    (base / ".config" / "app" / "conf").write_text("fresh")
+    (home / ".config" / "google-chrome").mkdir(parents=True)
+    (home / ".config" / "google-chrome" / "History").write_text("kept")
+    (home / ".config" / "app").mkdir()
+    (home / ".config" / "app" / "conf").write_text("dirty")
+    (home / "junk").write_text("x")
+    baseline = warm.Baseline(set(), str(base))
+    keep = (os.path.join(".config", "google-chrome"),)
+    warm.restore_files(baseline, str(home), None, keep=keep)
+    assert (home / ".config" / "google-chrome" / "History").read_text() == "kept"
+    assert (home / ".config" / "app" / "conf").read_text() == "fresh" and not (home / "junk").exists()
+    assert warm.same_tree(str(home), str(base), keep) is None
+    assert warm.same_tree(str(home), str(base)) == "home differs at .config/google-chrome"
