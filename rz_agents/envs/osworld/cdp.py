@@ -26,7 +26,8 @@ class CdpClient:
 
         with urllib.request.urlopen(endpoint + "/json/version", timeout=timeout_s) as resp:
             url = json.load(resp)["webSocketDebuggerUrl"]
-        self._ws = connect(url, max_size=None, open_timeout=timeout_s)
+        # entered as a context manager (websockets >= 17.1 warns otherwise); ``close`` ends it
+        self._ws = connect(url, max_size=None, open_timeout=timeout_s).__enter__()
         self._ids = itertools.count(1)
 
     def send(

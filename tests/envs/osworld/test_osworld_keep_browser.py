@@ -82,7 +82,7 @@ class Cdp:
     def __init__(self, endpoint: str) -> None:
         with urllib.request.urlopen(endpoint + "/json/version", timeout=10) as resp:
             url = json.load(resp)["webSocketDebuggerUrl"]
-        self.ws = websockets_sync.connect(url, max_size=None, open_timeout=10)
+        self.ws = websockets_sync.connect(url, max_size=None, open_timeout=10).__enter__()
         self.ids = itertools.count(1)
 
     def send(self, method: str, params: dict | None = None, session: str | None = None, timeout: float = 30):
