@@ -9,12 +9,12 @@ episode runs ``reset`` (fresh Xvfb + openbox + sandbox + setup steps), ``--steps
 with the observation (screenshot + accessibility tree), ``evaluate`` and ``close``; medians.
 
 ``--concurrent N [N ...]``: (``--json``: one JSON line per N) N desktops (tasks alternating over
-``--domains``) are reset at once from N threads, then all of them step at once (``--steps`` each, with the
-observation the RL env uses:
-``--observe tree``), then all close. Reported: start rate (desktops ready per second of the whole
-start), reset and step p50/p99 with all busy, PSS per desktop (from ``/proc/*/smaps_rollup`` of
-the episode's processes), host memory and CPU use, failures, and processes or folders left after
-close.
+``--domains``) are reset at once from N threads, then all of them step at once (``--steps`` each,
+with the observation the RL env uses: ``--observe tree``), then all close; ``--reset fresh warm
+kept`` runs each reset kind and prints each one's reset p50 against ``kept``. Reported: start
+rate (desktops ready per second of the whole start), reset and step p50/p99 with all busy, PSS
+per desktop (from ``/proc/*/smaps_rollup`` of the episode's processes), host memory and CPU use,
+failures, and processes or folders left after close.
 
 ``--pattern steady --duration S``: N desktops start at once, then each runs episodes back to back
 for S seconds (reset in place + ``--steps`` actions), as an RL loop's env workers do; reported:
@@ -183,7 +183,9 @@ def bench_concurrent(
 ) -> dict:
     """``n`` desktops reset at once, stepped at once (``episodes`` times), then closed at once.
 
-    ``reset``: ``fresh`` (a new desktop per episode) or ``warm`` (reset in place after the first).
+    ``reset``: ``fresh`` (a new desktop per episode), ``warm`` (reset in place after the first, Chromium
+    started afresh by each chrome task) or ``kept`` (reset in place, Chromium kept and cleaned over
+    DevTools: ``chrome_keep.py``).
     ``a11y_view``: the tree observed (``agent``: what the RL env reads; ``full``: OSWorld's whole XML).
     """
     tasks = [json.loads(TASKS[domains[i % len(domains)]].read_text()) for i in range(n)]
@@ -191,13 +193,15 @@ def bench_concurrent(
         DesktopEnv(
             require_screenshot=observe in ("screenshot", "both"),
             require_a11y_tree=observe != "screenshot",
-            provider_options={"warm_reset": reset == "warm"},
+            provider_options={"warm_reset": reset in ("warm", "kept")},
             a11y_view=a11y_view,
+            keep_browser=reset == "kept",
         )
         for _ in range(n)
     ]
     task_of = {id(env): task for env, task in zip(envs, tasks, strict=True)}
     avail_before = mem_available()
+    load_before = os.getloadavg()[0]
     failures: list[str] = []
     first_resets, later_resets, step_times = [], [], []
     start_wall = step_wall = cpu_step_s = 0.0
@@ -235,6 +239,12 @@ def bench_concurrent(
     avail_up = mem_available()
     warm_resets = sum(getattr(e.provider, "warm_resets", 0) for e in envs)
     warm_refused = [r for e in envs for r in getattr(e.provider, "warm_reset_failures", [])]
+    browser_keeps = sum(getattr(e.provider, "browser_keeps", 0) for e in envs)
+    keep_refused = [r for e in envs for r in getattr(e.provider, "browser_keep_failures", [])]
+    fresh_reasons: dict[str, int] = {}
+    for e in envs:
+        for reason, count in e.fresh_browser_reasons.items():
+            fresh_reasons[reason] = fresh_reasons.get(reason, 0) + count
     t0 = time.perf_counter()
     with ThreadPoolExecutor(n) as pool:
         list(pool.map(lambda e: e.close(), envs))
@@ -263,6 +273,9 @@ def bench_concurrent(
         "reset_p99_s": pct(later_resets or first_resets, 99),
         "warm_resets": warm_resets,
         "warm_resets_refused": warm_refused[:5],
+        "browser_keeps": browser_keeps,
+        "browser_keeps_refused": keep_refused[:5],
+        "fresh_browser_reasons": fresh_reasons,
         "steps": len(step_times),
         "step_p50_s": pct(step_times, 50, 3),
         "step_p99_s": pct(step_times, 99, 3),
@@ -282,6 +295,7 @@ def bench_concurrent(
         "close_wall_s": round(close_wall, 2),
         "leftover_processes": sum(len(_left_behind(d, pids)) for d, pids in episodes_up),
         "leftover_dirs": sum(os.path.exists(d.root_dir) for d, _ in episodes_up),
+        "load_avg_1m_before": round(load_before, 2),
         "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }
 
@@ -413,6 +427,21 @@ def run_profile(domain: str, observe: str, repeats: int, as_json: bool, a11y_vie
     return 0
 
 
+def _print_ratios(rows: list[dict], as_json: bool) -> None:
+    """Per N: reset p50 of each reset mode against ``kept`` (how many times slower it is)."""
+    for n in sorted({r["concurrent"] for r in rows if "reset" in r}):
+        by = {r["reset"]: r for r in rows if r.get("concurrent") == n and "reset" in r}
+        if "kept" not in by or not by["kept"]["reset_p50_s"]:
+            continue
+        ratios = {
+            mode: round(r["reset_p50_s"] / by["kept"]["reset_p50_s"], 2)
+            for mode, r in by.items()
+            if mode != "kept"
+        }
+        line = {"concurrent": n, "reset_p50_ratio_to_kept": ratios}
+        print(json.dumps(line) if as_json else f"N={n}: reset p50 ratio to kept {ratios}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=5)
@@ -430,7 +459,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the tree observed: what the RL env reads (agent) or OSWorld's whole XML (full)",
     )
     parser.add_argument(
-        "--reset", nargs="+", default=["fresh"], choices=["fresh", "warm"], help="one run per N and each"
+        "--reset",
+        nargs="+",
+        default=["fresh"],
+        choices=["fresh", "warm", "kept"],
+        help="one run per N and each (kept: reset in place keeping Chromium; see chrome_keep.py)",
     )
     parser.add_argument(
         "--episodes-per-desktop", type=int, default=1, help="resets per desktop (warm: in place)"
@@ -493,10 +526,11 @@ def main(argv: list[str] | None = None) -> int:
                 r = rows[-1]
                 print(
                     f"N={n:<3} steady started {r['started']}/{n}  {r['episodes']} episodes "
-                    f"({r['episodes_per_min']}/min)  reset p50 {r['reset_p50_s']:.2f}s p99 "
-                    f"{r['reset_p99_s']:.2f}s  step p50 {r['step_p50_s']:.2f}s p99 {r['step_p99_s']:.2f}s  "
-                    f"cpu {r['cpu_busy']:.0%}  failed {r['failed']}  leftovers {r['leftover_processes']} "
-                    f"procs {r['leftover_dirs']} dirs",
+                    f"({r['episodes_per_min']}/min)  reset p50 {r['reset_p50_s']:.2f}s "
+                    f"p99 {r['reset_p99_s']:.2f}s  "
+                    f"step p50 {r['step_p50_s']:.2f}s p99 {r['step_p99_s']:.2f}s  cpu {r['cpu_busy']:.0%}  "
+                    f"failed {r['failed']}  leftovers {r['leftover_processes']} procs "
+                    f"{r['leftover_dirs']} dirs",
                     flush=True,
                 )
             else:
@@ -507,9 +541,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"reset p50 {r['reset_p50_s']:.2f}s p99 {r['reset_p99_s']:.2f}s  "
                     f"step p50 {r['step_p50_s']:.2f}s p99 {r['step_p99_s']:.2f}s  "
                     f"PSS {r['pss_per_desktop_mib']:.0f} MiB/desktop  cpu {r['cpu_busy_during_steps']:.0%}  "
-                    f"leftovers {r['leftover_processes']} procs {r['leftover_dirs']} dirs",
+                    f"leftovers {r['leftover_processes']} procs {r['leftover_dirs']} dirs  "
+                    f"load {r['load_avg_1m_before']}->{r['load_avg_1m_after']}"
+                    + (f"  browser kept {r['browser_keeps']}" if flags == "kept" else ""),
                     flush=True,
                 )
+        _print_ratios(rows, args.json)
         return 0
     results = {d: bench_domain(d, args.episodes, args.steps) for d in args.domains}
     if args.json:

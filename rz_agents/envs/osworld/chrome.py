@@ -146,6 +146,7 @@ class ChromeLink:
                         browser = pw.chromium.connect_over_cdp(
                             connected_to[0], timeout=self.connect_timeout_s * 1000
                         )
+                        _default_downloads(browser)
                     box.append(("ok", fn(browser)))
                 except Exception as exc:  # shipped back to the caller's thread
                     browser = None if browser is not None and not browser.is_connected() else browser
@@ -203,6 +204,19 @@ class ChromeLink:
         if thread is not None:
             self._jobs.put(None)
             thread.join(timeout=10)
+
+
+def _default_downloads(browser: Any) -> None:
+    """Downloads back to Chrome's own folder (``~/Downloads``, as in OSWorld's VM).
+
+    Connecting over CDP, Playwright routes the default context's downloads into its own
+    artifacts folder on the host (``allowAndName``), which the sandboxed browser cannot write:
+    a file the agent downloads would never reach the desktop."""
+    session = browser.new_browser_cdp_session()
+    try:
+        session.send("Browser.setDownloadBehavior", {"behavior": "default"})
+    finally:
+        session.detach()
 
 
 def _disconnect(browser: Any) -> None:

@@ -13,17 +13,22 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
+from rz_agents.envs.osworld import chrome_keep
 from rz_agents.envs.osworld.actions import SPECIAL, Action, ActionParseError, computer13_to_code
 from rz_agents.envs.osworld.cache import default_cache_dir
-from rz_agents.envs.osworld.chrome import ChromeLink
+from rz_agents.envs.osworld.chrome import ChromeLink, chromium_binary
 from rz_agents.envs.osworld.client import VMClient
 from rz_agents.envs.osworld.context import EpisodeContext
 from rz_agents.envs.osworld.evaluate import Evaluation, evaluate_episode
 from rz_agents.envs.osworld.providers import make_provider
-from rz_agents.envs.osworld.setup_steps import SetupError, run_steps
+from rz_agents.envs.osworld.setup_steps import SetupError, run_steps, wait_for_pages_loaded
 from rz_agents.envs.osworld.task import Task, parse_task
+
+# A fresh profile's prefs per Chromium binary (one read serves every desktop of the process).
+_DEFAULT_PREFS: dict[str, dict[str, Any]] = {}
 
 
 class DesktopEnv:
@@ -40,6 +45,7 @@ class DesktopEnv:
         allow_network: bool = False,
         provider_options: dict[str, Any] | None = None,
         a11y_view: str = "full",
+        keep_browser: bool = False,
     ) -> None:
         if action_space not in ("pyautogui", "computer_13"):
             raise ValueError(f"action_space must be 'pyautogui' or 'computer_13', got {action_space!r}")
@@ -52,7 +58,18 @@ class DesktopEnv:
         self.require_screenshot = require_screenshot
         self.download_cache = download_cache or default_cache_dir()
         self.allow_network = allow_network
-        self.provider = make_provider(provider_name, **(provider_options or {}))
+        # keep_browser: a chrome task's Chromium outlives its episode and is cleaned over DevTools
+        # for the next chrome task instead of restarted (chrome_keep.py; local provider only)
+        options = dict(provider_options or {})
+        keep_browser = keep_browser or bool(options.get("keep_browser"))  # the gym env passes it there
+        if keep_browser:
+            if provider_name != "local":
+                raise ValueError(f"keep_browser needs the local provider, got {provider_name!r}")
+            options["keep_browser"] = True
+        self.keep_browser = keep_browser
+        self.provider = make_provider(provider_name, **options)
+        self.browser_kept = False  # whether the last reset kept the browser
+        self.fresh_browser_reasons: dict[str, int] = {}  # why resets started Chrome afresh, counted
         self.task: Task | None = None
         self.ctx: EpisodeContext | None = None
         self.action_history: list[str] = []
@@ -77,12 +94,15 @@ class DesktopEnv:
             task_config if isinstance(task_config, Task) or task_config is None else parse_task(task_config)
         )
         self._end_episode()
-        desktop = self.provider.start()  # stops the previous desktop (or resets it in place)
+        cleaner = self._browser_cleaner(task)
+        # stops the previous desktop (or resets it in place, maybe keeping its browser)
+        desktop = self.provider.start(cleaner) if cleaner else self.provider.start()
+        self.browser_kept = bool(getattr(self.provider, "last_reset_kept_browser", False))
         client = VMClient(desktop.server_url)
         client.wait_ready()
         self.ctx = EpisodeContext(
             client=client,
-            chrome=self._chrome_link(desktop.cdp_port),
+            chrome=self._chrome_link(desktop.cdp_port, same_browser=self.browser_kept),
             task_id=task.id if task else "none",
             download_cache=self.download_cache,
             work_dir=tempfile.mkdtemp(prefix="rz-osworld-eval-"),
@@ -93,7 +113,7 @@ class DesktopEnv:
         self.last_evaluation = None
         if task is not None:
             try:
-                run_steps(self.ctx, task.config)
+                self._run_setup(task)
             except SetupError:
                 self._stop_episode()
                 raise
@@ -173,12 +193,79 @@ class DesktopEnv:
             "instruction": self.task.instruction if self.task else "",
         }
 
-    def _chrome_link(self, cdp_port: int) -> ChromeLink:
+    def _chrome_link(self, cdp_port: int, same_browser: bool = False) -> ChromeLink:
         if self._link is None:
             self._link = ChromeLink(cdp_port)
-        else:
+        elif not same_browser:
             self._link.retarget(cdp_port)
         return self._link
+
+    # -- a kept browser (chrome_keep.py) ----------------------------------------------------------
+    def _browser_cleaner(self, task: Task | None) -> Callable[[], str | None] | None:
+        """What cleans the running browser at this reset, or None for a fresh one (and why, counted)."""
+        if not self.keep_browser:
+            return None
+        steps = [(s.type, s.parameters) for s in task.config] if task is not None else []
+        reason = chrome_keep.fresh_browser_reason(steps) if task is not None else "no task"
+        defaults = _DEFAULT_PREFS.get(self._chromium_key())
+        if reason is None and defaults is None:
+            reason = "no fresh profile's prefs read yet (the first chrome task reads them)"
+        if reason is not None:
+            self.fresh_browser_reasons[reason] = self.fresh_browser_reasons.get(reason, 0) + 1
+            return None
+        link = self._link
+
+        def clean() -> str | None:
+            if link is None:
+                return "no DevTools link"
+            try:
+                chrome_keep.clean_browser(link.endpoint, defaults)
+            except Exception as exc:  # noqa: BLE001 - any failure means a fresh browser
+                return f"{type(exc).__name__}: {exc}"
+            return None
+
+        return clean
+
+    @staticmethod
+    def _chromium_key() -> str:
+        return chromium_binary() or ""
+
+    def _run_setup(self, task: Task) -> None:
+        """The task's setup; with a kept browser its first Chrome launch opens a window of it."""
+        assert self.ctx is not None
+        steps = task.config
+        launch = next(
+            (
+                i
+                for i, s in enumerate(steps)
+                if chrome_keep.chrome_launch_urls(s.type, s.parameters) is not None
+            ),
+            None,
+        )
+        if not self.browser_kept or launch is None:
+            run_steps(self.ctx, steps)
+            if self.keep_browser and launch is not None and self._chromium_key() not in _DEFAULT_PREFS:
+                self._read_default_prefs(steps)
+            return
+        run_steps(self.ctx, steps[:launch])
+        urls = chrome_keep.chrome_launch_urls(steps[launch].type, steps[launch].parameters) or []
+        w, h = getattr(self.provider, "screen_size", (1920, 1080))
+        chrome_keep.open_window(self.ctx.chrome.endpoint, urls, (0, 0, w, h))
+        wait_for_pages_loaded(self.ctx)
+        run_steps(self.ctx, steps[launch + 1 :])
+
+    def _read_default_prefs(self, steps: list) -> None:
+        """A fresh profile's prefs, once per Chromium binary: read right after a setup that started
+        Chrome afresh and touched nothing of it (``fresh_browser_reason`` is None)."""
+        assert self.ctx is not None
+        if chrome_keep.fresh_browser_reason([(s.type, s.parameters) for s in steps]) is not None:
+            return
+        try:
+            prefs = chrome_keep.default_prefs(self.ctx.chrome.endpoint)
+        except Exception as exc:  # noqa: BLE001 - the next chrome task tries again
+            self.ctx.notes.append(f"keep_browser: prefs not read: {type(exc).__name__}: {exc}")
+            return
+        _DEFAULT_PREFS.setdefault(self._chromium_key(), prefs)
 
     def _end_episode(self) -> None:
         ctx, self.ctx = self.ctx, None

@@ -25,6 +25,7 @@ import tempfile
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import rz_agents
@@ -44,6 +45,12 @@ from rz_agents.envs.python_tool.spawner import on_spawner
 
 MARKER = "RZ_OSWORLD_EPISODE"
 VM_HOME = sandbox.VM_HOME
+PROFILE_REL = os.path.join(".config", "google-chrome")  # the episode's Chrome profile, in its home
+# what a kept browser holds open in the home: its profile and its HTTP cache (XDG cache folder)
+BROWSER_PATHS = (PROFILE_REL, os.path.join(".cache", "google-chrome"))
+# what Chromium starts beside its own process tree: its crash handler (double-forked away), the
+# settings and GVfs daemons it activates over D-Bus (a fresh Chromium starts them as well)
+BROWSER_HELPERS = ("chrome_crashpad", "dconf-service", "gvfsd")
 HOME_DIRS = ("Desktop", "Documents", "Downloads", "Pictures", "Music", "Videos", ".config")
 MAX_PROCESSES = 4096  # threads count too: Chromium + LibreOffice use a few hundred
 # The folder holding the ``rz_agents`` package (the session imports it from there).
@@ -146,8 +153,15 @@ class LocalProvider:
         start_timeout_s: float = 30.0,
         accessibility: str = "auto",
         warm_reset: bool = False,
+        keep_browser: bool = False,
     ) -> None:
-        self.warm_reset = warm_reset
+        # keep_browser: a reset in place may spare the episode's Chromium (``chrome_keep.py``);
+        # it implies warm_reset, and Chromium starts with --keep-alive-for-test (no window needed)
+        self.keep_browser = keep_browser
+        self.warm_reset = warm_reset or keep_browser
+        self.browser_keeps = 0  # resets in place that kept Chromium running
+        self.browser_keep_failures: list[str] = []  # why a kept browser was replaced by a fresh one
+        self.last_reset_kept_browser = False
         self.warm_resets = 0  # starts answered by resetting the running desktop in place
         self.warm_reset_failures: list[str] = []  # why a reset in place was refused (fresh start instead)
         self._baseline: warm.Baseline | None = None
@@ -176,15 +190,19 @@ class LocalProvider:
         self.desktop: Desktop | None = None
 
     # -- start -------------------------------------------------------------------------------------
-    def start(self) -> Desktop:
+    def start(self, browser_cleaner: Callable[[], str | None] | None = None) -> Desktop:
         """Start a fresh desktop (stopping any previous one) and return where to reach it.
 
         With ``warm_reset`` a running sandboxed desktop is reset in place instead (``warm.py``),
-        when its clean state verifies; otherwise it is replaced by a fresh one.
+        when its clean state verifies; otherwise it is replaced by a fresh one. With
+        ``keep_browser`` and a ``browser_cleaner`` (returns None when it made the running Chromium
+        clean, else why not) the reset spares the episode's Chromium and its profile folder and
+        calls the cleaner after the rest is reset; ``last_reset_kept_browser`` says if it did.
         """
+        self.last_reset_kept_browser = False
         if self.warm_reset and self.desktop is not None and self._baseline is not None:
             try:
-                problem = self._reset_in_place()
+                problem = self._reset_in_place(browser_cleaner if self.keep_browser else None)
             except Exception as exc:  # noqa: BLE001 - any failure means a fresh desktop
                 problem = f"{type(exc).__name__}: {exc}"
             if problem is None:
@@ -224,7 +242,7 @@ class LocalProvider:
         w, h = self.screen_size
         client.run_python(f"pyautogui.moveTo({w // 2}, {h // 2})")
 
-    def _reset_in_place(self) -> str | None:
+    def _reset_in_place(self, browser_cleaner: Callable[[], str | None] | None = None) -> str | None:
         """Reset the running desktop to its baseline; None when verified clean, else why not."""
         from rz_agents.envs.osworld.client import VMClient
 
@@ -232,11 +250,22 @@ class LocalProvider:
         current = self.pids()
         if not baseline.pids <= set(current):
             return f"desktop processes died: {sorted(baseline.pids - set(current))}"
-        warm.kill_extra_until_gone(self.pids, baseline)
-        warm.restore_files(baseline, desktop.home_dir, desktop.uid)
+        keep = browser_cleaner is not None and bool(self.browser_pids())
+        warm.kill_extra_until_gone(self._pids_but_browser if keep else self.pids, baseline)
+        skip = BROWSER_PATHS if keep else ()
+        warm.restore_files(baseline, desktop.home_dir, desktop.uid, keep=skip)
+        if keep:
+            problem = browser_cleaner()
+            if problem is not None or not self.browser_pids():
+                # a fresh browser next: end this one and take its profile away (the baseline has none)
+                self.browser_keep_failures.append(problem or "the browser died while being cleaned")
+                keep, skip = False, ()
+                warm.kill_extra_until_gone(self.pids, baseline)
+                warm.restore_files(baseline, desktop.home_dir, desktop.uid)
         client = VMClient(desktop.server_url, timeout_s=20)
         self._center_pointer(client)
-        problem = warm.verify(self.pids(), baseline, desktop.home_dir)
+        current = self._pids_but_browser() if keep else self.pids()
+        problem = warm.verify(current, baseline, desktop.home_dir, skip)
         if problem is None:
             # a killed app's windows leave the X server's list a moment after the app: give them 3 s
             deadline = time.monotonic() + 3.0
@@ -244,7 +273,44 @@ class LocalProvider:
                 time.sleep(0.05)
             if windows:
                 problem = f"windows still open: {[w.get('title') for w in windows][:3]}"
+        if problem is None and keep:
+            self.browser_keeps += 1
+            self.last_reset_kept_browser = True
         return problem
+
+    def _pids_but_browser(self) -> list[int]:
+        """The desktop's processes less the kept browser's (one listing of each: a listing reads
+        every process's environment on the host)."""
+        pids = self.pids()
+        spared = self.browser_pids(pids=pids)
+        return [p for p in pids if p not in spared]
+
+    def browser_pids(self, helpers: bool = True, pids: list[int] | None = None) -> set[int]:
+        """The episode's own Chromium (the ``google-chrome`` wrapper's profile) and its children;
+        with ``helpers``, also what it runs beside it (``BROWSER_HELPERS``), which a kept browser
+        keeps using: killed, they come back (D-Bus activation) while the reset is still checking."""
+        desktop = self.desktop
+        if desktop is None:
+            return set()
+        home = VM_HOME if desktop.sandboxed else desktop.home_dir
+        flag = f"--user-data-dir={os.path.join(home, PROFILE_REL)}".encode()
+        pids = self.pids() if pids is None else pids
+        mains = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    # Chromium rewrites its argv as one space-joined title
+                    argv = f.read().replace(b"\0", b" ").split()
+            except OSError:
+                continue
+            if flag in argv and not any(a.startswith(b"--type=") for a in argv):
+                mains.append(pid)
+        if not mains:
+            return set()
+        tree = set(process_tree(mains))
+        if helpers:
+            tree |= {p for p in pids if warm.comm(p) in BROWSER_HELPERS}
+        return tree
 
     def _start(self, desktop: Desktop) -> Desktop:
         uid = sandbox.desktop_uid() if self.sandboxed and os.geteuid() == 0 else None
@@ -317,8 +383,10 @@ class LocalProvider:
                 layout.bin,
                 chromium,
                 desktop.cdp_port,
-                os.path.join(home, ".config", "google-chrome"),
-                ["--force-renderer-accessibility"] if self.atspi else [],
+                os.path.join(home, PROFILE_REL),
+                (["--force-renderer-accessibility"] if self.atspi else [])
+                # a kept browser lives on with no window between episodes (chrome_keep.py)
+                + (["--keep-alive-for-test"] if self.keep_browser else []),
             )
         if self.sandboxed:
             sandbox.write_identity(layout.etc, uid if uid is not None else sandbox.UNPRIVILEGED_UID)

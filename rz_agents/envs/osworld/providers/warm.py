@@ -40,6 +40,11 @@ class Baseline:
     places: dict[str, set[str]] = field(default_factory=dict)  # host path -> its entries
 
 
+def comm(pid: int) -> str:
+    """The process's name (``/proc/PID/comm``, 15 characters at most), or "" when it is gone."""
+    return _comm(pid)
+
+
 def _comm(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as f:
@@ -119,14 +124,31 @@ def kill_extra_until_gone(
         wait_until_gone(extra, timeout_s=max(0.0, min(3.0, deadline - time.monotonic())))
 
 
-def restore_files(baseline: Baseline, home: str, uid: int | None) -> None:
-    """Home back to the baseline copy; other places back to their baseline entries."""
-    for name in os.listdir(home):
-        _remove(os.path.join(home, name))
+def _remove_all_but(folder: str, rel: str, keep: tuple[str, ...]) -> None:
+    """Remove everything in ``folder`` except the paths in ``keep`` (relative to the home)."""
+    for name in os.listdir(folder):
+        path_rel = os.path.join(rel, name)
+        if path_rel in keep:
+            continue
+        path = os.path.join(folder, name)
+        if any(k.startswith(path_rel + os.sep) for k in keep) and os.path.isdir(path):
+            _remove_all_but(path, path_rel, keep)
+        else:
+            _remove(path)
+
+
+def restore_files(baseline: Baseline, home: str, uid: int | None, keep: tuple[str, ...] = ()) -> None:
+    """Home back to the baseline copy; other places back to their baseline entries.
+
+    ``keep``: paths relative to the home left as they are (a kept browser's profile, which the
+    browser holds open and ``chrome_keep.py`` cleans through the browser itself)."""
+    _remove_all_but(home, "", keep)
     shutil.copytree(baseline.home_copy, home, symlinks=True, dirs_exist_ok=True)
     if uid is not None:
         os.lchown(home, uid, uid)
         for parent, dirs, files in os.walk(home):
+            rel = os.path.relpath(parent, home)
+            dirs[:] = [d for d in dirs if os.path.normpath(os.path.join(rel, d)) not in keep]
             for name in dirs + files:
                 os.lchown(os.path.join(parent, name), uid, uid)
     for place, entries in baseline.places.items():
@@ -134,32 +156,36 @@ def restore_files(baseline: Baseline, home: str, uid: int | None) -> None:
             _remove(os.path.join(place, name))
 
 
-def same_tree(a: str, b: str) -> str | None:
-    """None when folders ``a`` and ``b`` hold the same paths, kinds, link targets and file bytes."""
+def same_tree(a: str, b: str, skip: tuple[str, ...] = ()) -> str | None:
+    """None when folders ``a`` and ``b`` hold the same paths, kinds, link targets and file bytes
+    (``skip``: relative paths not compared)."""
     cmp = filecmp.dircmp(a, b)
     stack = [(cmp, "")]
     while stack:
         d, rel = stack.pop()
-        if d.left_only or d.right_only or d.funny_files or d.common_funny:
-            diff = sorted(d.left_only + d.right_only + d.funny_files + d.common_funny)
+        odd = d.left_only + d.right_only + d.funny_files + d.common_funny
+        diff = sorted(n for n in odd if os.path.join(rel, n) not in skip)
+        if diff:
             return f"home differs at {os.path.join(rel, diff[0])}"
         _, mismatch, errors = filecmp.cmpfiles(d.left, d.right, d.common_files, shallow=False)
         if mismatch or errors:
             return f"home differs at {os.path.join(rel, (mismatch + errors)[0])}"
         for name, sub in d.subdirs.items():
-            stack.append((sub, os.path.join(rel, name)))
+            if os.path.join(rel, name) not in skip:
+                stack.append((sub, os.path.join(rel, name)))
     return None
 
 
-def verify(current: list[int], baseline: Baseline, home: str) -> str | None:
-    """None when the desktop is back to its baseline (processes and files), else what differs."""
+def verify(current: list[int], baseline: Baseline, home: str, skip: tuple[str, ...] = ()) -> str | None:
+    """None when the desktop is back to its baseline (processes and files), else what differs
+    (``skip``: home paths a kept browser holds; its processes are left out of ``current``)."""
     alive = set(current)
     if alive != baseline.pids:
         missing, extra = baseline.pids - alive, alive - baseline.pids
         if missing:
             return f"desktop processes died: {sorted(_comm(p) or p for p in missing)}"
         return f"processes survived the reset: {sorted(_comm(p) or p for p in extra)}"
-    problem = same_tree(home, baseline.home_copy)
+    problem = same_tree(home, baseline.home_copy, skip)
     if problem:
         return problem
     for place, entries in baseline.places.items():
