@@ -17,6 +17,7 @@ model.language_model.*, lm_head.weight).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -85,10 +86,14 @@ class Qwen3VLModel(Transformer):
     def rope_positions(
         self, tokens: Sequence[int] | torch.Tensor, image_grid_thw: torch.Tensor | list | None = None
     ) -> tuple[torch.Tensor, int]:
-        """(3D positions [3, T], delta) of one sequence's tokens (see model/mrope.py)."""
-        grids = [] if image_grid_thw is None else torch.as_tensor(image_grid_thw).reshape(-1, 3).tolist()
+        """(3D positions [3, T], delta) of one sequence's tokens (see model/mrope.py). Without grids every
+        token is text (placeholder tokens too, embedded as ordinary tokens: HF's behaviour without pixels)."""
+        ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        if image_grid_thw is None:
+            return torch.arange(ids.numel()).view(1, -1).expand(3, -1), 0
+        grids = torch.as_tensor(image_grid_thw).reshape(-1, 3).tolist()
         v = self.vl_config
-        return mrope_positions(tokens, grids, v.image_token_id, v.vision.spatial_merge_size)
+        return mrope_positions(ids, grids, v.image_token_id, v.vision.spatial_merge_size)
 
     def forward(
         self,
@@ -167,3 +172,62 @@ def sequence_logprobs(
     hidden = model(ids, torch.arange(ids.numel(), device=device), rope_positions=rope.to(device), images=images)
     logits = model.logits(hidden)
     return logits, token_logprobs_of_logits(logits[:-1], ids[1:], 1.0, 0, 1.0)
+
+
+@dataclass
+class VLSequence:
+    """One sequence of a packed forward: its tokens and its images' grids, as pixels or already encoded."""
+
+    tokens: Sequence[int] | torch.Tensor
+    image_grid_thw: list[tuple[int, int, int]] | torch.Tensor | None = None
+    pixel_values: torch.Tensor | None = None  # [patches, patch_dim] of this sequence's images, in order
+    images: ImageEmbeddings | None = None  # or their embeddings (e.g. an engine's cache)
+
+
+def packed_logprobs(model: Qwen3VLModel, sequences: Sequence[VLSequence]) -> list[torch.Tensor]:
+    """For each sequence, fp32 [len-1] log-probs of tokens[1:] from one packed (differentiable) forward.
+
+    The pixel images of all sequences are encoded in one vision call (an image's encoding does not depend on
+    its batch, so this equals encoding each alone, bit for bit); sequences may mix pixels, cached embeddings
+    and no images at all.
+    """
+    if not sequences:
+        return []
+    device = model.device
+    ids = [torch.as_tensor(s.tokens, dtype=torch.long).reshape(-1) for s in sequences]
+    ropes = [model.rope_positions(i, s.image_grid_thw)[0] for i, s in zip(ids, sequences, strict=True)]
+    pixel_seqs = [s for s in sequences if s.pixel_values is not None]
+    encoded: list[ImageEmbeddings] = []
+    if pixel_seqs:
+        grids = torch.cat([torch.as_tensor(s.image_grid_thw).reshape(-1, 3) for s in pixel_seqs])
+        pixels = torch.cat([s.pixel_values for s in pixel_seqs]).to(device)
+        encoded = model.encode_images(pixels, grids).split()
+    parts: list[ImageEmbeddings] = []
+    for s in sequences:
+        if s.pixel_values is not None and s.images is not None:
+            raise ValueError("a VLSequence carries pixel_values or images (already encoded), not both")
+        if s.pixel_values is not None:
+            n = torch.as_tensor(s.image_grid_thw).reshape(-1, 3).shape[0]
+            parts.extend(encoded[:n])
+            encoded = encoded[n:]
+        elif s.images is not None:
+            parts.append(s.images)
+    lengths = [i.numel() for i in ids]
+    tokens = torch.cat(ids).to(device)
+    positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
+    seq_ids = torch.cat([torch.full((n,), k, dtype=torch.long) for k, n in enumerate(lengths)]).to(device)
+    hidden = model(
+        tokens,
+        positions,
+        seq_ids,
+        max_position=max(lengths) - 1,
+        num_sequences=len(lengths),
+        rope_positions=torch.cat(ropes, dim=1).to(device),
+        images=ImageEmbeddings.cat(parts) if parts else None,
+    )
+    out, start = [], 0
+    for n in lengths:
+        rows = hidden[start : start + n - 1]
+        out.append(token_logprobs_of_logits(model.logits(rows), tokens[start + 1 : start + n], 1.0, 0, 1.0))
+        start += n
+    return out
