@@ -157,6 +157,18 @@ def test_logprobs_match_transformers(hf_checkpoint, batch):
     assert worst <= TOL
 
 
+def test_3d_positions_match_transformers(hf_checkpoint, batch):
+    hf, path = hf_checkpoint
+    model = load_hf_checkpoint(path)
+    for seq in batch[:2]:
+        ids = torch.tensor([seq.tokens])
+        ref, delta = hf.model.get_rope_index(
+            ids, (ids == IMAGE_PAD).int(), image_grid_thw=torch.as_tensor(seq.image_grid_thw)
+        )
+        got, got_delta = model.rope_positions(seq.tokens, seq.image_grid_thw)
+        assert torch.equal(got, ref[:, 0]) and got_delta == int(delta)
+
+
 def test_negative_controls_images_and_3d_positions_matter(hf_checkpoint, batch):
     hf, path = hf_checkpoint
     model = load_hf_checkpoint(path)
