@@ -27,6 +27,8 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     return (h * weight.float() + bias.float()).to(dtype)
 
 
-def standard_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+def standard_layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
     """Stock `F.layer_norm` (the standard op set's)."""
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)

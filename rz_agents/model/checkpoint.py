@@ -52,7 +52,8 @@ def save_hf_checkpoint(
     from safetensors.torch import save_file
 
     out = Path(out_dir)
-    # LoRA adapters are not base weights: they go to <out>/lora_adapter as a PEFT directory (model/peft_files.py)
+    # LoRA adapters are not base weights: they go to <out>/lora_adapter as a PEFT directory
+    # (model/peft_files.py)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if ".lora_" not in k}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -110,7 +111,9 @@ def read_model_config(ckpt_dir: str | os.PathLike, dtype: str | None = None) -> 
     return ModelConfig.from_hf(d, dtype=dtype)
 
 
-def build_model(config: ModelConfig | Qwen3VLConfig, kernels: str = "aligned", init: bool = True) -> Transformer:
+def build_model(
+    config: ModelConfig | Qwen3VLConfig, kernels: str = "aligned", init: bool = True
+) -> Transformer:
     """The model class of `config`: a Transformer, or a Qwen3VLModel (a Transformer with a vision tower)."""
     if isinstance(config, Qwen3VLConfig):
         from rz_agents.model.qwen3_vl import Qwen3VLModel
@@ -233,7 +236,8 @@ def load_hf_checkpoint(
                 )
             params[name].copy_(t.to(params[name].dtype))
     adapter = Path(ckpt_dir) / "lora_adapter"
-    if (adapter / "adapter_config.json").is_file():  # a LoRA model saved by save_hf_checkpoint: base + adapter
+    # a LoRA model saved by save_hf_checkpoint: base + adapter
+    if (adapter / "adapter_config.json").is_file():
         from rz_agents.model.peft_files import load_peft_adapter
 
         load_peft_adapter(model, adapter)

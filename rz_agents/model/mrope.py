@@ -10,8 +10,8 @@ i < 3 * section[2], else temporal (HF's "interleaved" layout).
 
 The angles are never recomputed per token: cos and sin come from tables built once per model (over every
 position, as `RopeTable` builds them) and are *gathered* column by column, so a token's angles are the same
-bits whatever else is in the call, and a text token's equal plain RoPE's exactly. The rotation itself is the op
-set's `rope` over a `RopeTable.from_rows` table of these rows.
+bits whatever else is in the call, and a text token's equal plain RoPE's exactly. The rotation itself is
+the op set's `rope` over a `RopeTable.from_rows` table of these rows.
 """
 
 from __future__ import annotations
@@ -101,7 +101,9 @@ def mrope_positions(
             raise ValueError(f"image placeholder at token {i} but only {len(grids)} image grids given")
         t, h, w = (int(v) for v in grids[g])
         if h % spatial_merge_size or w % spatial_merge_size:
-            raise ValueError(f"image grid {(t, h, w)} is not a multiple of spatial_merge_size {spatial_merge_size}")
+            raise ValueError(
+                f"image grid {(t, h, w)} is not a multiple of spatial_merge_size {spatial_merge_size}"
+            )
         gh, gw = h // spatial_merge_size, w // spatial_merge_size
         count = t * gh * gw
         if i + count > n or not all(is_image[i : i + count]):

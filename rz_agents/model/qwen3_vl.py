@@ -79,7 +79,9 @@ class Qwen3VLModel(Transformer):
             if isinstance(m, LayerNorm):
                 m.weight.fill_(1.0)
 
-    def encode_images(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | list) -> ImageEmbeddings:
+    def encode_images(
+        self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | list
+    ) -> ImageEmbeddings:
         """The vision tower's embeddings of packed images (rows in image order; `.split()` per image)."""
         return self.visual(pixel_values, image_grid_thw, self.ops_for(pixel_values.device))
 
@@ -136,7 +138,8 @@ class Qwen3VLModel(Transformer):
             slots = (tokens == self.vl_config.image_token_id).nonzero().squeeze(1)
             if slots.numel() != images.embeds.shape[0]:
                 raise ValueError(
-                    f"{slots.numel()} image placeholder tokens but {images.embeds.shape[0]} image embedding rows"
+                    f"{slots.numel()} image placeholder tokens but "
+                    f"{images.embeds.shape[0]} image embedding rows"
                 )
             x = x.index_put((slots,), images.embeds.to(x.dtype))
         recompute = self.config.activation_checkpointing and torch.is_grad_enabled() and kv_cache is None
@@ -169,7 +172,9 @@ def sequence_logprobs(
     if pixel_values is not None:
         images = model.encode_images(pixel_values.to(device), image_grid_thw)
     ids = ids.to(device)
-    hidden = model(ids, torch.arange(ids.numel(), device=device), rope_positions=rope.to(device), images=images)
+    hidden = model(
+        ids, torch.arange(ids.numel(), device=device), rope_positions=rope.to(device), images=images
+    )
     logits = model.logits(hidden)
     return logits, token_logprobs_of_logits(logits[:-1], ids[1:], 1.0, 0, 1.0)
 

@@ -1,4 +1,4 @@
-"""Qwen3-VL configuration: the vision tower's fields and the whole model's (HF config.json, model_type qwen3_vl).
+"""Qwen3-VL configuration: the vision tower's fields and the whole model's (HF config.json, qwen3_vl).
 
 The language model is a Qwen3 dense decoder (q/k norms, no biases), so its part is a `ModelConfig` of
 model_type "qwen3" (`text`), which the shared decoder layers read; what Qwen3-VL adds lives here: the vision
@@ -38,10 +38,13 @@ class VisionConfig:
 
     def __post_init__(self) -> None:
         if self.hidden_act not in _VISION_ACTS:
-            raise ValueError(f"vision_config.hidden_act {self.hidden_act!r} not supported; {list(_VISION_ACTS)}")
+            raise ValueError(
+                f"vision_config.hidden_act {self.hidden_act!r} not supported; {list(_VISION_ACTS)}"
+            )
         if self.hidden_size % self.num_heads:
             raise ValueError(
-                f"vision_config.hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}"
+                f"vision_config.hidden_size {self.hidden_size} is not a multiple of "
+                f"num_heads {self.num_heads}"
             )
         if self.head_dim % 4:
             raise ValueError(f"vision head dim {self.head_dim} must be a multiple of 4 (2D rotary embedding)")
@@ -81,7 +84,10 @@ class VisionConfig:
     def to_hf(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "rope_theta"}
         d["deepstack_visual_indexes"] = list(self.deepstack_visual_indexes)
-        d.update(model_type="qwen3_vl_vision", rope_parameters={"rope_type": "axial", "rope_theta": self.rope_theta})
+        d.update(
+            model_type="qwen3_vl_vision",
+            rope_parameters={"rope_type": "axial", "rope_theta": self.rope_theta},
+        )
         return d
 
 
@@ -99,7 +105,9 @@ class Qwen3VLConfig:
 
     def __post_init__(self) -> None:
         if self.text.model_type != "qwen3":
-            raise ValueError(f"Qwen3-VL's language model is qwen3, got text.model_type {self.text.model_type!r}")
+            raise ValueError(
+                f"Qwen3-VL's language model is qwen3, got text.model_type {self.text.model_type!r}"
+            )
         if len(self.mrope_section) != 3 or sum(self.mrope_section) != self.text.head_dim // 2:
             raise ValueError(
                 f"mrope_section {self.mrope_section} must be 3 numbers summing to head_dim // 2 = "
@@ -107,7 +115,8 @@ class Qwen3VLConfig:
             )
         if self.vision.out_hidden_size != self.text.hidden_size:
             raise ValueError(
-                f"vision_config.out_hidden_size {self.vision.out_hidden_size} must equal the text hidden_size "
+                f"vision_config.out_hidden_size {self.vision.out_hidden_size} must equal the text "
+                "hidden_size "
                 f"{self.text.hidden_size}"
             )
         if len(self.vision.deepstack_visual_indexes) > self.text.num_hidden_layers:

@@ -175,7 +175,8 @@ class _Context:
         self.positions = positions
         self.kv_cache = kv_cache
         # Stacked q/k/v and gate/up GEMMs (where fuse_projections made them) on the cached-inference path
-        # only: the trainer's packed forward keeps the separate GEMMs (same bits, and its gradients reach them).
+        # only: the trainer's packed forward keeps the separate GEMMs (same bits, and its gradients reach
+        # them).
         self.fused = model.fused_projections and kv_cache is not None and not torch.is_grad_enabled()
         cfg = model.config
         page_table = None
@@ -350,7 +351,8 @@ class Transformer(nn.Module):
         (rz_kernels.triton_ops.attention.plan_attention), once per forward, not per layer.
 
         positions: absolute positions, same shape as tokens. seq_ids: sequence index per token (row of
-        the view's page table when kv_cache is given); None means a new sequence starts wherever positions == 0, and
+        the view's page table when kv_cache is given); None means a new sequence starts wherever
+        positions == 0, and
         for a [B, S] batch each row is a sequence. Without kv_cache, each sequence attends to its own
         tokens in this call; with it, to its cached positions 0..position (the prefix must be cached).
         """

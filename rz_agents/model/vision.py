@@ -1,5 +1,5 @@
-"""Qwen3-VL's vision tower on the op set: patch embedding, learned position grid, 2D RoPE, ViT blocks, the patch
-merger and the deepstack mergers.
+"""Qwen3-VL's vision tower on the op set: patch embedding, learned position grid, 2D RoPE, ViT blocks, the
+patch merger and the deepstack mergers.
 
 Images travel packed: pixel_values [patches, C * T * P * P] (the processor's rows, each image's patches in
 merge-window order: every spatial_merge_size^2 consecutive rows are one merged token) with image_grid_thw
@@ -134,7 +134,9 @@ class ImageEmbeddings:
 
     def split(self) -> list[ImageEmbeddings]:
         """One ImageEmbeddings per image (views): what an engine caches with each sequence."""
-        parts = zip(self.embeds.split(self.counts), *(d.split(self.counts) for d in self.deepstack), strict=True)
+        parts = zip(
+            self.embeds.split(self.counts), *(d.split(self.counts) for d in self.deepstack), strict=True
+        )
         return [ImageEmbeddings(p[0], tuple(p[1:]), (n,)) for p, n in zip(parts, self.counts, strict=True)]
 
     @staticmethod
@@ -151,7 +153,9 @@ class ImageEmbeddings:
 
     def rows(self, index: torch.Tensor) -> ImageEmbeddings:
         """The rows `index` (e.g. the placeholders one prefill chunk covers)."""
-        return ImageEmbeddings(self.embeds[index], tuple(d[index] for d in self.deepstack), (int(index.numel()),))
+        return ImageEmbeddings(
+            self.embeds[index], tuple(d[index] for d in self.deepstack), (int(index.numel()),)
+        )
 
 
 class _Segments:
@@ -193,7 +197,9 @@ def _patch_positions(grids: list[tuple[int, int, int]], merge: int) -> torch.Ten
     return torch.cat(out, dim=1)
 
 
-def _interpolation(grids: list[tuple[int, int, int]], merge: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _interpolation(
+    grids: list[tuple[int, int, int]], merge: int, side: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Bilinear (align-corners) taps [patches, 4] into the side x side learned grid and their fp32 weights,
     resampling it to each image's grid, in merge-window order."""
     pos = _patch_positions(grids, merge)
@@ -228,7 +234,9 @@ class VisionTower(nn.Module):
         m = self.config.spatial_merge_size
         for g in grids:
             if min(g) < 1 or g[1] % m or g[2] % m:
-                raise ValueError(f"image_grid_thw {g}: needs t, h, w >= 1 and h, w multiples of merge size {m}")
+                raise ValueError(
+                    f"image_grid_thw {g}: needs t, h, w >= 1 and h, w multiples of merge size {m}"
+                )
             if max(g[1], g[2]) > MAX_GRID_SIDE:
                 raise ValueError(f"image_grid_thw {g}: sides over {MAX_GRID_SIDE} patches are not supported")
         if sum(t * h * w for t, h, w in grids) != patches:
@@ -238,7 +246,9 @@ class VisionTower(nn.Module):
             )
         return grids
 
-    def forward(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | list, ops: OpSet) -> ImageEmbeddings:
+    def forward(
+        self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | list, ops: OpSet
+    ) -> ImageEmbeddings:
         """Encode packed images: pixel_values [patches, patch_dim], image_grid_thw [images, 3]."""
         cfg = self.config
         if pixel_values.dim() != 2 or pixel_values.shape[1] != cfg.patch_dim:

@@ -1,8 +1,8 @@
-"""Images -> the vision tower's inputs, and the chat template's image placeholders -> one token per merged patch.
+"""Images -> the vision tower's inputs; the chat template's image placeholders -> one token per merged patch.
 
-Preprocessing (resize to a multiple of patch x merge, rescale, normalise, cut into patches in merge-window order)
-is transformers' own Qwen2-VL image processor, the one Qwen3-VL's processor uses, on its PIL backend (no
-torchvision needed); transformers is imported where it is used.
+Preprocessing (resize to a multiple of patch x merge, rescale, normalise, cut into patches in merge-window
+order) is transformers' own Qwen2-VL image processor, the one Qwen3-VL's processor uses, on its PIL backend
+(no torchvision needed); transformers is imported where it is used.
 """
 
 from __future__ import annotations

@@ -84,7 +84,9 @@ def tokenizer():
 
 def _prompt(tokenizer, n_images: int, text: str) -> list[int]:
     image = "<|vision_start|><|image_pad|><|vision_end|>"
-    chat = f"<|im_start|>user\n{image * n_images}{text}<|im_end|>\n<|im_start|>assistant\nIt shows 7.<|im_end|>"
+    chat = (
+        f"<|im_start|>user\n{image * n_images}{text}<|im_end|>\n<|im_start|>assistant\nIt shows 7.<|im_end|>"
+    )
     return tokenizer.encode(chat)
 
 
@@ -192,7 +194,9 @@ def test_save_round_trip_is_exact_and_transformers_loads_it(hf_checkpoint, batch
     a, b = model.state_dict(), again.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert again.vl_config == model.vl_config
-    assert Qwen3VLConfig.from_hf(json.loads((tmp_path / "saved" / "config.json").read_text())) == model.vl_config
+    assert (
+        Qwen3VLConfig.from_hf(json.loads((tmp_path / "saved" / "config.json").read_text())) == model.vl_config
+    )
     reloaded = transformers.Qwen3VLForConditionalGeneration.from_pretrained(tmp_path / "saved").eval()
     ref = dict(hf.state_dict())
     assert all(torch.equal(v, ref[k]) for k, v in reloaded.state_dict().items())
