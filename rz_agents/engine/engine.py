@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from rz_agents.engine.config import EngineConfig
+from rz_agents.engine.images import ImagePrompt, SequenceImages
 from rz_agents.engine.pages import PagePool
 from rz_agents.engine.params import Completion, SamplingParams
 from rz_agents.engine.pause import PauseGate, PauseMode
@@ -130,17 +131,25 @@ class RZEngine:
         prompt: list[int] | torch.Tensor,
         params: SamplingParams | None = None,
         on_start: Callable[[Sequence], None] | None = None,
+        images: ImagePrompt | None = None,
     ) -> Completion:
         """Generate a completion of ``prompt`` (token ids); raises ValueError for bad input.
 
         Failures inside the engine do not raise: the Completion then has finish_reason "error" and
         says why in ``error``. Cancelling the awaiting task frees the sequence's pages. ``on_start``
         receives the queued Sequence (read-only: a streaming server reads its ``output`` as it grows).
+        ``images`` (a vision-language model only): the pixels and grids of the prompt's image placeholder
+        runs, in order (engine/images.py); encoded once, at the first prefill chunk that needs them.
         """
         params = params or SamplingParams()
         prompt = self._check_request(prompt, params)
         loop = asyncio.get_running_loop()
         seq = Sequence(prompt, params)
+        if images is not None:
+            vl_config = getattr(self.model, "vl_config", None)
+            if vl_config is None:
+                raise ValueError("images need a vision-language model (Qwen3-VL); this engine's model has none")
+            seq.images = SequenceImages(prompt, images, vl_config)
         if on_start is not None:
             on_start(seq)
         fut = loop.create_future()
@@ -163,6 +172,9 @@ class RZEngine:
         self.runner.validate_state(state)
         with self._lock:
             self.runner.load_state(state)  # in place: the parameters keep their storage
+            for seq in (*self.scheduler.waiting, *self.scheduler.running):
+                if seq.images is not None:  # encoded by the old vision tower: encode again when needed
+                    seq.images.forget_encodings()
             if self.graphs is not None:
                 self.graphs.check_weights()  # recaptures if a parameter's storage moved anyway
             self._version = int(version)

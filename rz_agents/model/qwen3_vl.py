@@ -30,6 +30,7 @@ from rz_agents.model.rope_scaling import rope_table
 from rz_agents.model.transformer import DecoderStack, Transformer, _Context, _linear
 from rz_agents.model.vision import ImageEmbeddings, LayerNorm, VisionTower
 from rz_kernels import get_ops
+from rz_kernels.attention import verify_attention
 from rz_kernels.logprobs import token_logprobs_of_logits
 
 
@@ -79,6 +80,12 @@ class Qwen3VLModel(Transformer):
             if isinstance(m, LayerNorm):
                 m.weight.fill_(1.0)
 
+    def verify_kernels(self) -> None:
+        """Transformer.verify_kernels, plus the vision tower's attention shape (one query head per kv head)."""
+        super().verify_kernels()
+        if self.kernels == "aligned" and self.device.type == "cpu":
+            verify_attention(1, self.vl_config.vision.head_dim)
+
     def encode_images(
         self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | list
     ) -> ImageEmbeddings:
@@ -107,6 +114,7 @@ class Qwen3VLModel(Transformer):
         num_sequences: int | None = None,
         rope_positions: torch.Tensor | None = None,
         images: ImageEmbeddings | None = None,
+        image_slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final hidden states [T, hidden] of a flat token stream (Transformer.forward's arguments), plus:
 
@@ -114,6 +122,8 @@ class Qwen3VLModel(Transformer):
         images: the embeddings of the image placeholders (``image_token_id``) among ``tokens``, one row per
         placeholder in stream order (a chunk passes the rows of the placeholders it holds). Without it, the
         placeholder tokens are embedded as ordinary tokens (as HF does when no pixels are given).
+        image_slots: [rows of images] the stream indices those rows go to (None: every ``image_token_id``
+        token of the stream, in order; the engine passes its prompts' placeholders only).
         """
         if tokens.dim() != 1:
             raise ValueError(f"Qwen3VLModel.forward takes a flat token stream [T], got {tuple(tokens.shape)}")
@@ -135,7 +145,9 @@ class Qwen3VLModel(Transformer):
         x = stack.embed_tokens(tokens)
         slots = None
         if images is not None:
-            slots = (tokens == self.vl_config.image_token_id).nonzero().squeeze(1)
+            slots = image_slots
+            if slots is None:
+                slots = (tokens == self.vl_config.image_token_id).nonzero().squeeze(1)
             if slots.numel() != images.embeds.shape[0]:
                 raise ValueError(
                     f"{slots.numel()} image placeholder tokens but "

@@ -297,7 +297,7 @@ class Transformer(nn.Module):
         verify_weights(m.weight for m in self.modules() if isinstance(m, nn.Linear))
         for m in self.modules():
             for fused in (getattr(m, "qkv", None), getattr(m, "gate_up", None)):
-                if fused is not None:
+                if isinstance(fused, FusedLinears):  # (a vision block's `qkv` is a plain nn.Linear)
                     fused.usable(self.ops)  # the stacked shape's guard and the fusion check
         cfg = self.config
         verify_attention(cfg.num_attention_heads // cfg.num_key_value_heads, cfg.head_dim)
