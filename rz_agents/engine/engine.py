@@ -114,7 +114,7 @@ class RZEngine:
     # -- public API ---------------------------------------------------------------------------
     @property
     def graphs(self):
-        """The runner's CUDA graphs of the static decode step (None when they are off: ``cuda_graphs_off``)."""
+        """The runner's CUDA graphs of the static decode step (None when off: ``cuda_graphs_off``)."""
         return self.runner.graphs
 
     @property
@@ -148,7 +148,9 @@ class RZEngine:
         if images is not None:
             vl_config = getattr(self.model, "vl_config", None)
             if vl_config is None:
-                raise ValueError("images need a vision-language model (Qwen3-VL); this engine's model has none")
+                raise ValueError(
+                    "images need a vision-language model (Qwen3-VL); this engine's model has none"
+                )
             seq.images = SequenceImages(prompt, images, vl_config)
         if on_start is not None:
             on_start(seq)
@@ -254,7 +256,8 @@ class RZEngine:
             raise ValueError("prompt must contain at least one token")
         if len(prompt) >= self.config.max_len:
             raise ValueError(
-                f"prompt has {len(prompt)} tokens; the engine's max_len {self.config.max_len} leaves no room to generate"
+                f"prompt has {len(prompt)} tokens; the engine's max_len {self.config.max_len} "
+                "leaves no room to generate"
             )
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:

@@ -87,8 +87,8 @@ class PageNode:
 
 @dataclass
 class PrefixMatch:
-    """The longest reusable prefix of a prompt: ``full`` pages to reference, then ``partial`` positions to copy
-    from ``partial_page``; ``computed`` tokens in all. ``potential`` counts what running sequences have not
+    """The longest reusable prefix of a prompt: ``full`` pages to reference, then ``partial`` positions to
+    copy from ``partial_page``; ``computed`` tokens in all. ``potential`` counts what running sequences have not
     computed yet as well (waiting for it pays when it exceeds ``computed``); ``running``: the match goes
     through pages a running sequence is writing (sharing rather than the cache of finished sequences)."""
 
@@ -250,7 +250,8 @@ class PagePool:
             parent = node.block
 
     def untrack(self, seq: Sequence) -> None:
-        """Take ``seq``'s pages out of the index (their K/V now mix weight versions: nobody may reuse them)."""
+        """Take ``seq``'s pages out of the index (their K/V now mix weight versions: nobody may reuse
+        them)."""
         for p in seq.pages:
             if p in self._nodes and self._nodes[p].owner is seq:
                 self._forget(p)
@@ -292,7 +293,8 @@ class PagePool:
                         m.computed += PAGE_SIZE
                     parent, start = node.block, start + PAGE_SIZE
                     continue
-            self._best_partial(m, tokens[start : min(start + PAGE_SIZE, limit)], parent, version, running, start)
+            seg = tokens[start : min(start + PAGE_SIZE, limit)]
+            self._best_partial(m, seg, parent, version, running, start)
             break
         return m
 

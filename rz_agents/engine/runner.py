@@ -212,7 +212,8 @@ class ModelRunner:
                 raise ValueError(f"load_weights: {name} is a {type(value).__name__}, not a tensor")
             if tuple(value.shape) != tuple(own[name].shape):
                 raise ValueError(
-                    f"load_weights: {name} has shape {tuple(value.shape)}, the model expects {tuple(own[name].shape)}"
+                    f"load_weights: {name} has shape {tuple(value.shape)}, "
+                    f"the model expects {tuple(own[name].shape)}"
                 )
 
     @torch.no_grad()

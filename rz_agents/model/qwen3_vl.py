@@ -81,7 +81,8 @@ class Qwen3VLModel(Transformer):
                 m.weight.fill_(1.0)
 
     def verify_kernels(self) -> None:
-        """Transformer.verify_kernels, plus the vision tower's attention shape (one query head per kv head)."""
+        """Transformer.verify_kernels, plus the vision tower's attention shape (one query head per kv
+        head)."""
         super().verify_kernels()
         if self.kernels == "aligned" and self.device.type == "cpu":
             verify_attention(1, self.vl_config.vision.head_dim)
