@@ -45,7 +45,8 @@ def gather_rows(table: RopeTable, positions: torch.Tensor, axes: torch.Tensor, f
             raise ValueError(f"rotary position {top} exceeds the table's {table.max_positions} positions")
     rows = positions[axes.to(positions.device)].t()  # [T, D]
     cols = freq_cols.to(positions.device).view(1, -1)
-    return cos[rows, cols], sin[rows, cols]
+    # contiguous rows (the gather comes out column-major; the Triton rope kernel reads row-major tables)
+    return cos[rows, cols].contiguous(), sin[rows, cols].contiguous()
 
 
 def mrope_table(base: RopeTable, positions: torch.Tensor, section: Sequence[int]) -> RopeTable:

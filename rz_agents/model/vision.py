@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from rz_agents.model.mrope import vision_table
@@ -65,13 +66,29 @@ class VisionAttention(nn.Module):
         q, k, v = ops.linear(x, self.qkv.weight, self.qkv.bias).view(n, 3, self.num_heads, -1).unbind(1)
         q = ops.rope(seg.rope, q, seg.rows)
         k = ops.rope(seg.rope, k, seg.rows)
-        # keys/values by (image, patch): each image's patches at positions 0..size-1, zeros beyond
-        k_buf = x.new_zeros(seg.buf_shape(self.num_heads, self.head_dim))
-        v_buf = x.new_zeros(seg.buf_shape(self.num_heads, self.head_dim))
-        k_buf[seg.image, :, seg.local] = k
-        v_buf[seg.image, :, seg.local] = v
-        out = ops.attention(q, k_buf, v_buf, seg.plan(ops, self.num_heads), 1.0 / math.sqrt(self.head_dim))
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if ops.name == "triton":
+            # The Triton attention places each query by its position (a causal kernel): it cannot hold a
+            # whole image at one position. One SDPA call per image instead: each call sees only its own
+            # image's q/k/v, at a shape set by that image, so its result cannot depend on the batch either.
+            out = _per_image_attention(q, k, v, seg.sizes, scale)
+        else:
+            # keys/values by (image, patch): each image's patches at positions 0..size-1, zeros beyond
+            k_buf = x.new_zeros(seg.buf_shape(self.num_heads, self.head_dim))
+            v_buf = x.new_zeros(seg.buf_shape(self.num_heads, self.head_dim))
+            k_buf[seg.image, :, seg.local] = k
+            v_buf[seg.image, :, seg.local] = v
+            out = ops.attention(q, k_buf, v_buf, seg.plan(ops, self.num_heads), scale)
         return ops.linear(out.reshape(n, -1), self.proj.weight, self.proj.bias)
+
+
+def _per_image_attention(q, k, v, sizes: list[int], scale: float) -> torch.Tensor:
+    """Bidirectional attention within each image: [N, H, D] split by image, one SDPA call each."""
+    out = []
+    for qi, ki, vi in zip(q.split(sizes), k.split(sizes), v.split(sizes), strict=True):
+        qi, ki, vi = (t.transpose(0, 1).unsqueeze(0) for t in (qi, ki, vi))
+        out.append(F.scaled_dot_product_attention(qi, ki, vi, scale=scale)[0].transpose(0, 1))
+    return torch.cat(out)
 
 
 class VisionMLP(nn.Module):
@@ -164,6 +181,7 @@ class _Segments:
     def __init__(self, grids: list[tuple[int, int, int]], merge: int, rope_base: RopeTable, head_dim: int,
                  device: torch.device) -> None:  # fmt: skip
         sizes = [t * h * w for t, h, w in grids]
+        self.sizes = sizes
         self.n = sum(sizes)
         self.image = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
         self.local = torch.cat([torch.arange(s) for s in sizes]).to(device)
