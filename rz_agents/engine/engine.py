@@ -174,8 +174,9 @@ class RZEngine:
         self.runner.validate_state(state)
         with self._lock:
             self.runner.load_state(state)  # in place: the parameters keep their storage
+            self.runner.image_cache.clear()  # encoded by the old vision tower: encode again when needed
             for seq in (*self.scheduler.waiting, *self.scheduler.running):
-                if seq.images is not None:  # encoded by the old vision tower: encode again when needed
+                if seq.images is not None:
                     seq.images.forget_encodings()
             if self.graphs is not None:
                 self.graphs.check_weights()  # recaptures if a parameter's storage moved anyway

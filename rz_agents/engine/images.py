@@ -2,12 +2,14 @@
 takes from them.
 
 A request carries its images' pixels and grids (`ImagePrompt`). At admission the engine works out the
-prompt's 3D RoPE positions and where its image placeholders are (`SequenceImages`); the vision tower runs once
-per sequence, the first time a chunk holds one of its placeholders, and its embeddings stay with the sequence
-(a preempted sequence recomputes its K/V from them, no re-encoding). An image's encoding does not depend on
-the other images of the call (model/vision.py), so one encoded here equals the learner's re-encoding inside a
-batch, bit for bit. A weight update drops them (the tower may have changed): they are encoded again with the
-new weights when next needed.
+prompt's 3D RoPE positions and where its image placeholders are (`SequenceImages`); the vision tower runs the
+first time a chunk holds one of the sequence's placeholders, and the embeddings stay with the sequence (a
+preempted sequence recomputes its K/V from them, no re-encoding). Encoded images are also kept by content
+(`ImageCache`: pixels and grid), so the next turn of a multi-turn episode, whose prompt repeats the earlier
+screenshots, and the other samples of a group encode only what is new. An image's encoding does not depend
+on the other images of the call (model/vision.py), so one encoded here, alone or with others, equals the
+learner's re-encoding inside a batch, bit for bit. A weight update drops all of them (the tower may have
+changed): they are encoded again with the new weights when next needed.
 
 Positions: prompt tokens rotate by their 3D positions; tokens after the prompt (sampled) by index + delta on
 all three axes. Attention and the KV pages stay addressed by token index, as for text. Placeholders count
@@ -16,6 +18,8 @@ only in the prompt: a sampled `<|image_pad|>` is an ordinary token here.
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +50,12 @@ class SequenceImages:
             )
         self.grids = grids
         self.pixel_values = pixels
+        sizes = grids.prod(-1).tolist()
+        self.pixel_rows = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        self.keys = [
+            image_key(pixels[a:b], g)
+            for a, b, g in zip(self.pixel_rows[:-1], self.pixel_rows[1:], grids, strict=True)
+        ]
         merge = vl_config.vision.spatial_merge_size
         self.rope, self.delta = mrope_positions(prompt, grids.tolist(), vl_config.image_token_id, merge)
         self.slots = torch.tensor([i for i, t in enumerate(prompt) if t == vl_config.image_token_id])
@@ -73,3 +83,36 @@ class SequenceImages:
 def text_rope_columns(start: int, end: int) -> torch.Tensor:
     """[3, end - start] positions of a text-only sequence's tokens in a multimodal model (all axes equal)."""
     return torch.arange(start, end).view(1, -1).expand(3, -1)
+
+
+def image_key(pixels: torch.Tensor, grid: torch.Tensor) -> tuple:
+    """An image's identity for the cache: a digest of its pixel rows, their dtype and shape, and its grid."""
+    data = pixels.detach().cpu().contiguous()
+    digest = hashlib.sha1(data.view(torch.uint8).numpy().tobytes()).hexdigest()
+    return digest, str(data.dtype), tuple(data.shape), tuple(int(v) for v in grid)
+
+
+class ImageCache:
+    """Encoded images by content (`image_key`), least recently used first out, for one weight version."""
+
+    def __init__(self, max_images: int = 256) -> None:
+        self.max_images = max_images
+        self._entries: OrderedDict[tuple, object] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple):
+        got = self._entries.get(key)
+        if got is not None:
+            self._entries.move_to_end(key)
+        return got
+
+    def put(self, key: tuple, embeddings) -> None:
+        self._entries[key] = embeddings
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_images:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()

@@ -14,7 +14,7 @@ import torch
 from rz_agents.engine.config import EngineConfig
 from rz_agents.engine.cuda_graphs import DecodeGraphs
 from rz_agents.engine.decode_step import DecodeStep
-from rz_agents.engine.images import text_rope_columns
+from rz_agents.engine.images import ImageCache, SequenceImages, text_rope_columns
 from rz_agents.engine.scheduler import ScheduledBatch
 from rz_agents.model.kv_cache import pages_for
 from rz_agents.model.vision import ImageEmbeddings
@@ -50,7 +50,8 @@ class ModelRunner:
         self.decode_step = decode_step  # decode-only steps go through it (static, bucketed buffers)
         self.graphs = graphs  # on CUDA: that step's captured graphs, replayed instead
         self.cuda_graphs_off: str | None = None if graphs is not None else "no CUDA graphs were given"
-        self.images_encoded = 0  # images run through a vision-language model's tower (each once per sequence)
+        self.images_encoded = 0  # images run through a vision-language model's tower
+        self.image_cache = ImageCache()  # encoded images by content, for the current weights
 
     @classmethod
     def for_engine(
@@ -163,8 +164,7 @@ class ModelRunner:
                 rows, index = images.placeholder_rows(a, b)
                 if rows.numel():
                     if images.embeds is None:
-                        images.embeds = self.model.encode_images(images.pixel_values.to(device), images.grids)
-                        self.images_encoded += images.grids.shape[0]
+                        images.embeds = self._encode(images)
                     parts.append(images.embeds.rows(rows.to(device)))
                     slots.append(index - a + offset)
             offset += chunk.length
@@ -173,6 +173,20 @@ class ModelRunner:
             images=ImageEmbeddings.cat(parts) if parts else None,
             image_slots=torch.cat(slots).to(device) if slots else None,
         )
+
+    def _encode(self, images: SequenceImages) -> ImageEmbeddings:
+        """A sequence's image embeddings: cached ones by content, the others encoded now in one call."""
+        got = [self.image_cache.get(k) for k in images.keys]
+        missing = [i for i, g in enumerate(got) if g is None]
+        if missing:
+            rows = images.pixel_rows
+            pixels = torch.cat([images.pixel_values[rows[i] : rows[i + 1]] for i in missing])
+            fresh = self.model.encode_images(pixels.to(self.kv_cache.device), images.grids[missing]).split()
+            for i, emb in zip(missing, fresh, strict=True):
+                got[i] = emb
+                self.image_cache.put(images.keys[i], emb)
+            self.images_encoded += len(missing)
+        return ImageEmbeddings.cat(got)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rz_agents.model.kv_cache import CacheView
+from rz_agents.model.logprobs import token_logprobs
 from rz_agents.model.mrope import mrope_positions, mrope_table
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 from rz_agents.model.rope_scaling import rope_table
@@ -202,8 +203,15 @@ class VLSequence:
     images: ImageEmbeddings | None = None  # or their embeddings (e.g. an engine's cache)
 
 
-def packed_logprobs(model: Qwen3VLModel, sequences: Sequence[VLSequence]) -> list[torch.Tensor]:
-    """For each sequence, fp32 [len-1] log-probs of tokens[1:] from one packed (differentiable) forward.
+def packed_logprobs(
+    model: Qwen3VLModel,
+    sequences: Sequence[VLSequence],
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> list[torch.Tensor]:
+    """For each sequence, fp32 [len-1] log-probs of tokens[1:] from one packed (differentiable) forward, under
+    the sampling distribution (``packed_token_logprobs``'s arguments: the learner's side of the IS weight).
 
     The pixel images of all sequences are encoded in one vision call (an image's encoding does not depend on
     its batch, so this equals encoding each alone, bit for bit); sequences may mix pixels, cached embeddings
@@ -231,6 +239,8 @@ def packed_logprobs(model: Qwen3VLModel, sequences: Sequence[VLSequence]) -> lis
         elif s.images is not None:
             parts.append(s.images)
     lengths = [i.numel() for i in ids]
+    if min(lengths) < 1:
+        raise ValueError("every sequence needs at least one token")
     tokens = torch.cat(ids).to(device)
     positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
     seq_ids = torch.cat([torch.full((n,), k, dtype=torch.long) for k, n in enumerate(lengths)]).to(device)
@@ -243,9 +253,7 @@ def packed_logprobs(model: Qwen3VLModel, sequences: Sequence[VLSequence]) -> lis
         rope_positions=torch.cat(ropes, dim=1).to(device),
         images=ImageEmbeddings.cat(parts) if parts else None,
     )
-    out, start = [], 0
-    for n in lengths:
-        rows = hidden[start : start + n - 1]
-        out.append(token_logprobs_of_logits(model.logits(rows), tokens[start + 1 : start + n], 1.0, 0, 1.0))
-        start += n
-    return out
+    starts = [sum(lengths[:k]) for k in range(len(lengths))]
+    rows = torch.cat([torch.arange(a, a + n - 1) for a, n in zip(starts, lengths, strict=True)]).to(device)
+    logp = token_logprobs(model, hidden[rows], tokens[rows + 1], temperature, top_k, top_p)
+    return list(torch.split(logp, [n - 1 for n in lengths]))

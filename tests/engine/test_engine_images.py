@@ -60,24 +60,39 @@ def _run(model, params: list[SamplingParams], max_batch_tokens: int = 10):
     return engine, reqs, asyncio.run(go())
 
 
-def _learner(model, reqs, outs) -> list[torch.Tensor]:
+def _learner(model, reqs, outs, params=None) -> list[torch.Tensor]:
+    """The learner's log-probs of the sampled tokens: all sequences in one packed forward when they share
+    sampling parameters, else one packed forward per sequence."""
     seqs = [
         VLSequence(p + out.tokens, im.image_grid_thw if im else None, im.pixel_values if im else None)
         for (p, im), out in zip(reqs, outs, strict=True)
     ]
     with torch.no_grad():
-        lps = packed_logprobs(model, seqs)
+        if params is None:
+            lps = packed_logprobs(model, seqs)
+        else:
+            lps = [
+                packed_logprobs(model, [s], temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p)[0]
+                for s, sp in zip(seqs, params, strict=True)
+            ]
     return [lp[len(p) - 1 :] for lp, (p, _) in zip(lps, reqs, strict=True)]
+
+
+MIXED = [
+    SamplingParams(temperature=1.0, max_tokens=6, seed=0),
+    SamplingParams(temperature=0.7, top_k=20, max_tokens=6, seed=1),
+    SamplingParams(temperature=1.3, top_p=0.8, max_tokens=6, seed=2),
+    SamplingParams(temperature=0.9, top_k=50, top_p=0.9, max_tokens=6, seed=3),
+]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_engine_with_images_equals_the_learner_bit_for_bit(dtype):
     model = _model(dtype=dtype)
-    params = [SamplingParams(temperature=1.0, max_tokens=6, seed=i) for i in range(len(REQUESTS))]
-    engine, reqs, outs = _run(model, params)
+    engine, reqs, outs = _run(model, MIXED)
     assert engine.runner.images_encoded == 4  # every image once, though chunks and steps revisit them
     assert engine.runner.graphs is None and engine.runner.decode_step is None
-    for out, ref in zip(outs, _learner(model, reqs, outs), strict=True):
+    for out, ref in zip(outs, _learner(model, reqs, outs, MIXED), strict=True):
         assert out.finish_reason == "length" and len(out.tokens) == 6
         assert torch.equal(out.logprobs, ref)
 
@@ -125,3 +140,23 @@ def test_rope_columns_cross_the_end_of_the_prompt():
     assert delta == seq.delta == 3 - 6
     for a, b in [(0, len(prompt)), (3, 9), (9, len(prompt) + 2), (len(prompt), len(prompt) + 3), (0, 1)]:
         assert torch.equal(seq.rope_columns(a, b), full[:, a:b]), (a, b)
+
+
+def test_multi_turn_encodes_only_new_images_and_a_weight_update_reencodes():
+    model = _model()
+    engine = RZEngine(model, EngineConfig(num_slots=2, max_len=128, max_batch_tokens=16, num_threads=1))
+    params = SamplingParams(temperature=1.0, max_tokens=4, seed=5)
+    prompt, images = _request([(1, 4, 6)], 11)
+    first = asyncio.run(engine.generate(prompt, params, images=images))
+    assert engine.runner.images_encoded == 1
+    # turn 2: the history (prompt + completion) and a new screenshot
+    second_prompt, second_images = _request([(1, 2, 4)], 12, text_len=2)
+    history = prompt + first.tokens + second_prompt
+    both = ImagePrompt(torch.cat([images.pixel_values, second_images.pixel_values]), [(1, 4, 6), (1, 2, 4)])
+    second = asyncio.run(engine.generate(history, params, images=both))
+    assert engine.runner.images_encoded == 2  # the first screenshot came from the cache
+    (ref,) = _learner(model, [(history, both)], [second])
+    assert torch.equal(second.logprobs, ref)
+    engine.load_weights({"lm_head.weight": model.lm_head.weight.detach() * 1.0}, version=1)
+    asyncio.run(engine.generate(history, params, images=both))
+    assert engine.runner.images_encoded == 4  # the cache belonged to the old weights
