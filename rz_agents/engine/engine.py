@@ -231,6 +231,7 @@ class RZEngine:
             "cuda_graphs_off": self.cuda_graphs_off
             or (self.graphs.disabled_reason if self.graphs is not None else None),
             "cuda_graphs_captured": len(self.graphs.captured) if self.graphs is not None else 0,
+            "images_encoded": self.runner.images_encoded,
             **self.counters,
         }
 
