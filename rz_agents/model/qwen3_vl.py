@@ -118,19 +118,28 @@ class Qwen3VLModel(Transformer):
         images: ImageEmbeddings | None = None,
         image_slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Final hidden states [T, hidden] of a flat token stream (Transformer.forward's arguments), plus:
+        """Final hidden states [T, hidden] of a flat token stream, or [B, S, hidden] of a padded batch
+        (Transformer.forward's arguments), plus:
 
-        rope_positions: [3, T] the tokens' 3D positions (None: text only, all three axes = ``positions``).
+        rope_positions: [3, T] (or [3, B, S]) the tokens' 3D positions (None: text only, all three axes =
+        ``positions``).
         images: the embeddings of the image placeholders (``image_token_id``) among ``tokens``, one row per
         placeholder in stream order (a chunk passes the rows of the placeholders it holds). Without it, the
         placeholder tokens are embedded as ordinary tokens (as HF does when no pixels are given).
         image_slots: [rows of images] the stream indices those rows go to (None: every ``image_token_id``
         token of the stream, in order; the engine passes its prompts' placeholders only).
         """
-        if tokens.dim() != 1:
-            raise ValueError(f"Qwen3VLModel.forward takes a flat token stream [T], got {tuple(tokens.shape)}")
-        if positions.shape != tokens.shape:
-            raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(tokens.shape)}")
+        shape = tokens.shape
+        if positions.shape != shape:
+            raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(shape)}")
+        if tokens.dim() == 2:  # a padded [B, S] batch: each row one sequence (as Transformer.forward)
+            if seq_ids is None:
+                seq_ids = torch.arange(shape[0], device=tokens.device).view(-1, 1).expand(shape)
+            tokens, positions, seq_ids = tokens.reshape(-1), positions.reshape(-1), seq_ids.reshape(-1)
+            if rope_positions is not None:
+                rope_positions = rope_positions.reshape(3, -1)
+        elif tokens.dim() != 1:
+            raise ValueError(f"tokens must be [T] or [B, S], got {tuple(shape)}")
         t = tokens.shape[0]
         if rope_positions is None:
             rope_positions = positions.view(1, t).expand(3, t)
@@ -161,7 +170,7 @@ class Qwen3VLModel(Transformer):
             x = checkpoint(layer, x, ctx, use_reentrant=False) if recompute else layer(x, ctx)
             if slots is not None and i < len(images.deepstack):
                 x = x.index_put((slots,), x[slots] + images.deepstack[i].to(x.dtype))
-        return stack.norm(x, ctx.ops)
+        return stack.norm(x, ctx.ops).view(*shape, -1)
 
 
 def sequence_logprobs(

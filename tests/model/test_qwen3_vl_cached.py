@@ -7,6 +7,7 @@ control: the standard op set does not.
 import pytest
 import torch
 
+from rz_agents.model.alignment import check_model
 from rz_agents.model.kv_cache import KVCache, pages_for
 from rz_agents.model.mrope import mrope_positions
 from rz_agents.model.qwen3_vl import Qwen3VLModel, VLSequence, packed_logprobs, sequence_logprobs
@@ -162,3 +163,10 @@ def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match="image placeholder tokens but"):
         model(torch.tensor([IMG, IMG, 1]), torch.arange(3),
               images=ImageEmbeddings(torch.zeros(1, 64), (), (1,)))  # fmt: skip
+
+
+def test_alignment_suite_passes_on_text_through_the_multimodal_model():
+    """`rz align-check`'s suite (padded and packed training forwards vs random cache pages, chunked prefill
+    and decode) on the Qwen3-VL decoder with text: its 3D RoPE of text equals plain RoPE's path."""
+    report = check_model(_model(), seed=0, batch_sizes=(2, 3), max_len=40)
+    assert report.tokens_checked > 500 and report.bit_identical, report.failures
