@@ -146,14 +146,16 @@ class Qwen3VLConfig:
         if rope.get("rope_type", "default") != "default":
             raise ValueError(f"Qwen3-VL text rope_type {rope['rope_type']!r} not supported (only default)")
         section = list(rope.get("mrope_section") or [24, 20, 20])
+        # transformers 5 keeps rope_theta in rope_parameters, 4.x beside rope_scaling
+        theta = float(rope.get("rope_theta", t.get("rope_theta", 5_000_000.0)))
         t.update(
             model_type="qwen3",
-            rope_parameters={"rope_type": "default", "rope_theta": rope.get("rope_theta", 5_000_000.0)},
+            rope_parameters={"rope_type": "default", "rope_theta": theta},
             rope_scaling=None,
+            rope_theta=theta,
             tie_word_embeddings=d.get("tie_word_embeddings", t.get("tie_word_embeddings", False)),
         )
         t.setdefault("dtype", d.get("dtype") or d.get("torch_dtype"))
-        t["rope_theta"] = float(rope.get("rope_theta", 5_000_000.0))
         return cls(
             ModelConfig.from_hf(t, dtype=dtype),
             VisionConfig.from_hf(d.get("vision_config") or {}),

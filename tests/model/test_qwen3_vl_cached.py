@@ -170,3 +170,38 @@ def test_alignment_suite_passes_on_text_through_the_multimodal_model():
     and decode) on the Qwen3-VL decoder with text: its 3D RoPE of text equals plain RoPE's path."""
     report = check_model(_model(), seed=0, batch_sizes=(2, 3), max_len=40)
     assert report.tokens_checked > 500 and report.bit_identical, report.failures
+
+
+def test_config_reads_a_transformers_4_style_config_json():
+    """The published Qwen3-VL-2B-Instruct layout (transformers 4.57: rope_theta beside rope_scaling)."""
+    d = {
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "model_type": "qwen3_vl",
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
+        "tie_word_embeddings": True,
+        "text_config": {
+            "model_type": "qwen3_vl_text", "vocab_size": 151936, "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+            "rms_norm_eps": 1e-06, "rope_theta": 5000000, "max_position_embeddings": 262144,
+            "rope_scaling": {
+                "mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"
+            },
+            "dtype": "bfloat16", "tie_word_embeddings": True,
+        },
+        "vision_config": {
+            "model_type": "qwen3_vl", "depth": 24, "hidden_size": 1024, "intermediate_size": 4096,
+            "num_heads": 16, "out_hidden_size": 2048, "patch_size": 16, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "num_position_embeddings": 2304, "in_channels": 3,
+            "deepstack_visual_indexes": [5, 11, 17], "hidden_act": "gelu_pytorch_tanh",
+        },
+    }  # fmt: skip
+    cfg = Qwen3VLConfig.from_hf(d)
+    assert cfg.text.rope_theta == 5_000_000.0 and cfg.mrope_section == [24, 20, 20]
+    assert cfg.text.tie_word_embeddings and cfg.text.dtype == "bfloat16" and cfg.text.qk_norm
+    assert cfg.vision.head_dim == 64 and cfg.vision.deepstack_visual_indexes == [5, 11, 17]
+    assert cfg.vision.patch_dim == 3 * 2 * 16 * 16 and cfg.vision.rope_theta == 10_000.0
+    assert Qwen3VLConfig.from_hf(cfg.to_hf()) == cfg
