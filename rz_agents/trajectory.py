@@ -28,6 +28,10 @@ class Trajectory:
     reward: float
     group_id: int | str
     info: dict[str, Any] = field(default_factory=dict)
+    # A vision-language episode's images, in the order of their placeholder runs in ``tokens``: anything
+    # with ``pixel_values`` [patches, patch_dim] and ``image_grid_thw`` [images, 3] (e.g. the engine's
+    # ImagePrompt, or that as a dict). The learner re-encodes them (rz_agents/trainer/sequence_logprobs.py).
+    images: Any = None
 
     def sampled_versions(self) -> list[int]:
         """The policy versions of the sampled tokens, in order."""
