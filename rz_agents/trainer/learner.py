@@ -102,7 +102,8 @@ def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
 
 
 def _working_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The one dtype of the model's parameters: the dtype the engine samples in and the learner computes in."""
+    """The one dtype of the model's parameters: the dtype the engine samples in and the learner computes
+    in."""
     dtypes = {p.dtype for p in model.parameters()}
     if len(dtypes) != 1:
         raise ValueError(
@@ -209,7 +210,8 @@ class Learner:
 
     # ---- the step -------------------------------------------------------------------------------------
     def step(self, batch: Sequence[Trajectory]) -> dict[str, Any]:
-        """Train on one batch; return the step's metrics. Increments ``version`` unless the step is skipped."""
+        """Train on one batch; return the step's metrics. Increments ``version`` unless the step is
+        skipped."""
         learner_version = self.version
         trajs, dropped_invalid, dropped_lag = self._admit(batch)
         metrics: dict[str, Any] = {
@@ -372,8 +374,9 @@ class Learner:
         mbs: list[list[int]],
     ) -> list[torch.Tensor | None]:
         """Per sequence, what the estimator needs beyond its own tokens: the proximal log-probs
-        (decoupled_ppo: one no-grad forward under the snapshot, none when proximal_every is 1) or a statistic of
-        the whole batch (m2po, snis: one no-grad forward under the current weights); None for the others."""
+        (decoupled_ppo: one no-grad forward under the snapshot, none when proximal_every is 1) or a statistic
+        of the whole batch (m2po, snis: one no-grad forward under the current weights); None for the
+        others."""
         cfg = self.cfg
         est = ESTIMATOR_TABLE[cfg.loss.estimator]
         if est.proximal and cfg.loss.proximal_every > 1:
@@ -409,7 +412,8 @@ class Learner:
     def _mismatch_metrics(
         self, kept: _Batch, logps: list[torch.Tensor], learner_version: int
     ) -> dict[str, Any]:
-        """IS-weight, KL, lag and lag-0 |dlogp| figures over the sampled tokens; enforces assert_lag0_exact."""
+        """IS-weight, KL, lag and lag-0 |dlogp| figures over the sampled tokens; enforces
+        assert_lag0_exact."""
         cfg = self.cfg
         trajs, masks, behavior = kept.trajs, kept.masks, kept.behavior
         sel_logp = torch.cat([s[m] for s, m in zip(logps, masks, strict=True)])
@@ -431,8 +435,8 @@ class Learner:
         return out
 
     def _apply_update(self, scored: _Scored, lr_scale: float = 1.0) -> tuple[float, bool]:
-        """The guard, then AdamW at the schedule's rate times ``lr_scale``: a non-finite loss or gradient never
-        reaches the weights (the ratio itself is not clipped). Returns (gradient norm, skipped)."""
+        """The guard, then AdamW at the schedule's rate times ``lr_scale``: a non-finite loss or gradient
+        never reaches the weights (the ratio itself is not clipped). Returns (gradient norm, skipped)."""
         max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else math.inf
         grad_norm = math.nan
         if scored.finite:
@@ -495,7 +499,8 @@ class Learner:
         return adapter_names(self.model) if has_lora(self.model) else None
 
     def published_weights(self) -> dict[str, torch.Tensor]:
-        """The tensors a weight update sends to the engines (``weights()``, or only the adapters with LoRA)."""
+        """The tensors a weight update sends to the engines (``weights()``, or only the adapters with
+        LoRA)."""
         return dict(self.iter_weights(self.published_names()))
 
     def weight_shapes(self) -> dict[str, torch.Tensor]:
