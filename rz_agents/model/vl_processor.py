@@ -7,6 +7,7 @@ order) is transformers' own Qwen2-VL image processor, the one Qwen3-VL's process
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 
 import torch
@@ -31,6 +32,30 @@ def preprocess_images(
     )
     out = processor(images=list(images), return_tensors="pt")
     return out["pixel_values"], out["image_grid_thw"]
+
+
+def decode_png(data: bytes):
+    """The RGB PIL image of PNG bytes (ValueError naming what came instead)."""
+    from PIL import Image
+
+    if not isinstance(data, (bytes, bytearray)) or bytes(data[:8]) != b"\x89PNG\r\n\x1a\n":
+        got = type(data).__name__ if not isinstance(data, (bytes, bytearray)) else repr(bytes(data[:8]))
+        raise ValueError(f"an image must be PNG bytes, got {got}")
+    img = Image.open(io.BytesIO(bytes(data)))
+    img.load()
+    return img.convert("RGB") if img.mode != "RGB" else img
+
+
+def png_image_inputs(pngs: Sequence[bytes], vision: VisionConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """``preprocess_images`` of PNG bytes (a Trajectory's images): the one function the engine's policy
+    (rollout) and the learner both call, so both sides feed the tower the same pixel_values, bit for bit."""
+    return preprocess_images([decode_png(b) for b in pngs], vision)
+
+
+def image_pad_count(image, vision: VisionConfig) -> int:
+    """How many ``<|image_pad|>`` tokens ``image`` (PIL) takes: its merged patches after preprocessing."""
+    _, grid = preprocess_images([image], vision)
+    return int(grid.prod()) // vision.spatial_merge_size**2
 
 
 def expand_image_pads(

@@ -118,16 +118,27 @@ class _Transcript:
         self.versions.extend(int(v) for v in completion.versions)
 
 
-async def _sample_turn(engine, transcript: _Transcript, params):
-    """One policy turn from the engine; EpisodeError when it cannot give one."""
+async def _sample_turn(engine, transcript: _Transcript, params, template=None):
+    """One policy turn from the engine; EpisodeError when it cannot give one.
+
+    A transcript with images sends them all with the request when the template makes one
+    (``template.image_prompt``: a vision-language template; a template that renders images as text has
+    none): a multi-turn prompt repeats earlier pictures, which the engine encodes once (cached by content)."""
+    image_prompt = getattr(template, "image_prompt", None)
+    kwargs = {"images": image_prompt(transcript.images)} if transcript.images and image_prompt else {}
     try:
-        completion = await engine.generate(list(transcript.tokens), params)
+        completion = await engine.generate(list(transcript.tokens), params, **kwargs)
     except ValueError as e:
         raise EpisodeError(f"engine refused the request: {e}") from e
     if completion.finish_reason in ("error", "cancelled"):
         raise EpisodeError(f"engine {completion.finish_reason}: {completion.error}")
     if not completion.tokens:
         raise EpisodeError("engine returned no token")
+    # A sampled image placeholder would be an image slot to the learner (and to the next turn's request)
+    # with no image behind it: the turn is malformed, the episode is dropped and counted.
+    special = set(getattr(template, "vision_token_ids", ()))
+    if special and special.intersection(int(t) for t in completion.tokens):
+        raise EpisodeError("the policy sampled a vision special token (<|image_pad|> etc.)")
     return completion
 
 
@@ -206,7 +217,7 @@ async def run_episode(
         params = dataclasses.replace(
             sampling, max_tokens=budget, seed=turn_seed(spec.seed, turns), stop_token_ids=stops
         )
-        completion = await _sample_turn(engine, transcript, params)
+        completion = await _sample_turn(engine, transcript, params, template)
         transcript.add_sampled(completion)
         turns += 1
         text, ended_with_stop = _turn_text(tokenizer, completion.tokens, stops)

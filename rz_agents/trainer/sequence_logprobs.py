@@ -1,6 +1,10 @@
 """The learner's log-probs of trajectories: the packed training forward of a text model, or of a
 vision-language model with each trajectory's images (re-encoded in one vision call per micro-batch, which
-gives every image the bits the engine's encoding gave it: model/vision.py)."""
+gives every image the bits the engine's encoding gave it: model/vision.py).
+
+A trajectory keeps its images as PNG bytes (``Trajectory.images``); they are preprocessed here with the
+same deterministic ``png_image_inputs`` the rollout's chat template uses for the engine's request, so the
+tower sees the same pixel_values on both sides."""
 
 from __future__ import annotations
 
@@ -13,25 +17,24 @@ from rz_agents.model.logprobs import packed_token_logprobs
 from rz_agents.trajectory import Trajectory
 
 
-def _field(images: Any, name: str):
-    return images[name] if isinstance(images, Mapping) else getattr(images, name)
-
-
 def trajectory_logprobs(
     model: torch.nn.Module, trajs: Sequence[Trajectory], scoring: Mapping[str, Any]
 ) -> list[torch.Tensor]:
     """fp32 [len-1] log-probs of tokens[1:] of each trajectory under ``scoring`` (the sampling distribution's
     temperature / top_k / top_p), from one packed forward."""
     if getattr(model, "vl_config", None) is None:
-        if any(t.images is not None for t in trajs):
+        if any(t.images for t in trajs):
             raise ValueError("trajectories carry images but the model has no vision tower")
         return packed_token_logprobs(model, [t.tokens for t in trajs], **scoring)
     from rz_agents.model.qwen3_vl import VLSequence, packed_logprobs
+    from rz_agents.model.vl_processor import png_image_inputs
 
-    seqs = [
-        VLSequence(t.tokens)
-        if t.images is None
-        else VLSequence(t.tokens, _field(t.images, "image_grid_thw"), _field(t.images, "pixel_values"))
-        for t in trajs
-    ]
+    vision = model.vl_config.vision
+    seqs = []
+    for t in trajs:
+        if t.images:
+            pixels, grids = png_image_inputs(t.images, vision)
+            seqs.append(VLSequence(t.tokens, grids, pixels))
+        else:
+            seqs.append(VLSequence(t.tokens))
     return packed_logprobs(model, seqs, **scoring)
