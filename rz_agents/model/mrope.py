@@ -75,6 +75,7 @@ def mrope_positions(
     image_token_id: int,
     spatial_merge_size: int,
     start: int = 0,
+    placeholders: Sequence[bool] | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
     """(positions [3, T] long, delta) of a sequence's tokens; image i's placeholders (t*h*w / merge^2
     consecutive `image_token_id` tokens, in order) take image_grids[i] = (t, h, w) in patches.
@@ -82,11 +83,18 @@ def mrope_positions(
     `start` is the 3D position of tokens[0] for a continuation (a turn appended to a sequence whose positions
     so far ended before `start`); delta = (next text position) - (next token index), so a text token appended
     at index p later has position p + delta on all three axes.
+    `placeholders` ([T] bool): which tokens are image placeholders (None: every `image_token_id`); a
+    trajectory marks the template's only, a sampled `<|image_pad|>` being an ordinary (text) token.
     """
     ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
     n = ids.numel()
     out = torch.empty(3, n, dtype=torch.long)
-    is_image = (ids == image_token_id).tolist()
+    if placeholders is None:
+        is_image = (ids == image_token_id).tolist()
+    else:
+        is_image = torch.as_tensor(placeholders, dtype=torch.bool).reshape(-1).tolist()
+        if len(is_image) != n:
+            raise ValueError(f"placeholders has {len(is_image)} entries for {n} tokens")
     grids = list(image_grids)
     cur, i, g = start, 0, 0
     while i < n:

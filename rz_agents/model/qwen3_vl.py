@@ -95,16 +95,22 @@ class Qwen3VLModel(Transformer):
         return self.visual(pixel_values, image_grid_thw, self.ops_for(pixel_values.device))
 
     def rope_positions(
-        self, tokens: Sequence[int] | torch.Tensor, image_grid_thw: torch.Tensor | list | None = None
+        self,
+        tokens: Sequence[int] | torch.Tensor,
+        image_grid_thw: torch.Tensor | list | None = None,
+        placeholders: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, int]:
         """(3D positions [3, T], delta) of one sequence's tokens (see model/mrope.py). Without grids every
-        token is text (placeholder tokens too, embedded as ordinary tokens: HF's behaviour without pixels)."""
+        token is text (placeholder tokens too, embedded as ordinary tokens: HF's behaviour without pixels).
+        ``placeholders`` ([T] bool, None: every image_token_id) marks the image placeholders."""
         ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         if image_grid_thw is None:
             return torch.arange(ids.numel()).view(1, -1).expand(3, -1), 0
         grids = torch.as_tensor(image_grid_thw).reshape(-1, 3).tolist()
         v = self.vl_config
-        return mrope_positions(ids, grids, v.image_token_id, v.vision.spatial_merge_size)
+        return mrope_positions(
+            ids, grids, v.image_token_id, v.vision.spatial_merge_size, placeholders=placeholders
+        )
 
     def forward(
         self,
@@ -210,6 +216,9 @@ class VLSequence:
     image_grid_thw: list[tuple[int, int, int]] | torch.Tensor | None = None
     pixel_values: torch.Tensor | None = None  # [patches, patch_dim] of this sequence's images, in order
     images: ImageEmbeddings | None = None  # or their embeddings (e.g. an engine's cache)
+    # [len] bool: which tokens are image placeholders (None: every image_token_id); a trajectory marks the
+    # template's only, since a sampled <|image_pad|> is an ordinary token to the engine
+    placeholders: torch.Tensor | None = None
 
 
 def packed_logprobs(
@@ -230,7 +239,8 @@ def packed_logprobs(
         return []
     device = model.device
     ids = [torch.as_tensor(s.tokens, dtype=torch.long).reshape(-1) for s in sequences]
-    ropes = [model.rope_positions(i, s.image_grid_thw)[0] for i, s in zip(ids, sequences, strict=True)]
+    pairs = zip(ids, sequences, strict=True)
+    ropes = [model.rope_positions(i, s.image_grid_thw, s.placeholders)[0] for i, s in pairs]
     pixel_seqs = [s for s in sequences if s.pixel_values is not None]
     encoded: list[ImageEmbeddings] = []
     if pixel_seqs:
@@ -250,6 +260,13 @@ def packed_logprobs(
     lengths = [i.numel() for i in ids]
     if min(lengths) < 1:
         raise ValueError("every sequence needs at least one token")
+    # the stream indices of each sequence's image rows (only sequences with images hold placeholders)
+    slots, offset = [], 0
+    for i, s in zip(ids, sequences, strict=True):
+        if s.pixel_values is not None or s.images is not None:
+            mark = (i == model.vl_config.image_token_id) if s.placeholders is None else s.placeholders
+            slots.append(torch.as_tensor(mark, dtype=torch.bool).reshape(-1).nonzero().squeeze(1) + offset)
+        offset += i.numel()
     tokens = torch.cat(ids).to(device)
     positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
     seq_ids = torch.cat([torch.full((n,), k, dtype=torch.long) for k, n in enumerate(lengths)]).to(device)
@@ -261,6 +278,7 @@ def packed_logprobs(
         num_sequences=len(lengths),
         rope_positions=torch.cat(ropes, dim=1).to(device),
         images=ImageEmbeddings.cat(parts) if parts else None,
+        image_slots=torch.cat(slots).to(device) if slots else None,
     )
     starts = [sum(lengths[:k]) for k in range(len(lengths))]
     rows = torch.cat([torch.arange(a, a + n - 1) for a, n in zip(starts, lengths, strict=True)]).to(device)

@@ -134,12 +134,13 @@ async def _sample_turn(engine, transcript: _Transcript, params, template=None):
         raise EpisodeError(f"engine {completion.finish_reason}: {completion.error}")
     if not completion.tokens:
         raise EpisodeError("engine returned no token")
-    # A sampled image placeholder would be an image slot to the learner (and to the next turn's request)
-    # with no image behind it: the turn is malformed, the episode is dropped and counted.
-    special = set(getattr(template, "vision_token_ids", ()))
-    if special and special.intersection(int(t) for t in completion.tokens):
-        raise EpisodeError("the policy sampled a vision special token (<|image_pad|> etc.)")
     return completion
+
+
+def _sampled_vision_token(template, tokens: Sequence[int]) -> bool:
+    """Whether a turn holds a vision special token the template writes (``vision_token_ids``)."""
+    special = set(getattr(template, "vision_token_ids", ()))
+    return bool(special) and not special.isdisjoint(int(t) for t in tokens)
 
 
 def _turn_text(tokenizer, tokens: Sequence[int], stops: Sequence[int]) -> tuple[str, bool]:
@@ -226,6 +227,12 @@ async def run_episode(
         total_reward += reward
         if terminated or truncated:
             finish = "terminated" if terminated else "truncated"
+            break
+        if _sampled_vision_token(template, completion.tokens):
+            # An ordinary token to the engine and the learner in the turn it was sampled in, but the next
+            # request's prompt would hold it where the engine expects the template's image placeholders:
+            # the episode ends here (its reward so far stands).
+            finish = "sampled_vision_token"
             break
         if not ended_with_stop:
             transcript.add_context([stops[0]])  # close the cut-off turn the way the template renders it

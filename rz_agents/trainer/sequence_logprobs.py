@@ -4,7 +4,8 @@ gives every image the bits the engine's encoding gave it: model/vision.py).
 
 A trajectory keeps its images as PNG bytes (``Trajectory.images``); they are preprocessed here with the
 same deterministic ``png_image_inputs`` the rollout's chat template uses for the engine's request, so the
-tower sees the same pixel_values on both sides."""
+tower sees the same pixel_values on both sides. Image placeholders are the template's (not sampled) ones: a
+sampled ``<|image_pad|>`` is an ordinary token to the engine, and so to the learner."""
 
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ def trajectory_logprobs(
     for t in trajs:
         if t.images:
             pixels, grids = png_image_inputs(t.images, vision)
-            seqs.append(VLSequence(t.tokens, grids, pixels))
+            ids = torch.as_tensor(t.tokens, dtype=torch.long)
+            # the template's placeholders: a sampled <|image_pad|> is an ordinary token (as to the engine)
+            marks = (ids == model.vl_config.image_token_id) & ~torch.as_tensor(t.loss_mask, dtype=torch.bool)
+            seqs.append(VLSequence(t.tokens, grids, pixels, placeholders=marks))
         else:
             seqs.append(VLSequence(t.tokens))
     return packed_logprobs(model, seqs, **scoring)

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from rz_agents.engine import EngineConfig, RZEngine, SamplingParams
-from rz_agents.envs.images import from_png
+from rz_agents.envs.images import from_png, message_images, to_png
 from rz_agents.envs.visual_click import VisualClickEnv
-from rz_agents.model.qwen3_vl import Qwen3VLModel
-from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, _sample_turn, run_episode
+from rz_agents.model.qwen3_vl import Qwen3VLModel, VLSequence, packed_logprobs
+from rz_agents.rollout.agent_loop import EpisodeLimits, EpisodeSpec, run_episode
 from rz_agents.rollout.byte_chat import ByteChatTemplate, ByteTokenizer
 from rz_agents.rollout.byte_vl_chat import ByteVLChatTemplate
 from rz_agents.runtime.factories import policy_template, tiny_vl_config
@@ -88,24 +88,28 @@ def test_negative_control_standard_kernels_measure_a_mismatch():
     assert 0.0 < metrics["lag0_abs_dlogp_max"] < 1e-3
 
 
-class _Sampled:
-    """An engine whose completion is the image placeholder (what a random policy can sample)."""
-
-    def __init__(self, token: int) -> None:
-        self.token = token
-
-    async def generate(self, tokens, params, images=None):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(
-            tokens=[self.token], logprobs=torch.zeros(1), versions=[0], finish_reason="stop", error=None
-        )
-
-
-def test_a_sampled_image_placeholder_is_a_named_episode_error():
-    from rz_agents.rollout.agent_loop import _Transcript
-
-    template = ByteVLChatTemplate(_model("aligned").vl_config)
-    with pytest.raises(EpisodeError, match="vision special token"):
-        asyncio.run(_sample_turn(_Sampled(template.image_token_id), _Transcript.of_prompt([1, 2]),
-                                 SamplingParams(), template))  # fmt: skip
+def test_a_sampled_image_placeholder_is_an_ordinary_token_to_engine_and_learner():
+    """A random policy can sample <|image_pad|>: the engine embeds it as a token (its placeholders are the
+    prompt's) and the learner marks only the template's placeholders, so lag-0 log-probs still agree
+    exactly. The lm_head row of <|image_pad|> is pointed along task 0's last prompt hidden state, so the
+    policy samples the pad first on that picture."""
+    model = _model("aligned")
+    template = ByteVLChatTemplate(model.vl_config)
+    env = VisualClickEnv(n_buttons=2)
+    messages, _ = env.reset(seed=0, options={"task": {"split": "train", "index": 0}})
+    ids = torch.tensor(template.encode_prompt(ByteTokenizer(), messages))
+    request = template.image_prompt([to_png(im) for im in message_images(messages)])
+    with torch.no_grad():
+        rope, _ = model.rope_positions(ids, request.image_grid_thw)
+        images = model.encode_images(request.pixel_values, request.image_grid_thw)
+        h = model(ids, torch.arange(len(ids)), rope_positions=rope, images=images)[-1]
+        model.lm_head.weight[template.image_token_id] = 40 * h / h.norm()
+    _, _, trajs = _episodes(model)
+    pad = template.image_token_id
+    sampled = [t for t in trajs if any(m and x == pad for x, m in zip(t.tokens, t.loss_mask, strict=True))]
+    assert sampled, "no episode sampled the placeholder"
+    # negative control: counting every <|image_pad|> as a placeholder (the sampled one too) cannot work
+    with pytest.raises(ValueError, match="image"), torch.no_grad():
+        packed_logprobs(model, [VLSequence(sampled[0].tokens, request.image_grid_thw, request.pixel_values)])
+    metrics = _step(model, trajs, exact=True)
+    assert metrics["lag0_abs_dlogp_max"] == 0.0
