@@ -23,7 +23,14 @@ import numpy as np
 
 from rz_agents.envs.base import Message, MultiTurnTextEnv
 from rz_agents.envs.images import image_part, text_part
-from rz_agents.envs.visual_click.render import SPLITS, Layout, check_size, make_layout, render
+from rz_agents.envs.visual_click.render import (
+    PLACEMENTS,
+    SPLITS,
+    Layout,
+    check_size,
+    make_layout,
+    render,
+)
 
 ENV_ID = "rz_agents/VisualClick-v0"
 NAME_BY = ("color", "label")
@@ -60,9 +67,13 @@ class VisualClickEnv(MultiTurnTextEnv):
         split: str = "train",
         num_train_tasks: int | None = None,
         max_turns: int = 1,
+        placement: str = "random",
     ) -> None:
         super().__init__(max_turns=max_turns)
         check_size(image_size, n_buttons)
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+        self.placement = placement
         if name_by not in NAME_BY:
             raise ValueError(f"name_by must be one of {', '.join(NAME_BY)}, got {name_by!r}")
         if split not in SPLITS:
@@ -92,7 +103,7 @@ class VisualClickEnv(MultiTurnTextEnv):
 
     def _reset(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[list[Message], dict]:
         split, index = self.task_of(task, rng)
-        self.layout = make_layout(split, index, self.image_size, self.n_buttons)
+        self.layout = make_layout(split, index, self.image_size, self.n_buttons, self.placement)
         picture = render(self.layout)
         messages = [
             {"role": "system", "content": SYSTEM.format(n=self.image_size)},
