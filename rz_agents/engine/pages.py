@@ -88,8 +88,8 @@ class PageNode:
 @dataclass
 class PrefixMatch:
     """The longest reusable prefix of a prompt: ``full`` pages to reference, then ``partial`` positions to
-    copy from ``partial_page``; ``computed`` tokens in all. ``potential`` counts what running sequences have not
-    computed yet as well (waiting for it pays when it exceeds ``computed``); ``running``: the match goes
+    copy from ``partial_page``; ``computed`` tokens in all. ``potential`` counts what running sequences have
+    not computed yet as well (waiting for it pays when it exceeds ``computed``); ``running``: the match goes
     through pages a running sequence is writing (sharing rather than the cache of finished sequences)."""
 
     full: list[int] = field(default_factory=list)
