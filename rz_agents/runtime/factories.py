@@ -68,12 +68,25 @@ def tiny_vl_config(overrides: dict):
     return dataclasses.replace(base, vision=tower)
 
 
-def policy_template(template, model):
-    """The run's chat template for its policy: the byte template of a vision-language model renders image
-    parts (``ByteVLChatTemplate``); any other pairing is returned as is."""
+def spec_vl_config(spec: ModelSpec, vocab_size: int):
+    """The Qwen3-VL config of ``spec``'s model without building it (None for a text model)."""
+    if spec.checkpoint:
+        from rz_agents.model.checkpoint import read_model_config
+
+        config = read_model_config(resolve_checkpoint(spec.checkpoint), spec.dtype)
+        return config if config.model_type == "qwen3_vl" else None
+    if spec.model_type != "qwen3_vl":
+        return None
+    return tiny_vl_config({"vocab_size": vocab_size, "dtype": spec.dtype, **spec.tiny_overrides})
+
+
+def policy_template(template, vl_config):
+    """The run's chat template for its policy: with a vision-language model (``vl_config``, its
+    Qwen3VLConfig; None for a text model) the byte template renders image parts (``ByteVLChatTemplate``);
+    any other pairing is returned as is."""
     from rz_agents.rollout.byte_chat import ByteChatTemplate
 
-    vl = getattr(model, "vl_config", None)
+    vl = vl_config
     if vl is not None and type(template) is ByteChatTemplate:
         from rz_agents.rollout.byte_vl_chat import ByteVLChatTemplate
 

@@ -143,7 +143,8 @@ class LocalRun(RunHandle):
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         vocab = vocab_size(cfg.tokenizer, self.tokenizer)
         self.model = build_model(cfg.model, vocab)
-        self.template = policy_template(self.template, self.model)  # a VLM's template renders images
+        # a vision-language model's template renders images
+        self.template = policy_template(self.template, getattr(self.model, "vl_config", None))
         add_lora(self.model, plan.learner.lora)  # (before the engine's copy: both hold the adapters)
         # The engine samples from its own copy; the learner publishes into it after each step.
         engine_model = copy.deepcopy(self.model)

@@ -23,3 +23,21 @@ def test_the_visual_click_demo_runs_and_its_lag0_tokens_are_exact(tmp_path, caps
     assert summary["eval"] and summary["eval"][-1]["step"] == 1  # the held-out split, after the last step
     assert (run_dir / "warm_start_model" / "config.json").is_file()
     assert json.loads((run_dir / "warm_start_model" / "config.json").read_text())["model_type"] == "qwen3_vl"
+
+
+def test_the_vl_template_is_chosen_from_the_model_spec_without_building_the_model():
+    """What the Ray driver uses (it builds no model): the spec's Qwen3-VL config equals the built model's,
+    so the template's placeholder runs match the engines' and learners' models; a text model keeps the
+    byte template."""
+    from rz_agents.cli.train import load_run_config
+    from rz_agents.rollout.byte_chat import ByteChatTemplate
+    from rz_agents.rollout.byte_vl_chat import ByteVLChatTemplate
+    from rz_agents.runtime.config import ModelSpec
+    from rz_agents.runtime.factories import build_model, policy_template, spec_vl_config
+
+    spec = load_run_config("visual-click-demo").model
+    vl = spec_vl_config(spec, 320)
+    assert vl == build_model(spec, 320).vl_config and vl.vision.patch_size == 16
+    assert isinstance(policy_template(ByteChatTemplate(), vl), ByteVLChatTemplate)
+    assert spec_vl_config(ModelSpec(), 320) is None
+    assert type(policy_template(ByteChatTemplate(), None)) is ByteChatTemplate

@@ -34,7 +34,7 @@ def _model(kernels: str) -> Qwen3VLModel:
 
 
 def _episodes(model, n: int = 4):
-    template = policy_template(ByteChatTemplate(), model)
+    template = policy_template(ByteChatTemplate(), model.vl_config)
     engine = RZEngine(
         copy.deepcopy(model).requires_grad_(False), EngineConfig(max_running=4, max_len=320, num_threads=1)
     )
