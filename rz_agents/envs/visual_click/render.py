@@ -12,7 +12,7 @@ layout (tested), and the same pair gives the same picture anywhere.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -148,6 +148,17 @@ def make_layout(
     labels = rng.choice(list(LABELS), size=n_buttons, replace=False)
     buttons = tuple(Button(*b, str(c), str(lab)) for b, c, lab in zip(boxes, colors, labels, strict=True))
     return Layout(size, buttons, int(rng.integers(n_buttons)))
+
+
+def with_target_color(layout: Layout, color: str) -> Layout:
+    """``layout`` with its target painted ``color`` (a button that had that colour takes the target's old
+    one), everything else unchanged: the named colour is always ``color``, where it sits still varies."""
+    if color not in PALETTE:
+        raise ValueError(f"target_color must be one of {', '.join(PALETTE)}, got {color!r}")
+    old = layout.target_button.color
+    swap = {color: old, old: color}
+    buttons = tuple(replace(b, color=swap.get(b.color, b.color)) for b in layout.buttons)
+    return replace(layout, buttons=buttons)
 
 
 def check_size(size: int, n_buttons: int) -> None:

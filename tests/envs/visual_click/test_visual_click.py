@@ -97,6 +97,7 @@ def test_a_miss_or_no_click_says_so_and_the_episode_goes_on_within_its_turns():
         {"name_by": "label"},
         {"image_size": 128, "n_buttons": 6, "name_by": "label"},
         {"n_buttons": 2, "placement": "columns"},
+        {"n_buttons": 2, "placement": "columns", "target_color": "red"},
     ],
 )
 def test_the_oracle_reads_the_picture_and_scores_one_on_both_splits(kwargs):
@@ -121,6 +122,7 @@ def test_random_clicks_score_the_chance_rate():
         ({"split": "dev"}, "split must be one of train, test"),
         ({"num_train_tasks": 0}, "num_train_tasks must be a positive int"),
         ({"placement": "grid"}, "placement must be one of random, columns"),
+        ({"target_color": "black"}, "target_color must be one of red, green"),
     ],
 )
 def test_bad_settings_are_refused_by_name(kwargs, match):
@@ -152,3 +154,19 @@ def test_columns_placement_fixes_where_buttons_are_not_which_colour_sits_where()
     assert make_layout("test", 3, 64, 2) != make_layout("test", 3, 64, 2, "columns")
     with pytest.raises(ValueError, match="columns do not fit"):
         make_layout("train", 0, 32, 8, "columns")
+
+
+def test_target_color_names_one_colour_on_either_side_and_keeps_the_rest_of_the_layout():
+    env = VisualClickEnv(n_buttons=2, placement="columns", target_color="red")
+    plain = VisualClickEnv(n_buttons=2, placement="columns")
+    sides = set()
+    for i in range(60):
+        task = {"split": "test", "index": i}
+        messages, info = env.reset(seed=0, options={"task": task})
+        plain.reset(seed=0, options={"task": task})
+        assert messages[1]["content"][1]["text"] == "Click the red button." and info["target"].color == "red"
+        assert [b.color for b in env.layout.buttons].count("red") == 1
+        assert env.layout.target == plain.layout.target  # same boxes, same target: only colours swapped
+        assert [b.x0 for b in env.layout.buttons] == [b.x0 for b in plain.layout.buttons]
+        sides.add(env.layout.target)
+    assert sides == {0, 1}
