@@ -71,6 +71,7 @@ class VisualClickEnv(MultiTurnTextEnv):
         max_turns: int = 1,
         placement: str = "random",
         target_color: str | None = None,
+        system_prompt: bool = True,
     ) -> None:
         super().__init__(max_turns=max_turns)
         check_size(image_size, n_buttons)
@@ -80,6 +81,7 @@ class VisualClickEnv(MultiTurnTextEnv):
         if target_color is not None and target_color not in PALETTE:
             raise ValueError(f"target_color must be one of {', '.join(PALETTE)} or null: {target_color!r}")
         self.target_color = target_color
+        self.system_prompt = bool(system_prompt)  # False: the picture and instruction only (a short prompt)
         if name_by not in NAME_BY:
             raise ValueError(f"name_by must be one of {', '.join(NAME_BY)}, got {name_by!r}")
         if split not in SPLITS:
@@ -113,8 +115,10 @@ class VisualClickEnv(MultiTurnTextEnv):
         if self.target_color is not None:
             self.layout = with_target_color(self.layout, self.target_color)
         picture = render(self.layout)
+        rules = {"role": "system", "content": SYSTEM.format(n=self.image_size)}
+        system = [rules] if self.system_prompt else []
         messages = [
-            {"role": "system", "content": SYSTEM.format(n=self.image_size)},
+            *system,
             {
                 "role": "user",
                 "content": [image_part(picture), text_part(instruction(self.layout, self.name_by))],

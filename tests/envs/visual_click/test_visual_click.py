@@ -170,3 +170,10 @@ def test_target_color_names_one_colour_on_either_side_and_keeps_the_rest_of_the_
         assert [b.x0 for b in env.layout.buttons] == [b.x0 for b in plain.layout.buttons]
         sides.add(env.layout.target)
     assert sides == {0, 1}
+
+
+def test_without_the_system_prompt_the_episode_is_the_picture_and_the_instruction():
+    env = VisualClickEnv(n_buttons=2, placement="columns", system_prompt=False)
+    messages, info = env.reset(seed=0, options={"task": {"split": "test", "index": 0}})
+    assert [m["role"] for m in messages] == ["user"] and len(message_images(messages)) == 1
+    assert mean_reward(oracle_policy, 20, seed=3, n_buttons=2, system_prompt=False)["reward"] == 1.0
