@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from rz_kernels import activation, attention, gemm, grouped_route, moe, norm
 from rz_kernels.rope import RopeTable
@@ -27,6 +28,10 @@ class OpSet:
     rms_norm: Callable = norm.rms_norm  # (x, weight, eps)
     rope: Callable = RopeTable.apply  # (table, x, positions)
     silu_mul: Callable = activation.silu_mul  # (gate, up)
+    # The vision tower's (Qwen3-VL): (x, weight, bias, eps) and (x, approximate="none" | "tanh"). Row-wise /
+    # elementwise torch on every op set for now (on CUDA the Triton op set runs these torch forms too).
+    layer_norm: Callable = norm.layer_norm
+    gelu: Callable = activation.gelu
     route: Callable = moe.route  # (router_logits, top_k, normalize)
     # DeepSeek-V3 routing: (router_logits, correction_bias, top_k, n_group, topk_group, normalize, scaling)
     sigmoid_route: Callable = grouped_route.sigmoid_route
@@ -59,6 +64,8 @@ STANDARD = OpSet(
     attention.sdpa_attention,
     _per_expert(moe.standard_moe),
     sigmoid_route=grouped_route.make_sigmoid_route(torch.sigmoid),
+    layer_norm=norm.standard_layer_norm,
+    gelu=lambda x, approximate="none": F.gelu(x, approximate=approximate),
 )
 
 KERNELS = ("aligned", "standard", "triton")

@@ -46,6 +46,19 @@ class RopeTable:
         self._prechecked = False
         self._view: RopeTable | None = None  # the prechecked view (shares the tables and their device copies)
 
+    @classmethod
+    def from_rows(cls, cos: torch.Tensor, sin: torch.Tensor) -> RopeTable:
+        """A table whose row i is (cos[i], sin[i]) [rows, head_dim]: angles gathered per token elsewhere
+        (multimodal RoPE: each column's angle from one of several position axes). Apply it with positions
+        arange(rows); the rotation's arithmetic is `apply`'s, only the angles' source differs."""
+        table = cls.__new__(cls)
+        table.cos, table.sin = cos, sin
+        table.max_positions = cos.shape[0]
+        table._on_device = {}
+        table._prechecked = True  # row indices made by the caller, in range by construction
+        table._view = table
+        return table
+
     def tables(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) on `device` (computed once on CPU, copied once per device)."""
         device = torch.device(device)

@@ -33,6 +33,7 @@ from rz_agents.warmstart.demos import Demonstration
 DEMO_ENVS = {
     "arithmetic": ("rz_agents.envs.arithmetic_tool", "ArithmeticToolEnv"),
     "word_problems": ("rz_agents.envs.word_problem_tool", "WordProblemToolEnv"),
+    "visual_click": ("rz_agents.envs.visual_click.env", "VisualClickEnv"),
 }
 
 
@@ -210,6 +211,18 @@ def run_warm_start(run, cfg, log: Callable[[str], None]) -> dict | None:
 
 
 def _synthetic(run, ws: WarmStartConfig, log, progress) -> dict[str, Any]:
+    if ws.task == "visual_click":
+        from rz_agents.warmstart.visual_demos import visual_click_demos
+
+        demos = visual_click_demos(
+            _local_env_factory(run), run.tokenizer, run.template, ws.demos, seed=ws.seed,
+            named_fraction=ws.tool_fraction,
+        )  # fmt: skip
+        log(
+            f"warm start, visual_click: {len(demos)} demonstrations (named button in "
+            f"{ws.tool_fraction:.0%}, else a random one) x {ws.epochs} epochs"
+        )
+        return {"format": supervised_warm_start(run.model, demos, ws, on_step=progress("format"))}
     make_demos = DEMO_TASKS[ws.task]
     fmt = make_demos(
         run.tokenizer, run.template, ws.demos, seed=ws.seed, difficulty=ws.difficulty, tool_fraction=1.0

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from rz_agents.engine.config import EngineConfig
+from rz_agents.engine.images import ImagePrompt, SequenceImages
 from rz_agents.engine.pages import PagePool
 from rz_agents.engine.params import Completion, SamplingParams
 from rz_agents.engine.pause import PauseGate, PauseMode
@@ -113,8 +114,7 @@ class RZEngine:
     # -- public API ---------------------------------------------------------------------------
     @property
     def graphs(self):
-        """The runner's CUDA graphs of the static decode step (None when they are off:
-        ``cuda_graphs_off``)."""
+        """The runner's CUDA graphs of the static decode step (None when off: ``cuda_graphs_off``)."""
         return self.runner.graphs
 
     @property
@@ -131,17 +131,27 @@ class RZEngine:
         prompt: list[int] | torch.Tensor,
         params: SamplingParams | None = None,
         on_start: Callable[[Sequence], None] | None = None,
+        images: ImagePrompt | None = None,
     ) -> Completion:
         """Generate a completion of ``prompt`` (token ids); raises ValueError for bad input.
 
         Failures inside the engine do not raise: the Completion then has finish_reason "error" and
         says why in ``error``. Cancelling the awaiting task frees the sequence's pages. ``on_start``
         receives the queued Sequence (read-only: a streaming server reads its ``output`` as it grows).
+        ``images`` (a vision-language model only): the pixels and grids of the prompt's image placeholder
+        runs, in order (engine/images.py); encoded once, at the first prefill chunk that needs them.
         """
         params = params or SamplingParams()
         prompt = self._check_request(prompt, params)
         loop = asyncio.get_running_loop()
         seq = Sequence(prompt, params)
+        if images is not None:
+            vl_config = getattr(self.model, "vl_config", None)
+            if vl_config is None:
+                raise ValueError(
+                    "images need a vision-language model (Qwen3-VL); this engine's model has none"
+                )
+            seq.images = SequenceImages(prompt, images, vl_config)
         if on_start is not None:
             on_start(seq)
         fut = loop.create_future()
@@ -164,6 +174,10 @@ class RZEngine:
         self.runner.validate_state(state)
         with self._lock:
             self.runner.load_state(state)  # in place: the parameters keep their storage
+            self.runner.image_cache.clear()  # encoded by the old vision tower: encode again when needed
+            for seq in (*self.scheduler.waiting, *self.scheduler.running):
+                if seq.images is not None:
+                    seq.images.forget_encodings()
             if self.graphs is not None:
                 self.graphs.check_weights()  # recaptures if a parameter's storage moved anyway
             self._version = int(version)
@@ -217,6 +231,7 @@ class RZEngine:
             "cuda_graphs_off": self.cuda_graphs_off
             or (self.graphs.disabled_reason if self.graphs is not None else None),
             "cuda_graphs_captured": len(self.graphs.captured) if self.graphs is not None else 0,
+            "images_encoded": self.runner.images_encoded,
             **self.counters,
         }
 
@@ -243,8 +258,8 @@ class RZEngine:
             raise ValueError("prompt must contain at least one token")
         if len(prompt) >= self.config.max_len:
             raise ValueError(
-                f"prompt has {len(prompt)} tokens; the engine's max_len {self.config.max_len} leaves no room "
-                "to generate"
+                f"prompt has {len(prompt)} tokens; the engine's max_len {self.config.max_len} "
+                "leaves no room to generate"
             )
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:

@@ -225,6 +225,9 @@ class PagePool:
         """Index the pages of ``seq``'s table that have no node yet (fresh pages it writes), and give each
         page whose 64 tokens are now known its key in the hash chain. Starts at ``seq.indexed_pages`` (the
         leading pages already done), so a decode step costs O(1) pages, not the whole table."""
+        if seq.images is not None:
+            # Keys are tokens; an image placeholder's K/V depend on its image too: never shared or cached.
+            return
         start = seq.indexed_pages
         parent = ROOT if start == 0 else self._nodes[seq.pages[start - 1]].block
         for j in range(start, len(seq.pages)):
@@ -290,9 +293,8 @@ class PagePool:
                         m.computed += PAGE_SIZE
                     parent, start = node.block, start + PAGE_SIZE
                     continue
-            self._best_partial(
-                m, tokens[start : min(start + PAGE_SIZE, limit)], parent, version, running, start
-            )
+            seg = tokens[start : min(start + PAGE_SIZE, limit)]
+            self._best_partial(m, seg, parent, version, running, start)
             break
         return m
 

@@ -14,8 +14,10 @@ import torch
 from rz_agents.engine.config import EngineConfig
 from rz_agents.engine.cuda_graphs import DecodeGraphs
 from rz_agents.engine.decode_step import DecodeStep
+from rz_agents.engine.images import ImageCache, SequenceImages, text_rope_columns
 from rz_agents.engine.scheduler import ScheduledBatch
 from rz_agents.model.kv_cache import pages_for
+from rz_agents.model.vision import ImageEmbeddings
 
 LOGIT_CHUNK_BYTES = 15 << 20
 log = logging.getLogger(__name__)
@@ -48,6 +50,8 @@ class ModelRunner:
         self.decode_step = decode_step  # decode-only steps go through it (static, bucketed buffers)
         self.graphs = graphs  # on CUDA: that step's captured graphs, replayed instead
         self.cuda_graphs_off: str | None = None if graphs is not None else "no CUDA graphs were given"
+        self.images_encoded = 0  # images run through a vision-language model's tower
+        self.image_cache = ImageCache()  # encoded images by content, for the current weights
 
     @classmethod
     def for_engine(
@@ -58,7 +62,8 @@ class ModelRunner:
         (``static_decode``: the batch padded to a bucket over preallocated buffers), and every other step the
         general packed forward (``forward``). ``cuda_graphs_off`` says why graphs are off, if they are."""
         decode_step = None
-        if config.static_decode:
+        multimodal = getattr(model, "vl_config", None) is not None
+        if config.static_decode and not multimodal:
             decode_step = DecodeStep(
                 model,
                 kv_cache,
@@ -69,6 +74,8 @@ class ModelRunner:
         off = None
         if not config.cuda_graphs:
             off = "engine.cuda_graphs is false"
+        elif multimodal:
+            off = "a vision-language model decodes through the general forward (its 3D RoPE rows are inputs)"
         elif decode_step is None:
             off = "engine.static_decode is false (graphs capture the static decode step)"
         elif kv_cache.device.type != "cuda":
@@ -131,13 +138,55 @@ class ModelRunner:
         inputs = self.step_inputs(batch)
         # one token per chunk: a decode step (each chunk one row), planned without read-back
         decode = [c.start for c in batch.chunks] if all(c.length == 1 for c in batch.chunks) else None
+        extra = self._multimodal_inputs(batch) if getattr(self.model, "vl_config", None) is not None else {}
         hidden = self.model(
             inputs.tokens,
             inputs.positions,
             seq_ids=inputs.rows,
             kv_cache=self.kv_cache.view(inputs.page_table, inputs.max_position, decode_positions=decode),
+            **extra,
         )
         return hidden[inputs.sample_rows]
+
+    def _multimodal_inputs(self, batch: ScheduledBatch) -> dict:
+        """A vision-language model's extra forward inputs: every token's 3D RoPE positions, and the image
+        embeddings of the prompt placeholders the chunks hold (each sequence's images encoded once, on the
+        first chunk that needs them, and kept with it: engine/images.py)."""
+        device = self.kv_cache.device
+        ropes, parts, slots = [], [], []
+        offset = 0
+        for chunk in batch.chunks:
+            a, b, images = chunk.start, chunk.start + chunk.length, chunk.seq.images
+            if images is None:
+                ropes.append(text_rope_columns(a, b))
+            else:
+                ropes.append(images.rope_columns(a, b))
+                rows, index = images.placeholder_rows(a, b)
+                if rows.numel():
+                    if images.embeds is None:
+                        images.embeds = self._encode(images)
+                    parts.append(images.embeds.rows(rows.to(device)))
+                    slots.append(index - a + offset)
+            offset += chunk.length
+        return dict(
+            rope_positions=torch.cat(ropes, dim=1).to(device),
+            images=ImageEmbeddings.cat(parts) if parts else None,
+            image_slots=torch.cat(slots).to(device) if slots else None,
+        )
+
+    def _encode(self, images: SequenceImages) -> ImageEmbeddings:
+        """A sequence's image embeddings: cached ones by content, the others encoded now in one call."""
+        got = [self.image_cache.get(k) for k in images.keys]
+        missing = [i for i, g in enumerate(got) if g is None]
+        if missing:
+            rows = images.pixel_rows
+            pixels = torch.cat([images.pixel_values[rows[i] : rows[i + 1]] for i in missing])
+            fresh = self.model.encode_images(pixels.to(self.kv_cache.device), images.grids[missing]).split()
+            for i, emb in zip(missing, fresh, strict=True):
+                got[i] = emb
+                self.image_cache.put(images.keys[i], emb)
+            self.images_encoded += len(missing)
+        return ImageEmbeddings.cat(got)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -177,8 +226,8 @@ class ModelRunner:
                 raise ValueError(f"load_weights: {name} is a {type(value).__name__}, not a tensor")
             if tuple(value.shape) != tuple(own[name].shape):
                 raise ValueError(
-                    f"load_weights: {name} has shape {tuple(value.shape)}, the model expects "
-                    f"{tuple(own[name].shape)}"
+                    f"load_weights: {name} has shape {tuple(value.shape)}, "
+                    f"the model expects {tuple(own[name].shape)}"
                 )
 
     @torch.no_grad()

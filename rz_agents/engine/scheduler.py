@@ -124,6 +124,8 @@ class Scheduler:
     def _match(self, seq: Sequence, version: int) -> PrefixMatch:
         if self.copy_page is None:  # nothing can be reused without copying a partial page
             return PrefixMatch()
+        if seq.images is not None:  # equal tokens, maybe other images: its K/V are its own (pages.track)
+            return PrefixMatch()
         return self.pages.match(seq.tokens, version, self.share_min_tokens)
 
     def _place(self, seq: Sequence, match: PrefixMatch, version: int) -> bool:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from rz_agents.engine.params import Completion, FinishReason, SamplingParams
+
+if TYPE_CHECKING:
+    from rz_agents.engine.images import SequenceImages
 
 _ids = itertools.count()
 
@@ -50,6 +54,7 @@ class Sequence:
     num_preemptions: int = 0  # times its pages were taken back (it then recomputes its K/V)
     indexed_pages: int = 0  # leading pages of ``pages`` the page pool's prefix index is done with
     generator: torch.Generator | None = None
+    images: SequenceImages | None = None  # a vision-language request's images (engine/images.py)
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:

@@ -55,6 +55,10 @@ def load_checkpoint_policy(
         load_peft_adapter(model, adapter)
         name = f"{path.name}+{Path(adapter).name}"
     tok, template, described = _tokenizer(path, tokenizer)
+    if getattr(model, "vl_config", None) is not None and tokenizer == "byte":  # its template renders images
+        from rz_agents.rollout.byte_vl_chat import ByteVLChatTemplate
+
+        template = ByteVLChatTemplate(model.vl_config)
     if tok.vocab_size > model.config.vocab_size:
         config = path.parent / "config.yaml"  # a run directory's copy of its training config
         config_arg = str(config) if config.is_file() else "TRAINING_CONFIG.yaml"

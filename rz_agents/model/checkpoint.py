@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from rz_agents.model.config import ModelConfig
+from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 from rz_agents.model.transformer import Transformer
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -59,7 +60,7 @@ def save_hf_checkpoint(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        (tmp / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2))
+        (tmp / "config.json").write_text(json.dumps(model.hf_config(), indent=2))
         shards = _shards(state, max_shard_bytes)
         if len(shards) == 1:
             save_file(shards[0], str(tmp / SINGLE_NAME), metadata={"format": "pt"})
@@ -94,10 +95,31 @@ def save_hf_checkpoint(
 
 
 def read_config(ckpt_dir: str | os.PathLike, dtype: str | None = None) -> ModelConfig:
+    """The checkpoint's ModelConfig (for Qwen3-VL: its language model's; `read_model_config` the whole)."""
+    config = read_model_config(ckpt_dir, dtype)
+    return config.text if isinstance(config, Qwen3VLConfig) else config
+
+
+def read_model_config(ckpt_dir: str | os.PathLike, dtype: str | None = None) -> ModelConfig | Qwen3VLConfig:
+    """The checkpoint's config: a ModelConfig, or a Qwen3VLConfig for model_type qwen3_vl."""
     path = Path(ckpt_dir) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{ckpt_dir}: no config.json")
-    return ModelConfig.from_hf(json.loads(path.read_text()), dtype=dtype)
+    d = json.loads(path.read_text())
+    if d.get("model_type") == "qwen3_vl":
+        return Qwen3VLConfig.from_hf(d, dtype=dtype)
+    return ModelConfig.from_hf(d, dtype=dtype)
+
+
+def build_model(
+    config: ModelConfig | Qwen3VLConfig, kernels: str = "aligned", init: bool = True
+) -> Transformer:
+    """The model class of `config`: a Transformer, or a Qwen3VLModel (a Transformer with a vision tower)."""
+    if isinstance(config, Qwen3VLConfig):
+        from rz_agents.model.qwen3_vl import Qwen3VLModel
+
+        return Qwen3VLModel(config, kernels=kernels, init=init)
+    return Transformer(config, kernels=kernels, init=init)
 
 
 def _weight_files(ckpt: Path) -> list[Path]:
@@ -151,6 +173,11 @@ class LazyState(Mapping):
         return len(self._file_of)
 
 
+def model_config_of(config: ModelConfig | Qwen3VLConfig) -> ModelConfig:
+    """The decoder's ModelConfig of a model config (Qwen3-VL: its language model's)."""
+    return config.text if isinstance(config, Qwen3VLConfig) else config
+
+
 def _prediction_layer(name: str, config: ModelConfig) -> bool:
     """A tensor of DeepSeek-V3's multi-token-prediction layer (stored as model.layers.{num_hidden_layers}.*):
     not part of the causal LM, skipped as transformers skips it."""
@@ -164,9 +191,9 @@ def model_skeleton(
 ) -> Transformer:
     """The checkpoint's model on the meta device (shapes and dtype, no storage): for learner ranks that shard
     it first and then take only their shards of each tensor (``LazyState``)."""
-    config = read_config(ckpt_dir, dtype)
+    config = read_model_config(ckpt_dir, dtype)
     with torch.device("meta"):
-        return Transformer(config, kernels=kernels, init=False)
+        return build_model(config, kernels=kernels, init=False)
 
 
 def load_hf_checkpoint(
@@ -176,14 +203,15 @@ def load_hf_checkpoint(
     device: torch.device | str = "cpu",
 ) -> Transformer:
     """Build a Transformer from an HF checkpoint directory on `device`; every parameter must be present."""
-    config = read_config(ckpt_dir, dtype)
+    full_config = read_model_config(ckpt_dir, dtype)
+    config = model_config_of(full_config)
     # Build without initialising (every parameter is overwritten below): a random init of a multi-GB
     # model would cost more than reading it.
     with torch.device("meta"):
-        model = Transformer(config, kernels=kernels, init=False)
+        model = build_model(full_config, kernels=kernels, init=False)
     model.to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty gives each reference its own tensor: tie them again
-        model.lm_head.weight = model.model.embed_tokens.weight
+        model.lm_head.weight = model.get_input_embeddings().weight
     state = load_state(ckpt_dir)
     expected = set(model.state_dict())
     if config.tie_word_embeddings:

@@ -74,8 +74,8 @@ class Attention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(q, ops)
             k = self.k_norm(k, ops)
-        q = ops.rope(ctx.rope, q, ctx.positions)
-        k = ops.rope(ctx.rope, k, ctx.positions)
+        q = ops.rope(ctx.rope, q, ctx.rope_positions)
+        k = ops.rope(ctx.rope, k, ctx.rope_positions)
         k_buf, v_buf = ctx.store(layer, k, v)
         out = ops.attention(q, k_buf, v_buf, ctx.attention_plan, 1.0 / math.sqrt(self.head_dim))
         return adapted_linear(self.o_proj, out.reshape(t, -1), ops)  # (+ its LoRA adapter: model/lora.py)
@@ -209,6 +209,9 @@ class _Context:
             self.buf_shape = (rows, cfg.num_key_value_heads, span, cfg.head_dim)
         model.rope.check_top(top)
         self.rope = model.rope.prechecked()
+        # the rows of `rope` each token rotates by: its position here; a multimodal model (model/qwen3_vl.py)
+        # swaps in per-token rows of its 3D positions, attention still ordered by `positions`
+        self.rope_positions = positions
         self.attention_plan = self.ops.plan_attention(
             self.buf_seq,
             positions,
@@ -294,10 +297,17 @@ class Transformer(nn.Module):
         verify_weights(m.weight for m in self.modules() if isinstance(m, nn.Linear))
         for m in self.modules():
             for fused in (getattr(m, "qkv", None), getattr(m, "gate_up", None)):
-                if fused is not None:
+                if isinstance(fused, FusedLinears):  # (a vision block's `qkv` is a plain nn.Linear)
                     fused.usable(self.ops)  # the stacked shape's guard and the fusion check
         cfg = self.config
         verify_attention(cfg.num_attention_heads // cfg.num_key_value_heads, cfg.head_dim)
+
+    def hf_config(self) -> dict:
+        """The HF config.json dict of this model (checkpoint saving)."""
+        return self.config.to_hf()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
 
     def ops_for(self, device: torch.device | str) -> OpSet:
         """The op set this model's `kernels` names, for tensors on `device` (aligned on CUDA: Triton)."""
@@ -342,9 +352,9 @@ class Transformer(nn.Module):
 
         positions: absolute positions, same shape as tokens. seq_ids: sequence index per token (row of
         the view's page table when kv_cache is given); None means a new sequence starts wherever
-        positions == 0, and for a [B, S] batch each row is a sequence. Without kv_cache, each sequence attends
-        to its own tokens in this call; with it, to its cached positions 0..position (the prefix must be
-        cached).
+        positions == 0, and
+        for a [B, S] batch each row is a sequence. Without kv_cache, each sequence attends to its own
+        tokens in this call; with it, to its cached positions 0..position (the prefix must be cached).
         """
         shape = tokens.shape
         if tokens.dim() == 2:

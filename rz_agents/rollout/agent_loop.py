@@ -118,10 +118,16 @@ class _Transcript:
         self.versions.extend(int(v) for v in completion.versions)
 
 
-async def _sample_turn(engine, transcript: _Transcript, params):
-    """One policy turn from the engine; EpisodeError when it cannot give one."""
+async def _sample_turn(engine, transcript: _Transcript, params, template=None):
+    """One policy turn from the engine; EpisodeError when it cannot give one.
+
+    A transcript with images sends them all with the request when the template makes one
+    (``template.image_prompt``: a vision-language template; a template that renders images as text has
+    none): a multi-turn prompt repeats earlier pictures, which the engine encodes once (cached by content)."""
+    image_prompt = getattr(template, "image_prompt", None)
+    kwargs = {"images": image_prompt(transcript.images)} if transcript.images and image_prompt else {}
     try:
-        completion = await engine.generate(list(transcript.tokens), params)
+        completion = await engine.generate(list(transcript.tokens), params, **kwargs)
     except ValueError as e:
         raise EpisodeError(f"engine refused the request: {e}") from e
     if completion.finish_reason in ("error", "cancelled"):
@@ -129,6 +135,12 @@ async def _sample_turn(engine, transcript: _Transcript, params):
     if not completion.tokens:
         raise EpisodeError("engine returned no token")
     return completion
+
+
+def _sampled_vision_token(template, tokens: Sequence[int]) -> bool:
+    """Whether a turn holds a vision special token the template writes (``vision_token_ids``)."""
+    special = set(getattr(template, "vision_token_ids", ()))
+    return bool(special) and not special.isdisjoint(int(t) for t in tokens)
 
 
 def _turn_text(tokenizer, tokens: Sequence[int], stops: Sequence[int]) -> tuple[str, bool]:
@@ -206,7 +218,7 @@ async def run_episode(
         params = dataclasses.replace(
             sampling, max_tokens=budget, seed=turn_seed(spec.seed, turns), stop_token_ids=stops
         )
-        completion = await _sample_turn(engine, transcript, params)
+        completion = await _sample_turn(engine, transcript, params, template)
         transcript.add_sampled(completion)
         turns += 1
         text, ended_with_stop = _turn_text(tokenizer, completion.tokens, stops)
@@ -215,6 +227,12 @@ async def run_episode(
         total_reward += reward
         if terminated or truncated:
             finish = "terminated" if terminated else "truncated"
+            break
+        if _sampled_vision_token(template, completion.tokens):
+            # An ordinary token to the engine and the learner in the turn it was sampled in, but the next
+            # request's prompt would hold it where the engine expects the template's image placeholders:
+            # the episode ends here (its reward so far stands).
+            finish = "sampled_vision_token"
             break
         if not ended_with_stop:
             transcript.add_context([stops[0]])  # close the cut-off turn the way the template renders it

@@ -48,9 +48,60 @@ def _base_model(spec: ModelSpec, vocab_size: int):
         **spec.tiny_overrides,
     }
     torch.manual_seed(spec.init_seed)
+    if spec.model_type == "qwen3_vl":
+        from rz_agents.model.qwen3_vl import Qwen3VLModel
+
+        model = Qwen3VLModel(tiny_vl_config(overrides), kernels=kernels)
+        model.reset_parameters(seed=spec.init_seed)
+        return model.to(device)
     model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=kernels)
     model.reset_parameters(seed=spec.init_seed)
     return model.to(device)
+
+
+def tiny_vl_config(overrides: dict):
+    """A random-init Qwen3-VL config: ``overrides`` are the text model's (``ModelConfig.tiny``) with the
+    tower's ``VisionConfig`` fields under ``vision`` (its out_hidden_size follows the text hidden_size)."""
+    import dataclasses
+
+    from rz_agents.model.qwen3_vl_config import Qwen3VLConfig, VisionConfig
+
+    text = dict(overrides)
+    vision = dict(text.pop("vision", None) or {})
+    base = Qwen3VLConfig.tiny(**text)
+    fields = {**dataclasses.asdict(base.vision), **vision}
+    fields.setdefault("out_hidden_size", base.text.hidden_size)
+    try:
+        tower = VisionConfig(**fields)
+    except TypeError as e:
+        raise ValueError(f"model.tiny_overrides.vision: {e}") from None
+    return dataclasses.replace(base, vision=tower)
+
+
+def spec_vl_config(spec: ModelSpec, vocab_size: int):
+    """The Qwen3-VL config of ``spec``'s model without building it (None for a text model)."""
+    if spec.checkpoint:
+        from rz_agents.model.checkpoint import read_model_config
+
+        config = read_model_config(resolve_checkpoint(spec.checkpoint), spec.dtype)
+        return config if config.model_type == "qwen3_vl" else None
+    if spec.model_type != "qwen3_vl":
+        return None
+    return tiny_vl_config({"vocab_size": vocab_size, "dtype": spec.dtype, **spec.tiny_overrides})
+
+
+def policy_template(template, vl_config):
+    """The run's chat template for its policy: with a vision-language model (``vl_config``, its
+    Qwen3VLConfig; None for a text model) the byte template renders image parts (``ByteVLChatTemplate``);
+    any other pairing is returned as is."""
+    from rz_agents.rollout.byte_chat import ByteChatTemplate
+
+    vl = vl_config
+    if vl is not None and type(template) is ByteChatTemplate:
+        from rz_agents.rollout.byte_vl_chat import ByteVLChatTemplate
+
+        return ByteVLChatTemplate(vl)
+    return template
 
 
 def checkpoint_skeleton(spec: ModelSpec):

@@ -26,6 +26,7 @@ from rz_agents.runtime.factories import (
     build_controller,
     build_model,
     build_tokenizer,
+    policy_template,
     run_env_factory,
     tokenizer_files,
     vocab_size,
@@ -149,6 +150,8 @@ class LocalRun(RunHandle):
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         vocab = vocab_size(cfg.tokenizer, self.tokenizer)
         self.model = build_model(cfg.model, vocab)
+        # a vision-language model's template renders images
+        self.template = policy_template(self.template, getattr(self.model, "vl_config", None))
         add_lora(self.model, plan.learner.lora)  # (before the engine's copy: both hold the adapters)
         # The engine samples from its own copy; the learner publishes into it after each step.
         engine_model = copy.deepcopy(self.model)

@@ -329,6 +329,10 @@ def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, s
     overrides = {"dtype": spec.dtype, **spec.tiny_overrides}
     if vocab_size is not None:
         overrides.setdefault("vocab_size", vocab_size)
+    if spec.model_type == "qwen3_vl":  # its language model (the tower's few weights are not estimated)
+        from rz_agents.runtime.factories import tiny_vl_config
+
+        return tiny_vl_config(overrides).text, "tiny random model (Qwen3-VL's language model)"
     return ModelConfig.tiny(spec.model_type, **overrides), "tiny random model"
 
 

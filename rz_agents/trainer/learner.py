@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from rz_agents.model.logprobs import packed_token_logprobs
 from rz_agents.model.lora import LoraConfig, adapter_names, has_lora
 from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.advantages import BASELINES, group_advantages, uniform_groups
@@ -39,6 +38,7 @@ from rz_agents.trainer.metrics import (
     reward_and_advantage_metrics,
 )
 from rz_agents.trainer.optim import OptimConfig, build_optimizer
+from rz_agents.trainer.sequence_logprobs import trajectory_logprobs
 from rz_agents.trainer.sharding import SingleProcess
 from rz_agents.trajectory import Trajectory, TrajectoryError
 
@@ -352,7 +352,7 @@ class Learner:
             return idle_pass(self.model), [], 0
         cfg = self.cfg
         trajs, masks, behavior = kept.trajs, kept.masks, kept.behavior
-        mb_logps = packed_token_logprobs(self.model, [trajs[i].tokens for i in mb], **self.sampling.scoring())
+        mb_logps = trajectory_logprobs(self.model, [trajs[i] for i in mb], self.sampling.scoring())
         # Per-token data lives on the CPU; the loss is computed where the model is (a no-op on CPU).
         terms = [
             sequence_terms(
@@ -407,7 +407,7 @@ class Learner:
             if not mb:
                 idle_pass(model)
                 continue
-            lps = packed_token_logprobs(model, [trajs[i].tokens for i in mb], **self.sampling.scoring())
+            lps = trajectory_logprobs(model, [trajs[i] for i in mb], self.sampling.scoring())
             for i, lp in zip(mb, lps, strict=True):
                 ex.put_logps(i, lp)
         ex.exchange(self.ranks.reduce_sum)  # one exchange, one host copy (x + 0 is exact)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rz_agents.data import arithmetic_task
@@ -27,6 +27,7 @@ class Demonstration:
     tokens: list[int]
     loss_mask: list[bool]  # True on assistant (policy) tokens
     uses_tool: bool
+    images: list[bytes] = field(default_factory=list)  # PNG bytes of the prompt's images, in order
 
 
 def tool_call_text(code: str) -> str:

@@ -37,7 +37,10 @@ class WarmStartConfig:
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     demos: int = 0
     prior_demos: int = 0
-    task: str = "arithmetic"  # demonstrations' tasks: "arithmetic" ("Compute 37*48+12.") or "word_problems"
+    # demonstrations' tasks: "arithmetic" ("Compute 37*48+12."), "word_problems" or "visual_click"
+    # (rz_agents/VisualClick-v0's own pictures: warmstart/visual_demos.py)
+    task: str = "arithmetic"
+    # share of demos that use the tool (prior phase); visual_click: share that click the named button
     tool_fraction: float = 0.2
     difficulty: int = 1  # operands / steps of the synthetic demonstrations' problems
     epochs: int = 3  # epochs over demos (format phase) and over the episodes file
@@ -75,8 +78,10 @@ class WarmStartConfig:
             raise ValueError(f"warm_start.tool_fraction must be in [0, 1], got {self.tool_fraction}")
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError("warm_start.epochs and warm_start.batch_size must be >= 1")
-        if self.task not in ("arithmetic", "word_problems"):
-            raise ValueError(f"warm_start.task must be 'arithmetic' or 'word_problems', got {self.task!r}")
+        if self.task not in ("arithmetic", "word_problems", "visual_click"):
+            raise ValueError(
+                f"warm_start.task must be 'arithmetic', 'word_problems' or 'visual_click', got {self.task!r}"
+            )
         if self.kernels not in (None, "aligned", "standard"):
             raise ValueError(
                 f"warm_start.kernels must be null, 'aligned' or 'standard', got {self.kernels!r}"
@@ -93,6 +98,12 @@ class WarmStartConfig:
 
 def _summed_nll(model: Transformer, batch: Sequence[Demonstration]) -> torch.Tensor:
     """Summed negative log-likelihood of the assistant tokens of ``batch`` (one packed forward)."""
+    if getattr(model, "vl_config", None) is not None:  # a vision-language model: its images go along
+        from rz_agents.trainer.sequence_logprobs import trajectory_logprobs
+
+        logps = trajectory_logprobs(model, batch, {})
+        mask = [torch.tensor(d.loss_mask[1:], device=lp.device) for d, lp in zip(batch, logps, strict=True)]
+        return -sum(lp[m].sum() for lp, m in zip(logps, mask, strict=True))
     tokens, positions, seq_ids = pack([d.tokens for d in batch])
     # row t predicts token t+1 of the same sequence: the LM head runs only on rows whose target the
     # policy wrote (most rows are prompt)

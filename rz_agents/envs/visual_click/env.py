@@ -23,7 +23,16 @@ import numpy as np
 
 from rz_agents.envs.base import Message, MultiTurnTextEnv
 from rz_agents.envs.images import image_part, text_part
-from rz_agents.envs.visual_click.render import SPLITS, Layout, check_size, make_layout, render
+from rz_agents.envs.visual_click.render import (
+    PALETTE,
+    PLACEMENTS,
+    SPLITS,
+    Layout,
+    check_size,
+    make_layout,
+    render,
+    with_target_color,
+)
 
 ENV_ID = "rz_agents/VisualClick-v0"
 NAME_BY = ("color", "label")
@@ -60,9 +69,19 @@ class VisualClickEnv(MultiTurnTextEnv):
         split: str = "train",
         num_train_tasks: int | None = None,
         max_turns: int = 1,
+        placement: str = "random",
+        target_color: str | None = None,
+        system_prompt: bool = True,
     ) -> None:
         super().__init__(max_turns=max_turns)
         check_size(image_size, n_buttons)
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+        self.placement = placement
+        if target_color is not None and target_color not in PALETTE:
+            raise ValueError(f"target_color must be one of {', '.join(PALETTE)} or null: {target_color!r}")
+        self.target_color = target_color
+        self.system_prompt = bool(system_prompt)  # False: the picture and instruction only (a short prompt)
         if name_by not in NAME_BY:
             raise ValueError(f"name_by must be one of {', '.join(NAME_BY)}, got {name_by!r}")
         if split not in SPLITS:
@@ -92,10 +111,14 @@ class VisualClickEnv(MultiTurnTextEnv):
 
     def _reset(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[list[Message], dict]:
         split, index = self.task_of(task, rng)
-        self.layout = make_layout(split, index, self.image_size, self.n_buttons)
+        self.layout = make_layout(split, index, self.image_size, self.n_buttons, self.placement)
+        if self.target_color is not None:
+            self.layout = with_target_color(self.layout, self.target_color)
         picture = render(self.layout)
+        rules = {"role": "system", "content": SYSTEM.format(n=self.image_size)}
+        system = [rules] if self.system_prompt else []
         messages = [
-            {"role": "system", "content": SYSTEM.format(n=self.image_size)},
+            *system,
             {
                 "role": "user",
                 "content": [image_part(picture), text_part(instruction(self.layout, self.name_by))],

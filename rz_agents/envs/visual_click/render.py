@@ -12,7 +12,7 @@ layout (tested), and the same pair gives the same picture anywhere.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -97,18 +97,39 @@ def glyph_scale(size: int) -> int:
     return 1 + size // 96
 
 
-def make_layout(split: str, index: int, size: int = 64, n_buttons: int = 3) -> Layout:
-    """The layout of task ``index`` of ``split`` (ValueError naming a bad argument)."""
+PLACEMENTS = ("random", "columns")
+
+
+def make_layout(
+    split: str, index: int, size: int = 64, n_buttons: int = 3, placement: str = "random"
+) -> Layout:
+    """The layout of task ``index`` of ``split`` (ValueError naming a bad argument).
+
+    ``placement``: ``random`` (boxes of random size anywhere, not overlapping) or ``columns`` (button i
+    centred in the i-th of ``n_buttons`` equal columns, at mid-height, of random size: where buttons are
+    is fixed, which colour and label sit where is not; the easy setting for a tiny policy)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if not isinstance(index, (int, np.integer)) or index < 0:
         raise ValueError(f"index must be an int >= 0, got {index!r}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     check_size(size, n_buttons)
-    rng = np.random.default_rng(np.random.SeedSequence([SPLITS[split], int(index), size, n_buttons]))
+    key = [SPLITS[split], int(index), size, n_buttons] + ([1] if placement == "columns" else [])
+    rng = np.random.default_rng(np.random.SeedSequence(key))
     g = glyph_scale(size)
     min_w, min_h = GLYPH_W * g + 4 * g, GLYPH_H * g + 4 * g
     boxes: list[tuple[int, int, int, int]] = []
-    for _ in range(1000):
+    if placement == "columns":
+        col = size // n_buttons
+        if col - 4 < min_w:
+            raise ValueError(f"{n_buttons} columns do not fit a {size}x{size} image: use fewer buttons")
+        for i in range(n_buttons):
+            w = int(rng.integers(min_w, max(min_w, col * 3 // 4) + 1))
+            h = int(rng.integers(max(min_h, size // 7), max(min_h, size // 3) + 1))
+            cx, cy = i * col + col // 2, size // 2
+            boxes.append((cx - w // 2, cy - h // 2, cx - w // 2 + w, cy - h // 2 + h))
+    for _ in range(1000 if placement == "random" else 0):
         if len(boxes) == n_buttons:
             break
         w = int(rng.integers(max(min_w, size // 5), max(min_w, size * 3 // 10) + 1))
@@ -127,6 +148,17 @@ def make_layout(split: str, index: int, size: int = 64, n_buttons: int = 3) -> L
     labels = rng.choice(list(LABELS), size=n_buttons, replace=False)
     buttons = tuple(Button(*b, str(c), str(lab)) for b, c, lab in zip(boxes, colors, labels, strict=True))
     return Layout(size, buttons, int(rng.integers(n_buttons)))
+
+
+def with_target_color(layout: Layout, color: str) -> Layout:
+    """``layout`` with its target painted ``color`` (a button that had that colour takes the target's old
+    one), everything else unchanged: the named colour is always ``color``, where it sits still varies."""
+    if color not in PALETTE:
+        raise ValueError(f"target_color must be one of {', '.join(PALETTE)}, got {color!r}")
+    old = layout.target_button.color
+    swap = {color: old, old: color}
+    buttons = tuple(replace(b, color=swap.get(b.color, b.color)) for b in layout.buttons)
+    return replace(layout, buttons=buttons)
 
 
 def check_size(size: int, n_buttons: int) -> None:

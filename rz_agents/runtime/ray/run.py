@@ -26,8 +26,10 @@ from rz_agents.runtime.factories import (
     build_model,
     build_tokenizer,
     env_build_args,
+    policy_template,
     run_env_factory,
     runs_own_agent,
+    spec_vl_config,
     tokenizer_files,
     vocab_size,
 )
@@ -68,6 +70,8 @@ class RayRun(RunHandle):
         cfg, plan, p = self.cfg, self.plan, self.cfg.actors
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         self.vocab = vocab_size(cfg.tokenizer, self.tokenizer)
+        # a vision-language model's template renders images
+        self.template = policy_template(self.template, spec_vl_config(cfg.model, self.vocab))
         # model.device is where engines and learner ranks run (validate: it agrees with their GPUs); the
         # driver's own copy of the policy (warm start, export) stays on the CPU
         self.spec = dataclasses.replace(cfg.model, device="cpu")

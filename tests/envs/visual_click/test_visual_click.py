@@ -91,7 +91,14 @@ def test_a_miss_or_no_click_says_so_and_the_episode_goes_on_within_its_turns():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{}, {"name_by": "label"}, {"image_size": 128, "n_buttons": 6, "name_by": "label"}]
+    "kwargs",
+    [
+        {},
+        {"name_by": "label"},
+        {"image_size": 128, "n_buttons": 6, "name_by": "label"},
+        {"n_buttons": 2, "placement": "columns"},
+        {"n_buttons": 2, "placement": "columns", "target_color": "red"},
+    ],
 )
 def test_the_oracle_reads_the_picture_and_scores_one_on_both_splits(kwargs):
     for split in ("train", "test"):
@@ -114,6 +121,8 @@ def test_random_clicks_score_the_chance_rate():
         ({"name_by": "shape"}, "name_by must be one of color, label"),
         ({"split": "dev"}, "split must be one of train, test"),
         ({"num_train_tasks": 0}, "num_train_tasks must be a positive int"),
+        ({"placement": "grid"}, "placement must be one of random, columns"),
+        ({"target_color": "black"}, "target_color must be one of red, green"),
     ],
 )
 def test_bad_settings_are_refused_by_name(kwargs, match):
@@ -129,3 +138,42 @@ def test_bad_tasks_are_refused_by_name():
         env.reset(options={"task": {"split": "train", "index": -1}})
     with pytest.raises(ValueError, match="do not fit"):
         make_layout("train", 0, size=32, n_buttons=8)
+
+
+def test_columns_placement_fixes_where_buttons_are_not_which_colour_sits_where():
+    """placement columns: button i is centred in column i at mid-height (so one click per column always
+    hits a button), colours and sizes vary; the random placement's layouts are unchanged by the option."""
+    layouts = [make_layout("train", i, 64, 2, "columns") for i in range(200)]
+    for lay in layouts:
+        assert [b.contains(16, 32) for b in lay.buttons] == [True, False]
+        assert [b.contains(48, 32) for b in lay.buttons] == [False, True]
+    assert len({(lay.buttons[0].color, lay.buttons[1].color) for lay in layouts}) > 40
+    assert {lay.target for lay in layouts} == {0, 1}
+    assert len({lay.buttons[0].x1 - lay.buttons[0].x0 for lay in layouts}) > 3
+    assert make_layout("test", 3, 64, 2) == make_layout("test", 3, 64, 2, "random")
+    assert make_layout("test", 3, 64, 2) != make_layout("test", 3, 64, 2, "columns")
+    with pytest.raises(ValueError, match="columns do not fit"):
+        make_layout("train", 0, 32, 8, "columns")
+
+
+def test_target_color_names_one_colour_on_either_side_and_keeps_the_rest_of_the_layout():
+    env = VisualClickEnv(n_buttons=2, placement="columns", target_color="red")
+    plain = VisualClickEnv(n_buttons=2, placement="columns")
+    sides = set()
+    for i in range(60):
+        task = {"split": "test", "index": i}
+        messages, info = env.reset(seed=0, options={"task": task})
+        plain.reset(seed=0, options={"task": task})
+        assert messages[1]["content"][1]["text"] == "Click the red button." and info["target"].color == "red"
+        assert [b.color for b in env.layout.buttons].count("red") == 1
+        assert env.layout.target == plain.layout.target  # same boxes, same target: only colours swapped
+        assert [b.x0 for b in env.layout.buttons] == [b.x0 for b in plain.layout.buttons]
+        sides.add(env.layout.target)
+    assert sides == {0, 1}
+
+
+def test_without_the_system_prompt_the_episode_is_the_picture_and_the_instruction():
+    env = VisualClickEnv(n_buttons=2, placement="columns", system_prompt=False)
+    messages, info = env.reset(seed=0, options={"task": {"split": "test", "index": 0}})
+    assert [m["role"] for m in messages] == ["user"] and len(message_images(messages)) == 1
+    assert mean_reward(oracle_policy, 20, seed=3, n_buttons=2, system_prompt=False)["reward"] == 1.0

@@ -1,0 +1,286 @@
+"""Qwen3-VL: the vision tower (model/vision.py) feeding a Qwen3 decoder with multimodal RoPE and deepstack.
+
+The language model is the shared decoder of model/transformer.py (same layers, same op set, same paged KV
+cache), with three differences, all in `forward`:
+- image placeholder tokens take the vision tower's merged embeddings instead of their token embeddings;
+- RoPE rotates by 3D positions (model/mrope.py) while attention stays ordered by the token index `positions`
+  (the KV cache is addressed by token index as for any model);
+- after decoder layer i < len(deepstack), the placeholders' hidden states get deepstack feature i added.
+
+Images are encoded separately (`encode_images`) and passed in as `ImageEmbeddings`: the engine encodes each
+image once at prefill and keeps the result with the sequence (the encoding of an image does not depend on
+the other images of the call, so that is the same bits as the learner encoding all of a batch's images in
+one call). Parameter names are HF's Qwen3VLForConditionalGeneration names (model.visual.*,
+model.language_model.*, lm_head.weight).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from rz_agents.model.kv_cache import CacheView
+from rz_agents.model.logprobs import token_logprobs
+from rz_agents.model.mrope import mrope_positions, mrope_table
+from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
+from rz_agents.model.rope_scaling import rope_table
+from rz_agents.model.transformer import DecoderStack, Transformer, _Context, _linear
+from rz_agents.model.vision import ImageEmbeddings, LayerNorm, VisionTower
+from rz_kernels import get_ops
+from rz_kernels.attention import verify_attention
+from rz_kernels.logprobs import token_logprobs_of_logits
+
+
+class _VisionLanguageStack(nn.Module):
+    """HF's `model.` prefix of Qwen3-VL: `visual` and `language_model` (registered in HF's order)."""
+
+    def __init__(self, config: Qwen3VLConfig) -> None:
+        super().__init__()
+        self.visual = VisionTower(config.vision)
+        self.language_model = DecoderStack(config.text)
+
+
+class Qwen3VLModel(Transformer):
+    """Qwen3-VL for conditional generation. `config` is the text part (what the decoder layers read);
+    `vl_config` the whole model's."""
+
+    def __init__(self, config: Qwen3VLConfig, kernels: str = "aligned", init: bool = True) -> None:
+        nn.Module.__init__(self)
+        get_ops(kernels)  # reject an unknown name now
+        self.vl_config = config
+        self.config = config.text
+        self.kernels = kernels
+        self.model = _VisionLanguageStack(config)
+        self.lm_head = _linear(config.text.hidden_size, config.text.vocab_size)
+        if config.text.tie_word_embeddings:
+            self.lm_head.weight = self.model.language_model.embed_tokens.weight
+        self.rope = rope_table(config.text)
+        self.fused_projections = False
+        if init:
+            self.reset_parameters()
+        self.to(config.text.torch_dtype)
+
+    @property
+    def visual(self) -> VisionTower:
+        return self.model.visual
+
+    def hf_config(self) -> dict:
+        return self.vl_config.to_hf()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.language_model.embed_tokens
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, seed: int | None = None) -> None:
+        super().reset_parameters(std, seed)
+        for m in self.modules():  # layer norms start as identities (their biases stay random: see super)
+            if isinstance(m, LayerNorm):
+                m.weight.fill_(1.0)
+
+    def verify_kernels(self) -> None:
+        """Transformer.verify_kernels, plus the vision tower's attention shape (one query head per kv
+        head)."""
+        super().verify_kernels()
+        if self.kernels == "aligned" and self.device.type == "cpu":
+            verify_attention(1, self.vl_config.vision.head_dim)
+
+    def encode_images(
+        self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | list
+    ) -> ImageEmbeddings:
+        """The vision tower's embeddings of packed images (rows in image order; `.split()` per image)."""
+        return self.visual(pixel_values, image_grid_thw, self.ops_for(pixel_values.device))
+
+    def rope_positions(
+        self,
+        tokens: Sequence[int] | torch.Tensor,
+        image_grid_thw: torch.Tensor | list | None = None,
+        placeholders: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, int]:
+        """(3D positions [3, T], delta) of one sequence's tokens (see model/mrope.py). Without grids every
+        token is text (placeholder tokens too, embedded as ordinary tokens: HF's behaviour without pixels).
+        ``placeholders`` ([T] bool, None: every image_token_id) marks the image placeholders."""
+        ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        if image_grid_thw is None:
+            return torch.arange(ids.numel()).view(1, -1).expand(3, -1), 0
+        grids = torch.as_tensor(image_grid_thw).reshape(-1, 3).tolist()
+        v = self.vl_config
+        return mrope_positions(
+            ids, grids, v.image_token_id, v.vision.spatial_merge_size, placeholders=placeholders
+        )
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        seq_ids: torch.Tensor | None = None,
+        kv_cache: CacheView | None = None,
+        max_position: int | None = None,
+        num_sequences: int | None = None,
+        rope_positions: torch.Tensor | None = None,
+        images: ImageEmbeddings | None = None,
+        image_slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states [T, hidden] of a flat token stream, or [B, S, hidden] of a padded batch
+        (Transformer.forward's arguments), plus:
+
+        rope_positions: [3, T] (or [3, B, S]) the tokens' 3D positions (None: text only, all three axes =
+        ``positions``).
+        images: the embeddings of the image placeholders (``image_token_id``) among ``tokens``, one row per
+        placeholder in stream order (a chunk passes the rows of the placeholders it holds). Without it, the
+        placeholder tokens are embedded as ordinary tokens (as HF does when no pixels are given).
+        image_slots: [rows of images] the stream indices those rows go to (None: every ``image_token_id``
+        token of the stream, in order; the engine passes its prompts' placeholders only).
+        """
+        shape = tokens.shape
+        if positions.shape != shape:
+            raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(shape)}")
+        if tokens.dim() == 2:  # a padded [B, S] batch: each row one sequence (as Transformer.forward)
+            if seq_ids is None:
+                seq_ids = torch.arange(shape[0], device=tokens.device).view(-1, 1).expand(shape)
+            tokens, positions, seq_ids = tokens.reshape(-1), positions.reshape(-1), seq_ids.reshape(-1)
+            if rope_positions is not None:
+                rope_positions = rope_positions.reshape(3, -1)
+        elif tokens.dim() != 1:
+            raise ValueError(f"tokens must be [T] or [B, S], got {tuple(shape)}")
+        t = tokens.shape[0]
+        if rope_positions is None:
+            rope_positions = positions.view(1, t).expand(3, t)
+        if rope_positions.shape != (3, t):
+            raise ValueError(f"rope_positions must be [3, {t}], got {tuple(rope_positions.shape)}")
+        if seq_ids is None:
+            if t and int(positions[0]) != 0:
+                raise ValueError("without seq_ids the stream must start a sequence at position 0")
+            seq_ids = torch.cumsum((positions == 0).long(), 0) - 1
+        ctx = _Context(self, positions, seq_ids, kv_cache, max_position, num_sequences)
+        ctx.rope = mrope_table(self.rope, rope_positions, self.vl_config.mrope_section)
+        ctx.rope_positions = torch.arange(t, device=tokens.device)
+        stack = self.model.language_model
+        x = stack.embed_tokens(tokens)
+        slots = None
+        if images is not None:
+            slots = image_slots
+            if slots is None:
+                slots = (tokens == self.vl_config.image_token_id).nonzero().squeeze(1)
+            if slots.numel() != images.embeds.shape[0]:
+                raise ValueError(
+                    f"{slots.numel()} image placeholder tokens but "
+                    f"{images.embeds.shape[0]} image embedding rows"
+                )
+            x = x.index_put((slots,), images.embeds.to(x.dtype))
+        recompute = self.config.activation_checkpointing and torch.is_grad_enabled() and kv_cache is None
+        for i, layer in enumerate(stack.layers):
+            x = checkpoint(layer, x, ctx, use_reentrant=False) if recompute else layer(x, ctx)
+            if slots is not None and i < len(images.deepstack):
+                x = x.index_put((slots,), x[slots] + images.deepstack[i].to(x.dtype))
+        return stack.norm(x, ctx.ops).view(*shape, -1)
+
+
+def sequence_logprobs(
+    model: Qwen3VLModel,
+    tokens: Sequence[int] | torch.Tensor,
+    pixel_values: torch.Tensor | None = None,
+    image_grid_thw: torch.Tensor | list | None = None,
+    images: ImageEmbeddings | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [T, vocab] fp32, log-probs [T-1] of tokens[1:]) of one sequence with its images.
+
+    The images come as pixels (``pixel_values`` + ``image_grid_thw``: encoded here) or already encoded
+    (``images``, e.g. cached by an engine; ``image_grid_thw`` still gives their grids for the 3D positions).
+    """
+    if pixel_values is not None and images is not None:
+        raise ValueError("pass pixel_values or images (already encoded), not both")
+    if (pixel_values is not None or images is not None) and image_grid_thw is None:
+        raise ValueError("images need image_grid_thw (their grids give the tokens' 3D positions)")
+    device = model.device
+    ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+    rope, _ = model.rope_positions(ids, image_grid_thw)
+    if pixel_values is not None:
+        images = model.encode_images(pixel_values.to(device), image_grid_thw)
+    ids = ids.to(device)
+    hidden = model(
+        ids, torch.arange(ids.numel(), device=device), rope_positions=rope.to(device), images=images
+    )
+    logits = model.logits(hidden)
+    return logits, token_logprobs_of_logits(logits[:-1], ids[1:], 1.0, 0, 1.0)
+
+
+@dataclass
+class VLSequence:
+    """One sequence of a packed forward: its tokens and its images' grids, as pixels or already encoded."""
+
+    tokens: Sequence[int] | torch.Tensor
+    image_grid_thw: list[tuple[int, int, int]] | torch.Tensor | None = None
+    pixel_values: torch.Tensor | None = None  # [patches, patch_dim] of this sequence's images, in order
+    images: ImageEmbeddings | None = None  # or their embeddings (e.g. an engine's cache)
+    # [len] bool: which tokens are image placeholders (None: every image_token_id); a trajectory marks the
+    # template's only, since a sampled <|image_pad|> is an ordinary token to the engine
+    placeholders: torch.Tensor | None = None
+
+
+def packed_logprobs(
+    model: Qwen3VLModel,
+    sequences: Sequence[VLSequence],
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> list[torch.Tensor]:
+    """For each sequence, fp32 [len-1] log-probs of tokens[1:] from one packed (differentiable) forward, under
+    the sampling distribution (``packed_token_logprobs``'s arguments: the learner's side of the IS weight).
+
+    The pixel images of all sequences are encoded in one vision call (an image's encoding does not depend on
+    its batch, so this equals encoding each alone, bit for bit); sequences may mix pixels, cached embeddings
+    and no images at all.
+    """
+    if not sequences:
+        return []
+    device = model.device
+    ids = [torch.as_tensor(s.tokens, dtype=torch.long).reshape(-1) for s in sequences]
+    pairs = zip(ids, sequences, strict=True)
+    ropes = [model.rope_positions(i, s.image_grid_thw, s.placeholders)[0] for i, s in pairs]
+    pixel_seqs = [s for s in sequences if s.pixel_values is not None]
+    encoded: list[ImageEmbeddings] = []
+    if pixel_seqs:
+        grids = torch.cat([torch.as_tensor(s.image_grid_thw).reshape(-1, 3) for s in pixel_seqs])
+        pixels = torch.cat([s.pixel_values for s in pixel_seqs]).to(device)
+        encoded = model.encode_images(pixels, grids).split()
+    parts: list[ImageEmbeddings] = []
+    for s in sequences:
+        if s.pixel_values is not None and s.images is not None:
+            raise ValueError("a VLSequence carries pixel_values or images (already encoded), not both")
+        if s.pixel_values is not None:
+            n = torch.as_tensor(s.image_grid_thw).reshape(-1, 3).shape[0]
+            parts.extend(encoded[:n])
+            encoded = encoded[n:]
+        elif s.images is not None:
+            parts.append(s.images)
+    lengths = [i.numel() for i in ids]
+    if min(lengths) < 1:
+        raise ValueError("every sequence needs at least one token")
+    # the stream indices of each sequence's image rows (only sequences with images hold placeholders)
+    slots, offset = [], 0
+    for i, s in zip(ids, sequences, strict=True):
+        if s.pixel_values is not None or s.images is not None:
+            mark = (i == model.vl_config.image_token_id) if s.placeholders is None else s.placeholders
+            slots.append(torch.as_tensor(mark, dtype=torch.bool).reshape(-1).nonzero().squeeze(1) + offset)
+        offset += i.numel()
+    tokens = torch.cat(ids).to(device)
+    positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
+    seq_ids = torch.cat([torch.full((n,), k, dtype=torch.long) for k, n in enumerate(lengths)]).to(device)
+    hidden = model(
+        tokens,
+        positions,
+        seq_ids,
+        max_position=max(lengths) - 1,
+        num_sequences=len(lengths),
+        rope_positions=torch.cat(ropes, dim=1).to(device),
+        images=ImageEmbeddings.cat(parts) if parts else None,
+        image_slots=torch.cat(slots).to(device) if slots else None,
+    )
+    starts = [sum(lengths[:k]) for k in range(len(lengths))]
+    rows = torch.cat([torch.arange(a, a + n - 1) for a, n in zip(starts, lengths, strict=True)]).to(device)
+    logp = token_logprobs(model, hidden[rows], tokens[rows + 1], temperature, top_k, top_p)
+    return list(torch.split(logp, [n - 1 for n in lengths]))

@@ -1,0 +1,44 @@
+"""The learner's log-probs of trajectories: the packed training forward of a text model, or of a
+vision-language model with each trajectory's images (re-encoded in one vision call per micro-batch, which
+gives every image the bits the engine's encoding gave it: model/vision.py).
+
+A trajectory keeps its images as PNG bytes (``Trajectory.images``); they are preprocessed here with the
+same deterministic ``png_image_inputs`` the rollout's chat template uses for the engine's request, so the
+tower sees the same pixel_values on both sides. Image placeholders are the template's (not sampled) ones: a
+sampled ``<|image_pad|>`` is an ordinary token to the engine, and so to the learner."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rz_agents.model.logprobs import packed_token_logprobs
+from rz_agents.trajectory import Trajectory
+
+
+def trajectory_logprobs(
+    model: torch.nn.Module, trajs: Sequence[Trajectory], scoring: Mapping[str, Any]
+) -> list[torch.Tensor]:
+    """fp32 [len-1] log-probs of tokens[1:] of each trajectory under ``scoring`` (the sampling distribution's
+    temperature / top_k / top_p), from one packed forward."""
+    if getattr(model, "vl_config", None) is None:
+        if any(t.images for t in trajs):
+            raise ValueError("trajectories carry images but the model has no vision tower")
+        return packed_token_logprobs(model, [t.tokens for t in trajs], **scoring)
+    from rz_agents.model.qwen3_vl import VLSequence, packed_logprobs
+    from rz_agents.model.vl_processor import png_image_inputs
+
+    vision = model.vl_config.vision
+    seqs = []
+    for t in trajs:
+        if t.images:
+            pixels, grids = png_image_inputs(t.images, vision)
+            ids = torch.as_tensor(t.tokens, dtype=torch.long)
+            # the template's placeholders: a sampled <|image_pad|> is an ordinary token (as to the engine)
+            marks = (ids == model.vl_config.image_token_id) & ~torch.as_tensor(t.loss_mask, dtype=torch.bool)
+            seqs.append(VLSequence(t.tokens, grids, pixels, placeholders=marks))
+        else:
+            seqs.append(VLSequence(t.tokens))
+    return packed_logprobs(model, seqs, **scoring)
