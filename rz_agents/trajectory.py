@@ -5,7 +5,7 @@ observations, chat-template glue) have ``loss_mask`` False, ``behavior_logprobs`
 
 ``images`` holds the episode's images (screenshots, rendered pictures) as PNG bytes, one entry per image
 the chat template placed in ``tokens``, in the order they appear there: a learner decodes them
-(``rz_agents.envs.images.from_png``) and re-encodes exactly the pixels the policy saw. PNG is lossless
+(``rz_agents.images.from_png``) and re-encodes exactly the pixels the policy saw. PNG is lossless
 and compact (a 1280x720 desktop is ~50-150 KB), and bytes survive every way a trajectory travels
 (``to_dict``, pickle for Ray and the learner process, ``torch.save`` in checkpoints). Text-only
 episodes leave it empty.

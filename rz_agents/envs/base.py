@@ -19,10 +19,10 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from rz_agents.envs.images import check_content
+from rz_agents.images import check_content
 
 # {"role": "system"|"user"|"assistant"|"tool", "content": str or a list of text/image parts}
-# (the parts' shape: rz_agents.envs.images)
+# (the parts' shape: rz_agents.images)
 Message = dict[str, Any]
 ToolSpec = dict[str, Any]  # OpenAI/Qwen3 function format: {"type": "function", "function": {...}}
 
@@ -32,7 +32,7 @@ ROLES = ("system", "user", "assistant", "tool")
 class ChatMessages(spaces.Space):
     """Observation space: a list of ``{"role", "content"}`` chat messages (possibly empty).
 
-    ``content`` is a string, or a list of text and image parts (``rz_agents.envs.images``)."""
+    ``content`` is a string, or a list of text and image parts (``rz_agents.images``)."""
 
     def __init__(self) -> None:
         super().__init__(shape=None, dtype=None)
@@ -97,7 +97,7 @@ def as_messages(obs: str | Message | Sequence[Message] | None, role: str = "user
 
     A plain string means one message with ``role`` (``"user"`` or ``"tool"``); ``None`` means no
     new message. A message's content is a string or a list of text/image parts
-    (``rz_agents.envs.images``). Raises ``ValueError`` naming the problem for anything else.
+    (``rz_agents.images``). Raises ``ValueError`` naming the problem for anything else.
     """
     if obs is None:
         return []

@@ -24,9 +24,9 @@ import urllib.request
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rz_agents.envs.images import has_images, to_png
 from rz_agents.envs.osworld.a11y import TRUNCATED
 from rz_agents.envs.osworld.prompts import window_messages
+from rz_agents.images import has_images, to_png
 
 
 class PolicyError(RuntimeError):

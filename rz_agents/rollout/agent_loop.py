@@ -4,7 +4,7 @@ The conversation is kept as tokens from start to end. The prompt is rendered onc
 after each sampled turn, the env's new messages are rendered with ``encode_continuation`` and appended
 (loss mask False). Sampled tokens are never decoded and re-encoded: the decoded text only goes to the env.
 
-Observations may hold images (content parts, ``rz_agents.envs.images``): they go to the template with their
+Observations may hold images (content parts, ``rz_agents.images``): they go to the template with their
 messages (a template that renders them says so with ``renders_images = True``; a text-only template is a
 clear EpisodeError) and into ``Trajectory.images`` as PNG bytes, in the order they appear.
 """
@@ -19,7 +19,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from rz_agents.envs.images import message_images, to_png
+from rz_agents.images import message_images, to_png
 from rz_agents.trajectory import NOT_SAMPLED, Trajectory
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rz_agents.envs.images import as_pil
+from rz_agents.images import as_pil
 from rz_agents.rollout.byte_chat import IM_END, IM_START, ByteChatTemplate, ByteTokenizer
 
 

@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from rz_agents.envs.images import message_images, to_png
+from rz_agents.images import message_images, to_png
 from rz_agents.warmstart.demos import Demonstration
 
 

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from rz_agents.envs.base import ChatMessages, as_messages
-from rz_agents.envs.images import (
+from rz_agents.images import (
     content_text,
     from_png,
     image_part,

@@ -12,8 +12,8 @@ import torch
 
 from rz_agents.engine import EngineConfig, RZEngine, SamplingParams
 from rz_agents.envs.base import MultiTurnTextEnv
-from rz_agents.envs.images import content_text, from_png, image_part, message_images, text_part
 from rz_agents.envs.visual_click import VisualClickEnv
+from rz_agents.images import content_text, from_png, image_part, message_images, text_part
 from rz_agents.model import ModelConfig, Transformer
 from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, run_episode
 from rz_agents.rollout.byte_chat import ByteChatTemplate, ByteTokenizer

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from rz_agents.engine import EngineConfig, RZEngine, SamplingParams
-from rz_agents.envs.images import from_png, message_images, to_png
 from rz_agents.envs.visual_click import VisualClickEnv
+from rz_agents.images import from_png, message_images, to_png
 from rz_agents.model.qwen3_vl import Qwen3VLModel, VLSequence, packed_logprobs
 from rz_agents.rollout.agent_loop import EpisodeLimits, EpisodeSpec, run_episode
 from rz_agents.rollout.byte_chat import ByteChatTemplate, ByteTokenizer

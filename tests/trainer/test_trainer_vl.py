@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from rz_agents.engine import EngineConfig, ImagePrompt, RZEngine, SamplingParams
-from rz_agents.envs.images import to_png
+from rz_agents.images import to_png
 from rz_agents.model.qwen3_vl import Qwen3VLModel
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 from rz_agents.model.vl_processor import png_image_inputs, preprocess_images

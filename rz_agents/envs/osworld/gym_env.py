@@ -12,7 +12,7 @@ window of it (``prompts.window_messages``) trim on their side.
 ``observation`` picks what the agent sees, with OSWorld's names: ``a11y_tree`` (the default, the
 text above), ``screenshot`` or ``screenshot_a11y_tree``. With a screenshot, each observation
 message's content is a list of parts, the text then ``{"type": "image", "image": PIL.Image}``
-(``rz_agents.envs.images``), the screen resized to ``image_size``; the agent's coordinates are in
+(``rz_agents.images``), the screen resized to ``image_size``; the agent's coordinates are in
 the image's pixels and are scaled to the screen's before its code runs (``screen_scale.py``).
 """
 
@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from rz_agents.envs.base import Message, MultiTurnTextEnv
-from rz_agents.envs.images import image_part, text_part
 from rz_agents.envs.osworld.a11y import linearize, trim
 from rz_agents.envs.osworld.actions import Action, ActionParseError, parse_action
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
@@ -36,6 +35,7 @@ from rz_agents.envs.osworld.screen_scale import (
     scale_tree_table,
 )
 from rz_agents.envs.osworld.task import Task, load_tasks
+from rz_agents.images import image_part, text_part
 
 ENV_ID = "rz_agents/OSWorld-v0"
 

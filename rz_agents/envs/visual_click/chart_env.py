@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from rz_agents.envs.base import Message, MultiTurnTextEnv
-from rz_agents.envs.images import image_part, text_part
 from rz_agents.envs.visual_click.chart import Chart, check_chart, make_chart, render_chart
 from rz_agents.envs.visual_click.render import SPLITS
+from rz_agents.images import image_part, text_part
 
 ENV_ID = "rz_agents/ChartRead-v0"
 _NUMBER = re.compile(r"-?\d+")

@@ -6,7 +6,7 @@ labelled coloured buttons (``render.py``) and names one, by colour ("Click the r
 by label ("Click the button labelled 7."). The policy answers ``click(x, y)`` in the picture's
 pixels (``pyautogui.click(x, y)`` reads the same); reward 1 when the point is on the named
 button, else 0. The observation is one user message whose content is the image part then the
-instruction (``rz_agents.envs.images``).
+instruction (``rz_agents.images``).
 
 Tasks are ``{"split": "train"|"test", "index": i}`` (or ``{"id": "visual-click/test/12"}``);
 without one, the env draws an index of its own ``split`` with the reset's seed, from
@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 
 from rz_agents.envs.base import Message, MultiTurnTextEnv
-from rz_agents.envs.images import image_part, text_part
 from rz_agents.envs.visual_click.render import (
+    ARRANGEMENTS,
     PALETTE,
-    PLACEMENTS,
     SPLITS,
     Layout,
     check_size,
@@ -33,6 +32,7 @@ from rz_agents.envs.visual_click.render import (
     render,
     with_target_color,
 )
+from rz_agents.images import image_part, text_part
 
 ENV_ID = "rz_agents/VisualClick-v0"
 NAME_BY = ("color", "label")
@@ -69,15 +69,15 @@ class VisualClickEnv(MultiTurnTextEnv):
         split: str = "train",
         num_train_tasks: int | None = None,
         max_turns: int = 1,
-        placement: str = "random",
+        arrangement: str = "random",
         target_color: str | None = None,
         system_prompt: bool = True,
     ) -> None:
         super().__init__(max_turns=max_turns)
         check_size(image_size, n_buttons)
-        if placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
-        self.placement = placement
+        if arrangement not in ARRANGEMENTS:
+            raise ValueError(f"arrangement must be one of {', '.join(ARRANGEMENTS)}, got {arrangement!r}")
+        self.arrangement = arrangement
         if target_color is not None and target_color not in PALETTE:
             raise ValueError(f"target_color must be one of {', '.join(PALETTE)} or null: {target_color!r}")
         self.target_color = target_color
@@ -111,7 +111,7 @@ class VisualClickEnv(MultiTurnTextEnv):
 
     def _reset(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[list[Message], dict]:
         split, index = self.task_of(task, rng)
-        self.layout = make_layout(split, index, self.image_size, self.n_buttons, self.placement)
+        self.layout = make_layout(split, index, self.image_size, self.n_buttons, self.arrangement)
         if self.target_color is not None:
             self.layout = with_target_color(self.layout, self.target_color)
         picture = render(self.layout)

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from rz_agents.envs.images import as_pil, message_images
 from rz_agents.envs.visual_click.render import INK, PALETTE, Button, draw_button, glyph_scale
+from rz_agents.images import as_pil, message_images
 
 Policy = Callable[[list[dict[str, Any]]], str]
 _COLOR = re.compile(r"Click the (\w+) button\.")

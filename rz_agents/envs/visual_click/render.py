@@ -97,30 +97,30 @@ def glyph_scale(size: int) -> int:
     return 1 + size // 96
 
 
-PLACEMENTS = ("random", "columns")
+ARRANGEMENTS = ("random", "columns")
 
 
 def make_layout(
-    split: str, index: int, size: int = 64, n_buttons: int = 3, placement: str = "random"
+    split: str, index: int, size: int = 64, n_buttons: int = 3, arrangement: str = "random"
 ) -> Layout:
     """The layout of task ``index`` of ``split`` (ValueError naming a bad argument).
 
-    ``placement``: ``random`` (boxes of random size anywhere, not overlapping) or ``columns`` (button i
+    ``arrangement``: ``random`` (boxes of random size anywhere, not overlapping) or ``columns`` (button i
     centred in the i-th of ``n_buttons`` equal columns, at mid-height, of random size: where buttons are
     is fixed, which colour and label sit where is not; the easy setting for a tiny policy)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if not isinstance(index, (int, np.integer)) or index < 0:
         raise ValueError(f"index must be an int >= 0, got {index!r}")
-    if placement not in PLACEMENTS:
-        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    if arrangement not in ARRANGEMENTS:
+        raise ValueError(f"arrangement must be one of {', '.join(ARRANGEMENTS)}, got {arrangement!r}")
     check_size(size, n_buttons)
-    key = [SPLITS[split], int(index), size, n_buttons] + ([1] if placement == "columns" else [])
+    key = [SPLITS[split], int(index), size, n_buttons] + ([1] if arrangement == "columns" else [])
     rng = np.random.default_rng(np.random.SeedSequence(key))
     g = glyph_scale(size)
     min_w, min_h = GLYPH_W * g + 4 * g, GLYPH_H * g + 4 * g
     boxes: list[tuple[int, int, int, int]] = []
-    if placement == "columns":
+    if arrangement == "columns":
         col = size // n_buttons
         if col - 4 < min_w:
             raise ValueError(f"{n_buttons} columns do not fit a {size}x{size} image: use fewer buttons")
@@ -129,7 +129,7 @@ def make_layout(
             h = int(rng.integers(max(min_h, size // 7), max(min_h, size // 3) + 1))
             cx, cy = i * col + col // 2, size // 2
             boxes.append((cx - w // 2, cy - h // 2, cx - w // 2 + w, cy - h // 2 + h))
-    for _ in range(1000 if placement == "random" else 0):
+    for _ in range(1000 if arrangement == "random" else 0):
         if len(boxes) == n_buttons:
             break
         w = int(rng.integers(max(min_w, size // 5), max(min_w, size * 3 // 10) + 1))

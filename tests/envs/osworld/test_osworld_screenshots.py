@@ -12,7 +12,6 @@ import pytest
 from PIL import Image
 
 from rz_agents.envs.base import as_messages
-from rz_agents.envs.images import from_png, message_images, to_png
 from rz_agents.envs.osworld import LOCAL_TASKS
 from rz_agents.envs.osworld.gym_env import OSWorldEnv
 from rz_agents.envs.osworld.policies import OraclePolicy
@@ -22,6 +21,7 @@ from rz_agents.envs.osworld.screen_scale import (
     scale_pyautogui_code,
     scale_tree_table,
 )
+from rz_agents.images import from_png, message_images, to_png
 
 HALF = ScreenScale(1920, 1080, 960, 540)
 THREE = ScreenScale(1920, 1080, 640, 360)

@@ -9,11 +9,11 @@ import gymnasium
 import numpy as np
 import pytest
 
-from rz_agents.envs.images import message_images
 from rz_agents.envs.visual_click.chart import make_chart, render_chart
 from rz_agents.envs.visual_click.chart_env import ENV_ID, ChartReadEnv
 from rz_agents.envs.visual_click.policies import chart_oracle_policy, guess_policy, mean_reward
 from rz_agents.envs.visual_click.render import PALETTE
+from rz_agents.images import message_images
 
 
 def test_registered_deterministic_and_the_bars_are_value_times_unit_tall():

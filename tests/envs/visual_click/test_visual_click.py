@@ -11,10 +11,10 @@ import pytest
 from PIL import Image
 
 from rz_agents.envs.base import ChatMessages
-from rz_agents.envs.images import message_images
 from rz_agents.envs.visual_click import ENV_ID, VisualClickEnv
 from rz_agents.envs.visual_click.policies import mean_reward, oracle_policy, random_policy
 from rz_agents.envs.visual_click.render import make_layout, render
+from rz_agents.images import message_images
 
 
 def _picture(messages) -> np.ndarray:
@@ -96,8 +96,8 @@ def test_a_miss_or_no_click_says_so_and_the_episode_goes_on_within_its_turns():
         {},
         {"name_by": "label"},
         {"image_size": 128, "n_buttons": 6, "name_by": "label"},
-        {"n_buttons": 2, "placement": "columns"},
-        {"n_buttons": 2, "placement": "columns", "target_color": "red"},
+        {"n_buttons": 2, "arrangement": "columns"},
+        {"n_buttons": 2, "arrangement": "columns", "target_color": "red"},
     ],
 )
 def test_the_oracle_reads_the_picture_and_scores_one_on_both_splits(kwargs):
@@ -121,7 +121,7 @@ def test_random_clicks_score_the_chance_rate():
         ({"name_by": "shape"}, "name_by must be one of color, label"),
         ({"split": "dev"}, "split must be one of train, test"),
         ({"num_train_tasks": 0}, "num_train_tasks must be a positive int"),
-        ({"placement": "grid"}, "placement must be one of random, columns"),
+        ({"arrangement": "grid"}, "arrangement must be one of random, columns"),
         ({"target_color": "black"}, "target_color must be one of red, green"),
     ],
 )
@@ -140,9 +140,9 @@ def test_bad_tasks_are_refused_by_name():
         make_layout("train", 0, size=32, n_buttons=8)
 
 
-def test_columns_placement_fixes_where_buttons_are_not_which_colour_sits_where():
-    """placement columns: button i is centred in column i at mid-height (so one click per column always
-    hits a button), colours and sizes vary; the random placement's layouts are unchanged by the option."""
+def test_columns_arrangement_fixes_where_buttons_are_not_which_colour_sits_where():
+    """arrangement columns: button i is centred in column i at mid-height (so one click per column always
+    hits a button), colours and sizes vary; the random arrangement's layouts are unchanged by the option."""
     layouts = [make_layout("train", i, 64, 2, "columns") for i in range(200)]
     for lay in layouts:
         assert [b.contains(16, 32) for b in lay.buttons] == [True, False]
@@ -157,8 +157,8 @@ def test_columns_placement_fixes_where_buttons_are_not_which_colour_sits_where()
 
 
 def test_target_color_names_one_colour_on_either_side_and_keeps_the_rest_of_the_layout():
-    env = VisualClickEnv(n_buttons=2, placement="columns", target_color="red")
-    plain = VisualClickEnv(n_buttons=2, placement="columns")
+    env = VisualClickEnv(n_buttons=2, arrangement="columns", target_color="red")
+    plain = VisualClickEnv(n_buttons=2, arrangement="columns")
     sides = set()
     for i in range(60):
         task = {"split": "test", "index": i}
@@ -173,7 +173,7 @@ def test_target_color_names_one_colour_on_either_side_and_keeps_the_rest_of_the_
 
 
 def test_without_the_system_prompt_the_episode_is_the_picture_and_the_instruction():
-    env = VisualClickEnv(n_buttons=2, placement="columns", system_prompt=False)
+    env = VisualClickEnv(n_buttons=2, arrangement="columns", system_prompt=False)
     messages, info = env.reset(seed=0, options={"task": {"split": "test", "index": 0}})
     assert [m["role"] for m in messages] == ["user"] and len(message_images(messages)) == 1
     assert mean_reward(oracle_policy, 20, seed=3, n_buttons=2, system_prompt=False)["reward"] == 1.0
