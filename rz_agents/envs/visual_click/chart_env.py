@@ -15,12 +15,11 @@ import numpy as np
 
 from rz_agents.envs.base import Message, MultiTurnTextEnv
 from rz_agents.envs.visual_click.chart import Chart, check_chart, make_chart, render_chart
-from rz_agents.envs.visual_click.render import SPLITS
+from rz_agents.envs.visual_click.tasks import check_split, split_index
 from rz_agents.images import image_part, text_part
 
 ENV_ID = "rz_agents/ChartRead-v0"
 _NUMBER = re.compile(r"-?\d+")
-_TASK_ID = re.compile(r"^chart-read/(train|test)/(\d+)$")
 SYSTEM = (
     "You see a {n}x{n} pixel bar chart; the ticks on the left mark every unit from 0 to {m}. "
     "Answer the question with one integer."
@@ -46,27 +45,13 @@ class ChartReadEnv(MultiTurnTextEnv):
     ) -> None:
         super().__init__(max_turns=max_turns)
         check_chart(image_size, n_bars, max_value)
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-        if num_train_tasks is not None and (not isinstance(num_train_tasks, int) or num_train_tasks < 1):
-            raise ValueError(f"num_train_tasks must be a positive int or null, got {num_train_tasks!r}")
+        check_split(split, num_train_tasks)
         self.image_size, self.n_bars, self.max_value = image_size, n_bars, max_value
         self.split, self.num_train_tasks = split, num_train_tasks
         self.chart: Chart | None = None
 
     def _task(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[str, int]:
-        if task is None:
-            high = self.num_train_tasks if self.split == "train" and self.num_train_tasks else 2**31
-            return self.split, int(rng.integers(high))
-        if "id" in task and "index" not in task:
-            m = _TASK_ID.match(str(task["id"]))
-            if not m:
-                raise ValueError(f"task id {task['id']!r} is not of the form chart-read/<train|test>/<index>")
-            return m.group(1), int(m.group(2))
-        split, index = task.get("split", self.split), task.get("index")
-        if split not in SPLITS or not isinstance(index, int) or index < 0:
-            raise ValueError(f"a task is {{'split': 'train'|'test', 'index': int >= 0}}, got {task!r}")
-        return split, index
+        return split_index(task, rng, "chart-read", self.split, self.num_train_tasks)
 
     def _reset(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[list[Message], dict]:
         split, index = self._task(task, rng)

@@ -25,19 +25,18 @@ from rz_agents.envs.base import Message, MultiTurnTextEnv
 from rz_agents.envs.visual_click.render import (
     ARRANGEMENTS,
     PALETTE,
-    SPLITS,
     Layout,
     check_size,
     make_layout,
     render,
     with_target_color,
 )
+from rz_agents.envs.visual_click.tasks import check_split, split_index
 from rz_agents.images import image_part, text_part
 
 ENV_ID = "rz_agents/VisualClick-v0"
 NAME_BY = ("color", "label")
 _CLICK = re.compile(r"click\(\s*(?:x\s*=\s*)?(-?\d+(?:\.\d+)?)\s*,\s*(?:y\s*=\s*)?(-?\d+(?:\.\d+)?)\s*\)")
-_TASK_ID = re.compile(r"^visual-click/(train|test)/(\d+)$")
 
 SYSTEM = (
     "You see a {n}x{n} pixel picture of coloured buttons, each labelled with a digit. "
@@ -84,30 +83,14 @@ class VisualClickEnv(MultiTurnTextEnv):
         self.system_prompt = bool(system_prompt)  # False: the picture and instruction only (a short prompt)
         if name_by not in NAME_BY:
             raise ValueError(f"name_by must be one of {', '.join(NAME_BY)}, got {name_by!r}")
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-        if num_train_tasks is not None and (not isinstance(num_train_tasks, int) or num_train_tasks < 1):
-            raise ValueError(f"num_train_tasks must be a positive int or null, got {num_train_tasks!r}")
+        check_split(split, num_train_tasks)
         self.image_size, self.n_buttons, self.name_by = image_size, n_buttons, name_by
         self.split, self.num_train_tasks = split, num_train_tasks
         self.layout: Layout | None = None
 
     def task_of(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[str, int]:
         """``(split, index)`` of a task dict, or drawn with ``rng`` (ValueError naming a bad task)."""
-        if task is None:
-            high = self.num_train_tasks if self.split == "train" and self.num_train_tasks else 2**31
-            return self.split, int(rng.integers(high))
-        if "id" in task and "index" not in task:
-            m = _TASK_ID.match(str(task["id"]))
-            if not m:
-                raise ValueError(
-                    f"task id {task['id']!r} is not of the form visual-click/<train|test>/<index>"
-                )
-            return m.group(1), int(m.group(2))
-        split, index = task.get("split", self.split), task.get("index")
-        if split not in SPLITS or not isinstance(index, int) or index < 0:
-            raise ValueError(f"a task is {{'split': 'train'|'test', 'index': int >= 0}}, got {task!r}")
-        return split, index
+        return split_index(task, rng, "visual-click", self.split, self.num_train_tasks)
 
     def _reset(self, task: dict[str, Any] | None, rng: np.random.Generator) -> tuple[list[Message], dict]:
         split, index = self.task_of(task, rng)
