@@ -259,12 +259,15 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
         if cfg.actors.weight_transport == "broadcast":
             # WeightBroadcast.receive keeps every bucket until the engine loads them: a second full copy, of
             # every state-dict name (tied embeddings travel twice: embed_tokens and lm_head)
+            # With LoRA a broadcast carries the adapters only (the base reaches an engine once, through
+            # the object store: runtime/ray/run.py load_engine_base).
             tied = c.vocab_size * c.hidden_size if c.tie_word_embeddings else 0
-            est.engine["weight_receive_staging"] = (n + tied) * e
+            staged = t * e if t != n else (n + tied) * e
+            est.engine["weight_receive_staging"] = staged
             est.notes.append(
-                f"weight broadcast: each engine replica receives the whole new state "
-                f"({est.engine['weight_receive_staging'] / GIB:.1f} GiB) "
-                "beside its weights before applying it between steps (weight_receive_staging)"
+                f"weight broadcast: each engine replica receives the "
+                f"{'adapters' if t != n else 'whole new state'} ({staged / GIB:.3f} GiB) beside its weights "
+                "before applying them between steps (weight_receive_staging)"
             )
         if est.learner_ranks > 1:
             from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES
