@@ -28,7 +28,7 @@ from rz_agents.model.logprobs import token_logprobs
 from rz_agents.model.mrope import mrope_positions, mrope_table
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 from rz_agents.model.rope_scaling import rope_table
-from rz_agents.model.transformer import DecoderStack, Transformer, _Context, _linear
+from rz_agents.model.transformer import DecoderStack, Transformer, _Context, _linear, flat_stream
 from rz_agents.model.vision import ImageEmbeddings, LayerNorm, VisionTower
 from rz_kernels import get_ops
 from rz_kernels.attention import verify_attention
@@ -136,25 +136,14 @@ class Qwen3VLModel(Transformer):
         token of the stream, in order; the engine passes its prompts' placeholders only).
         """
         shape = tokens.shape
-        if positions.shape != shape:
-            raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(shape)}")
-        if tokens.dim() == 2:  # a padded [B, S] batch: each row one sequence (as Transformer.forward)
-            if seq_ids is None:
-                seq_ids = torch.arange(shape[0], device=tokens.device).view(-1, 1).expand(shape)
-            tokens, positions, seq_ids = tokens.reshape(-1), positions.reshape(-1), seq_ids.reshape(-1)
-            if rope_positions is not None:
-                rope_positions = rope_positions.reshape(3, -1)
-        elif tokens.dim() != 1:
-            raise ValueError(f"tokens must be [T] or [B, S], got {tuple(shape)}")
+        tokens, positions, seq_ids = flat_stream(tokens, positions, seq_ids)
         t = tokens.shape[0]
         if rope_positions is None:
             rope_positions = positions.view(1, t).expand(3, t)
+        elif len(shape) == 2:  # [3, B, S] -> [3, T], as the batch was flattened
+            rope_positions = rope_positions.reshape(3, -1)
         if rope_positions.shape != (3, t):
             raise ValueError(f"rope_positions must be [3, {t}], got {tuple(rope_positions.shape)}")
-        if seq_ids is None:
-            if t and int(positions[0]) != 0:
-                raise ValueError("without seq_ids the stream must start a sequence at position 0")
-            seq_ids = torch.cumsum((positions == 0).long(), 0) - 1
         ctx = _Context(self, positions, seq_ids, kv_cache, max_position, num_sequences)
         ctx.rope = mrope_table(self.rope, rope_positions, self.vl_config.mrope_section)
         ctx.rope_positions = torch.arange(t, device=tokens.device)

@@ -237,6 +237,27 @@ class _Context:
         return k_buf, v_buf
 
 
+def flat_stream(
+    tokens: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens, positions, seq_ids), each [T], of a flat stream [T] or a padded batch [B, S] (each row one
+    sequence). ``seq_ids`` None: a new sequence starts wherever positions == 0 (a [B, S] batch: per row)."""
+    shape = tokens.shape
+    if positions.shape != shape:
+        raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(shape)}")
+    if tokens.dim() == 2:
+        if seq_ids is None:
+            seq_ids = torch.arange(shape[0], device=tokens.device).view(-1, 1).expand(shape)
+        return tokens.reshape(-1), positions.reshape(-1), seq_ids.reshape(-1)
+    if tokens.dim() != 1:
+        raise ValueError(f"tokens must be [T] or [B, S], got {tuple(shape)}")
+    if seq_ids is None:
+        if tokens.numel() and int(positions[0]) != 0:
+            raise ValueError("without seq_ids the stream must start a sequence at position 0")
+        seq_ids = torch.cumsum((positions == 0).long(), 0) - 1
+    return tokens, positions, seq_ids
+
+
 class Transformer(nn.Module):
     """Causal LM. `forward` returns final hidden states; `logits` applies the LM head in fp32."""
 
@@ -357,17 +378,7 @@ class Transformer(nn.Module):
         tokens in this call; with it, to its cached positions 0..position (the prefix must be cached).
         """
         shape = tokens.shape
-        if tokens.dim() == 2:
-            if seq_ids is None:
-                seq_ids = torch.arange(shape[0], device=tokens.device).view(-1, 1).expand(shape).reshape(-1)
-            tokens, positions = tokens.reshape(-1), positions.reshape(-1)
-            seq_ids = seq_ids.reshape(-1)
-        if positions.shape != tokens.shape:
-            raise ValueError(f"positions {tuple(positions.shape)} must match tokens {tuple(tokens.shape)}")
-        if seq_ids is None:
-            if tokens.numel() and int(positions[0]) != 0:
-                raise ValueError("without seq_ids the stream must start a sequence at position 0")
-            seq_ids = torch.cumsum((positions == 0).long(), 0) - 1
+        tokens, positions, seq_ids = flat_stream(tokens, positions, seq_ids)
         ctx = _Context(self, positions, seq_ids, kv_cache, max_position, num_sequences)
         x = self.model.embed_tokens(tokens)
         recompute = self.config.activation_checkpointing and torch.is_grad_enabled() and kv_cache is None
