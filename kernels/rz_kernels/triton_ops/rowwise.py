@@ -119,8 +119,8 @@ def _rope_launch(x, positions, cos, sin, inverse: bool) -> torch.Tensor:
         _rope_kernel[(t,)](
             x,
             positions.contiguous(),
-            cos,
-            sin,
+            cos.contiguous(),  # the kernel indexes rows as pos * head_dim: a strided table would misread
+            sin.contiguous(),
             out,
             t,
             nh,

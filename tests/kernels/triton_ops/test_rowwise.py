@@ -53,6 +53,20 @@ def test_rope_matches_cpu_table_and_depends_only_on_position(dtype):
         rowwise.rope(table, x[:1], torch.tensor([256]))
 
 
+def test_rope_reads_strided_row_tables_as_their_values():
+    """`RopeTable.from_rows` takes angles gathered elsewhere (multimodal RoPE), which may be strided views;
+    the kernel indexes rows as pos * head_dim, so it must see the values, not the storage."""
+    gen = torch.Generator().manual_seed(4)
+    cos, sin = torch.randn(2, 16, 40, generator=gen)  # [head_dim, rows]: .T is a strided [rows, head_dim]
+    strided = RopeTable.from_rows(cos.T, sin.T)
+    dense = RopeTable.from_rows(cos.T.contiguous(), sin.T.contiguous())
+    assert not strided.cos.is_contiguous()
+    x = torch.randn(40, 2, 16, generator=gen)
+    pos = torch.arange(40)
+    assert torch.equal(rowwise.rope(strided, x, pos), rowwise.rope(dense, x, pos))
+    torch.testing.assert_close(rowwise.rope(strided, x, pos), dense.apply(x, pos), rtol=1e-5, atol=1e-5)
+
+
 def test_rowwise_gradients_match_autograd_through_the_cpu_ops():
     gen = torch.Generator().manual_seed(3)
     table = RopeTable(16, 10_000.0, 64)
