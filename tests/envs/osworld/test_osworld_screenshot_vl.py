@@ -72,6 +72,8 @@ def test_a_random_vlm_trains_on_screenshot_episodes_with_lag0_exact():
         assert brackets == (len(t.images), len(t.images))
         assert context.count(template.image_token_id) == 8 * len(t.images)  # 128x64: 4x2 merged patches
         assert all(from_png(png).size == (128, 72) for png in t.images)
+        if t.info["task_id"].startswith("rz-chrome"):  # the browser window, not a blank frame
+            assert all(len(from_png(png).getcolors(maxcolors=1 << 16)) > 16 for png in t.images)
         requests += turns * (turns + 1) // 2  # turn k's request carries the k screenshots so far
     assert max(t.info["turns"] for t in trained) >= 2, [t.info for t in trained]
     # each screenshot was encoded once; the repeats in later turns' requests came from the engine's cache
