@@ -40,7 +40,7 @@ class QwenVLChatTemplate(ChatTemplate):
             ``<|image_pad|>`` an image takes; its token ids must be the tokenizer's).
     """
 
-    vl_config: Any = None
+    vl_config: Any = dataclasses.field(default=None, hash=False)  # (a Qwen3VLConfig is not hashable)
     renders_images: ClassVar[bool] = True
 
     def __post_init__(self) -> None:

@@ -273,6 +273,7 @@ def test_text_only_conversations_render_unchanged(tokenizer, vl_config, processo
         {"role": "assistant", "content": "Hello", "tool_calls": [{"name": "click", "arguments": {"x": 1}}]},
         {"role": "tool", "content": "ok"},
     ]
+    assert hash(QwenVLChatTemplate.of(QWEN3_CHAT_TEMPLATE, vl_config))  # usable like the base templates
     bases = (QWEN3_CHAT_TEMPLATE, QWEN3_INSTRUCT_2507_CHAT_TEMPLATE, ChatTemplate(default_system_prompt="S"))
     for base in bases:
         vl = QwenVLChatTemplate.of(base, vl_config)
