@@ -129,7 +129,8 @@ def build_summary(
     dlogp = [
         m["lag0_abs_dlogp_max"] for m in history if isinstance(m.get("lag0_abs_dlogp_max"), (int, float))
     ]
-    generated = run_summary.get("engine", {}).get("generated_tokens")
+    engine = run_summary.get("engine", {})
+    generated = engine.get("generated_tokens")
     return {
         "reward_start": _mean(rewards[:w]),
         "reward_end": _mean(rewards[-w:]),
@@ -145,6 +146,9 @@ def build_summary(
         "kernels": cfg.model.kernels,
         "mode": cfg.mode,
         "generated_tokens": generated,
+        # a vision-language policy's images: encoded by the engine's tower, or served from its cache
+        "images_encoded": engine.get("images_encoded"),
+        "images_reused": engine.get("images_reused"),
         "generated_tokens_per_s": (generated / run_summary["wall_s"])
         if generated and run_summary.get("wall_s")
         else None,

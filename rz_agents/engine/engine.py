@@ -232,6 +232,7 @@ class RZEngine:
             or (self.graphs.disabled_reason if self.graphs is not None else None),
             "cuda_graphs_captured": len(self.graphs.captured) if self.graphs is not None else 0,
             "images_encoded": self.runner.images_encoded,
+            "images_reused": self.runner.images_reused,
             **self.counters,
         }
 

@@ -51,6 +51,7 @@ class ModelRunner:
         self.graphs = graphs  # on CUDA: that step's captured graphs, replayed instead
         self.cuda_graphs_off: str | None = None if graphs is not None else "no CUDA graphs were given"
         self.images_encoded = 0  # images run through a vision-language model's tower
+        self.images_reused = 0  # images a request carried that came from image_cache (not encoded again)
         self.image_cache = ImageCache()  # encoded images by content, for the current weights
 
     @classmethod
@@ -178,6 +179,7 @@ class ModelRunner:
         """A sequence's image embeddings: cached ones by content, the others encoded now in one call."""
         got = [self.image_cache.get(k) for k in images.keys]
         missing = [i for i, g in enumerate(got) if g is None]
+        self.images_reused += len(got) - len(missing)
         if missing:
             rows = images.pixel_rows
             pixels = torch.cat([images.pixel_values[rows[i] : rows[i + 1]] for i in missing])

@@ -69,6 +69,10 @@ def tiny_vl_config(overrides: dict):
     text = dict(overrides)
     vision = dict(text.pop("vision", None) or {})
     base = Qwen3VLConfig.tiny(**text)
+    if base.text.vocab_size > Qwen3VLConfig.video_token_id:
+        # a vocabulary as large as Qwen's (tokenizer: qwen3) has Qwen's vision tokens: take their ids
+        ids = {f.name: f.default for f in dataclasses.fields(Qwen3VLConfig) if f.name.endswith("token_id")}
+        base = dataclasses.replace(base, **ids)
     fields = {**dataclasses.asdict(base.vision), **vision}
     fields.setdefault("out_hidden_size", base.text.hidden_size)
     try:
@@ -92,8 +96,10 @@ def spec_vl_config(spec: ModelSpec, vocab_size: int):
 
 def policy_template(template, vl_config):
     """The run's chat template for its policy: with a vision-language model (``vl_config``, its
-    Qwen3VLConfig; None for a text model) the byte template renders image parts (``ByteVLChatTemplate``);
-    any other pairing is returned as is."""
+    Qwen3VLConfig; None for a text model) the byte template renders image parts (``ByteVLChatTemplate``) and
+    the Qwen chat template renders them as Qwen3-VL's official template does (``QwenVLChatTemplate``); any
+    other pairing is returned as is."""
+    from rz_agents.model.chat_template import ChatTemplate
     from rz_agents.rollout.byte_chat import ByteChatTemplate
 
     vl = vl_config
@@ -101,6 +107,10 @@ def policy_template(template, vl_config):
         from rz_agents.rollout.byte_vl_chat import ByteVLChatTemplate
 
         return ByteVLChatTemplate(vl)
+    if vl is not None and type(template) is ChatTemplate:
+        from rz_agents.rollout.qwen_vl_chat import QwenVLChatTemplate
+
+        return QwenVLChatTemplate.of(template, vl)
     return template
 
 

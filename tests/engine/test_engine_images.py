@@ -155,8 +155,10 @@ def test_multi_turn_encodes_only_new_images_and_a_weight_update_reencodes():
     both = ImagePrompt(torch.cat([images.pixel_values, second_images.pixel_values]), [(1, 4, 6), (1, 2, 4)])
     second = asyncio.run(engine.generate(history, params, images=both))
     assert engine.runner.images_encoded == 2  # the first screenshot came from the cache
+    assert engine.stats()["images_reused"] == 1
     (ref,) = _learner(model, [(history, both)], [second])
     assert torch.equal(second.logprobs, ref)
     engine.load_weights({"lm_head.weight": model.lm_head.weight.detach() * 1.0}, version=1)
     asyncio.run(engine.generate(history, params, images=both))
     assert engine.runner.images_encoded == 4  # the cache belonged to the old weights
+    assert engine.stats()["images_reused"] == 1  # nothing reused across the update

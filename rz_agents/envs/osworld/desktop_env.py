@@ -154,6 +154,12 @@ class DesktopEnv:
         self.timings["step_s"] = time.perf_counter() - t0
         return self._get_obs(observe), 0.0, done, info
 
+    def observe(self) -> dict[str, Any]:
+        """The desktop's observation now, without running an action (as ``step`` returns it)."""
+        if self.ctx is None:
+            raise RuntimeError("DesktopEnv.observe() called before reset()")
+        return self._get_obs()
+
     def _to_action(self, action: str | dict[str, Any] | Action) -> Action:
         if isinstance(action, Action):
             return action

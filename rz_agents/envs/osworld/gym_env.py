@@ -163,7 +163,12 @@ class OSWorldEnv(MultiTurnTextEnv):
         try:
             actions = parse_action(text, self.action_space_name)
         except ActionParseError as exc:
-            return f"Action error: {exc}", 0.0, False, {"action_error": str(exc)}
+            if not self.screenshots:
+                return f"Action error: {exc}", 0.0, False, {"action_error": str(exc)}
+            # A screenshot agent sees the screen every turn, as OSWorld's agent is prompted each turn with the
+            # latest screenshot whether or not its reply held an action: the error, then the screen.
+            content = self._observation(self.desktop.observe(), [f"Action error: {exc}"])
+            return [{"role": "user", "content": content}], 0.0, False, {"action_error": str(exc)}
         obs: dict[str, Any] = {}
         errors = []
         for i, action in enumerate(actions):

@@ -117,6 +117,12 @@ def test_a_click_in_image_pixels_lands_on_the_scaled_screen_pixel():
         assert image.size == (640, 360) and from_png(to_png(image)).tobytes() == image.tobytes()
         env.step("```python\np = (200, 100)\npyautogui.moveTo(p)\npyautogui.moveRel(-10, 5)\n```")
         assert _pointer(env) == (570, 315)  # (200, 100) * 3 + (-10, 5) * 3
+        # a reply with no action: the error, and the screen all the same (a screenshot agent sees it always)
+        obs, reward, terminated, truncated, info = env.step("let me think about it")
+        assert (reward, terminated, truncated) == (0.0, False, False) and "action_error" in info
+        assert obs[0]["content"][0]["text"].startswith("Your last action raised an error:\nAction error:")
+        (image,) = message_images(obs)
+        assert image.size == (640, 360)
     finally:
         env.close()
 
