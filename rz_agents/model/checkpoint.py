@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 
 from rz_agents.model.config import ModelConfig
-from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
+from rz_agents.model.qwen3_vl_config import ImageProcessing, Qwen3VLConfig
 from rz_agents.model.transformer import Transformer
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+PREPROCESSOR_NAME = "preprocessor_config.json"  # HF image processors read it (Qwen-VL models)
 
 
 class CheckpointError(ValueError):
@@ -61,6 +62,10 @@ def save_hf_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         (tmp / "config.json").write_text(json.dumps(model.hf_config(), indent=2))
+        vl = getattr(model, "vl_config", None)
+        if vl is not None:  # the image preprocessing the model was trained with, where HF processors read it
+            processing = vl.vision.image_processing.to_hf(vl.vision)
+            (tmp / PREPROCESSOR_NAME).write_text(json.dumps(processing, indent=2))
         shards = _shards(state, max_shard_bytes)
         if len(shards) == 1:
             save_file(shards[0], str(tmp / SINGLE_NAME), metadata={"format": "pt"})
@@ -107,7 +112,14 @@ def read_model_config(ckpt_dir: str | os.PathLike, dtype: str | None = None) -> 
         raise CheckpointError(f"{ckpt_dir}: no config.json")
     d = json.loads(path.read_text())
     if d.get("model_type") == "qwen3_vl":
-        return Qwen3VLConfig.from_hf(d, dtype=dtype)
+        config = Qwen3VLConfig.from_hf(d, dtype=dtype)
+        pre = Path(ckpt_dir) / PREPROCESSOR_NAME
+        if pre.is_file():  # absent: rz checkpoints from before it was written, made with the defaults
+            try:
+                config.vision.image_processing = ImageProcessing.from_hf(json.loads(pre.read_text()))
+            except (ValueError, TypeError) as e:
+                raise CheckpointError(f"{pre}: {e}") from None
+        return config
     return ModelConfig.from_hf(d, dtype=dtype)
 
 

@@ -17,10 +17,76 @@ from rz_agents.model.config import ModelConfig
 # How the vision MLP's activation names map to rz_kernels.activation.gelu's `approximate`
 _VISION_ACTS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
+# OpenAI CLIP's pixel statistics: transformers' Qwen2-VL image processor defaults
+_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+
+@dataclass
+class ImageProcessing:
+    """How images become pixel_values: HF's preprocessor_config.json of a Qwen-VL checkpoint.
+
+    Each image is resized (aspect kept) so its area lies in [min_pixels, max_pixels] (HF's size.shortest_edge
+    and size.longest_edge, which for these processors are areas), then normalised with image_mean/std. The
+    defaults are transformers' Qwen2-VL processor defaults, which rz's tiny random-init models have always
+    used (a checkpoint without preprocessor_config.json reads them). Released Qwen3-VL checkpoints use
+    65,536..16,777,216 pixels and mean = std = 0.5: their preprocessor_config.json says so, and rz reads
+    it."""
+
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    image_mean: list[float] = field(default_factory=lambda: list(_CLIP_MEAN))
+    image_std: list[float] = field(default_factory=lambda: list(_CLIP_STD))
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_pixels <= self.max_pixels:
+            raise ValueError(
+                "image processing: need 0 < min_pixels <= max_pixels, got "
+                f"{self.min_pixels}, {self.max_pixels}"
+            )
+        for name in ("image_mean", "image_std"):
+            value = list(getattr(self, name))
+            if len(value) != 3:
+                raise ValueError(f"image processing: {name} needs 3 values (RGB), got {value!r}")
+            setattr(self, name, [float(v) for v in value])
+        if min(self.image_std) <= 0:
+            raise ValueError(f"image processing: image_std must be positive, got {self.image_std}")
+
+    @classmethod
+    def from_hf(cls, d: dict[str, Any]) -> ImageProcessing:
+        """From a preprocessor_config.json dict: size.shortest/longest_edge (or the older min/max_pixels)."""
+        size = d.get("size") or {}
+        default = cls()
+        return cls(
+            min_pixels=int(size.get("shortest_edge", d.get("min_pixels", default.min_pixels))),
+            max_pixels=int(size.get("longest_edge", d.get("max_pixels", default.max_pixels))),
+            image_mean=list(d.get("image_mean", default.image_mean)),
+            image_std=list(d.get("image_std", default.image_std)),
+        )
+
+    def to_hf(self, vision: VisionConfig) -> dict[str, Any]:
+        """A preprocessor_config.json dict that transformers' Qwen-VL image processors load."""
+        return {
+            "image_processor_type": "Qwen2VLImageProcessorFast",
+            "processor_class": "Qwen3VLProcessor",
+            "size": {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+            "patch_size": vision.patch_size,
+            "temporal_patch_size": vision.temporal_patch_size,
+            "merge_size": vision.spatial_merge_size,
+            "image_mean": list(self.image_mean),
+            "image_std": list(self.image_std),
+            "do_rescale": True,
+            "rescale_factor": 1 / 255,
+            "do_normalize": True,
+            "do_resize": True,
+            "do_convert_rgb": True,
+        }
+
 
 @dataclass
 class VisionConfig:
-    """HF's Qwen3VLVisionConfig fields (same names)."""
+    """HF's Qwen3VLVisionConfig fields (same names), and the checkpoint's `image_processing` (kept in HF's
+    preprocessor_config.json, not in config.json)."""
 
     depth: int = 2
     hidden_size: int = 32
@@ -35,8 +101,11 @@ class VisionConfig:
     deepstack_visual_indexes: list[int] = field(default_factory=list)
     hidden_act: str = "gelu_pytorch_tanh"
     rope_theta: float = 10_000.0
+    image_processing: ImageProcessing = field(default_factory=ImageProcessing)
 
     def __post_init__(self) -> None:
+        if isinstance(self.image_processing, dict):  # from a YAML override or dataclasses.asdict
+            self.image_processing = ImageProcessing(**self.image_processing)
         if self.hidden_act not in _VISION_ACTS:
             raise ValueError(
                 f"vision_config.hidden_act {self.hidden_act!r} not supported; {list(_VISION_ACTS)}"
@@ -72,7 +141,7 @@ class VisionConfig:
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> VisionConfig:
-        names = {f.name for f in dataclasses.fields(cls)} - {"rope_theta"}
+        names = {f.name for f in dataclasses.fields(cls)} - {"rope_theta", "image_processing"}
         kwargs = {k: d[k] for k in names if k in d}
         kwargs["deepstack_visual_indexes"] = list(d.get("deepstack_visual_indexes") or [])
         rope = d.get("rope_parameters") or {}
@@ -82,7 +151,11 @@ class VisionConfig:
         return cls(**kwargs)
 
     def to_hf(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "rope_theta"}
+        d = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("rope_theta", "image_processing")
+        }
         d["deepstack_visual_indexes"] = list(self.deepstack_visual_indexes)
         d.update(
             model_type="qwen3_vl_vision",

@@ -15,20 +15,22 @@ import torch
 from rz_agents.model.qwen3_vl_config import VisionConfig
 
 
-def preprocess_images(
-    images: Sequence, vision: VisionConfig, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280
-) -> tuple[torch.Tensor, torch.Tensor]:
+def preprocess_images(images: Sequence, vision: VisionConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(pixel_values [patches, patch_dim] fp32, image_grid_thw [images, 3]) of PIL images for `vision`.
 
     Each image is resized (aspect kept) so its sides are multiples of patch_size * spatial_merge_size and its
-    area lies in [min_pixels, max_pixels]."""
+    area lies in the checkpoint's [min_pixels, max_pixels], then normalised with its mean and std
+    (`vision.image_processing`, read from the checkpoint's preprocessor_config.json)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+    how = vision.image_processing
     processor = Qwen2VLImageProcessorPil(
         patch_size=vision.patch_size,
         temporal_patch_size=vision.temporal_patch_size,
         merge_size=vision.spatial_merge_size,
-        size={"shortest_edge": min_pixels, "longest_edge": max_pixels},
+        size={"shortest_edge": how.min_pixels, "longest_edge": how.max_pixels},
+        image_mean=list(how.image_mean),
+        image_std=list(how.image_std),
     )
     out = processor(images=list(images), return_tensors="pt")
     return out["pixel_values"], out["image_grid_thw"]

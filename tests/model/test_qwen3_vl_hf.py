@@ -7,6 +7,7 @@ drops one). Negative controls: dropping the images, or rotating image tokens by 
 their 3D positions, moves the log-probs far beyond the tolerance.
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 
 from rz_agents.model.checkpoint import load_hf_checkpoint, read_model_config, save_hf_checkpoint
 from rz_agents.model.qwen3_vl import Qwen3VLModel, VLSequence, packed_logprobs, sequence_logprobs
-from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
+from rz_agents.model.qwen3_vl_config import ImageProcessing, Qwen3VLConfig
 from rz_agents.model.vl_processor import expand_image_pads, preprocess_images
 
 transformers = pytest.importorskip("transformers")
@@ -108,8 +109,10 @@ def batch(hf_checkpoint, tokenizer):
     """Three sequences: two images, one image, text only; with the processor's pixels and grids."""
     _, path = hf_checkpoint
     vision = read_model_config(path).vision
+    small = ImageProcessing(min_pixels=16 * 16, max_pixels=64 * 64)
+    vision = dataclasses.replace(vision, image_processing=small)
     images = _images()
-    pixels, grids = preprocess_images(images, vision, min_pixels=16 * 16, max_pixels=64 * 64)
+    pixels, grids = preprocess_images(images, vision)
     counts = grids.prod(-1).tolist()
     starts = [0, counts[0], counts[0] + counts[1]]
     seqs = []
