@@ -190,7 +190,7 @@ class DecodeStep:
         self._write(buf, tokens, positions, page_tables, rope_positions or [])
         return buf
 
-    def _write(self, buf: StepBuffers, tokens, positions, page_tables, rope_positions) -> None:
+    def _write(self, buf: StepBuffers, tokens, positions, page_tables, rope_positions=()) -> None:
         b, n, width = buf.batch, len(tokens), self.width
         if any(len(pages) > width for pages in page_tables):
             raise ValueError(f"a page table of more than {width} pages (the step's width)")

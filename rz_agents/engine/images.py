@@ -203,7 +203,7 @@ class ImageCache:
             "image_cache_evictions": self.evictions,
             "image_cache_evictions_needed": self.evictions_needed,
             "image_cache_entries": len(self._entries),
-            "image_cache_bytes": self.bytes,
-            "image_cache_peak_bytes": self.peak_bytes,
-            "image_cache_max_bytes": self.max_bytes,
+            "image_cache_bytes_held": self.bytes,
+            "image_cache_bytes_peak": self.peak_bytes,
+            "image_cache_bytes_budget": self.max_bytes,
         }

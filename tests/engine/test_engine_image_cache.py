@@ -74,7 +74,7 @@ def _run(model, image_cache_bytes: int, reqs):
         outs = []
         for a in range(0, len(reqs), 4):  # waves of 4 requests: 3 running, one waiting
             outs += await asyncio.gather(*(one(i) for i in range(a, min(a + 4, len(reqs)))))
-            peaks.append(engine.stats()["image_cache_bytes"])
+            peaks.append(engine.stats()["image_cache_bytes_held"])
         return outs
 
     return engine, asyncio.run(go()), peaks
@@ -97,15 +97,15 @@ def test_a_long_multi_image_stream_stays_under_the_budget_and_eviction_changes_n
     small, outs, _ = _run(model, budget, reqs)
     roomy, ref, _ = _run(model, 1 << 30, reqs)
     s, r = small.stats(), roomy.stats()
-    assert s["image_cache_peak_bytes"] <= budget and s["image_cache_bytes"] <= budget
-    assert s["image_cache_max_bytes"] == budget
+    assert s["image_cache_bytes_peak"] <= budget and s["image_cache_bytes_held"] <= budget
+    assert s["image_cache_bytes_budget"] == budget
     assert s["image_cache_evictions"] > 0 and r["image_cache_evictions"] == 0
     assert s["image_cache_evictions_needed"] > 0  # the budget forced out encodings still to be fed
     assert s["static_decode_steps"] > 0
     # some evicted encodings were needed again (a later chunk, another turn): encoded again
     assert s["images_encoded"] > r["images_encoded"] == 26  # distinct images of the stream
     assert r["image_cache_hits"] > 0 and s["image_cache_misses"] == s["images_encoded"]
-    assert r["image_cache_bytes"] == r["image_cache_entries"] * 4 * TOKEN_BYTES
+    assert r["image_cache_bytes_held"] == r["image_cache_entries"] * 4 * TOKEN_BYTES
     learner = _learner(model, reqs, outs)
     for a, b, c in zip(outs, ref, learner, strict=True):
         assert a.tokens == b.tokens and len(a.tokens) == 4
