@@ -133,12 +133,12 @@ class ModelRunner:
             if rope is not None or not self.decode_step.multimodal:
                 run = self.graphs.run if self.graphs is not None else self.decode_step.run
                 self.static_decode_steps += 1
-                return run(
+                rows = (
                     [c.seq.last_token for c in batch.chunks],
                     [c.start for c in batch.chunks],
                     [c.seq.pages for c in batch.chunks],
-                    rope,
                 )
+                return run(*rows, rope) if rope is not None else run(*rows)
         inputs = self.step_inputs(batch)
         # one token per chunk: a decode step (each chunk one row), planned without read-back
         decode = [c.start for c in batch.chunks] if all(c.length == 1 for c in batch.chunks) else None
