@@ -233,7 +233,8 @@ class RZEngine:
             "cuda_graphs_captured": len(self.graphs.captured) if self.graphs is not None else 0,
             "static_decode_steps": self.runner.static_decode_steps,
             "images_encoded": self.runner.images_encoded,
-            **self.runner.image_cache.stats(),
+            # a vision-language model's encoded images (engine/images.py)
+            **(self.runner.image_cache.stats() if getattr(self.model, "vl_config", None) is not None else {}),
             **self.counters,
         }
 
