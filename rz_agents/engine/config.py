@@ -20,6 +20,12 @@ class EngineConfig:
     kv_cache_bytes: the KV cache's size in bytes (as many pages as fit, one kept as the scratch page
       of padding rows). None gives max_running x max_len positions (the memory a slot cache would
       reserve) plus the scratch page.
+    image_cache_bytes: the byte budget of encoded images (a vision-language model: engine/images.py), held
+      on the engine's device beside the KV cache and counted with it by the memory estimate. Per image:
+      merged tokens x text hidden x (1 + deepstack layers) x the dtype's bytes (~19 MB for a 1280x720
+      screenshot on Qwen3-VL-4B in bf16). Over it, the least recently used encodings no live sequence needs
+      go first (an evicted one is encoded again when needed: the same bits); a request with an image larger
+      than the whole budget is refused. Image placeholder tokens take KV pages like any token.
     static_decode: run decode-only steps through the static decode step (rz_agents.engine.decode_step):
       the batch padded to a bucket over preallocated buffers, the CUDA-graph-capturable form. The
       aligned kernels make padding change no bit of the real rows (tested).
@@ -68,6 +74,7 @@ class EngineConfig:
     seed: int = 0
     eos_token_ids: tuple[int, ...] | None = None
     kv_cache_bytes: int | None = None
+    image_cache_bytes: int = 1 << 30
     static_decode: bool = True
     cuda_graphs: bool = True
 
@@ -95,6 +102,10 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"EngineConfig.num_threads must be >= 1 or None, got {self.num_threads}")
+        if not isinstance(self.image_cache_bytes, int) or self.image_cache_bytes < 1:
+            raise ValueError(
+                f"EngineConfig.image_cache_bytes must be an int > 0, got {self.image_cache_bytes!r}"
+            )
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
             raise ValueError(f"EngineConfig.kv_cache_bytes must be > 0, got {self.kv_cache_bytes}")
         if self.share_prefix_min_tokens < 0:

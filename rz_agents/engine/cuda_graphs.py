@@ -143,18 +143,23 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def run(
-        self, tokens: list[int], positions: list[int], page_tables: Sequence[Sequence[int]]
+        self,
+        tokens: list[int],
+        positions: list[int],
+        page_tables: Sequence[Sequence[int]],
+        rope_positions: list[int] | None = None,
     ) -> torch.Tensor:
         """Hidden states [n, hidden] of n decode rows: a replay of their bucket's graph (captured on
-        first use); eager ``DecodeStep.run`` once graphs are off for this engine."""
+        first use); eager ``DecodeStep.run`` once graphs are off for this engine. ``rope_positions``: a
+        vision-language model's text RoPE positions (``DecodeStep.fill``)."""
         if self.disabled_reason is not None:
-            return self.step.run(tokens, positions, page_tables)
+            return self.step.run(tokens, positions, page_tables, rope_positions)
         kernels = getattr(self.step.model, "kernels", None)
         if kernels != self._kernels:  # set_kernels since the captures: they replay the old op set
             self._graphs.clear()
             self._kernels = kernels
         if not tokens or max(positions) > self.step.static_max_position:
-            return self.step.run(tokens, positions, page_tables)  # (raises the step's clear error)
+            return self.step.run(tokens, positions, page_tables, rope_positions)  # (raises its clear error)
         bucket = self.step.bucket(len(tokens))
         bound = self.step.graph_max_position(max(positions))
         if (bucket, bound) not in self._graphs:
@@ -165,8 +170,9 @@ class DecodeGraphs:
                 log.warning("CUDA graphs off for this engine (decode runs eagerly): %s", self.disabled_reason)
                 self._graphs.clear()
                 torch.cuda.synchronize(self.device)
-                return self.step.run(tokens, positions, page_tables)
-        self.step.fill(tokens, positions, page_tables)  # one pinned upload, ordered before the replay
+                return self.step.run(tokens, positions, page_tables, rope_positions)
+        # one pinned upload, ordered before the replay
+        self.step.fill(tokens, positions, page_tables, rope_positions)
         got = self._graphs[(bucket, bound)]
         got.graph.replay()
         self.replays += 1

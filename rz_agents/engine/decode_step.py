@@ -41,7 +41,8 @@ def decode_buckets(max_batch: int) -> list[int]:
 
 @dataclass
 class StepBuffers:
-    """One bucket's inputs: [tokens B | positions B | rows B | page table B x W], one int64 block.
+    """One bucket's inputs: [tokens B | positions B | rows B | page table B x W], one int64 block; a
+    vision-language model's has [tokens B | positions B | rows B | RoPE positions B | page table B x W].
 
     ``host`` is the staging copy (pinned on CUDA), ``device`` the same on the model's device (the
     model reads views of it; on CPU both are one tensor). Allocated once per bucket and only ever
@@ -57,12 +58,13 @@ class StepBuffers:
     # ``fill`` compares with, to write only what changed.
     written: list[list[int]] | None = None
     tables_uploaded: bool = False  # the device copy's page tables equal the host's
+    rows_per_token: int = 3  # int64 sections before the page tables (4 with RoPE positions)
 
     def part(self, t: torch.Tensor, i: int) -> torch.Tensor:
         return t[i * self.batch : (i + 1) * self.batch]
 
     def table(self, t: torch.Tensor) -> torch.Tensor:
-        return t[3 * self.batch :].view(self.batch, self.width)
+        return t[self.rows_per_token * self.batch :].view(self.batch, self.width)
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -75,6 +77,11 @@ class StepBuffers:
     @property
     def rows(self) -> torch.Tensor:
         return self.part(self.device, 2)
+
+    @property
+    def rope_positions(self) -> torch.Tensor:
+        """A vision-language model's text RoPE positions (index + the sequence's M-RoPE delta)."""
+        return self.part(self.device, 3)
 
     @property
     def page_table(self) -> torch.Tensor:
@@ -93,6 +100,10 @@ class DecodeStep:
         self.width = width
         self.scratch_page = scratch_page
         self.buckets = decode_buckets(max_batch)
+        # A vision-language model (Qwen3-VL) rotates a decoded text token by index + its sequence's M-RoPE
+        # delta on all three axes: one more int64 row per token, fed as ``text_rope_positions``.
+        self.multimodal = getattr(model, "vl_config", None) is not None
+        self.rows_per_token = 4 if self.multimodal else 3
         self._buffers: dict[int, StepBuffers] = {}
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) or width * PAGE_SIZE
         # Every position a step may feed is <= this (checked on the host): the largest bound a captured graph
@@ -133,28 +144,42 @@ class DecodeStep:
         buf = self._buffers.get(bucket)
         if buf is None:
             device = self.cache.device
-            size = bucket * (3 + self.width)
+            size = bucket * (self.rows_per_token + self.width)
             host = torch.zeros(size, dtype=torch.long)
             if device.type == "cuda":
                 host = host.pin_memory()
             dev = torch.zeros(size, dtype=torch.long, device=device) if device.type != "cpu" else host
-            buf = StepBuffers(host, dev, bucket, self.width)
+            buf = StepBuffers(host, dev, bucket, self.width, rows_per_token=self.rows_per_token)
             self.fill_padding(buf)
             self._buffers[bucket] = buf
         return buf
 
     def fill_padding(self, buf: StepBuffers) -> None:
         """Make every row of ``buf`` a padding row (token 0 at position 0 on the scratch page)."""
-        self._write(buf, [], [], [])
+        self._write(buf, [], [], [], [])
 
     def fill(
-        self, tokens: Sequence[int], positions: Sequence[int], page_tables: Sequence[Sequence[int]]
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        page_tables: Sequence[Sequence[int]],
+        rope_positions: Sequence[int] | None = None,
     ) -> StepBuffers:
         """Write n decode rows (padded to their bucket) into the bucket's buffers: one host write,
-        one upload. Raises ValueError (before touching the device) for a position the step cannot feed."""
+        one upload. Raises ValueError (before touching the device) for a position the step cannot feed.
+        ``rope_positions`` (a vision-language model's, required there): each row's text RoPE position."""
         n = len(tokens)
         if n == 0 or len(positions) != n or len(page_tables) != n:
             raise ValueError(f"a decode step needs one position and page table per token, got {n} tokens")
+        if self.multimodal:
+            if rope_positions is None or len(rope_positions) != n:
+                raise ValueError("a vision-language model's decode step needs one RoPE position per token")
+            if any(not 0 <= r <= p for r, p in zip(rope_positions, positions, strict=True)):
+                # M-RoPE positions run at or behind token indices (an image advances them by max(h, w) of its
+                # t * h * w tokens): so the table check of ``positions`` covers them
+                raise ValueError(f"RoPE positions {list(rope_positions)} must lie in [0, position]")
+        elif rope_positions is not None:
+            raise ValueError("rope_positions are for a vision-language model's decode step")
         top = max(positions)
         if top >= self.width * PAGE_SIZE:  # the model's own messages, checked here on the host
             raise ValueError(f"position {top} exceeds the page table's {self.width * PAGE_SIZE} positions")
@@ -162,26 +187,29 @@ class DecodeStep:
         if rope is not None:
             rope.check_top(top)
         buf = self.buffers(self.bucket(n))
-        self._write(buf, tokens, positions, page_tables)
+        self._write(buf, tokens, positions, page_tables, rope_positions or [])
         return buf
 
-    def _write(self, buf: StepBuffers, tokens, positions, page_tables) -> None:
+    def _write(self, buf: StepBuffers, tokens, positions, page_tables, rope_positions=()) -> None:
         b, n, width = buf.batch, len(tokens), self.width
         if any(len(pages) > width for pages in page_tables):
             raise ValueError(f"a page table of more than {width} pages (the step's width)")
-        flat = [0] * (3 * b)
+        head = self.rows_per_token * b
+        flat = [0] * head
         flat[:n] = tokens
         flat[b : b + n] = positions
         flat[2 * b : 3 * b] = range(b)
+        if self.multimodal:
+            flat[3 * b : 3 * b + n] = rope_positions  # padding rows: RoPE position 0, like their position
         if buf.uploaded is not None and not buf.uploaded.query():
             # The previous upload from this pinned buffer must have been read before it is rewritten
             # (normally long done, so no wait: each engine step waits for its sampled tokens).
             buf.uploaded.synchronize()
-        buf.host[: 3 * b].copy_(torch.tensor(flat, dtype=torch.long))
+        buf.host[:head].copy_(torch.tensor(flat, dtype=torch.long))
         changed = self._update_tables(buf, page_tables)
         if buf.device is not buf.host:
             # one upload: the tokens, positions and rows, and the page tables only if this step changed them
-            size = buf.host.numel() if changed or not buf.tables_uploaded else 3 * b
+            size = buf.host.numel() if changed or not buf.tables_uploaded else head
             buf.device[:size].copy_(buf.host[:size], non_blocking=True)
             buf.tables_uploaded = True
             if buf.uploaded is None:
@@ -229,12 +257,23 @@ class DecodeStep:
         use only the device positions (a replay feeds other positions than the capture saw).
         """
         view = self.cache.view(buf.page_table, max_position, decode_positions=positions)
+        if self.multimodal:
+            rope = buf.rope_positions
+            return self.model(
+                buf.tokens, buf.positions, seq_ids=buf.rows, kv_cache=view, text_rope_positions=rope
+            )
         return self.model(buf.tokens, buf.positions, seq_ids=buf.rows, kv_cache=view)
 
     @torch.inference_mode()
-    def run(self, tokens: list[int], positions: list[int], page_tables: list[list[int]]) -> torch.Tensor:
+    def run(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        page_tables: list[list[int]],
+        rope_positions: list[int] | None = None,
+    ) -> torch.Tensor:
         """Hidden states [n, hidden] of n decode rows (row i: tokens[i] at positions[i], pages
-        page_tables[i])."""
-        buf = self.fill(tokens, positions, page_tables)
+        page_tables[i]; a vision-language model's RoPE position rope_positions[i])."""
+        buf = self.fill(tokens, positions, page_tables, rope_positions)
         padded = list(positions) + [0] * (buf.batch - len(positions))
         return self.forward(buf, max(positions), padded)[: len(tokens)]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from rz_agents.engine.config import EngineConfig
-from rz_agents.engine.images import ImagePrompt, SequenceImages
+from rz_agents.engine.images import ImageCache, ImagePrompt, SequenceImages
 from rz_agents.engine.pages import PagePool
 from rz_agents.engine.params import Completion, SamplingParams
 from rz_agents.engine.pause import PauseGate, PauseMode
@@ -76,6 +76,8 @@ class RZEngine:
         device = next(model.parameters()).device
         self.kv_cache = KVCache(cfg, num_pages=total_pages, device=device)
         self.runner = ModelRunner.for_engine(model, self.kv_cache, self.config, scratch_page=num_pages)
+        self.runner.image_cache = ImageCache(self.config.image_cache_bytes)
+        self.runner.needed_images = self._needed_images
         pages = PagePool(
             num_pages,
             self.kv_cache.bytes_per_page,
@@ -152,6 +154,7 @@ class RZEngine:
                     "images need a vision-language model (Qwen3-VL); this engine's model has none"
                 )
             seq.images = SequenceImages(prompt, images, vl_config)
+            self._check_image_bytes(seq.images)
         if on_start is not None:
             on_start(seq)
         fut = loop.create_future()
@@ -175,9 +178,6 @@ class RZEngine:
         with self._lock:
             self.runner.load_state(state)  # in place: the parameters keep their storage
             self.runner.image_cache.clear()  # encoded by the old vision tower: encode again when needed
-            for seq in (*self.scheduler.waiting, *self.scheduler.running):
-                if seq.images is not None:
-                    seq.images.forget_encodings()
             if self.graphs is not None:
                 self.graphs.check_weights()  # recaptures if a parameter's storage moved anyway
             self._version = int(version)
@@ -231,8 +231,11 @@ class RZEngine:
             "cuda_graphs_off": self.cuda_graphs_off
             or (self.graphs.disabled_reason if self.graphs is not None else None),
             "cuda_graphs_captured": len(self.graphs.captured) if self.graphs is not None else 0,
+            "static_decode_steps": self.runner.static_decode_steps,
             "images_encoded": self.runner.images_encoded,
             "images_reused": self.runner.images_reused,
+            # a vision-language model's encoded images (engine/images.py)
+            **(self.runner.image_cache.stats() if getattr(self.model, "vl_config", None) is not None else {}),
             **self.counters,
         }
 
@@ -242,6 +245,28 @@ class RZEngine:
             return self._step()
 
     # -- request checks -------------------------------------------------------------------------
+    def _check_image_bytes(self, images: SequenceImages) -> None:
+        """Refuse a request with an image whose encoding alone exceeds engine.image_cache_bytes."""
+        vl = self.model.vl_config
+        row = vl.text.hidden_size * (1 + len(vl.vision.deepstack_visual_indexes))
+        size = row * self.model.lm_head.weight.element_size()
+        counts = [b - a for a, b in zip(images.token_rows[:-1], images.token_rows[1:], strict=True)]
+        for i, n in enumerate(counts):
+            if n * size > self.config.image_cache_bytes:
+                raise ValueError(
+                    f"image {i} (grid {images.grids[i].tolist()}, {n} tokens) encodes to {n * size} bytes, "
+                    f"more than engine.image_cache_bytes={self.config.image_cache_bytes}"
+                )
+
+    def _needed_images(self) -> set[tuple]:
+        """Keys of the image encodings queued and running sequences still need (placeholders not yet in their
+        K/V): the image cache evicts others first."""
+        keys: set[tuple] = set()
+        for seq in (*self.scheduler.waiting, *self.scheduler.running):
+            if seq.images is not None:
+                keys |= seq.images.needed_keys(seq.num_cached)
+        return keys
+
     def _check_request(self, prompt, params: SamplingParams) -> list[int]:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")

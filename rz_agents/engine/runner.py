@@ -6,7 +6,7 @@ It owns the model and the cache; it knows nothing about queues or sampling polic
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -50,9 +50,12 @@ class ModelRunner:
         self.decode_step = decode_step  # decode-only steps go through it (static, bucketed buffers)
         self.graphs = graphs  # on CUDA: that step's captured graphs, replayed instead
         self.cuda_graphs_off: str | None = None if graphs is not None else "no CUDA graphs were given"
+        self.static_decode_steps = 0  # decode-only steps run by the static decode step (or its graphs)
         self.images_encoded = 0  # images run through a vision-language model's tower
         self.images_reused = 0  # images a request carried that came from image_cache (not encoded again)
-        self.image_cache = ImageCache()  # encoded images by content, for the current weights
+        self.image_cache = ImageCache()  # encoded images by content, for the current weights (images.py)
+        # keys of the encodings live sequences still need (the engine sets it: it knows the sequences)
+        self.needed_images: Callable[[], set] = set
 
     @classmethod
     def for_engine(
@@ -63,8 +66,7 @@ class ModelRunner:
         (``static_decode``: the batch padded to a bucket over preallocated buffers), and every other step the
         general packed forward (``forward``). ``cuda_graphs_off`` says why graphs are off, if they are."""
         decode_step = None
-        multimodal = getattr(model, "vl_config", None) is not None
-        if config.static_decode and not multimodal:
+        if config.static_decode:
             decode_step = DecodeStep(
                 model,
                 kv_cache,
@@ -75,8 +77,6 @@ class ModelRunner:
         off = None
         if not config.cuda_graphs:
             off = "engine.cuda_graphs is false"
-        elif multimodal:
-            off = "a vision-language model decodes through the general forward (its 3D RoPE rows are inputs)"
         elif decode_step is None:
             off = "engine.static_decode is false (graphs capture the static decode step)"
         elif kv_cache.device.type != "cuda":
@@ -130,12 +130,16 @@ class ModelRunner:
         """Feed every chunk; return the final hidden states [k, hidden] of the k chunks that end at a
         sampling point (rows in the order of ``batch.sampling``)."""
         if self.decode_step is not None and all(c.length == 1 and c.samples for c in batch.chunks):
-            run = self.graphs.run if self.graphs is not None else self.decode_step.run
-            return run(
-                [c.seq.last_token for c in batch.chunks],
-                [c.start for c in batch.chunks],
-                [c.seq.pages for c in batch.chunks],
-            )
+            rope = self._text_rope_positions(batch) if self.decode_step.multimodal else None
+            if rope is not None or not self.decode_step.multimodal:
+                run = self.graphs.run if self.graphs is not None else self.decode_step.run
+                self.static_decode_steps += 1
+                rows = (
+                    [c.seq.last_token for c in batch.chunks],
+                    [c.start for c in batch.chunks],
+                    [c.seq.pages for c in batch.chunks],
+                )
+                return run(*rows, rope) if rope is not None else run(*rows)
         inputs = self.step_inputs(batch)
         # one token per chunk: a decode step (each chunk one row), planned without read-back
         decode = [c.start for c in batch.chunks] if all(c.length == 1 for c in batch.chunks) else None
@@ -149,13 +153,28 @@ class ModelRunner:
         )
         return hidden[inputs.sample_rows]
 
+    @staticmethod
+    def _text_rope_positions(batch: ScheduledBatch) -> list[int] | None:
+        """A vision-language model's decode rows' RoPE positions (index + the sequence's M-RoPE delta, all
+        three axes alike), or None when a row is a prompt's image placeholder (its 3D rotation and image
+        embedding need the general forward)."""
+        out = []
+        for chunk in batch.chunks:
+            images = chunk.seq.images
+            got = chunk.start if images is None else images.text_rope_position(chunk.start)
+            if got is None:
+                return None
+            out.append(got)
+        return out
+
     def _multimodal_inputs(self, batch: ScheduledBatch) -> dict:
         """A vision-language model's extra forward inputs: every token's 3D RoPE positions, and the image
-        embeddings of the prompt placeholders the chunks hold (each sequence's images encoded once, on the
-        first chunk that needs them, and kept with it: engine/images.py)."""
+        embeddings of the prompt placeholders the chunks hold (taken from the image cache, the missing ones
+        encoded now: engine/images.py)."""
         device = self.kv_cache.device
         ropes, parts, slots = [], [], []
         offset = 0
+        step_keys: set[tuple] = set()  # this step's images: never evicted while it builds its inputs
         for chunk in batch.chunks:
             a, b, images = chunk.start, chunk.start + chunk.length, chunk.seq.images
             if images is None:
@@ -164,9 +183,9 @@ class ModelRunner:
                 ropes.append(images.rope_columns(a, b))
                 rows, index = images.placeholder_rows(a, b)
                 if rows.numel():
-                    if images.embeds is None:
-                        images.embeds = self._encode(images)
-                    parts.append(images.embeds.rows(rows.to(device)))
+                    span = images.images_of_rows(rows)
+                    got = ImageEmbeddings.cat(self._encodings(images, span, step_keys))
+                    parts.append(got.rows((rows - images.token_rows[span[0]]).to(device)))
                     slots.append(index - a + offset)
             offset += chunk.length
         return dict(
@@ -175,20 +194,21 @@ class ModelRunner:
             image_slots=torch.cat(slots).to(device) if slots else None,
         )
 
-    def _encode(self, images: SequenceImages) -> ImageEmbeddings:
-        """A sequence's image embeddings: cached ones by content, the others encoded now in one call."""
-        got = [self.image_cache.get(k) for k in images.keys]
-        missing = [i for i, g in enumerate(got) if g is None]
-        self.images_reused += len(got) - len(missing)
+    def _encodings(self, images: SequenceImages, span: range, step_keys: set) -> list[ImageEmbeddings]:
+        """The encodings of a sequence's images ``span``: cached ones by content, the others encoded now in
+        one tower call and cached."""
+        step_keys.update(images.keys[i] for i in span)
+        got = {i: self.image_cache.get(images.keys[i]) for i in span}
+        missing = [i for i in span if got[i] is None]
+        self.images_reused += len(span) - len(missing)
         if missing:
             rows = images.pixel_rows
             pixels = torch.cat([images.pixel_values[rows[i] : rows[i + 1]] for i in missing])
             fresh = self.model.encode_images(pixels.to(self.kv_cache.device), images.grids[missing]).split()
             for i, emb in zip(missing, fresh, strict=True):
-                got[i] = emb
-                self.image_cache.put(images.keys[i], emb)
+                got[i] = self.image_cache.put(images.keys[i], emb, step_keys, self.needed_images)
             self.images_encoded += len(missing)
-        return ImageEmbeddings.cat(got)
+        return [got[i] for i in span]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -152,16 +152,86 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def preset_config(name: str, **overrides: Any) -> ModelConfig:
-    """The ModelConfig of a published architecture (a key of PRESETS: `qwen3-4b`, `qwen2.5-1.5b-instruct`,
-    `deepseek-r1-distill-qwen-1.5b`, `deepseek-v3`, ...)."""
+def _qwen3_vl(text: dict[str, Any], vision: dict[str, Any], tied: bool) -> dict[str, Any]:
+    """An HF config.json dict of a Qwen3-VL checkpoint (model_type qwen3_vl) from its sizes."""
+    return dict(
+        model_type="qwen3_vl",
+        tie_word_embeddings=tied,
+        image_token_id=151655,
+        video_token_id=151656,
+        vision_start_token_id=151652,
+        vision_end_token_id=151653,
+        text_config=dict(
+            vocab_size=151936,
+            head_dim=128,
+            num_key_value_heads=8,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=262144,
+            attention_bias=False,
+            bos_token_id=151643,
+            eos_token_id=151645,
+            dtype="bfloat16",
+            tie_word_embeddings=tied,
+            rope_scaling={"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
+            rope_theta=5_000_000,
+            **text,
+        ),
+        vision_config=dict(
+            hidden_act="gelu_pytorch_tanh",
+            in_channels=3,
+            num_heads=16,
+            num_position_embeddings=2304,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            **vision,
+        ),
+    )
+
+
+# Qwen3-VL (the config.json of the published Qwen/Qwen3-VL-*-Instruct checkpoints): a Qwen3 decoder and a
+# vision tower feeding it deepstack features. Built by preset_config as a Qwen3VLConfig.
+VL_PRESETS: dict[str, dict[str, Any]] = {
+    "qwen3-vl-2b-instruct": _qwen3_vl(
+        dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16),
+        dict(depth=24, hidden_size=1024, intermediate_size=4096, out_hidden_size=2048,
+             deepstack_visual_indexes=[5, 11, 17]),
+        tied=True,
+    ),
+    "qwen3-vl-4b-instruct": _qwen3_vl(
+        dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32),
+        dict(depth=24, hidden_size=1024, intermediate_size=4096, out_hidden_size=2560,
+             deepstack_visual_indexes=[5, 11, 17]),
+        tied=True,
+    ),
+    "qwen3-vl-8b-instruct": _qwen3_vl(
+        dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32),
+        dict(depth=27, hidden_size=1152, intermediate_size=4304, out_hidden_size=4096,
+             deepstack_visual_indexes=[8, 16, 24]),
+        tied=False,
+    ),
+}  # fmt: skip
+
+
+def preset_config(name: str, **overrides: Any):
+    """The config of a published architecture: a ModelConfig for a key of PRESETS (`qwen3-4b`,
+    `qwen2.5-1.5b-instruct`, `deepseek-r1-distill-qwen-1.5b`, `deepseek-v3`, ...), a Qwen3VLConfig for one of
+    VL_PRESETS (`qwen3-vl-4b-instruct`, ...; ``overrides`` then apply to its language model's fields, with
+    ``dtype`` for the whole model)."""
     key = name.lower()
+    if key in VL_PRESETS:
+        from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
+
+        d = dict(VL_PRESETS[key])
+        d["text_config"] = {**d["text_config"], **overrides}
+        return Qwen3VLConfig.from_hf(d, dtype=overrides.get("dtype"))
     if key not in PRESETS:
-        raise KeyError(f"no preset {name!r}; known: {sorted(PRESETS)}")
+        raise KeyError(f"no preset {name!r}; known: {sorted(PRESETS) + sorted(VL_PRESETS)}")
     return ModelConfig(**{**PRESETS[key], **overrides})
 
 
 def preset_for_checkpoint(path: str) -> str | None:
-    """The preset whose name is the checkpoint directory's name (e.g. /models/Qwen3-4B -> qwen3-4b)."""
+    """The preset whose name is the checkpoint directory's name (e.g. /models/Qwen3-4B -> qwen3-4b,
+    /models/Qwen3-VL-4B-Instruct -> qwen3-vl-4b-instruct)."""
     key = PurePath(path).name.lower()
-    return key if key in PRESETS else None
+    return key if key in PRESETS or key in VL_PRESETS else None

@@ -123,6 +123,7 @@ class Qwen3VLModel(Transformer):
         rope_positions: torch.Tensor | None = None,
         images: ImageEmbeddings | None = None,
         image_slots: torch.Tensor | None = None,
+        text_rope_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final hidden states [T, hidden] of a flat token stream, or [B, S, hidden] of a padded batch
         (Transformer.forward's arguments), plus:
@@ -134,6 +135,10 @@ class Qwen3VLModel(Transformer):
         placeholder tokens are embedded as ordinary tokens (as HF does when no pixels are given).
         image_slots: [rows of images] the stream indices those rows go to (None: every ``image_token_id``
         token of the stream, in order; the engine passes its prompts' placeholders only).
+        text_rope_positions: [T] instead of ``rope_positions`` when every token is text (all three axes
+        equal: the engine's decode step, index + the sequence's M-RoPE delta): the rotation rows are read
+        from the RoPE table at these positions, the same values the 3D gather gives such a token, with no
+        gather and no read-back (the CUDA-graph-capturable form). The caller keeps them in [0, top position].
         """
         shape = tokens.shape
         tokens, positions, seq_ids = flat_stream(tokens, positions, seq_ids)
@@ -145,8 +150,13 @@ class Qwen3VLModel(Transformer):
         if rope_positions.shape != (3, t):
             raise ValueError(f"rope_positions must be [3, {t}], got {tuple(rope_positions.shape)}")
         ctx = _Context(self, positions, seq_ids, kv_cache, max_position, num_sequences)
-        ctx.rope = mrope_table(self.rope, rope_positions, self.vl_config.mrope_section)
-        ctx.rope_positions = torch.arange(t, device=tokens.device)
+        if text_rope_positions is not None:
+            if images is not None or text_rope_positions.shape != (t,):
+                raise ValueError(f"text_rope_positions must be [{t}] and come without images")
+            ctx.rope_positions = text_rope_positions  # ctx.rope: the model's table, checked by _Context
+        else:
+            ctx.rope = mrope_table(self.rope, rope_positions, self.vl_config.mrope_section)
+            ctx.rope_positions = torch.arange(t, device=tokens.device)
         stack = self.model.language_model
         x = stack.embed_tokens(tokens)
         slots = None

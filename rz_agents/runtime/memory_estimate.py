@@ -1,18 +1,21 @@
 """Per-GPU memory estimate of a training run, from its config alone (`rz train CONFIG --dry-run`).
 
-The model is built on the meta device (no memory, no weights) to count its parameters exactly; the
-other terms follow from the config: the learner's weights, fp32 master weights, gradients and AdamW
-state, its activations for one micro-batch (with or without activation checkpointing), the LM head's
-logits, and the engine's weights, KV cache and step activations. Under ``runtime: ray`` the two sides have
-GPUs of their own: one engine replica per GPU, and the learner's state sharded over its FSDP2 ranks; a rank
-then also holds what is gathered whole for a while: FSDP2's unsharded layers (the running one and the one
-prefetched) and, when weights are published, one gathered tensor (``Learner.iter_weights``) or, with
-``weight_transport: broadcast``, one bucket and its packed copy; an engine replica receiving a broadcast holds
-the whole new state beside its weights until it applies it between steps (``weight_receive_staging``: it keeps
-generating with the old weights meanwhile). Checkpoints add nothing on the device:
-each rank writes its own shards (torch.distributed.checkpoint), no rank gathers the state. Figures are
-estimates of what PyTorch holds (allocator slack, CUDA context and fragmentation come on top: keep ~10%
-free).
+The model is built on the meta device (no memory, no weights) to count its parameters exactly; the other terms
+follow from the config: the learner's weights, fp32 master weights, gradients and AdamW state, its activations
+for one micro-batch (with or without activation checkpointing), the LM head's logits, and the engine's
+weights, KV cache and step activations. A vision-language model (Qwen3-VL) adds its vision tower: its weights
+(and, unless learner.freeze_vision, their masters, gradients and AdamW state), the tower's activations for the
+images of a micro-batch, the engine's byte budget of encoded images (engine.image_cache_bytes) and the tower's
+transient activations while it encodes a chunk's images; image placeholder tokens take KV pages like text
+tokens (counted in the sequence lengths). Under ``runtime: ray`` the two sides have GPUs of their own: one
+engine replica per GPU, and the learner's state sharded over its FSDP2 ranks; a rank then also holds what is
+gathered whole for a while: FSDP2's unsharded layers (the running one and the one prefetched) and, when
+weights are published, one gathered tensor (``Learner.iter_weights``) or, with ``weight_transport:
+broadcast``, one bucket and its packed copy; an engine replica receiving a broadcast holds the whole new state
+beside its weights until it applies it between steps (``weight_receive_staging``: it keeps generating with the
+old weights meanwhile). Checkpoints add nothing on the device: each rank writes its own shards
+(torch.distributed.checkpoint), no rank gathers the state. Figures are estimates of what PyTorch holds
+(allocator slack, CUDA context and fragmentation come on top: keep ~10% free).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class MemoryEstimate:
     # (capped by engine.max_running), and what a slot cache of max_len positions would hold
     concurrent_sequences: int = 0
     slot_cache_sequences: int = 0
+    vision_parameters: int = 0  # of `parameters`, a vision-language model's tower
 
     @property
     def learner_total(self) -> int:
@@ -139,13 +143,52 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-def count_parameters(config: ModelConfig) -> int:
-    """Exact parameter count, from a model built on the meta device (no memory used)."""
-    from rz_agents.model.transformer import Transformer
+def count_parameters(config) -> int:
+    """Exact parameter count of a ModelConfig's or a Qwen3VLConfig's model, from a model built on the meta
+    device (no memory used)."""
+    from rz_agents.model.checkpoint import build_model
 
     with torch.device("meta"):
-        model = Transformer(config, init=False)
+        model = build_model(config, init=False)
     return model.num_parameters()
+
+
+def count_vision_parameters(config) -> int:
+    """Parameters of a Qwen3VLConfig's vision tower (from the meta device)."""
+    from rz_agents.model.vision import VisionTower
+
+    with torch.device("meta"):
+        tower = VisionTower(config.vision)
+    return sum(p.numel() for p in tower.parameters())
+
+
+# Processor default (model/vl_processor.py preprocess_images): images are resized to at most this many pixels
+VL_MAX_PIXELS = 28 * 28 * 1280
+
+
+def vision_token_bytes(vl, dtype_bytes: int) -> dict[str, int]:
+    """Per merged image token of a Qwen3VLConfig ``vl``: the bytes of its encoding the engine keeps (merged
+    row and deepstack rows), the tower's activations the learner keeps for its backward (depth x its
+    spatial_merge_size^2 patches: layer norms, q/k/v and rotated q/k, the padded K/V buffers, attention and
+    projection outputs, the residual, the MLP's two intermediate rows; the mergers' rows), and one block's
+    worth (the most a no-grad encoding holds at once)."""
+    v = vl.vision
+    patches = v.spatial_merge_size**2
+    h, i = v.hidden_size, v.intermediate_size
+    block = patches * dtype_bytes * (12 * h + 2 * i) + patches * v.num_heads * 4  # + softmax stats (fp32)
+    merged = h * patches
+    mergers = (1 + len(v.deepstack_visual_indexes)) * dtype_bytes * (3 * merged + v.out_hidden_size)
+    return {
+        "encoding": (1 + len(v.deepstack_visual_indexes)) * vl.text.hidden_size * dtype_bytes,
+        "trained_activations": v.depth * block + mergers + patches * dtype_bytes * v.patch_dim,
+        "inference_activations": 2 * block + mergers,
+    }
+
+
+def tokens_per_image(vl, max_pixels: int = VL_MAX_PIXELS) -> int:
+    """Merged tokens of an image at the processor's pixel cap (a screenshot of that size or larger)."""
+    side = vl.vision.patch_size * vl.vision.spatial_merge_size
+    return max_pixels // (side * side)
 
 
 def largest_tensors(config: ModelConfig) -> tuple[int, int]:
@@ -174,24 +217,34 @@ def _layer_activation_bytes(c: ModelConfig, tokens: int, moe: bool) -> int:
     return attn + mlp
 
 
-def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> MemoryEstimate:
-    """Estimate the per-GPU memory of a TrainConfig `cfg` whose policy has `model_config`."""
-    c = model_config
-    n = count_parameters(c)
+def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
+    """Estimate the per-GPU memory of a TrainConfig `cfg` whose policy has `model_config` (a ModelConfig, or a
+    Qwen3VLConfig: its language model plus the vision terms)."""
+    vl = model_config if hasattr(model_config, "vision") else None
+    c = vl.text if vl is not None else model_config
+    n = count_parameters(model_config)
     e = torch.empty(0, dtype=c.torch_dtype).element_size()
     ckpt = cfg.model.activation_checkpointing  # ModelSpec: layers and LM-head chunks recomputed
-    est = MemoryEstimate(model_name or c.model_type, n, c.dtype, ckpt)
+    est = MemoryEstimate(model_name or getattr(model_config, "model_type", c.model_type), n, c.dtype, ckpt)
 
     # Learner. With LoRA only the adapters (t parameters) train: masters, gradients and AdamW state are
     # theirs.
     lora = getattr(cfg.learner, "lora", None)
     t = n
+    adapters = 0  # LoRA's parameters beside the base
     if lora is not None and lora.enabled:
         from rz_agents.model.lora import publication_bytes
 
-        t = publication_bytes(c, lora)[0] // e
+        t = adapters = publication_bytes(c, lora)[0] // e
         est.notes.append(f"LoRA rank {lora.rank}: {t:,} trained adapter parameters on a frozen base of {n:,}")
-    est.learner["weights"] = (n + t) * e if t != n else n * e
+    tower_trained = False
+    if vl is not None:
+        est.vision_parameters = count_vision_parameters(vl)
+        frozen = bool(getattr(cfg.learner, "freeze_vision", False))
+        if t == n and frozen:
+            t = n - est.vision_parameters
+        tower_trained = t == n
+    est.learner["weights"] = (n + adapters) * e
     low_precision = c.torch_dtype != torch.float32
     if low_precision:
         est.learner["master_weights_fp32"] = t * 4
@@ -212,6 +265,22 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
         f"activations with layer checkpointing {(act_on + edges) / GIB:.1f} GiB, without "
         f"{(act_off + edges) / GIB:.1f} GiB"
     )
+    if vl is not None:
+        per = vision_token_bytes(vl, e)
+        image = tokens_per_image(vl)
+        # at most a micro-batch of image tokens (screenshot-heavy episodes come close); the tower runs without
+        # checkpointing: a trained tower keeps every block's activations, a frozen one one block's at a time
+        kind = "trained_activations" if tower_trained else "inference_activations"
+        est.learner["vision_activations"] = tokens * per[kind]
+        est.notes.append(
+            f"vision tower: {est.vision_parameters:,} parameters "
+            f"({'trained' if tower_trained else 'frozen'}); "
+            f"an image at the processor's cap ({VL_MAX_PIXELS:,} pixels) is {image} tokens: "
+            f"{image * per['encoding'] / 2**20:.1f} MiB encoded (engine), "
+            f"{image * per['trained_activations'] / GIB:.2f} GiB of tower activations when trained, "
+            f"{image * bytes_per_page(c) / PAGE_SIZE / 2**20:.0f} MiB of KV; vision_activations assume "
+            f"the whole micro-batch ({tokens} tokens) is image tokens"
+        )
     logits_all = tokens * c.vocab_size * 4
     # Chunks recomputed in the backward (above KEEP_LOGITS_BYTES, or with checkpointing on, as
     # rz_agents.model.logprobs.token_logprobs does): a few chunks live at once.
@@ -233,6 +302,13 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
         * (4 * c.hidden_size + 3 * max(c.intermediate_size, c.num_experts_per_tok * c.moe_intermediate_size))
     )
     est.engine["sampling_logits"] = 4 * sampled * c.vocab_size * 4  # logits, log-probs, probs, CDF scratch
+    if vl is not None:
+        est.engine["image_encodings"] = eng.image_cache_bytes  # the cache's budget (engine/images.py)
+        # a prefill chunk's images encoded at once: at most max_batch_tokens image tokens, or one whole image
+        chunk_tokens = max(step_tokens, tokens_per_image(vl))
+        est.engine["vision_step_activations"] = (
+            chunk_tokens * vision_token_bytes(vl, e)["inference_activations"]
+        )
     mean_positions = expected_sequence_positions(eng.max_len)
     by_memory = int(pages * PAGE_SIZE // (mean_positions + PAGE_SIZE / 2))  # half a page wasted per sequence
     est.concurrent_sequences = min(eng.max_running, by_memory)
@@ -262,11 +338,12 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
             # With LoRA a broadcast carries the adapters only (the base reaches an engine once, through
             # the object store: runtime/ray/run.py load_engine_base).
             tied = c.vocab_size * c.hidden_size if c.tie_word_embeddings else 0
-            staged = t * e if t != n else (n + tied) * e
+            staged = adapters * e if adapters else (n + tied) * e
             est.engine["weight_receive_staging"] = staged
             est.notes.append(
                 f"weight broadcast: each engine replica receives the "
-                f"{'adapters' if t != n else 'whole new state'} ({staged / GIB:.3f} GiB) beside its weights "
+                f"{'adapters' if adapters else 'whole new state'} ({staged / GIB:.3f} GiB) beside its "
+                "weights "
                 "before applying them between steps (weight_receive_staging)"
             )
         if est.learner_ranks > 1:
@@ -332,10 +409,10 @@ def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, s
     overrides = {"dtype": spec.dtype, **spec.tiny_overrides}
     if vocab_size is not None:
         overrides.setdefault("vocab_size", vocab_size)
-    if spec.model_type == "qwen3_vl":  # its language model (the tower's few weights are not estimated)
+    if spec.model_type == "qwen3_vl":  # the whole model: its language model and its vision tower
         from rz_agents.runtime.factories import tiny_vl_config
 
-        return tiny_vl_config(overrides).text, "tiny random model (Qwen3-VL's language model)"
+        return tiny_vl_config(overrides), "tiny random model (Qwen3-VL)"
     return ModelConfig.tiny(spec.model_type, **overrides), "tiny random model"
 
 
