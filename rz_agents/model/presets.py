@@ -213,6 +213,13 @@ VL_PRESETS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+def _released_qwen3_vl_images():
+    from rz_agents.model.qwen3_vl_config import ImageProcessing
+
+    # Qwen/Qwen3-VL-*-Instruct preprocessor_config.json: size.shortest_edge / longest_edge, image_mean / std
+    return ImageProcessing(65_536, 16_777_216, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+
+
 def preset_config(name: str, **overrides: Any):
     """The config of a published architecture: a ModelConfig for a key of PRESETS (`qwen3-4b`,
     `qwen2.5-1.5b-instruct`, `deepseek-r1-distill-qwen-1.5b`, `deepseek-v3`, ...), a Qwen3VLConfig for one of
@@ -224,7 +231,9 @@ def preset_config(name: str, **overrides: Any):
 
         d = dict(VL_PRESETS[key])
         d["text_config"] = {**d["text_config"], **overrides}
-        return Qwen3VLConfig.from_hf(d, dtype=overrides.get("dtype"))
+        config = Qwen3VLConfig.from_hf(d, dtype=overrides.get("dtype"))
+        config.vision.image_processing = _released_qwen3_vl_images()
+        return config
     if key not in PRESETS:
         raise KeyError(f"no preset {name!r}; known: {sorted(PRESETS) + sorted(VL_PRESETS)}")
     return ModelConfig(**{**PRESETS[key], **overrides})

@@ -88,3 +88,12 @@ def test_a_broken_preprocessor_config_is_refused_naming_the_file(tmp_path):
     (path / "preprocessor_config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="preprocessor_config.json"):
         read_model_config(path)
+
+
+def test_the_real_size_presets_preprocess_as_the_released_checkpoints_do():
+    from rz_agents.model.presets import preset_config
+
+    released = ImageProcessing.from_hf(RELEASED)
+    for name in ("qwen3-vl-2b-instruct", "qwen3-vl-4b-instruct", "qwen3-vl-8b-instruct"):
+        assert preset_config(name).vision.image_processing == released, name
+    assert Qwen3VLConfig.tiny().vision.image_processing == ImageProcessing()  # tiny demos keep theirs
