@@ -6,7 +6,7 @@ adapters, and a weight update publishes only the adapter tensors, through the ob
 - broadcast (gloo), two engines: the same, bytes included;
 - a base changed in the driver (a warm start) reaches the engines once, whole; then adapters only; a
   replica Ray restarted takes that base, then the newest adapters (it samples as the other replica);
-- learner_ranks > 1 with LoRA is refused at load with one line.
+- two sharded learner ranks (FSDP2 base, replicated adapters) by broadcast: the local run's bits.
 """
 
 from __future__ import annotations
@@ -182,6 +182,12 @@ def test_a_restarted_ray_engine_takes_the_changed_base_then_the_newest_adapters(
     assert run.engine.counters["replicas_revived"] == 1
 
 
-def test_lora_with_sharded_learner_ranks_is_refused_at_load():
-    with pytest.raises(ValueError, match=r"learner.lora needs actors.learner_ranks: 1 \(got 2\)"):
-        TrainConfig.validate(_cfg(actors=ActorsConfig(learner_ranks=2)))
+def test_ray_lora_on_two_sharded_learner_ranks_by_broadcast_equals_the_local_run(ray_cluster, local_lora):
+    """learner_ranks 2: FSDP2 shards the frozen base, the adapters are whole on both ranks (their gradients
+    summed in one process's order), rank 0 broadcasts the adapters: trajectories, losses and final weights are
+    the one-process run's bit for bit."""
+    actors = ActorsConfig(learner_ranks=2, weight_transport="broadcast")
+    run, batches, weights = _run(_cfg(actors=actors))
+    _check_lora_run(run, run.history, batches, weights, local_lora)
+    assert run.publications == {"broadcast": 3, "object_store": 0}
+    assert all(m["grad_norm"] == e["grad_norm"] for m, e in zip(run.history, local_lora[0], strict=True))
