@@ -52,6 +52,9 @@ class MemoryEstimate:
     # (capped by engine.max_running), and what a slot cache of max_len positions would hold
     concurrent_sequences: int = 0
     slot_cache_sequences: int = 0
+    # learner entries every FSDP2 rank holds whole (LoRA: the adapters, their masters, gradients and AdamW
+    # state are replicated; only the frozen base, ``weights``, is sharded)
+    replicated: tuple[str, ...] = ()
 
     @property
     def learner_total(self) -> int:
@@ -66,8 +69,9 @@ class MemoryEstimate:
         return self.learner_total + self.engine_total
 
     def learner_sharded(self, shards: int) -> int:
-        """Per-GPU learner bytes with weights, masters, gradients and optimizer state sharded (FSDP2)."""
-        sharded = ("weights", "master_weights_fp32", "gradients", "adamw_state_fp32")
+        """Per-GPU learner bytes with weights, masters, gradients and optimizer state sharded (FSDP2; with
+        LoRA only the frozen base)."""
+        sharded = {"weights", "master_weights_fp32", "gradients", "adamw_state_fp32"} - set(self.replicated)
         return sum(v // shards if k in sharded else v for k, v in self.learner.items())
 
     @property
@@ -191,7 +195,9 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
 
         t = publication_bytes(c, lora)[0] // e
         est.notes.append(f"LoRA rank {lora.rank}: {t:,} trained adapter parameters on a frozen base of {n:,}")
-    est.learner["weights"] = (n + t) * e if t != n else n * e
+    est.learner["weights"] = n * e
+    if t != n:  # (an entry of their own: sharded ranks hold the adapters whole, the base in shards)
+        est.learner["lora_adapters"] = t * e
     low_precision = c.torch_dtype != torch.float32
     if low_precision:
         est.learner["master_weights_fp32"] = t * 4
@@ -223,7 +229,8 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
     eng = cfg.engine
     page = bytes_per_page(c)
     pages = eng.num_kv_pages(page)
-    est.engine["weights"] = est.learner["weights"]  # (with LoRA: the base and the adapters, like the learner)
+    # (with LoRA: the base and the adapters, like the learner)
+    est.engine["weights"] = est.learner["weights"] + est.learner.get("lora_adapters", 0)
     est.engine["kv_cache"] = pages * page
     step_tokens = eng.max_batch_tokens
     sampled = min(eng.max_running, step_tokens)
@@ -280,6 +287,11 @@ def estimate_memory(cfg, model_config: ModelConfig, model_name: str = "") -> Mem
             ):  # a bucket of gathered tensors and its packed copy
                 publish = max(publish, 2 * BUCKET_BYTES)
             est.learner["publication_transient"] = publish
+            if t != n:
+                # adapters whole on every rank; per round of micro-batches the ranks all-gather one fp32 row
+                # of adapter gradients each (trainer/replicated_grads.py)
+                est.replicated = ("lora_adapters", "master_weights_fp32", "gradients", "adamw_state_fp32")
+                est.learner["lora_gradient_rows"] = est.learner_ranks * t * 4
             est.notes.append(
                 f"weight publication gathers one tensor at a time: {publish / GIB:.2f} GiB transient per "
                 f"rank (a whole copy of the weights would be {n * e / GIB:.1f} GiB)"
