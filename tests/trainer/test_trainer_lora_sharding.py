@@ -5,7 +5,8 @@ the bf16 model); each round of micro-batches they all-gather the adapters' per-m
 them in micro-batch order (trainer/replicated_grads.py). The batches are sampled by the real engine with the
 weights the sharded learner publishes (every token of a step is a lag-0 token). The ranks save, per step, the
 batch, the metrics, the published tensors and the whole learner state; a checkpoint written after step 1 is
-loaded by a fresh sharded learner, which replays step 2. The test replays every step with one process.
+loaded by a fresh sharded learner and by a one-process learner, each replaying step 2. The test replays every
+step with one process.
 
 What holds bitwise (``torch.equal``, ``==``), unlike the full-weight sharded learner
 (tests/trainer/test_trainer_sharding.py, equal to rounding): every metric including the loss and the
@@ -67,6 +68,8 @@ def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
                 if step == 2:  # a checkpoint before the last step (every rank writes its shards)
                     folder = os.path.join(out_dir, f"ckpt-{kind}")
                     saved = (learner.save_state(folder), folder, batch)
+                    if rank == 0:
+                        torch.save(saved[0], folder + ".state.pt")
                 metrics = learner.step(batch)
                 published = {k: v.clone() for k, v in learner.published_weights().items()}
                 record.append((batch, metrics, published, copy.deepcopy(whole_state(learner))))
@@ -85,7 +88,7 @@ def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
 def sharded(tmp_path_factory, spawn_ranks):
     out = tmp_path_factory.mktemp("fsdp_lora")
     spawn_ranks(_worker, str(out / "store"), str(out))
-    return torch.load(out / "sharded_lora.pt", weights_only=False)
+    return torch.load(out / "sharded_lora.pt", weights_only=False), out
 
 
 def _same_metrics(mine: dict, expected: dict) -> None:
@@ -116,7 +119,7 @@ def _same_state(mine: dict, expected: dict) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_sharded_lora_steps_equal_the_one_process_lora_steps_bit_for_bit(sharded, kind):
-    record, _ = sharded[kind]
+    record, _ = sharded[0][kind]
     single = Learner(_model(kind), _cfg())
     names = adapter_names(single.model)
     for batch, metrics, published, state in record:
@@ -132,8 +135,15 @@ def test_sharded_lora_steps_equal_the_one_process_lora_steps_bit_for_bit(sharded
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_sharded_lora_checkpoint_resumes_the_step_bit_for_bit(sharded, kind):
-    record, (metrics, published, state) = sharded[kind]
-    _, expected_metrics, expected_published, expected_state = record[2]
+    record, (metrics, published, state) = sharded[0][kind]
+    batch, expected_metrics, expected_published, expected_state = record[2]
     _same_metrics(metrics, expected_metrics)
     _same_tensors(published, expected_published)
     _same_state(state, expected_state)
+    # The 2-rank checkpoint (folder + the base written once beside it) resumed by one process: the same step.
+    saved = torch.load(sharded[1] / f"ckpt-{kind}.state.pt", weights_only=False)
+    single = Learner(_model(kind), _cfg())
+    single.load_state(saved, sharded[1] / f"ckpt-{kind}")
+    _same_metrics(single.step(batch), expected_metrics)
+    _same_tensors(single.published_weights(), expected_published)
+    _same_state(whole_state(single), expected_state)
