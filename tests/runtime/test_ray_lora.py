@@ -191,3 +191,29 @@ def test_ray_lora_on_two_sharded_learner_ranks_by_broadcast_equals_the_local_run
     _check_lora_run(run, run.history, batches, weights, local_lora)
     assert run.publications == {"broadcast": 3, "object_store": 0}
     assert all(m["grad_norm"] == e["grad_norm"] for m, e in zip(run.history, local_lora[0], strict=True))
+
+
+def test_a_killed_sharded_ray_lora_run_resumes_to_the_local_runs_bits(ray_cluster, local_lora, tmp_path):
+    """learner_ranks 2, killed right after step 1's metrics row (its checkpoint, after step 0, holds the
+    adapters' state on the ranks and names the base written once in frozen_base/): the resumed run's steps and
+    final weights are the uninterrupted local one-process run's, bit for bit."""
+    import dataclasses
+
+    from tests.rollout.test_rollout_lora_resume import _Killed, _KilledAfterRow
+
+    cfg = _cfg(actors=ActorsConfig(learner_ranks=2), output_dir=str(tmp_path), checkpoint_every=1)
+    run = build_run(cfg)
+    run.writer = _KilledAfterRow(run.writer, 1)
+    try:
+        with pytest.raises(_Killed):
+            asyncio.run(run.train())
+    finally:
+        run.close()
+    assert len(list((tmp_path / "frozen_base").iterdir())) == 1
+    resumed, _, weights = _run(dataclasses.replace(cfg, resume_from=str(tmp_path / "checkpoint.pt")))
+    local_history, _, local_weights = local_lora
+    assert set(weights) == set(local_weights)
+    for k, v in weights.items():
+        assert torch.equal(v, local_weights[k]), k
+    assert [m["loss"] for m in resumed.history] == [m["loss"] for m in local_history]
+    assert all(m["lag0_abs_dlogp_max"] == 0.0 for m in resumed.history)
