@@ -74,6 +74,9 @@ def save_frozen_base(learner: Learner, run_dir: str | Path, distributed: bool) -
     if not frozen:
         return None
     entry = _cached(learner)
+    if learner.ranks.world > 1:  # every rank takes one path (hashing is a collective): all cached or none
+        stale = learner.ranks.reduce_sum(torch.tensor([0.0 if entry is not None else 1.0]))
+        entry = entry if float(stale[0]) == 0.0 else None
     digest = entry["sha256"] if entry is not None else base_hash(learner)
     name = f"{STORE}/{digest[:16]}"
     folder = Path(run_dir) / name

@@ -30,13 +30,18 @@ from tests.trainer.learner_state import whole_state
 from tests.trainer.test_trainer_sharding import _sample
 
 LORA = LoraConfig(rank=4, alpha=8.0)
+ATTENTION_LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
 STEPS = 3
-KINDS = ("bf16", "fp32")
+KINDS = ("bf16", "fp32", "moe")
 NOT_BITWISE = ("time_", "learner_tokens_per_s", "learner_thread_cpu_s")
 
 
 def _model(kind: str) -> Transformer:
     torch.manual_seed(0)
+    if kind == "moe":  # (adapters on the attention projections: MoE experts cannot be adapted)
+        model = Transformer(ModelConfig.tiny("qwen3_moe", vocab_size=64), kernels="aligned")
+        add_lora(model, ATTENTION_LORA)
+        return model
     cfg = ModelConfig.tiny(
         "qwen3", vocab_size=64, tie_word_embeddings=True, dtype="bfloat16" if kind == "bf16" else "float32"
     )
@@ -45,10 +50,11 @@ def _model(kind: str) -> Transformer:
     return model
 
 
-def _cfg() -> LearnerConfig:
+def _cfg(kind: str = "bf16") -> LearnerConfig:
     # 9 sequences of 16 tokens in micro-batches of 2: 5 micro-batches, rank 1 runs an idle pass
     optim = OptimConfig(lr=2e-2, max_grad_norm=1.0)
-    return LearnerConfig(optim=optim, assert_lag0_exact=True, micro_batch_tokens=40, lora=LORA)
+    lora = ATTENTION_LORA if kind == "moe" else LORA
+    return LearnerConfig(optim=optim, assert_lag0_exact=True, micro_batch_tokens=40, lora=lora)
 
 
 def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
@@ -61,7 +67,7 @@ def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
     try:
         results = {}
         for kind in KINDS:
-            learner = Learner(_model(kind), _cfg(), ranks=ShardedRanks())
+            learner = Learner(_model(kind), _cfg(kind), ranks=ShardedRanks())
             record, saved = [], None
             for step in range(STEPS):
                 batch = _sample(learner.weights(), kind, learner.version, seed=step, build=_model)
@@ -73,7 +79,7 @@ def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
                 metrics = learner.step(batch)
                 published = {k: v.clone() for k, v in learner.published_weights().items()}
                 record.append((batch, metrics, published, copy.deepcopy(whole_state(learner))))
-            resumed = Learner(_model(kind), _cfg(), ranks=ShardedRanks())
+            resumed = Learner(_model(kind), _cfg(kind), ranks=ShardedRanks())
             state, folder, batch = saved
             resumed.load_state(state, folder)
             metrics = resumed.step(batch)
@@ -120,7 +126,7 @@ def _same_state(mine: dict, expected: dict) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_sharded_lora_steps_equal_the_one_process_lora_steps_bit_for_bit(sharded, kind):
     record, _ = sharded[0][kind]
-    single = Learner(_model(kind), _cfg())
+    single = Learner(_model(kind), _cfg(kind))
     names = adapter_names(single.model)
     for batch, metrics, published, state in record:
         assert metrics["lag0_token_count"] == sum(sum(t.loss_mask) for t in batch) > 0
@@ -142,7 +148,7 @@ def test_a_sharded_lora_checkpoint_resumes_the_step_bit_for_bit(sharded, kind):
     _same_state(state, expected_state)
     # The 2-rank checkpoint (folder + the base written once beside it) resumed by one process: the same step.
     saved = torch.load(sharded[1] / f"ckpt-{kind}.state.pt", weights_only=False)
-    single = Learner(_model(kind), _cfg())
+    single = Learner(_model(kind), _cfg(kind))
     single.load_state(saved, sharded[1] / f"ckpt-{kind}")
     _same_metrics(single.step(batch), expected_metrics)
     _same_tensors(single.published_weights(), expected_published)
