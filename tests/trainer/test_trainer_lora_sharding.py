@@ -153,3 +153,28 @@ def test_a_sharded_lora_checkpoint_resumes_the_step_bit_for_bit(sharded, kind):
     _same_metrics(single.step(batch), expected_metrics)
     _same_tensors(single.published_weights(), expected_published)
     _same_state(whole_state(single), expected_state)
+
+
+def test_control_the_ranks_grouping_of_the_same_gradients_gives_other_bits(sharded):
+    """Why the rows are gathered and added in order: the same per-micro-batch adapter gradients (fp32 model)
+    summed the way an all-reduce of the ranks' partial sums groups them, ``((g0 + g2) + g4) + (g1 + g3)``,
+    differ from one process's ``(((g0 + g1) + g2) + g3) + g4``, which the sharded learner reproduces. (In bf16
+    the fp32 sums of a few bf16 gradients are exact in any order.)"""
+    record, _ = sharded[0]["fp32"]
+    single = Learner(_model("fp32"), _cfg("fp32"))
+    grads = []  # per micro-batch, per adapter tensor: its gradient
+
+    def capture():  # (after each micro-batch's backward; dropping it leaves the next one alone on .grad)
+        grads.append([p.grad.clone() for p in single.params])
+        for p in single.params:
+            p.grad = None
+
+    single.master_weights.accumulate = capture
+    single.step(record[0][0])
+    assert len(grads) == 5  # 9 sequences, 2 per micro-batch: rank 0 runs 0, 2, 4 and rank 1 runs 1, 3
+    differ = 0
+    for g0, g1, g2, g3, g4 in zip(*grads, strict=True):
+        ordered = (((g0 + g1) + g2) + g3) + g4
+        grouped = ((g0 + g2) + g4) + (g1 + g3)
+        differ += not torch.equal(ordered, grouped)
+    assert differ > 0
