@@ -396,11 +396,6 @@ class TrainConfig:
                 )
             return
         p = self.actors
-        if self.learner.lora.enabled and p.learner_ranks > 1:  # (one rank publishes adapters: ray/learner.py)
-            raise ValueError(
-                f"learner.lora needs actors.learner_ranks: 1 (got {p.learner_ranks}): FSDP2-sharded ranks "
-                "do not build adapters yet"
-            )
         if self.model.device not in ("cpu", "cuda"):
             raise ValueError(
                 f"model.device must be cpu or cuda with runtime: ray (Ray assigns each actor its GPUs), "

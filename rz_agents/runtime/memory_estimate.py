@@ -56,6 +56,9 @@ class MemoryEstimate:
     concurrent_sequences: int = 0
     slot_cache_sequences: int = 0
     vision_parameters: int = 0  # of `parameters`, a vision-language model's tower
+    # learner entries every FSDP2 rank holds whole (LoRA: the adapters, their masters, gradients and AdamW
+    # state are replicated; only the frozen base, ``weights``, is sharded)
+    replicated: tuple[str, ...] = ()
 
     @property
     def learner_total(self) -> int:
@@ -70,8 +73,9 @@ class MemoryEstimate:
         return self.learner_total + self.engine_total
 
     def learner_sharded(self, shards: int) -> int:
-        """Per-GPU learner bytes with weights, masters, gradients and optimizer state sharded (FSDP2)."""
-        sharded = ("weights", "master_weights_fp32", "gradients", "adamw_state_fp32")
+        """Per-GPU learner bytes with weights, masters, gradients and optimizer state sharded (FSDP2; with
+        LoRA only the frozen base)."""
+        sharded = {"weights", "master_weights_fp32", "gradients", "adamw_state_fp32"} - set(self.replicated)
         return sum(v // shards if k in sharded else v for k, v in self.learner.items())
 
     @property
@@ -244,7 +248,9 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
         if t == n and frozen:
             t = n - est.vision_parameters
         tower_trained = t == n
-    est.learner["weights"] = (n + adapters) * e
+    est.learner["weights"] = n * e
+    if adapters:  # (an entry of their own: sharded ranks hold the adapters whole, the base in shards)
+        est.learner["lora_adapters"] = adapters * e
     low_precision = c.torch_dtype != torch.float32
     if low_precision:
         est.learner["master_weights_fp32"] = t * 4
@@ -275,7 +281,7 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
         est.notes.append(
             f"vision tower: {est.vision_parameters:,} parameters "
             f"({'trained' if tower_trained else 'frozen'}); "
-            f"an image at the processor's cap ({VL_MAX_PIXELS:,} pixels) is {image} tokens: "
+            f"a {VL_MAX_PIXELS:,}-pixel image (1280 merged tokens of 28 px) is {image} tokens: "
             f"{image * per['encoding'] / 2**20:.1f} MiB encoded (engine), "
             f"{image * per['trained_activations'] / GIB:.2f} GiB of tower activations when trained, "
             f"{image * bytes_per_page(c) / PAGE_SIZE / 2**20:.0f} MiB of KV; vision_activations assume "
@@ -292,7 +298,8 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
     eng = cfg.engine
     page = bytes_per_page(c)
     pages = eng.num_kv_pages(page)
-    est.engine["weights"] = est.learner["weights"]  # (with LoRA: the base and the adapters, like the learner)
+    # (with LoRA: the base and the adapters, like the learner)
+    est.engine["weights"] = est.learner["weights"] + est.learner.get("lora_adapters", 0)
     est.engine["kv_cache"] = pages * page
     step_tokens = eng.max_batch_tokens
     sampled = min(eng.max_running, step_tokens)
@@ -357,6 +364,11 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
             ):  # a bucket of gathered tensors and its packed copy
                 publish = max(publish, 2 * BUCKET_BYTES)
             est.learner["publication_transient"] = publish
+            if adapters:
+                # adapters whole on every rank; per round of micro-batches the ranks all-gather one fp32 row
+                # of adapter gradients each (trainer/replicated_grads.py)
+                est.replicated = ("lora_adapters", "master_weights_fp32", "gradients", "adamw_state_fp32")
+                est.learner["lora_gradient_rows"] = est.learner_ranks * t * 4
             est.notes.append(
                 f"weight publication gathers one tensor at a time: {publish / GIB:.2f} GiB transient per "
                 f"rank (a whole copy of the weights would be {n * e / GIB:.1f} GiB)"

@@ -38,6 +38,7 @@ from rz_agents.trainer.metrics import (
     reward_and_advantage_metrics,
 )
 from rz_agents.trainer.optim import OptimConfig, build_optimizer
+from rz_agents.trainer.replicated_grads import ReplicatedGrads
 from rz_agents.trainer.sequence_logprobs import trajectory_logprobs
 from rz_agents.trainer.sharding import SingleProcess
 from rz_agents.trajectory import Trajectory, TrajectoryError
@@ -190,6 +191,11 @@ class Learner:
         # fp32 masters: separate copies in one process, the fp32 shards themselves with FSDP2, none in fp32
         self.master_weights = MasterWeights(self.params, self.dtype, self.ranks)
         self.optimizer, self.scheduler = build_optimizer(self.master_weights.optimized(), cfg.optim)
+        # Trained parameters whole on every one of several ranks (LoRA adapters): their gradients are summed
+        # in one process's order (bit-identical), not reduce-scattered (trainer/replicated_grads.py)
+        self.replicated_grads: ReplicatedGrads | None = None
+        if self.ranks.world > 1 and not self.ranks.shards_trained and self.params:
+            self.replicated_grads = ReplicatedGrads(self.params, self.master_weights, self.ranks)
         self.deviation = DeviationTracker()
         self.lr_control = KLLrController(cfg.lr_control)
         self.skipped_steps = 0
@@ -319,7 +325,7 @@ class Learner:
         aux = self._estimator_aux(trajs, masks, behavior, mbs)
         device = next(self.model.parameters()).device
         ex = StepExchange([len(t.tokens) for t in trajs], device, num_losses=len(mbs), with_counters=True)
-        for j in self.ranks.share(len(mbs)):
+        for round_index, j in enumerate(self.ranks.share(len(mbs))):
             t0 = time.perf_counter()
             mb = mbs[j] if j is not None else []
             loss, mb_logps, n_gated = self._micro_batch_loss(kept, mb, aux)
@@ -331,9 +337,14 @@ class Learner:
                 ex.put_loss(j, loss)
             ex.add_gated(n_gated)
             loss.backward()
-            self.master_weights.accumulate()
+            if self.replicated_grads is not None:  # (a collective per round of micro-batches)
+                self.replicated_grads.after_backward(round_index, j is not None, len(mbs))
+            else:
+                self.master_weights.accumulate()
             t_fwd += t1 - t0
             t_bwd += time.perf_counter() - t1
+        if self.replicated_grads is not None:
+            self.replicated_grads.finish()
         if not mbs:  # every group skipped: zero gradients, so AdamW still steps as it would on the batch
             self.master_weights.zero_sums()
         ex.exchange(self.ranks.reduce_sum)  # the step's one exchange and one host copy
@@ -564,6 +575,11 @@ class Learner:
         if self.ranks.keeps_fp32_shards:  # the shards take their part of each whole tensor
             names = {id(p): n for n, p in self.model.named_parameters()}
             weights = _Lookup(state["model"], [names[id(p)] for p in self.params])  # one tensor at a time
+            trained = {id(p) for p in self.params}
+            for name, p in self.model.named_parameters():
+                # LoRA: the frozen base's shards, and the whole adapters (their fp32 copies load below)
+                if id(p) not in trained or not self.ranks.shards_trained:
+                    p.copy_(self.ranks.shard_like(state["model"][name], p))
         else:
             self.model.load_state_dict(state["model"])
             weights = self.params

@@ -10,8 +10,11 @@ load), keyed by parameter name:
   resume rounds them again and gets the same bits.
 - ``optimizer/<name>/<key>``: AdamW's per-parameter state (``exp_avg``, ``exp_avg_sq``, ``step``), sharded
   like the parameter where it has the parameter's shape.
-- ``frozen/<name>``: each parameter that does not train (LoRA's base), as the model holds it: a warm start may
-  have changed it from what the config builds, and no master rebuilds it.
+- the parameters that do not train (LoRA's base) are not in the folder: a warm start may have changed them
+  from what the config builds and no master rebuilds them, so the checkpoint needs them, but they do not
+  change from step to step: they are written once per run into ``frozen_base/<hash>`` beside the checkpoint
+  file and the small state names that folder and the base's SHA-256 (trainer/frozen_base.py), checked on
+  resume. (Folders written before that hold them as ``frozen/<name>``; they still load.)
 
 Everything small (param groups, schedule, version, counters) is returned to the caller, which keeps it in
 the runtime checkpoint file next to the folder (trainer/checkpoint.py). One process writes the same folder
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rz_agents.deprecation import warn_deprecated
+from rz_agents.trainer.frozen_base import frozen_params, load_frozen_base, save_frozen_base
 
 if TYPE_CHECKING:
     from rz_agents.trainer.learner import Learner
@@ -44,12 +48,6 @@ def _names(learner: Learner) -> list[str]:
     """The parameter name of each trainable parameter, in ``learner.params`` (= optimizer) order."""
     by_id = {id(p): n for n, p in learner.model.named_parameters()}
     return [by_id[id(p)] for p in learner.params]
-
-
-def _frozen(learner: Learner) -> list[tuple[str, torch.Tensor]]:
-    """(name, parameter) of each model parameter the learner does not train (LoRA's base)."""
-    trained = {id(p) for p in learner.params}
-    return [(n, p) for n, p in learner.model.named_parameters() if id(p) not in trained]
 
 
 def _distributed(learner: Learner) -> bool:
@@ -75,7 +73,6 @@ def save_learner_state(learner: Learner, directory: str | Path) -> dict[str, Any
         f"masters/{name}": t.detach()
         for name, t in zip(names, learner.master_weights.optimized(), strict=True)
     }
-    tensors.update({f"frozen/{name}": p.detach() for name, p in _frozen(learner)})
     optimizer = learner.optimizer.state_dict()
     other: dict[int, dict[str, Any]] = {}
     for index, per_param in optimizer["state"].items():
@@ -90,8 +87,11 @@ def save_learner_state(learner: Learner, directory: str | Path) -> dict[str, Any
             storage_writer=dcp.FileSystemWriter(str(directory), sync_files=True),
             no_dist=not _distributed(learner),
         )
+        # the run directory: the folder's parent (the runtime's checkpoint folders live beside their file)
+        frozen_base = save_frozen_base(learner, Path(directory).parent, _distributed(learner))
     return {
         "format": FORMAT,
+        "frozen_base": frozen_base,
         "optimizer_param_groups": optimizer["param_groups"],
         "optimizer_other": other,
         **learner.counters(),
@@ -116,8 +116,8 @@ def load_learner_state(learner: Learner, state: dict[str, Any], directory: str |
     targets: dict[str, torch.Tensor] = {f"masters/{n}": t.detach() for n, t in by_name.items()}
     per_param: dict[int, dict[str, Any]] = {}
     index = {n: i for i, n in enumerate(names)}
-    frozen = dict(_frozen(learner))
-    for key in saved:  # (a checkpoint from before frozen/ keeps the base the config built)
+    frozen = dict(frozen_params(learner))
+    for key in saved:  # (a folder from before frozen_base/; one from before frozen/ keeps the config's base)
         kind, _, name = key.partition("/")
         if kind == "frozen":
             if name not in frozen:
@@ -138,6 +138,8 @@ def load_learner_state(learner: Learner, state: dict[str, Any], directory: str |
         per_param.setdefault(index[name], {})[field] = target
     with _quiet():
         dcp.load(targets, storage_reader=dcp.FileSystemReader(directory), no_dist=not _distributed(learner))
+        if state.get("frozen_base") is not None:
+            load_frozen_base(learner, Path(directory).parent, state["frozen_base"], _distributed(learner))
     learner.master_weights.round_into_model()  # one process with fp32 copies: the model's weights from them
     for i, extra in state["optimizer_other"].items():
         per_param.setdefault(int(i), {}).update(extra)

@@ -5,7 +5,7 @@ computes (forward and backward) and in fp32 where it updates: AdamW and its stat
 gradients of all micro-batches are summed there in fp32, and after each step the fp32 weights are rounded
 (to nearest even) into the model.
 
-Where those fp32 tensors live is the learner's ranks' choice, stated by ``ranks.keeps_fp32_shards``:
+Where those fp32 tensors live is the learner's ranks' choice, stated by ``ranks.shards_trained``:
 
 - one process (``SingleProcess``): the model's parameters stay in its dtype, and ``MasterWeights`` keeps a
   separate fp32 copy of each; every micro-batch's low-precision gradients move into fp32 sums on the copies.
@@ -13,6 +13,10 @@ Where those fp32 tensors live is the learner's ranks' choice, stated by ``ranks.
   shard to the compute dtype when it all-gathers, and reduce-scatters the gradients into fp32); there is no
   second copy, nothing to accumulate by hand and nothing to copy back.
 - an fp32 model: the parameters are already fp32; there are no masters.
+
+Which case applies to the trained parameters is ``ranks.shards_trained``: FSDP2 ranks training LoRA adapters
+keep the adapters whole on every rank (only the frozen base is sharded), so the adapters get separate fp32
+copies as in one process.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 class Ranks(Protocol):
     """What ``MasterWeights`` needs of the learner's ranks (``SingleProcess`` or ``ShardedRanks``)."""
 
-    keeps_fp32_shards: bool
+    shards_trained: bool
 
     def full(self, tensor: torch.Tensor) -> torch.Tensor: ...
 
@@ -47,9 +51,9 @@ class MasterWeights:
         self.working_dtype = working_dtype
         self.ranks = ranks
         low_precision = working_dtype != torch.float32
-        self.in_shards = low_precision and ranks.keeps_fp32_shards
+        self.in_shards = low_precision and ranks.shards_trained
         self.copies: list[torch.Tensor] | None = None
-        if low_precision and not ranks.keeps_fp32_shards:
+        if low_precision and not ranks.shards_trained:
             self.copies = [p.detach().float().clone().requires_grad_(True) for p in self.params]
 
     @property
@@ -86,6 +90,14 @@ class MasterWeights:
             m.grad = g if m.grad is None else m.grad.add_(g)
             p.grad = None
 
+    def set_sums(self, sums: Sequence[torch.Tensor]) -> None:
+        """Make ``sums`` (fp32, one per parameter, in ``params`` order: gradients summed elsewhere, as
+        ``accumulate`` sums them) the optimized tensors' gradients; the parameters' own are dropped."""
+        for p in self.params:
+            p.grad = None
+        for p, g in zip(self.optimized(), sums, strict=True):
+            p.grad = g.to(p.dtype)  # (fp32 copies, or an fp32 model's parameters: no rounding)
+
     @torch.no_grad()
     def round_into_model(self) -> None:
         """After an optimizer step: the copies rounded (to nearest even) into the model's parameters."""
@@ -110,7 +122,7 @@ class MasterWeights:
 
         One process: the model's parameters were loaded already; the copies (if any) take ``saved`` or the
         weights. Ranks with sharded parameters: each parameter takes its shard of the fp32 tensor."""
-        if self.ranks.keeps_fp32_shards:
+        if self.ranks.shards_trained:
             for i, p in enumerate(self.params):
                 full = saved[i] if saved is not None else weights[i]
                 p.copy_(self.ranks.shard_like(full.float(), p))

@@ -22,6 +22,14 @@ ReduceOp.AVG or PREMUL_SUM, which FSDP2 uses by default to average gradients. Th
 normalised over the whole batch, so gradients must be summed over ranks anyway: every FSDP module gets a
 gradient divide factor of 1 with sum-only reductions (plain SUM reduce-scatter, no division).
 
+With LoRA adapters (``learner.lora``) only the frozen base is sharded (kept in the model's dtype: no master
+needs it); the adapters stay whole on every rank (FSDP2's ``ignored_params``), with fp32 masters and AdamW
+state replicated, and ``shards_trained`` is False. Their gradients are not reduce-scattered: after each round
+of micro-batches (one per rank) the ranks all-gather that round's per-micro-batch adapter gradients, and every
+rank adds them into its sums in micro-batch order, exactly as one process accumulates them
+(trainer/replicated_grads.py). So a sharded LoRA learner's gradients, norm, AdamW step and adapters are the
+one-process learner's bit for bit (tests/trainer/test_trainer_lora_sharding.py).
+
 Every tensor a collective here sends lives on the group's collective device (``collective_device``): NCCL
 takes CUDA tensors only, so a CPU flag all-reduced on an NCCL group fails ("No backend type associated with
 device type cpu"). The learner exchanges its step's figures in one ``reduce_sum`` per step, never per
@@ -125,6 +133,10 @@ class SingleProcess:
     # low-precision model then needs no separate fp32 copies: ``trainer/master_weights.py``). Here: the
     # parameters stay in the model's dtype.
     keeps_fp32_shards = False
+    # Whether the trained parameters are sharded (FSDP2 without LoRA): their fp32 shards are then the masters
+    # and their gradients are reduce-scattered. False: they are whole here (one process; LoRA adapters
+    # replicated on every rank, whose gradients trainer/replicated_grads.py exchanges).
+    shards_trained = False
 
     def shard(self, model: torch.nn.Module) -> torch.nn.Module:
         """Prepare ``model`` for training on these ranks (here: as it is)."""
@@ -137,6 +149,11 @@ class SingleProcess:
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The elementwise sum of ``tensor`` over the ranks, on ``tensor``'s device (one collective)."""
         return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` stacked in rank order (``[world, *tensor.shape]``; here ``tensor[None]``),
+        on ``tensor``'s device: copies, no arithmetic."""
+        return tensor[None]
 
     def full(self, tensor: torch.Tensor) -> torch.Tensor:
         """The whole tensor of a (possibly sharded) parameter, gradient or optimizer state."""
@@ -154,7 +171,9 @@ class ShardedRanks(SingleProcess):
     (same weights) on every rank; ``shard`` then keeps 1/world of each parameter here, in fp32.
     """
 
-    keeps_fp32_shards = True  # the fp32 shards are the masters; the forward computes in the model's dtype
+    # the fp32 shards are the masters; the forward computes in the model's dtype (with LoRA the sharded base
+    # stays in the model's dtype and the whole adapters have fp32 copies: ``shards_trained`` False)
+    keeps_fp32_shards = True
 
     def __init__(self, device: str = "cpu") -> None:
         from torch.distributed.device_mesh import init_device_mesh
@@ -166,6 +185,7 @@ class ShardedRanks(SingleProcess):
         self.device = device
         self.comm_device = collective_device(device)
         self.mesh = init_device_mesh(device, (self.world,))
+        self.shards_trained = True  # (until ``shard`` meets a LoRA model: its adapters stay whole)
 
     def shard(self, model: torch.nn.Module) -> torch.nn.Module:
         """Shard ``model`` in place: each decoder layer is one FSDP2 unit, the root holds the embeddings,
@@ -182,13 +202,21 @@ class ShardedRanks(SingleProcess):
         set_packed_cache(False)
         compute = next(model.parameters()).dtype
         on_meta = next(model.parameters()).is_meta
+        # LoRA: the adapters stay whole here (replicated), the base is sharded in the model's dtype (frozen:
+        # it has no master, and fp32 shards would only double its memory)
+        adapters = [p for n, p in model.named_parameters() if ".lora_A." in n or ".lora_B." in n]
+        if adapters and on_meta:
+            raise ValueError("LoRA on sharded ranks needs the model built whole, not on the meta device")
+        self.shards_trained = not adapters
         # (what keeps_fp32_shards states). A model on the meta device (``model_skeleton``) is cast there, for
         # free, and only this rank's shards are allocated below: no rank ever holds the whole model.
-        model.to(dtype=torch.float32) if on_meta else model.to(device=self.device, dtype=torch.float32)
+        dtype = torch.float32 if self.shards_trained else compute
+        model.to(dtype=dtype) if on_meta else model.to(device=self.device, dtype=dtype)
         policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+        ignored = set(adapters) or None
         for layer in model.model.layers:
-            fully_shard(layer, mesh=self.mesh, mp_policy=policy)
-        fully_shard(model, mesh=self.mesh, mp_policy=policy)
+            fully_shard(layer, mesh=self.mesh, mp_policy=policy, ignored_params=ignored)
+        fully_shard(model, mesh=self.mesh, mp_policy=policy, ignored_params=ignored)
         if on_meta:  # storage for the local shards only (tied embeddings stay tied); the caller loads them
             model.to_empty(device=self.device)
         # The LM head runs in Transformer.logits, outside forward: FSDP must see that call too.
@@ -210,6 +238,13 @@ class ShardedRanks(SingleProcess):
         t = tensor.to(self.comm_device, copy=True)  # (a copy: the caller's tensor stays as it was)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.to(tensor.device)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        t = tensor.to(self.comm_device).contiguous().reshape(-1)
+        out = torch.empty(self.world * t.numel(), dtype=t.dtype, device=t.device)  # (gloo: flat only)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # (renamed in 2.13)
+        gather(out, t)
+        return out.view(self.world, *tensor.shape).to(tensor.device)
 
     def full(self, tensor: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor

@@ -106,3 +106,34 @@ def test_a_killed_lora_run_resumes_to_the_uninterrupted_runs_bits(tmp_path):
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(resumed["adamw"][i][name])), (i, name)
     # the adapters trained (B moved off zero)
     assert any(v.abs().sum() > 0 for k, v in full["weights"].items() if ".lora_B." in k)
+
+
+def test_a_lora_checkpoint_references_the_base_written_once_and_refuses_a_changed_one(tmp_path):
+    """The checkpoints' folders hold the adapters' masters and AdamW state only; the (warm-started) base is
+    written once into frozen_base/<hash> in the run directory and named by each checkpoint with its SHA-256.
+    A base folder whose content changed is refused on resume with one line."""
+    import dataclasses
+
+    import pytest
+    import torch.distributed.checkpoint as dcp
+
+    from rz_agents.trainer.checkpoint import load_checkpoint
+
+    out = str(tmp_path)
+    _launch(dataclasses.replace(_cfg(output_dir=out, checkpoint_every=1), steps=2), warm_start=True)
+    bases = list((tmp_path / "frozen_base").iterdir())
+    assert len(bases) == 1  # two checkpoints, one base written
+    payload = load_checkpoint(tmp_path / "checkpoint.pt", restore_rng=False)
+    entry = payload["learner"]["frozen_base"]
+    assert entry["dir"] == f"frozen_base/{bases[0].name}" and entry["sha256"].startswith(bases[0].name)
+    keys = dcp.FileSystemReader(str(payload["learner_folder"])).read_metadata().state_dict_metadata
+    assert keys and all(k.startswith(("masters/", "optimizer/")) and ".lora_" in k for k in keys)
+    # Change one base tensor in the folder (a file swapped under the run): the resume refuses it.
+    meta = dcp.FileSystemReader(str(bases[0])).read_metadata().state_dict_metadata
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()}
+    dcp.load(state, storage_reader=dcp.FileSystemReader(str(bases[0])), no_dist=True)
+    name = next(k for k in state if k.endswith("q_proj.weight"))
+    state[name] = state[name] * 2
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(bases[0])), no_dist=True)
+    with pytest.raises(ValueError, match=r"the frozen base changed since the checkpoint was saved"):
+        _launch(_cfg(output_dir=out, resume_from=out + "/checkpoint.pt"))

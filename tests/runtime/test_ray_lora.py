@@ -6,7 +6,7 @@ adapters, and a weight update publishes only the adapter tensors, through the ob
 - broadcast (gloo), two engines: the same, bytes included;
 - a base changed in the driver (a warm start) reaches the engines once, whole; then adapters only; a
   replica Ray restarted takes that base, then the newest adapters (it samples as the other replica);
-- learner_ranks > 1 with LoRA is refused at load with one line.
+- two sharded learner ranks (FSDP2 base, replicated adapters) by broadcast: the local run's bits.
 """
 
 from __future__ import annotations
@@ -182,6 +182,38 @@ def test_a_restarted_ray_engine_takes_the_changed_base_then_the_newest_adapters(
     assert run.engine.counters["replicas_revived"] == 1
 
 
-def test_lora_with_sharded_learner_ranks_is_refused_at_load():
-    with pytest.raises(ValueError, match=r"learner.lora needs actors.learner_ranks: 1 \(got 2\)"):
-        TrainConfig.validate(_cfg(actors=ActorsConfig(learner_ranks=2)))
+def test_ray_lora_on_two_sharded_learner_ranks_by_broadcast_equals_the_local_run(ray_cluster, local_lora):
+    """learner_ranks 2: FSDP2 shards the frozen base, the adapters are whole on both ranks (their gradients
+    summed in one process's order), rank 0 broadcasts the adapters: trajectories, losses and final weights are
+    the one-process run's bit for bit."""
+    actors = ActorsConfig(learner_ranks=2, weight_transport="broadcast")
+    run, batches, weights = _run(_cfg(actors=actors))
+    _check_lora_run(run, run.history, batches, weights, local_lora)
+    assert run.publications == {"broadcast": 3, "object_store": 0}
+    assert all(m["grad_norm"] == e["grad_norm"] for m, e in zip(run.history, local_lora[0], strict=True))
+
+
+def test_a_killed_sharded_ray_lora_run_resumes_to_the_local_runs_bits(ray_cluster, local_lora, tmp_path):
+    """learner_ranks 2, killed right after step 1's metrics row (its checkpoint, after step 0, holds the
+    adapters' state on the ranks and names the base written once in frozen_base/): the resumed run's steps and
+    final weights are the uninterrupted local one-process run's, bit for bit."""
+    import dataclasses
+
+    from tests.rollout.test_rollout_lora_resume import _Killed, _KilledAfterRow
+
+    cfg = _cfg(actors=ActorsConfig(learner_ranks=2), output_dir=str(tmp_path), checkpoint_every=1)
+    run = build_run(cfg)
+    run.writer = _KilledAfterRow(run.writer, 1)
+    try:
+        with pytest.raises(_Killed):
+            asyncio.run(run.train())
+    finally:
+        run.close()
+    assert len(list((tmp_path / "frozen_base").iterdir())) == 1
+    resumed, _, weights = _run(dataclasses.replace(cfg, resume_from=str(tmp_path / "checkpoint.pt")))
+    local_history, _, local_weights = local_lora
+    assert set(weights) == set(local_weights)
+    for k, v in weights.items():
+        assert torch.equal(v, local_weights[k]), k
+    assert [m["loss"] for m in resumed.history] == [m["loss"] for m in local_history]
+    assert all(m["lag0_abs_dlogp_max"] == 0.0 for m in resumed.history)

@@ -86,3 +86,18 @@ def test_with_lora_the_estimate_counts_the_adapters_a_broadcast_receive_holds():
     assert estimate.engine["weight_receive_staging"] == held
     assert held < _estimate(model_cfg, "broadcast").engine["weight_receive_staging"] / 10
     assert "receives the adapters" in estimate.format()
+
+
+def test_with_lora_on_sharded_ranks_only_the_base_is_sharded():
+    """learner_ranks 8 with LoRA: the frozen base is divided over the ranks; the adapters, their fp32 masters,
+    gradients and AdamW state are whole on each rank (replicated), plus one fp32 gradient row per rank."""
+    model_cfg = preset_config("qwen3-4b")
+    lora = LoraConfig(rank=16, alpha=32.0)
+    cfg = TrainConfig(model=ModelSpec(dtype="bfloat16"), runtime="ray", actors=ActorsConfig(learner_ranks=8))
+    cfg.learner.lora = lora
+    est = estimate_memory(cfg, model_cfg)
+    learner = est.learner
+    t = learner["lora_adapters"] // 2  # bf16 adapter parameters
+    assert learner["lora_gradient_rows"] == 8 * t * 4
+    whole = sum(v for k, v in learner.items() if k != "weights")
+    assert est.learner_rank_total == learner["weights"] // 8 + whole

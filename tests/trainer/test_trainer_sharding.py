@@ -57,10 +57,11 @@ def _cfg(**kw) -> LearnerConfig:
 
 
 def _sample(
-    weights: dict, kind: str, version: int, seed: int, groups: int = 3, g: int = 3
+    weights: dict, kind: str, version: int, seed: int, groups: int = 3, g: int = 3, build=None
 ) -> list[Trajectory]:
-    """Sample a batch with the real engine from ``weights``: prompt, then up to 12 sampled tokens."""
-    model = _model(kind)
+    """Sample a batch with the real engine from ``weights``: prompt, then up to 12 sampled tokens (``build``:
+    the model builder, default ``_model``)."""
+    model = (build or _model)(kind)
     model.load_state_dict(weights)
     engine = RZEngine(model, EngineConfig(max_running=16, max_len=64, num_threads=1), version=version)
 

@@ -4,8 +4,9 @@ driver: every rank receives the same batch (one object in the store), runs ``Lea
 the micro-batches, and rank 0 returns the metrics; after a step every rank joins the all-gather of the
 weights and rank 0 puts the whole state in Ray's object store (one ``ray.put``) and returns the reference;
 the driver hands it to the engines, which fetch the object (the driver never does). With LoRA
-(``learner.lora``, one rank) a publication holds only the adapter tensors (``Learner.published_names``); the
-whole weights are put in the store only on demand (``full_weights_ref``: exports, the engines' base). A
+(``learner.lora``) a publication holds only the adapter tensors (``Learner.published_names``; with several
+ranks the adapters are whole on every rank and rank 0 sends its own); the whole weights are put in the store
+only on demand (``full_weights_ref``: exports, the engines' base). A
 checkpoint has every rank write its own shards into one folder (``save_state``: the run directory must be one
 filesystem for all ranks, as it is on one node).
 
@@ -78,8 +79,9 @@ class LearnerRank:
             backend = "nccl" if self.device == "cuda" else "gloo"
             dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world)
             ranks = ShardedRanks(self.device)
-        if ranks is not None and self.spec.checkpoint:
+        if ranks is not None and self.spec.checkpoint and not self.plan.learner.lora.enabled:
             # Each rank allocates only its shards and cuts them from the checkpoint one tensor at a time.
+            # (With LoRA each rank builds the whole model, adapters included, then keeps its base shards.)
             self.learner = self.plan.build_learner(checkpoint_skeleton(self.spec), ranks=ranks)
             self.learner.load_weights(checkpoint_weights(self.spec))
             return node_id()
