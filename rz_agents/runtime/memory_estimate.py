@@ -166,7 +166,8 @@ def count_vision_parameters(config) -> int:
     return sum(p.numel() for p in tower.parameters())
 
 
-# Processor default (model/vl_processor.py preprocess_images): images are resized to at most this many pixels
+# The image size the estimate quotes per image: the Qwen2-VL processor defaults' cap, a large screenshot
+# (released Qwen3-VL checkpoints allow up to 16,777,216 pixels: their preprocessor_config.json)
 VL_MAX_PIXELS = 28 * 28 * 1280
 
 
@@ -281,7 +282,7 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
         est.notes.append(
             f"vision tower: {est.vision_parameters:,} parameters "
             f"({'trained' if tower_trained else 'frozen'}); "
-            f"a {VL_MAX_PIXELS:,}-pixel image (1280 merged tokens of 28 px) is {image} tokens: "
+            f"a {VL_MAX_PIXELS:,}-pixel image is {image} tokens: "
             f"{image * per['encoding'] / 2**20:.1f} MiB encoded (engine), "
             f"{image * per['trained_activations'] / GIB:.2f} GiB of tower activations when trained, "
             f"{image * bytes_per_page(c) / PAGE_SIZE / 2**20:.0f} MiB of KV; vision_activations assume "
