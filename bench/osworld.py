@@ -15,7 +15,7 @@ kept`` runs each reset kind and prints each one's reset p50 against ``kept``. Re
 rate (desktops ready per second of the whole start), reset and step p50/p99 with all busy, PSS
 per desktop (from ``/proc/*/smaps_rollup`` of the episode's processes), host memory and CPU use,
 CPU seconds per reset (``tree_cpu_s_per_reset``: every process of this bench's tree, reaped ones
-included, sampled by ``osworld_profile.CpuSampler``; the same figure at any load), failures, and
+included, sampled by ``osworld_profile.CpuSampler``; other jobs' CPU is not in it), failures, and
 processes or folders left after close.
 
 ``--pattern steady --duration S``: N desktops start at once, then each runs episodes back to back
@@ -292,7 +292,7 @@ def bench_concurrent(
         else 0.0,
         "desktop_cpu_s_per_reset": round(statistics.mean(reset_cpu[False] or reset_cpu[True] or [0.0]), 2),
         # every process of the bench's tree (desktops, Chromium, this process's DevTools client and
-        # Playwright's driver), reaped ones included (osworld_profile.CpuSampler): independent of load
+        # Playwright's driver), reaped ones included (osworld_profile.CpuSampler); no other job's CPU
         "tree_cpu_s_per_first_reset": round(statistics.mean(tree_cpu[True]), 2) if tree_cpu[True] else 0.0,
         "tree_cpu_s_per_reset": round(statistics.mean(tree_cpu[False] or tree_cpu[True] or [0.0]), 2),
         "bench_process_cpu_s": round(host1.user + host1.system - host0.user - host0.system, 2),
