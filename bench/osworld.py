@@ -14,7 +14,9 @@ with the observation the RL env uses: ``--observe tree``), then all close; ``--r
 kept`` runs each reset kind and prints each one's reset p50 against ``kept``. Reported: start
 rate (desktops ready per second of the whole start), reset and step p50/p99 with all busy, PSS
 per desktop (from ``/proc/*/smaps_rollup`` of the episode's processes), host memory and CPU use,
-failures, and processes or folders left after close.
+CPU seconds per reset (``tree_cpu_s_per_reset``: every process of this bench's tree, reaped ones
+included, sampled by ``osworld_profile.CpuSampler``; other jobs' CPU is not in it), failures, and
+processes or folders left after close.
 
 ``--pattern steady --duration S``: N desktops start at once, then each runs episodes back to back
 for S seconds (reset in place + ``--steps`` actions), as an RL loop's env workers do; reported:
@@ -38,6 +40,9 @@ from pathlib import Path
 from rz_agents.envs.osworld import LOCAL_TASKS
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
 from rz_agents.envs.osworld.providers.local import episode_pids, process_tree
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from osworld_profile import CpuSampler, host_pids  # noqa: E402 - the bench folder is not a package
 
 TASKS = {
     "os": Path(LOCAL_TASKS) / "os" / "rz-os-rename-file.json",
@@ -208,12 +213,15 @@ def bench_concurrent(
     busy = total = 0
     up = envs
     reset_cpu: dict[bool, list[float]] = {True: [], False: []}  # first reset of a desktop / later ones
+    tree_cpu: dict[bool, list[float]] = {True: [], False: []}  # whole tree's CPU-s per reset, as above
     host0 = os.times()
     for episode in range(episodes):
         before = {id(e): _desktop_cpu(e) for e in up}
         t0 = time.perf_counter()
-        done = _all_at_once(lambda e: _timed_reset(e, task_of[id(e)]), up, failures, "reset")
+        with CpuSampler(host_pids, interval_s=0.5) as sampler:
+            done = _all_at_once(lambda e: _timed_reset(e, task_of[id(e)]), up, failures, "reset")
         wall = time.perf_counter() - t0
+        tree_cpu[episode == 0].append(sum(sampler.by_kind().values()) / max(1, len(up)))
         up = [e for e, _ in done]
         for e in up:  # a desktop kept in place: CPU since; a fresh one: all of its CPU
             (episode_id, cpu), (old_id, old_cpu) = _desktop_cpu(e), before[id(e)]
@@ -283,6 +291,10 @@ def bench_concurrent(
         if reset_cpu[True]
         else 0.0,
         "desktop_cpu_s_per_reset": round(statistics.mean(reset_cpu[False] or reset_cpu[True] or [0.0]), 2),
+        # every process of the bench's tree (desktops, Chromium, this process's DevTools client and
+        # Playwright's driver), reaped ones included (osworld_profile.CpuSampler); no other job's CPU
+        "tree_cpu_s_per_first_reset": round(statistics.mean(tree_cpu[True]), 2) if tree_cpu[True] else 0.0,
+        "tree_cpu_s_per_reset": round(statistics.mean(tree_cpu[False] or tree_cpu[True] or [0.0]), 2),
         "bench_process_cpu_s": round(host1.user + host1.system - host0.user - host0.system, 2),
         "steps_per_s": round(len(step_times) / step_wall, 2) if step_wall else 0.0,
         "desktop_cpu_s_per_step": round(cpu_step_s / max(1, len(step_times)), 3),
@@ -390,7 +402,6 @@ def bench_steady(
 
 def run_profile(domain: str, observe: str, repeats: int, as_json: bool, a11y_view: str = "agent") -> int:
     """Print one desktop's CPU per operation by process kind (``osworld_profile.py``)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from osworld_profile import profile_ops
 
     env = DesktopEnv(
@@ -540,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"first reset p50 {r['first_reset_p50_s']:.2f}s p99 {r['first_reset_p99_s']:.2f}s  "
                     f"reset p50 {r['reset_p50_s']:.2f}s p99 {r['reset_p99_s']:.2f}s  "
                     f"step p50 {r['step_p50_s']:.2f}s p99 {r['step_p99_s']:.2f}s  "
+                    f"CPU-s/reset {r['tree_cpu_s_per_reset']:.2f}  "
                     f"PSS {r['pss_per_desktop_mib']:.0f} MiB/desktop  cpu {r['cpu_busy_during_steps']:.0%}  "
                     f"leftovers {r['leftover_processes']} procs {r['leftover_dirs']} dirs  "
                     f"load {r['load_avg_1m_before']}->{r['load_avg_1m_after']}"

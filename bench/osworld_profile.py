@@ -94,8 +94,11 @@ _SAMPLERS_DONE_TICKS = [0.0]  # and the CPU of those that finished
 class CpuSampler:
     """Samples the CPU ticks of a moving set of processes until stopped; ``by_kind`` sums them."""
 
-    def __init__(self, list_pids: Callable[[], list[int]]) -> None:
+    def __init__(self, list_pids: Callable[[], list[int]], interval_s: float = SAMPLE_S) -> None:
+        # interval_s: a longer one reads /proc less often (many desktops) and misses nothing: a process
+        # never sampled is counted whole in its reaper's children's ticks
         self.list_pids = list_pids
+        self.interval_s = interval_s
         self.first: dict[int, tuple[int, int]] = {}  # pid -> (own, children) at its first sample
         self.last: dict[int, tuple[int, int, int]] = {}  # pid -> (own, children, ppid) at its last
         self.kind: dict[int, str] = {}
@@ -127,7 +130,7 @@ class CpuSampler:
         tid = threading.get_native_id()
         _SAMPLER_TIDS.add(tid)
         try:
-            while not self._stop.wait(SAMPLE_S):
+            while not self._stop.wait(self.interval_s):
                 self.sample()
         finally:
             _SAMPLERS_DONE_TICKS[0] += time.thread_time() * CLK

@@ -132,7 +132,7 @@ class ChromeLink:
                 job = self._jobs.get()
                 if job is None:
                     break
-                fn, box, done = job
+                fn, box, done, connect = job
                 try:
                     if browser is not None and (
                         connected_to != (self.endpoint, self.generation)
@@ -141,7 +141,7 @@ class ChromeLink:
                     ):
                         _disconnect(browser)
                         browser = None
-                    if browser is None:
+                    if browser is None and connect:
                         connected_to = (self.endpoint, self.generation)
                         browser = pw.chromium.connect_over_cdp(
                             connected_to[0], timeout=self.connect_timeout_s * 1000
@@ -181,7 +181,16 @@ class ChromeLink:
         self.endpoint = f"http://127.0.0.1:{cdp_port}"
         self.generation += 1
 
-    def call(self, fn: Callable[[Any], Any], timeout_s: float = 30.0) -> Any:
+    def release(self, timeout_s: float = 10.0) -> None:
+        """Drop Playwright's connection now (the next ``call`` connects afresh); the driver is kept.
+
+        Connected, Playwright attaches to every tab the browser opens and follows its events: a kept
+        browser's cleaning (``chrome_keep.py``) opens and closes tabs that nobody needs it to watch."""
+        self.generation += 1
+        if self._thread is not None:
+            self.call(lambda browser: None, timeout_s, connect=False)
+
+    def call(self, fn: Callable[[Any], Any], timeout_s: float = 30.0, connect: bool = True) -> Any:
         """Run ``fn(browser)`` on the worker thread and return its result (or raise its error)."""
         with self._lock:
             if self._thread is None:
@@ -189,7 +198,7 @@ class ChromeLink:
                 self._thread.start()
         box: list = []
         done = threading.Event()
-        self._jobs.put((fn, box, done))
+        self._jobs.put((fn, box, done, connect))
         if not done.wait(timeout_s):
             raise TimeoutError(f"Chrome (CDP {self.endpoint}) did not answer within {timeout_s:.0f}s")
         status, value = box[0]

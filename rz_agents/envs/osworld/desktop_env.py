@@ -225,6 +225,7 @@ class DesktopEnv:
             if link is None:
                 return "no DevTools link"
             try:
+                link.release()  # Playwright would attach to, and follow, every tab the cleaning opens
                 chrome_keep.clean_browser(link.endpoint, defaults)
             except Exception as exc:  # noqa: BLE001 - any failure means a fresh browser
                 return f"{type(exc).__name__}: {exc}"
