@@ -108,3 +108,39 @@ def test_a_text_model_refuses_trajectories_with_images():
     traj = Trajectory([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0], [-1, 0, 0], 1.0, 0, images=[png])
     with pytest.raises(ValueError, match="no vision tower"):
         trajectory_logprobs(Transformer(ModelConfig.tiny("qwen3", vocab_size=320)), [traj], {})
+
+
+def _tower_and_lm(model) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    tower = {k: v for k, v in state.items() if k.startswith("model.visual.")}
+    return tower, {k: v for k, v in state.items() if k not in tower}
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_freeze_vision_keeps_the_tower_and_trains_the_language_model(freeze):
+    """learner.freeze_vision: after a step every tower tensor holds its bits and no tower parameter has an
+    AdamW state, while the language model moved; unfrozen (the control), the same step moves the tower."""
+    model = _model()
+    trajs = _episodes(model)
+    tower0, lm0 = _tower_and_lm(model)
+    cfg = LearnerConfig(optim=OptimConfig(lr=1e-2), assert_lag0_exact=True, freeze_vision=freeze)
+    learner = Learner(model, cfg)
+    metrics = learner.step(trajs)
+    assert metrics["lag0_abs_dlogp_max"] == 0.0 and metrics["step_skipped_nonfinite"] == 0
+    tower1, lm1 = _tower_and_lm(model)
+    assert any(not torch.equal(lm1[k], lm0[k]) for k in lm0)
+    tower_same = [torch.equal(tower1[k], tower0[k]) for k in tower0]
+    tower_ids = {id(p) for p in model.visual.parameters()}
+    with_state = [p for p in learner.optimizer.state if id(p) in tower_ids]
+    if freeze:
+        assert all(tower_same) and not with_state
+        assert not any(p.requires_grad for p in model.visual.parameters())
+    else:
+        assert not all(tower_same) and len(with_state) == len(tower_ids)
+
+
+def test_freeze_vision_on_a_text_model_is_refused():
+    from rz_agents.model import ModelConfig, Transformer
+
+    with pytest.raises(ValueError, match="freeze_vision.*no vision tower"):
+        Learner(Transformer(ModelConfig.tiny("qwen3", vocab_size=320)), LearnerConfig(freeze_vision=True))
