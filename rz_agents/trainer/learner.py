@@ -194,10 +194,21 @@ class Learner:
             )
         # LoRA (or freeze_vision): the frozen part has requires_grad False, so it gets no gradient, fp32
         # master or AdamW state
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        # a vision tower's parameters last (optim.vision_lr gives them a group of their own; the optimizer's
+        # order is this list's, which the checkpoints' names follow)
+        tower = [p for n, p in trained if n.startswith("model.visual.")]
+        self.params = [p for n, p in trained if not n.startswith("model.visual.")] + tower
+        if cfg.optim.vision_lr is not None and not tower:
+            raise ValueError(
+                "learner.optim.vision_lr is set but the model has no trained vision tower "
+                "(a text model, or learner.freeze_vision)"
+            )
         # fp32 masters: separate copies in one process, the fp32 shards themselves with FSDP2, none in fp32
         self.master_weights = MasterWeights(self.params, self.dtype, self.ranks)
-        self.optimizer, self.scheduler = build_optimizer(self.master_weights.optimized(), cfg.optim)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.master_weights.optimized(), cfg.optim, vision=len(tower)
+        )
         self.deviation = DeviationTracker()
         self.lr_control = KLLrController(cfg.lr_control)
         self.skipped_steps = 0

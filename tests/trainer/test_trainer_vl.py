@@ -144,3 +144,25 @@ def test_freeze_vision_on_a_text_model_is_refused():
 
     with pytest.raises(ValueError, match="freeze_vision.*no vision tower"):
         Learner(Transformer(ModelConfig.tiny("qwen3", vocab_size=320)), LearnerConfig(freeze_vision=True))
+
+
+def test_vision_lr_moves_the_tower_at_its_own_rate():
+    """optim.vision_lr: AdamW's first step moves each parameter with a gradient by about its group's rate
+    (the update is lr * m / sqrt(v) = lr * sign(g)), so the largest change in the tower is ~vision_lr and in
+    the language model ~lr."""
+    model = _model()
+    trajs = _episodes(model)
+    tower0, lm0 = _tower_and_lm(model)
+    cfg = LearnerConfig(optim=OptimConfig(lr=1e-4, vision_lr=1e-2, eps=1e-12, max_grad_norm=0.0))
+    learner = Learner(model, cfg)
+    assert [g["lr"] for g in learner.optimizer.param_groups] == [1e-4, 1e-2]
+    assert learner.step(trajs)["step_skipped_nonfinite"] == 0
+    tower1, lm1 = _tower_and_lm(model)
+    tower_move = max(float((tower1[k] - tower0[k]).abs().max()) for k in tower0)
+    lm_move = max(float((lm1[k] - lm0[k]).abs().max()) for k in lm0)
+    assert tower_move == pytest.approx(1e-2, rel=0.01) and lm_move == pytest.approx(1e-4, rel=0.01)
+
+
+def test_vision_lr_needs_a_trained_tower():
+    with pytest.raises(ValueError, match="vision_lr.*no trained vision tower"):
+        Learner(_model(), LearnerConfig(optim=OptimConfig(vision_lr=1e-3), freeze_vision=True))
