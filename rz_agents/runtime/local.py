@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from rz_agents.engine import RZEngine
+from rz_agents.model.freeze import freeze_vision_tower
 from rz_agents.model.lora import add_lora, has_lora
 from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.factories import (
@@ -153,6 +154,8 @@ class LocalRun(RunHandle):
         # a vision-language model's template renders images
         self.template = policy_template(self.template, getattr(self.model, "vl_config", None))
         add_lora(self.model, plan.learner.lora)  # (before the engine's copy: both hold the adapters)
+        if plan.learner.freeze_vision:  # (here too for the warm start's SFT, which trains this model)
+            freeze_vision_tower(self.model)
         # The engine samples from its own copy; the learner publishes into it after each step.
         engine_model = copy.deepcopy(self.model)
         engine_model.requires_grad_(False)

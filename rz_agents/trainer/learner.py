@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from rz_agents.model.freeze import freeze_vision_tower
 from rz_agents.model.lora import LoraConfig, adapter_names, has_lora
 from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.advantages import BASELINES, group_advantages, uniform_groups
@@ -60,6 +61,10 @@ class LearnerConfig:
     skip_uniform_groups: bool = False
     # LoRA adapters (rank 0: off, full fine-tune): base frozen, only the adapters train and are published
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # A vision-language model's vision tower (model.visual: patch embedding, ViT blocks, mergers) stays as
+    # loaded: no gradient, fp32 master or AdamW state; the language model trains (the warm start's SFT
+    # leaves it too). The engine keeps receiving it with every update, so both sides still hold the same bits.
+    freeze_vision: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -178,6 +183,8 @@ class Learner:
         if next(model.parameters()).is_meta and not self.ranks.keeps_fp32_shards:
             raise ValueError("a model on the meta device needs sharded learner ranks (ShardedRanks)")
         self.dtype = _working_dtype(model)  # the dtype of the weights the engine samples with
+        if cfg.freeze_vision:
+            freeze_vision_tower(model)
         self.model = self.ranks.shard(model)
         self.cfg = cfg
         self.version = version
@@ -186,11 +193,23 @@ class Learner:
                 "learner.lora is set but the model has no adapters: call model.lora.add_lora on the model "
                 "before the engine copies it (the runtimes do)"
             )
-        # LoRA: the frozen base has requires_grad False, so it gets no gradient, fp32 master or AdamW state
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        # LoRA (or freeze_vision): the frozen part has requires_grad False, so it gets no gradient, fp32
+        # master or AdamW state
+        trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        # a vision tower's parameters last (optim.vision_lr gives them a group of their own; the optimizer's
+        # order is this list's, which the checkpoints' names follow)
+        tower = [p for n, p in trained if n.startswith("model.visual.")]
+        self.params = [p for n, p in trained if not n.startswith("model.visual.")] + tower
+        if cfg.optim.vision_lr is not None and not tower:
+            raise ValueError(
+                "learner.optim.vision_lr is set but the model has no trained vision tower "
+                "(a text model, or learner.freeze_vision)"
+            )
         # fp32 masters: separate copies in one process, the fp32 shards themselves with FSDP2, none in fp32
         self.master_weights = MasterWeights(self.params, self.dtype, self.ranks)
-        self.optimizer, self.scheduler = build_optimizer(self.master_weights.optimized(), cfg.optim)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.master_weights.optimized(), cfg.optim, vision=len(tower)
+        )
         # Trained parameters whole on every one of several ranks (LoRA adapters): their gradients are summed
         # in one process's order (bit-identical), not reduce-scattered (trainer/replicated_grads.py)
         self.replicated_grads: ReplicatedGrads | None = None

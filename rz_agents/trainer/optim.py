@@ -23,6 +23,10 @@ class OptimConfig:
     warmup_steps: int = 0  # steps of linear warmup from 0 to lr
     total_steps: int = 0  # needed by linear/cosine decay
     min_lr_ratio: float = 0.0  # linear/cosine decay ends at lr * min_lr_ratio
+    # A vision-language model's vision tower trains at this rate (null: lr), the schedule and lr control
+    # applying to both. On the visual RL task the picture-dependent gradient lives in the tower while the
+    # language model's is mostly noise along a shared side preference (docs/visual_envs.md).
+    vision_lr: float | None = None
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -32,6 +36,8 @@ class OptimConfig:
             raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.schedule != "constant" and self.total_steps <= 0:
             raise ValueError(f"optim.total_steps must be > 0 for schedule {self.schedule!r}")
+        if self.vision_lr is not None and not self.vision_lr > 0:
+            raise ValueError(f"optim.vision_lr must be > 0 or null, got {self.vision_lr}")
         if self.warmup_steps < 0:
             raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
 
@@ -51,11 +57,19 @@ def lr_factor(step: int, cfg: OptimConfig) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
 
 
-def build_optimizer(params, cfg: OptimConfig) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the trainable params and a LambdaLR following ``lr_factor``."""
+def build_optimizer(
+    params, cfg: OptimConfig, vision: int = 0
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trainable params and a LambdaLR following ``lr_factor``. ``vision``: the last that many
+    of ``params`` are a vision tower's, in a group of their own at ``cfg.vision_lr`` when it is set."""
     cfg.validate()
+    params = [p for p in params if p.requires_grad]
+    groups: list = params
+    if vision and cfg.vision_lr is not None:
+        groups = [{"params": params[: len(params) - vision]}, {"params": params[len(params) - vision :]}]
+        groups[1]["lr"] = cfg.vision_lr
     opt = torch.optim.AdamW(
-        [p for p in params if p.requires_grad],
+        groups,
         lr=cfg.lr,
         betas=cfg.betas,
         eps=cfg.eps,

@@ -108,3 +108,61 @@ def test_a_text_model_refuses_trajectories_with_images():
     traj = Trajectory([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0], [-1, 0, 0], 1.0, 0, images=[png])
     with pytest.raises(ValueError, match="no vision tower"):
         trajectory_logprobs(Transformer(ModelConfig.tiny("qwen3", vocab_size=320)), [traj], {})
+
+
+def _tower_and_lm(model) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    tower = {k: v for k, v in state.items() if k.startswith("model.visual.")}
+    return tower, {k: v for k, v in state.items() if k not in tower}
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_freeze_vision_keeps_the_tower_and_trains_the_language_model(freeze):
+    """learner.freeze_vision: after a step every tower tensor holds its bits and no tower parameter has an
+    AdamW state, while the language model moved; unfrozen (the control), the same step moves the tower."""
+    model = _model()
+    trajs = _episodes(model)
+    tower0, lm0 = _tower_and_lm(model)
+    cfg = LearnerConfig(optim=OptimConfig(lr=1e-2), assert_lag0_exact=True, freeze_vision=freeze)
+    learner = Learner(model, cfg)
+    metrics = learner.step(trajs)
+    assert metrics["lag0_abs_dlogp_max"] == 0.0 and metrics["step_skipped_nonfinite"] == 0
+    tower1, lm1 = _tower_and_lm(model)
+    assert any(not torch.equal(lm1[k], lm0[k]) for k in lm0)
+    tower_same = [torch.equal(tower1[k], tower0[k]) for k in tower0]
+    tower_ids = {id(p) for p in model.visual.parameters()}
+    with_state = [p for p in learner.optimizer.state if id(p) in tower_ids]
+    if freeze:
+        assert all(tower_same) and not with_state
+        assert not any(p.requires_grad for p in model.visual.parameters())
+    else:
+        assert not all(tower_same) and len(with_state) == len(tower_ids)
+
+
+def test_freeze_vision_on_a_text_model_is_refused():
+    from rz_agents.model import ModelConfig, Transformer
+
+    with pytest.raises(ValueError, match="freeze_vision.*no vision tower"):
+        Learner(Transformer(ModelConfig.tiny("qwen3", vocab_size=320)), LearnerConfig(freeze_vision=True))
+
+
+def test_vision_lr_moves_the_tower_at_its_own_rate():
+    """optim.vision_lr: AdamW's first step moves each parameter with a gradient by about its group's rate
+    (the update is lr * m / sqrt(v) = lr * sign(g)), so the largest change in the tower is ~vision_lr and in
+    the language model ~lr."""
+    model = _model()
+    trajs = _episodes(model)
+    tower0, lm0 = _tower_and_lm(model)
+    cfg = LearnerConfig(optim=OptimConfig(lr=1e-4, vision_lr=1e-2, eps=1e-12, max_grad_norm=0.0))
+    learner = Learner(model, cfg)
+    assert [g["lr"] for g in learner.optimizer.param_groups] == [1e-4, 1e-2]
+    assert learner.step(trajs)["step_skipped_nonfinite"] == 0
+    tower1, lm1 = _tower_and_lm(model)
+    tower_move = max(float((tower1[k] - tower0[k]).abs().max()) for k in tower0)
+    lm_move = max(float((lm1[k] - lm0[k]).abs().max()) for k in lm0)
+    assert tower_move == pytest.approx(1e-2, rel=0.01) and lm_move == pytest.approx(1e-4, rel=0.01)
+
+
+def test_vision_lr_needs_a_trained_tower():
+    with pytest.raises(ValueError, match="vision_lr.*no trained vision tower"):
+        Learner(_model(), LearnerConfig(optim=OptimConfig(vision_lr=1e-3), freeze_vision=True))

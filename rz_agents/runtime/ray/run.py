@@ -19,6 +19,7 @@ from typing import Any
 
 import ray
 
+from rz_agents.model.freeze import freeze_vision_tower
 from rz_agents.model.lora import add_lora
 from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.factories import (
@@ -136,6 +137,8 @@ class RayRun(RunHandle):
         model = build_model(self.spec, self.vocab)
         if self._lora() is not None:
             add_lora(model, self._lora())
+        if self.plan.learner.freeze_vision:  # the warm start's SFT leaves the tower as the learner does
+            freeze_vision_tower(model)
         model.load_state_dict(ray.get(self.learner.full_weights_ref()))
         return model
 
