@@ -11,22 +11,21 @@ folder. Real Chromium on the desktop's Xvfb, no mocks.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
 import sqlite3
 import time
-import urllib.request
 from typing import Any
 
 import pytest
 
+from rz_agents.envs.osworld.cdp import CdpClient, CdpError
 from rz_agents.envs.osworld.chrome_keep import fresh_browser_reason, set_prefs
 from rz_agents.envs.osworld.desktop_env import DesktopEnv
 from rz_agents.envs.osworld.providers.local import PROFILE_REL, sandbox_problem
 
-websockets_sync = pytest.importorskip("websockets.sync.client")
+pytest.importorskip("websockets.sync.client")  # CdpClient's transport
 
 needs_desktop = pytest.mark.skipif(
     not (shutil.which("Xvfb") and shutil.which("chromium") and shutil.which("openbox")) or sandbox_problem(),
@@ -76,44 +75,8 @@ TASK = {
 DIRTY_PREFS = {"webkit.webprefs.default_font_size": 22, "browser.show_home_button": True}
 
 
-class Cdp:
-    """A DevTools client of its own: one WebSocket to the browser, flat sessions to targets."""
-
-    def __init__(self, endpoint: str) -> None:
-        with urllib.request.urlopen(endpoint + "/json/version", timeout=10) as resp:
-            url = json.load(resp)["webSocketDebuggerUrl"]
-        self.ws = websockets_sync.connect(url, max_size=None, open_timeout=10).__enter__()
-        self.ids = itertools.count(1)
-
-    def send(self, method: str, params: dict | None = None, session: str | None = None, timeout: float = 30):
-        """The command's result; raises TimeoutError when none comes in ``timeout`` seconds."""
-        i = next(self.ids)
-        msg: dict[str, Any] = {"id": i, "method": method, "params": params or {}}
-        if session:
-            msg["sessionId"] = session
-        self.ws.send(json.dumps(msg))
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(method)
-            reply = json.loads(self.ws.recv(left))
-            if reply.get("id") == i:
-                if "error" in reply:
-                    raise RuntimeError(f"{method}: {reply['error']}")
-                return reply["result"]
-
-    def attach(self, target: str) -> str:
-        return self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-
-    def evaluate(self, session: str, expression: str, timeout: float = 30) -> Any:
-        out = self.send(
-            "Runtime.evaluate",
-            {"expression": expression, "awaitPromise": True, "returnByValue": True},
-            session,
-            timeout,
-        )
-        return out["result"].get("value")
+class Cdp(CdpClient):
+    """The product's DevTools client (one WebSocket, flat sessions) with the test's two page helpers."""
 
     def page_targets(self) -> list[dict]:
         return [t for t in self.send("Target.getTargets")["targetInfos"] if t["type"] == "page"]
@@ -126,9 +89,6 @@ class Cdp:
             assert time.monotonic() < deadline, url
             time.sleep(0.05)
         return target, session
-
-    def close(self) -> None:
-        self.ws.close()
 
 
 def dirty(env: DesktopEnv) -> Cdp:
@@ -235,8 +195,8 @@ def live_state(endpoint: str) -> dict[str, Any]:
             nav = cdp.send("Page.getNavigationHistory", {}, session)
             histories.append([e["url"] for e in nav["entries"]])
             try:  # a page with an open alert answers nothing until it is closed
-                cdp.evaluate(session, "1", timeout=3)
-            except TimeoutError:
+                cdp.evaluate(session, "1", timeout_s=3)
+            except CdpError:  # no answer in time
                 dialogs += 1
         state["windows"] = sorted(json.dumps(b, sort_keys=True) for b in windows.values())
         state["back_forward"] = sorted(histories)
