@@ -51,8 +51,6 @@ class ModelRunner:
         self.graphs = graphs  # on CUDA: that step's captured graphs, replayed instead
         self.cuda_graphs_off: str | None = None if graphs is not None else "no CUDA graphs were given"
         self.static_decode_steps = 0  # decode-only steps run by the static decode step (or its graphs)
-        self.images_encoded = 0  # images run through a vision-language model's tower
-        self.images_reused = 0  # images a request carried that came from image_cache (not encoded again)
         self.image_cache = ImageCache()  # encoded images by content, for the current weights (images.py)
         # keys of the encodings live sequences still need (the engine sets it: it knows the sequences)
         self.needed_images: Callable[[], set] = set
@@ -194,20 +192,28 @@ class ModelRunner:
             image_slots=torch.cat(slots).to(device) if slots else None,
         )
 
+    @property
+    def images_encoded(self) -> int:
+        """Images run through a vision-language model's tower: the cache's misses (each one is encoded)."""
+        return self.image_cache.misses
+
+    @property
+    def images_reused(self) -> int:
+        """Images a request carried that came from the cache, not encoded again: its hits."""
+        return self.image_cache.hits
+
     def _encodings(self, images: SequenceImages, span: range, step_keys: set) -> list[ImageEmbeddings]:
         """The encodings of a sequence's images ``span``: cached ones by content, the others encoded now in
         one tower call and cached."""
         step_keys.update(images.keys[i] for i in span)
         got = {i: self.image_cache.get(images.keys[i]) for i in span}
         missing = [i for i in span if got[i] is None]
-        self.images_reused += len(span) - len(missing)
         if missing:
             rows = images.pixel_rows
             pixels = torch.cat([images.pixel_values[rows[i] : rows[i + 1]] for i in missing])
             fresh = self.model.encode_images(pixels.to(self.kv_cache.device), images.grids[missing]).split()
             for i, emb in zip(missing, fresh, strict=True):
                 got[i] = self.image_cache.put(images.keys[i], emb, step_keys, self.needed_images)
-            self.images_encoded += len(missing)
         return [got[i] for i in span]
 
     @torch.inference_mode()
