@@ -30,6 +30,7 @@ import torch
 from rz_agents.model.config import ModelConfig
 from rz_agents.model.kv_cache import PAGE_SIZE, bytes_per_page, pages_for
 from rz_agents.model.logprobs import KEEP_LOGITS_BYTES, LOGIT_CHUNK
+from rz_agents.model.qwen3_vl_config import ImageProcessing
 
 GIB = 1024**3
 # Accelerators the estimate is compared with (usable GiB).
@@ -168,7 +169,7 @@ def count_vision_parameters(config) -> int:
 
 # The image size the estimate quotes per image: the Qwen2-VL processor defaults' cap, a large screenshot
 # (released Qwen3-VL checkpoints allow up to 16,777,216 pixels: their preprocessor_config.json)
-VL_MAX_PIXELS = 28 * 28 * 1280
+VL_MAX_PIXELS = ImageProcessing().max_pixels
 
 
 def vision_token_bytes(vl, dtype_bytes: int) -> dict[str, int]:
