@@ -18,8 +18,9 @@ CPU seconds per reset (``tree_cpu_s_per_reset``: every process of this bench's t
 included, sampled by ``osworld_profile.CpuSampler``; other jobs' CPU is not in it), failures, and
 processes or folders left after close.
 
-``--pattern steady --duration S``: N desktops start at once, then each runs episodes back to back
-for S seconds (reset in place + ``--steps`` actions), as an RL loop's env workers do; reported:
+``--pattern steady --duration S [--think-s T]``: N desktops start at once, then each runs episodes
+back to back for S seconds (reset in place + ``--steps`` actions, each after T s of the policy
+thinking), as an RL loop's env workers do; reported:
 episodes per minute, reset and step p50/p99 with resets and steps interleaved, CPU use, leftovers.
 
 ``--profile``: one desktop's CPU seconds per operation (idle second, action, tree, screenshot,
@@ -153,9 +154,10 @@ def _timed_reset(env: DesktopEnv, task: dict) -> float:
     return time.perf_counter() - t0
 
 
-def _timed_steps(env: DesktopEnv, steps: int) -> list[float]:
+def _timed_steps(env: DesktopEnv, steps: int, think_s: float = 0.0) -> list[float]:
     out = []
     for i in range(steps):
+        time.sleep(think_s)  # the policy choosing the action: the desktop waits, its CPU is free
         t0 = time.perf_counter()
         _, _, _, info = env.step(f"pyautogui.moveTo({100 + 10 * i}, 200)", pause=0.0)
         if info.get("error"):
@@ -313,12 +315,20 @@ def bench_concurrent(
 
 
 def bench_steady(
-    n: int, domains: list[str], steps: int, observe: str, a11y_view: str, duration_s: float, seed: int = 0
+    n: int,
+    domains: list[str],
+    steps: int,
+    observe: str,
+    a11y_view: str,
+    duration_s: float,
+    seed: int = 0,
+    think_s: float = 0.0,
 ) -> dict:
     """``n`` desktops started at once, then each runs episodes back to back for ``duration_s``
     (reset in place, then ``steps`` actions with the observation), as an RL loop's env workers do:
     resets and steps interleave, so these are the latencies with every desktop busy. A desktop's
-    first episode takes a random 1..``steps`` actions, so the resets spread out as they do in RL."""
+    first episode takes a random 1..``steps`` actions, so the resets spread out as they do in RL.
+    ``think_s``: seconds before each action, the policy's time to answer (0: a desktop is never idle)."""
     import random
     import threading
 
@@ -350,7 +360,7 @@ def bench_steady(
     def run(env: DesktopEnv) -> None:
         k = first_steps[id(env)]
         while time.perf_counter() < deadline:
-            times = _timed_steps(env, k)
+            times = _timed_steps(env, k, think_s)
             with lock:
                 step_times.extend(times)
             if time.perf_counter() >= deadline:
@@ -377,6 +387,7 @@ def bench_steady(
         "observe": observe,
         "a11y_view": a11y_view if observe != "screenshot" else None,
         "steps_per_episode": steps,
+        "think_s": think_s,
         "duration_s": round(wall, 1),
         "started": len(up),
         "start_wall_s": round(start_wall, 2),
@@ -492,6 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--duration", type=float, default=120.0, help="seconds of episodes (--pattern steady)"
     )
+    parser.add_argument(
+        "--think-s", type=float, default=0.0, help="seconds before each action (--pattern steady): the policy"
+    )
     parser.add_argument("--profile", action="store_true", help="CPU by process kind, one desktop")
     parser.add_argument("--profile-repeats", type=int, default=10)
     args = parser.parse_args(argv)
@@ -517,7 +531,15 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if args.pattern == "steady":
                 rows.append(
-                    bench_steady(n, args.domains, args.steps, args.observe, args.a11y_view, args.duration)
+                    bench_steady(
+                        n,
+                        args.domains,
+                        args.steps,
+                        args.observe,
+                        args.a11y_view,
+                        args.duration,
+                        think_s=args.think_s,
+                    )
                 )
             else:
                 rows.append(
@@ -536,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
             elif args.pattern == "steady":
                 r = rows[-1]
                 print(
-                    f"N={n:<3} steady started {r['started']}/{n}  {r['episodes']} episodes "
+                    f"N={n:<3} steady think {r['think_s']:g}s started {r['started']}/{n}  "
+                    f"{r['episodes']} episodes "
                     f"({r['episodes_per_min']}/min)  reset p50 {r['reset_p50_s']:.2f}s "
                     f"p99 {r['reset_p99_s']:.2f}s  "
                     f"step p50 {r['step_p50_s']:.2f}s p99 {r['step_p99_s']:.2f}s  cpu {r['cpu_busy']:.0%}  "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rz_agents.envs.osworld.chrome import ChromeLink
@@ -23,3 +24,5 @@ class EpisodeContext:
     work_dir: str
     allow_network: bool = False
     notes: list[str] = field(default_factory=list)
+    # whether the episode's Chromium process is running (None: the provider cannot tell)
+    browser_running: Callable[[], bool] | None = None

@@ -107,6 +107,7 @@ class DesktopEnv:
             download_cache=self.download_cache,
             work_dir=tempfile.mkdtemp(prefix="rz-osworld-eval-"),
             allow_network=self.allow_network,
+            browser_running=self._browser_probe(),
         )
         self.task = task
         self.action_history = []
@@ -198,6 +199,13 @@ class DesktopEnv:
             "terminal": client.terminal_output() if observe and self.require_terminal else None,
             "instruction": self.task.instruction if self.task else "",
         }
+
+    def _browser_probe(self) -> Callable[[], bool] | None:
+        """Whether the episode's Chromium runs, when the provider can see its processes (local)."""
+        browser_pids = getattr(self.provider, "browser_pids", None)
+        if browser_pids is None:
+            return None
+        return lambda: bool(browser_pids(helpers=False))
 
     def _chrome_link(self, cdp_port: int, same_browser: bool = False) -> ChromeLink:
         if self._link is None:

@@ -75,17 +75,38 @@ def wait_for_pages_loaded(ctx: EpisodeContext, timeout_s: float = 30.0) -> None:
         ctx.notes.append(f"launch: pages not loaded: {type(exc).__name__}: {exc}")
 
 
-def wait_for_chrome(ctx: EpisodeContext, timeout_s: float = 30.0) -> None:
-    """Block until the episode's Chrome answers on its CDP port."""
-    deadline = time.monotonic() + timeout_s
+def wait_for_chrome(ctx: EpisodeContext, timeout_s: float = 30.0, running_cap_s: float = 180.0) -> None:
+    """Block until the episode's Chrome answers on its CDP port.
+
+    Past ``timeout_s`` it keeps waiting, up to ``running_cap_s``, while the episode's Chromium
+    process runs (``ctx.browser_running``): a start is ~0.5 CPU-s, so dozens of desktops starting
+    at once on a few cores take longer than 30 s, and failing one then throws away a desktop that
+    is nearly up (bench/osworld.py --pattern steady at 32 desktops lost 21 of them so). A Chromium
+    that is not running, or a provider that cannot tell, fails at ``timeout_s``.
+    """
+    start = time.monotonic()
     url = ctx.chrome.endpoint + "/json/version"
+    next_probe, running = start + timeout_s, False
     while True:
         try:
             with urllib.request.urlopen(url, timeout=1):
                 return
         except OSError:
-            if time.monotonic() > deadline:
-                raise SetupError(f"Chrome did not open its debugging port within {timeout_s:.0f}s") from None
+            now = time.monotonic()
+            if now >= next_probe:  # at most once a second: the probe lists the desktop's processes
+                running = ctx.browser_running is not None and ctx.browser_running()
+                next_probe = now + 1.0
+                if not running or now > start + running_cap_s:
+                    why = (
+                        " (its process runs but does not answer)"
+                        if running
+                        else " (no Chromium of the episode is running)"
+                        if ctx.browser_running is not None
+                        else ""
+                    )
+                    raise SetupError(
+                        f"Chrome did not open its debugging port within {now - start:.0f}s{why}"
+                    ) from None
             time.sleep(0.05)
 
 

@@ -72,6 +72,7 @@ def test_wrong_trajectories_score_zero(env):
     env.step("DONE")
     assert env.evaluate() == 0.0
     env.reset(_task("os", "rz-os-infeasible-bios"))
+    assert not env.ctx.browser_running()  # the chrome task's browser went with its episode
     env.step("DONE")  # claiming success on an infeasible task
     assert env.evaluate() == 0.0
 
@@ -85,6 +86,7 @@ def test_observation_has_png_screenshot_a11y_tree_and_instruction(env):
     )  # the page's own link, from Chrome's AX tree
     assert obs["instruction"].startswith("In Chrome, go to the About page")
     assert obs["terminal"] is None
+    assert env.ctx.browser_running is not None and env.ctx.browser_running()  # the probe setup waits on
 
 
 def test_actions_in_both_spaces_and_errors_reported_not_raised(env):
