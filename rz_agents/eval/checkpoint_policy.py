@@ -68,7 +68,8 @@ def load_checkpoint_policy(
             f"checkpoint {checkpoint}: {described} has {tok.vocab_size} tokens but the model's vocabulary "
             f"is {model.config.vocab_size}, so the model was trained with another tokenizer. Pass the "
             f"config it was trained with (rz eval uses its tokenizer: field): rz eval {config_arg} "
-            f"--checkpoint {checkpoint} ..."
+            f"--checkpoint {checkpoint} ..., or name its tokenizer: rz eval osworld --tokenizer "
+            "byte|qwen3|checkpoint ..."
         )
     return CheckpointPolicy(model, tok, template, name)
 
