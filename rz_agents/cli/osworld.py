@@ -102,6 +102,14 @@ def add_eval_arguments(group: Any) -> None:
         default=None,
         help="resize screenshots to W x H (the model's image size; coordinates scaled back to the screen)",
     )
+    _add(
+        group,
+        "--tokenizer",
+        choices=("byte", "qwen3", "checkpoint"),
+        default=None,
+        help="the tokenizer --checkpoint was trained with (its training config's tokenizer:; default: its "
+        "tokenizer.json, else Qwen3's)",
+    )
     _add(group, "--max-len", type=int, default=None, help="engine context length (default: the model's)")
     _add(group, "--num-threads", type=int, help="torch threads for the engine (default: torch's)")
     _add(group, "--kernels", choices=("aligned", "standard"), help="op set (default aligned)")
@@ -268,7 +276,8 @@ def _policy(args: argparse.Namespace) -> Any:
     engine = {"max_len": args.max_len, "num_threads": getattr(args, "num_threads", None),
               "kernels": given("kernels", "aligned"), "dtype": getattr(args, "dtype", None)}  # fmt: skip
     try:
-        model = model_policy(args.policy, args.checkpoint, sampling, **engine)
+        model = model_policy(args.policy, args.checkpoint, sampling, observation=args.observation,
+                             tokenizer=getattr(args, "tokenizer", None), **engine)  # fmt: skip
     except CheckpointError as exc:
         raise ValueError(str(exc)) from exc
     return model if model is not None else (args.policy or "oracle")

@@ -34,12 +34,16 @@ def load_checkpoint_policy(
     as training); it replaces an adapter the checkpoint holds (its lora_adapter/) of the same shape.
 
     ``tokenizer`` is a training config's ``tokenizer:`` ("byte", "qwen3", "checkpoint"); None takes the
-    directory's tokenizer.json, else Qwen3's. Raises FileNotFoundError for a missing directory and
-    ValueError when the tokenizer's ids do not fit the model's vocabulary (the message says how to pass
-    the tokenizer the model was trained with).
+    directory's tokenizer.json, else Qwen3's. A vision-language (Qwen3-VL) checkpoint gets the template
+    training gives its policy (``runtime.factories.policy_template``): image parts render as Qwen3-VL's
+    image runs, sized by the checkpoint's preprocessor_config.json.
+
+    Raises FileNotFoundError for a missing directory and ValueError when the tokenizer's ids do not fit
+    the model's vocabulary (the message says how to pass the tokenizer the model was trained with).
     """
     from rz_agents.model.checkpoint import load_hf_checkpoint
     from rz_agents.model.packaged import PACKAGED_MODELS, resolve_checkpoint
+    from rz_agents.runtime.factories import policy_template
 
     path = resolve_checkpoint(checkpoint) if str(checkpoint) in PACKAGED_MODELS else Path(checkpoint)
     if not path.is_dir():
@@ -55,10 +59,8 @@ def load_checkpoint_policy(
         load_peft_adapter(model, adapter)
         name = f"{path.name}+{Path(adapter).name}"
     tok, template, described = _tokenizer(path, tokenizer)
-    if getattr(model, "vl_config", None) is not None and tokenizer == "byte":  # its template renders images
-        from rz_agents.rollout.byte_vl_chat import ByteVLChatTemplate
-
-        template = ByteVLChatTemplate(model.vl_config)
+    # A vision-language checkpoint renders images with the template training gave its policy (byte or Qwen)
+    template = policy_template(template, getattr(model, "vl_config", None))
     if tok.vocab_size > model.config.vocab_size:
         config = path.parent / "config.yaml"  # a run directory's copy of its training config
         config_arg = str(config) if config.is_file() else "TRAINING_CONFIG.yaml"
@@ -66,7 +68,8 @@ def load_checkpoint_policy(
             f"checkpoint {checkpoint}: {described} has {tok.vocab_size} tokens but the model's vocabulary "
             f"is {model.config.vocab_size}, so the model was trained with another tokenizer. Pass the "
             f"config it was trained with (rz eval uses its tokenizer: field): rz eval {config_arg} "
-            f"--checkpoint {checkpoint} ..."
+            f"--checkpoint {checkpoint} ..., or name its tokenizer: rz eval osworld --tokenizer "
+            "byte|qwen3|checkpoint ..."
         )
     return CheckpointPolicy(model, tok, template, name)
 

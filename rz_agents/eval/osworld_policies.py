@@ -1,6 +1,6 @@
 """Model policies for OSWorld: our engine over a checkpoint, or any OpenAI-compatible chat endpoint.
 
-Both act as OSWorld's accessibility-tree text agent: they see the system message and the last
+Both act as OSWorld's agent (on the tree, the screenshot or both): they see the system message and the last
 ``history_turns`` exchanges (``prompts.window_messages``) and return a ``Reply`` with the text and
 its token counts. The engine policy also fits the prompt to the model's context: it drops older
 turns first, then cuts the current observation's tree.
@@ -9,7 +9,11 @@ turns first, then cuts the current observation's tree.
 ``/`` (``openai:http://gpu:8000/v1/Qwen/Qwen3-4B``). The key, if the server wants one, comes from
 ``$OPENAI_API_KEY``. Screenshot observations go to it as OpenAI ``image_url`` parts holding a
 ``data:image/png;base64,...`` URL (what OSWorld's agent and vLLM's vision models take). The engine
-policy renders text only; a screenshot observation is a PolicyError naming that.
+policy sends them to a vision-language (Qwen3-VL) checkpoint as training's rollouts do: the template
+training gives the policy renders each as its image run, and the request carries the images
+(``rollout.agent_loop.image_request``, the checkpoint's preprocessing). A text-only checkpoint with a
+screenshot observation is refused (``model_policy``: ValueError; a PolicyError per turn otherwise),
+never evaluated blind; a vision-language checkpoint on ``a11y_tree`` sees text only.
 """
 
 from __future__ import annotations
@@ -163,24 +167,39 @@ class EnginePolicy:
         )  # fmt: skip
         self.turn = 0
 
-    def _encode(self, messages: list[dict[str, str]]) -> list[int]:
+    @property
+    def sees_images(self) -> bool:
+        """Whether the checkpoint takes screenshots: a vision-language model, whose template renders them."""
+        return bool(getattr(self.policy.template, "renders_images", False))
+
+    def _encode(self, messages: list[dict[str, Any]]) -> list[int]:
         return list(self.policy.template.encode_prompt(self.policy.tokenizer, messages))
 
-    def fit(self, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt tokens of the windowed chat, shrunk to leave ``max_tokens`` of room.
+    def fit(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt tokens of the windowed chat, shrunk to leave ``max_tokens`` of room
+        (``fit_messages``)."""
+        return self.fit_messages(messages)[0]
 
-        Older turns go first; with no history left, the current observation is cut at a line.
-        Message lengths are measured once each (plus a margin for the template's markers), so
-        only the final candidates are rendered in full.
+    def fit_messages(self, messages: list[dict[str, Any]]) -> tuple[list[int], list[dict[str, Any]]]:
+        """The prompt tokens of the windowed chat, shrunk to leave ``max_tokens`` of room, and the messages
+        they render (their images are the prompt's, in order).
+
+        Older turns go first; with no history left, the current observation's text is cut at a line (its
+        screenshot stays). Message lengths are measured once each (plus a margin for the template's
+        markers), so only the final candidates are rendered in full.
         """
         budget = self.max_len - self.sampling.max_tokens
-        encode = self.policy.tokenizer.encode
+        template, tokenizer = self.policy.template, self.policy.tokenizer
         sizes: dict[int, int] = {}
 
-        def estimate(msgs: list[dict[str, str]]) -> int:
+        def estimate(msgs: list[dict[str, Any]]) -> int:
             for m in msgs:
                 if id(m) not in sizes:
-                    sizes[id(m)] = len(encode(m["content"])) + 8  # role markers and separators
+                    content = m["content"]
+                    sizes[id(m)] = 8 + len(  # role markers and separators
+                        tokenizer.encode(content) if isinstance(content, str)
+                        else template.encode_continuation(tokenizer, [m])  # text and image runs
+                    )  # fmt: skip
             return sum(sizes[id(m)] for m in msgs)
 
         msgs = messages
@@ -190,42 +209,45 @@ class EnginePolicy:
                 continue
             tokens = self._encode(msgs)
             if len(tokens) <= budget:
-                return tokens
-        # Still too long with no history: cut the current observation at a line boundary.
-        head, lines = msgs[:-1], msgs[-1]["content"].split("\n")
-        room = budget - len(self._encode([*head, {"role": "user", "content": TRUNCATED}]))
+                return tokens, msgs
+        # Still too long with no history: cut the current observation's text at a line boundary.
+        head, current = msgs[:-1], msgs[-1]
+        lines = _text_of(current).split("\n")
+        room = budget - len(self._encode([*head, _with_text(current, TRUNCATED)]))
         lo, hi = 0, len(lines)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if len(encode("\n".join(lines[:mid]) + "\n")) <= room:
+            if len(tokenizer.encode("\n".join(lines[:mid]) + "\n")) <= room:
                 lo = mid
             else:
                 hi = mid - 1
         while True:
-            tokens = self._encode([*head, {"role": "user", "content": "\n".join(lines[:lo] + [TRUNCATED])}])
+            msgs = [*head, _with_text(current, "\n".join(lines[:lo] + [TRUNCATED]))]
+            tokens = self._encode(msgs)
             if len(tokens) <= budget or lo == 0:
                 break
             lo -= 1  # tokens merge across the cut: step back until the render fits
         if len(tokens) > budget:
             raise PolicyError(
-                f"the system prompt alone ({len(tokens)} tokens) does not fit {budget} positions"
+                f"the system prompt and the current observation's images alone ({len(tokens)} tokens) do not "
+                f"fit {budget} positions"
             )
-        return tokens
+        return tokens, msgs
 
-    def __call__(self, messages: list[dict[str, str]], task: dict[str, Any]) -> Reply:
+    def __call__(self, messages: list[dict[str, Any]], task: dict[str, Any]) -> Reply:
         from rz_agents.engine import SamplingParams
+        from rz_agents.rollout.agent_loop import image_request, message_pngs
 
-        if has_images(messages) and not getattr(self.policy.template, "renders_images", False):
-            raise PolicyError(
-                f"the observations hold screenshots but {type(self.policy.template).__name__} renders text "
-                "only: evaluate a vision-language model, or use --observation a11y_tree"
-            )
-        prompt = self.fit(messages)
+        if has_images(messages) and not self.sees_images:
+            raise PolicyError(text_only_error(self.policy))
+        prompt, shown = self.fit_messages(messages)
         s = self.sampling
         params = SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
                                 seed=s.seed * 100_003 + self.turn, stop_token_ids=self.stops)  # fmt: skip
         self.turn += 1
-        completion = asyncio.run(self.engine.generate(prompt, params))
+        # the screenshots of the prompt go to the engine as the rollout loop sends them in training
+        images = image_request(self.policy.template, message_pngs(shown))
+        completion = asyncio.run(self.engine.generate(prompt, params, **images))
         if completion.finish_reason in ("error", "cancelled"):
             raise PolicyError(f"engine {completion.finish_reason}: {completion.error}")
         ids = [t for t in completion.tokens if t not in self.stops]
@@ -235,16 +257,64 @@ class EnginePolicy:
         return Reply(text, len(prompt), len(completion.tokens))
 
 
-def model_policy(policy: str | None, checkpoint: str | None, sampling: Sampling, **engine: Any) -> Any | None:
-    """An ``EnginePolicy`` for ``checkpoint``, an ``OpenAIPolicy`` for ``openai:...``, else None."""
+def text_only_error(policy: Any) -> str:
+    """Why a text-only checkpoint cannot take screenshot observations, and what to do instead."""
+    return (
+        f"checkpoint {policy.name} is a text-only model (its chat template "
+        f"{type(policy.template).__name__} renders no images), so it cannot see the screenshots of "
+        "--observation screenshot / screenshot_a11y_tree: evaluate it with --observation a11y_tree, or "
+        "evaluate a vision-language (Qwen3-VL) checkpoint"
+    )
+
+
+def _text_of(message: dict[str, Any]) -> str:
+    """A message's text to cut: its content, or its longest text part (an observation's prompt and tree)."""
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return max((p["text"] for p in content if p.get("type") == "text"), key=len, default="")
+
+
+def _with_text(message: dict[str, Any], text: str) -> dict[str, Any]:
+    """``message`` with ``_text_of`` replaced by ``text`` (its other parts, images too, kept in place)."""
+    content = message["content"]
+    if isinstance(content, str):
+        return {**message, "content": text}
+    parts = list(content)
+    texts = [i for i, p in enumerate(parts) if p.get("type") == "text"]
+    if not texts:
+        return {**message, "content": [*parts, {"type": "text", "text": text}]}
+    longest = max(texts, key=lambda i: len(parts[i]["text"]))
+    parts[longest] = {**parts[longest], "text": text}
+    return {**message, "content": parts}
+
+
+def model_policy(
+    policy: str | None,
+    checkpoint: str | None,
+    sampling: Sampling,
+    observation: str = "a11y_tree",
+    tokenizer: str | None = None,
+    **engine: Any,
+) -> Any | None:
+    """An ``EnginePolicy`` for ``checkpoint``, an ``OpenAIPolicy`` for ``openai:...``, else None.
+
+    ``tokenizer``: the one the checkpoint was trained with (a training config's ``tokenizer:``; None: its
+    tokenizer.json, else Qwen3's). ValueError when a text-only checkpoint is asked to see screenshots
+    (``observation`` screenshot / screenshot_a11y_tree): it would be evaluated blind, so it is refused
+    before any desktop starts.
+    """
     if checkpoint:
         if policy and policy != "checkpoint":
             raise ValueError("give either --checkpoint or --policy, not both")
         from rz_agents.eval.checkpoint_policy import load_checkpoint_policy
 
         loaded = load_checkpoint_policy(
-            checkpoint, kernels=engine.pop("kernels", "aligned"), dtype=engine.pop("dtype", None)
-        )
+            checkpoint, kernels=engine.pop("kernels", "aligned"), dtype=engine.pop("dtype", None),
+            tokenizer=tokenizer,
+        )  # fmt: skip
+        if observation != "a11y_tree" and not getattr(loaded.template, "renders_images", False):
+            raise ValueError(text_only_error(loaded))
         return EnginePolicy(loaded, sampling, **engine)
     if policy and policy.startswith("openai:"):
         base, model = parse_openai_spec(policy)

@@ -101,7 +101,7 @@ class _Transcript:
 
     def add_images(self, messages: Sequence[dict[str, Any]]) -> None:
         """Keep the images of messages just rendered into the tokens (lossless PNG)."""
-        self.images.extend(to_png(image) for image in message_images(messages))
+        self.images.extend(message_pngs(messages))
 
     def add_context(self, ids: Sequence[int]) -> None:
         """Tokens the policy did not sample (observations, template glue): masked out of the loss."""
@@ -118,14 +118,28 @@ class _Transcript:
         self.versions.extend(int(v) for v in completion.versions)
 
 
+def message_pngs(messages: Sequence[dict[str, Any]]) -> list[bytes]:
+    """The images of ``messages`` as PNG bytes, in order of appearance: what a Trajectory keeps and what a
+    request's images are made of (lossless, so the learner re-encodes exactly the pixels the policy saw)."""
+    return [to_png(image) for image in message_images(messages)]
+
+
+def image_request(template, pngs: Sequence[bytes]) -> dict[str, Any]:
+    """``engine.generate``'s keyword arguments for a prompt whose image runs hold ``pngs`` (in order):
+    ``{"images": template.image_prompt(pngs)}`` with a vision-language template (its checkpoint's image
+    preprocessing), else none (no images, or a template that renders images as text). The rollout loop and
+    the evaluation's checkpoint policy (eval/osworld_policies.py) both send images this way."""
+    image_prompt = getattr(template, "image_prompt", None)
+    return {"images": image_prompt(list(pngs))} if pngs and image_prompt else {}
+
+
 async def _sample_turn(engine, transcript: _Transcript, params, template=None):
     """One policy turn from the engine; EpisodeError when it cannot give one.
 
     A transcript with images sends them all with the request when the template makes one
     (``template.image_prompt``: a vision-language template; a template that renders images as text has
     none): a multi-turn prompt repeats earlier pictures, which the engine encodes once (cached by content)."""
-    image_prompt = getattr(template, "image_prompt", None)
-    kwargs = {"images": image_prompt(transcript.images)} if transcript.images and image_prompt else {}
+    kwargs = image_request(template, transcript.images)
     try:
         completion = await engine.generate(list(transcript.tokens), params, **kwargs)
     except ValueError as e:
