@@ -10,6 +10,7 @@ It has the ``Learner`` methods the runtime uses (step, weights, version, save_st
 from __future__ import annotations
 
 import os
+import signal
 import traceback
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,11 @@ from rz_agents.trajectory import Trajectory
 def _serve(conn, model_config, kernels: str, plan: RunPlan, shared, version: int, cpus) -> None:
     from rz_agents.model import Transformer
 
+    # The parent ends this process (``close``, or the pipe closing when the parent dies). A Ctrl-C reaches
+    # the terminal's whole process group, a SIGTERM may reach every process of a job: the learner state
+    # lives here, and the parent saves it on a graceful stop (runtime/stop.py).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if cpus:
         os.sched_setaffinity(0, cpus)
     if plan.num_threads is not None:

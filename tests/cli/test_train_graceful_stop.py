@@ -1,0 +1,168 @@
+"""A graceful stop of `rz train`: the first SIGTERM / SIGINT stops the run at the next learner-step boundary,
+saves the checkpoint the periodic one would write there, and exits 128 + the signal; resuming from it is
+bitwise the uninterrupted run. A second signal aborts at once; a stop before the first step saves nothing."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import torch
+from safetensors.torch import load_file
+
+from rz_agents.cli import main
+from rz_agents.runtime import EnvSpec, LocalRun
+from rz_agents.runtime.stop import StopRequest
+from rz_agents.trainer.checkpoint import load_checkpoint
+from tests.rollout.test_rollout_resume_after_kill import _cfg
+
+# Sync mode (one batch at a time, generated with the current weights): a resumed run is bitwise the
+# uninterrupted one (tests/rollout/test_rollout_resume_after_kill.py compares the same way). The step delay
+# leaves the signal time to land mid-run.
+TINY = (
+    "mode: sync\nnum_threads: 1\ncheckpoint_every: 3\nlearner_step_delay_s: 0.3\n"
+    "rollout:\n  group_size: 2\n  groups_per_batch: 2\n  max_concurrent_episodes: 4\n"
+    "  limits: {max_turns: 2, max_tokens_per_turn: 8, max_episode_tokens: 200}\n"
+    "engine: {max_running: 8, max_len: 256}\nenv:\n  kwargs: {latency_s: 0.0}\nreport: false\n"
+)
+STEPS = 8
+# What a step computes (no timings, no per-process engine counters): equal in the resumed and the full run.
+COMPARED = (
+    "step", "version", "group_indices", "reward_mean", "reward_std", "loss", "grad_norm",
+    "num_sampled_tokens", "lag0_abs_dlogp_max", "kl_k3_behavior_to_learner", "is_weight_mean",
+)  # fmt: skip
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _signal_after_rows(cmd, metrics, rows, signum, timeout=120):
+    """Start ``cmd``; send ``signum`` once ``metrics`` has ``rows`` rows; wait for the process to end."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= rows:
+            os.kill(proc.pid, signum)
+            break
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def test_sigterm_saves_at_the_next_step_and_the_resume_is_bitwise_the_uninterrupted_run(tmp_path):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY)
+    full, run_dir = tmp_path / "full", tmp_path / "run"
+    args = [str(cfg), "--no-progress", f"steps={STEPS}", "seed=3"]
+    cmd = [sys.executable, "-m", "rz_agents", "train", "--run-dir", str(run_dir), *args]
+    rc, err = _signal_after_rows(cmd, run_dir / "metrics.jsonl", rows=4, signum=signal.SIGTERM)
+    assert rc == 128 + signal.SIGTERM, err
+    assert "SIGTERM received: stopping at the next learner-step boundary" in err
+    # The step running when the signal came finishes (4 or 5 steps; the periodic checkpoint was at 3).
+    payload = load_checkpoint(run_dir / "checkpoint.pt", restore_rng=False)
+    saved = payload["runtime"]["steps_done"]
+    assert saved in (4, 5), err
+    assert len(_rows(run_dir)) == saved  # no step trained past the checkpoint
+    line = (
+        f"rz train: stopped by SIGTERM after step {saved}/{STEPS}, saved {run_dir}/checkpoint.pt; "
+        f"resume with: rz train --resume {run_dir}"
+    )
+    assert err.strip().splitlines()[-1] == line
+    assert not (run_dir / "final_model").exists()  # written when the run ends, not at a stop
+    assert json.loads((run_dir / "summary.json").read_text())["stopped"]["signal"] == "SIGTERM"
+
+    assert main(["train", "--resume", str(run_dir), "--no-progress"]) == 0
+    assert main(["train", "--run-dir", str(full), *args]) == 0
+    resumed_rows, full_rows = _rows(run_dir), _rows(full)
+    assert len(resumed_rows) == len(full_rows) == STEPS
+    for a, b in zip(resumed_rows, full_rows, strict=True):
+        assert {k: a[k] for k in COMPARED} == {k: b[k] for k in COMPARED}
+    w_resumed = load_file(run_dir / "final_model" / "model.safetensors")
+    w_full = load_file(full / "final_model" / "model.safetensors")
+    assert w_resumed.keys() == w_full.keys()
+    for k, v in w_full.items():
+        assert torch.equal(v, w_resumed[k]), k
+
+
+def test_a_stop_before_the_first_step_writes_no_checkpoint(tmp_path):
+    stop = StopRequest()
+    stop.request(signal.SIGINT)
+    run = LocalRun(_cfg(steps=3, output_dir=str(tmp_path), checkpoint_every=1))
+    try:
+        summary = asyncio.run(asyncio.wait_for(run.train(stop), 60))
+    finally:
+        run.close()
+    assert summary["steps_this_run"] == 0
+    assert summary["stopped"] == {"signal": "SIGINT", "signum": signal.SIGINT, "checkpoint": None}
+    assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_a_stop_while_the_learner_waits_for_a_batch_ends_the_wait(tmp_path):
+    """Sync mode: the next batch is generated after the step, and the env's latency makes that take >= 1 s.
+    A stop requested 0.2 s after step 0 ends that wait (the run does not train step 1) and saves step 1."""
+    cfg = _cfg(steps=4, mode="sync", output_dir=str(tmp_path))
+    cfg.env = EnvSpec(kwargs={"max_turns": 2, "latency_s": 0.5})
+    run = LocalRun(cfg)
+    stop = StopRequest()
+
+    class StopAfterFirstStep:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def write(self, step, metrics):
+            self.inner.write(step, metrics)
+            if step == 0:  # while the learner waits for the next batch (not between two steps)
+                asyncio.get_running_loop().call_later(0.2, stop.request, signal.SIGTERM)
+
+        def close(self):
+            self.inner.close()
+
+    run.writer = StopAfterFirstStep(run.writer)
+    try:
+        summary = asyncio.run(asyncio.wait_for(run.train(stop), 60))
+    finally:
+        run.close()
+    assert summary["stopped"]["signal"] == "SIGTERM"
+    assert summary["steps"] == summary["steps_this_run"] == 1
+    payload = load_checkpoint(tmp_path / "checkpoint.pt", restore_rng=False)
+    assert payload["runtime"]["steps_done"] == 1 == len(_rows(tmp_path))
+    assert summary["stopped"]["checkpoint"] == str(tmp_path / "checkpoint.pt")
+
+
+SIGNALS = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from rz_agents.runtime.stop import StopRequest, catch_stop_signals
+    stop = StopRequest()
+    with catch_stop_signals(stop):
+        os.kill(os.getpid(), signal.SIG{first})
+        time.sleep(0.2)
+        print("requested", stop.requested, stop.signum, flush=True)
+        try:
+            os.kill(os.getpid(), signal.SIG{second})
+            time.sleep(2)
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt", flush=True)
+            sys.exit(7)
+    print("not aborted", flush=True)
+    """
+)
+
+
+def test_the_first_signal_requests_a_stop_and_a_second_aborts_at_once():
+    def run(first, second):
+        code = SIGNALS.format(first=first, second=second)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+    term = run("TERM", "TERM")
+    assert term.stdout.splitlines() == [f"requested True {int(signal.SIGTERM)}"]
+    assert term.returncode == -signal.SIGTERM  # the default action: ended by the signal, nothing after it
+    assert "SIGTERM received: stopping at the next learner-step boundary" in term.stderr
+    interrupt = run("TERM", "INT")
+    assert interrupt.stdout.splitlines() == [f"requested True {int(signal.SIGTERM)}", "KeyboardInterrupt"]
+    assert interrupt.returncode == 7
