@@ -23,7 +23,7 @@ from rz_agents.cli.warm_start import WarmStartMismatch, check_demos_fit, run_war
 from rz_agents.config_io import ConfigError, load_config, to_dict
 from rz_agents.runtime import RunPlan, TrainConfig, build_run
 from rz_agents.runtime.loop import RunHandle
-from rz_agents.runtime.stop import RunStopped, StopRequest, catch_stop_signals, signal_name, stop_exit_status
+from rz_agents.runtime.stop import RunStopped, StopRequest, StopSignals, signal_name, stop_exit_status
 from rz_agents.trainer.health import health_summary
 from rz_agents.warmstart import WarmStartConfig
 from rz_agents.warmstart.episodes import EpisodeFileError
@@ -241,12 +241,13 @@ def run(args: argparse.Namespace) -> int:
         log(f"resuming from {cfg.resume_from}")
     # SIGINT / SIGTERM: stop at the next learner-step boundary and save there; a second one aborts
     stop = StopRequest()
-    with catch_stop_signals(stop):
+    with StopSignals(stop) as signals:
         try:
             runner = build_run(cfg, plan)
         except (FileNotFoundError, ValueError) as exc:  # a missing checkpoint or tokenizer, a vocab mismatch
             print(f"rz train: cannot build the run: {exc}", file=sys.stderr)
             return 2
+        signals.claim()  # runtime: ray: ray.init replaced the SIGTERM handler with its own (exit at once)
         try:
             try:
                 stop.raise_if_requested("while the run was being built")

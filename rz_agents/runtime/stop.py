@@ -2,7 +2,7 @@
 
 ``StopRequest`` is the flag the training loop watches (``TrainLoop.train(stop=...)``): once it is set the loop
 trains no further step (a step already running finishes; a wait for the next batch ends at once), writes the
-checkpoint the periodic one would write at that step, and returns. ``catch_stop_signals`` sets it from the
+checkpoint the periodic one would write at that step, and returns. ``StopSignals`` sets it from the
 first SIGINT or SIGTERM; a second one aborts at once as if no handler were there (SIGINT: KeyboardInterrupt,
 SIGTERM: the default action, death by the signal). Code that is not in the loop (the warm start) calls
 ``raise_if_requested`` between its steps: ``RunStopped`` ends it without writing anything.
@@ -15,7 +15,6 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -91,40 +90,54 @@ class StopRequest:
             raise RunStopped(self.signum, where)
 
 
-@contextlib.contextmanager
-def catch_stop_signals(stop: StopRequest, prog: str = "rz train") -> Iterator[StopRequest]:
-    """While inside: the first SIGINT or SIGTERM calls ``stop.request`` and says so on stderr (one line
-    starting with ``prog``), a second aborts at once. The previous handlers come back on leaving. Main thread
-    only (Python's rule for signal handlers); elsewhere it installs nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+class StopSignals:
+    """``with StopSignals(stop):`` the first SIGINT or SIGTERM calls ``stop.request`` and says so on stderr
+    (one line starting with ``prog``), a second aborts at once. The previous handlers come back on leaving.
+    Main thread only (Python's rule for signal handlers); elsewhere it installs nothing."""
 
-    def abort(signum: int) -> None:
-        for s, handler in previous.items():
-            signal.signal(s, handler if s == signal.SIGINT else signal.SIG_DFL)
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        os.kill(os.getpid(), signum)  # the default action: the process ends by the signal, as without us
+    def __init__(self, stop: StopRequest, prog: str = "rz train") -> None:
+        self.stop, self.prog = stop, prog
+        self._previous: dict[int, object] = {}
+        self._installed = False
 
-    def on_signal(signum: int, frame) -> None:
-        if stop.requested:
-            abort(signum)
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+            self._installed = True
+            self.claim()
+        return self
+
+    def claim(self) -> None:
+        """Install the handlers again: a library started inside replaced one (``ray.init`` sets a SIGTERM
+        handler of its own that exits at once)."""
+        if self._installed:
+            for s in STOP_SIGNALS:
+                signal.signal(s, self._on_signal)
+
+    def __exit__(self, *exc) -> None:
+        if self._installed:
+            for s, handler in self._previous.items():
+                signal.signal(s, handler)
+            self._installed = False
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self.stop.requested:
+            self._abort(signum)
             return
-        stop.request(signum)
+        self.stop.request(signum)
         line = (
-            f"\n{prog}: {signal_name(signum)} received: stopping at the next learner-step boundary and "
+            f"\n{self.prog}: {signal_name(signum)} received: stopping at the next learner-step boundary and "
             "saving a checkpoint there (send it again to abort at once, without saving)\n"
         )
         # os.write, not print: the handler may run while the main thread is inside a write to stderr
         with contextlib.suppress(OSError):
             os.write(2, line.encode())
 
-    for s in STOP_SIGNALS:
-        signal.signal(s, on_signal)
-    try:
-        yield stop
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    def _abort(self, signum: int) -> None:
+        """What the signal would have done without us: SIGINT raises KeyboardInterrupt, SIGTERM ends the
+        process by the signal."""
+        self.__exit__()
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from rz_agents.cli import main
 from rz_agents.runtime import EnvSpec, LocalRun
+from rz_agents.runtime import stop as stop_module
 from rz_agents.runtime.stop import StopRequest
 from rz_agents.trainer.checkpoint import load_checkpoint
 from tests.rollout.test_rollout_resume_after_kill import _cfg
@@ -41,13 +42,16 @@ def _rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _signal_after_rows(cmd, metrics, rows, signum, timeout=120):
-    """Start ``cmd``; send ``signum`` once ``metrics`` has ``rows`` rows; wait for the process to end."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def _signal_after_rows(cmd, metrics, rows, signum, group=False, timeout=120):
+    """Start ``cmd``; send ``signum`` once ``metrics`` has ``rows`` rows (``group``: to its whole process
+    group, as a terminal's Ctrl-C does); wait for the process to end."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=group
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         if metrics.is_file() and len(metrics.read_text().splitlines()) >= rows:
-            os.kill(proc.pid, signum)
+            os.killpg(proc.pid, signum) if group else os.kill(proc.pid, signum)
             break
         time.sleep(0.02)
     _, err = proc.communicate(timeout=120)
@@ -87,6 +91,58 @@ def test_sigterm_saves_at_the_next_step_and_the_resume_is_bitwise_the_uninterrup
     assert w_resumed.keys() == w_full.keys()
     for k, v in w_full.items():
         assert torch.equal(v, w_resumed[k]), k
+
+
+def test_ctrl_c_to_the_process_group_with_the_learner_in_a_child_process_saves(tmp_path):
+    """SIGINT to every process of the group (a terminal's Ctrl-C): the learner process ignores it, the run
+    saves the learner's state at the step boundary and exits 130."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rz_agents", "train", str(cfg), "--run-dir", str(run_dir), "--no-progress",
+           f"steps={STEPS}", "learner_process=true", "checkpoint_every=100"]  # fmt: skip
+    rc, err = _signal_after_rows(cmd, run_dir / "metrics.jsonl", rows=2, signum=signal.SIGINT, group=True)
+    assert rc == 128 + signal.SIGINT, err
+    payload = load_checkpoint(run_dir / "checkpoint.pt", restore_rng=False)
+    saved = payload["runtime"]["steps_done"]
+    assert saved in (2, 3) and len(_rows(run_dir)) == saved, err
+    assert payload["learner"]["version"] == saved  # the child's state, saved after the signal
+    assert f"stopped by SIGINT after step {saved}/{STEPS}" in err.strip().splitlines()[-1]
+
+
+def test_a_stop_during_the_warm_start_saves_nothing(tmp_path):
+    episodes = tmp_path / "episodes.jsonl"
+    prompt = {"role": "user", "content": "Write lowercase letters, like abc."}
+    episodes.write_text(
+        "".join(
+            json.dumps({"messages": [prompt, {"role": "assistant", "content": w}]}) + "\n"
+            for w in ("abcdef", "qwerty", "zxcvbn", "lowercase")
+        )
+    )
+    cfg = tmp_path / "tiny.yaml"
+    # 400 SFT steps: seconds, long enough for the signal to come while they run
+    cfg.write_text(
+        TINY + f"warm_start: {{demos: 0, episodes: {episodes}, epochs: 100, batch_size: 1, "
+        "warmup_steps: 0}\n"
+    )
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rz_agents", "train", str(cfg), "--run-dir", str(run_dir), "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # the warm start announces itself before its first step
+        lines.append(line)
+        if line.startswith("warm start, episodes: 4"):
+            os.kill(proc.pid, signal.SIGTERM)
+            break
+    err = "".join(lines) + proc.communicate(timeout=120)[1]
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1] == (
+        "rz train: stopped by SIGTERM during the warm start: nothing to save (no checkpoint was written); "
+        f"rz train --resume {run_dir} starts the run again"
+    )
+    assert "warm start (episodes) step 400/400" not in err
+    assert not (run_dir / "checkpoint.pt").exists() and not (run_dir / "warm_start_model").exists()
+    assert not _rows(run_dir)  # (the file is opened when the run is built)
 
 
 def test_a_stop_before_the_first_step_writes_no_checkpoint(tmp_path):
@@ -136,10 +192,13 @@ def test_a_stop_while_the_learner_waits_for_a_batch_ends_the_wait(tmp_path):
 
 SIGNALS = textwrap.dedent(
     """
-    import os, signal, sys, time
-    from rz_agents.runtime.stop import StopRequest, catch_stop_signals
+    import importlib.util, os, signal, sys, time
+    spec = importlib.util.spec_from_file_location("stop", {path!r})  # stdlib only: no torch to import
+    stop_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stop_module)
+    StopRequest, StopSignals = stop_module.StopRequest, stop_module.StopSignals
     stop = StopRequest()
-    with catch_stop_signals(stop):
+    with StopSignals(stop):
         os.kill(os.getpid(), signal.SIG{first})
         time.sleep(0.2)
         print("requested", stop.requested, stop.signum, flush=True)
@@ -156,7 +215,7 @@ SIGNALS = textwrap.dedent(
 
 def test_the_first_signal_requests_a_stop_and_a_second_aborts_at_once():
     def run(first, second):
-        code = SIGNALS.format(first=first, second=second)
+        code = SIGNALS.format(first=first, second=second, path=stop_module.__file__)
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
     term = run("TERM", "TERM")
