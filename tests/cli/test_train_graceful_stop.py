@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from rz_agents.cli import main
 from rz_agents.runtime import EnvSpec, LocalRun
 from rz_agents.runtime import stop as stop_module
-from rz_agents.runtime.stop import StopRequest
+from rz_agents.runtime.stop import StopRequest, StopSignals
 from rz_agents.trainer.checkpoint import load_checkpoint
 from tests.rollout.test_rollout_resume_after_kill import _cfg
 
@@ -225,3 +225,17 @@ def test_the_first_signal_requests_a_stop_and_a_second_aborts_at_once():
     interrupt = run("TERM", "INT")
     assert interrupt.stdout.splitlines() == [f"requested True {int(signal.SIGTERM)}", "KeyboardInterrupt"]
     assert interrupt.returncode == 7
+
+
+def test_claim_takes_the_handlers_back_from_a_library_that_replaced_them():
+    """ray.init installs a SIGTERM handler of its own that exits at once (`rz train` with runtime: ray then
+    died by SIGABRT without saving); `rz train` claims the handlers back after building the run."""
+    before = signal.getsignal(signal.SIGTERM)
+    stop = StopRequest()
+    with StopSignals(stop) as signals:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stands for ray.init's handler
+        signals.claim()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # (the handler runs in this thread between two bytecodes)
+        assert stop.requested and stop.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before
