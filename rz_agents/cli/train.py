@@ -260,6 +260,8 @@ def run(args: argparse.Namespace) -> int:
                 return stop_exit_status(exc.signum)
             summary = _train_with_progress(runner, cfg, console, args.no_progress, log, stop)
             stopped = summary.get("stopped")
+            # The steps are over and saved: from here a signal acts as without us (the export is atomic).
+            signals.release()
             if cfg.export_final_model and not stopped:
                 runner.export_model(run_dir / "final_model")
         finally:

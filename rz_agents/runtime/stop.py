@@ -115,6 +115,10 @@ class StopSignals:
                 signal.signal(s, self._on_signal)
 
     def __exit__(self, *exc) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Put the previous handlers back (also before leaving the ``with``, once nothing is left to stop)."""
         if self._installed:
             for s, handler in self._previous.items():
                 signal.signal(s, handler)
@@ -136,7 +140,7 @@ class StopSignals:
     def _abort(self, signum: int) -> None:
         """What the signal would have done without us: SIGINT raises KeyboardInterrupt, SIGTERM ends the
         process by the signal."""
-        self.__exit__()
+        self.release()
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         signal.signal(signum, signal.SIG_DFL)

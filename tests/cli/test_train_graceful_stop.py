@@ -44,18 +44,20 @@ def _rows(run_dir):
 
 def _signal_after_rows(cmd, metrics, rows, signum, group=False, timeout=120):
     """Start ``cmd``; send ``signum`` once ``metrics`` has ``rows`` rows (``group``: to its whole process
-    group, as a terminal's Ctrl-C does); wait for the process to end."""
+    group, as a terminal's Ctrl-C does); wait for the process to end. Returns (exit status, stderr, the rows
+    there were when the signal was sent)."""
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=group
     )
-    deadline = time.monotonic() + timeout
+    deadline, seen = time.monotonic() + timeout, None
     while time.monotonic() < deadline and proc.poll() is None:
         if metrics.is_file() and len(metrics.read_text().splitlines()) >= rows:
             os.killpg(proc.pid, signum) if group else os.kill(proc.pid, signum)
+            seen = len(metrics.read_text().splitlines())  # (read after: a loaded machine may lag)
             break
         time.sleep(0.02)
     _, err = proc.communicate(timeout=120)
-    return proc.returncode, err
+    return proc.returncode, err, seen
 
 
 def test_sigterm_saves_at_the_next_step_and_the_resume_is_bitwise_the_uninterrupted_run(tmp_path):
@@ -64,13 +66,13 @@ def test_sigterm_saves_at_the_next_step_and_the_resume_is_bitwise_the_uninterrup
     full, run_dir = tmp_path / "full", tmp_path / "run"
     args = [str(cfg), "--no-progress", f"steps={STEPS}", "seed=3"]
     cmd = [sys.executable, "-m", "rz_agents", "train", "--run-dir", str(run_dir), *args]
-    rc, err = _signal_after_rows(cmd, run_dir / "metrics.jsonl", rows=4, signum=signal.SIGTERM)
+    rc, err, seen = _signal_after_rows(cmd, run_dir / "metrics.jsonl", rows=4, signum=signal.SIGTERM)
     assert rc == 128 + signal.SIGTERM, err
     assert "SIGTERM received: stopping at the next learner-step boundary" in err
-    # The step running when the signal came finishes (4 or 5 steps; the periodic checkpoint was at 3).
+    # The step running when the signal came finishes (usually 4 or 5 steps: after the periodic one at 3).
     payload = load_checkpoint(run_dir / "checkpoint.pt", restore_rng=False)
     saved = payload["runtime"]["steps_done"]
-    assert saved in (4, 5), err
+    assert seen <= saved <= seen + 1 < STEPS, err
     assert len(_rows(run_dir)) == saved  # no step trained past the checkpoint
     line = (
         f"rz train: stopped by SIGTERM after step {saved}/{STEPS}, saved {run_dir}/checkpoint.pt; "
@@ -101,11 +103,13 @@ def test_ctrl_c_to_the_process_group_with_the_learner_in_a_child_process_saves(t
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "rz_agents", "train", str(cfg), "--run-dir", str(run_dir), "--no-progress",
            f"steps={STEPS}", "learner_process=true", "checkpoint_every=100"]  # fmt: skip
-    rc, err = _signal_after_rows(cmd, run_dir / "metrics.jsonl", rows=2, signum=signal.SIGINT, group=True)
+    rc, err, seen = _signal_after_rows(
+        cmd, run_dir / "metrics.jsonl", rows=2, signum=signal.SIGINT, group=True
+    )
     assert rc == 128 + signal.SIGINT, err
     payload = load_checkpoint(run_dir / "checkpoint.pt", restore_rng=False)
     saved = payload["runtime"]["steps_done"]
-    assert saved in (2, 3) and len(_rows(run_dir)) == saved, err
+    assert seen <= saved <= seen + 1 < STEPS and len(_rows(run_dir)) == saved, err
     assert payload["learner"]["version"] == saved  # the child's state, saved after the signal
     assert f"stopped by SIGINT after step {saved}/{STEPS}" in err.strip().splitlines()[-1]
 
