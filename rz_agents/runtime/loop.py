@@ -119,8 +119,8 @@ class TrainLoop:
 
         A stop (runtime/stop.py) ends the run at the next learner-step boundary: a step already running
         finishes, a wait for the next batch ends at once (a batch taken and not trained is saved in front of
-        the queue, as at any checkpoint), then the checkpoint is written as at the end of a run. With no step
-        trained by this call nothing is written (the run directory keeps its last checkpoint, if any). The
+        the queue, as at any checkpoint), then the checkpoint is written as at the end of a run. A stop before
+        this call trained a step writes nothing (the run directory keeps its last checkpoint, if any). The
         summary's ``stopped`` says which signal stopped the run and where it saved (None: not stopped).
         """
         cfg = self.cfg
@@ -148,7 +148,7 @@ class TrainLoop:
         wall = time.perf_counter() - t_start
         stopped = stop is not None and stop.requested
         saved = None
-        if cfg.output_dir and self.steps_done > start_step:
+        if cfg.output_dir and not (stopped and self.steps_done == start_step):
             path = Path(cfg.output_dir) / "checkpoint.pt"
             # a stop right after a periodic checkpoint of this step saves no second copy (time is short then)
             saved = path if stopped and self._checkpointed_at == self.steps_done else self.checkpoint(path)
