@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import sys
 import time
@@ -22,6 +23,7 @@ from rz_agents.cli.warm_start import WarmStartMismatch, check_demos_fit, run_war
 from rz_agents.config_io import ConfigError, load_config, to_dict
 from rz_agents.runtime import RunPlan, TrainConfig, build_run
 from rz_agents.runtime.loop import RunHandle
+from rz_agents.runtime.stop import RunStopped, StopRequest, StopSignals, signal_name, stop_exit_status
 from rz_agents.trainer.health import health_summary
 from rz_agents.warmstart import WarmStartConfig
 from rz_agents.warmstart.episodes import EpisodeFileError
@@ -160,6 +162,7 @@ def build_summary(
         "episodes": episode_counts(run_summary),
         "eval": run_summary.get("eval"),  # the in-loop evaluations (eval.every), one entry each
         "health": health_summary(history),
+        "stopped": run_summary.get("stopped"),  # a graceful stop: its signal and checkpoint (None: finished)
     }
 
 
@@ -200,7 +203,8 @@ def _configs(args: argparse.Namespace) -> tuple[RunConfig, RunConfig, Path, bool
 
 
 def run(args: argparse.Namespace) -> int:
-    """``rz train``: exit 2 for a config that cannot run, 1 when the run stops on an error, 0 when done."""
+    """``rz train``: exit 2 for a config that cannot run, 1 when the run stops on an error, 0 when done, and
+    128 + the signal (130 SIGINT, 143 SIGTERM) when a signal stopped it gracefully (runtime/stop.py)."""
     if args.list_configs:
         print(describe_packaged_configs())
         return 0
@@ -235,25 +239,40 @@ def run(args: argparse.Namespace) -> int:
         log(f"warning: {memory}")
     if resuming:
         log(f"resuming from {cfg.resume_from}")
-    try:
-        runner = build_run(cfg, plan)
-    except (FileNotFoundError, ValueError) as exc:  # a missing checkpoint or tokenizer, a vocabulary mismatch
-        print(f"rz train: cannot build the run: {exc}", file=sys.stderr)
-        return 2
-    try:
+    # SIGINT / SIGTERM: stop at the next learner-step boundary and save there; a second one aborts
+    stop = StopRequest()
+    with StopSignals(stop) as signals:
         try:
-            warm = run_warm_start(runner, cfg, log)
-        except (WarmStartMismatch, EpisodeFileError) as exc:
-            print(f"rz train: warm start: {exc}", file=sys.stderr)
+            runner = build_run(cfg, plan)
+        except (FileNotFoundError, ValueError) as exc:  # a missing checkpoint or tokenizer, a vocab mismatch
+            print(f"rz train: cannot build the run: {exc}", file=sys.stderr)
             return 2
-        summary = _train_with_progress(runner, cfg, console, args.no_progress, log)
-        if cfg.export_final_model:
-            runner.export_model(run_dir / "final_model")
-    finally:
-        runner.close()
+        signals.claim()  # runtime: ray: ray.init replaced the SIGTERM handler with its own (exit at once)
+        try:
+            try:
+                stop.raise_if_requested("while the run was being built")
+                warm = run_warm_start(runner, cfg, log, stop)
+            except (WarmStartMismatch, EpisodeFileError) as exc:
+                print(f"rz train: warm start: {exc}", file=sys.stderr)
+                return 2
+            except RunStopped as exc:
+                _print_stop_line(exc.signum, exc.where, None, cfg, run_dir)
+                return stop_exit_status(exc.signum)
+            summary = _train_with_progress(runner, cfg, console, args.no_progress, log, stop)
+            stopped = summary.get("stopped")
+            # The steps are over and saved: from here a signal acts as without us (the export is atomic).
+            signals.release()
+            if cfg.export_final_model and not stopped:
+                runner.export_model(run_dir / "final_model")
+        finally:
+            runner.close()
     wall = time.perf_counter() - t0
     result = build_summary(cfg, runner.plan, runner.history, summary, warm, wall)
     (run_dir / "summary.json").write_text(json.dumps(result, indent=2))
+    if stopped:  # the run continues later: its report and final model are written when it ends
+        where = "before the first learner step of this launch" if not summary["steps_this_run"] else ""
+        _print_stop_line(stopped["signum"], where, stopped["checkpoint"], cfg, run_dir, summary["steps"])
+        return stop_exit_status(stopped["signum"])
     report = None
     if cfg.report:
         from rz_agents.report import write_report
@@ -261,6 +280,24 @@ def run(args: argparse.Namespace) -> int:
         report = write_report(run_dir, result)
     _print_summary(result, run_dir, report)
     return 0
+
+
+def _print_stop_line(
+    signum: int | None, where: str, saved: str | None, cfg: RunConfig, run_dir: Path, steps: int = 0
+) -> None:
+    """The one line a gracefully stopped run ends with: where it saved (or that it saved nothing) and how to
+    resume. Also in rz.log."""
+    how = f"resume with: rz train --resume {run_dir}"
+    if saved:
+        line = f"rz train: stopped by {signal_name(signum)} after step {steps}/{cfg.steps}, saved {saved}"
+    else:
+        kept = Path(cfg.resume_from) if cfg.resume_from else None
+        then = f"its checkpoint {kept} is unchanged" if kept else "no checkpoint was written"
+        how = f"rz train --resume {run_dir} " + ("continues from it" if kept else "starts the run again")
+        line = f"rz train: stopped by {signal_name(signum)} {where}: nothing to save ({then})"
+    line = f"{line}; {how}"
+    logging.getLogger(__name__).info(line)
+    print(line, file=sys.stderr, flush=True)
 
 
 def _dry_run(cfg: RunConfig) -> int:
@@ -276,7 +313,9 @@ def _dry_run(cfg: RunConfig) -> int:
     return 0
 
 
-def _train_with_progress(runner: RunHandle, cfg: RunConfig, console, plain: bool, log) -> dict:
+def _train_with_progress(
+    runner: RunHandle, cfg: RunConfig, console, plain: bool, log, stop: StopRequest | None = None
+) -> dict:
     import asyncio
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -300,7 +339,7 @@ def _train_with_progress(runner: RunHandle, cfg: RunConfig, console, plain: bool
                 log(metrics["health_alarm_message"])
 
         runner.writer = _ProgressWriter(runner.writer, on_step)
-        return asyncio.run(runner.train())
+        return asyncio.run(runner.train(stop))
 
     progress = Progress(
         TextColumn("[bold]RL"),
@@ -320,7 +359,7 @@ def _train_with_progress(runner: RunHandle, cfg: RunConfig, console, plain: bool
                 progress.console.print(f"[bold red]{metrics['health_alarm_message']}[/]")
 
         runner.writer = _ProgressWriter(runner.writer, on_step)
-        return asyncio.run(runner.train())
+        return asyncio.run(runner.train(stop))
 
 
 def _health_line(h: dict) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from rz_agents.model.lora import base_trainable
+from rz_agents.runtime.stop import StopRequest
 from rz_agents.warmstart import (
     DEMO_TASKS,
     WarmStartConfig,
@@ -152,8 +153,16 @@ def bootstrap(run, ws: WarmStartConfig, log: Callable[[str], None]) -> dict[str,
     return {"rounds": rounds, "kept_total": len(kept)}
 
 
-def run_warm_start(run, cfg, log: Callable[[str], None]) -> dict | None:
-    """Every configured warm start on ``run``'s model, in order; the result for summary.json."""
+def run_warm_start(run, cfg, log: Callable[[str], None], stop: StopRequest | None = None) -> dict | None:
+    """Every configured warm start on ``run``'s model, in order; the result for summary.json.
+
+    ``stop`` (runtime/stop.py): once requested, the warm start raises ``RunStopped`` at its next SFT step or
+    between its phases, before it hands any weights on or writes its model (nothing of it is kept)."""
+
+    def check_stop() -> None:
+        if stop is not None:
+            stop.raise_if_requested("during the warm start")
+
     ws: WarmStartConfig = cfg.warm_start
     if not ws.enabled:
         return None
@@ -170,6 +179,7 @@ def run_warm_start(run, cfg, log: Callable[[str], None]) -> dict | None:
 
     def progress(phase: str):
         def on_step(step: int, total: int, loss: float) -> None:
+            check_stop()
             if step == total or time.perf_counter() - last[0] > 10:
                 last[0] = time.perf_counter()
                 log(f"  warm start ({phase}) step {step}/{total}  loss {loss:.3f}")
@@ -195,14 +205,17 @@ def run_warm_start(run, cfg, log: Callable[[str], None]) -> dict | None:
                 )
                 result["episodes"] = supervised_warm_start(run.model, demos, ws, on_step=progress("episodes"))
                 result["episodes"]["count"] = len(demos)
+                check_stop()
                 run.push_model_weights()
             if ws.bootstrap.rounds > 0:
                 result["bootstrap"] = bootstrap(run, ws, log)
+                check_stop()
             if ws.demos > 0:
                 result.update(_synthetic(run, ws, log, progress))
         finally:
             run.model.set_kernels(kernels)
             torch.set_num_threads(threads)
+    check_stop()
     # The learner (and its fp32 masters) and the engines take the warm-started weights (same version).
     run.push_model_weights()
     if cfg.output_dir:

@@ -9,7 +9,10 @@ It has the ``Learner`` methods the runtime uses (step, weights, version, save_st
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import signal
 import traceback
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,11 @@ from rz_agents.trajectory import Trajectory
 def _serve(conn, model_config, kernels: str, plan: RunPlan, shared, version: int, cpus) -> None:
     from rz_agents.model import Transformer
 
+    # The parent ends this process (``close``, or the pipe closing when the parent dies). A Ctrl-C reaches
+    # the terminal's whole process group, a SIGTERM may reach every process of a job: the learner state
+    # lives here, and the parent saves it on a graceful stop (runtime/stop.py).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if cpus:
         os.sched_setaffinity(0, cpus)
     if plan.num_threads is not None:
@@ -63,6 +71,12 @@ def _serve(conn, model_config, kernels: str, plan: RunPlan, shared, version: int
             conn.send(("error", f"{e!r}\n{traceback.format_exc()}"))
 
 
+def _kill_if_alive(proc) -> None:
+    if proc.is_alive():
+        proc.kill()
+        proc.join(timeout=10)
+
+
 class LearnerProcessError(RuntimeError):
     """The learner process reported an error or died."""
 
@@ -89,6 +103,11 @@ class LearnerProcess:
             name="rz-learner",
         )
         self._proc.start()
+        # The child ignores SIGTERM, so multiprocessing's exit hook (terminate, then join) would wait for it
+        # forever if this process exited without ``close``: this hook, registered later and so run before
+        # that one, kills it.
+        self._reaper = functools.partial(_kill_if_alive, self._proc)
+        atexit.register(self._reaper)
         child.close()
         self.cfg = plan.learner
         self.version = version
@@ -136,4 +155,5 @@ class LearnerProcess:
             self._proc.join(timeout=10)
             if self._proc.is_alive():
                 self._proc.kill()
+        atexit.unregister(self._reaper)
         self._conn.close()

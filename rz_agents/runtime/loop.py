@@ -28,6 +28,7 @@ from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.fixed_lag import WeightHistory
 from rz_agents.runtime.loop_runtime import LoopRuntime
 from rz_agents.runtime.memory import rss_bytes, trim_heap
+from rz_agents.runtime.stop import StopRequest, signal_name
 from rz_agents.runtime.watchdog import Watchdog
 from rz_agents.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rz_agents.trainer.health import HealthMonitor
@@ -57,6 +58,7 @@ class TrainLoop:
         """History, metrics writer, fixed-lag weights; restore ``resume_from``; publish the first weights."""
         self.cfg, self.controller, self.loop_runtime = cfg, controller, loop_runtime
         self.steps_done = 0
+        self._checkpointed_at: int | None = None  # steps_done of the last checkpoint this loop wrote
         self.history: list[dict[str, Any]] = []
         fixed = controller.lag.fixed_lag
         self.weight_history = WeightHistory(fixed, copy=loop_runtime.snapshot_weights) if fixed else None
@@ -112,8 +114,15 @@ class TrainLoop:
             )
 
     # ---- the loop ----------------------------------------------------------------------------------
-    async def train(self) -> dict[str, Any]:
-        """Run until ``cfg.steps`` learner steps are done; returns the summary."""
+    async def train(self, stop: StopRequest | None = None) -> dict[str, Any]:
+        """Run until ``cfg.steps`` learner steps are done or ``stop`` is requested; returns the summary.
+
+        A stop (runtime/stop.py) ends the run at the next learner-step boundary: a step already running
+        finishes, a wait for the next batch ends at once (a batch taken and not trained is saved in front of
+        the queue, as at any checkpoint), then the checkpoint is written as at the end of a run. A stop before
+        this call trained a step writes nothing (the run directory keeps its last checkpoint, if any). The
+        summary's ``stopped`` says which signal stopped the run and where it saved (None: not stopped).
+        """
         cfg = self.cfg
         self.loop_runtime.before_train()
         producer = asyncio.ensure_future(self.controller.run())
@@ -125,8 +134,8 @@ class TrainLoop:
             watchdog = Watchdog(cfg.watchdog_s, self._progress, self._describe, dump_path=dump)
             watchdog.start(asyncio.current_task())
         try:
-            while self.steps_done < cfg.steps:
-                await self._train_one_step()
+            while self.steps_done < cfg.steps and not (stop is not None and stop.requested):
+                await self._train_one_step(stop)
         except asyncio.CancelledError:
             if watchdog is not None and watchdog.error is not None:
                 raise watchdog.error from None
@@ -137,15 +146,28 @@ class TrainLoop:
             self.controller.stop()
             await asyncio.gather(producer, return_exceptions=True)
         wall = time.perf_counter() - t_start
-        if cfg.output_dir:
-            self.checkpoint(Path(cfg.output_dir) / "checkpoint.pt")
-        return self.summary(wall, self.steps_done - start_step)
+        stopped = stop is not None and stop.requested
+        saved = None
+        if cfg.output_dir and not (stopped and self.steps_done == start_step):
+            path = Path(cfg.output_dir) / "checkpoint.pt"
+            # a stop right after a periodic checkpoint of this step saves no second copy (time is short then)
+            saved = path if stopped and self._checkpointed_at == self.steps_done else self.checkpoint(path)
+        summary = self.summary(wall, self.steps_done - start_step)
+        summary["stopped"] = (
+            {"signal": signal_name(stop.signum), "signum": stop.signum, "checkpoint": saved and str(saved)}
+            if stopped
+            else None
+        )
+        return summary
 
-    async def _train_one_step(self) -> None:
-        """Wait for a batch, train it, publish, record the step (history, controller, metrics, checkpoint)."""
+    async def _train_one_step(self, stop: StopRequest | None = None) -> None:
+        """Wait for a batch, train it, publish, record the step (history, controller, metrics, checkpoint).
+        A ``stop`` requested while it waits for the batch ends it there, before anything is trained."""
         cfg, loop_runtime = self.cfg, self.loop_runtime
         t0 = time.perf_counter()
-        batch = await self.controller.next_batch(loop_runtime.learner_version)
+        batch = await self._next_batch_unless_stopped(stop)
+        if batch is None:
+            return
         t_wait = time.perf_counter() - t0
         if self.weight_history is not None:
             self.weight_history.record(loop_runtime.learner_weights(), loop_runtime.learner_version)
@@ -200,6 +222,28 @@ class TrainLoop:
         if cfg.output_dir and cfg.checkpoint_every and self.steps_done % cfg.checkpoint_every == 0:
             self.checkpoint(Path(cfg.output_dir) / "checkpoint.pt")
 
+    async def _next_batch_unless_stopped(self, stop: StopRequest | None) -> list | None:
+        """The controller's next batch, or None once ``stop`` is requested while waiting for it. The take
+        is cancelled only while it waits (nothing taken yet); a batch taken as the stop came stays taken,
+        untrained, and the checkpoint saves it in front of the queue."""
+        take = self.controller.next_batch(self.loop_runtime.learner_version)
+        if stop is None:
+            return await take
+        batch_task = asyncio.ensure_future(take)
+        stop_task = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({batch_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (batch_task, stop_task):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(batch_task, stop_task, return_exceptions=True)
+        if batch_task.done() and not batch_task.cancelled() and batch_task.exception() is not None:
+            raise batch_task.exception()  # the run failed (a controller error): that, not the stop
+        if stop.requested:
+            return None
+        return batch_task.result()
+
     def _staleness(self, batch: list, version: int) -> tuple[dict[str, float], list[int], list[int]]:
         """The batch's token-weighted staleness at the learner's ``version``
         (trainer.metrics.staleness_metrics): its metrics, every sampled token's lag, every trajectory's oldest
@@ -250,7 +294,9 @@ class TrainLoop:
                 v: to_tensors(w) for v, w in self.weight_history.state_dict().items()
             }
         # (the learner writes its folder)
-        return save_checkpoint(path, self.loop_runtime.learner_state, runtime)
+        saved = save_checkpoint(path, self.loop_runtime.learner_state, runtime)
+        self._checkpointed_at = self.steps_done
+        return saved
 
     def summary(self, wall_s: float, steps_run: int) -> dict[str, Any]:
         """What the run did, in plain numbers."""
@@ -292,9 +338,10 @@ class RunHandle:
 
     loop: TrainLoop
 
-    async def train(self) -> dict[str, Any]:
-        """Run until ``cfg.steps`` learner steps are done; returns the summary."""
-        return await self.loop.train()
+    async def train(self, stop: StopRequest | None = None) -> dict[str, Any]:
+        """Run until ``cfg.steps`` learner steps are done or ``stop`` is requested (``TrainLoop.train``);
+        returns the summary."""
+        return await self.loop.train(stop)
 
     def checkpoint(self, path: str | Path) -> Path:
         """Write an atomic checkpoint (``TrainLoop.checkpoint``)."""

@@ -347,6 +347,31 @@ def test_a_dead_learner_rank_ends_the_run_and_resume_continues_it_bit_for_bit(
     _same_weights(weights, resumed_weights)
 
 
+def test_a_graceful_stop_saves_at_the_step_boundary_and_resume_continues_it_bit_for_bit(
+    ray_cluster, local_sync, tmp_path
+):
+    """The stop `rz train` requests on SIGINT / SIGTERM (runtime/stop.py): the Ray run stops after the step
+    it is in, saves the learner ranks' state there (no periodic checkpoint), and the resume finishes it with
+    the uninterrupted local run's weights."""
+    from rz_agents.runtime.stop import StopRequest
+
+    _, _, weights = local_sync
+    cfg = _cfg(output_dir=str(tmp_path), checkpoint_every=100)
+    run = build_run(cfg)
+    stop = StopRequest()
+    run.writer = _StepHook(run.writer, lambda step: stop.request(15) if step == 1 else None)
+    try:
+        stopped = asyncio.run(run.train(stop))["stopped"]
+    finally:
+        run.close()
+    assert stopped == {"signal": "SIGTERM", "signum": 15, "checkpoint": str(tmp_path / "checkpoint.pt")}
+    assert load_checkpoint(tmp_path / "checkpoint.pt", restore_rng=False)["runtime"]["steps_done"] == 2
+    resume = dataclasses.replace(cfg, resume_from=str(tmp_path / "checkpoint.pt"))
+    _, summary, _, resumed_weights = _run(resume)
+    assert summary["steps"] == 4 and summary["steps_this_run"] == 2
+    _same_weights(weights, resumed_weights)
+
+
 def test_rz_train_with_runtime_ray_warm_starts_trains_and_exports(ray_cluster, tmp_path, capsys):
     """The CLI path: the warm start trains the driver's copy, then learner ranks and engines take it."""
     import json
