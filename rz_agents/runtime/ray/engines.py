@@ -30,7 +30,7 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from rz_agents.engine import EngineConfig, RZEngine
+from rz_agents.engine import EngineConfig, ImagePrompt, RZEngine
 from rz_agents.engine.params import Completion, SamplingParams
 from rz_agents.model.lora import LoraConfig, add_lora
 from rz_agents.rollout.agent_loop import EpisodeError, ReplicaLost
@@ -63,9 +63,12 @@ class EngineServer:
         model.requires_grad_(False)
         self.engine = RZEngine(model, engine_cfg, decode=tok.decode)
 
-    async def generate(self, prompt: list[int], params: SamplingParams) -> Completion:
-        """RZEngine.generate: joins this replica's continuous batch."""
-        return await self.engine.generate(prompt, params)
+    async def generate(
+        self, prompt: list[int], params: SamplingParams, images: ImagePrompt | None = None
+    ) -> Completion:
+        """RZEngine.generate: joins this replica's continuous batch (``images``: a vision-language
+        prompt's)."""
+        return await self.engine.generate(prompt, params, images=images)
 
     async def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> int:
         """RZEngine.load_weights (between engine steps: this actor's event loop runs one step at a time)."""
@@ -133,12 +136,15 @@ class EngineReplicas:
         return self._version
 
     # ---- generation ----------------------------------------------------------------------------------
-    async def generate(self, prompt: list[int], params: SamplingParams) -> Completion:
-        """Generate on the replica serving the calling episode (raises ReplicaLost if it dies meanwhile)."""
+    async def generate(
+        self, prompt: list[int], params: SamplingParams, images: ImagePrompt | None = None
+    ) -> Completion:
+        """Generate on the replica serving the calling episode (raises ReplicaLost if it dies meanwhile);
+        ``images``: the pixels and grids of a vision-language prompt's image runs (RZEngine.generate)."""
         replica = await self._route(asyncio.current_task())
         self.counters["requests"] += 1
         try:
-            completion = await replica.actor.generate.remote(list(prompt), params)
+            completion = await replica.actor.generate.remote(list(prompt), params, images)
         except RayActorError as e:
             self._lost(replica)
             raise ReplicaLost(f"engine replica {replica.index} died: {type(e).__name__}") from e
