@@ -65,7 +65,8 @@ class LearnerConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     # A vision-language model's vision tower (model.visual: patch embedding, ViT blocks, mergers) stays as
     # loaded: no gradient, fp32 master or AdamW state; the language model trains (the warm start's SFT
-    # leaves it too). The engine keeps receiving it with every update, so both sides still hold the same bits.
+    # leaves it too). Weight updates leave it out (the engines hold it: sent whole once, like LoRA's base) and
+    # carry its SHA-256 instead, which each engine checks against its own tower (model/held_weights.py).
     freeze_vision: bool = False
 
     def validate(self) -> None:
