@@ -53,7 +53,10 @@ class HeldWeights:
         sent = set(sent)
         held = [(n, t) for n, t in self.model.state_dict().items() if n not in sent]
         names = tuple(n for n, _ in held)
-        versions = tuple(t._version for _, t in held)  # detach() shares the parameter's version counter
+        try:
+            versions = tuple(t._version for _, t in held)  # detach() shares the parameter's version counter
+        except RuntimeError:  # inference tensors keep no version counter: hash every time
+            return digest(held)
         if self._cache is not None and self._cache[:2] == (names, versions):
             return self._cache[2]
         value = digest(held)
