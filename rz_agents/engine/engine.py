@@ -29,6 +29,7 @@ from rz_agents.engine.sampler import HostTokens, sample_on_device
 from rz_agents.engine.scheduler import Scheduler
 from rz_agents.engine.sequence import Sequence
 from rz_agents.engine.stops import check_stop
+from rz_agents.model.held_weights import HeldWeights
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class RZEngine:
         self.config = config or EngineConfig()
         self.decode = decode
         self.model = model
+        self.held = HeldWeights(model)  # checks a partial update's claim on the tensors it leaves out
         self._pin_threads()
         fuse = getattr(model, "fuse_projections", None)
         if fuse is not None:  # one GEMM for q/k/v and one for gate/up per layer (same bits; model/fused.py)
@@ -170,10 +172,14 @@ class RZEngine:
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy ``state`` (parameter name -> tensor, any subset) into the model between steps.
 
-        Invalid state raises ValueError and changes nothing. Running sequences continue; tokens
-        sampled after the swap carry ``version``; their cached K/V are kept or recomputed according
-        to ``config.kv_on_update``. Kept prefix-cache entries are dropped (they belong to old weights).
+        A partial publication (LoRA's adapters, or all but a frozen vision tower) carries the SHA-256 of the
+        tensors it leaves out (``model.held_weights.HELD_KEY``): it is refused unless this engine holds those
+        tensors with the same bits. Invalid state raises ValueError and changes nothing. Running sequences
+        continue; tokens sampled after the swap carry ``version``; their cached K/V are kept or recomputed
+        according to ``config.kv_on_update``. Kept prefix-cache entries are dropped (they belong to old
+        weights).
         """
+        state = self.held.check(state)
         self.runner.validate_state(state)
         with self._lock:
             self.runner.load_state(state)  # in place: the parameters keep their storage

@@ -21,7 +21,7 @@ import torch
 
 from rz_agents.engine import RZEngine
 from rz_agents.model.freeze import freeze_vision_tower
-from rz_agents.model.lora import add_lora, has_lora
+from rz_agents.model.lora import add_lora
 from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.factories import (
     build_controller,
@@ -99,7 +99,8 @@ class LocalLoopRuntime(LoopRuntime):
         self.learner.load_state(state, folder)
 
     def learner_weights(self) -> dict[str, torch.Tensor]:
-        published = getattr(self.learner, "published_weights", None)  # LoRA: the adapters only
+        # LoRA: the adapters only; freeze_vision: all but the tower (a child process publishes everything)
+        published = getattr(self.learner, "published_weights", None)
         return published() if published is not None else self.learner.weights()
 
     def snapshot_weights(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -109,7 +110,8 @@ class LocalLoopRuntime(LoopRuntime):
         self.engine.load_weights(weights, version)
 
     def load_engine_base(self) -> None:
-        if has_lora(self.run.model):  # (learner_process is refused with LoRA: the learner is here)
+        published_names = getattr(self.learner, "published_names", None)  # (a child process: everything)
+        if published_names is not None and published_names() is not None:
             self.engine.load_weights(self.learner.weights(), self.learner.version)
 
     async def send_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:

@@ -63,9 +63,10 @@ class LoopRuntime(ABC):
     def load_engine_weights(self, weights: Any, version: int) -> None:
         """Make the engines sample with ``weights`` as ``version`` now (before the loop starts)."""
 
-    def load_engine_base(self) -> None:  # noqa: B027 (optional: only LoRA publishes a part of the weights)
-        """With LoRA (a publication holds only the adapters): make the engines take the learner's whole
-        weights now (its frozen base may differ from theirs: a warm start, a resumed checkpoint)."""
+    def load_engine_base(self) -> None:  # noqa: B027 (optional: only a frozen part makes updates partial)
+        """With a frozen part (LoRA's base, a frozen vision tower: a publication holds only the trained
+        tensors): make the engines take the learner's whole weights now (its frozen part may differ from
+        theirs: a warm start, a resumed checkpoint); the publications after it leave the frozen part out."""
 
     @abstractmethod
     async def send_weights(self, weights: Any, version: int) -> None:

@@ -19,12 +19,13 @@ them).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+from rz_agents.model.held_weights import digest
 
 if TYPE_CHECKING:
     from rz_agents.trainer.learner import Learner
@@ -33,9 +34,17 @@ STORE = "frozen_base"  # the folder in the run directory (beside the checkpoint 
 
 
 def frozen_params(learner: Learner) -> list[tuple[str, torch.Tensor]]:
-    """(name, parameter) of each model parameter the learner does not train (LoRA's base)."""
+    """(name, parameter) of each model parameter the learner does not train (LoRA's base, a frozen vision
+    tower)."""
     trained = {id(p) for p in learner.params}
     return [(n, p) for n, p in learner.model.named_parameters() if id(p) not in trained]
+
+
+def frozen_names(learner: Learner) -> set[str]:
+    """The state-dict names of the frozen parameters (both names of a tied one)."""
+    trained = {id(p) for p in learner.params}
+    named = learner.model.named_parameters(remove_duplicate=False)
+    return {n for n, p in named if id(p) not in trained}
 
 
 def _versions(learner: Learner) -> tuple[int, ...]:
@@ -45,12 +54,28 @@ def _versions(learner: Learner) -> tuple[int, ...]:
 def base_hash(learner: Learner) -> str:
     """SHA-256 of the frozen tensors (names, dtypes, shapes, bytes of the whole tensors); with sharded ranks a
     collective (each tensor gathered in turn; every rank returns the same hash)."""
-    h = hashlib.sha256()
-    for name, p in frozen_params(learner):
-        whole = learner.ranks.full(p.detach()).cpu().contiguous()
-        h.update(f"{name}|{whole.dtype}|{tuple(whole.shape)}|".encode())
-        h.update(whole.reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
+    return digest((name, learner.ranks.full(p.detach())) for name, p in frozen_params(learner))
+
+
+def held_digest(learner: Learner, published: list[str]) -> str:
+    """The SHA-256 (``model.held_weights.digest``) of the weights a partial publication of ``published``
+    leaves out, as the engines hold them (the model's dtype, state-dict order): the claim an engine checks
+    before it applies the publication. Computed once per distinct frozen base (kept with the frozen tensors'
+    version counters, like the checkpoint's hash); with sharded ranks a collective when it is computed, and
+    every rank takes the same path."""
+    cached = getattr(learner, "_held_digest", None)
+    versions = _versions(learner)
+    fresh = cached is not None and cached[0] == versions
+    if learner.ranks.world > 1:  # all cached or none (computing it gathers every held tensor)
+        stale = learner.ranks.reduce_sum(torch.tensor([0.0 if fresh else 1.0]))
+        fresh = fresh and float(stale[0]) == 0.0
+    if fresh:
+        return cached[1]
+    sent = set(published)
+    held = [n for n in learner.model.state_dict() if n not in sent]
+    value = digest(learner.iter_weights(held))
+    learner._held_digest = (versions, value)
+    return value
 
 
 def _cached(learner: Learner) -> dict[str, str] | None:

@@ -18,10 +18,12 @@ from typing import Any
 import torch
 
 from rz_agents.model.freeze import freeze_vision_tower
-from rz_agents.model.lora import LoraConfig, adapter_names, has_lora
+from rz_agents.model.held_weights import HELD_KEY, claim_tensor
+from rz_agents.model.lora import LoraConfig, has_lora
 from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.advantages import BASELINES, group_advantages, uniform_groups
 from rz_agents.trainer.exchange import StepExchange, idle_pass
+from rz_agents.trainer.frozen_base import frozen_names, held_digest
 from rz_agents.trainer.learner_checkpoint import (
     load_learner_state,
     load_whole_tensor_state,
@@ -63,7 +65,8 @@ class LearnerConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     # A vision-language model's vision tower (model.visual: patch embedding, ViT blocks, mergers) stays as
     # loaded: no gradient, fp32 master or AdamW state; the language model trains (the warm start's SFT
-    # leaves it too). The engine keeps receiving it with every update, so both sides still hold the same bits.
+    # leaves it too). Weight updates leave it out (the engines hold it: sent whole once, like LoRA's base) and
+    # carry its SHA-256 instead, which each engine checks against its own tower (model/held_weights.py).
     freeze_vision: bool = False
 
     def validate(self) -> None:
@@ -528,14 +531,33 @@ class Learner:
             yield name, self.ranks.full(state[name].detach().to(self.dtype))
 
     def published_names(self) -> list[str] | None:
-        """The names a weight update publishes: with LoRA only the adapter tensors (the engine holds the same
-        frozen base); None: every weight."""
-        return adapter_names(self.model) if has_lora(self.model) else None
+        """The names a weight update publishes: every state-dict entry but the parameters the learner does not
+        train (with LoRA the adapters, with ``freeze_vision`` all but the vision tower: the frozen part never
+        changes and the engine holds it already); None: every weight (nothing is frozen)."""
+        frozen = frozen_names(self)
+        if not frozen:
+            return None
+        return [n for n in self.model.state_dict() if n not in frozen]
+
+    def iter_published(self, order: Sequence[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """``iter_weights`` of what a weight update sends, in ``order`` (default: ``published_names``). A
+        partial update ends with (``HELD_KEY``, the SHA-256 of the frozen tensors it leaves out, in the
+        model's dtype): an engine refuses it unless it holds those same bits (model/held_weights.py);
+        ``order`` may place that entry anywhere. A collective with several ranks, like ``iter_weights``."""
+        names = self.published_names()
+        if names is None:
+            yield from self.iter_weights(order)
+            return
+        claim = claim_tensor(held_digest(self, names))
+        order = list(order) if order is not None else [*names, HELD_KEY]
+        weights = self.iter_weights([n for n in order if n != HELD_KEY])
+        for name in order:
+            yield (name, claim) if name == HELD_KEY else next(weights)
 
     def published_weights(self) -> dict[str, torch.Tensor]:
-        """The tensors a weight update sends to the engines (``weights()``, or only the adapters with
-        LoRA)."""
-        return dict(self.iter_weights(self.published_names()))
+        """The tensors a weight update sends to the engines (``weights()``, or only the trained part and the
+        claim on the frozen rest: ``iter_published``)."""
+        return dict(self.iter_published())
 
     def weight_shapes(self) -> dict[str, torch.Tensor]:
         """Meta tensors with the names, whole shapes and dtype of ``weights()`` (nothing gathered)."""

@@ -18,6 +18,7 @@ import torch
 
 from rz_agents.engine import EngineConfig, SamplingParams
 from rz_agents.model import ModelConfig
+from rz_agents.model.held_weights import HELD_KEY
 from rz_agents.model.lora import LoraConfig, publication_bytes
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.runtime import (
@@ -103,8 +104,9 @@ def _check_lora_run(run, history, batches, weights, local_lora):
             mine["lag0_abs_dlogp_max"] == 0.0 and mine["lag0_token_count"] == mine["num_sampled_tokens"] > 0
         )
         assert mine["engine_version"] == step + 1
-        # adapters only, in both runtimes; the whole weights would be `full` bytes (incl. adapters)
-        assert mine["weight_update_bytes"] == theirs["weight_update_bytes"] == adapter < full // 5
+        # adapters only (and the 32-byte claim on the base), in both runtimes; the whole weights would be
+        # `full` bytes (incl. adapters)
+        assert mine["weight_update_bytes"] == theirs["weight_update_bytes"] == adapter + 32 < full // 5
     # The adapters trained (B moved off zero), so lag-0 exactness needed the engines to apply them.
     assert any(v.abs().sum() > 0 for n, v in weights.items() if ".lora_B." in n)
 
@@ -127,8 +129,9 @@ def test_ray_lora_engines_take_a_changed_base_once_then_adapters(ray_cluster):
     tokens would not score exactly: assert_lag0_exact raises), then adapter-only updates."""
     run = build_run(_cfg(steps=2))
     published = ray.get(run.learner.weights_ref())  # what a publication holds: the adapters only
+    assert published.pop(HELD_KEY).numel() == 32  # (and the claim on the base, which the engines check)
     assert published and all(".lora_A." in k or ".lora_B." in k for k in published)
-    adapter = _bytes(published)
+    adapter = _bytes(published) + 32
     try:
         with torch.no_grad():
             for name, p in run.model.named_parameters():

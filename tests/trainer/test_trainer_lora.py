@@ -10,6 +10,7 @@ import torch
 
 from rz_agents.engine import EngineConfig, RZEngine, SamplingParams, generate_batch
 from rz_agents.model import ModelConfig, Transformer
+from rz_agents.model.held_weights import HELD_KEY
 from rz_agents.model.lora import LoraConfig, adapter_names, add_lora, publication_bytes
 from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
@@ -53,8 +54,8 @@ def test_lora_learner_trains_adapters_only_and_lag0_stays_exact_through_adapter_
         m = learner.step(_batch(engine, seed=version))
         assert m["lag0_token_count"] > 0 and m["lag0_abs_dlogp_max"] == 0.0
         published = learner.published_weights()
-        assert sorted(published) == sorted(names)
-        sent = sum(t.numel() * t.element_size() for t in published.values())
+        assert sorted(published) == sorted([*names, HELD_KEY])  # the adapters, the claim on the base
+        sent = sum(t.numel() * t.element_size() for k, t in published.items() if k != HELD_KEY)
         everything = sum(t.numel() * t.element_size() for t in learner.weights().values())
         # adapters only, vs the base weights a full update (without LoRA) sends
         assert (sent, everything - sent) == publication_bytes(model.config, LORA)

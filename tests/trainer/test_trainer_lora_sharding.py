@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from rz_agents.model import ModelConfig, Transformer
+from rz_agents.model.held_weights import HELD_KEY
 from rz_agents.model.lora import LoraConfig, adapter_names, add_lora
 from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
@@ -133,7 +134,9 @@ def test_sharded_lora_steps_equal_the_one_process_lora_steps_bit_for_bit(sharded
         assert metrics["lag0_abs_dlogp_max"] == 0.0 and metrics["step_skipped_nonfinite"] == 0
         expected = single.step(batch)
         _same_metrics(metrics, expected)  # loss and gradient norm included
-        assert sorted(published) == sorted(names)  # adapters only, as one process publishes
+        # adapters only, as one process publishes, and the claim on the base (the sharded ranks hash the
+        # gathered base: the same SHA-256 as one process)
+        assert sorted(published) == sorted([*names, HELD_KEY])
         _same_tensors(published, single.published_weights())
         _same_state(state, whole_state(single))
     assert any(v.abs().sum() > 0 for k, v in record[-1][2].items() if ".lora_B." in k)  # B trained

@@ -9,9 +9,10 @@ episode goes to the replica serving the fewest live episodes. An episode is the 
 
 Weights reach the replicas as one reference into Ray's object store (published by learner rank 0); each
 replica fetches the object (once per node) and applies it between engine steps. With LoRA a replica builds
-the same adapters as the learner (``learner.lora``) and a publication holds only the adapter tensors; the
-whole weights go once (``load_base``: at the start, after a warm start or a resume) and again to a replica
-Ray restarted, before its adapters. A replica that dies is
+the same adapters as the learner (``learner.lora``) and a publication holds only the adapter tensors (with
+``learner.freeze_vision`` all but the vision tower; either one with the claim on the frozen rest that the
+replica checks: model/held_weights.py); the whole weights go once (``load_base``: at the start, after a warm
+start or a resume) and again to a replica Ray restarted, before its partial updates. A replica that dies is
 restarted by Ray; its episodes in flight fail with ``ReplicaLost`` (the controller runs them again or drops
 them, and counts both), and the router sends it the latest weights before routing to it again.
 """
@@ -29,9 +30,9 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from rz_agents.engine import EngineConfig, RZEngine
+from rz_agents.engine import EngineConfig, ImagePrompt, RZEngine
 from rz_agents.engine.params import Completion, SamplingParams
-from rz_agents.model.lora import LoraConfig, adapter_names, add_lora, has_lora
+from rz_agents.model.lora import LoraConfig, add_lora
 from rz_agents.rollout.agent_loop import EpisodeError, ReplicaLost
 from rz_agents.runtime.config import ModelSpec
 from rz_agents.runtime.factories import build_model, build_tokenizer
@@ -62,9 +63,12 @@ class EngineServer:
         model.requires_grad_(False)
         self.engine = RZEngine(model, engine_cfg, decode=tok.decode)
 
-    async def generate(self, prompt: list[int], params: SamplingParams) -> Completion:
-        """RZEngine.generate: joins this replica's continuous batch."""
-        return await self.engine.generate(prompt, params)
+    async def generate(
+        self, prompt: list[int], params: SamplingParams, images: ImagePrompt | None = None
+    ) -> Completion:
+        """RZEngine.generate: joins this replica's continuous batch (``images``: a vision-language
+        prompt's)."""
+        return await self.engine.generate(prompt, params, images=images)
 
     async def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> int:
         """RZEngine.load_weights (between engine steps: this actor's event loop runs one step at a time)."""
@@ -77,12 +81,13 @@ class EngineServer:
 
         self.broadcast = await asyncio.to_thread(WeightBroadcast, address, rank, world, backend)
 
-    async def receive_weights(self, version: int) -> int:
+    async def receive_weights(self, version: int, published: list[str] | None = None) -> int:
         """Receive the weights learner rank 0 broadcasts (in a thread: generation goes on meanwhile), then
-        apply them between engine steps."""
-        like = self.engine.model.state_dict()
-        if has_lora(self.engine.model):  # the learner broadcasts only the adapters (ray/learner.py)
-            like = {name: like[name] for name in adapter_names(self.engine.model)}
+        apply them between engine steps. ``published``: the learner's ``published_names`` (None: every
+        weight; else its trained part and the claim on the rest, which ``load_weights`` checks)."""
+        from rz_agents.runtime.ray.weight_broadcast import published_layout
+
+        like = published_layout(self.engine.model.state_dict(), published)
         state = await asyncio.to_thread(self.broadcast.receive, like)
         self.engine.load_weights(state, version)
         return version
@@ -119,7 +124,7 @@ class EngineReplicas:
         self.replicas = [_Replica(i, a) for i, a in enumerate(actors)]
         self._version = 0
         self._weights: tuple[Any, int] | None = None  # what every replica must hold: (object ref, version)
-        self._base: Any = None  # LoRA: the whole weights (object ref) a restarted replica loads first
+        self._base: Any = None  # partial publications: the whole weights a restarted replica loads first
         self._routes: weakref.WeakKeyDictionary[asyncio.Task, _Replica] = weakref.WeakKeyDictionary()
         self._changed: asyncio.Event | None = None
         self._revivals: set[asyncio.Task] = set()
@@ -131,12 +136,15 @@ class EngineReplicas:
         return self._version
 
     # ---- generation ----------------------------------------------------------------------------------
-    async def generate(self, prompt: list[int], params: SamplingParams) -> Completion:
-        """Generate on the replica serving the calling episode (raises ReplicaLost if it dies meanwhile)."""
+    async def generate(
+        self, prompt: list[int], params: SamplingParams, images: ImagePrompt | None = None
+    ) -> Completion:
+        """Generate on the replica serving the calling episode (raises ReplicaLost if it dies meanwhile);
+        ``images``: the pixels and grids of a vision-language prompt's image runs (RZEngine.generate)."""
         replica = await self._route(asyncio.current_task())
         self.counters["requests"] += 1
         try:
-            completion = await replica.actor.generate.remote(list(prompt), params)
+            completion = await replica.actor.generate.remote(list(prompt), params, images)
         except RayActorError as e:
             self._lost(replica)
             raise ReplicaLost(f"engine replica {replica.index} died: {type(e).__name__}") from e
@@ -238,8 +246,9 @@ class EngineReplicas:
         self._version = version
 
     def load_base(self, weights: Any, version: int) -> None:
-        """(LoRA) Every replica takes the whole ``weights`` (an object ref: base and adapters) as ``version``
-        now, and a replica Ray restarts takes them again before the adapters published after them."""
+        """(Partial publications) Every replica takes the whole ``weights`` (an object ref: the frozen part
+        and the trained one) as ``version`` now, and a replica Ray restarts takes them again before the
+        partial updates published after them."""
         self._base = weights
         self.load_weights(weights, version)
 

@@ -5,8 +5,10 @@ the micro-batches, and rank 0 returns the metrics; after a step every rank joins
 weights and rank 0 puts the whole state in Ray's object store (one ``ray.put``) and returns the reference;
 the driver hands it to the engines, which fetch the object (the driver never does). With LoRA
 (``learner.lora``) a publication holds only the adapter tensors (``Learner.published_names``; with several
-ranks the adapters are whole on every rank and rank 0 sends its own); the whole weights are put in the store
-only on demand (``full_weights_ref``: exports, the engines' base). A
+ranks the adapters are whole on every rank and rank 0 sends its own), with ``learner.freeze_vision`` all but
+the vision tower, and either one the SHA-256 of the frozen rest (``Learner.iter_published``: the engines
+check it); the whole weights are put in the store only on demand (``full_weights_ref``: exports, the
+engines' base). A
 checkpoint has every rank write its own shards into one folder (``save_state``: the run directory must be one
 filesystem for all ranks, as it is on one node).
 
@@ -112,14 +114,19 @@ class LearnerRank:
         )  # fmt: skip
         return record if self.rank == 0 else None
 
+    def published_names(self) -> list[str] | None:
+        """Learner.published_names (None: a publication holds every weight)."""
+        return self.learner.published_names()
+
     def weights(self, published: bool = True) -> list | None:
-        """The weights a publication sends (``published``: only the adapters with LoRA) or the whole weights
+        """The weights a publication sends (``published``: ``Learner.iter_published``, only the trained part
+        with a frozen one) or the whole weights
         (a collective, gathered tensor by tensor); rank 0 copies each to the host as it arrives, puts them in
         the object store (one ``ray.put``) and returns ``[reference, bytes]`` (in a list, so that Ray hands
         the driver the reference, not the tensors). The other ranks drop each at once."""
         host: dict[str, torch.Tensor] = {}
-        names = self.learner.published_names() if published else None
-        for name, tensor in self.learner.iter_weights(names):
+        stream = self.learner.iter_published() if published else self.learner.iter_weights()
+        for name, tensor in stream:
             if self.rank == 0:
                 host[name] = tensor.detach().to("cpu")
         if self.rank != 0:
@@ -148,18 +155,16 @@ class LearnerRank:
         self.broadcast = WeightBroadcast(address, 0, world, backend)
 
     def broadcast_weights(self) -> int | None:
-        """The published weights (the whole weights, or only the adapters with LoRA; a collective of the
+        """The published weights (the whole weights, or the trained part and the claim on the frozen rest; a
+        collective of the
         learner ranks, gathered tensor by tensor in the broadcast's bucket order), broadcast by rank 0 to the
         engines bucket by bucket; rank 0 returns the bytes sent."""
-        from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES, buckets
+        from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES, buckets, published_layout
 
-        shapes = self.learner.weight_shapes()
-        names = self.learner.published_names()
-        if names is not None:  # the engines receive a state laid out like their own adapters
-            shapes = {name: shapes[name] for name in names}
+        shapes = published_layout(self.learner.weight_shapes(), self.learner.published_names())
         bucket_bytes = self.broadcast.bucket_bytes if self.rank == 0 else BUCKET_BYTES
         order = [name for _, entries in buckets(shapes, bucket_bytes) for name, _ in entries]
-        stream = self.learner.iter_weights(order)
+        stream = self.learner.iter_published(order)
         if self.rank == 0:
             self.broadcast.send(shapes, stream)
             return sum(t.numel() * t.element_size() for t in shapes.values())
@@ -190,16 +195,17 @@ class LearnerGroup:
     fetch them from there); off while the weights travel by broadcast, then ``weights_ref`` makes the
     reference on demand (exports, checkpoints of the fixed-lag history)."""
 
-    def __init__(self, actors: list[Any], store_weights: bool = True, adapters_only: bool = False) -> None:
-        """``adapters_only``: LoRA (a publication holds only the adapters; ``full_weights_ref`` all)."""
+    def __init__(self, actors: list[Any], store_weights: bool = True) -> None:
         self.actors = actors
         self.version = 0
         self.skipped_steps = 0
         self.store_weights = store_weights
-        self.adapters_only = adapters_only
         self.published_bytes = 0  # bytes of the latest publication put in the store
         address = ray.get(actors[0].rendezvous.remote()) if len(actors) > 1 else None
         self.nodes = self._get([a.start.remote(address) for a in actors])
+        # What a publication holds (None: every weight; else the trained part: LoRA's adapters, all but a
+        # frozen vision tower; ``full_weights_ref`` has all of them)
+        self.published_names: list[str] | None = ray.get(actors[0].published_names.remote())
         self._ref: tuple[Any, int] | None = None  # (object ref of the published weights, their version)
         self.weights_ref()
 
@@ -243,18 +249,24 @@ class LearnerGroup:
         return self._ref[0] if self._ref is not None and self._ref[1] == self.version else None
 
     def weights_ref(self) -> Any:
-        """The object ref of the current published weights (with LoRA the adapters only), gathered into the
+        """The object ref of the current published weights (with a frozen part the trained one only), gathered
+        into the
         store if they are not yet."""
         if self.cached_ref() is None:
             self._stored(self._get([a.weights.remote() for a in self.actors])[0])
         return self._ref[0]
 
     def full_weights_ref(self) -> Any:
-        """The object ref of the whole current weights (``weights_ref`` unless LoRA: then put in the store
-        now, base and adapters)."""
-        if not self.adapters_only:
+        """The object ref of the whole current weights (``weights_ref`` unless publications are partial: then
+        put in the store now, the frozen part and the trained one)."""
+        if not self.partial:
             return self.weights_ref()
         return self._get([a.weights.remote(False) for a in self.actors])[0][0]
+
+    @property
+    def partial(self) -> bool:
+        """A publication leaves the frozen part out (LoRA, ``learner.freeze_vision``)."""
+        return self.published_names is not None
 
     async def weights_ref_async(self) -> Any:
         """``weights_ref`` without blocking the event loop."""

@@ -101,9 +101,7 @@ class RayRun(RunHandle):
         self._actors += ranks
         self.engine = EngineReplicas(engines)
         self.env_workers = workers
-        self.learner = LearnerGroup(
-            ranks, store_weights=p.weight_transport != "broadcast", adapters_only=plan.learner.lora.enabled
-        )
+        self.learner = LearnerGroup(ranks, store_weights=p.weight_transport != "broadcast")
         check_env_workers(workers, timeout_s=cfg.watchdog_s or None)
         # An env that runs its own agent against the engine (rz_agents/OpenAIAgent-v0: rz serve sessions over
         # the replica router) is built here in the driver, where the router is; others live in the workers.
@@ -217,7 +215,10 @@ class RayLoopRuntime(LoopRuntime):
             try:
                 sent = await asyncio.gather(
                     *(a.broadcast_weights.remote() for a in self.learner.actors),
-                    *(r.actor.receive_weights.remote(version) for r in self.engine.replicas),
+                    *(
+                        r.actor.receive_weights.remote(version, self.learner.published_names)
+                        for r in self.engine.replicas
+                    ),
                 )
                 self.publication_bytes = sent[0]
                 self.engine.received_broadcast(version)
@@ -255,7 +256,7 @@ class RayLoopRuntime(LoopRuntime):
         self.engine.load_weights(weights, version)
 
     def load_engine_base(self) -> None:
-        if self.learner.adapters_only:
+        if self.learner.partial:
             self.engine.load_base(self.learner.full_weights_ref(), self.learner.version)
 
     async def send_weights(self, weights: Any, version: int) -> None:

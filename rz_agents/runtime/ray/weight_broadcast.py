@@ -16,10 +16,12 @@ runtime publishes through the object store from then on.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
+
+from rz_agents.model.held_weights import HELD_KEY
 
 Layout = list[tuple[torch.dtype, list[tuple[str, torch.Size]]]]
 BUCKET_BYTES = 256 * 2**20
@@ -48,6 +50,20 @@ def buckets(state: Mapping[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES)
                 used = 0
             out[-1][1].append((name, shape))
             used += nbytes
+    return out
+
+
+def published_layout(
+    like: Mapping[str, torch.Tensor], published: Sequence[str] | None
+) -> dict[str, torch.Tensor]:
+    """What a publication of ``published`` (``Learner.published_names``; None: every weight) broadcasts, laid
+    out like ``like`` (the model's state, or meta tensors): those tensors and, when they are a part, the claim
+    on the rest (``HELD_KEY``, 32 bytes). The sender and every receiver derive the buckets from it."""
+    if published is None:
+        return dict(like)
+    out = {name: like[name] for name in published}
+    device = next(iter(like.values())).device
+    out[HELD_KEY] = torch.empty(32, dtype=torch.uint8, device=device)
     return out
 
 
