@@ -48,7 +48,7 @@ def record_step(
     """Per episode: each token's text, loss mask, policy version and lag, behavior and learner log-probs;
     the episode's reward and advantage. ``version`` is the learner's (the weights in ``model``). A token's
     text is its name from ``token_names`` if it has one, else ``decode_piece``'s, else ``<id N>``."""
-    from rz_agents.model.logprobs import packed_token_logprobs
+    from rz_agents.trainer.sequence_logprobs import trajectory_logprobs
 
     names = token_names(model)
 
@@ -68,7 +68,8 @@ def record_step(
     model.eval()
     with torch.no_grad():
         for mb in micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens):
-            scored = packed_token_logprobs(model, [trajs[i].tokens for i in mb], **sampling.scoring())
+            # (a vision-language model's trajectories with their images, as the learner scores them)
+            scored = trajectory_logprobs(model, [trajs[i] for i in mb], sampling.scoring())
             for i, lp in zip(mb, scored, strict=True):
                 learner[i] = [math.nan, *lp.tolist()]  # token 0 has no context
     model.train(was_training)

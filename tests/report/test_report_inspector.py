@@ -1,5 +1,6 @@
 """The trajectory inspector page, rendered in headless Chromium; report numbers as readable tables."""
 
+import io
 import math
 import shutil
 import subprocess
@@ -94,10 +95,14 @@ def test_inspector_page_renders_in_headless_chromium(tmp_path):
     assert red.sum() > 200 and blue.sum() > 200
 
 
-def _record(model, tokens: list[int]) -> dict:
+def _trajectory(tokens: list[int], images: list[bytes] | None = None) -> Trajectory:
     n = len(tokens)
-    traj = Trajectory(tokens, [False] * (n - 1) + [True], [0.0] * (n - 1) + [-1.0], [-1] * (n - 1) + [0],
-                      1.0, 0)  # fmt: skip
+    return Trajectory(tokens, [False] * (n - 1) + [True], [0.0] * (n - 1) + [-1.0], [-1] * (n - 1) + [0],
+                      1.0, 0, images=images or [])  # fmt: skip
+
+
+def _record(model, tokens: list[int], images: list[bytes] | None = None) -> dict:
+    traj = _trajectory(tokens, images)
     decode = ByteTokenizer().decode
     return record_step(model, [traj], LearnerConfig(), 0, lambda t: decode([t]), sampling=SamplingSpec(),
                        max_lag=None)  # fmt: skip
@@ -117,3 +122,21 @@ def test_vision_ids_of_the_byte_tokenizer_show_their_names_and_unknown_ids_their
     # A text model gives the same ids no meaning: they show their number.
     text_pieces = _record(Transformer(ModelConfig.tiny("qwen3")), [IM_START, 300, 302, *b"ok"])["episodes"][0]
     assert text_pieces["pieces"][1:3] == ["<id 300>", "<id 302>"]
+
+
+def test_a_vision_language_episode_is_scored_with_its_images_as_the_learner_scores_it():
+    from PIL import Image
+
+    from rz_agents.model.logprobs import packed_token_logprobs
+    from rz_agents.rollout.byte_vl_chat import ByteVLChatTemplate
+    from rz_agents.trainer.sequence_logprobs import trajectory_logprobs
+
+    model = Qwen3VLModel(Qwen3VLConfig.tiny())
+    image, picture = Image.new("RGB", (64, 48), (200, 30, 30)), io.BytesIO()
+    image.save(picture, format="PNG")
+    png = picture.getvalue()
+    tokens = [IM_START, *b"user\n", *ByteVLChatTemplate(model.vl_config).image_tokens(image), IM_END, *b"ok"]
+    learner = _record(model, tokens, [png])["episodes"][0]["learner_logprobs"][1:]
+    assert learner == trajectory_logprobs(model, [_trajectory(tokens, [png])], {})[0].tolist()
+    # control: the same tokens without the image (what the inspector scored before) give other numbers
+    assert learner != packed_token_logprobs(model, [tokens])[0].tolist()
