@@ -79,7 +79,10 @@ def _triton_opset() -> OpSet:
             "imported (its interpreter runs the kernels on CPU, slowly: for tests)"
         )
     try:
+        from rz_kernels.triton_ops.interpreter import check_triton_interprets
         from rz_kernels.triton_ops.opset import TRITON
+
+        check_triton_interprets()
     except ImportError as exc:  # triton missing
         raise RuntimeError(f"the Triton op set needs the `triton` package ({exc})") from None
     return TRITON

@@ -28,7 +28,14 @@ from rz_agents.model.logprobs import token_logprobs
 from rz_agents.model.mrope import mrope_positions, mrope_table
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 from rz_agents.model.rope_scaling import rope_table
-from rz_agents.model.transformer import DecoderStack, Transformer, _Context, _linear, flat_stream
+from rz_agents.model.transformer import (
+    DecoderStack,
+    Transformer,
+    _Context,
+    _linear,
+    flat_stream,
+    in_token_shape,
+)
 from rz_agents.model.vision import ImageEmbeddings, LayerNorm, VisionTower
 from rz_kernels import get_ops
 from rz_kernels.attention import verify_attention
@@ -175,7 +182,7 @@ class Qwen3VLModel(Transformer):
             x = checkpoint(layer, x, ctx, use_reentrant=False) if recompute else layer(x, ctx)
             if slots is not None and i < len(images.deepstack):
                 x = x.index_put((slots,), x[slots] + images.deepstack[i].to(x.dtype))
-        return stack.norm(x, ctx.ops).view(*shape, -1)
+        return in_token_shape(stack.norm(x, ctx.ops), shape)
 
 
 def sequence_logprobs(

@@ -199,6 +199,16 @@ class Qwen3VLConfig:
     def model_type(self) -> str:
         return "qwen3_vl"
 
+    def vision_token_names(self) -> dict[int, str]:
+        """Qwen3-VL's token string for each of this model's vision placeholder ids (what a display shows
+        for them when the run's tokenizer has no text for them: the byte tokenizer ends at id 258)."""
+        return {
+            self.vision_start_token_id: "<|vision_start|>",
+            self.vision_end_token_id: "<|vision_end|>",
+            self.image_token_id: "<|image_pad|>",
+            self.video_token_id: "<|video_pad|>",
+        }
+
     @classmethod
     def tiny(cls, **text_overrides: Any) -> Qwen3VLConfig:
         """A small random-init config for tests: 2 text layers, a 3-block tower feeding 2 deepstack layers."""

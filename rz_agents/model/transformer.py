@@ -258,6 +258,13 @@ def flat_stream(
     return tokens, positions, seq_ids
 
 
+def in_token_shape(hidden: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Hidden states [T, hidden] of a flat stream back in the tokens' ``shape`` ([T] or [B, S]). A flat
+    stream's are returned as they are, not as a view: FSDP2 warns on every forward of a sharded root whose
+    output is a view (the data are the same either way)."""
+    return hidden if len(shape) == 1 else hidden.view(*shape, -1)
+
+
 class Transformer(nn.Module):
     """Causal LM. `forward` returns final hidden states; `logits` applies the LM head in fp32."""
 
@@ -384,12 +391,17 @@ class Transformer(nn.Module):
         recompute = self.config.activation_checkpointing and torch.is_grad_enabled() and kv_cache is None
         for layer in self.model.layers:
             x = checkpoint(layer, x, ctx, use_reentrant=False) if recompute else layer(x, ctx)
-        x = self.model.norm(x, ctx.ops)
-        return x.view(*shape, -1)
+        return in_token_shape(self.model.norm(x, ctx.ops), shape)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head in the op set's GEMM, returned as fp32 [..., vocab]."""
-        return self.ops_for(hidden.device).linear(hidden, self.lm_head.weight).float()
+        out = self.ops_for(hidden.device).linear(hidden, self.lm_head.weight)
+        # The aligned GEMM's output may be a view of its row-padded buffer, and FSDP2 warns on every call of
+        # a sharded root's forward method (this is one) that returns a view. A bf16 model's cast below is a
+        # copy already; an fp32 model's output that autograd sees gets the same one copy (same bits).
+        if out.dtype == torch.float32 and out.requires_grad and out._base is not None:
+            return out.clone()
+        return out.float()
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())

@@ -27,6 +27,14 @@ def inspected_steps(chosen: Sequence[int], total: int) -> set[int]:
     return {s if s >= 0 else total + s for s in chosen if -total <= s < total}
 
 
+def token_names(model: torch.nn.Module) -> dict[int, str]:
+    """Names for the ids ``model`` gives a meaning the run's tokenizer may not know: a vision-language
+    model's image placeholders (``<|vision_start|>``, ``<|image_pad|>``, ...; the byte tokenizer has no
+    text for them). Empty for a text model."""
+    vl_config = getattr(model, "vl_config", None)
+    return vl_config.vision_token_names() if vl_config is not None else {}
+
+
 def record_step(
     model: torch.nn.Module,
     batch: Sequence[Trajectory],
@@ -38,14 +46,20 @@ def record_step(
     max_lag: int | None,
 ) -> dict[str, Any]:
     """Per episode: each token's text, loss mask, policy version and lag, behavior and learner log-probs;
-    the episode's reward and advantage. ``version`` is the learner's (the weights in ``model``)."""
-    from rz_agents.model.logprobs import packed_token_logprobs
+    the episode's reward and advantage. ``version`` is the learner's (the weights in ``model``). A token's
+    text is its name from ``token_names`` if it has one, else ``decode_piece``'s, else ``<id N>``."""
+    from rz_agents.trainer.sequence_logprobs import trajectory_logprobs
+
+    names = token_names(model)
 
     def piece(token: int) -> str:
+        if token in names:
+            return names[token]
         try:
-            return decode_piece(token)
+            text = decode_piece(token)
         except ValueError:  # an id past the tokenizer (a padding row of a larger embedding)
-            return f"<id {token}>"
+            text = ""
+        return text or f"<id {token}>"  # (the byte tokenizer decodes ids it lacks as nothing)
 
     trajs = list(batch)
     advantages = group_advantages([float(t.reward) for t in trajs], [t.group_id for t in trajs], cfg.baseline)
@@ -54,7 +68,8 @@ def record_step(
     model.eval()
     with torch.no_grad():
         for mb in micro_batches([len(t.tokens) for t in trajs], cfg.micro_batch_tokens):
-            scored = packed_token_logprobs(model, [trajs[i].tokens for i in mb], **sampling.scoring())
+            # (a vision-language model's trajectories with their images, as the learner scores them)
+            scored = trajectory_logprobs(model, [trajs[i] for i in mb], sampling.scoring())
             for i, lp in zip(mb, scored, strict=True):
                 learner[i] = [math.nan, *lp.tolist()]  # token 0 has no context
     model.train(was_training)

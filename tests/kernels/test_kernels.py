@@ -184,3 +184,31 @@ def test_triton_op_set_on_cpu_without_the_interpreter_is_a_clear_error(monkeypat
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         get_ops("triton", "cpu")
+
+
+def test_the_interpreter_switch_set_after_triton_was_imported_is_a_clear_error():
+    # (a fresh process: whether this one imported triton before the switch depends on the test order)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    late = (
+        "import os, triton, torch\n"
+        "assert not torch.cuda.is_available()\n"
+        "os.environ['TRITON_INTERPRET'] = '1'\n"
+        "from rz_kernels import get_ops\n"
+        "try:\n    get_ops('triton', 'cpu')\n"
+        "except RuntimeError as e:\n    print('ERROR', e)\n"
+        "from rz_kernels.triton_ops.interpreter import patch_interpreter\n"
+        "try:\n    patch_interpreter()\n"
+        "except RuntimeError as e:\n    print('ERROR', e)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "kernels"), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", late], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    errors = [line for line in out.stdout.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 2 and all("set after `triton` was imported" in e for e in errors), out.stdout

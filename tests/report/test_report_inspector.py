@@ -1,14 +1,22 @@
 """The trajectory inspector page, rendered in headless Chromium; report numbers as readable tables."""
 
+import io
 import math
 import shutil
 import subprocess
 
 import pytest
 
+from rz_agents.model import ModelConfig, Transformer
+from rz_agents.model.qwen3_vl import Qwen3VLModel
+from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 from rz_agents.report.inspector import write_inspector
 from rz_agents.report.tables import fmt_number, value_html
-from rz_agents.trainer.inspect import inspected_steps, write_step_record
+from rz_agents.rollout.byte_chat import IM_END, IM_START, ByteTokenizer
+from rz_agents.sampling import SamplingSpec
+from rz_agents.trainer.inspect import inspected_steps, record_step, write_step_record
+from rz_agents.trainer.learner import LearnerConfig
+from rz_agents.trajectory import Trajectory
 
 
 def _episode(group, reward, advantage, logp_shift, lag):
@@ -85,3 +93,50 @@ def test_inspector_page_renders_in_headless_chromium(tmp_path):
     red = (pixels[..., 0] > 0.75) & (pixels[..., 2] < 0.7)  # tokens with a weight above 1
     blue = (pixels[..., 2] > 0.6) & (pixels[..., 0] < 0.5)  # below 1
     assert red.sum() > 200 and blue.sum() > 200
+
+
+def _trajectory(tokens: list[int], images: list[bytes] | None = None) -> Trajectory:
+    n = len(tokens)
+    return Trajectory(tokens, [False] * (n - 1) + [True], [0.0] * (n - 1) + [-1.0], [-1] * (n - 1) + [0],
+                      1.0, 0, images=images or [])  # fmt: skip
+
+
+def _record(model, tokens: list[int], images: list[bytes] | None = None) -> dict:
+    traj = _trajectory(tokens, images)
+    decode = ByteTokenizer().decode
+    return record_step(model, [traj], LearnerConfig(), 0, lambda t: decode([t]), sampling=SamplingSpec(),
+                       max_lag=None)  # fmt: skip
+
+
+def test_vision_ids_of_the_byte_tokenizer_show_their_names_and_unknown_ids_their_number(tmp_path):
+    model = Qwen3VLModel(Qwen3VLConfig.tiny())  # a byte-tokenizer VL run's ids: 300-303 (bytes end at 258)
+    tokens = [IM_START, *b"user\n", 302, 300, 300, 303, 301, IM_END, 310, *b"ok"]
+    record = _record(model, tokens)
+    assert record["episodes"][0]["pieces"] == [
+        "<|im_start|>", "u", "s", "e", "r", "\n", "<|vision_start|>", "<|image_pad|>", "<|image_pad|>",
+        "<|vision_end|>", "<|video_pad|>", "<|im_end|>", "<id 310>", "o", "k",
+    ]  # fmt: skip
+    assert ByteTokenizer().decode([300]) == ""  # what the inspector showed for them before: nothing
+    write_step_record(tmp_path / "inspect", 0, record)
+    assert "&lt;|image_pad|&gt;" in write_inspector(tmp_path).read_text()
+    # A text model gives the same ids no meaning: they show their number.
+    text_pieces = _record(Transformer(ModelConfig.tiny("qwen3")), [IM_START, 300, 302, *b"ok"])["episodes"][0]
+    assert text_pieces["pieces"][1:3] == ["<id 300>", "<id 302>"]
+
+
+def test_a_vision_language_episode_is_scored_with_its_images_as_the_learner_scores_it():
+    from PIL import Image
+
+    from rz_agents.model.logprobs import packed_token_logprobs
+    from rz_agents.rollout.byte_vl_chat import ByteVLChatTemplate
+    from rz_agents.trainer.sequence_logprobs import trajectory_logprobs
+
+    model = Qwen3VLModel(Qwen3VLConfig.tiny())
+    image, picture = Image.new("RGB", (64, 48), (200, 30, 30)), io.BytesIO()
+    image.save(picture, format="PNG")
+    png = picture.getvalue()
+    tokens = [IM_START, *b"user\n", *ByteVLChatTemplate(model.vl_config).image_tokens(image), IM_END, *b"ok"]
+    learner = _record(model, tokens, [png])["episodes"][0]["learner_logprobs"][1:]
+    assert learner == trajectory_logprobs(model, [_trajectory(tokens, [png])], {})[0].tolist()
+    # control: the same tokens without the image (what the inspector scored before) give other numbers
+    assert learner != packed_token_logprobs(model, [tokens])[0].tolist()

@@ -27,6 +27,7 @@ from rz_agents.model.held_weights import HELD_KEY
 from rz_agents.model.lora import LoraConfig, adapter_names, add_lora
 from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
+from tests.trainer.fsdp_warnings import view_warnings
 from tests.trainer.learner_state import whole_state
 from tests.trainer.test_trainer_sharding import _sample
 
@@ -67,24 +68,26 @@ def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         results = {}
-        for kind in KINDS:
-            learner = Learner(_model(kind), _cfg(kind), ranks=ShardedRanks())
-            record, saved = [], None
-            for step in range(STEPS):
-                batch = _sample(learner.weights(), kind, learner.version, seed=step, build=_model)
-                if step == 2:  # a checkpoint before the last step (every rank writes its shards)
-                    folder = os.path.join(out_dir, f"ckpt-{kind}")
-                    saved = (learner.save_state(folder), folder, batch)
-                    if rank == 0:
-                        torch.save(saved[0], folder + ".state.pt")
-                metrics = learner.step(batch)
-                published = {k: v.clone() for k, v in learner.published_weights().items()}
-                record.append((batch, metrics, published, copy.deepcopy(whole_state(learner))))
-            resumed = Learner(_model(kind), _cfg(kind), ranks=ShardedRanks())
-            state, folder, batch = saved
-            resumed.load_state(state, folder)
-            metrics = resumed.step(batch)
-            results[kind] = (record, (metrics, resumed.published_weights(), whole_state(resumed)))
+        with view_warnings() as views:
+            for kind in KINDS:
+                learner = Learner(_model(kind), _cfg(kind), ranks=ShardedRanks())
+                record, saved = [], None
+                for step in range(STEPS):
+                    batch = _sample(learner.weights(), kind, learner.version, seed=step, build=_model)
+                    if step == 2:  # a checkpoint before the last step (every rank writes its shards)
+                        folder = os.path.join(out_dir, f"ckpt-{kind}")
+                        saved = (learner.save_state(folder), folder, batch)
+                        if rank == 0:
+                            torch.save(saved[0], folder + ".state.pt")
+                    metrics = learner.step(batch)
+                    published = {k: v.clone() for k, v in learner.published_weights().items()}
+                    record.append((batch, metrics, published, copy.deepcopy(whole_state(learner))))
+                resumed = Learner(_model(kind), _cfg(kind), ranks=ShardedRanks())
+                state, folder, batch = saved
+                resumed.load_state(state, folder)
+                metrics = resumed.step(batch)
+                results[kind] = (record, (metrics, resumed.published_weights(), whole_state(resumed)))
+        results["view_warnings"] = views
         if rank == 0:
             torch.save(results, os.path.join(out_dir, "sharded_lora.pt"))
     finally:
@@ -122,6 +125,10 @@ def _same_state(mine: dict, expected: dict) -> None:
     for index, per in mine["optimizer"]["state"].items():
         for key, value in per.items():
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(theirs[index][key])), (index, key)
+
+
+def test_no_sharded_lora_forward_returns_a_view_tensor(sharded):
+    assert sharded[0]["view_warnings"] == []  # (what FSDP2 warned on every forward: test_trainer_sharding.py)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -30,6 +30,7 @@ from rz_agents.model import ModelConfig, Transformer
 from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
 from rz_agents.trajectory import Trajectory
+from tests.trainer.fsdp_warnings import view_warnings
 from tests.trainer.learner_state import restore_whole_state, whole_state
 
 LR = 1e-3
@@ -101,15 +102,17 @@ def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         results = {}
-        for kind, steps in (("fp32", STEPS), ("bf16", 2), ("moe", 1)):
-            learner = Learner(_model(kind), _cfg(), ranks=ShardedRanks())
-            record = []
-            for step in range(steps):
-                before = copy.deepcopy(whole_state(learner))  # (it shares tensors with the live state)
-                batch = _sample(learner.weights(), kind, learner.version, seed=step)
-                metrics = learner.step(batch)
-                record.append((before, batch, metrics, learner.weights()))
-            results[kind] = record
+        with view_warnings() as views:
+            for kind, steps in (("fp32", STEPS), ("bf16", 2), ("moe", 1)):
+                learner = Learner(_model(kind), _cfg(), ranks=ShardedRanks())
+                record = []
+                for step in range(steps):
+                    before = copy.deepcopy(whole_state(learner))  # (it shares tensors with the live state)
+                    batch = _sample(learner.weights(), kind, learner.version, seed=step)
+                    metrics = learner.step(batch)
+                    record.append((before, batch, metrics, learner.weights()))
+                results[kind] = record
+        results["view_warnings"] = views
         # A non-finite loss in a micro-batch only rank 1 runs: every rank skips the step, then trains on.
         learner = Learner(_model("fp32"), _cfg(assert_lag0_exact=False), ranks=ShardedRanks())
         batch = _sample(learner.weights(), "fp32", 0, seed=7)
@@ -190,6 +193,12 @@ def test_the_sharded_checkpoint_has_the_one_process_layout(sharded):
 def test_negative_control_a_sharded_learner_on_standard_kernels_differs_from_the_engine(sharded):
     metrics = sharded["standard"]
     assert metrics["lag0_token_count"] > 0 and metrics["lag0_abs_dlogp_max"] > 0.0
+
+
+def test_no_sharded_forward_returns_a_view_tensor(sharded):
+    # FSDP2 warns on every forward of a sharded module that returns a view (an in-place op on it would skip
+    # the pre-backward hook): Transformer.forward and the LM head (logits, a forward method of the root)
+    assert sharded["view_warnings"] == []
 
 
 def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(sharded):

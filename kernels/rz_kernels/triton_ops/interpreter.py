@@ -28,6 +28,26 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def check_triton_interprets() -> None:
+    """Raise a clear error where TRITON_INTERPRET=1 is set but `triton` was imported before it was.
+
+    `@triton.jit` reads the switch when it decorates, and triton decorates its own library (tl.zeros,
+    tl.sum, ...) once, when it is first imported: imported without the switch, those stay GPU functions,
+    and every interpreted kernel that calls one fails with "Cannot call @triton.jit'd outside of the scope
+    of a kernel". Packages that import triton on their own (peft, torch._inductor) can do that first."""
+    if not interpreter_enabled():
+        return
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(tl.zeros, JITFunction):
+        raise RuntimeError(
+            "TRITON_INTERPRET=1 was set after `triton` was imported: triton's own @triton.jit functions "
+            "(tl.zeros, tl.sum, ...) were made for the GPU and the interpreter cannot call them. Set "
+            "TRITON_INTERPRET=1 before anything imports triton (peft and torch._inductor import it)"
+        )
+
+
 def _as_f32(data: np.ndarray, dtype) -> np.ndarray:
     import triton.language as tl
 
@@ -44,6 +64,7 @@ def _f32_to_bf16_bits(data: np.ndarray) -> np.ndarray:
 def patch_interpreter() -> None:
     """Install the fixed-order dot and round-to-nearest-even bf16 casts (idempotent)."""
     global _PATCHED
+    check_triton_interprets()
     if _PATCHED:
         return
     import triton.language as tl
