@@ -59,11 +59,10 @@ def _batch(seed: int) -> list[Trajectory]:
     for i in range(8):
         n, prompt = rng.randrange(40, 90), 10
         tokens = [rng.randrange(VOCAB) for _ in range(n)]
-        blp = [0.0] * prompt + [-3.0 * rng.random() for _ in range(n - prompt)]
-        out.append(
-            Trajectory(tokens, [False] * prompt + [True] * (n - prompt), blp, [-1] * prompt + [0] * (n - prompt),
-                       float(rng.randrange(3)), i // 4)  # fmt: skip
-        )
+        sampled = n - prompt
+        blp = [0.0] * prompt + [-3.0 * rng.random() for _ in range(sampled)]
+        mask, versions = [False] * prompt + [True] * sampled, [-1] * prompt + [0] * sampled
+        out.append(Trajectory(tokens, mask, blp, versions, float(rng.randrange(3)), i // 4))
     return out
 
 
