@@ -1,4 +1,4 @@
-"""Activation checkpointing: same forward bits and gradients, far less kept for the backward."""
+"""Activation checkpointing: same forward bits and gradient bits, far less kept for the backward."""
 
 import torch
 
@@ -37,8 +37,8 @@ def test_checkpointing_keeps_forward_bits_and_gradients_and_saves_far_less():
         logps[ckpt] = torch.cat(lps).detach()
         grads[ckpt] = {n: p.grad.clone() for n, p in model.named_parameters()}
     assert torch.equal(logps[True], logps[False])  # the forward values never change
-    for name, g in grads[False].items():
-        torch.testing.assert_close(grads[True][name], g, rtol=1e-5, atol=1e-7)
+    for name, g in grads[False].items():  # the recompute runs the same ops: the same gradient bits
+        assert torch.equal(grads[True][name], g), name
     assert saved[True] * 4 < saved[False], saved
 
 
