@@ -19,6 +19,7 @@ from rz_agents.runtime import EnvSpec, LocalRun
 from rz_agents.runtime import stop as stop_module
 from rz_agents.runtime.stop import StopRequest, StopSignals
 from rz_agents.trainer.checkpoint import load_checkpoint
+from tests.cli.test_train_resume import lowercase_episodes
 from tests.rollout.test_rollout_resume_after_kill import _cfg
 
 # Sync mode (one batch at a time, generated with the current weights): a resumed run is bitwise the
@@ -115,14 +116,7 @@ def test_ctrl_c_to_the_process_group_with_the_learner_in_a_child_process_saves(t
 
 
 def test_a_stop_during_the_warm_start_saves_nothing(tmp_path):
-    episodes = tmp_path / "episodes.jsonl"
-    prompt = {"role": "user", "content": "Write lowercase letters, like abc."}
-    episodes.write_text(
-        "".join(
-            json.dumps({"messages": [prompt, {"role": "assistant", "content": w}]}) + "\n"
-            for w in ("abcdef", "qwerty", "zxcvbn", "lowercase")
-        )
-    )
+    episodes = lowercase_episodes(tmp_path)
     cfg = tmp_path / "tiny.yaml"
     # 400 SFT steps: seconds, long enough for the signal to come while they run
     cfg.write_text(

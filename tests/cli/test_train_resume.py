@@ -22,9 +22,8 @@ TINY = (
 )
 
 
-def _tiny_config(tmp_path):
-    """TINY with a warm start on the default env's (lowercase letters) own answers: the synthetic arithmetic
-    demos are refused for that env."""
+def lowercase_episodes(tmp_path):
+    """A warm-start episodes file of the default env (lowercase letters): four answers of its own."""
     episodes = tmp_path / "episodes.jsonl"
     prompt = {"role": "user", "content": "Write lowercase letters, like abc."}
     episodes.write_text(
@@ -33,6 +32,13 @@ def _tiny_config(tmp_path):
             for w in ("abcdef", "qwerty", "zxcvbn", "lowercase")
         )
     )
+    return episodes
+
+
+def _tiny_config(tmp_path):
+    """TINY with a warm start on the default env's (lowercase letters) own answers: the synthetic arithmetic
+    demos are refused for that env."""
+    episodes = lowercase_episodes(tmp_path)
     return (
         TINY + f"warm_start: {{demos: 0, episodes: {episodes}, epochs: 1, batch_size: 4, warmup_steps: 0}}\n"
     )

@@ -7,7 +7,6 @@ weights' less the tower's. A tower changed in the driver (a warm start) reaches 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 
 from rz_agents.cli.train import load_run_config
 from rz_agents.runtime import ActorsConfig, build_run
+from tests.runtime.test_ray_lora import train_recorded
 
 ray = pytest.importorskip("ray")
 
@@ -32,21 +32,9 @@ def _cfg(runtime: str = "ray", actors: ActorsConfig | None = None):
 
 
 def _train(run):
-    """Train ``run``; returns (trajectories of each batch as dicts, the whole final weights)."""
-    batches = []
-    take = run.controller.next_batch
-
-    async def recording(version):
-        batch = await take(version)
-        batches.append([t.to_dict() for t in batch])
-        return batch
-
-    run.controller.next_batch = recording
+    """``train_recorded``, then the run closed."""
     try:
-        asyncio.run(run.train())
-        if run.cfg.runtime == "local":
-            return batches, {k: v.clone() for k, v in run.learner.weights().items()}
-        return batches, ray.get(run.learner.full_weights_ref())
+        return train_recorded(run)
     finally:
         run.close()
 

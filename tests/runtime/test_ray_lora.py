@@ -54,7 +54,7 @@ def _cfg(runtime="ray", steps=3, actors=None, **kw):
     )
 
 
-def _train(run):
+def train_recorded(run):
     """Train ``run``; returns (trajectories of each batch as dicts, the whole final weights)."""
     batches = []
     take = run.controller.next_batch
@@ -74,7 +74,7 @@ def _train(run):
 def _run(cfg):
     run = build_run(cfg)
     try:
-        return (run, *_train(run))
+        return (run, *train_recorded(run))
     finally:
         run.close()
 
@@ -141,7 +141,7 @@ def test_ray_lora_engines_take_a_changed_base_once_then_adapters(ray_cluster):
         whole = ray.get(run.learner.full_weights_ref())
         name = next(n for n in whole if ".lora_" not in n and n.endswith("q_proj.weight"))
         assert torch.equal(whole[name], run.model.state_dict()[name])
-        _train(run)
+        train_recorded(run)
     finally:
         run.close()
     for m in run.history:

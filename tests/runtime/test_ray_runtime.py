@@ -38,6 +38,7 @@ from rz_agents.runtime.factories import build_model, build_tokenizer, vocab_size
 from rz_agents.runtime.synthetic_env import LowercaseLettersEnv
 from rz_agents.trainer.checkpoint import load_checkpoint
 from rz_agents.trainer.optim import OptimConfig
+from tests.cli.test_train_resume import lowercase_episodes
 
 ray = pytest.importorskip("ray")
 
@@ -379,14 +380,7 @@ def test_rz_train_with_runtime_ray_warm_starts_trains_and_exports(ray_cluster, t
     from rz_agents.cli import main
     from rz_agents.model.checkpoint import load_hf_checkpoint
 
-    episodes = tmp_path / "episodes.jsonl"  # the default env (lowercase letters): answers of its own
-    prompt = {"role": "user", "content": "Write lowercase letters, like abc."}
-    episodes.write_text(
-        "".join(
-            json.dumps({"messages": [prompt, {"role": "assistant", "content": w}]}) + "\n"
-            for w in ("abcdef", "qwerty", "zxcvbn", "lowercase")
-        )
-    )
+    episodes = lowercase_episodes(tmp_path)  # the default env (lowercase letters): answers of its own
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(
         "steps: 2\nnum_threads: 1\nmode: sync\nruntime: ray\n"
