@@ -34,12 +34,14 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, R, H, eps, BLOCK_H: tl.constexpr):
 def _rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.shape[-1]
     x2 = x.reshape(-1, h).contiguous()
-    out = torch.empty(x2.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    # allocated in x's shape (contiguous: the same rows the kernel writes), so the result is no view: FSDP2
+    # warns on every forward of a sharded model whose output (the final norm's) is a view
+    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](
             x2, weight.contiguous(), out, x2.shape[0], h, eps, BLOCK_H=triton.next_power_of_2(h)
         )
-    return out.view(x.shape)
+    return out
 
 
 class _RMSNorm(torch.autograd.Function):

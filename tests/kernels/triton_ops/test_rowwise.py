@@ -28,6 +28,17 @@ def test_rms_norm_matches_cpu_op_and_is_row_invariant(dtype):
         assert torch.equal(rowwise.rms_norm(x[:m], w, 1e-6), full[:m]), m
 
 
+def test_rms_norm_returns_no_view_with_or_without_autograd():
+    """The final norm's output is a sharded model's output: FSDP2 warns on every forward when it is a view."""
+    gen = torch.Generator().manual_seed(3)
+    w = (1 + 0.1 * torch.randn(48, generator=gen)).requires_grad_()
+    for shape in ((5, 48), (2, 5, 48)):
+        x = torch.randn(*shape, generator=gen)
+        for out in (rowwise.rms_norm(x, w.detach(), 1e-6), rowwise.rms_norm(x, w, 1e-6)):
+            assert out.shape == x.shape and not out._is_view(), shape
+        assert torch.equal(out, rowwise.rms_norm(x.reshape(-1, 48), w, 1e-6).reshape(shape))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_mul_matches_cpu_op_and_is_row_invariant(dtype):
     gen = torch.Generator().manual_seed(1)
