@@ -98,8 +98,16 @@ class Qwen3VLModel(Transformer):
     def encode_images(
         self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | list
     ) -> ImageEmbeddings:
-        """The vision tower's embeddings of packed images (rows in image order; `.split()` per image)."""
-        return self.visual(pixel_values, image_grid_thw, self.ops_for(pixel_values.device))
+        """The vision tower's embeddings of packed images (rows in image order; `.split()` per image).
+
+        Under ``activation_checkpointing`` a tower being trained recomputes its blocks in the backward (a
+        frozen one keeps no graph to checkpoint)."""
+        recompute = (
+            self.config.activation_checkpointing
+            and torch.is_grad_enabled()
+            and any(p.requires_grad for p in self.visual.parameters())
+        )
+        return self.visual(pixel_values, image_grid_thw, self.ops_for(pixel_values.device), recompute)
 
     def rope_positions(
         self,

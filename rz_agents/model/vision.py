@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from rz_agents.model.mrope import vision_table
 from rz_agents.model.qwen3_vl_config import VisionConfig
@@ -265,9 +266,16 @@ class VisionTower(nn.Module):
         return grids
 
     def forward(
-        self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | list, ops: OpSet
+        self,
+        pixel_values: torch.Tensor,
+        image_grid_thw: torch.Tensor | list,
+        ops: OpSet,
+        recompute: bool = False,
     ) -> ImageEmbeddings:
-        """Encode packed images: pixel_values [patches, patch_dim], image_grid_thw [images, 3]."""
+        """Encode packed images: pixel_values [patches, patch_dim], image_grid_thw [images, 3].
+
+        ``recompute``: checkpoint each block (keep its input, run it again in the backward), as the decoder
+        does under ``activation_checkpointing``; the same ops run again, so the same bits."""
         cfg = self.config
         if pixel_values.dim() != 2 or pixel_values.shape[1] != cfg.patch_dim:
             raise ValueError(
@@ -286,7 +294,7 @@ class VisionTower(nn.Module):
         seg = _Segments(grids, cfg.spatial_merge_size, self.rope_base, cfg.head_dim, device)
         deepstack = []
         for i, block in enumerate(self.blocks):
-            x = block(x, seg, ops)
+            x = checkpoint(block, x, seg, ops, use_reentrant=False) if recompute else block(x, seg, ops)
             if i in cfg.deepstack_visual_indexes:
                 deepstack.append(self.deepstack_merger_list[cfg.deepstack_visual_indexes.index(i)](x, ops))
         merged = cfg.spatial_merge_size**2

@@ -176,8 +176,9 @@ def vision_token_bytes(vl, dtype_bytes: int) -> dict[str, int]:
     """Per merged image token of a Qwen3VLConfig ``vl``: the bytes of its encoding the engine keeps (merged
     row and deepstack rows), the tower's activations the learner keeps for its backward (depth x its
     spatial_merge_size^2 patches: layer norms, q/k/v and rotated q/k, the padded K/V buffers, attention and
-    projection outputs, the residual, the MLP's two intermediate rows; the mergers' rows), and one block's
-    worth (the most a no-grad encoding holds at once)."""
+    projection outputs, the residual, the MLP's two intermediate rows; the mergers' rows), the same with each
+    block checkpointed (``activation_checkpointing``: each block's input kept, one block's activations live
+    while the backward recomputes it), and one block's worth (the most a no-grad encoding holds at once)."""
     v = vl.vision
     patches = v.spatial_merge_size**2
     h, i = v.hidden_size, v.intermediate_size
@@ -187,6 +188,9 @@ def vision_token_bytes(vl, dtype_bytes: int) -> dict[str, int]:
     return {
         "encoding": (1 + len(v.deepstack_visual_indexes)) * vl.text.hidden_size * dtype_bytes,
         "trained_activations": v.depth * block + mergers + patches * dtype_bytes * v.patch_dim,
+        "checkpointed_activations": (
+            v.depth * patches * dtype_bytes * h + block + mergers + patches * dtype_bytes * v.patch_dim
+        ),
         "inference_activations": 2 * block + mergers,
     }
 
@@ -276,16 +280,21 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
     if vl is not None:
         per = vision_token_bytes(vl, e)
         image = tokens_per_image(vl)
-        # at most a micro-batch of image tokens (screenshot-heavy episodes come close); the tower runs without
-        # checkpointing: a trained tower keeps every block's activations, a frozen one one block's at a time
-        kind = "trained_activations" if tower_trained else "inference_activations"
+        # at most a micro-batch of image tokens (screenshot-heavy episodes come close); a trained tower keeps
+        # every block's activations (with checkpointing: their inputs and one block's), a frozen one one
+        # block's at a time
+        if tower_trained:
+            kind = "checkpointed_activations" if ckpt else "trained_activations"
+        else:
+            kind = "inference_activations"
         est.learner["vision_activations"] = tokens * per[kind]
         est.notes.append(
             f"vision tower: {est.vision_parameters:,} parameters "
             f"({'trained' if tower_trained else 'frozen'}); "
             f"a {VL_MAX_PIXELS:,}-pixel image is {image} tokens: "
             f"{image * per['encoding'] / 2**20:.1f} MiB encoded (engine), "
-            f"{image * per['trained_activations'] / GIB:.2f} GiB of tower activations when trained, "
+            f"{image * per['trained_activations'] / GIB:.2f} GiB of tower activations when trained "
+            f"({image * per['checkpointed_activations'] / GIB:.2f} GiB checkpointed), "
             f"{image * bytes_per_page(c) / PAGE_SIZE / 2**20:.0f} MiB of KV; vision_activations assume "
             f"the whole micro-batch ({tokens} tokens) is image tokens"
         )

@@ -46,3 +46,29 @@ def test_checkpointing_switch_is_off_by_default_and_not_written_to_hf_config():
     cfg = ModelConfig.tiny("qwen3")
     assert cfg.activation_checkpointing is False
     assert "activation_checkpointing" not in cfg.replace(activation_checkpointing=True).to_hf()
+
+
+def test_a_trained_vision_tower_recomputes_its_blocks_with_the_same_bits_and_keeps_less():
+    from rz_agents.model.qwen3_vl import Qwen3VLModel
+    from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
+
+    grids = [(1, 6, 8), (1, 4, 4)]
+    grads, out, saved = {}, {}, {}
+    for ckpt in (False, True):
+        model = Qwen3VLModel(Qwen3VLConfig.tiny(activation_checkpointing=ckpt))
+        model.reset_parameters(std=0.1, seed=1)
+        dim = model.vl_config.vision.patch_dim
+        pixels = torch.randn(
+            sum(t * h * w for t, h, w in grids), dim, generator=torch.Generator().manual_seed(2)
+        )
+        saved[ckpt], emb = _saved_bytes(lambda model=model, pixels=pixels: model.encode_images(pixels, grids))
+        loss = emb.embeds.square().sum() + sum(d.square().sum() for d in emb.deepstack)
+        loss.backward()
+        out[ckpt] = torch.cat([emb.embeds, *emb.deepstack]).detach()
+        grads[ckpt] = {n: p.grad.clone() for n, p in model.visual.named_parameters()}
+    assert torch.equal(out[True], out[False])
+    assert grads[False] and all(torch.equal(grads[True][n], g) for n, g in grads[False].items())
+    # the 3 blocks' activations go; the patch embedding's, the position taps' and the mergers' stay (~51%)
+    assert saved[True] < 0.6 * saved[False], saved
+    model.visual.requires_grad_(False)  # frozen (learner.freeze_vision): nothing to recompute, no graph kept
+    assert _saved_bytes(lambda: model.encode_images(pixels, grids))[0] == 0

@@ -53,6 +53,10 @@ def test_tiny_vl_weights_are_exact_and_the_tower_is_counted():
     per = vision_token_bytes(vl, 2)
     tokens = max(cfg.learner.micro_batch_tokens, cfg.rollout.limits.max_episode_tokens)
     assert est.learner["vision_activations"] == tokens * per["trained_activations"]
+    on_spec = dataclasses.replace(cfg.model, activation_checkpointing=True)
+    on = estimate_memory(dataclasses.replace(cfg, model=on_spec), vl)
+    assert on.learner["vision_activations"] == tokens * per["checkpointed_activations"]
+    assert per["checkpointed_activations"] < per["trained_activations"]
     assert per["encoding"] == vl.text.hidden_size * (1 + len(vl.vision.deepstack_visual_indexes)) * 2
 
 
