@@ -45,9 +45,10 @@ class ModelSpec:
     # ModelConfig fields of the random tiny model (hidden_size, num_layers, ...)
     tiny_overrides: dict[str, Any] = field(default_factory=dict)
     # Recompute each decoder layer's activations (and each LM-head chunk's logits; a trained vision tower's
-    # blocks) in the learner's backward instead of keeping them: a micro-batch keeps one hidden state per layer and token, not its
-    # whole graph (~20x less: SmolLM2-135M's learner peaks at ~5 GB instead of ~10 at micro_batch_tokens
-    # 4096). Forward values and gradients unchanged, bit for bit; costs one more forward per micro-batch.
+    # blocks) in the learner's backward instead of keeping them: a micro-batch keeps one hidden state per
+    # layer and token, not its whole graph (~20x less: SmolLM2-135M's learner peaks at ~5 GB instead of ~10
+    # at micro_batch_tokens 4096). Forward values and gradients unchanged, bit for bit; costs one more
+    # forward per micro-batch.
     activation_checkpointing: bool = False
     # A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) loaded on the model:
     # base + adapter. LoRA training continues from it: learner.lora must match its r, lora_alpha and
