@@ -1,10 +1,11 @@
 """Peak RSS of learner steps on a SmolLM2-135M-shaped model (random weights), per micro-batch size.
 
-Builds the recipe's architecture (llama, hidden 576, 30 layers, 9 heads / 3 KV heads, vocab 49,152, tied
-embeddings, fp32, aligned kernels), fills one micro-batch of --micro-batch-tokens with trajectories of
---seq tokens, and runs --steps ``Learner.step`` calls (the second one holds the AdamW state too), sampling
-the resident set every 5 ms. Prints per step the peak and end RSS, then the bytes of live tensors and the
-RSS after ``malloc_trim`` (what glibc kept of freed memory). Stops the process above --limit-gb.
+Builds the recipe's architecture from the packaged SmolLM2-135M-Instruct's config.json (llama, hidden 576,
+30 layers, 9 heads / 3 KV heads, vocab 49,152, tied embeddings; fp32, aligned kernels), fills one
+micro-batch of --micro-batch-tokens with trajectories of --seq tokens, and runs --steps ``Learner.step``
+calls (the second one holds the AdamW state too), sampling the resident set every 5 ms. Prints per step the
+peak and end RSS, then the bytes of live tensors and the RSS after ``malloc_trim`` (what glibc kept of
+freed memory). Stops the process above --limit-gb.
 
   python bench/learner_step_memory.py --micro-batch-tokens 4096
   python bench/learner_step_memory.py --micro-batch-tokens 4096 --activation-checkpointing
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import random
 import threading
@@ -23,6 +25,7 @@ import psutil
 import torch
 
 from rz_agents.model import ModelConfig, Transformer
+from rz_agents.model.gguf import smollm2_checkpoint_dir
 from rz_agents.runtime.memory import trim_heap
 from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
@@ -32,20 +35,19 @@ GB = 2**30
 
 
 def smollm2_135m(layers: int, checkpointing: bool) -> ModelConfig:
-    return ModelConfig(
-        model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-        num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-        rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5, max_position_embeddings=2048,
-        activation_checkpointing=checkpointing,
-    )  # fmt: skip
+    """The packaged SmolLM2-135M-Instruct's own config (the recipe's model), with ``layers`` layers."""
+    config = json.loads((smollm2_checkpoint_dir() / "config.json").read_text())
+    return ModelConfig.from_hf(config, dtype="float32").replace(
+        num_hidden_layers=layers, activation_checkpointing=checkpointing
+    )
 
 
-def trajectories(micro_batch_tokens: int, seq: int, prompt: int = 100) -> list[Trajectory]:
+def trajectories(micro_batch_tokens: int, seq: int, vocab: int, prompt: int = 100) -> list[Trajectory]:
     rng = random.Random(0)
     out = []
     for i in range(max(1, micro_batch_tokens // seq)):
         sampled = seq - prompt
-        tokens = [rng.randrange(49152) for _ in range(seq)]
+        tokens = [rng.randrange(vocab) for _ in range(seq)]
         blp = [0.0] * prompt + [-3.0 * rng.random() for _ in range(sampled)]
         mask, versions = [False] * prompt + [True] * sampled, [-1] * prompt + [0] * sampled
         out.append(Trajectory(tokens, mask, blp, versions, float(i % 3), i // 8))
@@ -94,7 +96,7 @@ def main() -> None:
     model = Transformer(smollm2_135m(a.layers, a.activation_checkpointing))
     cfg = LearnerConfig(optim=OptimConfig(lr=1e-5), micro_batch_tokens=a.micro_batch_tokens)
     learner = Learner(model, cfg, max_lag=None)
-    batch = trajectories(a.micro_batch_tokens, a.seq)
+    batch = trajectories(a.micro_batch_tokens, a.seq, model.config.vocab_size)
     print(f"{model.num_parameters():,} parameters; rss {proc.memory_info().rss / GB:.2f} GB", flush=True)
     for s in range(a.steps):
         peak[0] = 0

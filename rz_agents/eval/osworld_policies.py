@@ -169,8 +169,8 @@ class EnginePolicy:
 
     @property
     def sees_images(self) -> bool:
-        """Whether the checkpoint takes screenshots: a vision-language model, whose template renders them."""
-        return bool(getattr(self.policy.template, "renders_images", False))
+        """Whether the checkpoint takes screenshots (``sees_images``)."""
+        return sees_images(self.policy)
 
     def _encode(self, messages: list[dict[str, Any]]) -> list[int]:
         return list(self.policy.template.encode_prompt(self.policy.tokenizer, messages))
@@ -257,6 +257,12 @@ class EnginePolicy:
         return Reply(text, len(prompt), len(completion.tokens))
 
 
+def sees_images(policy: Any) -> bool:
+    """Whether a loaded checkpoint policy takes screenshots: a vision-language model, whose template renders
+    them."""
+    return bool(getattr(policy.template, "renders_images", False))
+
+
 def text_only_error(policy: Any) -> str:
     """Why a text-only checkpoint cannot take screenshot observations, and what to do instead."""
     return (
@@ -313,7 +319,7 @@ def model_policy(
             checkpoint, kernels=engine.pop("kernels", "aligned"), dtype=engine.pop("dtype", None),
             tokenizer=tokenizer,
         )  # fmt: skip
-        if observation != "a11y_tree" and not getattr(loaded.template, "renders_images", False):
+        if observation != "a11y_tree" and not sees_images(loaded):  # refused before the engine is built
             raise ValueError(text_only_error(loaded))
         return EnginePolicy(loaded, sampling, **engine)
     if policy and policy.startswith("openai:"):

@@ -86,7 +86,7 @@ def wait_for_chrome(ctx: EpisodeContext, timeout_s: float = 30.0, running_cap_s:
     """
     start = time.monotonic()
     url = ctx.chrome.endpoint + "/json/version"
-    next_probe, running = start + timeout_s, False
+    next_probe = start + timeout_s
     while True:
         try:
             with urllib.request.urlopen(url, timeout=1):
