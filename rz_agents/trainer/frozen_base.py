@@ -33,18 +33,17 @@ if TYPE_CHECKING:
 STORE = "frozen_base"  # the folder in the run directory (beside the checkpoint files)
 
 
-def frozen_params(learner: Learner) -> list[tuple[str, torch.Tensor]]:
+def frozen_params(learner: Learner, remove_duplicate: bool = True) -> list[tuple[str, torch.Tensor]]:
     """(name, parameter) of each model parameter the learner does not train (LoRA's base, a frozen vision
-    tower)."""
+    tower); ``remove_duplicate=False``: a tied one under each of its names."""
     trained = {id(p) for p in learner.params}
-    return [(n, p) for n, p in learner.model.named_parameters() if id(p) not in trained]
+    named = learner.model.named_parameters(remove_duplicate=remove_duplicate)
+    return [(n, p) for n, p in named if id(p) not in trained]
 
 
 def frozen_names(learner: Learner) -> set[str]:
     """The state-dict names of the frozen parameters (both names of a tied one)."""
-    trained = {id(p) for p in learner.params}
-    named = learner.model.named_parameters(remove_duplicate=False)
-    return {n for n, p in named if id(p) not in trained}
+    return {n for n, _ in frozen_params(learner, remove_duplicate=False)}
 
 
 def _versions(learner: Learner) -> tuple[int, ...]:
