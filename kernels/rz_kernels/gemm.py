@@ -65,17 +65,28 @@ GUARD_MODES = ("on", "off", "tiled")
 FORMS = ("packed", "mm")  # the bucketed GEMMs, in the order the guard tries them
 
 
-def _packed_available() -> bool:
+def _packed_available(dtype: torch.dtype = torch.float32) -> bool:
     try:
-        w = torch.zeros(8, 8)
+        w = torch.zeros(8, 8, dtype=dtype)
         packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-        torch.ops.mkldnn._linear_pointwise(torch.zeros(2, 8), packed, None, "none", [], "")
+        torch.ops.mkldnn._linear_pointwise(torch.zeros(2, 8, dtype=dtype), packed, None, "none", [], "")
         return True
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
 
 
 FORMS_AVAILABLE = tuple(f for f in FORMS if f != "packed" or _packed_available())
+_forms_by_dtype: dict[torch.dtype, tuple[str, ...]] = {}
+
+
+def forms_available(dtype: torch.dtype) -> tuple[str, ...]:
+    """The bucketed forms this machine runs for ``dtype``: oneDNN's packed bf16 kernel needs AVX-512 (or
+    AVX-NE-CONVERT); on an AVX2-only CPU it raises, and bf16 weights use the mm form (or tiled)."""
+    forms = _forms_by_dtype.get(dtype)
+    if forms is None:
+        forms = tuple(f for f in FORMS_AVAILABLE if f != "packed" or _packed_available(dtype))
+        _forms_by_dtype[dtype] = forms
+    return forms
 
 
 def _operand(form: str, weight: torch.Tensor, a: int, b: int):
@@ -269,7 +280,6 @@ def _apply(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ver
 
 
 _TILED = GemmVerdict("tiled")
-_UNGUARDED = GemmVerdict(FORMS_AVAILABLE[0], ROW_BUCKETS)
 
 
 def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -286,7 +296,7 @@ def bucketed_linear(
 ) -> torch.Tensor:
     """`x @ weight.T (+ bias)` in row buckets, unguarded (see module docstring; `aligned_linear` guards)."""
     buckets = tuple(sorted(set(small_buckets))) + ROW_BUCKETS
-    return _apply(x, weight, bias, GemmVerdict(form or FORMS_AVAILABLE[0], buckets))
+    return _apply(x, weight, bias, GemmVerdict(form or forms_available(weight.dtype)[0], buckets))
 
 
 def aligned_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -312,7 +322,7 @@ def gemm_verdict(n: int, k: int, dtype: torch.dtype) -> GemmVerdict:
     if mode == "tiled":
         return _TILED
     if mode == "off":
-        return _UNGUARDED
+        return GemmVerdict(forms_available(dtype)[0], ROW_BUCKETS)
     return verify_shape(n, k, dtype)
 
 
@@ -356,7 +366,7 @@ def verify_shape(n: int, k: int, dtype: torch.dtype) -> GemmVerdict:
 
 def _choose(n: int, k: int, dtype: torch.dtype) -> GemmVerdict:
     failed: list[str] = []
-    for form in FORMS_AVAILABLE:
+    for form in forms_available(dtype):
         bad, small = _check(form, n, k, dtype)
         if not bad:
             return GemmVerdict(form, small + ROW_BUCKETS, tuple(failed))

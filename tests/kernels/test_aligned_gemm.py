@@ -190,3 +190,18 @@ def test_packed_form_never_uses_stale_weights_refilled_without_a_version_bump():
         gemm.bucketed_linear(x, engine_w, form="packed")
         engine_w.copy_(new)  # the engine's weight load
         assert torch.equal(gemm.bucketed_linear(x, engine_w, form="packed"), reference)
+
+
+def test_bf16_uses_only_forms_this_cpu_runs():
+    # oneDNN's packed bf16 linear needs AVX-512 or AVX-NE-CONVERT: on an AVX2-only CPU it raises, and the
+    # guard must then choose among the forms that run (mm, else tiled) instead of failing the first GEMM
+    forms = gemm.forms_available(torch.bfloat16)
+    assert set(forms) <= set(gemm.FORMS_AVAILABLE) and "mm" in forms
+    assert ("packed" in forms) == gemm._packed_available(torch.bfloat16)
+    gen = torch.Generator().manual_seed(8)
+    w = torch.randn(40, 32, generator=gen).to(torch.bfloat16)
+    x = torch.randn(30, 32, generator=gen).to(torch.bfloat16)
+    out = gemm.aligned_linear(x, w)
+    assert torch.equal(gemm.aligned_linear(x[:3], w), out[:3])
+    gemm.set_gemm_guard("off")
+    assert torch.equal(gemm.aligned_linear(x[:20], w), gemm.aligned_linear(x, w)[:20])
