@@ -37,6 +37,16 @@ class Trajectory:
     group_id: int | str
     info: dict[str, Any] = field(default_factory=dict)
     images: list[bytes] = field(default_factory=list)  # PNG bytes, in order of appearance in tokens
+    # Where a new token segment starts (offsets into tokens, ascending; none: the episode is one segment).
+    # An agent that rewrote its history (a summary, a truncation, a sliding window) sampled each segment
+    # from its own prompt: the model saw each segment from its first token at position 0, so the learner
+    # scores each as a sequence of its own, and every segment's sampled tokens are trained.
+    segment_starts: list[int] = field(default_factory=list)
+
+    def segments(self) -> list[tuple[int, int]]:
+        """The ``[start, end)`` token ranges of the episode's segments (one range when it has none)."""
+        bounds = [0, *self.segment_starts, len(self.tokens)]
+        return list(zip(bounds[:-1], bounds[1:], strict=True))
 
     def sampled_versions(self) -> list[int]:
         """The policy versions of the sampled tokens, in order."""
@@ -67,6 +77,13 @@ class Trajectory:
         ):
             if m and (v < 0 or not (lp <= 0.0)):  # `not <=` also rejects NaN
                 raise TrajectoryError(f"sampled token {t}: version {v}, behavior logprob {lp!r}")
+        starts = [0, *self.segment_starts]
+        for a, b in zip(starts, [*self.segment_starts, n], strict=True):
+            if not isinstance(b, int) or b - a < 2:
+                raise TrajectoryError(f"segment_starts {self.segment_starts}: each segment needs >= 2 tokens")
+        for s in self.segment_starts:
+            if self.loss_mask[s]:
+                raise TrajectoryError(f"token {s} starts a segment: it cannot be sampled (it has no context)")
         for i, img in enumerate(self.images):
             if not isinstance(img, (bytes, bytearray)) or bytes(img[:8]) != PNG_SIGNATURE:
                 got = type(img).__name__ if not isinstance(img, (bytes, bytearray)) else repr(bytes(img[:8]))
@@ -78,5 +95,5 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
-        """Inverse of to_dict (a dict without ``images``, from before the field, has none)."""
+        """Inverse of to_dict (a dict from before ``images`` / ``segment_starts`` has none)."""
         return cls(**d)

@@ -29,7 +29,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   # The os tasks' GNOME pieces without GNOME Shell: GNOME Terminal (Ctrl+Alt+T, read over AT-SPI),
   # gsettings on dconf (with GNOME's schemas: desktop, shell), a per-desktop PulseAudio (pactl);
   # ffmpeg decodes the MP3/MP4 files compare_audios/compare_videos score.
-  pkgs=(bubblewrap xvfb xdotool chromium x11-utils openbox
+  pkgs=(bubblewrap git xvfb xdotool chromium x11-utils openbox
         dbus dbus-bin at-spi2-core libatk-adaptor python3-pyatspi gir1.2-atspi-2.0
         gnome-terminal dconf-service dconf-gsettings-backend dconf-cli gsettings-desktop-schemas
         gnome-shell-common pulseaudio pulseaudio-utils ffmpeg)

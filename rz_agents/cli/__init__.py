@@ -14,7 +14,7 @@ import sys
 from rz_agents.cli.failure import run_command
 
 # Order shown in `rz --help`. A module listed here must exist; import errors are real errors.
-SUBCOMMANDS = ["train", "eval", "serve", "align_check", "bench", "osworld"]
+SUBCOMMANDS = ["train", "eval", "serve", "align_check", "bench", "osworld", "harbor"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "rz_agents/OpenAIAgent-v0": "rz_agents.envs.openai_agent.env:OpenAIAgentEnv",
     "rz_agents/VisualClick-v0": "rz_agents.envs.visual_click.env:VisualClickEnv",
     "rz_agents/ChartRead-v0": "rz_agents.envs.visual_click.chart_env:ChartReadEnv",
+    "rz_agents/ShellTask-v0": "rz_agents.envs.harbor.env:ShellTaskEnv",
 }
 
 

@@ -480,6 +480,7 @@ class OpenAIServer:
             "versions": session.versions,
             "turns": session.turns,
             "segments": session.segments,
+            "segment_starts": session.segment_starts,
             "prefix_mismatches": session.prefix_mismatches,
             "sampled_tokens_dropped": session.sampled_tokens_dropped,
         }

@@ -7,11 +7,13 @@ new messages are rendered (``encode_continuation``) and appended; the sampled to
 sampled, with their log-probs and policy versions. That is the rollout data the agent loop records, so a
 session becomes the same ``Trajectory`` (``Session.trajectory``).
 
-A request whose messages do not extend the history (the client rewrote or dropped a turn, changed the
-tools) is a prefix mismatch: counted (``SessionStore.counters["prefix_mismatches"]``), logged as a warning,
-and the session starts a new segment rendered from the request's messages. Only the last segment becomes
-the trajectory (a token sequence the model really saw end to end); the sampled tokens of earlier segments
-are counted as dropped.
+A request whose messages do not extend the history (the client compacted, summarised, truncated or
+rewrote its history, or changed the tools) starts a new segment rendered from the request's messages:
+counted (``SessionStore.counters["prefix_mismatches"]``, ``segments``) and logged. Every segment is kept:
+the trajectory holds them all, one after the other, with ``Trajectory.segment_starts`` marking where each
+begins, and the learner scores each segment as the sequence the model saw (from position 0), so every
+sampled token of the episode is trained with the episode's advantage (the reward is the episode's, broadcast
+to its segments). A segment that sampled nothing is not kept.
 """
 
 from __future__ import annotations
@@ -78,7 +80,9 @@ class Session:
     turns: int = 0
     prefix_mismatches: int = 0
     segments: int = 0
-    sampled_tokens_dropped: int = 0
+    sampled_tokens_dropped: int = 0  # kept for old clients of the record: segments are never dropped now
+    segment_start: int = 0  # where the current segment begins in ``tokens`` (earlier segments come before)
+    segment_starts: list[int] = field(default_factory=list)
     limit_reached: str | None = None  # why a training session refused a request (its budget or turn limit)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
@@ -101,12 +105,29 @@ class Session:
         """What ``restore`` puts back (a request that failed or was cancelled leaves no trace)."""
         return (
             list(self.tokens), list(self.mask), list(self.behavior), list(self.versions), list(self.messages),
-            self.tools_key, self.last_turn_closed, self.turns, self.segments,
+            self.tools_key, self.last_turn_closed, self.turns, self.segments, self.segment_start,
+            list(self.segment_starts),
         )  # fmt: skip
 
     def restore(self, state: tuple) -> None:
         (self.tokens, self.mask, self.behavior, self.versions, self.messages, self.tools_key,
-         self.last_turn_closed, self.turns, self.segments) = state  # fmt: skip
+         self.last_turn_closed, self.turns, self.segments, self.segment_start,
+         self.segment_starts) = state  # fmt: skip
+
+    def new_segment(self) -> None:
+        """Start a new token segment; the current one is kept when it sampled anything (else dropped)."""
+        if any(self.mask[self.segment_start :]):
+            self.segment_start = len(self.tokens)
+            if self.segment_start:
+                self.segment_starts.append(self.segment_start)
+        else:
+            for seq in (self.tokens, self.mask, self.behavior, self.versions):
+                del seq[self.segment_start :]
+
+    @property
+    def current(self) -> list[int]:
+        """The current segment's tokens: what the engine continues."""
+        return self.tokens[self.segment_start :]
 
     @property
     def num_sampled(self) -> int:
@@ -115,7 +136,7 @@ class Session:
     def trajectory(
         self, reward: float, group_id: int | str, info: dict[str, Any] | None = None
     ) -> Trajectory:
-        """The session's current segment as a validated Trajectory (TrajectoryError if it sampled nothing)."""
+        """The session's segments as one validated Trajectory (TrajectoryError if it sampled nothing)."""
         traj = Trajectory(
             tokens=list(self.tokens),
             loss_mask=list(self.mask),
@@ -127,9 +148,11 @@ class Session:
                 "session": self.id,
                 "turns": self.turns,
                 "prefix_mismatches": self.prefix_mismatches,
+                "segments": len(self.segment_starts) + 1,
                 "sampled_tokens_dropped": self.sampled_tokens_dropped,
                 **(info or {}),
             },
+            segment_starts=list(self.segment_starts),
         )
         traj.validate()
         return traj
@@ -208,13 +231,13 @@ class SessionStore:
             ids = self.template.encode_prompt(
                 self.tokenizer, messages, tools=tools, enable_thinking=enable_thinking
             )
-            session.tokens, session.mask, session.behavior, session.versions = [], [], [], []
+            session.new_segment()
             session.add_context(ids)
             session.segments += 1
             session.tools_key = tools_key
             self.counters["tokens_rendered"] += len(ids)
         session.messages = list(messages)
-        return list(session.tokens)
+        return session.current
 
     def record(self, session: Session, completion, assistant_message: dict[str, Any]) -> None:
         """The sampled turn and the assistant message returned for it (the next request must repeat it)."""
@@ -230,7 +253,6 @@ class SessionStore:
 
     def _mismatch(self, session: Session, seen: list, messages: list, tools_changed: bool) -> None:
         session.prefix_mismatches += 1
-        session.sampled_tokens_dropped += session.num_sampled
         self.counters["prefix_mismatches"] += 1
         where = next(
             (
@@ -241,8 +263,8 @@ class SessionStore:
             min(len(seen), len(messages)),
         )
         why = "the tools changed" if tools_changed else f"message {where} differs from the history"
-        log.warning(
+        log.info(
             "session %r: the request does not extend the session's history (%s); a new token segment starts "
-            "and the %d sampled tokens before it will not be trained",
+            "(the %d sampled tokens before it are kept and trained as their own segments)",
             session.id, why, session.num_sampled,
         )  # fmt: skip

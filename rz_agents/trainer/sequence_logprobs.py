@@ -22,7 +22,13 @@ def trajectory_logprobs(
     model: torch.nn.Module, trajs: Sequence[Trajectory], scoring: Mapping[str, Any]
 ) -> list[torch.Tensor]:
     """fp32 [len-1] log-probs of tokens[1:] of each trajectory under ``scoring`` (the sampling distribution's
-    temperature / top_k / top_p), from one packed forward."""
+    temperature / top_k / top_p), from one packed forward.
+
+    A trajectory of several segments (``Trajectory.segment_starts``: an agent that compacted its history) is
+    scored as one packed sequence per segment, each from position 0 as the engine sampled it; the entry that
+    would predict a segment's first token from the previous segment is 0.0 (that token is never sampled)."""
+    if any(t.segment_starts for t in trajs):
+        return _segmented_logprobs(model, trajs, scoring)
     if getattr(model, "vl_config", None) is None:
         if any(t.images for t in trajs):
             raise ValueError("trajectories carry images but the model has no vision tower")
@@ -42,3 +48,23 @@ def trajectory_logprobs(
         else:
             seqs.append(VLSequence(t.tokens))
     return packed_logprobs(model, seqs, **scoring)
+
+
+def _segmented_logprobs(
+    model: torch.nn.Module, trajs: Sequence[Trajectory], scoring: Mapping[str, Any]
+) -> list[torch.Tensor]:
+    if any(t.segment_starts and t.images for t in trajs):
+        raise ValueError("trajectories with both images and history segments are not supported yet")
+    pieces, owners = [], []
+    for i, t in enumerate(trajs):
+        for a, b in t.segments():
+            pieces.append(Trajectory(t.tokens[a:b], t.loss_mask[a:b], t.behavior_logprobs[a:b],
+                                     t.versions[a:b], t.reward, t.group_id, images=t.images))  # fmt: skip
+            owners.append(i)
+    scored = trajectory_logprobs(model, pieces, scoring)
+    out: list[list[torch.Tensor]] = [[] for _ in trajs]
+    for i, lp in zip(owners, scored, strict=True):
+        if out[i]:  # the row predicting this segment's first token across the boundary: never sampled
+            out[i].append(lp.new_zeros(1))
+        out[i].append(lp)
+    return [torch.cat(parts) for parts in out]

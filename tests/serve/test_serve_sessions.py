@@ -87,17 +87,22 @@ def test_a_session_can_be_named_by_metadata_or_by_the_url(served):
     assert _record(served, "by-metadata")["tokens"][-len(ids) :] == ids
 
 
-def test_a_client_that_rewrites_history_is_counted_and_warned_about(served, caplog):
+def test_a_client_that_rewrites_history_starts_a_new_segment_and_keeps_the_old_one(served, caplog):
     store = served.server.sessions
     before = store.counters["prefix_mismatches"]
-    with caplog.at_level(logging.WARNING, logger="rz_agents.serve.sessions"):
+    with caplog.at_level(logging.INFO, logger="rz_agents.serve.sessions"):
         turns = _conversation(served.client(default_headers={"X-RZ-Session": "rewriter"}), rewrite_at=2)
     assert store.counters["prefix_mismatches"] == before + 1
     rec = _record(served, "rewriter")
     assert rec["prefix_mismatches"] == 1 and rec["segments"] == 2
-    assert rec["sampled_tokens_dropped"] == len(turns[0][1]) + len(turns[1][1])
+    assert rec["sampled_tokens_dropped"] == 0
+    (start,) = rec["segment_starts"]
     prompt, ids, _ = turns[2]
-    assert rec["tokens"] == prompt + ids  # the new segment: the rewritten conversation rendered afresh
+    assert rec["tokens"][start:] == prompt + ids  # the new segment: the rewritten history rendered afresh
+    first_prompt, first_ids, _ = turns[0]
+    assert rec["tokens"][: len(first_prompt) + len(first_ids)] == first_prompt + first_ids  # the old one kept
+    sampled = sum(rec["loss_mask"])
+    assert sampled == sum(len(t[1]) for t in turns)  # every sampled token is kept for training
     assert any("does not extend the session's history" in r.getMessage() for r in caplog.records)
 
 
@@ -142,6 +147,35 @@ def test_a_session_is_a_trajectory_the_learner_rescores_bit_for_bit_across_a_wei
     assert torch.equal(newer[mask & (v == 1)], behavior[mask & (v == 1)])  # lag-0 at version 1
     assert not torch.equal(old[mask & (v == 1)], behavior[mask & (v == 1)])  # negative control
     served.http.call(_load(served.engine, served.learner_model.state_dict(), 2))
+
+
+def test_a_compacting_agent_has_every_segment_trained_with_is_weight_exactly_1(served):
+    """An agent that summarises its history twice: three segments, each sampled from its own prompt. Every
+    sampled token is in the trajectory (before: only the last segment's), and the learner scores each segment
+    bit for bit as the engine sampled it."""
+    from rz_agents.trainer.sequence_logprobs import trajectory_logprobs
+
+    client = served.client(default_headers={"X-RZ-Session": "compactor"})
+    messages, sampled = [{"role": "user", "content": "task: count"}], 0
+    for turn in range(6):
+        if turn in (2, 4):  # compaction: the history is replaced by a summary of it
+            messages = [{"role": "user", "content": f"summary of turns before {turn}: counting"}]
+        _, ids, choice = _turn(client, messages, seed=40 + turn)
+        sampled += len(ids)
+        reply = choice.message.model_dump(exclude_none=True)
+        messages = messages + [reply, {"role": "user", "content": "go"}]
+    traj = served.server.sessions.sessions["compactor"].trajectory(reward=1.0, group_id=0)
+    assert len(traj.segment_starts) == 2 and traj.info["segments"] == 3
+    assert sum(traj.loss_mask) == sampled  # tokens trained == tokens sampled
+    (logp,) = trajectory_logprobs(served.learner_model, [traj], {})
+    mask = torch.tensor(traj.loss_mask[1:])
+    behavior = torch.tensor(traj.behavior_logprobs[1:], dtype=torch.float32)
+    assert torch.equal(logp[mask], behavior[mask])  # IS weight exactly 1 on every segment
+    # negative control: the segments scored as one sequence (positions running on) do not match
+    flat = learner_logprobs(served.learner_model, traj.tokens)
+    later = mask.clone()
+    later[: traj.segment_starts[0]] = False
+    assert not torch.equal(flat[later], behavior[later])
 
 
 async def _load(engine: RZEngine, state, version):

@@ -98,6 +98,11 @@ def _system_binds() -> list[str]:
     return args
 
 
+def system_binds() -> list[str]:
+    """bubblewrap arguments binding the system directories read-only (shared by the shell sandbox)."""
+    return list(_system_binds())
+
+
 @functools.lru_cache(maxsize=1)
 def _executables() -> tuple[str, str | None]:
     return shutil.which("bwrap") or "bwrap", shutil.which("setpriv")

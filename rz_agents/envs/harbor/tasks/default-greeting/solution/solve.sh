@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's/\$NAME/${NAME:-world}/' /app/greet.sh

@@ -1,0 +1,2 @@
+def reverse_words(text):
+    return ' '.join(text.split(' ')[::1])

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's/^def answer()$/def answer():/' /app/calc.py

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+cd /app/repo && git log --grep=overflow --format=%H > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+cd /app/repo && git reset -q --hard HEAD~1

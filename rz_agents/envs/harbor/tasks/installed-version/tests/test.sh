@@ -1,0 +1,3 @@
+#!/bin/bash
+# writes 1 to /logs/verifier/reward.txt when the task is done, else 0
+if [ "$(tr -d '[:space:]' < /app/numpy_version.txt 2>/dev/null)" = "$(python3 -c 'import numpy; print(numpy.__version__)')" ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+mkdir -p /app/project/src /app/project/tests /app/project/docs

@@ -1,0 +1,3 @@
+#!/bin/bash
+# writes 1 to /logs/verifier/reward.txt when the task is done, else 0
+if cd /app && [ "$(python3 -c 'import mypkg; print(mypkg.add(2, 3))' 2>/dev/null)" = 5 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi

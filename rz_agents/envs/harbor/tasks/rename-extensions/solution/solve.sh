@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+cd /app/photos && for f in *.JPG; do mv "$f" "${f%.JPG}.jpg"; done
