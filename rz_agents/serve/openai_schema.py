@@ -2,14 +2,19 @@
 
 The server accepts what it can serve exactly and refuses the rest with a 400 that says why: a parameter it
 would otherwise ignore silently (penalties, logit_bias, a forced tool choice it cannot enforce) changes what
-the client believes was sampled, which an RL trainer must never be wrong about.
+the client believes was sampled, which an RL trainer must never be wrong about. A field the server does not
+know at all is ignored with a logged warning, as vLLM does (frameworks send their own extras), or refused
+with ``strict=True`` (``rz serve --strict-fields``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
@@ -127,12 +132,15 @@ def _boolean(body: dict, name: str, default: bool = False) -> bool:
     return value
 
 
-def _check_object(body: Any, allowed: set[str]) -> dict[str, Any]:
+def _check_object(body: Any, allowed: set[str], strict: bool) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise _fail(f"the request body must be a JSON object, got {type(body).__name__}")
     unknown = sorted(set(body) - allowed)
-    if unknown:
+    if unknown and strict:
         raise _fail(f"Unrecognized request argument supplied: {', '.join(unknown)}", unknown[0])
+    if unknown:
+        log.warning("ignoring unrecognized request fields: %s", ", ".join(unknown))
+        body = {k: v for k, v in body.items() if k in allowed}
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _fail("'model' is required and must be a string", "model")
@@ -284,9 +292,9 @@ def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool]:
     )
 
 
-def parse_chat(body: Any, header_session: str | None = None) -> ChatRequest:
-    """A checked chat request; raises OpenAIError naming the bad field."""
-    body = _check_object(body, _CHAT)
+def parse_chat(body: Any, header_session: str | None = None, strict: bool = False) -> ChatRequest:
+    """A checked chat request; raises OpenAIError naming the bad field (an unknown one too if ``strict``)."""
+    body = _check_object(body, _CHAT, strict)
     sampling = _sampling(body, ("max_tokens", "max_completion_tokens"))
     sampling.logprobs = _boolean(body, "logprobs")
     sampling.top_logprobs = _integer(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
@@ -320,9 +328,10 @@ def parse_chat(body: Any, header_session: str | None = None) -> ChatRequest:
     )
 
 
-def parse_completion(body: Any) -> CompletionRequest:
-    """A checked text-completion request; raises OpenAIError naming the bad field."""
-    body = _check_object(body, _COMPLETION)
+def parse_completion(body: Any, strict: bool = False) -> CompletionRequest:
+    """A checked text-completion request; raises OpenAIError naming the bad field (an unknown one too if
+    ``strict``)."""
+    body = _check_object(body, _COMPLETION, strict)
     sampling = _sampling(body, ("max_tokens",))
     if sampling.max_tokens is None:
         sampling.max_tokens = 16  # the OpenAI default for /v1/completions
