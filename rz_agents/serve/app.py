@@ -2,11 +2,11 @@
 it.
 
 Routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST
-/v1/completions``; the same under ``/sessions/{ID}/v1/...`` (the session named by the URL, so an unmodified
-client configured by ``OPENAI_BASE_URL`` records a session); ``POST /v1/sessions`` (a new session with a
-server-issued, unguessable id), ``DELETE /v1/sessions/{ID}``, and with ``session_records`` ``GET
-/v1/sessions/{ID}`` (a session's token history); ``GET /metrics``, ``GET /health``; the RL control routes
-(control.py) only when a ``control`` is given, behind their own key.
+/v1/responses`` (responses.py), ``POST /v1/completions``; the same under ``/sessions/{ID}/v1/...`` (the
+session named by the URL, so an unmodified client configured by ``OPENAI_BASE_URL`` records a session);
+``POST /v1/sessions`` (a new session with a server-issued, unguessable id), ``DELETE /v1/sessions/{ID}``,
+and with ``session_records`` ``GET /v1/sessions/{ID}`` (a session's token history); ``GET /metrics``,
+``GET /health``; the RL control routes (control.py) only when a ``control`` is given, behind their own key.
 
 Every request first passes ``RequestGuard`` (guard.py: key, Host, Origin, Content-Type, body cap). A session
 a client names lives in the namespace of its API key; a session the server opened (a training episode's) is
@@ -29,6 +29,7 @@ import json
 import logging
 import secrets
 import threading
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -37,8 +38,15 @@ from starlette.exceptions import HTTPException
 from rz_agents.serve.control import RLControl, add_control_routes
 from rz_agents.serve.guard import OWNER_KEY, RequestGuard
 from rz_agents.serve.json_body import read_json
-from rz_agents.serve.openai_schema import SESSION_HEADER, OpenAIError, parse_chat, parse_completion
+from rz_agents.serve.openai_schema import (
+    SESSION_HEADER,
+    ChatRequest,
+    OpenAIError,
+    parse_chat,
+    parse_completion,
+)
 from rz_agents.serve.options import ServeOptions, warn_if_exposed
+from rz_agents.serve.responses import chat_body, response_events, response_from_chat
 from rz_agents.serve.server import OpenAIServer
 from rz_agents.serve.uvicorn_server import uvicorn_server
 
@@ -92,6 +100,22 @@ def _sse(chunks, server: OpenAIServer):
         yield "data: [DONE]\n\n"
 
     return events()
+
+
+def _sse_events(events, server: OpenAIServer):
+    """Named server-sent events (the Responses API's stream: ``event: TYPE`` lines, no ``[DONE]``)."""
+
+    async def lines():
+        try:
+            async for e in events:
+                yield f"event: {e['type']}\ndata: {json.dumps(e)}\n\n"
+        except OpenAIError as e:
+            yield f"event: error\ndata: {json.dumps({'type': 'error', **e.body()['error']})}\n\n"
+        except asyncio.CancelledError:
+            server.counters["disconnects"] += 1
+            raise
+
+    return lines()
 
 
 def _owner(request: Request) -> str:
@@ -150,12 +174,15 @@ def create_app(server: OpenAIServer, control: RLControl | None = None, options: 
         server.check_model(model_id)
         return server.models()["data"][0]
 
-    async def chat(request: Request, session_id: str | None):
-        body = await read_json(request)
+    def chat_request(request: Request, body: Any, session_id: str | None) -> ChatRequest:
         req = parse_chat(body, session_id or request.headers.get(SESSION_HEADER), options.strict_fields)
         _check_sequences(req.sampling.n, options)
         if req.session is not None:
             req.session = server.sessions.resolve(req.session, _owner(request))
+        return req
+
+    async def chat(request: Request, session_id: str | None):
+        req = chat_request(request, await read_json(request), session_id)
         if req.sampling.stream:
             server.check_model(req.model)
             chunks = server.chat_stream(req)
@@ -171,6 +198,21 @@ def create_app(server: OpenAIServer, control: RLControl | None = None, options: 
     @app.post("/sessions/{session_id}/v1/chat/completions")
     async def chat_in_session(request: Request, session_id: str):
         return await chat(request, session_id)
+
+    @app.post("/v1/responses")
+    @app.post("/sessions/{session_id}/v1/responses")
+    async def responses(request: Request, session_id: str | None = None):
+        body = await read_json(request)
+        req = chat_request(request, chat_body(body), session_id)
+        if req.sampling.stream:
+            server.check_model(req.model)
+            req.sampling.include_usage = True  # response.completed carries the usage
+            chunks = server.chat_stream(req)
+            first = await anext(chunks)  # raises the request's 4xx before the stream starts
+            events = response_events(body, server.model_name, _chain(first, chunks))
+            return StreamingResponse(_sse_events(events, server), media_type="text/event-stream")
+        result = await _unless_disconnected(server, request, server.chat(req))
+        return Response(status_code=499) if result is None else JSONResponse(response_from_chat(body, result))
 
     @app.post("/v1/completions")
     @app.post("/sessions/{session_id}/v1/completions")
