@@ -154,7 +154,7 @@ class OpenAIServer:
         n = min(len(tokens), len(logprobs))
         if n <= sent[i] and not final:
             return
-        text = self._visible_text(tokens[:n])
+        text = req.forced + self._visible_text(tokens[:n])
         if req.tools and req.parse_tools:
             cut = text.find(OPEN)
             if cut >= 0:
@@ -192,8 +192,9 @@ class OpenAIServer:
         if req.sampling.top_logprobs and self.model is None:
             raise OpenAIError("'top_logprobs' needs the engine's model in this process", "top_logprobs")
         rid = rid or f"chatcmpl-{uuid.uuid4().hex}"
+        forced = list(self.tokenizer.encode(req.forced)) if req.forced else []
         if req.session is None:
-            prompt = self._render(req)
+            prompt = self._render(req) + forced
             choices = await self._generate(prompt, req.sampling, None, req, on_start)
             return rid, choices, prompt
         session = self.sessions.get(req.session)
@@ -201,6 +202,8 @@ class OpenAIServer:
             before = session.snapshot()
             try:
                 prompt = self._session_prompt(session, req)
+                session.add_context(forced)  # a forced tool-call opening: context, never trained on
+                prompt += forced
                 choices = await self._generate(prompt, req.sampling, session, req, on_start)
             except BaseException:  # refused, failed or cancelled (client gone): the history stays as it was
                 session.restore(before)
@@ -297,7 +300,7 @@ class OpenAIServer:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _choice(self, completion: Completion, req: ChatRequest | None) -> Choice:
-        text = self._visible_text(completion.tokens)
+        text = (req.forced if req is not None else "") + self._visible_text(completion.tokens)
         calls: list[dict[str, Any]] = []
         content: str | None = text
         if req is not None and req.tools and req.parse_tools:

@@ -49,9 +49,17 @@ BAD_CHAT = [
     (_chat(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
     (_chat(tools={"name": "x"}), "tools", "must be a list"),
     (
-        _chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required"),
+        _chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="any"),
         "tool_choice",
-        "not supported",
+        "must be 'auto', 'none', 'required'",
+    ),
+    (
+        _chat(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
+        ),
+        "tool_choice",
+        "not in 'tools'",
     ),
     (_chat(tool_choice="auto"), "tool_choice", "needs 'tools'"),
     (_chat(n=2, metadata={"rz_session": "s"}), "n", "'n' must be 1 in a session"),
