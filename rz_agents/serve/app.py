@@ -133,7 +133,7 @@ def _check_sequences(count: int, options: ServeOptions) -> None:
 
 
 def create_app(server: OpenAIServer, control: RLControl | None = None, options: ServeOptions | None = None):
-    """The FastAPI app serving ``server``, behind ``RequestGuard``.
+    """The ASGI app serving ``server``: the FastAPI app (``.app``) behind ``RequestGuard``.
 
     ``control``: mount the RL control routes for it (they need ``options.control_key``); None (the
     default, and what the training env's in-loop server uses) leaves them out.
