@@ -236,7 +236,8 @@ async def response_events(
     output: list[dict[str, Any]] = []
     text_item: dict[str, Any] | None = None
     text = ""
-    finish, usage, calls = None, None, []
+    finish, usage = None, None
+    calls: dict[int, dict[str, Any]] = {}
     async for chunk in chunks:
         if chunk.get("usage"):
             usage = chunk["usage"]
@@ -256,7 +257,14 @@ async def response_events(
                     "response.output_text.delta",
                     item_id=text_item["id"], output_index=0, content_index=0, delta=delta["content"],
                 )  # fmt: skip
-            calls += delta.get("tool_calls") or []
+            for piece in delta.get("tool_calls") or ():  # a call, or a piece of one (tool_stream.py)
+                call = calls.setdefault(
+                    piece["index"], {"id": None, "function": {"name": None, "arguments": ""}}
+                )
+                call["id"] = piece.get("id") or call["id"]
+                fn = piece.get("function") or {}
+                call["function"]["name"] = fn.get("name") or call["function"]["name"]
+                call["function"]["arguments"] += fn.get("arguments") or ""
             finish = choice.get("finish_reason") or finish
     if text_item is not None:
         part = {"type": "output_text", "text": text, "annotations": []}
@@ -269,7 +277,7 @@ async def response_events(
         done = {**text_item, "status": "completed", "content": [part]}
         yield event("response.output_item.done", output_index=0, item=done)
         output.append(done)
-    for call in calls:
+    for _, call in sorted(calls.items()):
         index = len(output)
         item = _call_item(call, status="in_progress")
         yield event("response.output_item.added", output_index=index, item=item)
