@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -31,7 +32,85 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_renamed_flag(p, "--num-slots", "--max-running", type=int)
     p.add_argument("--max-len", type=int, default=None, help="positions per sequence (engine.max_len)")
+    _add_access_flags(p)
     p.set_defaults(func=run)
+
+
+def _add_access_flags(p: argparse.ArgumentParser) -> None:
+    """Keys, the control routes, allowed hosts and origins, caps and timeouts (serve/options.py)."""
+    from rz_agents.serve.options import API_KEY_ENV, CONTROL_KEY_ENV, ServeOptions
+
+    d = ServeOptions()
+    a = p.add_argument_group("access and limits (docs/serve.md#security)")
+    a.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help=f"a Bearer key every route needs (repeat for several; default: ${API_KEY_ENV}, comma-separated)",
+    )
+    a.add_argument(
+        "--control",
+        action="store_true",
+        help="mount the RL control routes (pause, resume, update_weights, ...); they need --control-key",
+    )
+    a.add_argument(
+        "--control-key", default=None, help=f"the control routes' key (default: ${CONTROL_KEY_ENV})"
+    )
+    a.add_argument(
+        "--weights-dir", default=None, help="/update_weights reads only paths inside this directory"
+    )
+    a.add_argument(
+        "--allow-host",
+        action="append",
+        default=None,
+        help="a Host name served besides the bound one ('*': any; default: loopback names on loopback)",
+    )
+    a.add_argument("--allow-origin", action="append", default=[], help="a browser Origin allowed")
+    a.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body")
+    a.add_argument(
+        "--max-request-sequences", type=int, default=d.max_request_sequences, help="prompts x n per request"
+    )
+    a.add_argument("--body-timeout", type=float, default=d.body_timeout_s, help="seconds to receive a body")
+    a.add_argument(
+        "--header-timeout", type=float, default=d.header_timeout_s, help="seconds to receive a request head"
+    )
+    a.add_argument(
+        "--idle-timeout", type=float, default=d.idle_timeout_s, help="seconds an idle keep-alive stays open"
+    )
+    a.add_argument(
+        "--session-records",
+        action="store_true",
+        help="GET /v1/sessions/ID returns a session's tokens to its owner",
+    )
+    a.add_argument(
+        "--strict-fields", action="store_true", help="refuse unknown request fields (default: ignore)"
+    )
+
+
+def serve_options(args: argparse.Namespace):
+    """ServeOptions from the parsed flags and the key environment variables."""
+    from rz_agents.serve.options import API_KEY_ENV, CONTROL_KEY_ENV, ServeOptions, keys_from_env
+
+    keys = tuple(args.api_key) if args.api_key else keys_from_env(os.environ.get(API_KEY_ENV))
+    control_key = args.control_key or os.environ.get(CONTROL_KEY_ENV) or None
+    if args.control and not control_key:
+        raise ValueError(
+            f"--control needs --control-key (or ${CONTROL_KEY_ENV}): the control routes have their own key"
+        )
+    return ServeOptions(
+        host=args.host,
+        api_keys=keys,
+        control_key=control_key if args.control else None,
+        allowed_hosts=tuple(args.allow_host) if args.allow_host else None,
+        allowed_origins=tuple(args.allow_origin),
+        max_body_bytes=args.max_body_bytes,
+        body_timeout_s=args.body_timeout,
+        header_timeout_s=args.header_timeout,
+        idle_timeout_s=args.idle_timeout,
+        max_request_sequences=args.max_request_sequences,
+        session_records=args.session_records,
+        strict_fields=args.strict_fields,
+    )
 
 
 def build_server(target: str, overrides: list[str] | None = None, model_name: str | None = None, **engine):
@@ -61,8 +140,19 @@ def build_server(target: str, overrides: list[str] | None = None, model_name: st
         config = dataclasses.replace(plan.engine, **{k: v for k, v in engine.items() if v is not None})
         name = model_name or Path(target).stem
     model.requires_grad_(False)
+    _check_max_len(config.max_len, model)
     rz_engine = RZEngine(model.eval(), config, decode=tokenizer.decode)
     return OpenAIServer(rz_engine, tokenizer, template, model_name=name), rz_engine
+
+
+def _check_max_len(max_len: int, model) -> None:
+    """Refuse a max_len beyond the positions the model has: a prompt that long would fail in the forward."""
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if positions is not None and max_len > positions:
+        raise ValueError(
+            f"max_len {max_len} is beyond the model's {positions} positions (max_position_embeddings); "
+            f"use --max-len {positions} or less"
+        )
 
 
 def _is_packaged_model(name: str) -> bool:
@@ -73,22 +163,25 @@ def _is_packaged_model(name: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
-    import uvicorn
-
-    from rz_agents.serve import create_app
+    from rz_agents.serve import RLControl, create_app
+    from rz_agents.serve.options import warn_if_exposed
+    from rz_agents.serve.uvicorn_server import uvicorn_server
 
     try:
+        options = serve_options(args)
         server, engine = build_server(
             args.target, args.overrides, args.model_name, max_running=args.max_running, max_len=args.max_len
         )
     except (ValueError, FileNotFoundError) as exc:  # ConfigError is a ValueError: one line, exit 2
         print(f"rz serve: cannot serve {args.target}: {exc}", file=sys.stderr)
         return 2
+    control = RLControl(engine, weights_dir=args.weights_dir) if args.control else None
+    warn_if_exposed(options)
     print(
         f"rz serve: {server.model_name} on http://{args.host}:{args.port}/v1 "
         f"(engine: max_running {engine.config.max_running}, max_len {engine.config.max_len}, "
         f"version {engine.version})",
         file=sys.stderr,
     )
-    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")
+    uvicorn_server(create_app(server, control, options), options, args.port).run()
     return 0

@@ -26,7 +26,7 @@ from rz_agents.engine.params import Completion, SamplingParams
 from rz_agents.engine.pause import PauseGate, PauseMode
 from rz_agents.engine.runner import ModelRunner
 from rz_agents.engine.sampler import HostTokens, sample_on_device
-from rz_agents.engine.scheduler import Scheduler
+from rz_agents.engine.scheduler import ScheduledBatch, Scheduler
 from rz_agents.engine.sequence import Sequence
 from rz_agents.engine.stops import check_stop
 from rz_agents.model.held_weights import HeldWeights
@@ -393,12 +393,10 @@ class RZEngine:
         t0 = time.perf_counter()
         try:
             hidden = self.runner.forward(batch)
-        except Exception as e:  # (not BaseException: an interrupt or a caller's time limit propagates)
-            log.exception("model forward failed; failing the %d sequences of this step", len(batch.chunks))
-            for chunk in batch.chunks:
-                self._fail(chunk.seq, f"model forward failed: {e!r}")
-                done.append(chunk.seq)
-            return done
+        except Exception:  # (not BaseException: an interrupt or a caller's time limit propagates)
+            hidden = self._forward_each(batch, done)
+            if hidden is None:
+                return done
         self.counters["steps"] += 1
         self.counters["forward_s"] += time.perf_counter() - t0
         for chunk in batch.chunks:
@@ -417,6 +415,26 @@ class RZEngine:
         self.counters["generated_tokens"] += len(tokens)
         self.counters["errors"] += sum(1 for s in finished if s.finish_reason == "error")
         return done + finished
+
+    def _forward_each(self, batch: ScheduledBatch, done: list[Sequence]) -> torch.Tensor | None:
+        """After the step's forward failed: each chunk's forward on its own, so only the sequences whose own
+        forward fails (a prompt the model cannot take) fail, never their batch-mates. The forward is batch
+        invariant, so a chunk's rows are the ones the whole batch would have given. Keeps the chunks that
+        succeeded in ``batch``; their sampling rows, or None when none is left."""
+        log.warning("model forward failed on a batch of %d chunks; retrying each alone", len(batch.chunks))
+        kept, rows = [], []
+        for chunk in batch.chunks:
+            try:
+                out = self.runner.forward(ScheduledBatch([chunk]))
+            except Exception as e:
+                log.exception("model forward failed; failing its sequence")
+                self._fail(chunk.seq, f"model forward failed: {e!r}")
+                done.append(chunk.seq)
+                continue
+            kept.append(chunk)
+            rows.append(out.clone())  # a static decode buffer is overwritten by the next chunk's run
+        batch.chunks = kept
+        return torch.cat(rows) if rows else None
 
     def _sweep_cancelled(self) -> list[Sequence]:
         """Finish the sequences whose callers went away (their pages are kept as a prefix entry)."""

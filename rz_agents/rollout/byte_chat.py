@@ -49,11 +49,31 @@ class ByteTokenizer:
         return "".join(out)
 
 
+def _content(m: dict[str, Any]) -> str:
+    """A message's text: its content (None is empty) and, for an assistant, each tool call as the
+    ``<tool_call>`` block a model writes (envs/tool_calls.py parses it back), so a client that sends the
+    conversation back as messages renders the tokens the model sampled."""
+    parts = [m.get("content") or ""] if m.get("content") or not m.get("tool_calls") else []
+    for call in m.get("tool_calls") or ():
+        fn = call.get("function", call)
+        arguments = fn.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                pass  # rendered as the string it is
+        parts.append(
+            f"<tool_call>\n{json.dumps({'name': fn.get('name'), 'arguments': arguments})}\n</tool_call>"
+        )
+    return "\n".join(parts)
+
+
 class ByteChatTemplate:
     """ChatML over byte tokens: <|im_start|>role\\ncontent<|im_end|>\\n ... <|im_start|>assistant\\n."""
 
     def _message(self, tokenizer: ByteTokenizer, m: dict[str, Any]) -> list[int]:
-        return [IM_START, *tokenizer.encode(f"{m['role']}\n{m['content']}"), IM_END, *tokenizer.encode("\n")]
+        text = f"{m['role']}\n{_content(m)}"
+        return [IM_START, *tokenizer.encode(text), IM_END, *tokenizer.encode("\n")]
 
     def _generation_prompt(self, tokenizer: ByteTokenizer) -> list[int]:
         return [IM_START, *tokenizer.encode("assistant\n")]

@@ -1,24 +1,33 @@
 """HTTP for ``OpenAIServer``: the FastAPI app, server-sent events, disconnects, errors; and two ways to run
 it.
 
-Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``; the same under
-``/sessions/{ID}/v1/...`` (the session named by the URL, so an unmodified client configured by
-``OPENAI_BASE_URL`` records a session); ``GET|DELETE /v1/sessions/{ID}`` (a session's token history);
-``GET /metrics``, ``GET /health``; the RL control routes (control.py).
+Routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST
+/v1/responses`` (responses.py), ``POST /v1/completions``; the same under ``/sessions/{ID}/v1/...`` (the
+session named by the URL, so an unmodified client configured by ``OPENAI_BASE_URL`` records a session);
+``POST /v1/sessions`` (a new session with a server-issued, unguessable id), ``DELETE /v1/sessions/{ID}``,
+and with ``session_records`` ``GET /v1/sessions/{ID}`` (a session's token history); ``GET /metrics``,
+``GET /health``; the RL control routes (control.py) only when a ``control`` is given, behind their own key.
+
+Every request first passes ``RequestGuard`` (guard.py: key, Host, Origin, Content-Type, body cap). A session
+a client names lives in the namespace of its API key; a session the server opened (a training episode's) is
+reached only through its capability token (sessions.py), so an agent cannot reach another episode's.
 
 Every error is OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with a 4xx status for
 what the client sent. A client that disconnects before its answer cancels its request: its sequences leave
 the engine and their pages are freed.
 
 ``ServerThread`` runs the app on its own event loop in a thread (tests, benchmarks, notebooks);
-``start_in_loop`` runs it on the current event loop beside a training run's engine (envs/openai_agent).
+``start_in_loop`` runs it on the current event loop beside a training run's engine (envs/openai_agent):
+there it has the default options, so no control routes and no readable session records.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import secrets
 import threading
 from typing import Any
 
@@ -27,19 +36,23 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from rz_agents.serve.control import RLControl, add_control_routes
-from rz_agents.serve.openai_schema import SESSION_HEADER, OpenAIError, parse_chat, parse_completion
+from rz_agents.serve.guard import OWNER_KEY, RequestGuard
+from rz_agents.serve.json_body import read_json
+from rz_agents.serve.openai_schema import (
+    SESSION_HEADER,
+    ChatRequest,
+    OpenAIError,
+    parse_chat,
+    parse_completion,
+)
+from rz_agents.serve.options import ServeOptions, warn_if_exposed
+from rz_agents.serve.responses import chat_body, response_events, response_from_chat
 from rz_agents.serve.server import OpenAIServer
+from rz_agents.serve.uvicorn_server import uvicorn_server
 
 log = logging.getLogger(__name__)
 
-
-async def read_json(request) -> Any:
-    """The request body as JSON; OpenAIError (400) when it is not."""
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise OpenAIError(f"We could not parse the JSON body of your request: {e}") from None
+__all__ = ["InLoopServer", "ServerThread", "create_app", "read_json", "start_in_loop"]
 
 
 async def _until_disconnect(request) -> None:
@@ -89,10 +102,48 @@ def _sse(chunks, server: OpenAIServer):
     return events()
 
 
-def create_app(server: OpenAIServer, control: RLControl | None = None):
-    """The FastAPI app serving ``server`` (and the control API of its engine)."""
+def _sse_events(events, server: OpenAIServer):
+    """Named server-sent events (the Responses API's stream: ``event: TYPE`` lines, no ``[DONE]``)."""
+
+    async def lines():
+        try:
+            async for e in events:
+                yield f"event: {e['type']}\ndata: {json.dumps(e)}\n\n"
+        except OpenAIError as e:
+            yield f"event: error\ndata: {json.dumps({'type': 'error', **e.body()['error']})}\n\n"
+        except asyncio.CancelledError:
+            server.counters["disconnects"] += 1
+            raise
+
+    return lines()
+
+
+def _owner(request: Request) -> str:
+    return getattr(request.state, OWNER_KEY, "")
+
+
+def _check_sequences(count: int, options: ServeOptions) -> None:
+    if count > options.max_request_sequences:
+        raise OpenAIError(
+            f"the request asks for {count} sequences (prompts x n); this server takes at most "
+            f"{options.max_request_sequences} per request",
+            "n",
+            code="too_many_sequences",
+        )
+
+
+def create_app(server: OpenAIServer, control: RLControl | None = None, options: ServeOptions | None = None):
+    """The ASGI app serving ``server``: the FastAPI app (``.app``) behind ``RequestGuard``.
+
+    ``control``: mount the RL control routes for it (they need ``options.control_key``); None (the
+    default, and what the training env's in-loop server uses) leaves them out.
+    """
+    options = options or ServeOptions()
+    if control is not None and not options.control_key:
+        raise ValueError("the RL control routes need their own key (ServeOptions.control_key, --control-key)")
     app = FastAPI(title="rz serve", docs_url=None, redoc_url=None)
     app.state.server = server
+    app.state.options = options
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, e: OpenAIError):
@@ -117,8 +168,21 @@ def create_app(server: OpenAIServer, control: RLControl | None = None):
     async def models(session_id: str | None = None) -> dict:
         return server.models()
 
+    @app.get("/v1/models/{model_id:path}")
+    @app.get("/sessions/{session_id}/v1/models/{model_id:path}")
+    async def model_card(model_id: str, session_id: str | None = None) -> dict:
+        server.check_model(model_id)
+        return server.models()["data"][0]
+
+    def chat_request(request: Request, body: Any, session_id: str | None) -> ChatRequest:
+        req = parse_chat(body, session_id or request.headers.get(SESSION_HEADER), options.strict_fields)
+        _check_sequences(req.sampling.n, options)
+        if req.session is not None:
+            req.session = server.sessions.resolve(req.session, _owner(request))
+        return req
+
     async def chat(request: Request, session_id: str | None):
-        req = parse_chat(await read_json(request), session_id or request.headers.get(SESSION_HEADER))
+        req = chat_request(request, await read_json(request), session_id)
         if req.sampling.stream:
             server.check_model(req.model)
             chunks = server.chat_stream(req)
@@ -135,34 +199,63 @@ def create_app(server: OpenAIServer, control: RLControl | None = None):
     async def chat_in_session(request: Request, session_id: str):
         return await chat(request, session_id)
 
+    @app.post("/v1/responses")
+    @app.post("/sessions/{session_id}/v1/responses")
+    async def responses(request: Request, session_id: str | None = None):
+        body = await read_json(request)
+        req = chat_request(request, chat_body(body), session_id)
+        if req.sampling.stream:
+            server.check_model(req.model)
+            req.sampling.include_usage = True  # response.completed carries the usage
+            chunks = server.chat_stream(req)
+            first = await anext(chunks)  # raises the request's 4xx before the stream starts
+            events = response_events(body, server.model_name, _chain(first, chunks))
+            return StreamingResponse(_sse_events(events, server), media_type="text/event-stream")
+        result = await _unless_disconnected(server, request, server.chat(req))
+        return Response(status_code=499) if result is None else JSONResponse(response_from_chat(body, result))
+
     @app.post("/v1/completions")
     @app.post("/sessions/{session_id}/v1/completions")
     async def completions(request: Request, session_id: str | None = None):
-        req = parse_completion(await read_json(request))
+        req = parse_completion(await read_json(request), options.strict_fields)
+        _check_sequences(len(req.prompts) * req.sampling.n, options)
         if req.sampling.stream:
             raise OpenAIError("'stream' is supported on /v1/chat/completions only", "stream")
         body = await _unless_disconnected(server, request, server.complete(req))
         return Response(status_code=499) if body is None else JSONResponse(body)
 
+    @app.post("/v1/sessions")
+    async def session_new(request: Request) -> dict:
+        name = secrets.token_urlsafe(24)
+        server.sessions.get(server.sessions.resolve(name, _owner(request)))
+        return {"id": name, "object": "session"}
+
+    def _client_session(request: Request, name: str) -> str:
+        session_id = server.sessions.resolve(name, _owner(request))
+        if session_id not in server.sessions.sessions or server.sessions.sessions[session_id].capability:
+            raise OpenAIError(f"no session {name!r}", "session", status=404, code="session_not_found")
+        return session_id
+
     @app.get("/v1/sessions/{session_id}")
-    async def session_record(session_id: str) -> dict:
-        return server.session_record(session_id)
+    async def session_record(request: Request, session_id: str) -> dict:
+        if not options.session_records:  # a session's tokens are readable only where asked for
+            raise OpenAIError(
+                "session records are off on this server (rz serve --session-records)",
+                "session",
+                status=404,
+                code="session_records_disabled",
+            )
+        return {**server.session_record(_client_session(request, session_id)), "id": session_id}
 
     @app.delete("/v1/sessions/{session_id}")
-    async def session_close(session_id: str) -> dict:
-        record = server.session_record(session_id)
-        server.sessions.close(session_id)
+    async def session_close(request: Request, session_id: str) -> dict:
+        record = server.session_record(_client_session(request, session_id))
+        server.sessions.close(record["id"])
         return {"id": session_id, "deleted": True, "turns": record["turns"]}
 
-    add_control_routes(app, control or RLControl(server.engine))
-    return app
-
-
-def _uvicorn_server(app, host: str, port: int):
-    import uvicorn
-
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False)
-    return uvicorn.Server(config)
+    if control is not None:
+        add_control_routes(app, control)
+    return RequestGuard(app, options, control=control is not None)
 
 
 def _bound_port(server) -> int:
@@ -174,6 +267,7 @@ class _Addresses:
 
     host: str
     port: int
+    server: OpenAIServer
 
     @property
     def root(self) -> str:
@@ -185,8 +279,10 @@ class _Addresses:
         return f"{self.root}/v1"
 
     def session_url(self, session_id: str) -> str:
-        """A base URL whose requests all belong to ``session_id``."""
-        return f"{self.root}/sessions/{session_id}/v1"
+        """A base URL whose requests all belong to ``session_id``: for a session the server opened
+        (``SessionStore.open``) the URL carries its capability token, not its id."""
+        capability = self.server.sessions.capability_of(session_id)
+        return f"{self.root}/sessions/{capability or session_id}/v1"
 
 
 class ServerThread(_Addresses):
@@ -196,10 +292,19 @@ class ServerThread(_Addresses):
     run on that thread's loop; do not call the engine from another loop meanwhile.
     """
 
-    def __init__(self, server: OpenAIServer, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        server: OpenAIServer,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        options: ServeOptions | None = None,
+        control: RLControl | None = None,
+    ) -> None:
+        options = dataclasses.replace(options or ServeOptions(), host=host)
+        warn_if_exposed(options)
         self.server = server
         self.host = host
-        self._uvicorn = _uvicorn_server(create_app(server), host, port)
+        self._uvicorn = uvicorn_server(create_app(server, control, options), options, port)
         self._thread = threading.Thread(target=self._run, name="rz-serve", daemon=True)
         self.port = 0
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -245,10 +350,10 @@ class ServerThread(_Addresses):
 class InLoopServer(_Addresses):
     """The app served by a task on the current event loop (``start_in_loop``)."""
 
-    def __init__(self, server: OpenAIServer, uvicorn_server, task: asyncio.Task, host: str) -> None:
+    def __init__(self, server: OpenAIServer, uv, task: asyncio.Task, host: str) -> None:
         self.server = server
-        self._uvicorn, self._task, self.host = uvicorn_server, task, host
-        self.port = _bound_port(uvicorn_server)
+        self._uvicorn, self._task, self.host = uv, task, host
+        self.port = _bound_port(uv)
 
     @property
     def running(self) -> bool:
@@ -259,9 +364,14 @@ class InLoopServer(_Addresses):
         await asyncio.gather(self._task, return_exceptions=True)
 
 
-async def start_in_loop(server: OpenAIServer, host: str = "127.0.0.1", port: int = 0) -> InLoopServer:
-    """Serve ``server`` from a task on the running event loop (the one its engine steps on)."""
-    uv = _uvicorn_server(create_app(server), host, port)
+async def start_in_loop(
+    server: OpenAIServer, host: str = "127.0.0.1", port: int = 0, options: ServeOptions | None = None
+) -> InLoopServer:
+    """Serve ``server`` from a task on the running event loop (the one its engine steps on), without the
+    control routes (an agent under training talks to this server)."""
+    options = dataclasses.replace(options or ServeOptions(), host=host)
+    warn_if_exposed(options)
+    uv = uvicorn_server(create_app(server, None, options), options, port)
     uv.config.setup_event_loop = lambda: None  # already in a loop
     task = asyncio.get_running_loop().create_task(uv.serve(), name="rz-serve")
     while not uv.started:

@@ -1,20 +1,29 @@
 """OpenAI request bodies -> checked plain data; anything malformed -> an OpenAI-style error naming the field.
 
 The server accepts what it can serve exactly and refuses the rest with a 400 that says why: a parameter it
-would otherwise ignore silently (penalties, logit_bias, a forced tool choice it cannot enforce) changes what
-the client believes was sampled, which an RL trainer must never be wrong about.
+would otherwise ignore silently (penalties, logit_bias) changes what the client believes was sampled, which
+an RL trainer must never be wrong about. ``tool_choice: "required"`` or a named function is served by
+starting the reply with the tool call's opening (and the name) as context tokens the model did not sample:
+the tokens it does sample are drawn from, and scored under, its own unconstrained distribution. A field the
+server does not know at all is ignored with a logged warning, as vLLM does (frameworks send their own
+extras), or refused with ``strict=True`` (``rz serve --strict-fields``).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 4
 SESSION_HEADER = "x-rz-session"
+FORCED_CALL = '<tool_call>\n{"name": '  # the tool-call format envs/tool_calls.py parses
 SESSION_METADATA_KEY = "rz_session"
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -65,6 +74,9 @@ class ChatRequest:
     sampling: Sampling
     tools: list[dict[str, Any]] | None = None
     parse_tools: bool = True  # tool_choice "auto" (False for "none")
+    # tool_choice "required" or a named function: the reply's start, given to the model as context (not
+    # sampled), so every sampled token and its log-prob is still the model's own distribution
+    forced: str = ""
     session: str | None = None
     enable_thinking: bool = True
 
@@ -127,12 +139,15 @@ def _boolean(body: dict, name: str, default: bool = False) -> bool:
     return value
 
 
-def _check_object(body: Any, allowed: set[str]) -> dict[str, Any]:
+def _check_object(body: Any, allowed: set[str], strict: bool) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise _fail(f"the request body must be a JSON object, got {type(body).__name__}")
     unknown = sorted(set(body) - allowed)
-    if unknown:
+    if unknown and strict:
         raise _fail(f"Unrecognized request argument supplied: {', '.join(unknown)}", unknown[0])
+    if unknown:
+        log.warning("ignoring unrecognized request fields: %s", ", ".join(unknown))
+        body = {k: v for k, v in body.items() if k in allowed}
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _fail("'model' is required and must be a string", "model")
@@ -251,13 +266,14 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool]:
+def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool, str]:
+    """(tools, parse the reply for calls, the forced start of the reply)."""
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if tools is None:
         if choice not in (None, "none"):
             raise _fail("'tool_choice' needs 'tools'", "tool_choice")
-        return None, False
+        return None, False, ""
     if not isinstance(tools, list):
         raise _fail("'tools' must be a list", "tools")
     for k, tool in enumerate(tools):
@@ -274,19 +290,27 @@ def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool]:
         if params is not None and not isinstance(params, dict):
             raise _fail(f"tools[{k}].function.parameters must be a JSON schema object", f"tools[{k}]")
     if choice in (None, "auto"):
-        return tools or None, True
+        return tools or None, True, ""
     if choice == "none":
-        return tools or None, False
-    raise _fail(
-        f"tool_choice {choice!r} is not supported: rz serve does not constrain decoding; "
-        "use 'auto' or 'none'",
-        "tool_choice",
-    )
+        return tools or None, False, ""
+    if not tools:
+        raise _fail("'tool_choice' needs a non-empty 'tools'", "tool_choice")
+    if choice == "required":
+        return tools, True, FORCED_CALL
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
+        raise _fail(
+            "'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name'}}",
+            "tool_choice",
+        )
+    if name not in {t["function"]["name"] for t in tools}:
+        raise _fail(f"tool_choice names {name!r}, which is not in 'tools'", "tool_choice")
+    return tools, True, f'{FORCED_CALL}{json.dumps(name)}, "arguments": '
 
 
-def parse_chat(body: Any, header_session: str | None = None) -> ChatRequest:
-    """A checked chat request; raises OpenAIError naming the bad field."""
-    body = _check_object(body, _CHAT)
+def parse_chat(body: Any, header_session: str | None = None, strict: bool = False) -> ChatRequest:
+    """A checked chat request; raises OpenAIError naming the bad field (an unknown one too if ``strict``)."""
+    body = _check_object(body, _CHAT, strict)
     sampling = _sampling(body, ("max_tokens", "max_completion_tokens"))
     sampling.logprobs = _boolean(body, "logprobs")
     sampling.top_logprobs = _integer(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
@@ -295,7 +319,7 @@ def parse_chat(body: Any, header_session: str | None = None) -> ChatRequest:
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise _fail("'response_format' other than {'type': 'text'} is not supported", "response_format")
-    tools, parse_tools = _tools(body)
+    tools, parse_tools, forced = _tools(body)
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict) or set(kwargs) - {"enable_thinking"}:
         raise _fail("'chat_template_kwargs' takes only 'enable_thinking'", "chat_template_kwargs")
@@ -315,14 +339,16 @@ def parse_chat(body: Any, header_session: str | None = None) -> ChatRequest:
         sampling=sampling,
         tools=tools,
         parse_tools=parse_tools,
+        forced=forced,
         session=session,
         enable_thinking=_boolean(kwargs, "enable_thinking", True),
     )
 
 
-def parse_completion(body: Any) -> CompletionRequest:
-    """A checked text-completion request; raises OpenAIError naming the bad field."""
-    body = _check_object(body, _COMPLETION)
+def parse_completion(body: Any, strict: bool = False) -> CompletionRequest:
+    """A checked text-completion request; raises OpenAIError naming the bad field (an unknown one too if
+    ``strict``)."""
+    body = _check_object(body, _COMPLETION, strict)
     sampling = _sampling(body, ("max_tokens",))
     if sampling.max_tokens is None:
         sampling.max_tokens = 16  # the OpenAI default for /v1/completions

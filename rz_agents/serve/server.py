@@ -27,6 +27,7 @@ from rz_agents.envs.tool_calls import CLOSE, OPEN, parse_tool_calls
 from rz_agents.rollout.agent_loop import turn_seed
 from rz_agents.serve.openai_schema import ChatRequest, CompletionRequest, OpenAIError, Sampling
 from rz_agents.serve.sessions import Session, SessionStore
+from rz_agents.serve.tool_stream import ToolCallStream
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "abort"}
 STREAM_POLL_S = 0.002  # how often a stream looks for new tokens (the engine yields between steps)
@@ -119,14 +120,20 @@ class OpenAIServer:
             live = not req.sampling.top_logprobs  # top logprobs come from a forward after sampling
             sent = [0] * req.sampling.n
             texts = [""] * req.sampling.n
+            names = {t["function"]["name"] for t in req.tools or ()} if req.parse_tools else set()
+            calls = [ToolCallStream(names) for _ in range(req.sampling.n)]
             while not task.done():
                 await asyncio.sleep(STREAM_POLL_S)
                 if live:
                     for i, seq in enumerate(seqs):
+                        tokens = list(seq.output)
                         for chunk in self._content_deltas(
-                            req, head, i, list(seq.output), list(seq.logprobs), sent, texts, final=False
+                            req, head, i, tokens, list(seq.logprobs), sent, texts, final=False
                         ):
                             yield chunk
+                        if names:
+                            for chunk in self._call_deltas(head, i, calls[i], req.forced, tokens):
+                                yield chunk
             _, choices, prompt = task.result()
             for i, choice in enumerate(choices):
                 tokens, logprobs = choice.completion.tokens, choice.completion.logprobs.tolist()
@@ -134,9 +141,18 @@ class OpenAIServer:
                     req, head, i, tokens, logprobs, sent, texts, final=True, top=choice.top
                 ):
                     yield chunk
+                if names:
+                    for chunk in self._call_deltas(head, i, calls[i], req.forced, tokens):
+                        yield chunk
                 delta: dict[str, Any] = {}
-                if choice.tool_calls:
-                    delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(choice.tool_calls)]
+                streamed = [c.name for c in calls[i].calls]
+                rest = [
+                    {"index": k, **c}
+                    for k, c in enumerate(choice.tool_calls)
+                    if k >= len(streamed) or streamed[k] != c["function"]["name"]
+                ]  # the calls not streamed piece by piece
+                if rest:
+                    delta["tool_calls"] = rest
                 last = {"index": i, "delta": delta, "logprobs": None, "finish_reason": self._finish(choice)}
                 if req.sampling.return_token_ids:
                     last["token_ids"] = choice.completion.tokens
@@ -149,12 +165,19 @@ class OpenAIServer:
                 task.cancel()  # the client went away: its sequences are cancelled, their pages freed
                 await asyncio.gather(task, return_exceptions=True)
 
+    def _call_deltas(self, head, i, calls: ToolCallStream, forced: str, tokens: list[int]):
+        """A chunk with choice ``i``'s tool-call pieces written since the last one (tool_stream.py)."""
+        deltas = calls.update(forced + self._visible_text(tokens))
+        if deltas:
+            choice = {"index": i, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}
+            yield {**head, "choices": [choice]}
+
     def _content_deltas(self, req, head, i, tokens, logprobs, sent, texts, final, top=None):
         """Chunks for choice ``i``'s tokens not sent yet (text held back while it may be a tool call)."""
         n = min(len(tokens), len(logprobs))
         if n <= sent[i] and not final:
             return
-        text = self._visible_text(tokens[:n])
+        text = req.forced + self._visible_text(tokens[:n])
         if req.tools and req.parse_tools:
             cut = text.find(OPEN)
             if cut >= 0:
@@ -192,8 +215,9 @@ class OpenAIServer:
         if req.sampling.top_logprobs and self.model is None:
             raise OpenAIError("'top_logprobs' needs the engine's model in this process", "top_logprobs")
         rid = rid or f"chatcmpl-{uuid.uuid4().hex}"
+        forced = list(self.tokenizer.encode(req.forced)) if req.forced else []
         if req.session is None:
-            prompt = self._render(req)
+            prompt = self._render(req) + forced
             choices = await self._generate(prompt, req.sampling, None, req, on_start)
             return rid, choices, prompt
         session = self.sessions.get(req.session)
@@ -201,6 +225,8 @@ class OpenAIServer:
             before = session.snapshot()
             try:
                 prompt = self._session_prompt(session, req)
+                session.add_context(forced)  # a forced tool-call opening: context, never trained on
+                prompt += forced
                 choices = await self._generate(prompt, req.sampling, session, req, on_start)
             except BaseException:  # refused, failed or cancelled (client gone): the history stays as it was
                 session.restore(before)
@@ -297,7 +323,7 @@ class OpenAIServer:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _choice(self, completion: Completion, req: ChatRequest | None) -> Choice:
-        text = self._visible_text(completion.tokens)
+        text = (req.forced if req is not None else "") + self._visible_text(completion.tokens)
         calls: list[dict[str, Any]] = []
         content: str | None = text
         if req is not None and req.tools and req.parse_tools:

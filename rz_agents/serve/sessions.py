@@ -21,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rz_agents.serve.openai_schema import OpenAIError
 from rz_agents.trajectory import NOT_SAMPLED, Trajectory
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,9 @@ class Session:
     segment_start: int = 0  # where the current segment begins in ``tokens`` (earlier segments come before)
     segment_starts: list[int] = field(default_factory=list)
     limit_reached: str | None = None  # why a training session refused a request (its budget or turn limit)
+    # A session the server opened (``SessionStore.open``: a training episode's) is reached only through this
+    # unguessable token (``capability``), never by its id: one episode's agent cannot name another's.
+    capability: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     def add_context(self, ids: Sequence[int]) -> None:
@@ -169,6 +174,7 @@ class SessionStore:
         # forgotten (counted), so a long-running server's memory stays bounded.
         self.max_sessions = max_sessions
         self.sessions: dict[str, Session] = {}
+        self.capabilities: dict[str, str] = {}  # capability token -> id of a session the server opened
         self.counters = {
             "sessions_opened": 0,
             "session_requests": 0,
@@ -180,36 +186,70 @@ class SessionStore:
         }
 
     def open(self, session_id: str, policy: SessionPolicy | None = None) -> Session:
-        """A new empty session (replacing one of the same id)."""
+        """A new empty session (replacing one of the same id), reachable over HTTP only through its
+        ``capability`` (``capability_of``); the id is the server's own name for it."""
+        self.close(session_id)
+        session = self._new(session_id, policy)
+        session.capability = secrets.token_urlsafe(24)
+        self.capabilities[session.capability] = session_id
+        return session
+
+    def _new(self, session_id: str, policy: SessionPolicy | None = None) -> Session:
         session = Session(session_id, policy=policy)
-        self.sessions.pop(session_id, None)
         self.sessions[session_id] = session
         self.counters["sessions_opened"] += 1
         self._evict()
         return session
 
+    def capability_of(self, session_id: str) -> str | None:
+        """The token that reaches a session the server opened (None for a client's own session)."""
+        session = self.sessions.get(session_id)
+        return session.capability if session is not None else None
+
+    def resolve(self, name: str, owner: str = "") -> str:
+        """The id of the session a client means by ``name``: a capability's session, else ``name`` in the
+        client's namespace (``owner``, from its API key). A name that is the id of a session the server
+        opened is refused: that session answers to its capability only."""
+        opened = self.capabilities.get(name)
+        if opened is not None:
+            return opened
+        session_id = f"{owner}/{name}" if owner else name
+        session = self.sessions.get(session_id)
+        if session is not None and session.capability is not None:
+            raise OpenAIError(
+                f"session {name!r} is not yours", "session", status=403, code="session_not_owned"
+            )
+        return session_id
+
     def get(self, session_id: str) -> Session:
         """The session of that id (now the most recently used), opened on first use."""
         session = self.sessions.pop(session_id, None)
         if session is None:
-            return self.open(session_id)
+            return self._new(session_id)
         self.sessions[session_id] = session
         return session
 
     def _evict(self) -> None:
         """Forget the least recently used idle sessions beyond max_sessions (a training session, which its
-        env closes, and one with a request in flight are never forgotten)."""
+        env closes, a session the server opened and one with a request in flight are never forgotten)."""
         excess = len(self.sessions) - self.max_sessions
         if excess <= 0:
             return
-        idle = [sid for sid, s in self.sessions.items() if not s.lock.locked() and s.policy is None]
+        idle = [
+            sid
+            for sid, s in self.sessions.items()
+            if not s.lock.locked() and s.policy is None and s.capability is None
+        ]
         for sid in idle[:excess]:
             del self.sessions[sid]
             self.counters["sessions_evicted"] += 1
 
     def close(self, session_id: str) -> Session | None:
-        """Forget the session; returns it (None if unknown)."""
-        return self.sessions.pop(session_id, None)
+        """Forget the session (and its capability); returns it (None if unknown)."""
+        session = self.sessions.pop(session_id, None)
+        if session is not None and session.capability is not None:
+            self.capabilities.pop(session.capability, None)
+        return session
 
     def prompt(
         self, session: Session, messages: list[dict[str, Any]], tools: list | None, enable_thinking: bool

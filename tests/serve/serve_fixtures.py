@@ -17,9 +17,10 @@ from rz_agents.engine import EngineConfig, RZEngine
 from rz_agents.model import ModelConfig, Transformer
 from rz_agents.model.logprobs import packed_token_logprobs
 from rz_agents.rollout.byte_chat import ByteChatTemplate, ByteTokenizer
-from rz_agents.serve import OpenAIServer, ServerThread
+from rz_agents.serve import OpenAIServer, RLControl, ServeOptions, ServerThread
 
 MODEL = "tiny-rz"
+CONTROL_KEY = "control-key-for-tests"
 ADD_TOOL = {
     "type": "function",
     "function": {
@@ -87,7 +88,7 @@ def taught_model() -> Transformer:
 class Served:
     """A running server, the learner's copy of its weights and what built it."""
 
-    def __init__(self, max_running: int = 16, taught: bool = True) -> None:
+    def __init__(self, max_running: int = 16, taught: bool = True, control: bool = False, **options) -> None:
         self.tokenizer, self.template = ByteTokenizer(), ByteChatTemplate()
         self.learner_model = taught_model() if taught else tiny_model().requires_grad_(False)
         engine_model = copy.deepcopy(self.learner_model)
@@ -96,7 +97,12 @@ class Served:
         )
         self.engine = RZEngine(engine_model, self.engine_config, decode=self.tokenizer.decode)
         self.server = OpenAIServer(self.engine, self.tokenizer, self.template, model_name=MODEL)
-        self.http = ServerThread(self.server).start()
+        if control:
+            options.setdefault("control_key", CONTROL_KEY)
+        options.setdefault("session_records", True)
+        self.options = ServeOptions(**options)
+        self.control = RLControl(self.engine) if control else None
+        self.http = ServerThread(self.server, options=self.options, control=self.control).start()
 
     def fresh_engine(self) -> RZEngine:
         """An in-process engine on the same weights (the reference the server's answers must equal)."""

@@ -20,6 +20,7 @@ def served():
 
 def _post(served, path, body, raw=False, headers=None):
     kw = {"content": body} if raw else {"json": body}
+    headers = {"Content-Type": "application/json", **(headers or {})}
     return httpx.post(f"{served.http.root}{path}", headers=headers, timeout=30, **kw)
 
 
@@ -43,15 +44,22 @@ BAD_CHAT = [
     (_chat(n=0), "n", "must be in [1, 16]"),
     (_chat(max_tokens=0), "max_tokens", "must be >= 1"),
     (_chat(top_logprobs=2), "top_logprobs", "needs 'logprobs'"),
-    (_chat(frobnicate=1), "frobnicate", "Unrecognized request argument"),
     (_chat(presence_penalty=0.5), "presence_penalty", "not supported"),
     (_chat(logit_bias={"5": 3}), "logit_bias", "not supported"),
     (_chat(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
     (_chat(tools={"name": "x"}), "tools", "must be a list"),
     (
-        _chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required"),
+        _chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="any"),
         "tool_choice",
-        "not supported",
+        "must be 'auto', 'none', 'required'",
+    ),
+    (
+        _chat(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
+        ),
+        "tool_choice",
+        "not in 'tools'",
     ),
     (_chat(tool_choice="auto"), "tool_choice", "needs 'tools'"),
     (_chat(n=2, metadata={"rz_session": "s"}), "n", "'n' must be 1 in a session"),

@@ -39,3 +39,28 @@ def test_a_bad_config_is_one_line_and_exit_2(override, message, capsys):
     assert main(["serve", "openai-agent", override]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+def test_access_flags_build_the_serve_options(monkeypatch):
+    from rz_agents.cli.serve import serve_options
+
+    monkeypatch.setenv("RZ_API_KEY", "env-one, env-two")
+    monkeypatch.setenv("RZ_CONTROL_KEY", "ctl")
+    args = build_parser().parse_args(["serve", "openai-agent", "--control", "--allow-host", "rz.lan"])
+    options = serve_options(args)
+    assert options.api_keys == ("env-one", "env-two") and options.control_key == "ctl"
+    assert options.hosts == frozenset({"rz.lan", "127.0.0.1"}) and not options.session_records
+    args = build_parser().parse_args(
+        ["serve", "x", "--api-key", "a", "--api-key", "b", "--max-body-bytes", "9"]
+    )
+    options = serve_options(args)
+    assert options.api_keys == ("a", "b") and options.control_key is None and options.max_body_bytes == 9
+
+
+def test_control_without_a_control_key_is_one_line_and_exit_2(monkeypatch, capsys):
+    from rz_agents.cli import main
+
+    monkeypatch.delenv("RZ_CONTROL_KEY", raising=False)
+    assert main(["serve", "openai-agent", "--control"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--control needs --control-key" in err

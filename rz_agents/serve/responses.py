@@ -1,0 +1,298 @@
+"""OpenAI's Responses API (``POST /v1/responses``) as a translation to and from chat completions.
+
+The request's ``instructions`` and ``input`` items become chat messages (a message, the ``function_call``
+items that follow an assistant message as its ``tool_calls``, a ``function_call_output`` as a tool
+message), its flat function tools become chat tools; the chat request then runs exactly as on
+``/v1/chat/completions``, sessions included (the same header, ``metadata.rz_session`` or
+``/sessions/ID/v1/responses``), so a conversation has the same tokens through either API. The reply's
+message and tool calls become ``output`` items; a stream is the Responses event sequence (``response.created``
+... ``response.output_text.delta`` ... ``response.function_call_arguments.delta`` ... ``response.completed``).
+
+Not served (400): ``previous_response_id`` (responses are not stored: send the whole input, or use a
+session), non-function tools, input items other than messages and function calls / outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from rz_agents.serve.openai_schema import OpenAIError
+
+_FIELDS = {
+    "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
+    "temperature", "top_p", "top_k", "seed", "stream", "metadata", "store", "user", "text", "truncation",
+    "include", "reasoning", "previous_response_id", "service_tier", "top_logprobs", "stream_options",
+    "prompt_cache_key", "safety_identifier", "background", "max_tool_calls",
+}  # fmt: skip
+_PASSED = ("model", "temperature", "top_p", "top_k", "seed", "metadata", "parallel_tool_calls", "stream")
+
+
+def _fail(message: str, param: str | None = None) -> OpenAIError:
+    return OpenAIError(message, param)
+
+
+def chat_body(body: Any) -> dict[str, Any]:
+    """The ``/v1/chat/completions`` body a Responses request asks for (unknown fields are left for the chat
+    parser to warn about or refuse)."""
+    if not isinstance(body, dict):
+        raise _fail(f"the request body must be a JSON object, got {type(body).__name__}")
+    if body.get("previous_response_id") is not None:
+        raise _fail(
+            "'previous_response_id' is not supported: rz serve does not store responses; send the whole "
+            "input (or name a session)",
+            "previous_response_id",
+        )
+    if body.get("background"):
+        raise _fail("'background' is not supported", "background")
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise _fail("'text.format' other than {'type': 'text'} is not supported", "text")
+    chat: dict[str, Any] = {k: body[k] for k in _PASSED if k in body}
+    chat.update({k: v for k, v in body.items() if k not in _FIELDS})  # unknown: the chat parser's call
+    messages = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise _fail("'instructions' must be a string", "instructions")
+        messages.append({"role": "system", "content": instructions})
+    messages += input_messages(body.get("input"))
+    chat["messages"] = messages
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    if body.get("tools"):
+        chat["tools"] = _tools(body["tools"])
+    choice = body.get("tool_choice")
+    if choice is not None:
+        if isinstance(choice, dict) and choice.get("type") == "function":
+            choice = {"type": "function", "function": {"name": choice.get("name")}}
+        chat["tool_choice"] = choice
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, dict):
+        raise _fail("'stream_options' must be an object", "stream_options")
+    return chat
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise _fail("'tools' must be a list", "tools")
+    out = []
+    for k, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise _fail(f"tools[{k}]: only function tools are served, got {kind!r}", f"tools[{k}]")
+        fn = {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _text(content: Any, where: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise _fail(f"{where}: only text parts are supported, got a {kind!r} part", where)
+            if not isinstance(part.get("text"), str):
+                raise _fail(f"{where}: a text part needs 'text'", where)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise _fail(f"{where} must be a string or a list of text parts", where)
+
+
+def input_messages(items: Any) -> list[dict[str, Any]]:
+    """Chat messages from a Responses ``input`` (a string, or a list of items)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise _fail("'input' must be a string or a non-empty list of items", "input")
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise _fail(f"{where} must be an object", where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append({"role": item.get("role"), "content": _text(item.get("content"), where)})
+        elif kind == "function_call":
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":  # the calls of that assistant turn
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            if not isinstance(output, str):
+                output = _text(output, f"{where}.output") if isinstance(output, list) else json.dumps(output)
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
+        else:
+            raise _fail(f"{where}: input items of type {kind!r} are not supported", where)
+    return messages
+
+
+def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": f"msg_{uuid.uuid4().hex}",
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}]
+        if status == "completed"
+        else [],
+    }
+
+
+def _call_item(call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": f"fc_{uuid.uuid4().hex}",
+        "call_id": call["id"],
+        "name": call["function"]["name"],
+        "arguments": call["function"]["arguments"] if status == "completed" else "",
+        "status": status,
+    }
+
+
+def _usage(usage: dict[str, int]) -> dict[str, Any]:
+    return {
+        "input_tokens": usage["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage["total_tokens"],
+    }
+
+
+def response_object(
+    body: dict[str, Any],
+    model: str,
+    output: list,
+    usage: dict | None,
+    finish: str | None,
+    rid: str | None = None,
+) -> dict[str, Any]:
+    """A ``response`` object (``status`` from the chat finish reason; None: in progress)."""
+    status = "in_progress" if finish is None else ("incomplete" if finish == "length" else "completed")
+    return {
+        "id": rid or f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "model": model,
+        "output": output,
+        "usage": _usage(usage) if usage else None,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "metadata": body.get("metadata") or {},
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "temperature": body.get("temperature", 1.0),
+        "top_p": body.get("top_p", 1.0),
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "previous_response_id": None,
+        "reasoning": None,
+    }
+
+
+def response_from_chat(body: dict[str, Any], chat: dict[str, Any]) -> dict[str, Any]:
+    """The ``/v1/responses`` body for a finished chat completion."""
+    choice = chat["choices"][0]
+    message = choice["message"]
+    output = []
+    if message.get("content"):
+        output.append(_message_item(message["content"]))
+    output += [_call_item(c) for c in message.get("tool_calls") or ()]
+    return response_object(body, chat["model"], output, chat["usage"], choice["finish_reason"])
+
+
+async def response_events(
+    body: dict[str, Any], model: str, chunks: AsyncIterator[dict]
+) -> AsyncIterator[dict]:
+    """The Responses stream events for a chat stream's ``chunks`` (with usage)."""
+    rid = f"resp_{uuid.uuid4().hex}"
+    seq = 0
+
+    def event(kind: str, **fields) -> dict[str, Any]:
+        nonlocal seq
+        seq += 1
+        return {"type": kind, "sequence_number": seq - 1, **fields}
+
+    yield event("response.created", response=response_object(body, model, [], None, None, rid))
+    yield event("response.in_progress", response=response_object(body, model, [], None, None, rid))
+    output: list[dict[str, Any]] = []
+    text_item: dict[str, Any] | None = None
+    text = ""
+    finish, usage = None, None
+    calls: dict[int, dict[str, Any]] = {}
+    async for chunk in chunks:
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for choice in chunk.get("choices", ()):
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                if text_item is None:
+                    text_item = _message_item("", status="in_progress")
+                    yield event("response.output_item.added", output_index=0, item=text_item)
+                    part = {"type": "output_text", "text": "", "annotations": []}
+                    yield event(
+                        "response.content_part.added",
+                        item_id=text_item["id"], output_index=0, content_index=0, part=part,
+                    )  # fmt: skip
+                text += delta["content"]
+                yield event(
+                    "response.output_text.delta",
+                    item_id=text_item["id"], output_index=0, content_index=0, delta=delta["content"],
+                )  # fmt: skip
+            for piece in delta.get("tool_calls") or ():  # a call, or a piece of one (tool_stream.py)
+                call = calls.setdefault(
+                    piece["index"], {"id": None, "function": {"name": None, "arguments": ""}}
+                )
+                call["id"] = piece.get("id") or call["id"]
+                fn = piece.get("function") or {}
+                call["function"]["name"] = fn.get("name") or call["function"]["name"]
+                call["function"]["arguments"] += fn.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    if text_item is not None:
+        part = {"type": "output_text", "text": text, "annotations": []}
+        yield event(
+            "response.output_text.done", item_id=text_item["id"], output_index=0, content_index=0, text=text
+        )
+        yield event(
+            "response.content_part.done", item_id=text_item["id"], output_index=0, content_index=0, part=part
+        )
+        done = {**text_item, "status": "completed", "content": [part]}
+        yield event("response.output_item.done", output_index=0, item=done)
+        output.append(done)
+    for _, call in sorted(calls.items()):
+        index = len(output)
+        item = _call_item(call, status="in_progress")
+        yield event("response.output_item.added", output_index=index, item=item)
+        arguments = call["function"]["arguments"]
+        yield event(
+            "response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=arguments
+        )
+        yield event(
+            "response.function_call_arguments.done",
+            item_id=item["id"],
+            output_index=index,
+            arguments=arguments,
+        )
+        done = {**item, "arguments": arguments, "status": "completed"}
+        yield event("response.output_item.done", output_index=index, item=done)
+        output.append(done)
+    final = response_object(body, model, output, usage, finish or "stop", rid)
+    yield event("response.completed", response=final)
