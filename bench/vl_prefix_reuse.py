@@ -108,12 +108,18 @@ class Episode:
     sampled: list[tuple[int, torch.Tensor]] = dataclasses.field(default_factory=list)  # (start, logprobs)
     turn_walls: list[float] = dataclasses.field(default_factory=list)
     completions: list = dataclasses.field(default_factory=list)
+    sampled_mask: list[bool] = dataclasses.field(default_factory=list)  # per token: sampled by the policy
+
+    def add(self, ids: list[int], sampled: bool) -> None:
+        self.tokens += ids
+        self.sampled_mask += [sampled] * len(ids)
 
 
 async def episode(engine, env, template, tokenizer, task: int, seed: int, turns: int, limits, temp: float):
     """One episode, turn by turn, as the agent loop runs it (tokens kept from start to end)."""
     messages, _ = env.reset(seed=task, options=None)
-    ep = Episode(template.encode_prompt(tokenizer, messages), message_pngs(messages))
+    ep = Episode([], message_pngs(messages))
+    ep.add(template.encode_prompt(tokenizer, messages), sampled=False)
     stops = tuple(template.stop_token_ids(tokenizer))
     for turn in range(turns):
         budget = min(limits.max_tokens_per_turn, limits.max_episode_tokens - len(ep.tokens))
@@ -128,13 +134,13 @@ async def episode(engine, env, template, tokenizer, task: int, seed: int, turns:
         ep.turn_walls.append(time.perf_counter() - t0)
         ep.sampled.append((len(ep.tokens), out.logprobs))
         ep.completions.append(out)
-        ep.tokens += out.tokens
-        if turn + 1 == turns:
-            break
+        ep.add(out.tokens, sampled=True)
+        if turn + 1 == turns or set(out.tokens) & set(template.vision_token_ids):
+            break  # (a sampled vision token ends the episode, as in the agent loop)
         if not out.tokens or out.tokens[-1] not in stops:
-            ep.tokens.append(stops[0])
+            ep.add([stops[0]], sampled=False)
         obs, *_ = env.step(tokenizer.decode(out.tokens))
-        ep.tokens += template.encode_continuation(tokenizer, obs)
+        ep.add(template.encode_continuation(tokenizer, obs), sampled=False)
         ep.pngs += message_pngs(obs)
     return ep
 
@@ -145,11 +151,37 @@ def lag0_dlogp(model, template, episodes: list[Episode]) -> float:
     for ep in episodes:
         pixels, grids = png_image_inputs(ep.pngs, template.vision)
         with torch.no_grad():
-            (lp,) = packed_logprobs(model, [VLSequence(ep.tokens, grids, pixels)])
+            # the template's placeholders only (a sampled <|image_pad|> is an ordinary token)
+            marks = torch.tensor(
+                [
+                    t == template.image_token_id and not s
+                    for t, s in zip(ep.tokens, ep.sampled_mask, strict=True)
+                ]
+            )
+            (lp,) = packed_logprobs(model, [VLSequence(ep.tokens, grids, pixels, placeholders=marks)])
         for start, got in ep.sampled:
             ref = lp[start - 1 : start - 1 + len(got)]
             worst = max(worst, float((ref - got).abs().max()) if len(got) else 0.0)
     return worst
+
+
+def new_tokens(ep: Episode, t: int) -> int:
+    """Prompt tokens of turn ``t`` whose K/V no earlier turn of the episode computed."""
+    prompt = len(ep.completions[t].prompt)
+    if t == 0:
+        return prompt
+    before = ep.completions[t - 1]
+    return prompt - (len(before.prompt) + len(before.tokens) - 1)
+
+
+def by_turn_mean(episodes: list[Episode], of) -> list[float]:
+    """The mean of ``of(episode, t)`` over the episodes that have a turn ``t``, for each turn index."""
+    turns = max(len(e.completions) for e in episodes)
+    out = []
+    for t in range(turns):
+        values = [of(e, t) for e in episodes if len(e.completions) > t]
+        out.append(round(sum(values) / len(values), 1))
+    return out
 
 
 def run(name: str, reuse: bool, groups: int, turns: int | None) -> tuple[dict, list[Episode]]:
@@ -191,6 +223,12 @@ def run(name: str, reuse: bool, groups: int, turns: int | None) -> tuple[dict, l
             sum(len(c.prompt) for e in episodes for c in e.completions) / len(episodes), 1
         ),
         "prefill_tokens_per_episode": round(stats["prefill_tokens"] / len(episodes), 1),
+        # per turn index, the mean over episodes: tokens new since the last turn's K/V (the observation, and
+        # the last sampled token), and the prompt tokens the engine did not find in the prefix index
+        "new_tokens_by_turn": by_turn_mean(episodes, new_tokens),
+        "uncached_prompt_tokens_by_turn": by_turn_mean(
+            episodes, lambda e, t: len(e.completions[t].prompt) - e.completions[t].num_cached_prompt_tokens
+        ),
         "prefix_tokens_reused": stats["prefix_tokens_reused"],
         "shared_prefix_tokens": stats["shared_prefix_tokens"],
         "images_encoded": stats["images_encoded"],

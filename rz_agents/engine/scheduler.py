@@ -88,6 +88,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self.shared_prefix_tokens = 0  # prompt tokens shared from running sequences instead of prefilled
+        # images whose placeholders all lay in a reused prefix (shared or cached): never looked up or encoded
+        self.images_prefix_reused = 0
         self.preemptions = 0
         self._decode_turn = 0  # rotates which decodes wait when the budget cannot hold them all
 
@@ -146,6 +148,8 @@ class Scheduler:
         if not seq.admitted:  # what the first admission found (re-admissions recompute, not report)
             seq.num_cached_prompt_tokens = min(reuse, len(seq.prompt))
             seq.admitted = True
+        if reuse and seq.images is not None:
+            self.images_prefix_reused += sum(1 for last in seq.images.last_slot if last < reuse)
         if reuse and match.running:
             self.shared_prefix_tokens += reuse
         elif reuse:

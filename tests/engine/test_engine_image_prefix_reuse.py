@@ -114,6 +114,7 @@ def test_a_later_turn_prefills_only_its_new_tokens_and_keeps_every_bit():
     assert prefills[1] < cold_prefills[1] / 2 and prefills[2] < cold_prefills[2] / 3
     stats = warm.stats()
     assert stats["prefix_hits"] == 2 and stats["images_encoded"] == 3  # earlier screenshots not even read
+    assert stats["images_prefix_reused"] == 1 + 2 and stats["images_reused"] == 0
     for a, b, c in zip(outs, cold_outs, _learner(model, requests, outs), strict=True):
         assert a.tokens == b.tokens and len(a.tokens) == 5
         assert torch.equal(a.logprobs, b.logprobs) and torch.equal(a.logprobs, c)
@@ -131,7 +132,7 @@ def test_a_group_shares_its_screenshot_prompt_pages():
     assert stats["prefill_tokens"] == len(tokens)
     assert stats["shared_prefix_tokens"] == 3 * (len(tokens) - 1)
     assert [o.num_cached_prompt_tokens for o in outs] == [0] + [len(tokens) - 1] * 3
-    assert stats["images_encoded"] == 1
+    assert stats["images_encoded"] == 1 and stats["images_prefix_reused"] == 3
     alone = [_generate(_engine(model, reuse=False), [request], [sp])[0] for sp in params]
     for a, b, c in zip(outs, alone, _learner(model, [request] * 4, outs), strict=True):
         assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs) and torch.equal(a.logprobs, c)
@@ -202,6 +203,7 @@ def test_a_reuse_ending_inside_an_image_prefills_the_rest_of_it_with_the_same_bi
     assert out.num_cached_prompt_tokens == cut
     assert engine.stats()["prefill_tokens"] - before == len(tokens) - cut
     assert engine.runner.images_encoded == 1 + drop_encodings
+    assert engine.stats()["images_prefix_reused"] == 0  # the image is only partly in the reused prefix
     (cold,) = _generate(_engine(model, reuse=False), [(tokens, images)], [params])
     (ref,) = _learner(model, [(tokens, images)], [out])
     assert out.tokens == cold.tokens and torch.equal(out.logprobs, cold.logprobs)

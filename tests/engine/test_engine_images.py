@@ -164,6 +164,7 @@ def test_multi_turn_encodes_only_new_images_and_a_weight_update_reencodes(prefix
     # with the prefix cache its placeholders' K/V are reused (the encoding is not even read); without it
     # they are prefilled again from the image cache
     assert engine.stats()["images_reused"] == (0 if prefix_cache else 1)
+    assert engine.stats()["images_prefix_reused"] == (1 if prefix_cache else 0)
     assert second.num_cached_prompt_tokens == (len(prompt) + len(first.tokens) - 1 if prefix_cache else 0)
     (ref,) = _learner(model, [(history, both)], [second])
     assert torch.equal(second.logprobs, ref)
