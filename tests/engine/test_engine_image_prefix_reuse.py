@@ -19,7 +19,7 @@ import torch
 from rz_agents.engine import EngineConfig, ImagePrompt, RZEngine, SamplingParams
 from rz_agents.engine.images import SequenceImages
 from rz_agents.engine.sequence import Sequence, SequenceStatus
-from rz_agents.model.qwen3_vl import Qwen3VLModel, VLSequence, packed_logprobs
+from rz_agents.model.qwen3_vl import Qwen3VLModel
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 
 IMG, START, END = 300, 302, 303
@@ -68,17 +68,6 @@ def _generate(engine, requests, params):
     return asyncio.run(go())
 
 
-def _learner(model, requests, outs) -> list[torch.Tensor]:
-    """The learner's log-probs of each completion's tokens (one packed forward, images re-encoded)."""
-    seqs = [
-        VLSequence(p + o.tokens, im.image_grid_thw, im.pixel_values)
-        for (p, im), o in zip(requests, outs, strict=True)
-    ]
-    with torch.no_grad():
-        lps = packed_logprobs(model, seqs)
-    return [lp[len(p) - 1 :] for lp, (p, _) in zip(lps, requests, strict=True)]
-
-
 def _episode(model, engine, turns: int = 3):
     """A multi-turn screenshot episode: each turn's prompt is the history (earlier prompts and completions)
     plus new text and a new screenshot. Returns [(prompt, images)], completions, prefill tokens per turn."""
@@ -100,7 +89,7 @@ def _episode(model, engine, turns: int = 3):
     return requests, outs, prefills
 
 
-def test_a_later_turn_prefills_only_its_new_tokens_and_keeps_every_bit():
+def test_a_later_turn_prefills_only_its_new_tokens_and_keeps_every_bit(vl_learner):
     model = _model()
     warm, cold = _engine(model), _engine(model, reuse=False)
     requests, outs, prefills = _episode(model, warm)
@@ -115,12 +104,12 @@ def test_a_later_turn_prefills_only_its_new_tokens_and_keeps_every_bit():
     stats = warm.stats()
     assert stats["prefix_hits"] == 2 and stats["images_encoded"] == 3  # earlier screenshots not even read
     assert stats["images_prefix_reused"] == 1 + 2 and stats["images_reused"] == 0
-    for a, b, c in zip(outs, cold_outs, _learner(model, requests, outs), strict=True):
+    for a, b, c in zip(outs, cold_outs, vl_learner(model, requests, outs), strict=True):
         assert a.tokens == b.tokens and len(a.tokens) == 5
         assert torch.equal(a.logprobs, b.logprobs) and torch.equal(a.logprobs, c)
 
 
-def test_a_group_shares_its_screenshot_prompt_pages():
+def test_a_group_shares_its_screenshot_prompt_pages(vl_learner):
     model = _model()
     tokens, px = _part(7, (1, 16, 16), text=5)  # 74 tokens, the image across the first page boundary
     request = (tokens, _images([px], [(1, 16, 16)]))
@@ -134,7 +123,7 @@ def test_a_group_shares_its_screenshot_prompt_pages():
     assert [o.num_cached_prompt_tokens for o in outs] == [0] + [len(tokens) - 1] * 3
     assert stats["images_encoded"] == 1 and stats["images_prefix_reused"] == 3
     alone = [_generate(_engine(model, reuse=False), [request], [sp])[0] for sp in params]
-    for a, b, c in zip(outs, alone, _learner(model, [request] * 4, outs), strict=True):
+    for a, b, c in zip(outs, alone, vl_learner(model, [request] * 4, outs), strict=True):
         assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs) and torch.equal(a.logprobs, c)
 
 
@@ -152,7 +141,7 @@ def _other_pixels_same_ids(model, engine):
     return requests, outs
 
 
-def test_equal_ids_with_other_pixels_or_grid_are_not_reused():
+def test_equal_ids_with_other_pixels_or_grid_are_not_reused(vl_learner):
     model = _model()
     engine = _engine(model)
     requests, outs = _other_pixels_same_ids(model, engine)
@@ -160,12 +149,12 @@ def test_equal_ids_with_other_pixels_or_grid_are_not_reused():
     # only the text before the first placeholder is reused (the copied part of the first page)
     assert [o.num_cached_prompt_tokens for o in outs] == [0, first_placeholder, first_placeholder]
     assert engine.stats()["images_encoded"] == 3
-    for a, b in zip(outs, _learner(model, requests, outs), strict=True):
+    for a, b in zip(outs, vl_learner(model, requests, outs), strict=True):
         assert torch.equal(a.logprobs, b)
     assert not torch.equal(outs[0].logprobs, outs[1].logprobs)
 
 
-def test_negative_control_pages_keyed_by_token_ids_alone_reuse_stale_kv(monkeypatch):
+def test_negative_control_pages_keyed_by_token_ids_alone_reuse_stale_kv(monkeypatch, vl_learner):
     # Today's text keys applied to images (no image content in the key): the second request reuses the
     # first one's K/V for other pixels, and the comparison with the learner catches it.
     monkeypatch.setattr(Sequence, "index_tokens", lambda self: self.tokens)
@@ -173,14 +162,16 @@ def test_negative_control_pages_keyed_by_token_ids_alone_reuse_stale_kv(monkeypa
     engine = _engine(model)
     requests, outs = _other_pixels_same_ids(model, engine)
     assert outs[1].num_cached_prompt_tokens == len(requests[0][0]) - 1
-    learner = _learner(model, requests, outs)
+    learner = vl_learner(model, requests, outs)
     assert torch.equal(outs[0].logprobs, learner[0])
     assert not torch.equal(outs[1].logprobs, learner[1])
 
 
 @pytest.mark.parametrize("cut", [40, 64, 80])
 @pytest.mark.parametrize("drop_encodings", [False, True])
-def test_a_reuse_ending_inside_an_image_prefills_the_rest_of_it_with_the_same_bits(cut, drop_encodings):
+def test_a_reuse_ending_inside_an_image_prefills_the_rest_of_it_with_the_same_bits(
+    cut, drop_encodings, vl_learner
+):
     # A request cancelled after its first prefill chunk keeps its computed pages: a later request with the
     # same prompt reuses them up to ``cut``, inside the image's 128 placeholders (positions 6..133): a copied
     # partial page (40), a full page (64), a full page and a copied partial one (80).
@@ -205,7 +196,7 @@ def test_a_reuse_ending_inside_an_image_prefills_the_rest_of_it_with_the_same_bi
     assert engine.runner.images_encoded == 1 + drop_encodings
     assert engine.stats()["images_prefix_reused"] == 0  # the image is only partly in the reused prefix
     (cold,) = _generate(_engine(model, reuse=False), [(tokens, images)], [params])
-    (ref,) = _learner(model, [(tokens, images)], [out])
+    (ref,) = vl_learner(model, [(tokens, images)], [out])
     assert out.tokens == cold.tokens and torch.equal(out.logprobs, cold.logprobs)
     assert torch.equal(out.logprobs, ref)
 
@@ -234,7 +225,7 @@ def _episodes(engine, n: int = 3, turns: int = 2):
     return requests, outs
 
 
-def test_reuse_with_chunked_prefill_and_preemption_keeps_every_bit():
+def test_reuse_with_chunked_prefill_and_preemption_keeps_every_bit(vl_learner):
     model = _model()
     roomy = _engine(model, reuse=False)
     page = roomy.scheduler.pages.bytes_per_page
@@ -244,11 +235,11 @@ def test_reuse_with_chunked_prefill_and_preemption_keeps_every_bit():
     stats = tight.stats()
     assert stats["preemptions"] > 0 and stats["prefix_tokens_reused"] > 0
     assert any(o.num_cached_prompt_tokens > 0 for o in outs[3:])  # a second turn reused its history
-    for a, b, c in zip(outs, ref, _learner(model, requests, outs), strict=True):
+    for a, b, c in zip(outs, ref, vl_learner(model, requests, outs), strict=True):
         assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs) and torch.equal(a.logprobs, c)
 
 
-def test_a_sequence_that_reused_a_screenshot_prefix_and_is_preempted_recomputes_the_same_bits():
+def test_a_sequence_that_reused_a_screenshot_prefix_and_is_preempted_recomputes_the_same_bits(vl_learner):
     model = _model()
     engine = _engine(model, max_batch_tokens=16)
     ((first, images),), (out,), _ = _episode(model, engine, turns=1)
@@ -268,14 +259,14 @@ def test_a_sequence_that_reused_a_screenshot_prefix_and_is_preempted_recomputes_
     assert seq.num_preemptions == 1 and seq.finish_reason == "length"
     got = seq.to_completion()
     (cold,) = _generate(_engine(model, reuse=False), [request], [params])
-    (ref,) = _learner(model, [request], [got])
+    (ref,) = vl_learner(model, [request], [got])
     assert got.tokens == cold.tokens and torch.equal(got.logprobs, cold.logprobs)
     assert torch.equal(got.logprobs, ref)
 
 
-def test_negative_control_standard_kernels_differ_from_the_learner():
+def test_negative_control_standard_kernels_differ_from_the_learner(vl_learner):
     model = _model(kernels="standard")
     requests, outs, _ = _episode(model, _engine(model), turns=2)
-    learner = _learner(model, requests, outs)
+    learner = vl_learner(model, requests, outs)
     assert not all(torch.equal(o.logprobs, r) for o, r in zip(outs, learner, strict=True))
     assert max((o.logprobs - r).abs().max().item() for o, r in zip(outs, learner, strict=True)) < 1e-3
