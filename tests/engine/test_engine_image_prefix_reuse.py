@@ -18,7 +18,7 @@ import torch
 
 from rz_agents.engine import EngineConfig, ImagePrompt, RZEngine, SamplingParams
 from rz_agents.engine.images import SequenceImages
-from rz_agents.engine.sequence import Sequence, SequenceStatus
+from rz_agents.engine.sequence import Sequence, SequenceStatus, placeholder_labels
 from rz_agents.model.qwen3_vl import Qwen3VLModel
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 
@@ -152,6 +152,29 @@ def test_equal_ids_with_other_pixels_or_grid_are_not_reused(vl_learner):
     for a, b in zip(outs, vl_learner(model, requests, outs), strict=True):
         assert torch.equal(a.logprobs, b)
     assert not torch.equal(outs[0].logprobs, outs[1].logprobs)
+
+
+def test_index_tokens_name_each_placeholder_by_its_image_content():
+    model = _model()
+    tokens, px = _part(5, (1, 4, 4), text=2)  # 2 text, start, 4 placeholders, end, 3 text
+    seq = Sequence(tokens, SamplingParams())
+    seq.images = SequenceImages(tokens, _images([px], [(1, 4, 4)]), model.vl_config)
+    items = seq.index_tokens()
+    assert items[:3] == tokens[:3] and items[7:] == tokens[7:]
+    assert len(set(items[3:7])) == 1 and all(isinstance(x, str) for x in items[3:7])
+    seq.append(IMG, -1.0, 0)  # a sampled placeholder id is an ordinary token
+    assert seq.index_tokens()[-1] == IMG and len(seq.index_tokens()) == seq.num_tokens
+    # the label follows what the tower sees: pixels, their dtype and shape, and the grid
+    others = [
+        ([px + 1e-3], [(1, 4, 4)]),
+        ([px.double()], [(1, 4, 4)]),
+        ([px], [(1, 2, 8)]),
+    ]
+    for pixels, grids in others:
+        other = SequenceImages(tokens, _images(pixels, grids), model.vl_config)
+        assert placeholder_labels(tokens, other)[3] != items[3]
+    same = SequenceImages(tokens, _images([px.clone()], [(1, 4, 4)]), model.vl_config)
+    assert placeholder_labels(tokens, same)[3] == items[3]
 
 
 def test_negative_control_pages_keyed_by_token_ids_alone_reuse_stale_kv(monkeypatch, vl_learner):
