@@ -148,8 +148,10 @@ def build_summary(
         "kernels": cfg.model.kernels,
         "mode": cfg.mode,
         "generated_tokens": generated,
-        # a vision-language policy's images: encoded by the engine's tower, or served from its cache
+        # a vision-language policy's images: encoded by the engine's tower, inside a reused prefix (their K/V
+        # reused), or served from its cache
         "images_encoded": engine.get("images_encoded"),
+        "images_prefix_reused": engine.get("images_prefix_reused"),
         "images_reused": engine.get("images_reused"),
         "generated_tokens_per_s": (generated / run_summary["wall_s"])
         if generated and run_summary.get("wall_s")

@@ -240,6 +240,7 @@ class RZEngine:
             "static_decode_steps": self.runner.static_decode_steps,
             "images_encoded": self.runner.images_encoded,
             "images_reused": self.runner.images_reused,
+            "images_prefix_reused": self.scheduler.images_prefix_reused,  # their K/V reused: not even read
             # a vision-language model's encoded images (engine/images.py)
             **(self.runner.image_cache.stats() if getattr(self.model, "vl_config", None) is not None else {}),
             **self.counters,

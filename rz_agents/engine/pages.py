@@ -17,6 +17,16 @@ The last, partly matching page of a prompt is found among the children of the ma
 (bucketed by their first token) and copied (a bit-exact copy of its first positions), so reuse is not
 limited to whole pages. Reusing a page is bit-identical to computing it: in aligned mode a position's K/V
 depend only on the tokens up to it and the weights (``version`` is part of every key).
+
+Images (a vision-language model): a prompt placeholder's K/V depend on its image's pixels, not only on its
+token id, so the index keys every position by ``Sequence.index_tokens()``, where each placeholder is its
+image's content label (pixel digest, dtype, shape, grid: engine/sequence.py), vLLM's multimodal hashes in its
+block keys in one list. A page's key thus covers the images whose placeholders it holds, and through the
+chain every image before it: equal ids with other pixels part at the first differing placeholder, and a
+screenshot prompt is shared by a group and reused by the episode's next turn like text. A match may end
+inside an image's placeholders (a page boundary, a partial page, a shorter earlier prompt): the rest of that
+image's placeholders are prefilled with rows of its full encoding (the engine's image cache, or the tower
+again: engine/images.py), which do not depend on where the split falls.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ if TYPE_CHECKING:
 ROOT = 0  # the parent of every sequence's first page
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
+def common_prefix_len(a: list, b: list) -> int:
     """Length of the longest common prefix of two token lists.
 
     Binary search over slice equality: each comparison runs in C, so long prompts stay cheap.
@@ -63,19 +73,19 @@ class PageNode:
     block: int  # unique id of this node (a page id is reused; a node id never)
     parent: int  # the node of the page before it in its sequence (ROOT for a first page)
     version: int  # policy version of the weights that compute its K/V
-    first: int  # its first token (the bucket its parent's children are kept in)
+    first: int | str  # its first index token (the bucket its parent's children are kept in)
     owner: Sequence | None
     index: int
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[int | str] = field(default_factory=list)  # index tokens (Sequence.index_tokens)
     from_cache: bool = False  # it has been in the cache of finished sequences (reusable at any length)
     released_at: float = 0.0
     key: tuple | None = None  # its full-page key in the index, once its 64 tokens are known
 
-    def known(self) -> list[int]:
+    def known(self) -> list[int | str]:
         """The tokens this page holds or will hold (those the owner knows today)."""
         if self.owner is not None:
             start = self.index * PAGE_SIZE
-            return self.owner.tokens[start : start + PAGE_SIZE]
+            return self.owner.index_tokens()[start : start + PAGE_SIZE]
         return self.tokens
 
     def computed(self) -> int:
@@ -123,7 +133,7 @@ class PagePool:
         self._refs = [0] * num_pages
         self._nodes: dict[int, PageNode] = {}  # page -> node
         self._full: dict[tuple, int] = {}  # (parent, tokens, version) -> page: the hash chain
-        self._children: dict[tuple[int, int, int], set[int]] = {}  # (parent, version, first token) -> pages
+        self._children: dict[tuple, set[int]] = {}  # (parent, version, first index token) -> pages
         self._by_parent: dict[int, set[int]] = {}  # parent node -> pages continuing it
         self._cached: OrderedDict[int, None] = OrderedDict()  # pages nobody holds, least recently used first
         self._next_block = ROOT + 1
@@ -225,9 +235,7 @@ class PagePool:
         """Index the pages of ``seq``'s table that have no node yet (fresh pages it writes), and give each
         page whose 64 tokens are now known its key in the hash chain. Starts at ``seq.indexed_pages`` (the
         leading pages already done), so a decode step costs O(1) pages, not the whole table."""
-        if seq.images is not None:
-            # Keys are tokens; an image placeholder's K/V depend on its image too: never shared or cached.
-            return
+        items = seq.index_tokens()  # an image placeholder is keyed by its image's content too
         start = seq.indexed_pages
         parent = ROOT if start == 0 else self._nodes[seq.pages[start - 1]].block
         for j in range(start, len(seq.pages)):
@@ -236,7 +244,7 @@ class PagePool:
             if node is None:
                 if j * PAGE_SIZE >= seq.num_tokens:
                     break  # allocated ahead of its first token: indexed once it has one
-                node = PageNode(self._next_block, parent, version, seq.tokens[j * PAGE_SIZE], seq, j)
+                node = PageNode(self._next_block, parent, version, items[j * PAGE_SIZE], seq, j)
                 self._next_block += 1
                 self._nodes[p] = node
                 self._children.setdefault((parent, version, node.first), set()).add(p)
@@ -256,10 +264,10 @@ class PagePool:
             if p in self._nodes and self._nodes[p].owner is seq:
                 self._forget(p)
 
-    def match(self, tokens: list[int], version: int, share_running: int) -> PrefixMatch:
-        """The longest prefix of ``tokens`` (at most len - 1: the last token must be fed through the model to
-        give the next one's logits) whose K/V pages of this ``version`` hold: full pages by the hash chain,
-        then the best partial page among the last node's children.
+    def match(self, tokens: list[int | str], version: int, share_running: int) -> PrefixMatch:
+        """The longest prefix of ``tokens`` (a sequence's ``index_tokens()``; at most len - 1: the last token
+        must be fed through the model to give the next one's logits) whose K/V pages of this ``version``
+        hold: full pages by the hash chain, then the best partial page among the last node's children.
 
         Pages of finished sequences (the cache) match at any length when the prefix cache is on; pages running
         sequences write match only when ``share_running`` >= 1 and the whole match is at least that long."""
@@ -277,7 +285,7 @@ class PagePool:
             return self.prefix_cache
         return running and self._refs[p] > 0
 
-    def _walk(self, tokens: list[int], version: int, running: bool) -> PrefixMatch:
+    def _walk(self, tokens: list[int | str], version: int, running: bool) -> PrefixMatch:
         m = PrefixMatch()
         limit = len(tokens) - 1
         parent, start = ROOT, 0
@@ -299,7 +307,7 @@ class PagePool:
         return m
 
     def _best_partial(
-        self, m: PrefixMatch, seg: list[int], parent: int, version: int, running: bool, start: int
+        self, m: PrefixMatch, seg: list[int | str], parent: int, version: int, running: bool, start: int
     ) -> None:
         """The child of ``parent`` sharing the most leading tokens with ``seg`` (ties: the most computed)."""
         best, best_n, best_c = None, 0, 0
@@ -337,6 +345,13 @@ class PagePool:
         if node.owner is not None:
             node.tokens = node.known()[: node.computed()]
             node.owner = None
+        if node.key is not None and len(node.tokens) < PAGE_SIZE:
+            # Keyed while its owner was still to compute it (cancelled mid-prefill): it will never hold 64
+            # positions, so it leaves the hash chain (the same page computed in full may take the key) and
+            # is found as a partial page among its parent's children (its computed positions copied).
+            if self._nodes.get(self._full.get(node.key, -1)) is node:
+                del self._full[node.key]
+            node.key = None
 
     def _forget(self, p: int) -> None:
         """Take page ``p`` out of the index."""
@@ -368,4 +383,3 @@ class PagePool:
                 del self._cached[q]
                 self._forget(q)
                 self._free.append(q)
-

@@ -16,9 +16,10 @@ Requests never fail for lack of memory.
 Prefix reuse is one mechanism, the page pool's prefix index (rz_agents.engine.pages: a hash chain over
 full pages, reference counts, an LRU cache of finished sequences' pages): at admission a request takes the
 longest prefix of its prompt whose K/V some pages already hold, full pages by reference and the last,
-partial page as a bit-exact copy, so the result equals a cold prefill. Pages a running sequence is still
-writing count when the match is at least ``share_min_tokens`` long: the request then waits until they are
-computed (a group's prompt is prefilled once), keeping its place in the queue.
+partial page as a bit-exact copy, so the result equals a cold prefill (images too: a placeholder is keyed
+by its image's content, so a screenshot prompt is shared and reused like text). Pages a running sequence is
+still writing count when the match is at least ``share_min_tokens`` long: the request then waits until they
+are computed (a group's prompt is prefilled once), keeping its place in the queue.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self.shared_prefix_tokens = 0  # prompt tokens shared from running sequences instead of prefilled
+        # images whose placeholders all lay in a reused prefix (shared or cached): never looked up or encoded
+        self.images_prefix_reused = 0
         self.preemptions = 0
         self._decode_turn = 0  # rotates which decodes wait when the budget cannot hold them all
 
@@ -124,9 +127,8 @@ class Scheduler:
     def _match(self, seq: Sequence, version: int) -> PrefixMatch:
         if self.copy_page is None:  # nothing can be reused without copying a partial page
             return PrefixMatch()
-        if seq.images is not None:  # equal tokens, maybe other images: its K/V are its own (pages.track)
-            return PrefixMatch()
-        return self.pages.match(seq.tokens, version, self.share_min_tokens)
+        # index tokens: an image placeholder matches only a placeholder of the same image (pages.py)
+        return self.pages.match(seq.index_tokens(), version, self.share_min_tokens)
 
     def _place(self, seq: Sequence, match: PrefixMatch, version: int) -> bool:
         """Give ``seq`` pages for all its tokens, reusing ``match``; False if the pages cannot be found."""
@@ -146,6 +148,8 @@ class Scheduler:
         if not seq.admitted:  # what the first admission found (re-admissions recompute, not report)
             seq.num_cached_prompt_tokens = min(reuse, len(seq.prompt))
             seq.admitted = True
+        if reuse and seq.images is not None:
+            self.images_prefix_reused += sum(1 for last in seq.images.last_slot if last < reuse)
         if reuse and match.running:
             self.shared_prefix_tokens += reuse
         elif reuse:

@@ -55,6 +55,7 @@ class Sequence:
     indexed_pages: int = 0  # leading pages of ``pages`` the page pool's prefix index is done with
     generator: torch.Generator | None = None
     images: SequenceImages | None = None  # a vision-language request's images (engine/images.py)
+    _index: list[int | str] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
@@ -65,6 +66,19 @@ class Sequence:
     def tokens(self) -> list[int]:
         """Prompt followed by every generated token (one list kept up to date; do not mutate)."""
         return self._tokens
+
+    def index_tokens(self) -> list[int | str]:
+        """The tokens as the prefix index keys them (engine/pages.py): ``tokens`` itself for text; with
+        images, each prompt placeholder replaced by its image's label (``image_label``), because its K/V
+        depend on its image's pixels, not only on its id. Kept up to date as tokens are sampled (those are
+        ordinary tokens, placeholders included: engine/images.py)."""
+        if self.images is None:
+            return self._tokens
+        if self._index is None:
+            self._index = placeholder_labels(self.prompt, self.images)
+        if len(self._index) < len(self._tokens):
+            self._index.extend(self._tokens[len(self._index) :])
+        return self._index
 
     @property
     def last_token(self) -> int:
@@ -101,3 +115,27 @@ class Sequence:
             error=self.error,
             stop_reason=self.stop_reason,
         )
+
+
+def image_label(key: tuple) -> str:
+    """One image's label in the prefix index: a string (never equal to a token id; its hash is computed
+    once) naming the image's content key (engine/images.py: ``image_key``, a digest of the tower's input
+    pixels, their dtype and shape, and the grid)."""
+    digest, dtype, shape, grid = key
+    return f"<image {digest} {dtype} {list(shape)} {list(grid)}>"
+
+
+def placeholder_labels(prompt: list[int], images: SequenceImages) -> list[int | str]:
+    """``prompt`` with the placeholders of image i replaced by image i's label.
+
+    A page of these items, under the hash chain of the pages before it, names everything its K/V depend on:
+    the tokens, which image each placeholder belongs to (and, through the grid, the 3D RoPE positions), and
+    the images' pixels. Two prompts with equal ids but other pixels thus part at their first placeholder.
+    """
+    items: list[int | str] = list(prompt)
+    slots = images.slots.tolist()
+    for i, key in enumerate(images.keys):
+        label = image_label(key)
+        for slot in slots[images.token_rows[i] : images.token_rows[i + 1]]:
+            items[slot] = label
+    return items

@@ -49,3 +49,23 @@ def tiny_model():
 def perturbed_state():
     """Factory: perturbed_state(model, seed, scale=0.02) -> new state dict for the same model."""
     return _perturbed_state
+
+
+def _vl_learner_logprobs(model, requests, completions) -> list[torch.Tensor]:
+    """The learner's log-probs of each completion's tokens: one packed forward over every (prompt, images)
+    request followed by its completion, the images re-encoded (model/qwen3_vl.py: packed_logprobs)."""
+    from rz_agents.model.qwen3_vl import VLSequence, packed_logprobs
+
+    seqs = [
+        VLSequence(p + c.tokens, im.image_grid_thw, im.pixel_values)
+        for (p, im), c in zip(requests, completions, strict=True)
+    ]
+    with torch.no_grad():
+        lps = packed_logprobs(model, seqs)
+    return [lp[len(p) - 1 :] for lp, (p, _) in zip(lps, requests, strict=True)]
+
+
+@pytest.fixture
+def vl_learner():
+    """Function: vl_learner(model, [(prompt, ImagePrompt)], completions) -> the learner's log-probs."""
+    return _vl_learner_logprobs

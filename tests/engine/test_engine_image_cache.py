@@ -14,7 +14,7 @@ import torch
 
 from rz_agents.engine import EngineConfig, ImagePrompt, RZEngine, SamplingParams
 from rz_agents.engine.images import ImageCache, encoding_bytes, image_key
-from rz_agents.model.qwen3_vl import Qwen3VLModel, VLSequence, packed_logprobs
+from rz_agents.model.qwen3_vl import Qwen3VLModel
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 from rz_agents.model.vision import ImageEmbeddings
 
@@ -80,17 +80,7 @@ def _run(model, image_cache_bytes: int, reqs):
     return engine, asyncio.run(go()), peaks
 
 
-def _learner(model, reqs, outs) -> list[torch.Tensor]:
-    seqs = [
-        VLSequence(p + o.tokens, im.image_grid_thw, im.pixel_values)
-        for (p, im), o in zip(reqs, outs, strict=True)
-    ]
-    with torch.no_grad():
-        lps = packed_logprobs(model, seqs)
-    return [lp[len(p) - 1 :] for lp, (p, _) in zip(lps, reqs, strict=True)]
-
-
-def test_a_long_multi_image_stream_stays_under_the_budget_and_eviction_changes_no_bit():
+def test_a_long_multi_image_stream_stays_under_the_budget_and_eviction_changes_no_bit(vl_learner):
     model = _model()
     reqs = _stream()
     budget = 3 * 4 * TOKEN_BYTES  # three images
@@ -106,18 +96,18 @@ def test_a_long_multi_image_stream_stays_under_the_budget_and_eviction_changes_n
     assert s["images_encoded"] > r["images_encoded"] == 26  # distinct images of the stream
     assert r["image_cache_hits"] > 0 and s["image_cache_misses"] == s["images_encoded"]
     assert r["image_cache_bytes_held"] == r["image_cache_entries"] * 4 * TOKEN_BYTES
-    learner = _learner(model, reqs, outs)
+    learner = vl_learner(model, reqs, outs)
     for a, b, c in zip(outs, ref, learner, strict=True):
         assert a.tokens == b.tokens and len(a.tokens) == 4
         assert torch.equal(a.logprobs, b.logprobs)  # re-encoded after eviction: the same bits
         assert torch.equal(a.logprobs, c)  # and the learner's
 
 
-def test_negative_control_standard_kernels_differ_from_the_learner():
+def test_negative_control_standard_kernels_differ_from_the_learner(vl_learner):
     model = _model(kernels="standard")
     reqs = _stream()[:4]
     _, outs, _ = _run(model, 3 * 4 * TOKEN_BYTES, reqs)
-    learner = _learner(model, reqs, outs)
+    learner = vl_learner(model, reqs, outs)
     assert not all(torch.equal(o.logprobs, r) for o, r in zip(outs, learner, strict=True))
     assert max((o.logprobs - r).abs().max().item() for o, r in zip(outs, learner, strict=True)) < 1e-3
 

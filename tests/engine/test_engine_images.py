@@ -142,9 +142,15 @@ def test_rope_columns_cross_the_end_of_the_prompt():
         assert torch.equal(seq.rope_columns(a, b), full[:, a:b]), (a, b)
 
 
-def test_multi_turn_encodes_only_new_images_and_a_weight_update_reencodes():
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_multi_turn_encodes_only_new_images_and_a_weight_update_reencodes(prefix_cache):
     model = _model()
-    engine = RZEngine(model, EngineConfig(max_running=2, max_len=128, max_batch_tokens=16, num_threads=1))
+    engine = RZEngine(
+        model,
+        EngineConfig(
+            max_running=2, max_len=128, max_batch_tokens=16, num_threads=1, prefix_cache=prefix_cache
+        ),
+    )
     params = SamplingParams(temperature=1.0, max_tokens=4, seed=5)
     prompt, images = _request([(1, 4, 6)], 11)
     first = asyncio.run(engine.generate(prompt, params, images=images))
@@ -154,11 +160,16 @@ def test_multi_turn_encodes_only_new_images_and_a_weight_update_reencodes():
     history = prompt + first.tokens + second_prompt
     both = ImagePrompt(torch.cat([images.pixel_values, second_images.pixel_values]), [(1, 4, 6), (1, 2, 4)])
     second = asyncio.run(engine.generate(history, params, images=both))
-    assert engine.runner.images_encoded == 2  # the first screenshot came from the cache
-    assert engine.stats()["images_reused"] == 1
+    assert engine.runner.images_encoded == 2  # the first screenshot is not encoded again
+    # with the prefix cache its placeholders' K/V are reused (the encoding is not even read); without it
+    # they are prefilled again from the image cache
+    assert engine.stats()["images_reused"] == (0 if prefix_cache else 1)
+    assert engine.stats()["images_prefix_reused"] == (1 if prefix_cache else 0)
+    assert second.num_cached_prompt_tokens == (len(prompt) + len(first.tokens) - 1 if prefix_cache else 0)
     (ref,) = _learner(model, [(history, both)], [second])
     assert torch.equal(second.logprobs, ref)
     engine.load_weights({"lm_head.weight": model.lm_head.weight.detach() * 1.0}, version=1)
     asyncio.run(engine.generate(history, params, images=both))
     assert engine.runner.images_encoded == 4  # the cache belonged to the old weights
-    assert engine.stats()["images_reused"] == 1  # nothing reused across the update
+    assert engine.stats()["images_reused"] == (0 if prefix_cache else 1)  # nothing reused across the update
+    assert engine.stats()["prefix_hits"] == (1 if prefix_cache else 0)

@@ -343,7 +343,8 @@ def test_a_qwen_vocabulary_vl_policy_samples_and_trains_on_these_prompts_lag0_ex
         i = t.tokens.index(template.vl_config.vision_start_token_id)
         assert t.tokens[i : i + 6] == [151652, *[151655] * 4, 151653]
         t.reward = float(t.info["member"])
-    assert engine.stats()["images_encoded"] == 1 and engine.stats()["images_reused"] == 1
+    # the second member shares the first one's prompt pages, the picture's placeholders included
+    assert engine.stats()["images_encoded"] == 1 and engine.stats()["images_prefix_reused"] == 1
     cfg = LearnerConfig(optim=OptimConfig(lr=1e-2, max_grad_norm=1.0), assert_lag0_exact=True)
     metrics = Learner(model, cfg).step(trajs)
     assert metrics["lag0_abs_dlogp_max"] == 0.0 and metrics["lag0_token_count"] == 8
