@@ -235,6 +235,7 @@ class _Sizing:
     cpu: bool  # the model runs on CPU (oneDNN's packed weight copies, a process baseline)
     aligned: bool  # the aligned op set (its GEMMs keep packed weight copies on CPU)
     tower_trained: bool = False
+    gemm_elements: int = 0  # elements of the linear weights (counted on CPU only: gemm_weight_elements)
 
     @property
     def low_precision(self) -> bool:
@@ -264,7 +265,8 @@ def _sizing(cfg, model_config, est: MemoryEstimate) -> _Sizing:
     device = str(getattr(cfg.model, "device", "cpu"))
     aligned = getattr(cfg.model, "kernels", "aligned") == "aligned"
     ckpt = cfg.model.activation_checkpointing
-    return _Sizing(c, vl, n, t, adapters, e, ckpt, tokens, device == "cpu", aligned, tower_trained)
+    gemm = gemm_weight_elements(c) if device == "cpu" else 0  # (one more meta build, once per estimate)
+    return _Sizing(c, vl, n, t, adapters, e, ckpt, tokens, device == "cpu", aligned, tower_trained, gemm)
 
 
 def trainer_state_bytes(z: _Sizing) -> dict[str, int]:
@@ -299,7 +301,7 @@ def packed_weight_bytes(z: _Sizing) -> dict[str, int]:
     after each optimizer step). Sharded learner ranks and GPUs keep none."""
     if not (z.cpu and z.aligned):
         return {}
-    return {"packed_weights": gemm_weight_elements(z.c) * z.e}
+    return {"packed_weights": z.gemm_elements * z.e}
 
 
 # RSS of a process that has imported torch and rz_agents, before any model (CPU; measured 0.23-0.26 GiB on
