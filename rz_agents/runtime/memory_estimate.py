@@ -16,6 +16,12 @@ beside its weights until it applies it between steps (``weight_receive_staging``
 old weights meanwhile). Checkpoints add nothing on the device: each rank writes its own shards
 (torch.distributed.checkpoint), no rank gathers the state. Figures are estimates of what PyTorch holds
 (allocator slack, CUDA context and fragmentation come on top: keep ~10% free).
+
+The estimate is the sum of terms, each reported by a function named for the part of the system that holds
+the memory (trainer state, the aligned GEMM's packed weight copies, model activations, the LM head's
+log-probs, the vision tower, the engine, the weight broadcast, FSDP2 ranks, the process itself). On CPU two
+of them exist only there: oneDNN-packed copies of every linear weight, which the aligned op set keeps on each
+weight (learner and engine alike), and the RSS of the process's interpreter and libraries.
 """
 
 from __future__ import annotations
@@ -212,6 +218,103 @@ def largest_tensors(config: ModelConfig) -> tuple[int, int]:
     return largest, layer
 
 
+# -- the terms, each from the part of the system that holds the memory ------------------------------------
+@dataclass(frozen=True)
+class _Sizing:
+    """What every term is sized from: the language model's config, the parameter counts, the dtype's bytes,
+    the learner's micro-batch and where the run computes."""
+
+    c: ModelConfig  # the language model (a VL model's text part)
+    vl: object | None  # a Qwen3VLConfig, or None
+    n: int  # all parameters
+    t: int  # trained parameters (LoRA: the adapters; a frozen tower left out)
+    adapters: int  # LoRA parameters beside the base (0: none)
+    e: int  # bytes per element of the model dtype
+    ckpt: bool  # activation checkpointing
+    tokens: int  # tokens of one learner micro-batch
+    cpu: bool  # the model runs on CPU (oneDNN's packed weight copies, a process baseline)
+    aligned: bool  # the aligned op set (its GEMMs keep packed weight copies on CPU)
+    tower_trained: bool = False
+    gemm_elements: int = 0  # elements of the linear weights (counted on CPU only: gemm_weight_elements)
+
+    @property
+    def low_precision(self) -> bool:
+        return self.c.torch_dtype != torch.float32
+
+
+def _sizing(cfg, model_config, est: MemoryEstimate) -> _Sizing:
+    """The sizes of a TrainConfig's run (and the LoRA / vision notes they come with, on ``est``)."""
+    vl = model_config if hasattr(model_config, "vision") else None
+    c = vl.text if vl is not None else model_config
+    n, e = est.parameters, torch.empty(0, dtype=c.torch_dtype).element_size()
+    lora = getattr(cfg.learner, "lora", None)
+    t, adapters = n, 0
+    if lora is not None and lora.enabled:
+        from rz_agents.model.lora import publication_bytes
+
+        t = adapters = publication_bytes(c, lora)[0] // e
+        est.notes.append(f"LoRA rank {lora.rank}: {t:,} trained adapter parameters on a frozen base of {n:,}")
+    tower_trained = False
+    if vl is not None:
+        est.vision_parameters = count_vision_parameters(vl)
+        if t == n and bool(getattr(cfg.learner, "freeze_vision", False)):
+            t = n - est.vision_parameters
+        tower_trained = t == n
+    # A micro-batch fills its token budget; one episode longer than the budget gets a micro-batch alone.
+    tokens = max(cfg.learner.micro_batch_tokens, cfg.rollout.limits.max_episode_tokens)
+    device = str(getattr(cfg.model, "device", "cpu"))
+    aligned = getattr(cfg.model, "kernels", "aligned") == "aligned"
+    ckpt = cfg.model.activation_checkpointing
+    gemm = gemm_weight_elements(c) if device == "cpu" else 0  # (one more meta build, once per estimate)
+    return _Sizing(c, vl, n, t, adapters, e, ckpt, tokens, device == "cpu", aligned, tower_trained, gemm)
+
+
+def trainer_state_bytes(z: _Sizing) -> dict[str, int]:
+    """The trainer's (trainer/optim.py): the weights, with LoRA the adapters beside them, fp32 masters of a
+    low-precision model, the gradients of one micro-batch (plus their fp32 sums on the masters) and AdamW's
+    two fp32 moments, all of the trained parameters."""
+    out = {"weights": z.n * z.e}
+    if z.adapters:  # (an entry of their own: sharded ranks hold the adapters whole, the base in shards)
+        out["lora_adapters"] = z.adapters * z.e
+    if z.low_precision:
+        out["master_weights_fp32"] = z.t * 4
+    out["gradients"] = z.t * z.e + (z.t * 4 if z.low_precision else 0)
+    out["adamw_state_fp32"] = 2 * z.t * 4
+    return out
+
+
+def gemm_weight_elements(config: ModelConfig) -> int:
+    """Elements of the weights the language model multiplies with its linear op (every 2-D weight but the
+    embedding table; the LM head's once, tied or not), from the meta device."""
+    from rz_agents.model.transformer import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(config, init=False)
+    embed = model.get_input_embeddings().weight
+    linear = sum(p.numel() for p in model.parameters() if p.dim() == 2 and p is not embed)
+    return linear + (embed.numel() if config.tie_word_embeddings else 0)
+
+
+def packed_weight_bytes(z: _Sizing) -> dict[str, int]:
+    """The aligned GEMM's (rz_kernels.gemm ``_operand``): on CPU it multiplies with oneDNN-packed copies of
+    the weights, kept on each weight until the weight changes (one copy of every linear weight, rebuilt
+    after each optimizer step). Sharded learner ranks and GPUs keep none."""
+    if not (z.cpu and z.aligned):
+        return {}
+    return {"packed_weights": z.gemm_elements * z.e}
+
+
+# RSS of a process that has imported torch and rz_agents, before any model (CPU; measured 0.23-0.26 GiB on
+# torch 2.13 / Python 3.11): interpreter, libraries, oneDNN/OpenMP runtimes
+PROCESS_BASELINE_BYTES = int(0.25 * GIB)
+
+
+def process_baseline_bytes(z: _Sizing) -> dict[str, int]:
+    """The process's own (CPU runs, where the estimate is compared with RSS): libraries and interpreter.
+    On a GPU that memory is host memory, and the CUDA context is left to the 10% headroom."""
+    return {"process_baseline": PROCESS_BASELINE_BYTES} if z.cpu else {}
+
+
 def _layer_activation_bytes(c: ModelConfig, tokens: int, moe: bool) -> int:
     """What one decoder layer's autograd graph keeps for `tokens` tokens (model dtype, fp32 where fp32)."""
     e = torch.empty(0, dtype=c.torch_dtype).element_size()
@@ -227,118 +330,94 @@ def _layer_activation_bytes(c: ModelConfig, tokens: int, moe: bool) -> int:
     return attn + mlp
 
 
-def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
-    """Estimate the per-GPU memory of a TrainConfig `cfg` whose policy has `model_config` (a ModelConfig, or a
-    Qwen3VLConfig: its language model plus the vision terms)."""
-    vl = model_config if hasattr(model_config, "vision") else None
-    c = vl.text if vl is not None else model_config
-    n = count_parameters(model_config)
-    e = torch.empty(0, dtype=c.torch_dtype).element_size()
-    ckpt = cfg.model.activation_checkpointing  # ModelSpec: layers and LM-head chunks recomputed
-    est = MemoryEstimate(model_name or getattr(model_config, "model_type", c.model_type), n, c.dtype, ckpt)
-
-    # Learner. With LoRA only the adapters (t parameters) train: masters, gradients and AdamW state are
-    # theirs.
-    lora = getattr(cfg.learner, "lora", None)
-    t = n
-    adapters = 0  # LoRA's parameters beside the base
-    if lora is not None and lora.enabled:
-        from rz_agents.model.lora import publication_bytes
-
-        t = adapters = publication_bytes(c, lora)[0] // e
-        est.notes.append(f"LoRA rank {lora.rank}: {t:,} trained adapter parameters on a frozen base of {n:,}")
-    tower_trained = False
-    if vl is not None:
-        est.vision_parameters = count_vision_parameters(vl)
-        frozen = bool(getattr(cfg.learner, "freeze_vision", False))
-        if t == n and frozen:
-            t = n - est.vision_parameters
-        tower_trained = t == n
-    est.learner["weights"] = n * e
-    if adapters:  # (an entry of their own: sharded ranks hold the adapters whole, the base in shards)
-        est.learner["lora_adapters"] = adapters * e
-    low_precision = c.torch_dtype != torch.float32
-    if low_precision:
-        est.learner["master_weights_fp32"] = t * 4
-    # The model's own gradients (one micro-batch) plus, in bf16, their fp32 sums on the masters.
-    est.learner["gradients"] = t * e + (t * 4 if low_precision else 0)
-    est.learner["adamw_state_fp32"] = 2 * t * 4
-    # A micro-batch fills its token budget; one episode longer than the budget gets a micro-batch alone.
-    tokens = max(cfg.learner.micro_batch_tokens, cfg.rollout.limits.max_episode_tokens)
-    layers = [c.is_moe_layer(i) for i in range(c.num_hidden_layers)]
-    per_layer = [_layer_activation_bytes(c, tokens, moe) for moe in layers]
-    # With checkpointing each layer keeps its input and one layer's graph is rebuilt at a time in the
-    # backward.
-    act_on = len(layers) * tokens * c.hidden_size * e + max(per_layer)
+def model_activation_bytes(z: _Sizing, est: MemoryEstimate) -> dict[str, int]:
+    """The model's (model/transformer.py): what the decoder layers keep for the backward of one micro-batch
+    (with checkpointing: each layer's input, and one layer's graph rebuilt at a time), plus the embeddings
+    and the final norm."""
+    c, tokens, e = z.c, z.tokens, z.e
+    per_layer = [_layer_activation_bytes(c, tokens, c.is_moe_layer(i)) for i in range(c.num_hidden_layers)]
+    act_on = len(per_layer) * tokens * c.hidden_size * e + max(per_layer)
     act_off = sum(per_layer)
     edges = tokens * c.hidden_size * e * 2  # embeddings and final norm
-    est.learner["activations"] = (act_on if ckpt else act_off) + edges
     est.notes.append(
         f"activations with layer checkpointing {(act_on + edges) / GIB:.1f} GiB, without "
         f"{(act_off + edges) / GIB:.1f} GiB"
     )
-    if vl is not None:
-        per = vision_token_bytes(vl, e)
-        image = tokens_per_image(vl)
-        # at most a micro-batch of image tokens (screenshot-heavy episodes come close); a trained tower keeps
-        # every block's activations (with checkpointing: their inputs and one block's), a frozen one one
-        # block's at a time
-        if tower_trained:
-            kind = "checkpointed_activations" if ckpt else "trained_activations"
-        else:
-            kind = "inference_activations"
-        est.learner["vision_activations"] = tokens * per[kind]
-        est.notes.append(
-            f"vision tower: {est.vision_parameters:,} parameters "
-            f"({'trained' if tower_trained else 'frozen'}); "
-            f"a {VL_MAX_PIXELS:,}-pixel image is {image} tokens: "
-            f"{image * per['encoding'] / 2**20:.1f} MiB encoded (engine), "
-            f"{image * per['trained_activations'] / GIB:.2f} GiB of tower activations when trained "
-            f"({image * per['checkpointed_activations'] / GIB:.2f} GiB checkpointed), "
-            f"{image * bytes_per_page(c) / PAGE_SIZE / 2**20:.0f} MiB of KV; vision_activations assume "
-            f"the whole micro-batch ({tokens} tokens) is image tokens"
-        )
-    logits_all = tokens * c.vocab_size * 4
-    # Chunks recomputed in the backward (above KEEP_LOGITS_BYTES, or with checkpointing on, as
-    # rz_agents.model.logprobs.token_logprobs does): a few chunks live at once.
-    if logits_all > KEEP_LOGITS_BYTES or ckpt:
-        est.learner["lm_head_logits"] = 3 * min(tokens, LOGIT_CHUNK) * c.vocab_size * 4
+    return {"activations": (act_on if z.ckpt else act_off) + edges}
+
+
+def lm_head_logit_bytes(z: _Sizing) -> dict[str, int]:
+    """The log-probs' (model/logprobs.py ``token_logprobs``): logits come LOGIT_CHUNK rows at a time. Kept
+    for the backward, each chunk leaves its fp32 log-softmax (one [tokens, vocab] in all) and two chunks
+    are live beside it (the chunk being computed and its gradient); recomputed (checkpointing on, or above
+    KEEP_LOGITS_BYTES), a few chunks are live at once."""
+    chunk = min(z.tokens, LOGIT_CHUNK) * z.c.vocab_size * 4
+    logits_all = z.tokens * z.c.vocab_size * 4
+    if logits_all > KEEP_LOGITS_BYTES or z.ckpt:
+        return {"lm_head_logits": 3 * chunk}
+    return {"lm_head_logits": logits_all + 2 * chunk}
+
+
+def vision_learner_bytes(z: _Sizing, est: MemoryEstimate) -> dict[str, int]:
+    """The vision tower's (model/vision.py) on the learner: its activations for a micro-batch of image tokens
+    (a trained tower keeps every block's, checkpointed: their inputs and one block's; a frozen one one
+    block's at a time)."""
+    if z.vl is None:
+        return {}
+    per = vision_token_bytes(z.vl, z.e)
+    image = tokens_per_image(z.vl)
+    if z.tower_trained:
+        kind = "checkpointed_activations" if z.ckpt else "trained_activations"
     else:
-        est.learner["lm_head_logits"] = 2 * logits_all
-    # Engine.
-    eng = cfg.engine
+        kind = "inference_activations"
+    est.notes.append(
+        f"vision tower: {est.vision_parameters:,} parameters "
+        f"({'trained' if z.tower_trained else 'frozen'}); "
+        f"a {VL_MAX_PIXELS:,}-pixel image is {image} tokens: "
+        f"{image * per['encoding'] / 2**20:.1f} MiB encoded (engine), "
+        f"{image * per['trained_activations'] / GIB:.2f} GiB of tower activations when trained "
+        f"({image * per['checkpointed_activations'] / GIB:.2f} GiB checkpointed), "
+        f"{image * bytes_per_page(z.c) / PAGE_SIZE / 2**20:.0f} MiB of KV; vision_activations assume "
+        f"the whole micro-batch ({z.tokens} tokens) is image tokens"
+    )
+    return {"vision_activations": z.tokens * per[kind]}
+
+
+def engine_bytes(z: _Sizing, eng, est: MemoryEstimate) -> dict[str, int]:
+    """The engine's (engine/engine.py, engine/config.py): its weights (with LoRA the base and the adapters),
+    the paged KV cache, one step's activations, the sampler's logits, and on CPU with the aligned op set the
+    packed weight copies; a vision-language model adds the encoded-image budget and the tower's activations
+    while it encodes a chunk's images."""
+    c, e = z.c, z.e
     page = bytes_per_page(c)
     pages = eng.num_kv_pages(page)
-    # (with LoRA: the base and the adapters, like the learner)
-    est.engine["weights"] = est.learner["weights"] + est.learner.get("lora_adapters", 0)
-    est.engine["kv_cache"] = pages * page
+    out = {"weights": (z.n + z.adapters) * e, "kv_cache": pages * page}
+    out.update(packed_weight_bytes(z))
     step_tokens = eng.max_batch_tokens
+    widest = max(c.intermediate_size, c.num_experts_per_tok * c.moe_intermediate_size)
+    out["step_activations"] = step_tokens * e * (4 * c.hidden_size + 3 * widest)
     sampled = min(eng.max_running, step_tokens)
-    est.engine["step_activations"] = (
-        step_tokens
-        * e
-        * (4 * c.hidden_size + 3 * max(c.intermediate_size, c.num_experts_per_tok * c.moe_intermediate_size))
-    )
-    est.engine["sampling_logits"] = 4 * sampled * c.vocab_size * 4  # logits, log-probs, probs, CDF scratch
-    if vl is not None:
-        est.engine["image_encodings"] = eng.image_cache_bytes  # the cache's budget (engine/images.py)
+    out["sampling_logits"] = 4 * sampled * c.vocab_size * 4  # logits, log-probs, probs, CDF scratch
+    if z.vl is not None:
+        out["image_encodings"] = eng.image_cache_bytes  # the cache's budget (engine/images.py)
         # a prefill chunk's images encoded at once: at most max_batch_tokens image tokens, or one whole image
-        chunk_tokens = max(step_tokens, tokens_per_image(vl))
-        est.engine["vision_step_activations"] = (
-            chunk_tokens * vision_token_bytes(vl, e)["inference_activations"]
-        )
+        chunk_tokens = max(step_tokens, tokens_per_image(z.vl))
+        out["vision_step_activations"] = chunk_tokens * vision_token_bytes(z.vl, e)["inference_activations"]
+    _kv_notes(eng, pages, page, est)
+    return out
+
+
+def _kv_notes(eng, pages: int, page: int, est: MemoryEstimate) -> None:
+    """How many sequences the paged KV cache holds at the assumed lengths (on ``est``, with its notes)."""
     mean_positions = expected_sequence_positions(eng.max_len)
     by_memory = int(pages * PAGE_SIZE // (mean_positions + PAGE_SIZE / 2))  # half a page wasted per sequence
     est.concurrent_sequences = min(eng.max_running, by_memory)
     est.slot_cache_sequences = pages // pages_for(eng.max_len)
+    from_bytes = eng.kv_cache_bytes is not None
+    source = " (from engine.kv_cache_bytes)" if from_bytes else " (engine.max_running x max_len)"
     est.notes.append(
         f"KV cache: {pages} pages of {PAGE_SIZE} positions ({page / 2**20:.1f} MiB each) = "
-        f"{pages * page / GIB:.1f} GiB"
-        + (
-            " (from engine.kv_cache_bytes)"
-            if eng.kv_cache_bytes is not None
-            else " (engine.max_running x max_len)"
-        )
+        f"{pages * page / GIB:.1f} GiB" + source
     )
     est.notes.append(
         f"concurrent sequences per replica (paged cache): {est.concurrent_sequences} "
@@ -347,47 +426,84 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
         f"engine.max_running caps running at {eng.max_running}); a slot cache of max_len {eng.max_len} "
         f"would hold {est.slot_cache_sequences}"
     )
-    est.notes.append(f"learner micro-batch: {tokens} tokens")
-    if getattr(cfg, "runtime", "local") == "ray":
-        est.engine_replicas, est.learner_ranks = cfg.actors.engines, cfg.actors.learner_ranks
-        if cfg.actors.weight_transport == "broadcast":
-            # WeightBroadcast.receive keeps every bucket until the engine loads them: a second full copy, of
-            # every state-dict name (tied embeddings travel twice: embed_tokens and lm_head)
-            # With LoRA a broadcast carries the adapters only (the base reaches an engine once, through
-            # the object store: runtime/ray/run.py load_engine_base).
-            tied = c.vocab_size * c.hidden_size if c.tie_word_embeddings else 0
-            staged = adapters * e if adapters else (n + tied) * e
-            est.engine["weight_receive_staging"] = staged
-            est.notes.append(
-                f"weight broadcast: each engine replica receives the "
-                f"{'adapters' if adapters else 'whole new state'} ({staged / GIB:.3f} GiB) beside its "
-                "weights "
-                "before applying them between steps (weight_receive_staging)"
-            )
-        if est.learner_ranks > 1:
-            from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES
 
-            largest, layer = largest_tensors(c)
-            est.learner["fsdp_unsharded_layers"] = 2 * layer * e  # the running layer and the prefetched one
-            publish = largest * e  # one tensor gathered whole at a time, copied to the host at once
-            if (
-                cfg.actors.weight_transport == "broadcast"
-            ):  # a bucket of gathered tensors and its packed copy
-                publish = max(publish, 2 * BUCKET_BYTES)
-            est.learner["publication_transient"] = publish
-            if adapters:
-                # adapters whole on every rank; per round of micro-batches the ranks all-gather one fp32 row
-                # of adapter gradients each (trainer/replicated_grads.py)
-                est.replicated = ("lora_adapters", "master_weights_fp32", "gradients", "adamw_state_fp32")
-                est.learner["lora_gradient_rows"] = est.learner_ranks * t * 4
-            est.notes.append(
-                f"weight publication gathers one tensor at a time: {publish / GIB:.2f} GiB transient per "
-                f"rank (a whole copy of the weights would be {n * e / GIB:.1f} GiB)"
-            )
-            est.notes.append(
-                "checkpoints: each rank writes its own shards of weights, fp32 masters and AdamW state "
-                "(torch.distributed.checkpoint): no gathered transient"
-            )
+
+def weight_receive_bytes(z: _Sizing, actors, est: MemoryEstimate) -> dict[str, int]:
+    """The weight broadcast's receiving end (runtime/ray/weight_broadcast.py): ``WeightBroadcast.receive``
+    keeps every bucket until the engine loads them, a second full copy of every state-dict name (tied
+    embeddings travel twice: embed_tokens and lm_head); with LoRA only the adapters travel (the base
+    reaches an engine once, through the object store)."""
+    if actors.weight_transport != "broadcast":
+        return {}
+    c = z.c
+    tied = c.vocab_size * c.hidden_size if c.tie_word_embeddings else 0
+    staged = z.adapters * z.e if z.adapters else (z.n + tied) * z.e
+    est.notes.append(
+        f"weight broadcast: each engine replica receives the "
+        f"{'adapters' if z.adapters else 'whole new state'} ({staged / GIB:.3f} GiB) beside its weights "
+        "before applying them between steps (weight_receive_staging)"
+    )
+    return {"weight_receive_staging": staged}
+
+
+def sharded_learner_bytes(z: _Sizing, actors, est: MemoryEstimate) -> dict[str, int]:
+    """FSDP2's and the weight publication's on each learner rank (trainer/sharding.py, Learner.iter_weights):
+    the running and the prefetched unsharded layer, one tensor gathered whole for publication (with a
+    broadcast: a bucket and its packed copy), and with LoRA one fp32 row of adapter gradients per rank
+    (trainer/replicated_grads.py; the adapters and their state are replicated)."""
+    from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES
+
+    largest, layer = largest_tensors(z.c)
+    out = {"fsdp_unsharded_layers": 2 * layer * z.e}
+    publish = largest * z.e  # one tensor gathered whole at a time, copied to the host at once
+    if actors.weight_transport == "broadcast":  # a bucket of gathered tensors and its packed copy
+        publish = max(publish, 2 * BUCKET_BYTES)
+    out["publication_transient"] = publish
+    if z.adapters:
+        est.replicated = ("lora_adapters", "master_weights_fp32", "gradients", "adamw_state_fp32")
+        out["lora_gradient_rows"] = actors.learner_ranks * z.t * 4
+    est.notes.append(
+        f"weight publication gathers one tensor at a time: {publish / GIB:.2f} GiB transient per "
+        f"rank (a whole copy of the weights would be {z.n * z.e / GIB:.1f} GiB)"
+    )
+    est.notes.append(
+        "checkpoints: each rank writes its own shards of weights, fp32 masters and AdamW state "
+        "(torch.distributed.checkpoint): no gathered transient"
+    )
+    return out
+
+
+def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
+    """Estimate the per-GPU memory of a TrainConfig `cfg` whose policy has `model_config` (a ModelConfig, or a
+    Qwen3VLConfig: its language model plus the vision terms): the sum of the terms each owner reports."""
+    c = model_config.text if hasattr(model_config, "vision") else model_config
+    name = model_name or getattr(model_config, "model_type", c.model_type)
+    n = count_parameters(model_config)
+    est = MemoryEstimate(name, n, c.dtype, cfg.model.activation_checkpointing)
+    z = _sizing(cfg, model_config, est)
+    ray = getattr(cfg, "runtime", "local") == "ray"
+    sharded = ray and cfg.actors.learner_ranks > 1
+    if sharded:  # FSDP2 ranks pack per call (rz_kernels.gemm.set_packed_cache): no copies kept
+        z = dataclasses.replace(z, aligned=False)
+    for terms in (
+        trainer_state_bytes(z),
+        packed_weight_bytes(z),
+        model_activation_bytes(z, est),
+        vision_learner_bytes(z, est),
+        lm_head_logit_bytes(z),
+        process_baseline_bytes(z),
+    ):
+        est.learner.update(terms)
+    engine_z = dataclasses.replace(z, aligned=getattr(cfg.model, "kernels", "aligned") == "aligned")
+    est.engine.update(engine_bytes(engine_z, cfg.engine, est))
+    est.notes.append(f"learner micro-batch: {z.tokens} tokens")
+    if ray:
+        est.engine_replicas, est.learner_ranks = cfg.actors.engines, cfg.actors.learner_ranks
+        est.engine.update(weight_receive_bytes(z, cfg.actors, est))
+        if z.cpu:  # an engine replica is a process of its own
+            est.engine.update(process_baseline_bytes(z))
+        if sharded:
+            est.learner.update(sharded_learner_bytes(z, cfg.actors, est))
     return est
 
 
