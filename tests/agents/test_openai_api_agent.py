@@ -1,6 +1,6 @@
-"""rz_agents/OpenAIAgent-v0: an agent written only against the OpenAI SDK trains through rz serve sessions
-of the run's engine; the learner's lag-0 re-scoring of the session tokens is exact, and the server counts a
-client that rewrites history (0 for an append-only one)."""
+"""agent.kind: openai: an agent written only against the OpenAI SDK trains through rz serve sessions of the
+run's engine; the learner's lag-0 re-scoring of the session tokens is exact, and the server counts a client
+that rewrites history (0 for an append-only one)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import asyncio
 
 import pytest
 
-from rz_agents.envs.openai_agent.env import _ENDPOINTS, OpenAIAgentEnv
+from rz_agents.agents import AgentSpec, OpenAIAgentSpec
+from rz_agents.agents.openai_api import OpenAIAPIAgent
+from rz_agents.agents.openai_api.endpoint import _ENDPOINTS
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.runtime import EnvSpec, LearnerSpec, LocalRun, RolloutSpec, TrainConfig
+from rz_agents.runtime import LearnerSpec, LocalRun, RolloutSpec, TrainConfig
 from rz_agents.trainer.optim import OptimConfig
 
-AGENTS = "rz_agents.envs.examples.openai_letters_agent"
+AGENTS = "rz_agents.agents.examples.openai_letters_agent"
 
 
 @pytest.fixture(autouse=True)
@@ -26,8 +28,8 @@ def _cfg(agent: str, steps: int, group_size: int = 4) -> TrainConfig:
         mode="sync",
         steps=steps,
         num_threads=1,
-        env=EnvSpec(
-            id="rz_agents/OpenAIAgent-v0", kwargs={"agent": f"{AGENTS}:{agent}", "scorer": f"{AGENTS}:score"}
+        agent=AgentSpec(
+            kind="openai", openai=OpenAIAgentSpec(function=f"{AGENTS}:{agent}", scorer=f"{AGENTS}:score")
         ),
         rollout=RolloutSpec(
             group_size=group_size,
@@ -67,11 +69,13 @@ def test_a_client_that_rewrites_history_is_counted_and_still_trains_its_last_seg
     assert counters["prefix_mismatches"] >= 4  # every episode's second turn
 
 
-def test_the_env_refuses_to_be_stepped_and_needs_an_agent():
-    with pytest.raises(ValueError, match="exactly one of agent"):
-        OpenAIAgentEnv()
-    env = OpenAIAgentEnv(agent=f"{AGENTS}:agent")
-    with pytest.raises(RuntimeError, match="run_agent_episode"):
-        env.reset()
-    with pytest.raises(ValueError, match="agent 'nope:x'"):
-        OpenAIAgentEnv(agent="nope:x")
+def test_the_agent_needs_one_function_or_command_it_can_import_and_steps_no_env():
+    with pytest.raises(ValueError, match="exactly one of function"):
+        OpenAIAPIAgent()
+    with pytest.raises(ValueError, match="exactly one of function"):
+        OpenAIAPIAgent(function=f"{AGENTS}:agent", command="python x.py")
+    with pytest.raises(ValueError, match="agent function 'nope:x'"):
+        OpenAIAPIAgent(function="nope:x")
+    with pytest.raises(ValueError, match="scorer 'nope:y'"):
+        OpenAIAPIAgent(function=f"{AGENTS}:agent", scorer="nope:y")
+    assert OpenAIAPIAgent(command="python x.py").uses_env is False
