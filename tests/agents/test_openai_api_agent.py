@@ -79,3 +79,21 @@ def test_the_agent_needs_one_function_or_command_it_can_import_and_steps_no_env(
     with pytest.raises(ValueError, match="scorer 'nope:y'"):
         OpenAIAPIAgent(function=f"{AGENTS}:agent", scorer="nope:y")
     assert OpenAIAPIAgent(command="python x.py").uses_env is False
+
+
+def test_an_env_evaluation_of_an_openai_agent_run_runs_the_agent_on_sessions_not_an_env():
+    from rz_agents.eval.checkpoint_policy import CheckpointPolicy
+    from rz_agents.eval.env_eval import EnvEvalConfig, run_env_eval
+
+    cfg = _cfg("agent", steps=0)
+    run = LocalRun(cfg)
+    try:
+        policy = CheckpointPolicy(run.model, run.tokenizer, run.template, "random")
+        config = EnvEvalConfig(checkpoint="random", num_tasks=2, k=2, num_threads=1, save_text=False)
+        result = run_env_eval(cfg, config, policy, engine=run.engine)
+        opened = dict(_ENDPOINTS[run.engine][1].server.sessions.counters)["sessions_opened"]
+    finally:
+        run.close()
+    samples = [s for task in result["tasks"] for s in task["samples"]]
+    assert result["num_samples"] == 4 and result["num_failed"] == 0 and opened == 4
+    assert {s["finish"] for s in samples} <= {"agent_returned", "max_turns", "max_episode_tokens"}
