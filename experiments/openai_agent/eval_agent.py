@@ -5,7 +5,7 @@ checkpoint, or of the untrained policy): the mean of its scorer over N episodes.
     python experiments/openai_agent/eval_agent.py --base-url http://127.0.0.1:8011/v1 --episodes 64
 
 Each episode runs in its own session (``X-RZ-Session``), as in training, so the conversation the policy sees
-is token-exact; the agent code is the one trained (rz_agents/envs/examples/openai_letters_agent.py).
+is token-exact; the agent code is the one trained (rz_agents/agents/examples/openai_letters_agent.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import statistics
 
 import openai
 
-from rz_agents.envs.examples.openai_letters_agent import agent, score
+from rz_agents.agents.examples.openai_letters_agent import agent, score
 
 
 def _episode(base_url: str, i: int) -> float:

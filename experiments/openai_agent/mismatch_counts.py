@@ -3,7 +3,7 @@ append-only agent, one per episode for the agent whose client rewrites its first
 
     python experiments/openai_agent/mismatch_counts.py      # ~1 min on 2 cores; prints JSON
 
-Two sync steps of 8 episodes (2 turns each) per agent, with tests/envs/test_openai_agent_env.py's config.
+Two sync steps of 8 episodes (2 turns each) per agent, with tests/agents/test_openai_api_agent.py's config.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import json
 
 import torch
 
-from rz_agents.envs.openai_agent.env import _ENDPOINTS
+from rz_agents.agents import AgentSpec, OpenAIAgentSpec
+from rz_agents.agents.openai_api.endpoint import _ENDPOINTS
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.runtime import EnvSpec, LearnerSpec, LocalRun, RolloutSpec, TrainConfig
+from rz_agents.runtime import LearnerSpec, LocalRun, RolloutSpec, TrainConfig
 from rz_agents.trainer.optim import OptimConfig
 
-AGENTS = "rz_agents.envs.examples.openai_letters_agent"
+AGENTS = "rz_agents.agents.examples.openai_letters_agent"
 
 
 def counts(agent: str, steps: int = 2) -> dict:
@@ -26,8 +27,8 @@ def counts(agent: str, steps: int = 2) -> dict:
         mode="sync",
         steps=steps,
         num_threads=1,
-        env=EnvSpec(
-            id="rz_agents/OpenAIAgent-v0", kwargs={"agent": f"{AGENTS}:{agent}", "scorer": f"{AGENTS}:score"}
+        agent=AgentSpec(
+            kind="openai", openai=OpenAIAgentSpec(function=f"{AGENTS}:{agent}", scorer=f"{AGENTS}:score")
         ),
         rollout=RolloutSpec(
             group_size=4,

@@ -9,35 +9,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from rz_kernels import activation, attention, gemm, grouped_route, moe, norm
-from rz_kernels.rope import RopeTable
+from rz_kernels import attention, gemm, grouped_route, moe, norm
+from rz_kernels.op_interface import OpSet
 
-
-@dataclass(frozen=True)
-class OpSet:
-    name: str
-    linear: Callable
-    plan_attention: Callable
-    attention: Callable
-    moe: Callable  # (x, weights, experts, num_experts, expert_fn, expert_weights=None)
-    rms_norm: Callable = norm.rms_norm  # (x, weight, eps)
-    rope: Callable = RopeTable.apply  # (table, x, positions)
-    silu_mul: Callable = activation.silu_mul  # (gate, up)
-    # The vision tower's (Qwen3-VL): (x, weight, bias, eps) and (x, approximate="none" | "tanh"). Row-wise /
-    # elementwise torch on every op set for now (on CUDA the Triton op set runs these torch forms too).
-    layer_norm: Callable = norm.layer_norm
-    gelu: Callable = activation.gelu
-    route: Callable = moe.route  # (router_logits, top_k, normalize)
-    # DeepSeek-V3 routing: (router_logits, correction_bias, top_k, n_group, topk_group, normalize, scaling)
-    sigmoid_route: Callable = grouped_route.sigmoid_route
-    # (sizes, k, dtype) -> whether `linear` over weights stacked row-wise gives each part's columns
-    # bit for bit (then the model may fuse q/k/v and gate/up into one GEMM).
-    fusable: Callable = lambda sizes, k, dtype: True  # noqa: E731
+__all__ = ["ALIGNED", "KERNELS", "STANDARD", "OpSet", "get_ops"]
 
 
 def _per_expert(fn: Callable) -> Callable:

@@ -21,7 +21,6 @@ BUILTIN_ENVS: dict[str, str] = {
     "rz_agents/WordProblemTool-v0": "rz_agents.envs.word_problem_tool:WordProblemToolEnv",
     "rz_agents/GuessNumber-v0": "rz_agents.envs.examples.guess_number:GuessNumberEnv",
     "rz_agents/OSWorld-v0": "rz_agents.envs.osworld.gym_env:OSWorldEnv",
-    "rz_agents/OpenAIAgent-v0": "rz_agents.envs.openai_agent.env:OpenAIAgentEnv",
     "rz_agents/VisualClick-v0": "rz_agents.envs.visual_click.env:VisualClickEnv",
     "rz_agents/ChartRead-v0": "rz_agents.envs.visual_click.chart_env:ChartReadEnv",
     "rz_agents/ShellTask-v0": "rz_agents.envs.harbor.env:ShellTaskEnv",

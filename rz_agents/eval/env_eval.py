@@ -122,20 +122,32 @@ def run_env_eval(
             max_len=max(run_cfg.engine.max_len, r.limits.max_episode_tokens + 1),
         )
         engine = RZEngine(policy.model, eng_cfg, decode=policy.tokenizer.decode)
-    samples = asyncio.run(_run(tasks, config, policy, make_env, engine, sampling, r.limits, on_sample))
+    from rz_agents.agents import episode_runner
+
+    runner = episode_runner(run_cfg.agent)  # the run's agent drives the evaluation's episodes too
+    samples = asyncio.run(
+        _run(tasks, config, policy, make_env, engine, sampling, r.limits, on_sample, runner)
+    )
     wall = time.perf_counter() - start
     return summarize(samples, config, run_cfg, policy, wall)
 
 
-async def run_samples(tasks, config, policy, make_env, engine, sampling, limits) -> list[list[dict]]:
+async def run_samples(
+    tasks, config, policy, make_env, engine, sampling, limits, runner=None
+) -> list[list[dict]]:
     """The k samples of every task on ``engine``, from inside a running event loop (the training loop's
-    in-loop evaluation, rz_agents/eval/in_loop.py); ``summarize`` turns them into the results dict."""
-    return await _run(tasks, config, policy, make_env, engine, sampling, limits, None)
+    in-loop evaluation, rz_agents/eval/in_loop.py); ``summarize`` turns them into the results dict.
+    ``runner``: the run's episode runner (rollout/episode_runner.py; None: the agent loop)."""
+    return await _run(tasks, config, policy, make_env, engine, sampling, limits, None, runner)
 
 
-async def _run(tasks, config, policy, make_env, engine, sampling, limits, on_sample) -> list[list[dict]]:
+async def _run(
+    tasks, config, policy, make_env, engine, sampling, limits, on_sample, runner=None
+) -> list[list[dict]]:
     from rz_agents.eval.math import sample_seed
-    from rz_agents.rollout.agent_loop import EpisodeSpec, run_episode
+    from rz_agents.rollout.agent_loop import AgentLoop, EpisodeSpec
+
+    runner = runner if runner is not None else AgentLoop()
 
     concurrency = config.max_running
     executor = ThreadPoolExecutor(max_workers=min(32, concurrency), thread_name_prefix="rz-eval-env")
@@ -156,10 +168,10 @@ async def _run(tasks, config, policy, make_env, engine, sampling, limits, on_sam
                 reset_seed=sample_seed(config.seed + 1, index, 0),  # one task per index for every member
             )
             try:
-                if env is None:
+                if env is None and runner.uses_env:  # a runner that steps no env gets None
                     env = await loop.run_in_executor(executor, make_env)
                     created.append(env)
-                traj = await run_episode(
+                traj = await runner.run_episode(
                     engine, env, policy.template, policy.tokenizer, spec, sampling, limits, executor
                 )
             except Exception as exc:  # noqa: BLE001 - a failed sample is counted, the evaluation goes on

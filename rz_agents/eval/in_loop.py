@@ -172,6 +172,7 @@ class LoopEvaluator:
         return summarize(problems, config.k)
 
     async def _env(self) -> dict[str, Any]:
+        from rz_agents.agents import episode_runner
         from rz_agents.engine import SamplingParams
         from rz_agents.eval.env_eval import run_samples, summarize
         from rz_agents.runtime.factories import env_factory
@@ -184,7 +185,9 @@ class LoopEvaluator:
             top_k=sampling.top_k if config.top_k is None else config.top_k,
             top_p=sampling.top_p if config.top_p is None else config.top_p,
         )
+        runner = episode_runner(self.run_cfg.agent)  # the run's agent drives the evaluation's episodes too
+        limits = self.plan.limits
         samples = await run_samples(
-            self.plan.tasks, config, self.policy, self._make_env, self.engine, params, self.plan.limits
+            self.plan.tasks, config, self.policy, self._make_env, self.engine, params, limits, runner
         )
         return summarize(samples, config, self.run_cfg, self.policy, 0.0)

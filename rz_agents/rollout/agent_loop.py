@@ -205,10 +205,6 @@ async def run_episode(
     ``infra_exceptions``: names of exception classes which, raised by env.reset or env.step (the class or a
     base of it), mean the infrastructure failed (e.g. an env's own ``TimeoutError`` waiting for a desktop).
     """
-    own = getattr(getattr(env, "unwrapped", env), "run_agent_episode", None)
-    # the env runs its own agent against the engine (envs/openai_agent: rz serve sessions)
-    if own is not None:
-        return await own(engine, template, tokenizer, spec, sampling, limits, executor)
     name = type(getattr(env, "unwrapped", env)).__name__
     reset_seed = spec.seed if spec.reset_seed is None else spec.reset_seed
     messages, info = await _reset(env, name, reset_seed, spec.task, executor, infra_exceptions)
@@ -356,3 +352,27 @@ def _trajectory(transcript: _Transcript, reward: float, spec: EpisodeSpec, episo
     except ValueError as e:
         raise EpisodeError(f"malformed trajectory: {e}") from e
     return traj
+
+
+class AgentLoop:
+    """The default episode runner (``agent.kind: loop``; rollout/episode_runner.py): ``run_episode`` above,
+    stepping the env the controller gives it."""
+
+    uses_env = True
+
+    async def run_episode(
+        self,
+        engine,
+        env,
+        template,
+        tokenizer,
+        spec: EpisodeSpec,
+        sampling,
+        limits: EpisodeLimits,
+        executor: Executor | None = None,
+        infra_exceptions: Sequence[str] = (),
+    ) -> Trajectory:
+        """One episode of ``env`` (see the module's ``run_episode``)."""
+        return await run_episode(
+            engine, env, template, tokenizer, spec, sampling, limits, executor, infra_exceptions
+        )

@@ -32,7 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rz_agents.rollout.agent_loop import EpisodeError, EpisodeLimits, EpisodeSpec, InfraFailure, run_episode
+from rz_agents.rollout.agent_loop import AgentLoop, EpisodeError, EpisodeLimits, EpisodeSpec, InfraFailure
+from rz_agents.rollout.episode_runner import EpisodeRunner
 from rz_agents.rollout.group_ledger import STATE_FORMAT, Counters, GroupLedger
 from rz_agents.rollout.lag_bound import LagBound
 from rz_agents.rollout.lag_policy import LagPolicy
@@ -171,13 +172,17 @@ class RolloutController:
         *,
         lag: LagPolicy,
         sampling: SamplingSpec,
+        runner: EpisodeRunner | None = None,
     ) -> None:
         """``lag`` and ``sampling``: the run's lag policy and sampling distribution (``runtime.plan``), the
         same objects the learner follows. ``self.lag`` is the run's one ``LagBound`` over that policy (the
-        governor's moving bound included): admission, the queue's stale drop and the loop read it."""
+        governor's moving bound included): admission, the queue's stale drop and the loop read it.
+        ``runner`` drives each episode (rollout/episode_runner.py; default: the agent loop); a runner that
+        uses no env (``uses_env`` False) is given None and ``env_factory`` is never called."""
         cfg.validate()
         self.engine = engine
         self.env_factory = env_factory
+        self.runner: EpisodeRunner = runner if runner is not None else AgentLoop()
         self.template = template
         self.tokenizer = tokenizer
         self.tasks = tasks
@@ -284,13 +289,14 @@ class RolloutController:
         env = self._idle_envs.pop() if self._idle_envs else None
         self.ledger.episodes_started += 1
         try:
-            if env is None:
+            if env is None and self.runner.uses_env:
                 env = await asyncio.get_running_loop().run_in_executor(self._executor, self.env_factory)
                 self._all_envs.append(env)
             traj = await self._run_with_reruns(spec, env)
             self.ledger.episodes_finished += 1
             self._consecutive_failures = 0
-            self._idle_envs.append(env)
+            if env is not None:
+                self._idle_envs.append(env)
             return traj
         except asyncio.CancelledError:
             raise
@@ -318,14 +324,14 @@ class RolloutController:
             self._slots.release()
 
     async def _run_with_reruns(self, spec: EpisodeSpec, env) -> Trajectory:
-        """run_episode; if infrastructure loses it (InfraFailure: its engine replica or env worker died, its
-        sandbox was gone), run it again (same task, new seed).
+        """The runner's episode; if infrastructure loses it (InfraFailure: its engine replica or env worker
+        died, its sandbox was gone), run it again (same task, new seed).
 
         A lost run leaves nothing behind: a trajectory exists only once an episode has run to its end.
         """
         for attempt in itertools.count():
             try:
-                return await run_episode(
+                return await self.runner.run_episode(
                     self.engine,
                     env,
                     self.template,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from rz_agents.agents.spec import LEGACY_OPENAI_ENV_ID, AgentSpec, from_legacy_env
 from rz_agents.engine import EngineConfig
 from rz_agents.rollout.agent_loop import EpisodeLimits
 from rz_agents.rollout.controller import RolloutConfig
@@ -251,6 +252,9 @@ class TrainConfig:
     actors: ActorsConfig = field(default_factory=ActorsConfig)
     model: ModelSpec = field(default_factory=ModelSpec)
     env: EnvSpec = field(default_factory=EnvSpec)
+    # Who drives each episode: the agent loop stepping env (kind: loop), or the user's OpenAI-API agent on
+    # rz serve sessions (kind: openai); rz_agents/agents/spec.py
+    agent: AgentSpec = field(default_factory=AgentSpec)
     # Modules imported before env.id is resolved (they register the user's envs), e.g. [mypkg.envs].
     imports: list[str] = field(default_factory=list)
     # "byte" (tiny vocab), "qwen3", or "checkpoint" (model.checkpoint's tokenizer.json and chat template)
@@ -296,6 +300,16 @@ class TrainConfig:
     # steps on the run's engine, logged as eval/* (rz_agents/eval/in_loop.py, docs/training_loop.md).
     eval: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # The OpenAI-API agent was an env (env.id: rz_agents/OpenAIAgent-v0) before it had agent: of its own
+        if self.env.id == LEGACY_OPENAI_ENV_ID:
+            if self.agent != AgentSpec():
+                raise ValueError(
+                    f"env.id: {LEGACY_OPENAI_ENV_ID} is the old spelling of agent: set only agent"
+                )
+            self.agent = from_legacy_env(self.env.kwargs, self.rollout.limits.max_turns)
+            self.env = EnvSpec(tasks=self.env.tasks, eval_tasks=self.env.eval_tasks)
+
     def validate(self) -> RunPlan:
         """Check every field and return what the config decides: the ``RunPlan`` (``runtime.plan.resolve``,
         called here and nowhere else). Raise ValueError naming the bad field, including a field that
@@ -328,6 +342,7 @@ class TrainConfig:
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
         self._validate_env()  # a typo fails here, before a model is built
+        self.agent.validate(env_is_default=(self.env.id, self.env.kwargs) == (EnvSpec.id, {}))
         if self.model.kernels not in KERNELS:
             raise ValueError(f"model.kernels must be one of {KERNELS}, got {self.model.kernels!r}")
         if self.watchdog_s < 0:

@@ -168,14 +168,6 @@ def env_factory(spec: EnvSpec, imports: Sequence[str] = (), max_turns: int | Non
     return lambda: target.make(**kwargs)
 
 
-def runs_own_agent(spec: EnvSpec) -> bool:
-    """Whether ``spec``'s env runs its own agent against the engine (it has ``run_agent_episode``, as
-    rz_agents/OpenAIAgent-v0 does) instead of being stepped by the agent loop."""
-    from rz_agents.envs.resolve import resolve_env
-
-    return hasattr(resolve_env(spec.id).constructor(), "run_agent_episode")
-
-
 def vocab_size(tokenizer_name: str, tokenizer) -> int:
     """The model's vocabulary size for the run's tokenizer (the byte tokenizer's tiny vocab is padded)."""
     return max(int(tokenizer.vocab_size), 320) if tokenizer_name == "byte" else len(tokenizer)
@@ -206,12 +198,23 @@ def run_env_factory(cfg: TrainConfig, plan: RunPlan):
 def build_controller(
     cfg: TrainConfig, plan: RunPlan, engine, make_env, template, tokenizer
 ) -> RolloutController:
-    """The rollout controller of a run: the plan's rollout config, lag policy and sampling, the run's tasks,
-    over ``engine`` (an engine, or the Ray runtime's replica router) and ``make_env`` (an env factory: local
-    envs, or handles on envs in Ray env workers)."""
+    """The rollout controller of a run: the plan's rollout config, lag policy and sampling, the run's tasks
+    and its episode runner (``agent:``), over ``engine`` (an engine, or the Ray runtime's replica router)
+    and ``make_env`` (an env factory: local envs, or handles on envs in Ray env workers; unused by a runner
+    that steps no env, which runs in this process: the driver, under Ray)."""
+    from rz_agents.agents import episode_runner
     from rz_agents.envs.tasks import load_tasks
 
     tasks = TaskSource(load_tasks(cfg.env.tasks, "env.tasks"), seed=cfg.seed)
+    runner = episode_runner(cfg.agent)
     return RolloutController(
-        engine, make_env, template, tokenizer, tasks, plan.rollout, lag=plan.lag, sampling=plan.sampling
+        engine,
+        make_env,
+        template,
+        tokenizer,
+        tasks,
+        plan.rollout,
+        lag=plan.lag,
+        sampling=plan.sampling,
+        runner=runner,
     )

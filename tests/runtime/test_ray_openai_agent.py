@@ -1,4 +1,4 @@
-"""rz_agents/OpenAIAgent-v0 under runtime: ray: the agent's rz serve sessions are served over the engine
+"""agent.kind: openai under runtime: ray: the agent's rz serve sessions are served over the engine
 replicas' router from the driver, and the learner (a Ray actor) trains on the session tokens with exact
 lag-0 log-probs."""
 
@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 
+from rz_agents.agents import AgentSpec, OpenAIAgentSpec
 from rz_agents.engine import EngineConfig
 from rz_agents.rollout.agent_loop import EpisodeLimits
-from rz_agents.runtime import ActorsConfig, EnvSpec, LearnerSpec, RolloutSpec, TrainConfig, build_run
+from rz_agents.runtime import ActorsConfig, LearnerSpec, RolloutSpec, TrainConfig, build_run
 from rz_agents.trainer.optim import OptimConfig
 
 pytest.importorskip("ray")
-AGENTS = "rz_agents.envs.examples.openai_letters_agent"
+AGENTS = "rz_agents.agents.examples.openai_letters_agent"
 
 
 def test_an_openai_sdk_agent_trains_under_the_ray_runtime(ray_cluster):
@@ -24,8 +25,8 @@ def test_an_openai_sdk_agent_trains_under_the_ray_runtime(ray_cluster):
         steps=1,
         num_threads=1,
         actors=ActorsConfig(),
-        env=EnvSpec(
-            id="rz_agents/OpenAIAgent-v0", kwargs={"agent": f"{AGENTS}:agent", "scorer": f"{AGENTS}:score"}
+        agent=AgentSpec(
+            kind="openai", openai=OpenAIAgentSpec(function=f"{AGENTS}:agent", scorer=f"{AGENTS}:score")
         ),
         engine=EngineConfig(max_running=8, max_len=512, max_batch_tokens=512),
         rollout=RolloutSpec(

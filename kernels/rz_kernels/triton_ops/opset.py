@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rz_kernels.opset import OpSet
+from rz_kernels.op_interface import OpSet
 from rz_kernels.triton_ops import attention, gemm, moe, rowwise, sigmoid
 
 TRITON = OpSet(

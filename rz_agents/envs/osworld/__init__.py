@@ -6,11 +6,7 @@ Heavy parts (Playwright, X11) load only when a desktop starts. ``register_envs()
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from rz_agents.envs.osworld.task import Task, TaskFormatError, load_task, load_tasks, parse_task
-
-LOCAL_TASKS = str(Path(__file__).parent / "tasks")
+from rz_agents.envs.osworld.task import LOCAL_TASKS, Task, TaskFormatError, load_task, load_tasks, parse_task
 
 
 def register_envs() -> None:

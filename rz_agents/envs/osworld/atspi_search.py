@@ -200,8 +200,22 @@ class AgentSearch:
 
     def kept(self, bus_name: str) -> list[ET.Element]:
         """The elements of ``bus_name``'s kept nodes, in tree order."""
-        conn, batch, args = self.bus.peer(bus_name), self.bus.batch, self.args
-        matches, windows = batch(
+        conn = self.bus.peer(bus_name)
+        matches, top = self._matches(conn, bus_name)
+        nodes = self._nodes(conn, self._passing(conn, matches), top)
+        reached = self.reached(conn, {node[3] for node in nodes if node[3]}, top)
+        out = []
+        for role, name, states, parent, text, box, attributes, description in nodes:
+            if parent is None or reached.get(parent) is None:
+                continue
+            el = ET.Element(role, {"name": name})
+            self.describe(el, states, sorted((attributes or {}).items()), description or "", text, box)
+            out.append(el)
+        return out
+
+    def _matches(self, conn, bus_name: str) -> tuple[list[str], set[str]]:
+        """The Collection search's matches (tree order) and the application's top-level windows."""
+        matches, windows = self.bus.batch(
             conn,
             [
                 (ROOT, "org.a11y.atspi.Collection", "GetMatches", self.rule, _paths),
@@ -211,7 +225,11 @@ class AgentSearch:
         )
         if matches is None or windows is None:
             raise SearchError(f"{bus_name}: no Collection search")
-        top = set(windows)  # the walk's second level, whatever their Parent says
+        return matches, set(windows)  # the walk's second level, whatever their Parent says
+
+    def _passing(self, conn, matches: list[str]) -> list[tuple[str, str, list[str]]]:
+        """(path, role tag, state names) of the matches whose role and states the walk keeps."""
+        batch = self.bus.batch
         first = batch(
             conn,
             [
@@ -249,7 +267,13 @@ class AgentSearch:
             states = self.bus.state_names_of(words, self.to_state_name)
             if states_kept(set(states)):
                 passing.append((path, role_tag, states))
-        second = batch(
+        return passing
+
+    def _nodes(self, conn, passing: list[tuple[str, str, list[str]]], top: set[str]) -> list[tuple]:
+        """(role, name, states, parent, text, box, attributes, description) of the passing objects whose
+        content and geometry the walk keeps (a top-level window's parent is the root)."""
+        args = self.args
+        second = self.bus.batch(
             conn,
             [
                 call
@@ -274,15 +298,7 @@ class AgentSearch:
                 continue
             parent = ROOT if path in top else parent
             nodes.append((role, name, states, parent, text, box, attributes, description))
-        reached = self.reached(conn, {node[3] for node in nodes if node[3]}, top)
-        out = []
-        for role, name, states, parent, text, box, attributes, description in nodes:
-            if parent is None or reached.get(parent) is None:
-                continue
-            el = ET.Element(role, {"name": name})
-            self.describe(el, states, sorted((attributes or {}).items()), description or "", text, box)
-            out.append(el)
-        return out
+        return nodes
 
     def reached(self, conn, parents: set[str], top: set[str]) -> dict[str, int | None]:
         """For each object in ``parents`` (and their ancestors): the depth at which the walk descends

@@ -20,6 +20,14 @@ from typing import Any
 from rz_agents.envs.osworld.cache import cloud_file_items, cloud_file_path, is_local_url
 from rz_agents.envs.osworld.chrome import active_page, pages
 from rz_agents.envs.osworld.context import EpisodeContext
+from rz_agents.envs.osworld.getters_more import GETTERS as MORE_GETTERS
+from rz_agents.envs.osworld.vm_state import (
+    chrome_call,
+    get_vm_command_error,
+    get_vm_command_line,
+    get_vm_file,
+    given,
+)
 
 CHROME_DIR = "/home/user/.config/google-chrome"
 PROFILE_DIR = CHROME_DIR + "/Default"
@@ -58,53 +66,6 @@ def get_rule(ctx: EpisodeContext, config: dict[str, Any]) -> Any:
     return config["rules"]
 
 
-def get_vm_command_line(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
-    """The standard output of a command run in the desktop."""
-    result = ctx.client.execute(config["command"], shell=bool(config.get("shell", False)))
-    return result.get("output") if result.get("status") == "success" else None
-
-
-def get_vm_command_error(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
-    """The standard error of a command run in the desktop."""
-    result = ctx.client.execute(config["command"], shell=bool(config.get("shell", False)))
-    return result.get("error")
-
-
-def _given(paths: list[str | None], config: dict[str, Any]) -> str | list[str | None] | None:
-    """OSWorld's ``gives``: the indices handed to the metric (default ``[0]``); one path, or a list."""
-    gives = config.get("gives", [0])
-    picked = [paths[i] for i in gives if i < len(paths)]
-    return picked[0] if len(picked) == 1 else picked
-
-
-def _paths_and_dests(config: dict[str, Any]) -> list[tuple[str, str]]:
-    paths = config["path"] if isinstance(config["path"], list) else [config["path"]]
-    dests = config.get("dest")
-    dests = dests if isinstance(dests, list) else [dests] * len(paths)
-    if len(dests) != len(paths):
-        dests = [None] * len(paths)
-    return [(str(p), os.path.basename(str(d or p))) for p, d in zip(paths, dests, strict=True)]
-
-
-def get_vm_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | list[str | None] | None:
-    """Copy a file (or, with ``multi``, several) out of the desktop into the evaluation folder.
-
-    Each lands as ``<work_dir>/<dest>`` (siblings matter: a metric may look for ``<name>-Sheet1.csv``
-    next to ``<name>.xlsx``); the metric gets the path(s) picked by ``gives``, None for a missing file.
-    """
-    out: list[str | None] = []
-    for path, dest in _paths_and_dests(config):
-        data = ctx.client.get_file(path)
-        if data is None:
-            out.append(None)
-            continue
-        local = os.path.join(ctx.work_dir, dest)
-        with open(local, "wb") as f:
-            f.write(data)
-        out.append(local)
-    return _given(out, config)
-
-
 def get_cloud_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | list[str | None] | None:
     """A gold file from the input cache (``rz osworld fetch``), copied into the evaluation folder.
 
@@ -126,7 +87,7 @@ def get_cloud_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | list[st
         else:
             raise GetterError(f"needs internet download: {url} (put the file at {cached} to run offline)")
         out.append(local)
-    return _given(out, config)
+    return given(out, config)
 
 
 def get_cache_file(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
@@ -226,7 +187,7 @@ def get_active_tab_info(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str
         page = active_page(browser)
         return _tab(page, content=True) if page is not None else None
 
-    return _chrome_call(ctx, grab)
+    return chrome_call(ctx, grab)
 
 
 def get_open_tabs_info(ctx: EpisodeContext, config: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -242,7 +203,7 @@ def get_open_tabs_info(ctx: EpisodeContext, config: dict[str, Any]) -> list[dict
                 continue
         return out
 
-    return _chrome_call(ctx, grab)
+    return chrome_call(ctx, grab)
 
 
 def get_active_url(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
@@ -288,19 +249,7 @@ def get_page_info(ctx: EpisodeContext, config: dict[str, Any]) -> dict[str, Any]
         page.goto(config["url"], timeout=30000)
         return _tab(page, content=True)
 
-    return _chrome_call(ctx, grab)
-
-
-def _chrome_call(ctx: EpisodeContext, fn: Callable[[Any], Any]) -> Any:
-    """Run ``fn`` on the browser; None when Chrome is not running (nothing to read)."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(ctx.chrome.endpoint + "/json/version", timeout=1):
-            pass
-    except OSError:
-        return None
-    return ctx.chrome.call(fn, timeout_s=60)
+    return chrome_call(ctx, grab)
 
 
 # --- Chrome, profile files ---------------------------------------------------------------------
@@ -439,13 +388,7 @@ GETTERS: dict[str, Callable[[EpisodeContext, dict[str, Any]], Any]] = {
 }
 
 
-def _more_getters() -> dict[str, Callable[[EpisodeContext, dict[str, Any]], Any]]:
-    from rz_agents.envs.osworld.getters_more import GETTERS as MORE
-
-    return MORE
-
-
-GETTERS.update(_more_getters())
+GETTERS.update(MORE_GETTERS)
 
 
 def get_state(ctx: EpisodeContext, config: dict[str, Any]) -> Any:

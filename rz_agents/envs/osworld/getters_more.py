@@ -20,18 +20,13 @@ from xml.etree import ElementTree as ET
 
 from rz_agents.envs.osworld.chrome import active_page
 from rz_agents.envs.osworld.context import EpisodeContext
+from rz_agents.envs.osworld.vm_state import chrome_call, get_vm_command_line, get_vm_file
 
 PREFERENCES = "/home/user/.config/google-chrome/Default/Preferences"
 REL_NS = "http://schemas.openxmlformats.org/package/2006/relationships"
 P_NS = "http://schemas.openxmlformats.org/presentationml/2006/main"
 A_NS = "http://schemas.openxmlformats.org/drawingml/2006/main"
 R_NS = "http://schemas.openxmlformats.org/officeDocument/2006/relationships"
-
-
-def _getters() -> Any:
-    from rz_agents.envs.osworld import getters
-
-    return getters
 
 
 # --- Chrome ----------------------------------------------------------------------------------
@@ -134,7 +129,7 @@ def get_active_tab_html_parse(ctx: EpisodeContext, config: dict[str, Any]) -> di
             pass  # a page that keeps polling: read it as it is
         return parse_page(page, config)
 
-    return _getters()._chrome_call(ctx, grab)
+    return chrome_call(ctx, grab)
 
 
 def get_pdf_from_url(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
@@ -154,7 +149,7 @@ def get_pdf_from_url(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
         page.close()
         return out
 
-    return _getters()._chrome_call(ctx, grab)
+    return chrome_call(ctx, grab)
 
 
 # --- VS Code -----------------------------------------------------------------------------------
@@ -167,7 +162,7 @@ def get_vscode_config(ctx: EpisodeContext, config: dict[str, Any]) -> Any:
         f"pyautogui.hotkey('ctrl', 'shift', 'p')\npyautogui.typewrite({command})\npyautogui.press('enter')\n"
         "time.sleep(1.0)\n"
     )
-    return _getters().get_vm_file(ctx, {"path": config["path"], "dest": config["dest"]})
+    return get_vm_file(ctx, {"path": config["path"], "dest": config["dest"]})
 
 
 # --- media inside presentations ----------------------------------------------------------------
@@ -193,12 +188,12 @@ def _media_out(
         return os.path.join(folder, inner)
     if not target.startswith("file://"):
         raise ValueError(f"unexpected media target {target!r}")
-    return _getters().get_vm_file(ctx, {"path": target[len("file://") :], "dest": dest})
+    return get_vm_file(ctx, {"path": target[len("file://") :], "dest": dest})
 
 
 def _deck(ctx: EpisodeContext, config: dict[str, Any]) -> str | None:
     path = config["ppt_file_path"]
-    return _getters().get_vm_file(ctx, {"path": path, "dest": os.path.basename(path)})
+    return get_vm_file(ctx, {"path": path, "dest": os.path.basename(path)})
 
 
 def get_audio_in_slide(ctx: EpisodeContext, config: dict[str, Any]) -> Any:
@@ -257,7 +252,7 @@ def last_row_as_text(path: str) -> list[str]:
 
 def get_content_from_vm_file(ctx: EpisodeContext, config: dict[str, Any]) -> Any:
     """Part of a desktop file's content: ``file_type: xlsx``, ``file_content: last_row``."""
-    path = _getters().get_vm_file(ctx, {"path": config["path"], "dest": os.path.basename(config["path"])})
+    path = get_vm_file(ctx, {"path": config["path"], "dest": os.path.basename(config["path"])})
     if config["file_type"] != "xlsx":
         raise NotImplementedError(f"content_from_vm_file: file type {config['file_type']} not supported")
     if config["file_content"] == "last_row":
@@ -281,9 +276,7 @@ def get_default_video_player(ctx: EpisodeContext, config: dict[str, Any]) -> str
     its output kept as printed (trailing newline included), as OSWorld's vote keeps it."""
     apps = []
     for kind in VIDEO_TYPES:
-        app = _getters().get_vm_command_line(
-            ctx, {"command": ["xdg-mime", "query", "default", f"video/{kind}"]}
-        )
+        app = get_vm_command_line(ctx, {"command": ["xdg-mime", "query", "default", f"video/{kind}"]})
         if app:
             apps.append(app)
     return Counter(apps).most_common(1)[0][0] if apps else "unknown"

@@ -34,7 +34,7 @@ from rz_agents.envs.osworld.screen_scale import (
     scale_pyautogui_code,
     scale_tree_table,
 )
-from rz_agents.envs.osworld.task import Task, load_tasks
+from rz_agents.envs.osworld.task import LOCAL_TASKS, Task, load_tasks
 from rz_agents.images import image_part, text_part
 
 ENV_ID = "rz_agents/OSWorld-v0"
@@ -93,8 +93,6 @@ class OSWorldEnv(MultiTurnTextEnv):
         self.max_tree_tokens = max_tree_tokens
         self.pause = pause
         if tasks_path == "local":
-            from rz_agents.envs.osworld import LOCAL_TASKS
-
             tasks_path = LOCAL_TASKS
         self.tasks: list[Task] = (
             [t for _p, t in load_tasks(tasks_path) if isinstance(t, Task)] if tasks_path else []

@@ -259,7 +259,23 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
             r.reasons.append((category, detail))
 
     ev = task.evaluator
-    if not ev.funcs:
+    _check_known_blockers(task, add)
+    _check_apps(task, add)
+    wrapped = _wrapped_commands()
+    _check_steps(task, add, wrapped)
+    if not assume_cached:
+        for item in missing_inputs(task, download_cache):
+            add("needs internet download", item.url[:120])
+    if not ev.is_infeasible:
+        _check_extension_source(task, add)
+        _check_metrics(task, add)
+        _check_getters(task, add, wrapped)
+    return r
+
+
+def _check_known_blockers(task: Task, add: Any) -> None:
+    """The reasons listed by task id: no evaluator, needs root, offline scoring, live web pages."""
+    if not task.evaluator.funcs:
         # OSWorld's harness cannot score it either: it looks its metric up by name (getattr(metrics, ""))
         add(
             "no evaluator defined",
@@ -272,6 +288,10 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
         add(*OFFLINE_SCORING_BLOCKERS[(task.domain, task.id)])
     if task.id in LIVE_WEB_TASKS:
         add("needs internet (the instruction's web pages)", LIVE_WEB_TASKS[task.id])
+
+
+def _check_apps(task: Task, add: Any) -> None:
+    """The task's apps (and its snapshot's) that are not installed here."""
     for app in [*task.related_apps, task.snapshot]:
         key = app.lower()
         if key in NO_BINARY_APPS or not key:
@@ -285,10 +305,19 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
             add("app not installed", app)
         elif not any(shutil.which(b) for b in binaries):
             add("app not installed", app)
+
+
+def _wrapped_commands() -> set[str]:
+    """Commands each desktop provides through its own wrapper (found whether or not installed here)."""
     wrapped = {"google-chrome", "google-chrome-stable", "chrome", "chromium", "chromium-browser"}
     if vscode_problem() is None:
         wrapped.add("code")  # each desktop's own wrapper
-    for step in [*task.config, *ev.postconfig]:
+    return wrapped
+
+
+def _check_steps(task: Task, add: Any, wrapped: set[str]) -> None:
+    """Setup and postconfig steps that are online, not implemented, or run a command missing here."""
+    for step in [*task.config, *task.evaluator.postconfig]:
         if step.type in ONLINE_STEPS:
             add("needs internet (setup step)", f"{step.type}: {ONLINE_STEPS[step.type]}")
             continue
@@ -304,38 +333,42 @@ def check_task(task: Task, download_cache: str, assume_cached: bool = False) -> 
                     add("needs internet (web page)", str(url))
         elif step.type in ("execute", "command", "launch"):
             _check_command(p.get("command"), add, wrapped, setup=True)
-    if not assume_cached:
-        for item in missing_inputs(task, download_cache):
-            add("needs internet download", item.url[:120])
-    if not ev.is_infeasible:
-        _check_extension_source(task, add)
-        for i, name in enumerate(ev.funcs):
-            if name not in METRICS and name not in SPECIAL_METRICS:
-                add("metric not implemented", name)
-            elif name in METRICS:
-                problem = option_problem(name, ev.options[i] if i < len(ev.options) else {})
-                if problem:
-                    add("metric option not implemented", f"{name}: {problem}")
-                missing = blocker(name)
-                if missing:
-                    add("metric needs a library or tool not here", f"{name}: {missing}")
-        for getter in [*ev.results, *ev.expected]:
-            if not getter:
-                continue
-            kind = getter["type"]
-            if kind in UNAVAILABLE:
-                add("getter unavailable here", f"{kind}: {UNAVAILABLE[kind]}")
-            elif kind not in GETTERS:
-                add("getter not implemented", kind)
-            elif getter_problem(kind):
-                add("getter unavailable here", f"{kind}: {getter_problem(kind)}")
-            elif kind in ("vm_command_line", "vm_command_error"):
-                _check_command(getter.get("command"), add, wrapped)
-            elif kind == "page_info" and not is_local_url(str(getter.get("url", ""))):
-                add("needs internet (web page)", str(getter.get("url")))
-            elif kind == "pdf_from_url" and not is_local_url(str(getter.get("path", ""))):
-                add("needs internet (web page)", str(getter.get("path")))
-    return r
+
+
+def _check_metrics(task: Task, add: Any) -> None:
+    """Metrics not implemented, called with options not implemented, or needing what is not here."""
+    ev = task.evaluator
+    for i, name in enumerate(ev.funcs):
+        if name not in METRICS and name not in SPECIAL_METRICS:
+            add("metric not implemented", name)
+        elif name in METRICS:
+            problem = option_problem(name, ev.options[i] if i < len(ev.options) else {})
+            if problem:
+                add("metric option not implemented", f"{name}: {problem}")
+            missing = blocker(name)
+            if missing:
+                add("metric needs a library or tool not here", f"{name}: {missing}")
+
+
+def _check_getters(task: Task, add: Any, wrapped: set[str]) -> None:
+    """Getters unavailable or not implemented here, or reading a command or web page they cannot."""
+    ev = task.evaluator
+    for getter in [*ev.results, *ev.expected]:
+        if not getter:
+            continue
+        kind = getter["type"]
+        if kind in UNAVAILABLE:
+            add("getter unavailable here", f"{kind}: {UNAVAILABLE[kind]}")
+        elif kind not in GETTERS:
+            add("getter not implemented", kind)
+        elif getter_problem(kind):
+            add("getter unavailable here", f"{kind}: {getter_problem(kind)}")
+        elif kind in ("vm_command_line", "vm_command_error"):
+            _check_command(getter.get("command"), add, wrapped)
+        elif kind == "page_info" and not is_local_url(str(getter.get("url", ""))):
+            add("needs internet (web page)", str(getter.get("url")))
+        elif kind == "pdf_from_url" and not is_local_url(str(getter.get("path", ""))):
+            add("needs internet (web page)", str(getter.get("path")))
 
 
 def setup_packages(task: Task) -> list[tuple[str, str]]:

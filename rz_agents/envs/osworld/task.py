@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# the task files packaged with rz (envs/osworld/tasks; ``tasks_path: local``)
+LOCAL_TASKS = str(Path(__file__).parent / "tasks")
+
 
 class TaskFormatError(ValueError):
     """A task file that does not follow the OSWorld JSON format; the message names the field."""

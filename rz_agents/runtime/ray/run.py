@@ -28,8 +28,6 @@ from rz_agents.runtime.factories import (
     build_tokenizer,
     env_build_args,
     policy_template,
-    run_env_factory,
-    runs_own_agent,
     spec_vl_config,
     tokenizer_files,
     vocab_size,
@@ -103,10 +101,11 @@ class RayRun(RunHandle):
         self.env_workers = workers
         self.learner = LearnerGroup(ranks, store_weights=p.weight_transport != "broadcast")
         check_env_workers(workers, timeout_s=cfg.watchdog_s or None)
-        # An env that runs its own agent against the engine (rz_agents/OpenAIAgent-v0: rz serve sessions over
-        # the replica router) is built here in the driver, where the router is; others live in the workers.
-        make_env = run_env_factory(cfg, plan) if runs_own_agent(cfg.env) else RemoteEnvFactory(workers)
-        self.controller = build_controller(cfg, plan, self.engine, make_env, self.template, self.tokenizer)
+        # The envs live in the workers. An episode runner that steps none (agent.kind: openai: rz serve
+        # sessions over the replica router) runs in the controller, here in the driver, where the router is.
+        self.controller = build_controller(
+            cfg, plan, self.engine, RemoteEnvFactory(workers), self.template, self.tokenizer
+        )
 
     def _start_engines(self, device: str) -> list[Any]:
         """The engine actors; each runs the plan's engine config (its torch threads: the learner ranks')."""

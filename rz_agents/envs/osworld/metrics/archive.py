@@ -14,16 +14,25 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-FILE_TYPES = {
-    "text": "compare_text_file",
-    "pdf": "compare_pdfs",
-    "docx": "compare_docx_files",
-    "ppt": "compare_pptx_files",
-    "image": "compare_images",
-    "csv": "compare_csv",
-    "table": "compare_table",
-    "audio": "compare_audios",
-    "video": "compare_videos",
+from rz_agents.envs.osworld.metrics.docs import compare_docx_files
+from rz_agents.envs.osworld.metrics.general import compare_text_file
+from rz_agents.envs.osworld.metrics.images import compare_images
+from rz_agents.envs.osworld.metrics.media import compare_audios, compare_videos
+from rz_agents.envs.osworld.metrics.pdf import compare_pdfs
+from rz_agents.envs.osworld.metrics.slides import compare_pptx_files
+from rz_agents.envs.osworld.metrics.table import compare_csv, compare_table
+
+# the metric of each file type (its own module's function, not the package's table: no import cycle)
+FILE_TYPES: dict[str, Callable[..., float]] = {
+    "text": compare_text_file,
+    "pdf": compare_pdfs,
+    "docx": compare_docx_files,
+    "ppt": compare_pptx_files,
+    "image": compare_images,
+    "csv": compare_csv,
+    "table": compare_table,
+    "audio": compare_audios,
+    "video": compare_videos,
 }
 
 
@@ -36,8 +45,6 @@ def _unpack(path: str, into: str) -> None:
 
 def compare_archive(pred_path: str | None, gold_path: str, **options: Any) -> float:
     """Mean per-file score of ``file_type``'s metric; 0 when the listed names differ."""
-    from rz_agents.envs.osworld.metrics import METRICS
-
     if not pred_path:
         return 0.0
     file_path = options.pop("file_path", "")
@@ -52,7 +59,7 @@ def compare_archive(pred_path: str | None, gold_path: str, **options: Any) -> fl
         gold_files = sorted(os.listdir(os.path.join(gold, file_path)))
         if pred_files != gold_files:
             return 0.0
-        metric = METRICS[FILE_TYPES[file_type]]
+        metric = FILE_TYPES[file_type]
         total = sum(
             float(metric(os.path.join(pred, file_path, f1), os.path.join(gold, file_path, f2), **options))
             for f1, f2 in zip(pred_files, gold_files, strict=True)

@@ -1,9 +1,9 @@
 """A multi-turn agent written only against the OpenAI SDK, with a tool, and its scorer (docs/serve.md).
 
 Nothing here knows of rz: ``agent(client, task)`` takes any ``openai.OpenAI`` client. Trained with
-``env.id: rz_agents/OpenAIAgent-v0`` (``kwargs: {agent: rz_agents.envs.examples.openai_letters_agent:agent,
-scorer: ...:score}``), the policy learns what the scorer pays for: lowercase letters in its replies, a
-goal a random tiny policy starts far from (~10%) and reaches within a few dozen steps.
+``agent: {kind: openai, openai: {function: rz_agents.agents.examples.openai_letters_agent:agent, scorer:
+...:score}}`` (configs/openai-agent.yaml), the policy learns what the scorer pays for: lowercase letters in
+its replies, a goal a random tiny policy starts far from (~10%) and reaches within a few dozen steps.
 ``rewriting_agent`` is the same agent with a client habit that breaks token-exactness: it edits the first
 message on every turn (a template that rewrites history does the same), which ``rz serve`` counts.
 """
