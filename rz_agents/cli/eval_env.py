@@ -42,7 +42,10 @@ def _config(args: argparse.Namespace, section: dict[str, Any]):
     if section.get("save_text") or getattr(args, "save_text", None):
         values["save_text"] = True
     checkpoint = args.checkpoint or section.get("checkpoint")
-    return EnvEvalConfig(checkpoint=checkpoint, tasks=args.tasks, num_tasks=args.num_tasks, **values)
+    # the eval: section training reads (eval.tasks / eval.num_tasks), the flags over it
+    tasks = args.tasks if args.tasks is not None else section.get("tasks")
+    num_tasks = args.num_tasks if args.num_tasks is not None else section.get("num_tasks")
+    return EnvEvalConfig(checkpoint=checkpoint, tasks=tasks, num_tasks=num_tasks, **values)
 
 
 def run_env(args: argparse.Namespace) -> int:
@@ -65,7 +68,8 @@ def run_env(args: argparse.Namespace) -> int:
         config.validate()
         tasks = eval_tasks(run_cfg, config)
     except (ConfigError, ValueError) as exc:
-        return fail(str(exc))
+        hint = " (or pass --tasks FILE / --num-tasks N)" if str(exc).startswith("no eval tasks") else ""
+        return fail(f"{exc}{hint}")
     if not config.checkpoint:
         return fail("no checkpoint: pass --checkpoint DIR (a run's final_model)")
     if args.out and not Path(args.out).resolve().parent.is_dir():

@@ -53,11 +53,11 @@ class EnvEvalConfig:
         """Raise ValueError naming the bad field."""
         for name in ("k", "max_running"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"eval.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("num_tasks", "limit"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+                raise ValueError(f"eval.{name} must be >= 1, got {value}")
 
 
 OnSample = Callable[[int, dict[str, Any]], None]
@@ -69,14 +69,14 @@ def eval_tasks(run_cfg, config: EnvEvalConfig) -> list[dict[str, Any] | None]:
     from rz_agents.envs.tasks import load_tasks
 
     if config.tasks is not None:
-        tasks: list[dict[str, Any] | None] | None = load_tasks(config.tasks, "--tasks")
+        tasks: list[dict[str, Any] | None] | None = load_tasks(config.tasks, "eval.tasks")
     else:
         tasks = load_tasks(run_cfg.env.eval_tasks, "env.eval_tasks")
     if tasks is None:
         if not config.num_tasks:
             raise ValueError(
-                "no eval tasks: set env.eval_tasks in the config, or pass --tasks FILE (JSONL/JSON/Parquet), "
-                "or --num-tasks N to let the env draw N tasks itself"
+                "no eval tasks: set eval.num_tasks: N (the env draws N tasks itself), or eval.tasks / "
+                "env.eval_tasks (a list, a JSONL/JSON/Parquet file or a packaged name)"
             )
         tasks = [None] * config.num_tasks
     return tasks[: config.limit] if config.limit else tasks
