@@ -7,6 +7,7 @@ failed (nothing was measured).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -81,7 +82,12 @@ def run_env(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except (FileNotFoundError, CheckpointError, ValueError) as exc:
         return fail(str(exc))
-    result = _with_progress(run_cfg, config, policy, len(tasks) * config.k, args.quiet, run_env_eval)
+    from rz_agents.runtime.config import TrainConfig
+    from rz_agents.runtime.factories import run_env_factory
+
+    plan = TrainConfig.validate(run_cfg)  # the run schema's checks, and what it decides
+    evaluate = functools.partial(run_env_eval, plan=plan, make_env=run_env_factory(run_cfg, plan))
+    result = _with_progress(run_cfg, config, policy, len(tasks) * config.k, args.quiet, evaluate)
     text = json.dumps(result, indent=2)
     if args.out:
         Path(args.out).write_text(text + "\n")

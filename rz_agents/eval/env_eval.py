@@ -94,18 +94,17 @@ def run_env_eval(
     run_cfg,
     config: EnvEvalConfig,
     policy: CheckpointPolicy,
+    plan,
+    make_env: Callable[[], Any],
     on_sample: OnSample | None = None,
     engine: Engine | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``policy`` on ``run_cfg``'s env (a validated training config; sampling, threads and turn limit
-    are its plan's unless ``config`` sets them); returns the results dict."""
-    from rz_agents.runtime.config import TrainConfig
-    from rz_agents.runtime.factories import run_env_factory
-
+    """Evaluate ``policy`` on ``run_cfg``'s env (a training config and ``plan``, what its validation decided:
+    sampling, threads and turn limit are the plan's unless ``config`` sets them; ``make_env``: the run's env
+    factory, from the runtime: this module imports nothing of rz_agents.runtime); returns the results
+    dict."""
     config.validate()
-    plan = TrainConfig.validate(run_cfg)  # the run schema's checks, and what it decides
     tasks = eval_tasks(run_cfg, config)
-    make_env = run_env_factory(run_cfg, plan)
     r, s = run_cfg.rollout, plan.sampling
     sampling = SamplingParams(
         temperature=s.temperature if config.temperature is None else config.temperature,
