@@ -47,21 +47,21 @@ EOF
   chmod +x "$root/bin/dpkg-query"
 fi
 cat >"$root/py/sitecustomize.py" <<EOF
-"""Hide the optional Python modules (scripts/test_default_install.sh)."""
-import importlib.abc
-import sys
+"""Hide the optional Python modules (scripts/test_default_install.sh): the path finder does not see them,
+so importlib.util.find_spec returns None and an import raises ModuleNotFoundError, as where not installed."""
+import importlib.machinery
 
 HIDDEN = set("${MODULES[*]}".split())
+_find_spec = importlib.machinery.PathFinder.find_spec.__func__
 
 
-class _Hide(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in HIDDEN:
-            raise ModuleNotFoundError(f"No module named {name!r} (hidden: default install)", name=name)
+def find_spec(cls, name, path=None, target=None):
+    if name.split(".")[0] in HIDDEN:
         return None
+    return _find_spec(cls, name, path, target)
 
 
-sys.meta_path.insert(0, _Hide())
+importlib.machinery.PathFinder.find_spec = classmethod(find_spec)
 EOF
 
 if [ $# -eq 0 ]; then
