@@ -9,7 +9,8 @@
 # How: PATH becomes one folder of links to every program on today's PATH but the hidden ones; a
 # dpkg-query wrapper there drops the hidden packages from what dpkg reports; a sitecustomize.py makes the
 # hidden Python modules fail to import. Programs reached by absolute path are not hidden (the suite has
-# none: `grep -rn '"/usr/bin/' tests`).
+# none: `grep -rn '"/usr/bin/' tests`), nor inside an OSWorld desktop (its sandbox sets its own PATH): what
+# this proves is that every check and skip on the host side sees a default install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,8 +23,11 @@ PACKAGES=(libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gt
           build-essential libkrb5-dev ripgrep docker.io)
 MODULES=(vllm pygame pysrt)  # the vllm extra; the osworld-tasks extra's own (the rest come with osworld)
 
-root=$(mktemp -d)
+# The links live under /usr when it is writable: the desktop sandbox (bubblewrap) binds /usr, and the host
+# code hands it programs by the path shutil.which found (setpriv, Xvfb); under /tmp they are not there.
+root=$(mktemp -d -p /usr/local/lib rz-default-install.XXXXXX 2>/dev/null || mktemp -d)
 trap 'rm -rf "$root"' EXIT
+chmod 755 "$root"  # (mktemp makes it 0700: a desktop running as its own uid must reach the links)
 mkdir "$root/bin" "$root/py"
 hidden=" ${PROGRAMS[*]} "
 IFS=: read -ra dirs <<<"$PATH"
