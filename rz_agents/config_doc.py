@@ -100,14 +100,37 @@ def _docstring_entries(doc: str) -> list[tuple[list[str], str]]:
 
 
 def _sentence_naming(doc: str, name: str) -> str | None:
-    """What ``doc`` says of ````name````: from its first mention to the end of that clause, or None."""
+    """What ``doc`` says of ````name````: the clause that first mentions it (between ``;`` / sentence ends
+    outside parentheses), running on over the next clause while it is too short to say anything
+    (``top_k``, ``top_p``; ...); None when ``doc`` does not mention it."""
     flat = " ".join(doc.split())
-    for sentence in re.split(r"(?<=[.;])\s+", flat):
-        for mark in (f"``{name}``", f"`{name}`"):
-            at = sentence.find(mark)
-            if at >= 0:
-                return sentence[at:].strip()
-    return None
+    at = min((i for i in (flat.find(f"``{name}``"), flat.find(f"`{name}`")) if i >= 0), default=-1)
+    if at < 0:
+        return None
+    depth, ends = 0, []  # clause ends outside parentheses
+    for i, c in enumerate(flat):
+        depth = max(depth + (c == "(") - (c == ")"), 0)
+        if depth == 0 and (c == ";" or (c == "." and flat[i + 1 : i + 2] in ("", " "))):
+            ends.append(i)
+    start = max((e + 1 for e in ends if e < at), default=0)
+    for e in ends:
+        if e >= at and len(flat[start:e].split()) >= 4:
+            return flat[start:e].strip().lstrip("-* ")  # (a list item's marker is no part of it)
+    return flat[start:].strip().lstrip("-* ")
+
+
+def _as_sentence(text: str, default: str) -> str:
+    """``text`` as a whole sentence: a comment continuing the default (``# or "leave_one_out"``) gets the
+    default in front; a capital first letter, and a full stop at the end."""
+    text = text.strip()
+    if not text:
+        return text
+    if re.match(r"^(or|and)\b", text):
+        text = f"{default} (default) {text}"
+    if text[0].islower():
+        text = text[0].upper() + text[1:]
+    text = text.rstrip(";,")
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def _docstring_doc(cls: type, name: str) -> str | None:
@@ -165,7 +188,8 @@ def field_docs(cls: type, prefix: str = "") -> list[FieldDoc]:
             rows.append(FieldDoc(path, section.__name__, "(section)", doc))
             rows.extend(field_docs(section, path + "."))
         else:
-            rows.append(FieldDoc(path, _type_text(tp), _default_text(f), doc))
+            default = _default_text(f)
+            rows.append(FieldDoc(path, _type_text(tp), default, _as_sentence(doc, default)))
     return rows
 
 

@@ -22,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rz",
         description="Train and evaluate tool-using LLM agents with async REINFORCE Zero "
         "on bit-aligned kernels.",
+        epilog="Start here: `rz train demo --run-dir runs/demo` (about 5 minutes on 2 cores), then "
+        "`rz eval runs/demo` and `rz serve runs/demo`. Guides: docs/README.md (the index; "
+        "docs/training.md first); every config field: docs/config.md.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:

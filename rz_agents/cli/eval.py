@@ -8,6 +8,8 @@
   (it has ``env:``) and no benchmark (``--benchmark`` or ``eval.benchmark``): the run's own env on its eval
   tasks (``env.eval_tasks`` or ``--tasks``), with the env's prompt, tools and reward
   (rz_agents.eval.env_eval).
+* ``rz eval RUN`` (or ``RUN/final_model``, or ``RUN/config.yaml``): the run's config and its final_model
+  (rz_agents/cli/run_dir.py).
 * ``rz eval osworld --tasks DIR|FILE ...``: the OSWorld success table (the same command as
   ``rz osworld eval``; its options are defined once, in ``rz_agents.cli.osworld``).
 """
@@ -67,9 +69,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "config",
         nargs="?",
-        help="YAML file (or a packaged config's name) whose eval: section gives the settings below (flags "
-        "override it) and whose tokenizer: is the one the checkpoint was trained with; or the word "
-        "'osworld' for the OSWorld evaluation",
+        help="a run directory or its final_model (the run's config.yaml and weights), or a YAML file (or a "
+        "packaged config's name) whose eval: section gives the settings below (flags override it) and whose "
+        "tokenizer: is the one the checkpoint was trained with; or the word 'osworld' for the OSWorld "
+        "evaluation",
     )
     m = parser.add_argument_group("math benchmarks")
     m.add_argument(
@@ -166,6 +169,19 @@ def run(args: argparse.Namespace) -> int:
     """Dispatch: OSWorld or a math benchmark. Exit 2 for a bad config, checkpoint or dataset."""
     if args.config == "osworld":
         return _run_osworld(args)
+    if args.config:
+        from rz_agents.cli.run_dir import NotARun, default_checkpoint, resolve_run_target
+
+        try:
+            run = resolve_run_target(args.config)  # RUN or RUN/final_model: the run's config and weights
+        except NotARun as exc:
+            print(f"rz eval: error: {exc}", file=sys.stderr)
+            return 2
+        if run is not None:
+            args.config, args.checkpoint = str(run.config), args.checkpoint or run.checkpoint
+        args.checkpoint = args.checkpoint or default_checkpoint(args.config)  # RUN/config.yaml's final_model
+        if args.checkpoint is not None:
+            args.checkpoint = str(args.checkpoint)
     if _is_env_eval(args):
         from rz_agents.cli.eval_env import run_env
 
@@ -220,7 +236,7 @@ def _run_math(args: argparse.Namespace) -> int:
             return 2
 
     from rz_agents.eval.checkpoint_policy import load_checkpoint_policy
-    from rz_agents.eval.math import format_math_table, run_math_eval
+    from rz_agents.eval.math import PromptTooLong, format_math_table, run_math_eval
     from rz_agents.model.checkpoint import CheckpointError
 
     try:
@@ -236,10 +252,20 @@ def _run_math(args: argparse.Namespace) -> int:
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except PromptTooLong as exc:
+        print(f"rz eval: error: {exc}", file=sys.stderr)
+        return 1
     text = json.dumps(result, indent=2)
     if args.out:
         Path(args.out).write_text(text + "\n")
     print(text if args.json else format_math_table(result, max_rows=args.rows))
+    samples = [s for p in result["problems"] for s in p["samples"]]
+    failed = [s for s in samples if s.get("error")]
+    if samples and len(failed) == len(samples):
+        # nothing was measured: an avg@k of 0 would read as a score
+        print(f"rz eval: error: all {len(samples)} samples failed; the first: {failed[0]['error']}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

@@ -7,6 +7,7 @@ failed (nothing was measured).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -42,7 +43,10 @@ def _config(args: argparse.Namespace, section: dict[str, Any]):
     if section.get("save_text") or getattr(args, "save_text", None):
         values["save_text"] = True
     checkpoint = args.checkpoint or section.get("checkpoint")
-    return EnvEvalConfig(checkpoint=checkpoint, tasks=args.tasks, num_tasks=args.num_tasks, **values)
+    # the eval: section training reads (eval.tasks / eval.num_tasks), the flags over it
+    tasks = args.tasks if args.tasks is not None else section.get("tasks")
+    num_tasks = args.num_tasks if args.num_tasks is not None else section.get("num_tasks")
+    return EnvEvalConfig(checkpoint=checkpoint, tasks=tasks, num_tasks=num_tasks, **values)
 
 
 def run_env(args: argparse.Namespace) -> int:
@@ -65,7 +69,8 @@ def run_env(args: argparse.Namespace) -> int:
         config.validate()
         tasks = eval_tasks(run_cfg, config)
     except (ConfigError, ValueError) as exc:
-        return fail(str(exc))
+        hint = " (or pass --tasks FILE / --num-tasks N)" if str(exc).startswith("no eval tasks") else ""
+        return fail(f"{exc}{hint}")
     if not config.checkpoint:
         return fail("no checkpoint: pass --checkpoint DIR (a run's final_model)")
     if args.out and not Path(args.out).resolve().parent.is_dir():
@@ -77,7 +82,12 @@ def run_env(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except (FileNotFoundError, CheckpointError, ValueError) as exc:
         return fail(str(exc))
-    result = _with_progress(run_cfg, config, policy, len(tasks) * config.k, args.quiet, run_env_eval)
+    from rz_agents.runtime.config import TrainConfig
+    from rz_agents.runtime.factories import run_env_factory
+
+    plan = TrainConfig.validate(run_cfg)  # the run schema's checks, and what it decides
+    evaluate = functools.partial(run_env_eval, plan=plan, make_env=run_env_factory(run_cfg, plan))
+    result = _with_progress(run_cfg, config, policy, len(tasks) * config.k, args.quiet, evaluate)
     text = json.dumps(result, indent=2)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -117,8 +117,14 @@ def check_same_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
     R/config.yaml on a field a resume cannot change. Returns config.yaml's content (None if absent)."""
     if not (run_dir / CONFIG).is_file():
         return None
+    from rz_agents.cli.run_dir import anchor_paths
+
     original = read_yaml_mapping(run_dir / CONFIG)
-    bad = changed_fields(rename_fields(type(cfg), original), to_dict(cfg))
+    # config.yaml keeps paths absolute (anchor_paths): compare both so
+    here = Path.cwd()
+    bad = changed_fields(
+        anchor_paths(rename_fields(type(cfg), original), here), anchor_paths(to_dict(cfg), here)
+    )
     if bad:
         raise ConfigError(
             f"resuming {run_dir} with a config that differs from its {CONFIG} in {', '.join(bad)}; "

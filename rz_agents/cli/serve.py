@@ -22,7 +22,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="serve a model with the OpenAI API (token-exact sessions, RL control API)",
         description="Serve a config's model or an HF checkpoint over the OpenAI chat/completions API.",
     )
-    p.add_argument("target", help="a training config (YAML or packaged name) or an HF checkpoint directory")
+    p.add_argument(
+        "target",
+        help="a run directory or its final_model (the run's config.yaml + weights), a training config "
+        "(YAML or packaged name) or an HF checkpoint directory",
+    )
     p.add_argument("overrides", nargs="*", help="key.path=value overrides of a config")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
@@ -115,9 +119,16 @@ def serve_options(args: argparse.Namespace):
 
 def build_server(target: str, overrides: list[str] | None = None, model_name: str | None = None, **engine):
     """(OpenAIServer, its engine) for a config or a checkpoint; ``engine``: EngineConfig field overrides."""
+    from rz_agents.cli.run_dir import resolve_run_target
     from rz_agents.engine import EngineConfig, RZEngine
     from rz_agents.serve import OpenAIServer
 
+    run = resolve_run_target(target)  # a run directory or its final_model: the run's config + its weights
+    if run is not None:
+        if run.checkpoint is None:
+            raise ValueError(f"{target}: the run has no final_model yet (rz train writes it at the end)")
+        overrides = [*(overrides or []), f"model.checkpoint={run.checkpoint}"]
+        model_name, target = model_name or run.config.parent.name, str(run.config)
     path = Path(target)
     if (path / "config.json").is_file() or _is_packaged_model(target):
         from rz_agents.model.checkpoint import load_hf_checkpoint

@@ -19,6 +19,8 @@ from rz_agents.cli import resume
 from rz_agents.cli.configs import describe_packaged_configs, resolve_config
 from rz_agents.cli.episode_summary import episode_counts, episode_line, failed_note
 from rz_agents.cli.failure import attach_run_log
+from rz_agents.cli.launches import account_launches, finished_at, previous_summary
+from rz_agents.cli.run_dir import anchor_paths
 from rz_agents.cli.warm_start import WarmStartMismatch, check_demos_fit, run_warm_start
 from rz_agents.config_io import ConfigError, load_config, to_dict
 from rz_agents.runtime import RunPlan, TrainConfig, build_run
@@ -224,14 +226,28 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"rz train: config error: {exc}", file=sys.stderr)
         return 2
+    done = finished_at(run_dir) if resuming else None
+    if done is not None and done >= cfg.steps:  # nothing to train: leave the run's files as they are
+        print(
+            f"rz train: {run_dir} finished at step {done}; pass steps=M (M > {done}) to extend it: "
+            f"rz train --resume {run_dir} steps=M",
+            file=sys.stderr,
+        )
+        return 0
+    previous = previous_summary(run_dir) if resuming else None
+    started = time.time()
     run_dir.mkdir(parents=True, exist_ok=True)
     attach_run_log(args, run_dir)  # rz.log: the run's log messages, and the traceback if it stops on an error
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(recorded), sort_keys=False))
+    # relative paths made absolute: the run's config.yaml then works from any directory
+    recorded_data = anchor_paths(to_dict(recorded), Path.cwd())
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(recorded_data, sort_keys=False))
 
     from rich.console import Console
 
     console = Console(stderr=True)
-    log = console.log if not args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    # A progress bar only on a terminal: redirected (nohup, CI, a scheduler) the lines are plain text
+    plain = args.no_progress or not console.is_terminal
+    log = console.log if not plain else (lambda msg: print(msg, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     log(f"run directory: {run_dir}")
     from rz_agents.runtime.memory_estimate import cpu_memory_warning
@@ -253,14 +269,16 @@ def run(args: argparse.Namespace) -> int:
         try:
             try:
                 stop.raise_if_requested("while the run was being built")
+                warm_t0 = time.perf_counter()
                 warm = run_warm_start(runner, cfg, log, stop)
+                warm_s = time.perf_counter() - warm_t0 if warm is not None else None
             except (WarmStartMismatch, EpisodeFileError) as exc:
                 print(f"rz train: warm start: {exc}", file=sys.stderr)
                 return 2
             except RunStopped as exc:
                 _print_stop_line(exc.signum, exc.where, None, cfg, run_dir)
                 return stop_exit_status(exc.signum)
-            summary = _train_with_progress(runner, cfg, console, args.no_progress, log, stop)
+            summary = _train_with_progress(runner, cfg, console, plain, log, stop)
             stopped = summary.get("stopped")
             # The steps are over and saved: from here a signal acts as without us (the export is atomic).
             signals.release()
@@ -270,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
             runner.close()
     wall = time.perf_counter() - t0
     result = build_summary(cfg, runner.plan, runner.history, summary, warm, wall)
+    result["launch_warm_start_s"] = warm_s
+    result = account_launches(result, previous, summary.get("steps_this_run", 0), started)
     (run_dir / "summary.json").write_text(json.dumps(result, indent=2))
     if stopped:  # the run continues later: its report and final model are written when it ends
         where = "before the first learner step of this launch" if not summary["steps_this_run"] else ""
@@ -333,10 +353,22 @@ def _train_with_progress(
             f"tok/s{failed_note(metrics)}"
         )
 
+    steps_log = logging.getLogger("rz_agents.train")  # rz.log keeps every step line, bar or not
+
+    def lines(step: int, metrics: dict) -> list[str]:
+        # `step N` is metrics.jsonl's, the report's and the inspector's step number (from 0)
+        out = [f"step {step} ({step + 1}/{cfg.steps} done)  {describe(metrics)}"]
+        if "eval/wall_s" in metrics:
+            out.append(eval_line(step, metrics))
+        for line in out:
+            steps_log.info(line)
+        return out
+
     if plain:
 
         def on_step(step, metrics):
-            log(f"step {step + 1}/{cfg.steps}  {describe(metrics)}")
+            for line in lines(step, metrics):
+                log(line)
             if "health_alarm_message" in metrics:
                 log(metrics["health_alarm_message"])
 
@@ -357,11 +389,39 @@ def _train_with_progress(
 
         def on_step(step, metrics):
             progress.update(task, completed=step + 1, info=describe(metrics))
+            for line in lines(step, metrics)[1:]:  # the eval line stays above the bar
+                progress.console.print(line)
             if "health_alarm_message" in metrics:
                 progress.console.print(f"[bold red]{metrics['health_alarm_message']}[/]")
 
         runner.writer = _ProgressWriter(runner.writer, on_step)
         return asyncio.run(runner.train(stop))
+
+
+def eval_line(step: int, metrics: dict) -> str:
+    """The in-loop evaluation's line (eval.every) after ``step``: its avg@k, pass@k and mean reward."""
+    figures = [
+        f"{name} {metrics[f'eval/{key}']:.3f}"
+        for key, name in (("avg_at_k", "avg@k"), ("pass_at_k", "pass@k"), ("mean_reward", "mean reward"))
+        if isinstance(metrics.get(f"eval/{key}"), (int, float))
+    ]
+    failed = metrics.get("eval/num_failed")
+    note = f"  ({failed:.0f} samples failed)" if failed else ""
+    return f"eval after step {step}: {'  '.join(figures)}{note}"
+
+
+def _eval_summary_line(evals: list[dict] | None) -> str | None:
+    """Held-out before -> after over the run's in-loop evaluations (None when none ran)."""
+    points = [e for e in evals or [] if isinstance(e.get("avg_at_k", e.get("mean_reward")), (int, float))]
+    if not points:
+        return None
+    key = "avg_at_k" if "avg_at_k" in points[0] else "mean_reward"
+    name = "avg@k" if key == "avg_at_k" else "mean reward"
+    first, last = points[0], points[-1]
+    return (
+        f"held-out {name} (eval.every): {first[key]:.3f} (step {first['step']}) -> {last[key]:.3f} "
+        f"(step {last['step']}) over {len(points)} evaluations"
+    )
 
 
 def _health_line(h: dict) -> str:
@@ -376,6 +436,14 @@ def _health_line(h: dict) -> str:
     )
 
 
+def _launches_note(rows: list[dict]) -> str:
+    """How a resumed run's wall splits over its launches ("" for a run of one launch)."""
+    if len(rows) < 2:
+        return ""
+    parts = [f"{r['wall_s']:.1f} s (steps {r['steps'][0]}-{r['steps'][1]})" for r in rows if r.get("wall_s")]
+    return f" over {len(rows)} launches: " + " + ".join(parts)
+
+
 def _print_summary(s: dict, run_dir: Path, report: Path | None) -> None:
     def fmt(v, spec=".3f"):
         return format(v, spec) if isinstance(v, (int, float)) and v is not None else str(v)
@@ -384,13 +452,15 @@ def _print_summary(s: dict, run_dir: Path, report: Path | None) -> None:
         "",
         "=== rz train: summary ===",
         f"reward (mean of first/last steps): {fmt(s['reward_start'])} -> {fmt(s['reward_end'])}",
-        f"steps: {s['steps']}   wall: {fmt(s['wall_s'], '.1f')} s (RL {fmt(s['rl_wall_s'], '.1f')} s)",
+        f"steps: {s['steps']}   wall: {fmt(s['wall_s'], '.1f')} s (RL {fmt(s['rl_wall_s'], '.1f')} s)"
+        + _launches_note(s.get("launches") or []),
         f"max policy lag reached: {s['max_lag_seen']} (bound {s['max_lag_allowed']})",
         f"lag-0 max |dlogp|: {s['lag0_max_abs_dlogp']} over {s['lag0_tokens_checked']} tokens "
         f"({'bit-identical' if s['lag0_max_abs_dlogp'] == 0.0 else 'NOT bit-identical'}, "
         f"kernels={s['kernels']})"
         if s["lag0_max_abs_dlogp"] is not None
         else "lag-0 max |dlogp|: no lag-0 token was trained, none checked",
+        _eval_summary_line(s.get("eval")),
         f"generated tokens/s: {fmt(s['generated_tokens_per_s'], ',.0f')}",
         episode_line(s.get("episodes")),
         _health_line(s.get("health") or {}),
@@ -399,4 +469,6 @@ def _print_summary(s: dict, run_dir: Path, report: Path | None) -> None:
     ]
     if report:
         lines.append(f"report: {report}")
+    lines = [line for line in lines if line is not None]
     print("\n".join(lines), flush=True)
+    logging.getLogger(__name__).info("\n".join(lines[1:]))  # rz.log ends with the summary too

@@ -26,6 +26,7 @@ import logging
 import pkgutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import gymnasium
@@ -88,6 +89,21 @@ def _missing_module_hint(module_name: str) -> str:
     return _did_you_mean(leaf, [m.name for m in pkgutil.iter_modules()], cutoff=MODULE_CUTOFF)
 
 
+def _working_directory_hint(module_name: str) -> str:
+    """The hint for a module that lies in the working directory, which the ``rz`` command does not put on
+    sys.path (``python -m`` does): env workers in other processes must find it too, so say how."""
+    top = module_name.partition(".")[0]
+    cwd = Path.cwd()
+    if not ((cwd / top / "__init__.py").is_file() or (cwd / f"{top}.py").is_file()):
+        return ""
+    if importlib.util.find_spec(top) is not None:
+        return ""  # the package is importable (from elsewhere, or the path has the directory): not the cause
+    return (
+        f" (it is in the working directory {cwd}, which is not on the import path: run "
+        f"`PYTHONPATH=. rz ...`, or `pip install -e .` your package)"
+    )
+
+
 def import_module(module_name: str, where: str) -> Any:
     """Import ``module_name`` for the config field ``where``; ValueError naming the field and the cause."""
     try:
@@ -95,7 +111,8 @@ def import_module(module_name: str, where: str) -> Any:
     except (ModuleNotFoundError, ValueError):  # a parent package is missing
         found = False
     if not found:
-        raise ValueError(f"{where}: no module named {module_name!r}{_missing_module_hint(module_name)}")
+        hint = _working_directory_hint(module_name) or _missing_module_hint(module_name)
+        raise ValueError(f"{where}: no module named {module_name!r}{hint}")
     try:
         return importlib.import_module(module_name)
     except Exception as exc:

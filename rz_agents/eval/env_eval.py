@@ -53,11 +53,11 @@ class EnvEvalConfig:
         """Raise ValueError naming the bad field."""
         for name in ("k", "max_running"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"eval.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("num_tasks", "limit"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+                raise ValueError(f"eval.{name} must be >= 1, got {value}")
 
 
 OnSample = Callable[[int, dict[str, Any]], None]
@@ -69,14 +69,14 @@ def eval_tasks(run_cfg, config: EnvEvalConfig) -> list[dict[str, Any] | None]:
     from rz_agents.envs.tasks import load_tasks
 
     if config.tasks is not None:
-        tasks: list[dict[str, Any] | None] | None = load_tasks(config.tasks, "--tasks")
+        tasks: list[dict[str, Any] | None] | None = load_tasks(config.tasks, "eval.tasks")
     else:
         tasks = load_tasks(run_cfg.env.eval_tasks, "env.eval_tasks")
     if tasks is None:
         if not config.num_tasks:
             raise ValueError(
-                "no eval tasks: set env.eval_tasks in the config, or pass --tasks FILE (JSONL/JSON/Parquet), "
-                "or --num-tasks N to let the env draw N tasks itself"
+                "no eval tasks: set eval.num_tasks: N (the env draws N tasks itself), or eval.tasks / "
+                "env.eval_tasks (a list, a JSONL/JSON/Parquet file or a packaged name)"
             )
         tasks = [None] * config.num_tasks
     return tasks[: config.limit] if config.limit else tasks
@@ -94,18 +94,17 @@ def run_env_eval(
     run_cfg,
     config: EnvEvalConfig,
     policy: CheckpointPolicy,
+    plan,
+    make_env: Callable[[], Any],
     on_sample: OnSample | None = None,
     engine: Engine | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``policy`` on ``run_cfg``'s env (a validated training config; sampling, threads and turn limit
-    are its plan's unless ``config`` sets them); returns the results dict."""
-    from rz_agents.runtime.config import TrainConfig
-    from rz_agents.runtime.factories import run_env_factory
-
+    """Evaluate ``policy`` on ``run_cfg``'s env (a training config and ``plan``, what its validation decided:
+    sampling, threads and turn limit are the plan's unless ``config`` sets them; ``make_env``: the run's env
+    factory, from the runtime: this module imports nothing of rz_agents.runtime); returns the results
+    dict."""
     config.validate()
-    plan = TrainConfig.validate(run_cfg)  # the run schema's checks, and what it decides
     tasks = eval_tasks(run_cfg, config)
-    make_env = run_env_factory(run_cfg, plan)
     r, s = run_cfg.rollout, plan.sampling
     sampling = SamplingParams(
         temperature=s.temperature if config.temperature is None else config.temperature,

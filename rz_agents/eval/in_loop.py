@@ -131,18 +131,16 @@ def _env_plan(every: int, rest: dict[str, Any], run_cfg) -> LoopEvalPlan:
 
 class LoopEvaluator:
     """Runs a ``LoopEvalPlan`` on the training engine (``engine``, ``template``, ``tokenizer``: the
-    controller's), from inside the training loop's event loop. ``sampling`` and ``max_turns``: the run plan's
-    (the controller's), so nothing is resolved again here."""
+    controller's), from inside the training loop's event loop. ``sampling``: the run plan's (the
+    controller's), so nothing is resolved again here; ``make_env``: the run's env factory (the runtime's:
+    this module imports nothing of rz_agents.runtime)."""
 
-    def __init__(
-        self, plan: LoopEvalPlan, run_cfg, engine, template, tokenizer, sampling, max_turns: int
-    ) -> None:
+    def __init__(self, plan: LoopEvalPlan, run_cfg, engine, template, tokenizer, sampling, make_env) -> None:
         from rz_agents.eval.checkpoint_policy import CheckpointPolicy
 
         self.plan, self.run_cfg, self.engine = plan, run_cfg, engine
-        self.sampling, self.max_turns = sampling, max_turns
+        self.sampling, self._make_env = sampling, make_env
         self.policy = CheckpointPolicy(model=None, tokenizer=tokenizer, template=template, name="in training")
-        self._make_env = None
 
     def due(self, steps_done: int, total_steps: int) -> bool:
         """Whether to evaluate after ``steps_done`` learner steps: every ``every`` steps, and after the
@@ -175,11 +173,8 @@ class LoopEvaluator:
         from rz_agents.agents import episode_runner
         from rz_agents.engine import SamplingParams
         from rz_agents.eval.env_eval import run_samples, summarize
-        from rz_agents.runtime.factories import env_factory
 
         config, sampling = self.plan.env, self.sampling
-        if self._make_env is None:
-            self._make_env = env_factory(self.run_cfg.env, tuple(self.run_cfg.imports), self.max_turns)
         params = SamplingParams(
             temperature=sampling.temperature if config.temperature is None else config.temperature,
             top_k=sampling.top_k if config.top_k is None else config.top_k,

@@ -125,6 +125,10 @@ def run_math_eval(
     }
 
 
+class PromptTooLong(ValueError):
+    """A problem's prompt does not fit the model's positions: nothing could be measured."""
+
+
 async def run_problems(
     config: MathEvalConfig,
     policy: CheckpointPolicy,
@@ -175,7 +179,17 @@ async def _run_direct(
         tpl.encode_prompt(tok, direct_messages(t["question"], config), enable_thinking=config.thinking)
         for t in tasks
     ]
-    engine = engine or _engine(config, policy, max(map(len, prompts)) + config.max_tokens + 1)
+    positions = policy.model.config.max_position_embeddings if engine is None else None
+    longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+    if positions is not None and len(prompts[longest]) >= positions:
+        raise PromptTooLong(
+            f"{config.benchmark}: problem {tasks[longest]['id']}'s prompt has {len(prompts[longest])} tokens "
+            f"but the model reads at most {positions} (max_position_embeddings): no sample could be scored; "
+            "evaluate a model with more positions, or a benchmark of shorter problems"
+        )
+    # answers stop at the model's last position (finish "length") rather than failing past it
+    max_len = len(prompts[longest]) + config.max_tokens + 1
+    engine = engine or _engine(config, policy, min(max_len, positions or max_len))
     stops = tuple(tpl.stop_token_ids(tok))
     base = replace(_sampling(config), stop_token_ids=stops)
 

@@ -94,6 +94,9 @@ class MathEvalConfig:
 # Keys of the eval section that only the training loop reads (rz_agents/eval/in_loop.py): rz eval ignores
 # them.
 IN_LOOP_KEYS = ("every",)
+# an env evaluation's own keys (EnvEvalConfig): a section without a benchmark is the run's env evaluation,
+# and `rz eval RUN/config.yaml --benchmark NAME` reads the settings the two share from it (k, temperature...)
+ENV_ONLY_KEYS = ("tasks", "num_tasks", "success_threshold")
 
 
 def load_eval_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> MathEvalConfig:
@@ -111,7 +114,8 @@ def load_eval_config(path: str | Path | None, overrides: dict[str, Any] | None =
         data = doc.get("eval") or {}
         if not isinstance(data, dict):
             raise ConfigError(f"eval: expected a mapping, got {data!r}")
-    data = rename_fields(MathEvalConfig, {k: v for k, v in data.items() if k not in IN_LOOP_KEYS}, "eval")
+    skip = IN_LOOP_KEYS if data.get("benchmark") else (*IN_LOOP_KEYS, *ENV_ONLY_KEYS)
+    data = rename_fields(MathEvalConfig, {k: v for k, v in data.items() if k not in skip}, "eval")
     data = {**data, **{k: v for k, v in (overrides or {}).items() if v is not None}}
     config = from_dict(MathEvalConfig, data, "eval")
     config.validate()

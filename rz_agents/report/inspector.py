@@ -103,7 +103,7 @@ def write_inspector(run_dir: str | Path) -> Path | None:
     files = sorted((run / "inspect").glob("step_*.json"))
     if not files:
         return None
-    records = [json.loads(f.read_text()) for f in files]
+    records = sorted((json.loads(f.read_text()) for f in files), key=lambda r: r["step"])
     legend = (
         '<div class="legend">policy tokens shaded by IS weight: '
         f'<span class="tok" style="background:{_shade(0.0)};border:1px solid #ccc">exactly 1</span>'
@@ -119,9 +119,11 @@ def write_inspector(run_dir: str | Path) -> Path | None:
         f"<style>{STYLE}</style></head><body>",
         f"<h1>Trajectory inspector: {html.escape(run.name)}</h1>",
         legend,
-        "<p>steps: " + " ".join(f"<a href='#step{r['step']}'>{r['step']}</a>" for r in records) + "</p>",
+        "<p>steps (the last shown first): "
+        + " ".join(f"<a href='#step{r['step']}'>{r['step']}</a>" for r in records)
+        + "</p>",
     ]
-    for record in records:
+    for record in reversed(records):  # the last step first: the page opens on the trained policy
         parts.append(
             f"<h2 id='step{record['step']}'>Learner step {record['step']} (version {record['version']})</h2>"
         )
@@ -129,7 +131,9 @@ def write_inspector(run_dir: str | Path) -> Path | None:
         groups: dict[str, list[tuple[int, dict]]] = {}
         for i, ep in enumerate(record["episodes"]):
             groups.setdefault(str(ep["group_id"]), []).append((i, ep))
-        for n, (group, members) in enumerate(groups.items()):
+        # groups that taught something (an episode with non-zero advantage) first; uniform ones after
+        ordered = sorted(groups.items(), key=lambda g: not any(ep["advantage"] for _, ep in g[1]))
+        for n, (group, members) in enumerate(ordered):
             rewards = ", ".join(fmt_number(ep["reward"]) for _, ep in members)
             opened = " open" if n == 0 else ""
             parts.append(f"<details{opened}><summary>group {html.escape(group)}: rewards {rewards}</summary>")

@@ -11,8 +11,10 @@ import html
 import json
 from pathlib import Path
 
+import yaml
+
 from rz_agents.report.inspector import write_inspector
-from rz_agents.report.tables import value_html
+from rz_agents.report.tables import fmt_number, value_html
 from rz_agents.trainer.metrics import staleness_histogram
 
 _LAG_BUCKETS = [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 127), (128, 255)]
@@ -174,6 +176,54 @@ def _plot_staleness_hist(rows: list[dict], out: Path) -> bool:
     return True
 
 
+# what each panel looks like on a healthy run (one sentence each, shown under its plot)
+HEALTHY: dict[str, str] = {
+    "reward": "Healthy: the reward rises (noisily) over the steps; flat at 0 or at 1 leaves nothing to "
+    "learn from.",
+    "eval": "Healthy: the held-out avg@k rises with the training reward; a training reward rising alone is "
+    "memorization.",
+    "lag": "Healthy: lag_max stays at or under the run's max_lag bound (it is enforced), and lag_mean low.",
+    "is_weight": "Healthy: the mean stays near 1 and p99 within a few units; a max in the hundreds is a "
+    "policy far from the one that sampled.",
+    "dlogp": "Healthy (aligned kernels): exactly 0 at every step: engine and trainer compute the same "
+    "log-probs bit for bit.",
+    "kl": "Healthy: near 0 (well under 0.1); a climbing KL means the samples are going stale.",
+    "deviation": "Healthy: a flat line; spikes mark steps whose weights strayed from the rest.",
+    "health": "Healthy: ESS/n near 1 (over 0.3) and KL k3 small (under 0.5); the alarm fires past either.",
+    "ess_by_lag": "Healthy: ESS/n high at every lag; a drop at high lags says max_lag is too loose.",
+    "staleness": "Healthy: low and steady; a rising oldest-token lag means the rollouts fall behind.",
+    "admission": "Healthy: steady; the governor lowers the bound when staleness hurts.",
+    "throughput": "Healthy: steady after the first steps; a fall is contention or longer episodes.",
+}
+
+
+def _launches_html(rows: list[dict]) -> str:
+    """One row per `rz train` launch of the run (a stopped run resumed is one run)."""
+    head = (
+        "<tr><th>launch</th><th>started</th><th>steps</th><th>wall (s)</th><th>RL (s)</th>"
+        "<th>warm start (s)</th><th>stopped by</th></tr>"
+    )
+    body = "".join(
+        f"<tr><td>{i + 1}</td><td>{html.escape(str(r.get('started') or '—'))}</td>"
+        f"<td>{r['steps'][0]} → {r['steps'][1]}</td><td>{fmt_number(r.get('wall_s'))}</td>"
+        f"<td>{fmt_number(r.get('rl_wall_s'))}</td><td>{fmt_number(r.get('warm_start_s'))}</td>"
+        f"<td>{html.escape(str(r.get('stopped_by') or '—'))}</td></tr>"
+        for i, r in enumerate(rows)
+    )
+    return f"<h2>Launches</h2><table>{head}{body}</table>"
+
+
+def summary_k(run: Path) -> int | None:
+    """The k of the run's in-loop evaluation (its config.yaml's eval.k), for the eval panel's title."""
+    try:
+        doc = yaml.safe_load((run / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    section = doc.get("eval") if isinstance(doc, dict) else None
+    k = section.get("k") if isinstance(section, dict) else None
+    return k if isinstance(k, int) else None
+
+
 def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
     """Write <run_dir>/plots/*.png, <run_dir>/report.html and, when steps were recorded for it,
     <run_dir>/inspector.html; return the report's path."""
@@ -182,14 +232,17 @@ def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
     plots = run / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     images = []
+    eval_k = summary_k(run)
     for name, title, keys in PANELS:
         out = plots / f"{name}.png"
+        if name == "eval" and eval_k is not None:
+            title = f"{title} (k={eval_k})"
         if _plot_panel(rows, title, keys, out):
-            images.append((title, out))
+            images.append((title, out, HEALTHY.get(name, "")))
     if _plot_staleness_hist(rows, plots / "staleness_hist.png"):
-        images.append(("Staleness histogram over the run", plots / "staleness_hist.png"))
+        images.append(("Staleness histogram over the run", plots / "staleness_hist.png", ""))
     if _plot_time_split(rows, plots / "time_split.png"):
-        images.append(("Step time split", plots / "time_split.png"))
+        images.append(("Step time split", plots / "time_split.png", ""))
     if summary is None and (run / "summary.json").is_file():
         summary = json.loads((run / "summary.json").read_text())
     parts = [
@@ -211,17 +264,23 @@ def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
             f"<p style='color:#b00;font-weight:bold'>Health alarm from step {a['step']}: "
             f"{html.escape(a['reason'])}. {html.escape(health['advice'])}</p>"
         )
-    if summary:
-        parts.append("<h2>Summary</h2>" + value_html(summary))
     parts.append("<h2>Plots</h2>")
-    for title, path in images:
+    for title, path, healthy in images:
         data = base64.b64encode(path.read_bytes()).decode()
         parts.append(
             f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' "
             f"src='data:image/png;base64,{data}'>"
+            + (f"<p><i>{html.escape(healthy)}</i></p>" if healthy else "")
         )
     if not images:
         parts.append("<p>No metrics to plot yet.</p>")
+    launches = (summary or {}).get("launches") or []
+    if len(launches) > 1:
+        parts.append(_launches_html(launches))
+    if summary:  # every figure, folded: the plots above are what a reader looks at first
+        parts.append(
+            "<details><summary><b>Summary</b> (summary.json)</summary>" + value_html(summary) + "</details>"
+        )
     parts.append("</body></html>")
     out = run / "report.html"
     out.write_text("\n".join(parts))

@@ -52,7 +52,7 @@ class RolloutConfig:
 
     group_size: int = 4  # G samples per prompt
     groups_per_batch: int = 4  # groups per learner step
-    max_concurrent_episodes: int = 16  # N
+    max_concurrent_episodes: int = 16  # N: the most episodes in flight at once
     limits: EpisodeLimits = field(default_factory=EpisodeLimits)
     seed: int = 0
     # Stop the run (RolloutFailure) after this many episodes in a row failed: a broken env or a prompt that

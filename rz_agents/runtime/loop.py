@@ -25,6 +25,7 @@ from rz_agents.eval.in_loop import LoopEvaluator, plan_loop_eval
 from rz_agents.rollout.checkpoint_cut import InconsistentCheckpoint, check_consistent_cut, upgrade_state
 from rz_agents.rollout.controller import RolloutController
 from rz_agents.runtime.config import TrainConfig
+from rz_agents.runtime.factories import env_factory
 from rz_agents.runtime.fixed_lag import WeightHistory
 from rz_agents.runtime.loop_runtime import LoopRuntime
 from rz_agents.runtime.memory import rss_bytes, trim_heap
@@ -75,7 +76,8 @@ class TrainLoop:
                 controller.template,
                 controller.tokenizer,
                 controller.sampling,
-                controller.cfg.limits.max_turns,
+                # the run's env, built here: eval/ imports nothing of runtime/ (one direction)
+                env_factory(cfg.env, tuple(cfg.imports), controller.cfg.limits.max_turns),
             )  # fmt: skip
             if eval_plan is not None
             else None

@@ -123,7 +123,8 @@ def test_no_eval_tasks_is_one_error_line_naming_the_fixes(run_dir, capsys):
     path.write_text(RUN.format(tasks="null"))
     assert main(["eval", str(path), "--checkpoint", str(run_dir / "final_model"), *FAST]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("rz eval: error: no eval tasks: set env.eval_tasks") and "\n" not in err
+    assert err.startswith("rz eval: error: no eval tasks: set eval.num_tasks: N") and "\n" not in err
+    assert "env.eval_tasks" in err and err.endswith("(or pass --tasks FILE / --num-tasks N)")
     assert (
         main(["eval", str(path), "--checkpoint", str(run_dir / "final_model"), "--num-tasks", "2", *FAST])
         == 0

@@ -140,3 +140,15 @@ def test_a_vision_language_episode_is_scored_with_its_images_as_the_learner_scor
     assert learner == trajectory_logprobs(model, [_trajectory(tokens, [png])], {})[0].tolist()
     # control: the same tokens without the image (what the inspector scored before) give other numbers
     assert learner != packed_token_logprobs(model, [tokens])[0].tolist()
+
+
+def test_inspector_opens_on_the_last_step_with_groups_that_taught_something_first(tmp_path):
+    uniform, taught = [_episode(5, 1.0, 0.0, 0.0, 0)] * 2, [_episode(6, 1.0, 0.5, 0.0, 0)]
+    for step in (2, 10):  # (step_10.json sorts before step_2.json by name)
+        write_step_record(
+            tmp_path / "inspect", step, {"version": step, "max_lag": 1, "episodes": uniform + taught}
+        )
+    text = write_inspector(tmp_path).read_text()
+    assert text.index("Learner step 10") < text.index("Learner step 2")
+    last = text[text.index("Learner step 10") : text.index("Learner step 2")]
+    assert last.index("<details open><summary>group 6") < last.index("<details><summary>group 5")

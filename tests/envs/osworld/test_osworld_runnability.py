@@ -288,6 +288,14 @@ def test_setup_package_installs_count_when_installed_here(monkeypatch):
     import rz_agents.envs.osworld.runnability as runnability
 
     monkeypatch.setattr(runnability, "installed_packages", lambda: ("unzip", "xsel"))
+    # the host these packages are installed on has their programs (not this one: the default install has no
+    # xsel, an --osworld-apps program)
+    real = shutil.which
+    monkeypatch.setattr(
+        shutil,
+        "which",
+        lambda name, *a, **k: f"/usr/bin/{name}" if name in ("unzip", "xsel") else real(name, *a, **k),
+    )
 
     def setup(command):
         return _task(config=[{"type": "execute", "parameters": {"command": command, "shell": True}}])
@@ -371,7 +379,10 @@ def test_tasks_that_cannot_score_offline_name_why_in_their_own_domain_only():
     raw = {"id": task_id, "instruction": "i", "related_apps": [],
            "evaluator": {"func": "exact_match", "result": RULE, "expected": RULE}}  # fmt: skip
     assert (category, detail) in check_task(parse_task({**raw, "snapshot": domain}), "/x").reasons
-    assert check_task(parse_task({**raw, "snapshot": "thunderbird"}), "/x").runnable
+    # in another domain the same id is not blocked (whether that domain's app is installed here is apart)
+    other = check_task(parse_task({**raw, "snapshot": "thunderbird"}), "/x").reasons
+    assert (category, detail) not in other
+    assert all(c == "app not installed" for c, _ in other), other
 
 
 def test_tasks_that_need_root_name_it():
