@@ -90,7 +90,10 @@ def test_an_env_evaluation_of_an_openai_agent_run_runs_the_agent_on_sessions_not
     try:
         policy = CheckpointPolicy(run.model, run.tokenizer, run.template, "random")
         config = EnvEvalConfig(checkpoint="random", num_tasks=2, k=2, num_threads=1, save_text=False)
-        result = run_env_eval(cfg, config, policy, engine=run.engine)
+        from rz_agents.runtime.factories import run_env_factory
+
+        plan = run.plan
+        result = run_env_eval(cfg, config, policy, plan, run_env_factory(cfg, plan), engine=run.engine)
         opened = dict(_ENDPOINTS[run.engine][1].server.sessions.counters)["sessions_opened"]
     finally:
         run.close()
