@@ -25,14 +25,12 @@ from torch.utils.checkpoint import checkpoint
 
 from rz_agents.model.kv_cache import CacheView
 from rz_agents.model.logprobs import token_logprobs
-from rz_agents.model.mrope import mrope_positions, mrope_table
+from rz_agents.model.mrope import ImagePositions, mrope_positions, mrope_table
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
-from rz_agents.model.rope_scaling import rope_table
 from rz_agents.model.transformer import (
     DecoderStack,
     Transformer,
     _Context,
-    _linear,
     flat_stream,
     in_token_shape,
 )
@@ -56,20 +54,10 @@ class Qwen3VLModel(Transformer):
     `vl_config` the whole model's."""
 
     def __init__(self, config: Qwen3VLConfig, kernels: str = "aligned", init: bool = True) -> None:
-        nn.Module.__init__(self)
-        get_ops(kernels)  # reject an unknown name now
+        get_ops(kernels)  # reject an unknown name before building the tower
+        # the decoder's Transformer (its config: the text part) over the tower + language model stack
+        super().__init__(config.text, kernels, init, stack=_VisionLanguageStack(config))
         self.vl_config = config
-        self.config = config.text
-        self.kernels = kernels
-        self.model = _VisionLanguageStack(config)
-        self.lm_head = _linear(config.text.hidden_size, config.text.vocab_size)
-        if config.text.tie_word_embeddings:
-            self.lm_head.weight = self.model.language_model.embed_tokens.weight
-        self.rope = rope_table(config.text)
-        self.fused_projections = False
-        if init:
-            self.reset_parameters()
-        self.to(config.text.torch_dtype)
 
     @property
     def visual(self) -> VisionTower:
@@ -77,6 +65,42 @@ class Qwen3VLModel(Transformer):
 
     def hf_config(self) -> dict:
         return self.vl_config.to_hf()
+
+    # ---- the forward contract's image inputs (Transformer's, for a model that takes them) -------------
+    takes_images = True
+
+    def image_positions(self, prompt: list[int], grids: torch.Tensor) -> ImagePositions:
+        """Transformer.image_positions: M-RoPE positions of the prompt, its ``<|image_pad|>`` slots, and
+        t*h*w / merge^2 placeholders per image."""
+        merge = self.vl_config.vision.spatial_merge_size
+        token = self.vl_config.image_token_id
+        rope, delta = mrope_positions(prompt, grids.tolist(), token, merge)
+        slots = torch.tensor([i for i, t in enumerate(prompt) if t == token])
+        counts = [int(t * h * w) // merge**2 for t, h, w in grids.tolist()]
+        return ImagePositions(rope, delta, slots, counts)
+
+    def image_row_bytes(self) -> int:
+        """Transformer.image_row_bytes: a placeholder's embedding row and its deepstack rows."""
+        vl = self.vl_config
+        row = vl.text.hidden_size * (1 + len(vl.vision.deepstack_visual_indexes))
+        return row * self.lm_head.weight.element_size()
+
+    def token_names(self) -> dict[int, str]:
+        """Transformer.token_names: the vision placeholders' (``<|vision_start|>``, ``<|image_pad|>``)."""
+        return self.vl_config.vision_token_names()
+
+    def scored_sequence(self, tokens: list[int], images: list[bytes], loss_mask: list) -> VLSequence:
+        """Transformer.scored_sequence: the trajectory's images preprocessed as the rollout's template did
+        for the engine (``png_image_inputs``), its placeholders the template's (not sampled) ones: a sampled
+        ``<|image_pad|>`` is an ordinary token to the engine, and so to the learner."""
+        if not images:
+            return VLSequence(tokens)
+        from rz_agents.model.vl_processor import png_image_inputs
+
+        pixels, grids = png_image_inputs(images, self.vl_config.vision)
+        ids = torch.as_tensor(tokens, dtype=torch.long)
+        marks = (ids == self.vl_config.image_token_id) & ~torch.as_tensor(loss_mask, dtype=torch.bool)
+        return VLSequence(tokens, grids, pixels, placeholders=marks)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.language_model.embed_tokens

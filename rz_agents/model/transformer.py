@@ -26,6 +26,7 @@ from rz_agents.model.config import ModelConfig
 from rz_agents.model.fused import FusedLinears, project
 from rz_agents.model.kv_cache import PAGE_SIZE, CacheView
 from rz_agents.model.lora import linear as adapted_linear
+from rz_agents.model.mrope import ImagePositions
 from rz_agents.model.rope_scaling import rope_table
 from rz_kernels import ALIGNED, OpSet, get_ops
 from rz_kernels.attention import KEY_BLOCK, verify_attention
@@ -268,15 +269,19 @@ def in_token_shape(hidden: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 class Transformer(nn.Module):
     """Causal LM. `forward` returns final hidden states; `logits` applies the LM head in fp32."""
 
-    def __init__(self, config: ModelConfig, kernels: str = "aligned", init: bool = True) -> None:
+    def __init__(
+        self, config: ModelConfig, kernels: str = "aligned", init: bool = True, stack: nn.Module | None = None
+    ) -> None:
+        """``stack``: the layers below the LM head (None: a ``DecoderStack`` of ``config``; Qwen3VLModel
+        passes its vision tower + language model)."""
         super().__init__()
         self.config = config
         get_ops(kernels)  # reject an unknown name now
         self.kernels = kernels
-        self.model = DecoderStack(config)
+        self.model = DecoderStack(config) if stack is None else stack
         self.lm_head = _linear(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.weight = self.get_input_embeddings().weight
         self.rope = rope_table(config)  # default or YaRN frequencies over config.rope_dim
         self.fused_projections = False
         if init:  # init=False leaves parameters for the caller to fill (checkpoint loading)
@@ -333,6 +338,31 @@ class Transformer(nn.Module):
     def hf_config(self) -> dict:
         """The HF config.json dict of this model (checkpoint saving)."""
         return self.config.to_hf()
+
+    # ---- the forward contract's image inputs -----------------------------------------------------------
+    # ``forward`` takes tokens, positions, seq ids and a cache, plus optional ``rope_positions`` and image
+    # inputs (``images``, ``image_slots``). Only a model that takes images (Qwen3VLModel) accepts the
+    # latter; it says so here and answers what its callers need of them, so the engine and the learner ask
+    # the model, never its config.
+    takes_images = False
+
+    def image_positions(self, prompt: list[int], grids: torch.Tensor) -> ImagePositions:
+        """Where ``prompt``'s image placeholders are and how its tokens rotate (images with ``grids``).
+        A text model has no images: ValueError."""
+        raise ValueError("images need a vision-language model (Qwen3-VL); this model has none")
+
+    def image_row_bytes(self) -> int:
+        """Bytes of one image placeholder's encoding (0: a model without a vision tower)."""
+        return 0
+
+    def token_names(self) -> dict[int, str]:
+        """Names for ids this model gives a meaning a tokenizer may not know (empty for a text model)."""
+        return {}
+
+    def scored_sequence(self, tokens: list[int], images: list[bytes], loss_mask: list) -> object:
+        """The learner's packed-forward input for a trajectory with ``images`` (PNG bytes). A text model
+        takes none: ValueError."""
+        raise ValueError("trajectories carry images but the model has no vision tower")
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens

@@ -23,22 +23,11 @@ def trajectory_logprobs(
 ) -> list[torch.Tensor]:
     """fp32 [len-1] log-probs of tokens[1:] of each trajectory under ``scoring`` (the sampling distribution's
     temperature / top_k / top_p), from one packed forward."""
-    if getattr(model, "vl_config", None) is None:
+    if not model.takes_images:  # (the forward contract: model/transformer.py)
         if any(t.images for t in trajs):
             raise ValueError("trajectories carry images but the model has no vision tower")
         return packed_token_logprobs(model, [t.tokens for t in trajs], **scoring)
-    from rz_agents.model.qwen3_vl import VLSequence, packed_logprobs
-    from rz_agents.model.vl_processor import png_image_inputs
+    from rz_agents.model.qwen3_vl import packed_logprobs
 
-    vision = model.vl_config.vision
-    seqs = []
-    for t in trajs:
-        if t.images:
-            pixels, grids = png_image_inputs(t.images, vision)
-            ids = torch.as_tensor(t.tokens, dtype=torch.long)
-            # the template's placeholders: a sampled <|image_pad|> is an ordinary token (as to the engine)
-            marks = (ids == model.vl_config.image_token_id) & ~torch.as_tensor(t.loss_mask, dtype=torch.bool)
-            seqs.append(VLSequence(t.tokens, grids, pixels, placeholders=marks))
-        else:
-            seqs.append(VLSequence(t.tokens))
+    seqs = [model.scored_sequence(t.tokens, t.images, t.loss_mask) for t in trajs]
     return packed_logprobs(model, seqs, **scoring)
