@@ -23,11 +23,7 @@ def trajectory_logprobs(
 ) -> list[torch.Tensor]:
     """fp32 [len-1] log-probs of tokens[1:] of each trajectory under ``scoring`` (the sampling distribution's
     temperature / top_k / top_p), from one packed forward."""
-    if not model.takes_images:  # (the forward contract: model/transformer.py)
-        if any(t.images for t in trajs):
-            raise ValueError("trajectories carry images but the model has no vision tower")
-        return packed_token_logprobs(model, [t.tokens for t in trajs], **scoring)
-    from rz_agents.model.qwen3_vl import packed_logprobs
-
+    # the model turns each trajectory into what the packer takes (its images too, for a model that takes
+    # them; a text model refuses images): the forward contract, model/transformer.py
     seqs = [model.scored_sequence(t.tokens, t.images, t.loss_mask) for t in trajs]
-    return packed_logprobs(model, seqs, **scoring)
+    return packed_token_logprobs(model, seqs, **scoring)
