@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 
-from rz_agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+from rz_agents.model.checkpoint import save_hf_checkpoint
 from rz_agents.model.lora import has_lora, merge_into_base
-from rz_agents.model.peft_files import load_peft_adapter
+from rz_agents.model.policy import PolicySpec, build_policy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,9 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out")
     parser.add_argument("--adapter", help="a PEFT adapter directory (default: CHECKPOINT/lora_adapter)")
     args = parser.parse_args(argv)
-    model = load_hf_checkpoint(args.checkpoint)
-    if args.adapter:
-        load_peft_adapter(model, args.adapter)
+    model = build_policy(PolicySpec(checkpoint=args.checkpoint, adapter=args.adapter))
     if not has_lora(model):
         parser.error(f"{args.checkpoint} has no lora_adapter/ and no --adapter was given: nothing to merge")
     merge_into_base(model)

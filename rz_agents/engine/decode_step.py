@@ -102,7 +102,7 @@ class DecodeStep:
         self.buckets = decode_buckets(max_batch)
         # A vision-language model (Qwen3-VL) rotates a decoded text token by index + its sequence's M-RoPE
         # delta on all three axes: one more int64 row per token, fed as ``text_rope_positions``.
-        self.multimodal = getattr(model, "vl_config", None) is not None
+        self.multimodal = model.takes_images
         self.rows_per_token = 4 if self.multimodal else 3
         self._buffers: dict[int, StepBuffers] = {}
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) or width * PAGE_SIZE

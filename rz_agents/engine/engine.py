@@ -150,12 +150,11 @@ class RZEngine:
         loop = asyncio.get_running_loop()
         seq = Sequence(prompt, params)
         if images is not None:
-            vl_config = getattr(self.model, "vl_config", None)
-            if vl_config is None:
+            if not self.model.takes_images:
                 raise ValueError(
                     "images need a vision-language model (Qwen3-VL); this engine's model has none"
                 )
-            seq.images = SequenceImages(prompt, images, vl_config)
+            seq.images = SequenceImages(prompt, images, self.model)
             self._check_image_bytes(seq.images)
         if on_start is not None:
             on_start(seq)
@@ -242,7 +241,7 @@ class RZEngine:
             "images_reused": self.runner.images_reused,
             "images_prefix_reused": self.scheduler.images_prefix_reused,  # their K/V reused: not even read
             # a vision-language model's encoded images (engine/images.py)
-            **(self.runner.image_cache.stats() if getattr(self.model, "vl_config", None) is not None else {}),
+            **(self.runner.image_cache.stats() if self.model.takes_images else {}),
             **self.counters,
         }
 
@@ -254,9 +253,7 @@ class RZEngine:
     # -- request checks -------------------------------------------------------------------------
     def _check_image_bytes(self, images: SequenceImages) -> None:
         """Refuse a request with an image whose encoding alone exceeds engine.image_cache_bytes."""
-        vl = self.model.vl_config
-        row = vl.text.hidden_size * (1 + len(vl.vision.deepstack_visual_indexes))
-        size = row * self.model.lm_head.weight.element_size()
+        size = self.model.image_row_bytes()
         counts = [b - a for a, b in zip(images.token_rows[:-1], images.token_rows[1:], strict=True)]
         for i, n in enumerate(counts):
             if n * size > self.config.image_cache_bytes:

@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rz_agents.model.mrope import mrope_positions
-
 
 @dataclass
 class ImagePrompt:
@@ -41,7 +39,9 @@ class ImagePrompt:
 class SequenceImages:
     """One sequence's images: 3D positions of its prompt, its placeholders, its (lazily) encoded images."""
 
-    def __init__(self, prompt: list[int], request: ImagePrompt, vl_config) -> None:
+    def __init__(self, prompt: list[int], request: ImagePrompt, model: torch.nn.Module) -> None:
+        """``model``: the engine's (``Transformer.image_positions`` lays the prompt's images out; a model
+        that takes none raises ValueError)."""
         grids = torch.as_tensor(request.image_grid_thw, dtype=torch.long).reshape(-1, 3)
         patches = int(grids.prod(-1).sum())
         pixels = request.pixel_values
@@ -59,12 +59,11 @@ class SequenceImages:
             image_key(pixels[a:b], g)
             for a, b, g in zip(self.pixel_rows[:-1], self.pixel_rows[1:], grids, strict=True)
         ]
-        merge = vl_config.vision.spatial_merge_size
-        self.rope, self.delta = mrope_positions(prompt, grids.tolist(), vl_config.image_token_id, merge)
-        self.slots = torch.tensor([i for i, t in enumerate(prompt) if t == vl_config.image_token_id])
+        layout = model.image_positions(prompt, grids)
+        self.rope, self.delta, self.slots = layout.rope, layout.delta, layout.slots
         self.prompt_len = len(prompt)
         # placeholder rows of image i: token_rows[i]..token_rows[i + 1] - 1 (merged tokens per image)
-        counts = [int(t * h * w) // merge**2 for t, h, w in grids.tolist()]
+        counts = layout.tokens_per_image
         self.token_rows = [sum(counts[:i]) for i in range(len(counts) + 1)]
         # the last token index of each image's placeholders: the sequence needs image i's encoding until
         # its K/V reach past it

@@ -141,7 +141,7 @@ class ModelRunner:
         inputs = self.step_inputs(batch)
         # one token per chunk: a decode step (each chunk one row), planned without read-back
         decode = [c.start for c in batch.chunks] if all(c.length == 1 for c in batch.chunks) else None
-        extra = self._multimodal_inputs(batch) if getattr(self.model, "vl_config", None) is not None else {}
+        extra = self._multimodal_inputs(batch) if self.model.takes_images else {}
         hidden = self.model(
             inputs.tokens,
             inputs.positions,

@@ -41,8 +41,8 @@ def load_checkpoint_policy(
     Raises FileNotFoundError for a missing directory and ValueError when the tokenizer's ids do not fit
     the model's vocabulary (the message says how to pass the tokenizer the model was trained with).
     """
-    from rz_agents.model.checkpoint import load_hf_checkpoint
     from rz_agents.model.packaged import PACKAGED_MODELS, resolve_checkpoint
+    from rz_agents.model.policy import PolicySpec, build_policy
     from rz_agents.runtime.factories import policy_template
 
     path = resolve_checkpoint(checkpoint) if str(checkpoint) in PACKAGED_MODELS else Path(checkpoint)
@@ -50,14 +50,13 @@ def load_checkpoint_policy(
         raise FileNotFoundError(f"checkpoint {checkpoint}: no such directory")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint}: no config.json (not an HF checkpoint directory)")
-    model = load_hf_checkpoint(path, kernels=kernels, dtype=dtype).eval()
     name = path.name
     if adapter is not None:
-        from rz_agents.model.peft_files import adapter_config, load_peft_adapter
+        from rz_agents.model.peft_files import adapter_config
 
         adapter_config(adapter, "adapter")  # (a clear error for a directory that is not one)
-        load_peft_adapter(model, adapter)
         name = f"{path.name}+{Path(adapter).name}"
+    model = build_policy(PolicySpec(checkpoint=path, kernels=kernels, dtype=dtype, adapter=adapter)).eval()
     tok, template, described = _tokenizer(path, tokenizer)
     # A vision-language checkpoint renders images with the template training gave its policy (byte or Qwen)
     template = policy_template(template, getattr(model, "vl_config", None))

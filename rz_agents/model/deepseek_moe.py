@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from rz_agents.model.config import ModelConfig
-from rz_agents.model.transformer import MLP, _linear
+from rz_agents.model.layers import MLP, _linear
 
 
 class SigmoidRouter(nn.Module):

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from rz_agents.model.transformer import Transformer
+from rz_agents.model.vision import VLSequence
 from rz_kernels import sampling_logprobs
 from rz_kernels.logprobs import token_logprobs_of_logits
 
@@ -73,15 +74,20 @@ def packed_token_logprobs(
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> list[torch.Tensor]:
-    """For each sequence, fp32 [len-1] log-probs of tokens[1:] (one packed, differentiable forward).
+    """For each sequence, fp32 [len-1] log-probs of tokens[1:] (one packed, differentiable forward). A
+    sequence is its token ids, or a ``VLSequence`` with its images for a model that takes them (the one
+    packer of every family: the model adds its extra forward inputs, ``Transformer.packed_inputs``).
 
     Nothing is read back from the device here: every index is made on the host and the inputs go up in one
     copy (pinned, non-blocking on CUDA: a copy from pageable memory would wait for the device's queue), and
     the model gets the highest position and the sequence count from the host. The one host sync left in the
     forward on the Triton op set is the attention plan's (see ``Transformer.forward``)."""
-    seqs = [torch.as_tensor(s, dtype=torch.long).cpu() for s in sequences]
-    if not seqs:
+    if not sequences:
         return []
+    # a VLSequence (a model that takes images) brings its images: the model packs them (``packed_inputs``)
+    ids = [s.tokens if isinstance(s, VLSequence) else s for s in sequences]
+    seqs = [torch.as_tensor(s, dtype=torch.long).cpu().reshape(-1) for s in ids]
+    extra = model.packed_inputs(sequences, seqs)
     device = model.device
     lengths = [s.numel() for s in seqs]
     tokens, positions, seq_ids = pack(seqs)
@@ -101,6 +107,6 @@ def packed_token_logprobs(
     tokens_d, positions_d, seq_ids_d = flat[:t], flat[t : 2 * t], flat[2 * t : 3 * t]
     rows_d, targets_d = flat[3 * t : 3 * t + r], flat[3 * t + r :]
     top = max(lengths) - 1 if t else None
-    hidden = model(tokens_d, positions_d, seq_ids_d, max_position=top, num_sequences=len(seqs))
+    hidden = model(tokens_d, positions_d, seq_ids_d, max_position=top, num_sequences=len(seqs), **extra)
     logp = token_logprobs(model, hidden[rows_d], targets_d, temperature, top_k, top_p)
     return list(torch.split(logp, [max(n - 1, 0) for n in lengths]))

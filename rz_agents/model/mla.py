@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rz_agents.model.config import ModelConfig
+from rz_agents.model.layers import RMSNorm, _linear
 from rz_agents.model.rope_scaling import softmax_scale_factor
-from rz_agents.model.transformer import RMSNorm, _linear
 
 # HF builds the low-rank norms with their default eps (not rms_norm_eps).
 LATENT_NORM_EPS = 1e-6

@@ -17,6 +17,7 @@ the op set's `rope` over a `RopeTable.from_rows` table of these rows.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -67,6 +68,18 @@ def vision_table(base: RopeTable, positions: torch.Tensor, head_dim: int) -> Rop
     axes = (j >= quarter).long()
     cos, sin = gather_rows(base, positions, axes, j % quarter)
     return RopeTable.from_rows(cos, sin)
+
+
+@dataclass
+class ImagePositions:
+    """A prompt's image layout, as a model that takes images gives it (``Transformer.image_positions``):
+    the 3D positions of its tokens ``rope`` [3, T] and ``delta`` (see ``mrope_positions``), the token indices
+    of its image placeholders ``slots``, and ``tokens_per_image`` (placeholders per image, in order)."""
+
+    rope: torch.Tensor
+    delta: int
+    slots: torch.Tensor
+    tokens_per_image: list[int]
 
 
 def mrope_positions(

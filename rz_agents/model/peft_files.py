@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rz_agents.model.lora import LoraConfig, adapter_names, add_lora, has_lora
+from rz_agents.model.lora import LoraConfig, adapter_names, has_lora
 
 PREFIX = "base_model.model."
 CONFIG_NAME = "adapter_config.json"
@@ -89,13 +89,17 @@ def adapter_config(adapter_dir: str | Path, field: str) -> LoraConfig:
 
 @torch.no_grad()
 def load_peft_adapter(model: nn.Module, adapter_dir: str | Path) -> LoraConfig:
-    """Load a PEFT directory's adapters into ``model`` (attaching them first if it has none); exact copies
-    (cast to the model's dtype). Every adapter tensor of the model must be in the file and vice versa."""
+    """Load a PEFT directory's adapters into ``model``'s adapters (attached by ``model.policy.build_policy``:
+    the one place adapters are attached); exact copies (cast to the model's dtype). Every adapter tensor of
+    the model must be in the file and vice versa."""
     from safetensors.torch import load_file
 
     cfg = read_peft_config(adapter_dir)
     if not has_lora(model):
-        add_lora(model, cfg)
+        raise ValueError(
+            f"{adapter_dir}: the model has no adapters to load it into (build it with "
+            "model.policy.build_policy and PolicySpec.adapter)"
+        )
     have: LoraConfig = model.lora_config
     if (have.rank, have.alpha, sorted(have.target_modules)) != (cfg.rank, cfg.alpha, cfg.target_modules):
         raise ValueError(

@@ -17,26 +17,19 @@ model.language_model.*, lm_head.weight).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from rz_agents.model.kv_cache import CacheView
-from rz_agents.model.logprobs import token_logprobs
-from rz_agents.model.mrope import mrope_positions, mrope_table
+from rz_agents.model.logprobs import packed_token_logprobs
+from rz_agents.model.mrope import ImagePositions, mrope_positions, mrope_table
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
-from rz_agents.model.rope_scaling import rope_table
 from rz_agents.model.transformer import (
     DecoderStack,
     Transformer,
     _Context,
-    _linear,
-    flat_stream,
-    in_token_shape,
 )
-from rz_agents.model.vision import ImageEmbeddings, LayerNorm, VisionTower
+from rz_agents.model.vision import ImageEmbeddings, LayerNorm, VisionTower, VLSequence  # noqa: F401 (its home)
 from rz_kernels import get_ops
 from rz_kernels.attention import verify_attention
 from rz_kernels.logprobs import token_logprobs_of_logits
@@ -56,20 +49,10 @@ class Qwen3VLModel(Transformer):
     `vl_config` the whole model's."""
 
     def __init__(self, config: Qwen3VLConfig, kernels: str = "aligned", init: bool = True) -> None:
-        nn.Module.__init__(self)
-        get_ops(kernels)  # reject an unknown name now
+        get_ops(kernels)  # reject an unknown name before building the tower
+        # the decoder's Transformer (its config: the text part) over the tower + language model stack
+        super().__init__(config.text, kernels, init, stack=_VisionLanguageStack(config))
         self.vl_config = config
-        self.config = config.text
-        self.kernels = kernels
-        self.model = _VisionLanguageStack(config)
-        self.lm_head = _linear(config.text.hidden_size, config.text.vocab_size)
-        if config.text.tie_word_embeddings:
-            self.lm_head.weight = self.model.language_model.embed_tokens.weight
-        self.rope = rope_table(config.text)
-        self.fused_projections = False
-        if init:
-            self.reset_parameters()
-        self.to(config.text.torch_dtype)
 
     @property
     def visual(self) -> VisionTower:
@@ -77,6 +60,86 @@ class Qwen3VLModel(Transformer):
 
     def hf_config(self) -> dict:
         return self.vl_config.to_hf()
+
+    # ---- the forward contract's image inputs (Transformer's, for a model that takes them) -------------
+    takes_images = True
+
+    def image_positions(self, prompt: list[int], grids: torch.Tensor) -> ImagePositions:
+        """Transformer.image_positions: M-RoPE positions of the prompt, its ``<|image_pad|>`` slots, and
+        t*h*w / merge^2 placeholders per image."""
+        merge = self.vl_config.vision.spatial_merge_size
+        token = self.vl_config.image_token_id
+        rope, delta = mrope_positions(prompt, grids.tolist(), token, merge)
+        slots = torch.tensor([i for i, t in enumerate(prompt) if t == token])
+        counts = [int(t * h * w) // merge**2 for t, h, w in grids.tolist()]
+        return ImagePositions(rope, delta, slots, counts)
+
+    def image_row_bytes(self) -> int:
+        """Transformer.image_row_bytes: a placeholder's embedding row and its deepstack rows."""
+        vl = self.vl_config
+        row = vl.text.hidden_size * (1 + len(vl.vision.deepstack_visual_indexes))
+        return row * self.lm_head.weight.element_size()
+
+    def token_names(self) -> dict[int, str]:
+        """Transformer.token_names: the vision placeholders' (``<|vision_start|>``, ``<|image_pad|>``)."""
+        return self.vl_config.vision_token_names()
+
+    def scored_sequence(self, tokens: list[int], images: list[bytes], loss_mask: list) -> VLSequence:
+        """Transformer.scored_sequence: the trajectory's images preprocessed as the rollout's template did
+        for the engine (``png_image_inputs``), its placeholders the template's (not sampled) ones: a sampled
+        ``<|image_pad|>`` is an ordinary token to the engine, and so to the learner."""
+        if not images:
+            return VLSequence(tokens)
+        from rz_agents.model.vl_processor import png_image_inputs
+
+        pixels, grids = png_image_inputs(images, self.vl_config.vision)
+        ids = torch.as_tensor(tokens, dtype=torch.long)
+        marks = (ids == self.vl_config.image_token_id) & ~torch.as_tensor(loss_mask, dtype=torch.bool)
+        return VLSequence(tokens, grids, pixels, placeholders=marks)
+
+    def packed_inputs(self, sequences: Sequence, ids: list[torch.Tensor]) -> dict:
+        """Transformer.packed_inputs: every token's 3D positions, the sequences' images (the pixel ones
+        encoded in one vision call: an image's encoding does not depend on its batch, so this equals
+        encoding each alone, bit for bit) and their placeholders' stream indices. Sequences may mix pixels,
+        cached embeddings and no images at all (token lists)."""
+        if min(i.numel() for i in ids) < 1:
+            raise ValueError("every sequence needs at least one token")
+        device = self.device
+        seqs = [
+            s if isinstance(s, VLSequence) else VLSequence(i) for s, i in zip(sequences, ids, strict=True)
+        ]
+        pairs = zip(ids, seqs, strict=True)
+        ropes = [self.rope_positions(i, s.image_grid_thw, s.placeholders)[0] for i, s in pairs]
+        pixel_seqs = [s for s in seqs if s.pixel_values is not None]
+        encoded: list[ImageEmbeddings] = []
+        if pixel_seqs:
+            grids = torch.cat([torch.as_tensor(s.image_grid_thw).reshape(-1, 3) for s in pixel_seqs])
+            pixels = torch.cat([s.pixel_values for s in pixel_seqs]).to(device)
+            encoded = self.encode_images(pixels, grids).split()
+        parts: list[ImageEmbeddings] = []
+        for s in seqs:
+            if s.pixel_values is not None and s.images is not None:
+                raise ValueError("a VLSequence carries pixel_values or images (already encoded), not both")
+            if s.pixel_values is not None:
+                n = torch.as_tensor(s.image_grid_thw).reshape(-1, 3).shape[0]
+                parts.extend(encoded[:n])
+                encoded = encoded[n:]
+            elif s.images is not None:
+                parts.append(s.images)
+        # the stream indices of each sequence's image rows (only sequences with images hold placeholders)
+        slots, offset = [], 0
+        for i, s in zip(ids, seqs, strict=True):
+            if s.pixel_values is not None or s.images is not None:
+                mark = (i == self.vl_config.image_token_id) if s.placeholders is None else s.placeholders
+                slots.append(
+                    torch.as_tensor(mark, dtype=torch.bool).reshape(-1).nonzero().squeeze(1) + offset
+                )
+            offset += i.numel()
+        return dict(
+            rope_positions=torch.cat(ropes, dim=1).to(device),
+            images=ImageEmbeddings.cat(parts) if parts else None,
+            image_slots=torch.cat(slots).to(device) if slots else None,
+        )
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.language_model.embed_tokens
@@ -127,21 +190,22 @@ class Qwen3VLModel(Transformer):
             ids, grids, v.image_token_id, v.vision.spatial_merge_size, placeholders=placeholders
         )
 
-    def forward(
+    @property
+    def decoder(self) -> nn.Module:
+        """Transformer.decoder: the language model's embedding, layers and final norm."""
+        return self.model.language_model
+
+    def _image_inputs(
         self,
+        ctx: _Context,
         tokens: torch.Tensor,
-        positions: torch.Tensor,
-        seq_ids: torch.Tensor | None = None,
-        kv_cache: CacheView | None = None,
-        max_position: int | None = None,
-        num_sequences: int | None = None,
-        rope_positions: torch.Tensor | None = None,
-        images: ImageEmbeddings | None = None,
-        image_slots: torch.Tensor | None = None,
-        text_rope_positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Final hidden states [T, hidden] of a flat token stream, or [B, S, hidden] of a padded batch
-        (Transformer.forward's arguments), plus:
+        shape: torch.Size,
+        rope_positions: torch.Tensor | None,
+        images: ImageEmbeddings | None,
+        image_slots: torch.Tensor | None,
+        text_rope_positions: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """Transformer.forward's image inputs (the forward is Transformer's; these are its optional inputs):
 
         rope_positions: [3, T] (or [3, B, S]) the tokens' 3D positions (None: text only, all three axes =
         ``positions``).
@@ -155,16 +219,13 @@ class Qwen3VLModel(Transformer):
         from the RoPE table at these positions, the same values the 3D gather gives such a token, with no
         gather and no read-back (the CUDA-graph-capturable form). The caller keeps them in [0, top position].
         """
-        shape = tokens.shape
-        tokens, positions, seq_ids = flat_stream(tokens, positions, seq_ids)
         t = tokens.shape[0]
         if rope_positions is None:
-            rope_positions = positions.view(1, t).expand(3, t)
+            rope_positions = ctx.positions.view(1, t).expand(3, t)
         elif len(shape) == 2:  # [3, B, S] -> [3, T], as the batch was flattened
             rope_positions = rope_positions.reshape(3, -1)
         if rope_positions.shape != (3, t):
             raise ValueError(f"rope_positions must be [3, {t}], got {tuple(rope_positions.shape)}")
-        ctx = _Context(self, positions, seq_ids, kv_cache, max_position, num_sequences)
         if text_rope_positions is not None:
             if images is not None or text_rope_positions.shape != (t,):
                 raise ValueError(f"text_rope_positions must be [{t}] and come without images")
@@ -172,25 +233,16 @@ class Qwen3VLModel(Transformer):
         else:
             ctx.rope = mrope_table(self.rope, rope_positions, self.vl_config.mrope_section)
             ctx.rope_positions = torch.arange(t, device=tokens.device)
-        stack = self.model.language_model
-        x = stack.embed_tokens(tokens)
-        slots = None
-        if images is not None:
-            slots = image_slots
-            if slots is None:
-                slots = (tokens == self.vl_config.image_token_id).nonzero().squeeze(1)
-            if slots.numel() != images.embeds.shape[0]:
-                raise ValueError(
-                    f"{slots.numel()} image placeholder tokens but "
-                    f"{images.embeds.shape[0]} image embedding rows"
-                )
-            x = x.index_put((slots,), images.embeds.to(x.dtype))
-        recompute = self.config.activation_checkpointing and torch.is_grad_enabled() and kv_cache is None
-        for i, layer in enumerate(stack.layers):
-            x = checkpoint(layer, x, ctx, use_reentrant=False) if recompute else layer(x, ctx)
-            if slots is not None and i < len(images.deepstack):
-                x = x.index_put((slots,), x[slots] + images.deepstack[i].to(x.dtype))
-        return in_token_shape(stack.norm(x, ctx.ops), shape)
+        if images is None:
+            return None
+        slots = image_slots
+        if slots is None:
+            slots = (tokens == self.vl_config.image_token_id).nonzero().squeeze(1)
+        if slots.numel() != images.embeds.shape[0]:
+            raise ValueError(
+                f"{slots.numel()} image placeholder tokens but {images.embeds.shape[0]} image embedding rows"
+            )
+        return slots
 
 
 def sequence_logprobs(
@@ -222,19 +274,6 @@ def sequence_logprobs(
     return logits, token_logprobs_of_logits(logits[:-1], ids[1:], 1.0, 0, 1.0)
 
 
-@dataclass
-class VLSequence:
-    """One sequence of a packed forward: its tokens and its images' grids, as pixels or already encoded."""
-
-    tokens: Sequence[int] | torch.Tensor
-    image_grid_thw: list[tuple[int, int, int]] | torch.Tensor | None = None
-    pixel_values: torch.Tensor | None = None  # [patches, patch_dim] of this sequence's images, in order
-    images: ImageEmbeddings | None = None  # or their embeddings (e.g. an engine's cache)
-    # [len] bool: which tokens are image placeholders (None: every image_token_id); a trajectory marks the
-    # template's only, since a sampled <|image_pad|> is an ordinary token to the engine
-    placeholders: torch.Tensor | None = None
-
-
 def packed_logprobs(
     model: Qwen3VLModel,
     sequences: Sequence[VLSequence],
@@ -242,59 +281,6 @@ def packed_logprobs(
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> list[torch.Tensor]:
-    """For each sequence, fp32 [len-1] log-probs of tokens[1:] from one packed (differentiable) forward, under
-    the sampling distribution (``packed_token_logprobs``'s arguments: the learner's side of the IS weight).
-
-    The pixel images of all sequences are encoded in one vision call (an image's encoding does not depend on
-    its batch, so this equals encoding each alone, bit for bit); sequences may mix pixels, cached embeddings
-    and no images at all.
-    """
-    if not sequences:
-        return []
-    device = model.device
-    ids = [torch.as_tensor(s.tokens, dtype=torch.long).reshape(-1) for s in sequences]
-    pairs = zip(ids, sequences, strict=True)
-    ropes = [model.rope_positions(i, s.image_grid_thw, s.placeholders)[0] for i, s in pairs]
-    pixel_seqs = [s for s in sequences if s.pixel_values is not None]
-    encoded: list[ImageEmbeddings] = []
-    if pixel_seqs:
-        grids = torch.cat([torch.as_tensor(s.image_grid_thw).reshape(-1, 3) for s in pixel_seqs])
-        pixels = torch.cat([s.pixel_values for s in pixel_seqs]).to(device)
-        encoded = model.encode_images(pixels, grids).split()
-    parts: list[ImageEmbeddings] = []
-    for s in sequences:
-        if s.pixel_values is not None and s.images is not None:
-            raise ValueError("a VLSequence carries pixel_values or images (already encoded), not both")
-        if s.pixel_values is not None:
-            n = torch.as_tensor(s.image_grid_thw).reshape(-1, 3).shape[0]
-            parts.extend(encoded[:n])
-            encoded = encoded[n:]
-        elif s.images is not None:
-            parts.append(s.images)
-    lengths = [i.numel() for i in ids]
-    if min(lengths) < 1:
-        raise ValueError("every sequence needs at least one token")
-    # the stream indices of each sequence's image rows (only sequences with images hold placeholders)
-    slots, offset = [], 0
-    for i, s in zip(ids, sequences, strict=True):
-        if s.pixel_values is not None or s.images is not None:
-            mark = (i == model.vl_config.image_token_id) if s.placeholders is None else s.placeholders
-            slots.append(torch.as_tensor(mark, dtype=torch.bool).reshape(-1).nonzero().squeeze(1) + offset)
-        offset += i.numel()
-    tokens = torch.cat(ids).to(device)
-    positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
-    seq_ids = torch.cat([torch.full((n,), k, dtype=torch.long) for k, n in enumerate(lengths)]).to(device)
-    hidden = model(
-        tokens,
-        positions,
-        seq_ids,
-        max_position=max(lengths) - 1,
-        num_sequences=len(lengths),
-        rope_positions=torch.cat(ropes, dim=1).to(device),
-        images=ImageEmbeddings.cat(parts) if parts else None,
-        image_slots=torch.cat(slots).to(device) if slots else None,
-    )
-    starts = [sum(lengths[:k]) for k in range(len(lengths))]
-    rows = torch.cat([torch.arange(a, a + n - 1) for a, n in zip(starts, lengths, strict=True)]).to(device)
-    logp = token_logprobs(model, hidden[rows], tokens[rows + 1], temperature, top_k, top_p)
-    return list(torch.split(logp, [n - 1 for n in lengths]))
+    """``packed_token_logprobs`` (model/logprobs.py: the one packer, which takes VLSequences too), under this
+    name for the callers that use it."""
+    return packed_token_logprobs(model, sequences, temperature, top_k, top_p)

@@ -17,34 +17,25 @@ cached-inference forwards then run one GEMM for each, with the same bits as the 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rz_agents.model.config import ModelConfig
+from rz_agents.model.deepseek_moe import DeepseekMoE
 from rz_agents.model.fused import FusedLinears, project
 from rz_agents.model.kv_cache import PAGE_SIZE, CacheView
+from rz_agents.model.layers import MLP, RMSNorm, _linear  # noqa: F401 (their public home was this file)
 from rz_agents.model.lora import linear as adapted_linear
+from rz_agents.model.mla import LatentAttention
+from rz_agents.model.mrope import ImagePositions
 from rz_agents.model.rope_scaling import rope_table
-from rz_kernels import ALIGNED, OpSet, get_ops
+from rz_agents.model.vision import ImageEmbeddings, VLSequence
+from rz_kernels import OpSet, get_ops
 from rz_kernels.attention import KEY_BLOCK, verify_attention
 from rz_kernels.gemm import verify_weights
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor, ops: OpSet = ALIGNED) -> torch.Tensor:
-        return ops.rms_norm(x, self.weight, self.eps)
-
-
-def _linear(n_in: int, n_out: int, bias: bool = False) -> nn.Linear:
-    # nn.Linear only holds the parameters (names .weight/.bias); the op set does the math.
-    return nn.Linear(n_in, n_out, bias=bias)
 
 
 class Attention(nn.Module):
@@ -81,22 +72,6 @@ class Attention(nn.Module):
         return adapted_linear(self.o_proj, out.reshape(t, -1), ops)  # (+ its LoRA adapter: model/lora.py)
 
 
-class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
-        super().__init__()
-        self.gate_proj = _linear(hidden, intermediate)
-        self.up_proj = _linear(hidden, intermediate)
-        self.down_proj = _linear(intermediate, hidden)
-        self.gate_up: FusedLinears | None = None  # set by Transformer.fuse_projections
-
-    def run(self, x: torch.Tensor, ops: OpSet, fused: bool = False) -> torch.Tensor:
-        gate, up = project(self.gate_up, (self.gate_proj, self.up_proj), x, ops, fused)
-        return adapted_linear(self.down_proj, ops.silu_mul(gate, up), ops)
-
-    def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
-        return self.run(x, ctx.ops, ctx.fused)
-
-
 class SparseMoE(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -129,11 +104,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.index = index
-        # MLA + DeepSeek MoE live in their own files (which import this one: imported here, not at the top)
+        # MLA + DeepSeek MoE live in their own files (built from model/layers.py, as this one)
         if cfg.model_type == "deepseek_v3":
-            from rz_agents.model.deepseek_moe import DeepseekMoE
-            from rz_agents.model.mla import LatentAttention
-
             attn, moe = LatentAttention, DeepseekMoE
         else:
             attn, moe = Attention, SparseMoE
@@ -268,15 +240,19 @@ def in_token_shape(hidden: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 class Transformer(nn.Module):
     """Causal LM. `forward` returns final hidden states; `logits` applies the LM head in fp32."""
 
-    def __init__(self, config: ModelConfig, kernels: str = "aligned", init: bool = True) -> None:
+    def __init__(
+        self, config: ModelConfig, kernels: str = "aligned", init: bool = True, stack: nn.Module | None = None
+    ) -> None:
+        """``stack``: the layers below the LM head (None: a ``DecoderStack`` of ``config``; Qwen3VLModel
+        passes its vision tower + language model)."""
         super().__init__()
         self.config = config
         get_ops(kernels)  # reject an unknown name now
         self.kernels = kernels
-        self.model = DecoderStack(config)
+        self.model = DecoderStack(config) if stack is None else stack
         self.lm_head = _linear(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.weight = self.get_input_embeddings().weight
         self.rope = rope_table(config)  # default or YaRN frequencies over config.rope_dim
         self.fused_projections = False
         if init:  # init=False leaves parameters for the caller to fill (checkpoint loading)
@@ -334,6 +310,43 @@ class Transformer(nn.Module):
         """The HF config.json dict of this model (checkpoint saving)."""
         return self.config.to_hf()
 
+    # ---- the forward contract's image inputs -----------------------------------------------------------
+    # ``forward`` takes tokens, positions, seq ids and a cache, plus optional ``rope_positions`` and image
+    # inputs (``images``, ``image_slots``). Only a model that takes images (Qwen3VLModel) accepts the
+    # latter; it says so here and answers what its callers need of them, so the engine and the learner ask
+    # the model, never its config.
+    takes_images = False
+
+    def image_positions(self, prompt: list[int], grids: torch.Tensor) -> ImagePositions:
+        """Where ``prompt``'s image placeholders are and how its tokens rotate (images with ``grids``).
+        A text model has no images: ValueError."""
+        raise ValueError("images need a vision-language model (Qwen3-VL); this model has none")
+
+    def image_row_bytes(self) -> int:
+        """Bytes of one image placeholder's encoding (0: a model without a vision tower)."""
+        return 0
+
+    def token_names(self) -> dict[int, str]:
+        """Names for ids this model gives a meaning a tokenizer may not know (empty for a text model)."""
+        return {}
+
+    def scored_sequence(self, tokens: list[int], images: list[bytes] | None, loss_mask: list) -> object:
+        """What ``packed_token_logprobs`` takes for a trajectory (its tokens; a model that takes images: a
+        ``VLSequence`` with its ``images``, PNG bytes). A text model takes no images: ValueError."""
+        if images:
+            raise ValueError("trajectories carry images but the model has no vision tower")
+        return tokens
+
+    def packed_inputs(self, sequences: Sequence, ids: list[torch.Tensor]) -> dict:
+        """The forward's extra inputs for ``packed_token_logprobs``'s packed ``sequences`` (their token ids:
+        ``ids``), on this model's device: none for a text model (a ``VLSequence`` with images is refused)."""
+        if any(
+            isinstance(s, VLSequence) and (s.pixel_values is not None or s.images is not None)
+            for s in sequences
+        ):
+            raise ValueError(f"{type(self).__name__} takes no images (it is a text model)")
+        return {}
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
 
@@ -369,6 +382,10 @@ class Transformer(nn.Module):
         kv_cache: CacheView | None = None,
         max_position: int | None = None,
         num_sequences: int | None = None,
+        rope_positions: torch.Tensor | None = None,
+        images: ImageEmbeddings | None = None,
+        image_slots: torch.Tensor | None = None,
+        text_rope_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final hidden states for a flat token stream [T] (or a padded batch [B, S]).
 
@@ -383,15 +400,49 @@ class Transformer(nn.Module):
         positions == 0, and
         for a [B, S] batch each row is a sequence. Without kv_cache, each sequence attends to its own
         tokens in this call; with it, to its cached positions 0..position (the prefix must be cached).
+
+        The optional inputs ``rope_positions``, ``images``, ``image_slots`` and ``text_rope_positions`` are a
+        model's that ``takes_images`` (Qwen3VLModel documents them); a text model refuses them.
         """
         shape = tokens.shape
         tokens, positions, seq_ids = flat_stream(tokens, positions, seq_ids)
         ctx = _Context(self, positions, seq_ids, kv_cache, max_position, num_sequences)
-        x = self.model.embed_tokens(tokens)
+        slots = self._image_inputs(
+            ctx, tokens, shape, rope_positions, images, image_slots, text_rope_positions
+        )
+        decoder = self.decoder
+        x = decoder.embed_tokens(tokens)
+        if slots is not None:  # the image placeholders' rows are the images' embeddings
+            x = x.index_put((slots,), images.embeds.to(x.dtype))
         recompute = self.config.activation_checkpointing and torch.is_grad_enabled() and kv_cache is None
-        for layer in self.model.layers:
+        for i, layer in enumerate(decoder.layers):
             x = checkpoint(layer, x, ctx, use_reentrant=False) if recompute else layer(x, ctx)
-        return in_token_shape(self.model.norm(x, ctx.ops), shape)
+            if slots is not None and i < len(images.deepstack):  # deepstack: image features added mid-stack
+                x = x.index_put((slots,), x[slots] + images.deepstack[i].to(x.dtype))
+        return in_token_shape(decoder.norm(x, ctx.ops), shape)
+
+    @property
+    def decoder(self) -> DecoderStack:
+        """The decoder's embedding, layers and final norm (Qwen3VLModel: its language model's)."""
+        return self.model
+
+    def _image_inputs(
+        self,
+        ctx: _Context,
+        tokens: torch.Tensor,
+        shape: torch.Size,
+        rope_positions: torch.Tensor | None,
+        images: ImageEmbeddings | None,
+        image_slots: torch.Tensor | None,
+        text_rope_positions: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """The forward's image inputs: a model that takes images sets its tokens' rotation on ``ctx`` and
+        returns the stream indices of the image rows (None: no images). A text model takes none."""
+        if any(v is not None for v in (rope_positions, images, image_slots, text_rope_positions)):
+            raise ValueError(
+                f"{type(self).__name__} takes no rope_positions or image inputs (it is a text model)"
+            )
+        return None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head in the op set's GEMM, returned as fp32 [..., vocab]."""

@@ -17,6 +17,7 @@ linear over the flattened patch (the same products: kernel = stride = the patch)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -300,3 +301,17 @@ class VisionTower(nn.Module):
         merged = cfg.spatial_merge_size**2
         counts = tuple(t * h * w // merged for t, h, w in grids)
         return ImageEmbeddings(self.merger(x, ops), tuple(deepstack), counts)
+
+
+@dataclass
+class VLSequence:
+    """One sequence of a packed forward (``packed_token_logprobs``) with images: its tokens and its images'
+    grids, as pixels or already encoded (a model that ``takes_images`` packs them: ``packed_inputs``)."""
+
+    tokens: Sequence[int] | torch.Tensor
+    image_grid_thw: list[tuple[int, int, int]] | torch.Tensor | None = None
+    pixel_values: torch.Tensor | None = None  # [patches, patch_dim] of this sequence's images, in order
+    images: ImageEmbeddings | None = None  # or their embeddings (e.g. an engine's cache)
+    # [len] bool: which tokens are image placeholders (None: every image_token_id); a trajectory marks the
+    # template's only, since a sampled <|image_pad|> is an ordinary token to the engine
+    placeholders: torch.Tensor | None = None

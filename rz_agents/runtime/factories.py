@@ -7,7 +7,9 @@ from collections.abc import Sequence
 
 import torch
 
+from rz_agents.model.lora import LoraConfig
 from rz_agents.model.packaged import resolve_checkpoint
+from rz_agents.model.policy import PolicySpec, build_policy, tiny_vl_config  # noqa: F401 (tiny_vl_config: moved)
 from rz_agents.rollout.controller import RolloutController
 from rz_agents.rollout.task_source import TaskSource
 from rz_agents.runtime.config import EnvSpec, ModelSpec, TrainConfig
@@ -15,71 +17,37 @@ from rz_agents.runtime.device import resolve_device
 from rz_agents.runtime.plan import RunPlan
 
 
-def build_model(spec: ModelSpec, vocab_size: int):
+def policy_spec(
+    spec: ModelSpec, vocab_size: int, *, lora: LoraConfig | None = None, freeze_vision: bool = False
+) -> PolicySpec:
+    """The run's ``model:`` section as the policy builder's spec (``model.policy.PolicySpec``), with the
+    learner's adapters (``lora``: learner.lora; None for an engine-only model such as ``rz serve``'s) and
+    frozen parts (``freeze_vision``: learner.freeze_vision)."""
+    return PolicySpec(
+        checkpoint=resolve_checkpoint(spec.checkpoint) if spec.checkpoint else None,
+        model_type=spec.model_type,
+        vocab_size=vocab_size,
+        tiny_overrides=dict(spec.tiny_overrides),
+        init_seed=spec.init_seed,
+        kernels=spec.kernels,  # the only place a run's op set is named
+        dtype=spec.dtype,
+        activation_checkpointing=spec.activation_checkpointing,
+        adapter=spec.adapter,
+        lora=lora,
+        freeze_vision=freeze_vision,
+    )
+
+
+def build_model(
+    spec: ModelSpec, vocab_size: int, *, lora: LoraConfig | None = None, freeze_vision: bool = False
+):
     """The policy model (random tiny, or loaded from an HF checkpoint) on ``spec.device``, with
-    ``spec.adapter`` (a PEFT LoRA directory) loaded on it.
+    ``spec.adapter`` (a PEFT LoRA directory) loaded on it, the learner's ``lora`` adapters and its
+    ``freeze_vision``: ``model.policy.build_policy`` of ``policy_spec``.
 
     Raises DeviceError (a ValueError) when the device is absent on this machine."""
-    model = _base_model(spec, vocab_size)
-    if spec.adapter:
-        from rz_agents.model.peft_files import load_peft_adapter
-
-        load_peft_adapter(model, spec.adapter)
-    return model
-
-
-def _base_model(spec: ModelSpec, vocab_size: int):
-    from rz_agents.model import ModelConfig, Transformer
-
     device = resolve_device(spec.device, "model.device")
-    kernels = spec.kernels  # the only place a run's op set is named
-    if spec.checkpoint:
-        from rz_agents.model.checkpoint import load_hf_checkpoint
-
-        model = load_hf_checkpoint(
-            resolve_checkpoint(spec.checkpoint), kernels=kernels, dtype=spec.dtype, device=device
-        )
-        model.config.activation_checkpointing = spec.activation_checkpointing
-        return model
-    overrides = {
-        "vocab_size": vocab_size,
-        "dtype": spec.dtype,
-        "activation_checkpointing": spec.activation_checkpointing,
-        **spec.tiny_overrides,
-    }
-    torch.manual_seed(spec.init_seed)
-    if spec.model_type == "qwen3_vl":
-        from rz_agents.model.qwen3_vl import Qwen3VLModel
-
-        model = Qwen3VLModel(tiny_vl_config(overrides), kernels=kernels)
-        model.reset_parameters(seed=spec.init_seed)
-        return model.to(device)
-    model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=kernels)
-    model.reset_parameters(seed=spec.init_seed)
-    return model.to(device)
-
-
-def tiny_vl_config(overrides: dict):
-    """A random-init Qwen3-VL config: ``overrides`` are the text model's (``ModelConfig.tiny``) with the
-    tower's ``VisionConfig`` fields under ``vision`` (its out_hidden_size follows the text hidden_size)."""
-    import dataclasses
-
-    from rz_agents.model.qwen3_vl_config import Qwen3VLConfig, VisionConfig
-
-    text = dict(overrides)
-    vision = dict(text.pop("vision", None) or {})
-    base = Qwen3VLConfig.tiny(**text)
-    if base.text.vocab_size > Qwen3VLConfig.video_token_id:
-        # a vocabulary as large as Qwen's (tokenizer: qwen3) has Qwen's vision tokens: take their ids
-        ids = {f.name: f.default for f in dataclasses.fields(Qwen3VLConfig) if f.name.endswith("token_id")}
-        base = dataclasses.replace(base, **ids)
-    fields = {**dataclasses.asdict(base.vision), **vision}
-    fields.setdefault("out_hidden_size", base.text.hidden_size)
-    try:
-        tower = VisionConfig(**fields)
-    except TypeError as e:
-        raise ValueError(f"model.tiny_overrides.vision: {e}") from None
-    return dataclasses.replace(base, vision=tower)
+    return build_policy(policy_spec(spec, vocab_size, lora=lora, freeze_vision=freeze_vision), device)
 
 
 def spec_vl_config(spec: ModelSpec, vocab_size: int):
@@ -114,13 +82,10 @@ def policy_template(template, vl_config):
     return template
 
 
-def checkpoint_skeleton(spec: ModelSpec):
-    """``spec``'s checkpoint model on the meta device (no storage), for sharded learner ranks."""
-    from rz_agents.model.checkpoint import model_skeleton
-
-    model = model_skeleton(resolve_checkpoint(spec.checkpoint), kernels=spec.kernels, dtype=spec.dtype)
-    model.config.activation_checkpointing = spec.activation_checkpointing
-    return model
+def checkpoint_skeleton(spec: ModelSpec, *, freeze_vision: bool = False):
+    """``spec``'s checkpoint model on the meta device (no storage), for sharded learner ranks
+    (``freeze_vision``: learner.freeze_vision)."""
+    return build_policy(policy_spec(spec, 0, freeze_vision=freeze_vision), "meta")
 
 
 def checkpoint_weights(spec: ModelSpec):

@@ -20,12 +20,13 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from rz_agents.model.policy import PolicySpec
 from rz_agents.runtime.plan import RunPlan
 from rz_agents.trajectory import Trajectory
 
 
-def _serve(conn, model_config, kernels: str, plan: RunPlan, shared, version: int, cpus) -> None:
-    from rz_agents.model import Transformer
+def _serve(conn, spec: PolicySpec, plan: RunPlan, shared, version: int, cpus) -> None:
+    from rz_agents.model.policy import build_policy
 
     # The parent ends this process (``close``, or the pipe closing when the parent dies). A Ctrl-C reaches
     # the terminal's whole process group, a SIGTERM may reach every process of a job: the learner state
@@ -36,7 +37,7 @@ def _serve(conn, model_config, kernels: str, plan: RunPlan, shared, version: int
         os.sched_setaffinity(0, cpus)
     if plan.num_threads is not None:
         torch.set_num_threads(plan.num_threads)
-    model = Transformer(model_config, kernels=kernels)
+    model = build_policy(spec)  # the parent's policy (its frozen parts too), then the parent's weights
     model.load_state_dict(shared)
     learner = plan.build_learner(model, version=version)
 
@@ -87,18 +88,21 @@ class LearnerProcess:
     def __init__(
         self,
         model: torch.nn.Module,
+        spec: PolicySpec,
         plan: RunPlan,
         version: int = 0,
         cpus: list[int] | None = None,
     ) -> None:
-        """``plan``: the run's (learner config, sampling, lag bound, torch threads); ``cpus``: pin the learner
-        process to these CPU ids (None: inherit the parent's)."""
+        """``model``: the policy whose weights the child starts from; ``spec``: the one it was built from
+        (``model.policy.build_policy``: the child builds its own copy with it); ``plan``: the run's (learner
+        config, sampling, lag bound, torch threads); ``cpus``: pin the learner process to these CPU ids (None:
+        inherit the parent's)."""
         ctx = mp.get_context("spawn")
         self._shared = {k: v.detach().clone().share_memory_() for k, v in model.state_dict().items()}
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
             target=_serve,
-            args=(child, model.config, model.kernels, plan, self._shared, version, cpus),
+            args=(child, spec, plan, self._shared, version, cpus),
             daemon=True,
             name="rz-learner",
         )

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from rz_agents.engine import RZEngine
-from rz_agents.model.freeze import freeze_vision_tower
-from rz_agents.model.lora import add_lora
+from rz_agents.model.policy import build_policy
 from rz_agents.runtime.config import TrainConfig
+from rz_agents.runtime.device import resolve_device
 from rz_agents.runtime.factories import (
     build_controller,
-    build_model,
     build_tokenizer,
+    policy_spec,
     policy_template,
     run_env_factory,
     tokenizer_files,
@@ -152,20 +152,22 @@ class LocalRun(RunHandle):
         _set_threads(plan.num_threads)
         self.tokenizer, self.template = build_tokenizer(cfg.tokenizer, cfg.model.checkpoint)
         vocab = vocab_size(cfg.tokenizer, self.tokenizer)
-        self.model = build_model(cfg.model, vocab)
+        # the learner's policy, adapters and frozen parts included (the warm start's SFT trains it too)
+        self.policy = policy_spec(
+            cfg.model, vocab, lora=plan.learner.lora, freeze_vision=plan.learner.freeze_vision
+        )
+        self.model = build_policy(self.policy, resolve_device(cfg.model.device, "model.device"))
         # a vision-language model's template renders images
         self.template = policy_template(self.template, getattr(self.model, "vl_config", None))
-        add_lora(self.model, plan.learner.lora)  # (before the engine's copy: both hold the adapters)
-        if plan.learner.freeze_vision:  # (here too for the warm start's SFT, which trains this model)
-            freeze_vision_tower(self.model)
-        # The engine samples from its own copy; the learner publishes into it after each step.
+        # The engine samples from its own copy (the adapters' initial values with it); the learner publishes
+        # into it after each step.
         engine_model = copy.deepcopy(self.model)
         engine_model.requires_grad_(False)
         self.engine = RZEngine(engine_model, plan.engine, decode=self.tokenizer.decode)
         if cfg.learner_process:
             from rz_agents.runtime.learner_process import LearnerProcess
 
-            self.learner = LearnerProcess(self.model, plan, cpus=cfg.learner_cpus)
+            self.learner = LearnerProcess(self.model, self.policy, plan, cpus=cfg.learner_cpus)
         else:
             self.learner = plan.build_learner(self.model)
         self.controller = build_controller(

@@ -31,8 +31,7 @@ def token_names(model: torch.nn.Module) -> dict[int, str]:
     """Names for the ids ``model`` gives a meaning the run's tokenizer may not know: a vision-language
     model's image placeholders (``<|vision_start|>``, ``<|image_pad|>``, ...; the byte tokenizer has no
     text for them). Empty for a text model."""
-    vl_config = getattr(model, "vl_config", None)
-    return vl_config.vision_token_names() if vl_config is not None else {}
+    return model.token_names()
 
 
 def record_step(

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rz_agents.model.freeze import freeze_vision_tower
+from rz_agents.model.freeze import vision_tower_frozen
 from rz_agents.model.held_weights import HELD_KEY, claim_tensor
 from rz_agents.model.lora import LoraConfig, has_lora
 from rz_agents.sampling import SamplingSpec
@@ -186,15 +186,19 @@ class Learner:
         if next(model.parameters()).is_meta and not self.ranks.keeps_fp32_shards:
             raise ValueError("a model on the meta device needs sharded learner ranks (ShardedRanks)")
         self.dtype = _working_dtype(model)  # the dtype of the weights the engine samples with
-        if cfg.freeze_vision:
-            freeze_vision_tower(model)
+        # the policy builder froze the tower (model.policy.build_policy): the learner only checks it did
+        if cfg.freeze_vision and not vision_tower_frozen(model):
+            raise ValueError(
+                "learner.freeze_vision is set but the model's vision tower trains: build the policy with "
+                "model.policy.build_policy(PolicySpec(freeze_vision=True)) (the runtimes do)"
+            )
         self.model = self.ranks.shard(model)
         self.cfg = cfg
         self.version = version
         if cfg.lora.enabled and not has_lora(model):
             raise ValueError(
-                "learner.lora is set but the model has no adapters: call model.lora.add_lora on the model "
-                "before the engine copies it (the runtimes do)"
+                "learner.lora is set but the model has no adapters: build the policy with model.policy."
+                "build_policy(PolicySpec(lora=...)) before the engine copies it (the runtimes do)"
             )
         # LoRA (or freeze_vision): the frozen part has requires_grad False, so it gets no gradient, fp32
         # master or AdamW state

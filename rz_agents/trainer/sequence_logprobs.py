@@ -29,25 +29,10 @@ def trajectory_logprobs(
     would predict a segment's first token from the previous segment is 0.0 (that token is never sampled)."""
     if any(t.segment_starts for t in trajs):
         return _segmented_logprobs(model, trajs, scoring)
-    if getattr(model, "vl_config", None) is None:
-        if any(t.images for t in trajs):
-            raise ValueError("trajectories carry images but the model has no vision tower")
-        return packed_token_logprobs(model, [t.tokens for t in trajs], **scoring)
-    from rz_agents.model.qwen3_vl import VLSequence, packed_logprobs
-    from rz_agents.model.vl_processor import png_image_inputs
-
-    vision = model.vl_config.vision
-    seqs = []
-    for t in trajs:
-        if t.images:
-            pixels, grids = png_image_inputs(t.images, vision)
-            ids = torch.as_tensor(t.tokens, dtype=torch.long)
-            # the template's placeholders: a sampled <|image_pad|> is an ordinary token (as to the engine)
-            marks = (ids == model.vl_config.image_token_id) & ~torch.as_tensor(t.loss_mask, dtype=torch.bool)
-            seqs.append(VLSequence(t.tokens, grids, pixels, placeholders=marks))
-        else:
-            seqs.append(VLSequence(t.tokens))
-    return packed_logprobs(model, seqs, **scoring)
+    # the model turns each trajectory into what the packer takes (its images too, for a model that takes
+    # them; a text model refuses images): the forward contract, model/transformer.py
+    seqs = [model.scored_sequence(t.tokens, t.images, t.loss_mask) for t in trajs]
+    return packed_token_logprobs(model, seqs, **scoring)
 
 
 def _segmented_logprobs(
@@ -59,7 +44,7 @@ def _segmented_logprobs(
     for i, t in enumerate(trajs):
         for a, b in t.segments():
             pieces.append(Trajectory(t.tokens[a:b], t.loss_mask[a:b], t.behavior_logprobs[a:b],
-                                     t.versions[a:b], t.reward, t.group_id, images=t.images))  # fmt: skip
+                                     t.versions[a:b], t.reward, t.group_id))  # fmt: skip
             owners.append(i)
     scored = trajectory_logprobs(model, pieces, scoring)
     out: list[list[torch.Tensor]] = [[] for _ in trajs]

@@ -135,7 +135,7 @@ def tiny_text_model():
 def test_rope_columns_cross_the_end_of_the_prompt():
     model = _model()
     prompt, images = _request([(1, 4, 6)], 9)  # 5 text, start, 6 placeholders, end, 3 text
-    seq = SequenceImages(prompt, images, model.vl_config)
+    seq = SequenceImages(prompt, images, model)
     full, delta = model.rope_positions(prompt + [7, 8, 9], images.image_grid_thw)
     assert delta == seq.delta == 3 - 6
     for a, b in [(0, len(prompt)), (3, 9), (9, len(prompt) + 2), (len(prompt), len(prompt) + 3), (0, 1)]:

@@ -86,7 +86,7 @@ def test_static_decode_after_images_equals_eager_and_the_learner(dtype):
     eager, _, ref = _run(model, static_decode=False)
     assert static.stats()["static_decode_steps"] >= 6 and eager.stats()["static_decode_steps"] == 0
     assert static.runner.decode_step.multimodal and 4 in static.buckets_run  # 3 rows + 1 padding row
-    assert [r.delta for r in (SequenceImages(p, im, model.vl_config) for p, im in reqs[:2])] == [-3, -6]
+    assert [r.delta for r in (SequenceImages(p, im, model) for p, im in reqs[:2])] == [-3, -6]
     for a, b, c in zip(outs, ref, _learner(model, reqs, outs), strict=True):
         assert a.tokens == b.tokens and len(a.tokens) == 8
         assert torch.equal(a.logprobs, b.logprobs)
@@ -115,7 +115,7 @@ def test_vl_decode_step_reads_nothing_back_and_refuses_bad_rope_positions():
         step.fill([1], [5], [[0]], rope_positions=[6])
     # a prompt's placeholder (length-1 final chunk) is not a text row: the general forward takes it
     prompt, images = _requests()[0]
-    seq = SequenceImages(prompt, images, model.vl_config)
+    seq = SequenceImages(prompt, images, model)
     assert seq.text_rope_position(int(seq.slots[0])) is None
     assert seq.text_rope_position(len(prompt) + 3) == len(prompt) + 3 + seq.delta
     assert seq.text_rope_position(len(prompt) - 1) == int(seq.rope[0, len(prompt) - 1])

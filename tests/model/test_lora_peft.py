@@ -9,7 +9,8 @@ import torch
 from rz_agents.model import ModelConfig, Transformer
 from rz_agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from rz_agents.model.lora import LoraConfig, adapter_names, add_lora
-from rz_agents.model.peft_files import ADAPTER_DIR, PREFIX, load_peft_adapter, read_peft_config
+from rz_agents.model.peft_files import ADAPTER_DIR, PREFIX, read_peft_config
+from rz_agents.model.policy import PolicySpec, build_policy
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -70,8 +71,7 @@ def test_rz_loads_a_peft_made_adapter_with_peft_logits(tmp_path):
     tokens = torch.randint(0, base_rz.config.vocab_size, (1, 29), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         hf_logits = hf(tokens).logits[0]
-    ours = load_hf_checkpoint(ckpt)
-    load_peft_adapter(ours, tmp_path / "adapter")
+    ours = build_policy(PolicySpec(checkpoint=ckpt, adapter=tmp_path / "adapter"))
     assert (_logits(ours, tokens[0]) - hf_logits).abs().max() <= 1e-5
     assert (_logits(base_rz, tokens[0]) - hf_logits).abs().max() > 1e-3
 

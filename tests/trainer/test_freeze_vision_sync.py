@@ -16,6 +16,7 @@ import torch
 
 from rz_agents.engine import EngineConfig, ImagePrompt, RZEngine, SamplingParams
 from rz_agents.images import to_png
+from rz_agents.model.freeze import freeze_vision_tower
 from rz_agents.model.held_weights import HELD_KEY
 from rz_agents.model.qwen3_vl import Qwen3VLModel
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
@@ -37,6 +38,8 @@ def _pair(freeze: bool = True) -> tuple[Learner, RZEngine]:
     cfg = LearnerConfig(
         optim=OptimConfig(lr=1e-2, max_grad_norm=1.0), assert_lag0_exact=True, freeze_vision=freeze
     )
+    if freeze:  # as model.policy.build_policy does for PolicySpec.freeze_vision
+        freeze_vision_tower(model)
     learner = Learner(model, cfg)
     engine_model = copy.deepcopy(model).requires_grad_(False)
     engine_cfg = EngineConfig(max_running=4, max_len=96, max_batch_tokens=12, num_threads=1)

@@ -13,6 +13,7 @@ from PIL import Image
 
 from rz_agents.engine import EngineConfig, ImagePrompt, RZEngine, SamplingParams
 from rz_agents.images import to_png
+from rz_agents.model.freeze import freeze_vision_tower
 from rz_agents.model.qwen3_vl import Qwen3VLModel
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 from rz_agents.model.vl_processor import png_image_inputs, preprocess_images
@@ -124,6 +125,8 @@ def test_freeze_vision_keeps_the_tower_and_trains_the_language_model(freeze):
     trajs = _episodes(model)
     tower0, lm0 = _tower_and_lm(model)
     cfg = LearnerConfig(optim=OptimConfig(lr=1e-2), assert_lag0_exact=True, freeze_vision=freeze)
+    if freeze:  # as model.policy.build_policy does for PolicySpec.freeze_vision
+        freeze_vision_tower(model)
     learner = Learner(model, cfg)
     metrics = learner.step(trajs)
     assert metrics["lag0_abs_dlogp_max"] == 0.0 and metrics["step_skipped_nonfinite"] == 0
@@ -164,5 +167,16 @@ def test_vision_lr_moves_the_tower_at_its_own_rate():
 
 
 def test_vision_lr_needs_a_trained_tower():
+    model = _model()
+    freeze_vision_tower(model)
     with pytest.raises(ValueError, match="vision_lr.*no trained vision tower"):
-        Learner(_model(), LearnerConfig(optim=OptimConfig(vision_lr=1e-3), freeze_vision=True))
+        Learner(model, LearnerConfig(optim=OptimConfig(vision_lr=1e-3), freeze_vision=True))
+
+
+def test_freeze_vision_refuses_a_tower_that_trains():
+    """The policy builder freezes the tower (PolicySpec.freeze_vision); the learner does not freeze it a
+    second time: given a model whose tower still trains it refuses, naming the builder."""
+    with pytest.raises(
+        ValueError, match="freeze_vision is set but the model's vision tower trains.*build_policy"
+    ):
+        Learner(_model(), LearnerConfig(freeze_vision=True))

@@ -8,11 +8,12 @@ episode goes to the replica serving the fewest live episodes. An episode is the 
 (the controller runs every episode in its own task), so routing needs nothing from the agent loop.
 
 Weights reach the replicas as one reference into Ray's object store (published by learner rank 0); each
-replica fetches the object (once per node) and applies it between engine steps. With LoRA a replica builds
-the same adapters as the learner (``learner.lora``) and a publication holds only the adapter tensors (with
-``learner.freeze_vision`` all but the vision tower; either one with the claim on the frozen rest that the
-replica checks: model/held_weights.py); the whole weights go once (``load_base``: at the start, after a warm
-start or a resume) and again to a replica Ray restarted, before its partial updates. A replica that dies is
+replica fetches the object (once per node) and applies it between engine steps. With LoRA a replica's
+policy holds the learner's adapters (``learner.lora``; their values come with the whole weights) and a
+publication holds only the adapter tensors (with ``learner.freeze_vision`` all but the vision tower;
+either one with the claim on the frozen rest that the replica checks: model/held_weights.py); the whole
+weights go once (``load_base``: at the start, after a warm start or a resume) and again to a replica Ray
+restarted, before its partial updates. A replica that dies is
 restarted by Ray; its episodes in flight fail with ``ReplicaLost`` (the controller runs them again or drops
 them, and counts both), and the router sends it the latest weights before routing to it again.
 """
@@ -32,7 +33,7 @@ from ray.exceptions import RayActorError
 
 from rz_agents.engine import EngineConfig, ImagePrompt, RZEngine
 from rz_agents.engine.params import Completion, SamplingParams
-from rz_agents.model.lora import LoraConfig, add_lora
+from rz_agents.model.lora import LoraConfig
 from rz_agents.rollout.agent_loop import EpisodeError, ReplicaLost
 from rz_agents.runtime.config import ModelSpec
 from rz_agents.runtime.factories import build_model, build_tokenizer
@@ -53,13 +54,13 @@ class EngineServer:
         device: str = "cpu",
         lora: LoraConfig | None = None,
     ) -> None:
-        """``lora``: the learner's adapters (``learner.lora``), built here the same way (same seeded init)."""
+        """``lora``: the learner's adapters (``learner.lora``): the policy holds their shape; their values
+        come with the learner's first weights (the driver loads the whole weights into every replica before
+        the first episode: ``EngineReplicas.load_base``), as every later value does."""
         if engine_cfg.num_threads is not None:
             torch.set_num_threads(engine_cfg.num_threads)
         tok, _ = build_tokenizer(tokenizer, spec.checkpoint)
-        model = build_model(dataclasses.replace(spec, device=device), vocab)
-        if lora is not None:
-            add_lora(model, lora)
+        model = build_model(dataclasses.replace(spec, device=device), vocab, lora=lora)
         model.requires_grad_(False)
         self.engine = RZEngine(model, engine_cfg, decode=tok.decode)
 

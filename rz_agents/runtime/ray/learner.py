@@ -28,7 +28,6 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from rz_agents.model.lora import add_lora
 from rz_agents.runtime.config import ModelSpec
 from rz_agents.runtime.factories import build_model, checkpoint_skeleton, checkpoint_weights
 from rz_agents.runtime.plan import RunPlan
@@ -84,11 +83,14 @@ class LearnerRank:
         if ranks is not None and self.spec.checkpoint and not self.plan.learner.lora.enabled:
             # Each rank allocates only its shards and cuts them from the checkpoint one tensor at a time.
             # (With LoRA each rank builds the whole model, adapters included, then keeps its base shards.)
-            self.learner = self.plan.build_learner(checkpoint_skeleton(self.spec), ranks=ranks)
+            skeleton = checkpoint_skeleton(self.spec, freeze_vision=self.plan.learner.freeze_vision)
+            self.learner = self.plan.build_learner(skeleton, ranks=ranks)
             self.learner.load_weights(checkpoint_weights(self.spec))
             return node_id()
-        model = build_model(dataclasses.replace(self.spec, device=self.device), self.vocab)
-        add_lora(model, self.plan.learner.lora)  # (the engines build the same adapters: ray/engines.py)
+        learner = self.plan.learner
+        spec = dataclasses.replace(self.spec, device=self.device)
+        # (each rank seeds the same adapters; the engines take theirs from rank 0's first weights)
+        model = build_model(spec, self.vocab, lora=learner.lora, freeze_vision=learner.freeze_vision)
         self.learner = self.plan.build_learner(model, ranks=ranks)
         return node_id()
 

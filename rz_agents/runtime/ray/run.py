@@ -19,8 +19,6 @@ from typing import Any
 
 import ray
 
-from rz_agents.model.freeze import freeze_vision_tower
-from rz_agents.model.lora import add_lora
 from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.factories import (
     build_controller,
@@ -123,7 +121,8 @@ class RayRun(RunHandle):
         return engines
 
     def _lora(self):
-        """The learner's LoRA config for the engines to build the same adapters (None: no LoRA)."""
+        """The learner's LoRA config: the engines' policy holds the same adapters, whose values come with
+        the learner's first weights (``load_engine_base``); None: no LoRA."""
         lora = self.plan.learner.lora
         return lora if lora.enabled else None
 
@@ -131,11 +130,9 @@ class RayRun(RunHandle):
     def model(self):
         """A copy of the policy in this process, for a supervised warm start (then ``push_model_weights``)
         and for exporting; built on first use, with the learner's current weights (adapters included)."""
-        model = build_model(self.spec, self.vocab)
-        if self._lora() is not None:
-            add_lora(model, self._lora())
-        if self.plan.learner.freeze_vision:  # the warm start's SFT leaves the tower as the learner does
-            freeze_vision_tower(model)
+        # the learner's policy (the warm start's SFT leaves the tower as the learner does)
+        learner = self.plan.learner
+        model = build_model(self.spec, self.vocab, lora=learner.lora, freeze_vision=learner.freeze_vision)
         model.load_state_dict(ray.get(self.learner.full_weights_ref()))
         return model
 

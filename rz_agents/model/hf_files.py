@@ -1,0 +1,185 @@
+"""Reading an HF checkpoint directory: its config.json (and a vision-language model's
+preprocessor_config.json), its (sharded) safetensors by name, and its base model: the model class of its
+config with every tensor copied in by name. A saved LoRA adapter (its lora_adapter/ folder) is not read
+here: the policy builder (model/policy.py) attaches adapters. safetensors is imported where it is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+
+from rz_agents.model.config import ModelConfig
+from rz_agents.model.peft_files import ADAPTER_DIR
+from rz_agents.model.qwen3_vl_config import ImageProcessing, Qwen3VLConfig
+from rz_agents.model.transformer import Transformer
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+PREPROCESSOR_NAME = "preprocessor_config.json"  # HF image processors read it (Qwen-VL models)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded (missing file, missing/unexpected tensors)."""
+
+
+def read_config(ckpt_dir: str | os.PathLike, dtype: str | None = None) -> ModelConfig:
+    """The checkpoint's ModelConfig (for Qwen3-VL: its language model's; `read_model_config` the whole)."""
+    config = read_model_config(ckpt_dir, dtype)
+    return config.text if isinstance(config, Qwen3VLConfig) else config
+
+
+def read_model_config(ckpt_dir: str | os.PathLike, dtype: str | None = None) -> ModelConfig | Qwen3VLConfig:
+    """The checkpoint's config: a ModelConfig, or a Qwen3VLConfig for model_type qwen3_vl."""
+    path = Path(ckpt_dir) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{ckpt_dir}: no config.json")
+    d = json.loads(path.read_text())
+    if d.get("model_type") == "qwen3_vl":
+        config = Qwen3VLConfig.from_hf(d, dtype=dtype)
+        pre = Path(ckpt_dir) / PREPROCESSOR_NAME
+        if pre.is_file():  # absent: rz checkpoints from before it was written, made with the defaults
+            try:
+                config.vision.image_processing = ImageProcessing.from_hf(json.loads(pre.read_text()))
+            except (ValueError, TypeError) as e:
+                raise CheckpointError(f"{pre}: {e}") from None
+        return config
+    return ModelConfig.from_hf(d, dtype=dtype)
+
+
+def build_model(
+    config: ModelConfig | Qwen3VLConfig, kernels: str = "aligned", init: bool = True
+) -> Transformer:
+    """The model class of `config`: a Transformer, or a Qwen3VLModel (a Transformer with a vision tower)."""
+    if isinstance(config, Qwen3VLConfig):
+        from rz_agents.model.qwen3_vl import Qwen3VLModel
+
+        return Qwen3VLModel(config, kernels=kernels, init=init)
+    return Transformer(config, kernels=kernels, init=init)
+
+
+def _weight_files(ckpt: Path) -> list[Path]:
+    if (ckpt / INDEX_NAME).is_file():
+        weight_map = json.loads((ckpt / INDEX_NAME).read_text())["weight_map"]
+        return [ckpt / f for f in sorted(set(weight_map.values()))]
+    if (ckpt / SINGLE_NAME).is_file():
+        return [ckpt / SINGLE_NAME]
+    raise CheckpointError(f"{ckpt}: no {SINGLE_NAME} or {INDEX_NAME}")
+
+
+def load_state(ckpt_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory by name."""
+    from safetensors import safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    for f in _weight_files(Path(ckpt_dir)):
+        with safe_open(str(f), framework="pt") as fh:
+            for k in fh.keys():
+                state[k] = fh.get_tensor(k)
+    return state
+
+
+class LazyState(Mapping):
+    """A checkpoint directory's tensors by name, each read from its file when it is looked up (and cast to
+    ``dtype``, as ``load_hf_checkpoint`` casts it): a consumer that takes one tensor at a time (a sharded
+    learner cutting its shard of each) never holds the whole state."""
+
+    def __init__(self, ckpt_dir: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
+        from safetensors import safe_open
+
+        self.ckpt_dir, self.dtype = Path(ckpt_dir), dtype
+        self._file_of: dict[str, Path] = {}
+        for f in _weight_files(self.ckpt_dir):
+            with safe_open(str(f), framework="pt") as fh:
+                self._file_of.update({k: f for k in fh.keys()})
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._file_of:
+            raise CheckpointError(f"{self.ckpt_dir}: no tensor {name}")
+        from safetensors import safe_open
+
+        with safe_open(str(self._file_of[name]), framework="pt") as fh:
+            tensor = fh.get_tensor(name)
+        return tensor if self.dtype is None else tensor.to(self.dtype)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._file_of)
+
+    def __len__(self) -> int:
+        return len(self._file_of)
+
+
+def model_config_of(config: ModelConfig | Qwen3VLConfig) -> ModelConfig:
+    """The decoder's ModelConfig of a model config (Qwen3-VL: its language model's)."""
+    return config.text if isinstance(config, Qwen3VLConfig) else config
+
+
+def _prediction_layer(name: str, config: ModelConfig) -> bool:
+    """A tensor of DeepSeek-V3's multi-token-prediction layer (stored as model.layers.{num_hidden_layers}.*):
+    not part of the causal LM, skipped as transformers skips it."""
+    if config.model_type != "deepseek_v3" or not name.startswith("model.layers."):
+        return False
+    return int(name.split(".")[2]) >= config.num_hidden_layers
+
+
+def model_skeleton(
+    ckpt_dir: str | os.PathLike, kernels: str = "aligned", dtype: str | None = None
+) -> Transformer:
+    """The checkpoint's model on the meta device (shapes and dtype, no storage): for learner ranks that shard
+    it first and then take only their shards of each tensor (``LazyState``)."""
+    config = read_model_config(ckpt_dir, dtype)
+    with torch.device("meta"):
+        return build_model(config, kernels=kernels, init=False)
+
+
+def load_hf_base(
+    ckpt_dir: str | os.PathLike,
+    kernels: str = "aligned",
+    dtype: str | None = None,
+    device: torch.device | str = "cpu",
+) -> Transformer:
+    """The checkpoint's base model on `device` (every tensor of the directory, none of its saved adapter:
+    ``saved_adapter`` names that folder); every parameter must be present."""
+    full_config = read_model_config(ckpt_dir, dtype)
+    config = model_config_of(full_config)
+    # Build without initialising (every parameter is overwritten below): a random init of a multi-GB
+    # model would cost more than reading it.
+    with torch.device("meta"):
+        model = build_model(full_config, kernels=kernels, init=False)
+    model.to_empty(device=device)
+    if config.tie_word_embeddings:  # to_empty gives each reference its own tensor: tie them again
+        model.lm_head.weight = model.get_input_embeddings().weight
+    state = load_state(ckpt_dir)
+    expected = set(model.state_dict())
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+        expected.discard("lm_head.weight")
+    # transformers never stores rotary buffers; some exports carry them.
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    state = {k: v for k, v in state.items() if not _prediction_layer(k, config)}
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{ckpt_dir}: tensors do not match a {config.model_type} model: "
+            f"missing {sorted(missing)[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {sorted(unexpected)[:5]}{'...' if len(unexpected) > 5 else ''}"
+        )
+    params = model.state_dict()
+    with torch.no_grad():
+        for name, t in state.items():
+            if params[name].shape != t.shape:
+                raise CheckpointError(
+                    f"{ckpt_dir}: {name} has shape {tuple(t.shape)}, expected {tuple(params[name].shape)}"
+                )
+            params[name].copy_(t.to(params[name].dtype))
+    return model
+
+
+def saved_adapter(ckpt_dir: str | os.PathLike) -> Path | None:
+    """The PEFT adapter folder a LoRA model's checkpoint holds (``save_hf_checkpoint`` writes it), or None."""
+    adapter = Path(ckpt_dir) / ADAPTER_DIR
+    return adapter if (adapter / "adapter_config.json").is_file() else None

@@ -1,0 +1,144 @@
+"""The policy builder: the one place a policy model is made.
+
+A ``PolicySpec`` says what the policy is: a family (a random tiny model of ``model_type``) or an HF
+checkpoint, its op set and dtype, the LoRA adapters it holds (a saved adapter, a PEFT directory, the
+learner's ``lora``) and its frozen parts (the vision tower). ``build_policy`` turns it into the model, in one
+order: base weights, then adapters (attached once, then filled from their files), then freezing. Every
+runtime, the engine replicas, the learner ranks, warm start, ``rz serve`` and eval build theirs here, so the
+parts that hold the policy cannot disagree on its shape; the values of adapters a learner initialised travel
+to its engines with the first weights (the engines never re-create them "with the same seed").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rz_agents.model.freeze import freeze_vision_tower
+from rz_agents.model.hf_files import load_hf_base, model_skeleton, saved_adapter
+from rz_agents.model.lora import LoraConfig, add_lora, has_lora
+from rz_agents.model.peft_files import load_peft_adapter, read_peft_config
+
+
+@dataclass
+class PolicySpec:
+    """What a policy model is. ``checkpoint`` (an HF directory, or a packaged model's name) decides the
+    family and weights; without one the policy is a random tiny ``model_type`` model (``ModelConfig.tiny``
+    with ``vocab_size``, ``dtype`` and ``tiny_overrides``), seeded with ``init_seed``."""
+
+    checkpoint: str | os.PathLike | None = None
+    model_type: str = "qwen3"
+    vocab_size: int | None = None  # a tiny model's vocabulary (the tokenizer's); a checkpoint has its own
+    tiny_overrides: dict[str, Any] = field(default_factory=dict)
+    init_seed: int = 0
+    kernels: str = "aligned"  # the op set of engine and learner alike
+    dtype: str | None = None  # None: the checkpoint's own (float32 for a tiny model)
+    activation_checkpointing: bool = False
+    adapter: str | os.PathLike | None = None  # a PEFT LoRA directory loaded on top (base + adapter)
+    lora: LoraConfig | None = None  # the adapters a learner trains (None or rank 0: none)
+    freeze_vision: bool = False  # the vision tower does not train (a vision-language policy)
+
+
+def build_policy(spec: PolicySpec, device: torch.device | str = "cpu") -> nn.Module:
+    """The policy ``spec`` describes on ``device`` ("meta": shapes only, for learner ranks that shard it and
+    then cut their shards from the checkpoint; no adapters then). Adapters come from, in order, the
+    checkpoint's saved ``lora_adapter/``, ``spec.adapter`` and ``spec.lora``: the first attaches them, the
+    others must have their shape (ValueError naming both otherwise); files fill their values. With
+    adapters only they train; ``spec.freeze_vision`` stops the vision tower training."""
+    if str(device) == "meta":
+        model = _skeleton(spec)
+    else:
+        model = _base(spec, device)
+        _attach_adapters(model, spec)
+    if spec.freeze_vision:
+        freeze_vision_tower(model)
+    return model
+
+
+def _checkpoint_dir(spec: PolicySpec) -> Path:
+    from rz_agents.model.packaged import PACKAGED_MODELS, resolve_checkpoint
+
+    # a directory is read as is (its reader names what it lacks); a packaged model's name is resolved
+    name = str(spec.checkpoint)
+    return resolve_checkpoint(name) if name in PACKAGED_MODELS else Path(name)
+
+
+def _skeleton(spec: PolicySpec) -> nn.Module:
+    if not spec.checkpoint:
+        raise ValueError("build_policy on the meta device needs a checkpoint (its weights fill the shards)")
+    if spec.adapter or (spec.lora is not None and spec.lora.enabled):
+        raise ValueError(
+            "build_policy on the meta device: adapters need the whole model (build it on a device)"
+        )
+    model = model_skeleton(_checkpoint_dir(spec), kernels=spec.kernels, dtype=spec.dtype)
+    model.config.activation_checkpointing = spec.activation_checkpointing
+    return model
+
+
+def _base(spec: PolicySpec, device: torch.device | str) -> nn.Module:
+    """The base model: a checkpoint's weights (none of its adapter), or a seeded random tiny model."""
+    if spec.checkpoint:
+        model = load_hf_base(_checkpoint_dir(spec), kernels=spec.kernels, dtype=spec.dtype, device=device)
+        model.config.activation_checkpointing = spec.activation_checkpointing
+        return model
+    from rz_agents.model import ModelConfig, Transformer
+
+    overrides = {
+        "vocab_size": spec.vocab_size,
+        "dtype": spec.dtype or "float32",
+        "activation_checkpointing": spec.activation_checkpointing,
+        **spec.tiny_overrides,
+    }
+    if overrides["vocab_size"] is None:
+        raise ValueError("PolicySpec.vocab_size: a random tiny model needs its tokenizer's vocabulary size")
+    torch.manual_seed(spec.init_seed)
+    if spec.model_type == "qwen3_vl":
+        from rz_agents.model.qwen3_vl import Qwen3VLModel
+
+        model = Qwen3VLModel(tiny_vl_config(overrides), kernels=spec.kernels)
+    else:
+        model = Transformer(ModelConfig.tiny(spec.model_type, **overrides), kernels=spec.kernels)
+    model.reset_parameters(seed=spec.init_seed)
+    return model.to(device)
+
+
+def _attach_adapters(model: nn.Module, spec: PolicySpec) -> None:
+    """Attach the policy's adapters once and fill them from their files (see ``build_policy``)."""
+    files = [saved_adapter(_checkpoint_dir(spec)) if spec.checkpoint else None, spec.adapter]
+    sources: list[tuple[LoraConfig, Path | None]] = [(read_peft_config(d), Path(d)) for d in files if d]
+    if spec.lora is not None and spec.lora.enabled:
+        sources.append((spec.lora, None))
+    for cfg, directory in sources:
+        if directory is None or not has_lora(model):
+            # attaches (A seeded, B zero), or checks the adapters already there are this shape and makes
+            # them (only them) train
+            add_lora(model, cfg)
+        if directory is not None:
+            load_peft_adapter(model, directory)  # (checks the file's shape against the model's adapters)
+
+
+def tiny_vl_config(overrides: dict):
+    """A random-init Qwen3-VL config: ``overrides`` are the text model's (``ModelConfig.tiny``) with the
+    tower's ``VisionConfig`` fields under ``vision`` (its out_hidden_size follows the text hidden_size)."""
+    from rz_agents.model.qwen3_vl_config import Qwen3VLConfig, VisionConfig
+
+    text = dict(overrides)
+    vision = dict(text.pop("vision", None) or {})
+    base = Qwen3VLConfig.tiny(**text)
+    if base.text.vocab_size > Qwen3VLConfig.video_token_id:
+        # a vocabulary as large as Qwen's (tokenizer: qwen3) has Qwen's vision tokens: take their ids
+        ids = {f.name: f.default for f in dataclasses.fields(Qwen3VLConfig) if f.name.endswith("token_id")}
+        base = dataclasses.replace(base, **ids)
+    fields = {**dataclasses.asdict(base.vision), **vision}
+    fields.setdefault("out_hidden_size", base.text.hidden_size)
+    try:
+        tower = VisionConfig(**fields)
+    except TypeError as e:
+        raise ValueError(f"model.tiny_overrides.vision: {e}") from None
+    return dataclasses.replace(base, vision=tower)
