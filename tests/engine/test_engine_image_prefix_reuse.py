@@ -158,7 +158,7 @@ def test_index_tokens_name_each_placeholder_by_its_image_content():
     model = _model()
     tokens, px = _part(5, (1, 4, 4), text=2)  # 2 text, start, 4 placeholders, end, 3 text
     seq = Sequence(tokens, SamplingParams())
-    seq.images = SequenceImages(tokens, _images([px], [(1, 4, 4)]), model.vl_config)
+    seq.images = SequenceImages(tokens, _images([px], [(1, 4, 4)]), model)
     items = seq.index_tokens()
     assert items[:3] == tokens[:3] and items[7:] == tokens[7:]
     assert len(set(items[3:7])) == 1 and all(isinstance(x, str) for x in items[3:7])
@@ -171,9 +171,9 @@ def test_index_tokens_name_each_placeholder_by_its_image_content():
         ([px], [(1, 2, 8)]),
     ]
     for pixels, grids in others:
-        other = SequenceImages(tokens, _images(pixels, grids), model.vl_config)
+        other = SequenceImages(tokens, _images(pixels, grids), model)
         assert placeholder_labels(tokens, other)[3] != items[3]
-    same = SequenceImages(tokens, _images([px.clone()], [(1, 4, 4)]), model.vl_config)
+    same = SequenceImages(tokens, _images([px.clone()], [(1, 4, 4)]), model)
     assert placeholder_labels(tokens, same)[3] == items[3]
 
 
@@ -204,7 +204,7 @@ def test_a_reuse_ending_inside_an_image_prefills_the_rest_of_it_with_the_same_bi
     images = _images([px], [(1, 16, 32)])
     params = SamplingParams(temperature=1.0, max_tokens=4, seed=2, ignore_eos=True)
     first = Sequence(tokens, params)
-    first.images = SequenceImages(tokens, images, model.vl_config)
+    first.images = SequenceImages(tokens, images, model)
     engine.scheduler.add(first)
     engine.step()
     assert first.num_cached == cut and engine.runner.images_encoded == 1
@@ -271,7 +271,7 @@ def test_a_sequence_that_reused_a_screenshot_prefix_and_is_preempted_recomputes_
     request = (prompt, _images([images.pixel_values, px], [*images.image_grid_thw, (1, 8, 8)]))
     params = SamplingParams(temperature=1.0, max_tokens=5, seed=4, ignore_eos=True)
     seq = Sequence(prompt, params)
-    seq.images = SequenceImages(prompt, request[1], model.vl_config)
+    seq.images = SequenceImages(prompt, request[1], model)
     engine.scheduler.add(seq)
     engine.step()
     reused = len(first) + len(out.tokens) - 1
