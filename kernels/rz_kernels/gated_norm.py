@@ -1,4 +1,5 @@
-"""Gated RMSNorm (Gated DeltaNet's output norm): rms_norm(x) * weight * silu(gate), per row in fp32."""
+"""Qwen3.5's two RMSNorm forms, per row in fp32: the gated one (Gated DeltaNet's output norm,
+rms_norm(x) * weight * silu(gate)) and the zero-centred one (every other norm: rms_norm(x) * (1 + weight))."""
 
 from __future__ import annotations
 
@@ -19,3 +20,11 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     h = weight * h.to(dtype)
     h = h * aligned_unary(F.silu, gate.float())
     return h.to(dtype)
+
+
+def zero_centered_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`(x / sqrt(mean(x^2) + eps)) * (1 + weight)` in fp32, cast back to x's dtype once at the end (the
+    rounding steps of transformers' `Qwen3_5RMSNorm`, whose weight is stored centred on zero)."""
+    h = x.float()
+    h = h * aligned_unary(torch.rsqrt, h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (1.0 + weight.float())).to(x.dtype)

@@ -357,7 +357,12 @@ def verify_shape(n: int, k: int, dtype: torch.dtype) -> GemmVerdict:
 def _choose(n: int, k: int, dtype: torch.dtype) -> GemmVerdict:
     failed: list[str] = []
     for form in FORMS_AVAILABLE:
-        bad, small = _check(form, n, k, dtype)
+        try:
+            bad, small = _check(form, n, k, dtype)
+        except RuntimeError as exc:  # e.g. oneDNN's bf16 packing needs AVX-512 (or AVX-NE-CONVERT)
+            log.info("aligned GEMM guard: form %s unavailable for %s: %s", form, dtype, exc)
+            failed.append(f"{form}@unavailable")
+            continue
         if not bad:
             return GemmVerdict(form, small + ROW_BUCKETS, tuple(failed))
         failed.append(f"{form}@{','.join(map(str, bad))}")
