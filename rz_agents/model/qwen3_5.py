@@ -25,10 +25,9 @@ from torch import nn
 from rz_agents.model.qwen3_5_config import Qwen35Config
 from rz_kernels import OpSet, RopeTable, get_ops
 from rz_kernels.attention import KEY_BLOCK
-from rz_kernels.causal_conv import causal_conv1d
-from rz_kernels.delta_rule import gated_delta_rule, l2_normalize
+from rz_kernels.delta_rule import l2_normalize
 from rz_kernels.elementwise import aligned_unary
-from rz_kernels.gated_norm import gated_rms_norm, zero_centered_rms_norm
+from rz_kernels.gated_norm import zero_centered_rms_norm
 
 
 class CenteredRMSNorm(nn.Module):
@@ -49,8 +48,8 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return gated_rms_norm(x, gate, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, gate: torch.Tensor, ops: OpSet) -> torch.Tensor:
+        return ops.gated_rms_norm(x, gate, self.weight, self.eps)
 
 
 class _Batch:
@@ -137,7 +136,9 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: _Batch) -> torch.Tensor:
         ops, t = batch.ops, x.shape[0]
-        mixed, _ = causal_conv1d(ops.linear(x, self.in_proj_qkv.weight), self.conv1d.weight, batch.seq_lens)
+        mixed, _ = ops.causal_conv1d(
+            ops.linear(x, self.in_proj_qkv.weight), self.conv1d.weight, batch.seq_lens
+        )
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q, k = q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk)
         v = v.reshape(t, self.hv, self.dv)
@@ -150,8 +151,8 @@ class GatedDeltaNet(nn.Module):
             q = q.repeat_interleave(self.hv // self.hk, dim=1)
             k = k.repeat_interleave(self.hv // self.hk, dim=1)
         q, k = l2_normalize(q), l2_normalize(k)
-        core, _ = gated_delta_rule(q, k, v, g, beta, batch.seq_lens)
-        core = self.norm(core.reshape(t * self.hv, self.dv), z).reshape(t, self.value_dim)
+        core, _ = ops.delta_rule(q, k, v, g, beta, batch.seq_lens)
+        core = self.norm(core.reshape(t * self.hv, self.dv), z, ops).reshape(t, self.value_dim)
         return ops.linear(core, self.out_proj.weight)
 
 
