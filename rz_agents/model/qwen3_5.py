@@ -228,6 +228,10 @@ class Qwen35ForCausalLM(nn.Module):
             x = layer(x, batch)
         return self.model.norm(x)
 
+    def hf_config(self) -> dict:
+        """This model's config.json (`save_hf_checkpoint` writes it, Qwen3_5ForCausalLM reads it)."""
+        return {**self.config.to_hf(), "dtype": str(self.lm_head.weight.dtype).removeprefix("torch.")}
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head in the op set's GEMM, as fp32 [T, vocab]."""
         return self.ops.linear(hidden, self.lm_head.weight).float()

@@ -123,3 +123,19 @@ def test_a_checkpoint_missing_a_tensor_is_refused_naming_it(checkpoint, tmp_path
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
     with pytest.raises(ValueError, match="missing.*layers.0.linear_attn.A_log"):
         load_qwen3_5(tmp_path)
+
+
+def test_save_round_trip_is_exact_and_transformers_loads_it(checkpoint, tmp_path):
+    from rz_agents.model.checkpoint import save_hf_checkpoint
+
+    path, tokens, ref = checkpoint
+    model = load_qwen3_5(path)
+    save_hf_checkpoint(model, tmp_path / "saved")
+    again = load_qwen3_5(tmp_path / "saved")
+    assert again.config == model.config
+    for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    hf = hf_models.Qwen3_5ForCausalLM.from_pretrained(tmp_path / "saved", attn_implementation="eager").eval()
+    with torch.no_grad():
+        logp = hf(tokens[: LENS[0]].unsqueeze(0)).logits[0].float().log_softmax(-1)
+    assert torch.equal(logp, ref[: LENS[0]])  # the same weights, so transformers' own bits
