@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -52,25 +53,55 @@ class GatedRMSNorm(nn.Module):
         return ops.gated_rms_norm(x, gate, self.weight, self.eps)
 
 
-class _Batch:
-    """What every layer of one packed forward shares: op set, sequences, positions, attention plan."""
+@dataclass
+class SequenceState:
+    """One sequence's cache between forwards (standalone, until the engine's per-layer caches take it):
+    per layer, the conv window and delta-rule cache (Gated DeltaNet) or the keys and values (attention)."""
 
-    def __init__(self, model: Qwen35ForCausalLM, positions: torch.Tensor, seq_lens: Sequence[int]) -> None:
+    position: int = 0  # tokens seen so far
+    layers: dict[int, tuple] = field(default_factory=dict)
+
+
+class _Batch:
+    """What every layer of one forward shares: op set, sequences, positions, attention plan, caches."""
+
+    def __init__(
+        self,
+        model: Qwen35ForCausalLM,
+        seq_lens: Sequence[int],
+        states: Sequence[SequenceState] | None,
+        device: torch.device,
+    ) -> None:
         cfg = model.config
         self.ops: OpSet = model.ops
         self.seq_lens = list(seq_lens)
-        self.positions = positions
-        dev = positions.device
-        self.seq_ids = torch.repeat_interleave(
-            torch.arange(len(self.seq_lens), device=dev), torch.tensor(self.seq_lens, device=dev)
+        self.states = list(states) if states is not None else None
+        starts = [st.position for st in self.states] if self.states is not None else [0] * len(self.seq_lens)
+        self.starts = starts
+        self.positions = torch.cat(
+            [torch.arange(a, a + n, device=device) for a, n in zip(starts, self.seq_lens, strict=True)]
         )
-        top = max(self.seq_lens, default=1) - 1
+        self.seq_ids = torch.repeat_interleave(
+            torch.arange(len(self.seq_lens), device=device), torch.tensor(self.seq_lens, device=device)
+        )
+        top = max((a + n for a, n in zip(starts, self.seq_lens, strict=True)), default=1) - 1
         self.buf_shape = (len(self.seq_lens), cfg.num_key_value_heads, -(-(top + 1) // KEY_BLOCK) * KEY_BLOCK)
         model.rope.check_top(top)
         self.rope = model.rope
         self.plan = self.ops.plan_attention(
-            self.seq_ids, positions, cfg.num_attention_heads, cfg.num_key_value_heads, max_position=top
+            self.seq_ids, self.positions, cfg.num_attention_heads, cfg.num_key_value_heads, max_position=top
         )
+
+    def cached(self, layer: int) -> list[tuple | None]:
+        """Each sequence's cache of `layer` (None: nothing cached, or no states in this forward)."""
+        if self.states is None:
+            return [None] * len(self.seq_lens)
+        return [st.layers.get(layer) for st in self.states]
+
+    def keep(self, layer: int, values: Sequence[tuple]) -> None:
+        if self.states is not None:
+            for st, value in zip(self.states, values, strict=True):
+                st.layers[layer] = value
 
 
 class FullAttention(nn.Module):
@@ -106,6 +137,14 @@ class FullAttention(nn.Module):
         v_buf = torch.zeros(shape, dtype=v.dtype, device=v.device)
         k_buf[batch.seq_ids, :, batch.positions] = k
         v_buf[batch.seq_ids, :, batch.positions] = v
+        if batch.states is not None:  # earlier positions from each sequence's cache; then keep the new ones
+            kept = []
+            for s, (old, n) in enumerate(zip(batch.cached(self.index), batch.seq_lens, strict=True)):
+                if old is not None:
+                    k_buf[s, :, : old[0].shape[1]], v_buf[s, :, : old[1].shape[1]] = old
+                a = batch.starts[s]
+                kept.append((k_buf[s, :, : a + n].detach().clone(), v_buf[s, :, : a + n].detach().clone()))
+            batch.keep(self.index, kept)
         out = ops.attention(q, k_buf, v_buf, batch.plan, 1.0 / math.sqrt(d)).reshape(t, -1)
         out = out * aligned_unary(torch.sigmoid, gate)
         return ops.linear(out, self.o_proj.weight, self.o_proj.bias)
@@ -136,8 +175,14 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: _Batch) -> torch.Tensor:
         ops, t = batch.ops, x.shape[0]
-        mixed, _ = ops.causal_conv1d(
-            ops.linear(x, self.in_proj_qkv.weight), self.conv1d.weight, batch.seq_lens
+        cached = batch.cached(self.index)
+        keep = batch.states is not None
+        mixed, windows = ops.causal_conv1d(
+            ops.linear(x, self.in_proj_qkv.weight),
+            self.conv1d.weight,
+            batch.seq_lens,
+            [c[0] if c else None for c in cached],
+            keep_windows=keep,
         )
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q, k = q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk)
@@ -151,7 +196,11 @@ class GatedDeltaNet(nn.Module):
             q = q.repeat_interleave(self.hv // self.hk, dim=1)
             k = k.repeat_interleave(self.hv // self.hk, dim=1)
         q, k = l2_normalize(q), l2_normalize(k)
-        core, _ = ops.delta_rule(q, k, v, g, beta, batch.seq_lens)
+        core, caches = ops.delta_rule(
+            q, k, v, g, beta, batch.seq_lens, [c[1] if c else None for c in cached], keep_caches=keep
+        )
+        if keep:
+            batch.keep(self.index, list(zip(windows, caches, strict=True)))
         core = self.norm(core.reshape(t * self.hv, self.dv), z, ops).reshape(t, self.value_dim)
         return ops.linear(core, self.out_proj.weight)
 
@@ -177,6 +226,7 @@ class DecoderLayer(nn.Module):
             self.linear_attn = GatedDeltaNet(cfg)
         else:
             self.self_attn = FullAttention(cfg)
+        (self.linear_attn if self.kind == "linear_attention" else self.self_attn).index = index
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -212,20 +262,26 @@ class Qwen35ForCausalLM(nn.Module):
     def ops(self) -> OpSet:
         return get_ops(self.kernels, self.lm_head.weight.device)
 
-    def forward(self, tokens: torch.Tensor, seq_lens: Sequence[int]) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, seq_lens: Sequence[int], states: Sequence[SequenceState] | None = None
+    ) -> torch.Tensor:
         """Final hidden states [T, hidden] of packed sequences: tokens [T] holds `seq_lens[0]` tokens of
-        sequence 0 (positions 0..), then sequence 1's, and so on."""
+        sequence 0, then sequence 1's, and so on. Without `states` every sequence starts at position 0 (the
+        learner's packed forward); with them, sequence i continues `states[i]` (a prefill chunk or a decode
+        token), and the states are updated in place."""
         if tokens.dim() != 1 or sum(seq_lens) != tokens.shape[0]:
             raise ValueError(
                 f"tokens {tuple(tokens.shape)} must be [T] with T = sum(seq_lens) = {sum(seq_lens)}"
             )
-        positions = (
-            torch.cat([torch.arange(n, device=tokens.device) for n in seq_lens]) if seq_lens else tokens
-        )
-        batch = _Batch(self, positions, seq_lens)
+        if states is not None and len(states) != len(seq_lens):
+            raise ValueError(f"{len(states)} states for {len(seq_lens)} sequences")
+        batch = _Batch(self, seq_lens, states, tokens.device)
         x = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
             x = layer(x, batch)
+        if states is not None:
+            for st, n in zip(states, seq_lens, strict=True):
+                st.position += n
         return self.model.norm(x)
 
     def hf_config(self) -> dict:

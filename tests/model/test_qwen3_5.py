@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rz_agents.model.qwen3_5 import load_qwen3_5
+from rz_agents.model.qwen3_5 import SequenceState, load_qwen3_5
 from rz_agents.model.qwen3_5_config import Qwen35Config
 from rz_kernels import RopeTable
 
@@ -139,3 +139,28 @@ def test_save_round_trip_is_exact_and_transformers_loads_it(checkpoint, tmp_path
     with torch.no_grad():
         logp = hf(tokens[: LENS[0]].unsqueeze(0)).logits[0].float().log_softmax(-1)
     assert torch.equal(logp, ref[: LENS[0]])  # the same weights, so transformers' own bits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cached_prefill_cut_anywhere_then_decode_equals_the_packed_forward(checkpoint, dtype):
+    """The triad at model level: the learner's packed forward, a prefill in chunks (cuts inside a delta-rule
+    chunk and on its boundary) and one-token decode give every token the same logits bit for bit."""
+    path, tokens, _ = checkpoint
+    model = load_qwen3_5(path, dtype=dtype)
+    seq = tokens[:100]
+    with torch.no_grad():
+        packed = model.logits(model(seq, [100]))
+        for cuts in ((37, 64, 90), (1, 64, 65), (63, 99)):
+            state, rows, prev = SequenceState(), [], 0
+            for cut in (*cuts, 100):
+                rows.append(model.logits(model(seq[prev:cut], [cut - prev], [state])))
+                prev = cut
+            assert torch.equal(torch.cat(rows), packed), cuts
+            assert state.position == 100
+        # decode next to another sequence's prefill chunk, token by token
+        state, other, rows = SequenceState(), SequenceState(), []
+        rows.append(model.logits(model(seq[:50], [50], [state])))
+        for i in range(50, 100):
+            step = torch.cat([seq[i : i + 1], tokens[100 + i : 101 + i]])
+            rows.append(model.logits(model(step, [1, 1], [state, other]))[:1])
+        assert torch.equal(torch.cat(rows), packed)
