@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 LAYER_KINDS = ("linear_attention", "full_attention")
@@ -100,34 +100,11 @@ class Qwen35Config:
 
     def to_hf(self) -> dict:
         """A `qwen3_5_text` config.json dict (what `from_hf` reads back to this config)."""
-        return {
-            "architectures": ["Qwen3_5ForCausalLM"],
-            "model_type": "qwen3_5_text",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "layer_types": list(self.layer_types),
-            "linear_num_key_heads": self.linear_num_key_heads,
-            "linear_num_value_heads": self.linear_num_value_heads,
-            "linear_key_head_dim": self.linear_key_head_dim,
-            "linear_value_head_dim": self.linear_value_head_dim,
-            "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": self.rope_theta,
-                "partial_rotary_factor": self.partial_rotary_factor,
-            },
-            "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": self.attention_bias,
-            "hidden_act": self.hidden_act,
-            "dtype": self.dtype,
-        }
+        rope = ("rope_theta", "partial_rotary_factor")
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in rope}
+        d["layer_types"] = list(self.layer_types)
+        d["rope_parameters"] = {"rope_type": "default", **{name: getattr(self, name) for name in rope}}
+        return {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", **d}
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | os.PathLike) -> Qwen35Config:
