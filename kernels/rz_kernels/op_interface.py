@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rz_kernels import activation, grouped_route, moe, norm
+from rz_kernels import activation, causal_conv, delta_rule, gated_norm, grouped_route, moe, norm
 from rz_kernels.rope import RopeTable
 
 
@@ -31,6 +31,12 @@ class OpSet:
     route: Callable = moe.route  # (router_logits, top_k, normalize)
     # DeepSeek-V3 routing: (router_logits, correction_bias, top_k, n_group, topk_group, normalize, scaling)
     sigmoid_route: Callable = grouped_route.sigmoid_route
+    # Gated DeltaNet (Qwen3.5's linear attention): the fixed-chunk-grid delta rule, the short causal conv and
+    # the gated norm. Torch forms on every op set for now (exact by construction on any device); a Triton
+    # kernel with the same grid slots in here.
+    delta_rule: Callable = delta_rule.gated_delta_rule  # (q, k, v, g, beta, seq_lens, caches, ...)
+    causal_conv1d: Callable = causal_conv.causal_conv1d  # (x, weight, seq_lens, windows, ...)
+    gated_rms_norm: Callable = gated_norm.gated_rms_norm  # (x, gate, weight, eps)
     # (sizes, k, dtype) -> whether `linear` over weights stacked row-wise gives each part's columns
     # bit for bit (then the model may fuse q/k/v and gate/up into one GEMM).
     fusable: Callable = lambda sizes, k, dtype: True  # noqa: E731

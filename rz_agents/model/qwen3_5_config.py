@@ -1,0 +1,115 @@
+"""The Qwen3.5 text decoder's configuration, read from a checkpoint's config.json (a `qwen3_5_text` config,
+or the `text_config` of a `qwen3_5` vision-language one)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+LAYER_KINDS = ("linear_attention", "full_attention")
+
+
+@dataclass(frozen=True)
+class Qwen35Config:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    layer_types: tuple[str, ...]
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int = 4
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10_000_000.0
+    partial_rotary_factor: float = 0.25
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    hidden_act: str = "silu"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(
+                f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers"
+            )
+        bad = sorted(set(self.layer_types) - set(LAYER_KINDS))
+        if bad:
+            raise ValueError(f"layer_types: unknown kinds {bad}; expected {list(LAYER_KINDS)}")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ValueError(
+                f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
+                f"linear_num_key_heads ({self.linear_num_key_heads})"
+            )
+        if self.hidden_act != "silu":
+            raise ValueError(f"hidden_act {self.hidden_act!r}: only 'silu' is supported")
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of a full-attention head that RoPE rotates (the rest pass through)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> Qwen35Config:
+        """From a config.json dict (`qwen3_5_text`, or `qwen3_5` with a `text_config`)."""
+        if hf.get("model_type") in ("qwen3_5", "qwen3_5_moe") or "text_config" in hf:
+            if hf.get("model_type") == "qwen3_5_moe":
+                raise ValueError("qwen3_5_moe checkpoints are not supported yet (dense qwen3_5 only)")
+            hf = {**hf.get("text_config", {})}
+        if hf.get("model_type") not in (None, "qwen3_5_text"):
+            raise ValueError(f"model_type {hf.get('model_type')!r} is not a Qwen3.5 text config")
+        rope = hf.get("rope_parameters") or {}
+        layers = hf["num_hidden_layers"]
+        types = hf.get("layer_types") or [
+            "full_attention" if (i + 1) % hf.get("full_attention_interval", 4) == 0 else "linear_attention"
+            for i in range(layers)
+        ]
+        rope_type = rope.get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(f"rope_type {rope_type!r}: only the default RoPE is supported")
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=layers,
+            num_attention_heads=hf["num_attention_heads"],
+            num_key_value_heads=hf["num_key_value_heads"],
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+            layer_types=tuple(types),
+            linear_num_key_heads=hf["linear_num_key_heads"],
+            linear_num_value_heads=hf["linear_num_value_heads"],
+            linear_key_head_dim=hf["linear_key_head_dim"],
+            linear_value_head_dim=hf["linear_value_head_dim"],
+            linear_conv_kernel_dim=hf.get("linear_conv_kernel_dim", 4),
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10_000_000.0)),
+            partial_rotary_factor=rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25)),
+            max_position_embeddings=hf.get("max_position_embeddings", 32768),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            attention_bias=hf.get("attention_bias", False),
+            hidden_act=hf.get("hidden_act", "silu"),
+            dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
+        )
+
+    def to_hf(self) -> dict:
+        """A `qwen3_5_text` config.json dict (what `from_hf` reads back to this config)."""
+        rope = ("rope_theta", "partial_rotary_factor")
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in rope}
+        d["layer_types"] = list(self.layer_types)
+        d["rope_parameters"] = {"rope_type": "default", **{name: getattr(self, name) for name in rope}}
+        return {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", **d}
+
+    @classmethod
+    def from_checkpoint(cls, ckpt_dir: str | os.PathLike) -> Qwen35Config:
+        """From `ckpt_dir`/config.json."""
+        path = Path(ckpt_dir) / "config.json"
+        if not path.is_file():
+            raise ValueError(f"{ckpt_dir}: no config.json")
+        return cls.from_hf(json.loads(path.read_text()))
