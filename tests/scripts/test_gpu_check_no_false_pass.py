@@ -130,7 +130,7 @@ def test_section_budgets_sum_inside_the_total_which_fits_the_540_s_command(gpu_c
     assert order.index("engine_decode") < order.index("model_0.6b") < order.index("rl_loop")
 
 
-def test_the_triton_cache_lives_beside_the_results(tmp_path):
+def test_the_triton_cache_lives_under_runs_never_beside_the_results(tmp_path):
     out = tmp_path / "run" / "g.json"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--only", "env"],
@@ -141,5 +141,6 @@ def test_the_triton_cache_lives_beside_the_results(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     saved = json.loads(out.read_text())
-    assert saved["triton_cache_dir"] == str(tmp_path / "run" / "triton_cache")
+    assert saved["triton_cache_dir"] == str(SCRIPT.parent.parent / "runs" / "triton-cache")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["g.json"]
     assert saved["budgets_sum_s"] <= 520 and "sections' budgets sum to" in proc.stdout
