@@ -24,6 +24,7 @@ and estimate side by side so that the next GPU run recalibrates them.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -83,16 +84,22 @@ def _card(card: Card | str | None) -> Card:
     return card if isinstance(card, Card) else card_for(card)
 
 
-def predict_decode_step(
-    model_cfg: ModelConfig, batch: int, context: int, card: Card | str | None = None
-) -> dict[str, Any]:
-    """The decode step of ``batch`` rows at ``context`` positions on ``card`` (a Card or a device name;
-    default the H200): the launches the engine's decode step makes (recorded on meta tensors, no GPU), the
-    bound, the Triton launches' bound and the estimate (module docstring), in ms. ``step_ms`` is the
-    Triton bound (the name the report has used since issue 37)."""
+@dataclass
+class RecordedStep:
+    """One decode step's recorded work: its Triton launches and the other kernels' inventory."""
+
+    model: ModelConfig
+    batch: int
+    context: int
+    launches: list
+    inventory: KernelInventory
+
+
+def record_decode_step(model_cfg: ModelConfig, batch: int, context: int) -> RecordedStep:
+    """The engine's decode step of ``batch`` rows at ``context`` positions, recorded on meta tensors (no
+    GPU): its Triton launches (``record_launches``) and every other kernel (``KernelInventory``)."""
     if batch < 1 or context < 1:
         raise ValueError(f"predict_decode_step: batch and context must be >= 1, got {batch}, {context}")
-    card = _card(card)
     shapes = RecipeShapes(
         name="predict", model=model_cfg, max_running=batch, max_len=context + 1,
         max_batch_tokens=max(batch, 8), micro_batch_tokens=2, activation_checkpointing=False,
@@ -103,7 +110,17 @@ def predict_decode_step(
         with rec.tagged(model="predict", side="engine", phase="decode", rows=batch, context=context):
             with inventory:
                 engine.decode(batch, context)
-    decode = rec.launches
+    return RecordedStep(model_cfg, batch, context, rec.launches, inventory)
+
+
+def step_figures(step: RecordedStep, card: Card | str | None = None) -> dict[str, Any]:
+    """The bound, the Triton launches' bound and the estimate of a recorded step on ``card`` (a Card or a
+    device name; default the H200), in ms (module docstring). ``step_ms`` is the Triton bound (the name
+    the report has used since issue 37)."""
+    card = _card(card)
+    batch, context, model_cfg, decode, inventory = (
+        step.batch, step.context, step.model, step.launches, step.inventory
+    )
     triton = step_prediction(decode, card)
     achievable = card.achievable_bytes_per_s
     triton_est = step_prediction(decode, card, bytes_per_s=achievable)["seconds"]
@@ -142,3 +159,9 @@ def predict_decode_step(
             estimate_fraction_of_bound=bound / estimate,
         )
     return out
+
+def predict_decode_step(
+    model_cfg: ModelConfig, batch: int, context: int, card: Card | str | None = None
+) -> dict[str, Any]:
+    """``step_figures`` of the decode step of ``batch`` rows at ``context`` positions on ``card``."""
+    return step_figures(record_decode_step(model_cfg, batch, context), card)
