@@ -91,3 +91,16 @@ def test_a_cpu_ray_cluster_with_8_fake_gpus_refuses_the_16_gpu_recipe_and_takes_
     assert len(refused) == 1, proc.stdout
     assert "needs 16 GPU (8 engine replicas x 1 + 8 learner ranks x 1), the cluster has 8" in refused[0]
     assert "8xH100 RECIPE FITS" in proc.stdout
+
+
+def test_a_cluster_that_one_order_of_placement_fills_wrongly_is_not_refused():
+    from rz_agents.runtime.ray.preflight import ActorDemand
+
+    # pinned learner ranks need the small node; unpinned env workers placed first would take its CPUs
+    demands = [
+        ActorDemand("env worker", 2, 4, 0.0),
+        ActorDemand("learner rank", 1, 4, 1.0, {"learner_node": 0.01}),
+    ]
+    nodes = [_node(1, 4, learner_node=1), _node(0, 8)]  # first fit in the given order: an env worker first
+    assert placement_shortfall(demands, nodes) is None
+    assert "fits on no node" in placement_shortfall(demands, [_node(1, 2, learner_node=1), _node(0, 12)])

@@ -79,10 +79,9 @@ def _totals_shortfall(demands: list[ActorDemand], nodes: list[dict[str, float]])
     return "; ".join(short) or None
 
 
-def _placement_shortfall(demands: list[ActorDemand], nodes: list[dict[str, float]]) -> str | None:
+def _first_fit(actors: list[ActorDemand], nodes: list[dict[str, float]]) -> str | None:
+    """Place ``actors`` in order, each on the first node with room; the first that fits nowhere, or None."""
     free = [dict(n) for n in nodes]
-    actors = [d for d in demands for _ in range(d.count)]
-    actors.sort(key=lambda d: (d.gpus, d.cpus, sum(d.resources.values())), reverse=True)
     placed: dict[str, int] = {}
     for d in actors:
         need = _needs(d)
@@ -99,6 +98,25 @@ def _placement_shortfall(demands: list[ActorDemand], nodes: list[dict[str, float
                 f"beside the actors placed before it ({len(nodes)} nodes)"
             )
     return None
+
+
+def _placement_shortfall(demands: list[ActorDemand], nodes: list[dict[str, float]]) -> str | None:
+    """A shortfall only if no order tried places every actor (first fit is a heuristic: refusing a cluster
+    that could hold the run is worse than missing one, which Ray then queues as before): pinned actors
+    first, then GPUs, then CPUs; and by GPUs and CPUs alone."""
+    actors = [d for d in demands for _ in range(d.count)]
+    orders = (
+        lambda d: (bool(d.resources), d.gpus, d.cpus, sum(d.resources.values())),
+        lambda d: (d.gpus, d.cpus),
+        lambda d: (d.cpus, d.gpus),
+    )
+    first = None
+    for key in orders:
+        short = _first_fit(sorted(actors, key=key, reverse=True), nodes)
+        if short is None:
+            return None
+        first = first or short
+    return first
 
 
 def _memory_shortfall(demands: list[ActorDemand], nodes: list[dict[str, float]]) -> str | None:
