@@ -97,6 +97,10 @@ fp32_triton 25, decode_profile 10, rl_loop 20, rl_demo 10): bit identity first, 
   engine_vs_trainer #22     30  engine (paged, shared prefix, graph decode) vs trainer forward, bf16, dense +
                                 MoE; on the GPU 500-token prompts, so split-KV decode crosses the 512-key
                                 split
+  production_decode #54     20  the engine's production decode path at Qwen3-4B's head layout (d128, GQA 4;
+                                Qwen3-4B cut to 2 layers on the GPU): paged K/V, chunked prefill, a shared
+                                prefix, split-KV decode up to 5 splits, CUDA-graph replay, vs the learner's
+                                forward row by row (torch.equal); the standard op set must differ
 
 Goals (from issue 23): aligned GEMM >= 0.8x cuBLAS at M >= 1024 (bf16); aligned train step >= 0.9x standard;
 every aligned row bit-identical; gradients bitwise reproducible.
@@ -1417,6 +1421,91 @@ def section_engine_vs_trainer(check: Check) -> dict:
     return out
 
 
+def section_production_decode(check: Check) -> dict:
+    """The engine's production decode path at Qwen3-4B's head layout vs the learner's forward (issue 54):
+    head dim 128 with 4 query heads per K/V head (GQA 4; on the GPU Qwen3-4B itself cut to 2 layers, its
+    151,936-token LM head kept), paged K/V, prompts prefilled in chunks of ``max_batch_tokens`` with decode
+    rows riding along, a group sharing its prompt's pages, split-KV decode over several 512-key splits (rows
+    at 1 and 2 splits in a dry run; 1 to 5 on the GPU), decode by CUDA-graph replay on a GPU. Every sampled
+    token's log-prob, row by row, torch.equal to the trainer's unpaged packed forward (packed_token_logprobs).
+    Negative control: the same rows against the standard op set's forward must differ (the comparison can
+    fail)."""
+    from rz_agents.engine import EngineConfig, RZEngine
+    from rz_agents.engine.batch import generate_batch
+    from rz_agents.engine.params import SamplingParams
+    from rz_agents.model import ModelConfig
+    from rz_agents.model.logprobs import packed_token_logprobs
+    from rz_agents.model.presets import preset_config
+    from rz_kernels.triton_ops import attention as ta
+
+    if check.dry:
+        cfg = ModelConfig.tiny(
+            "qwen3", dtype="bfloat16", vocab_size=256, hidden_size=64, intermediate_size=64,
+            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=1, head_dim=128,
+            max_position_embeddings=600,
+        )  # fmt: skip
+        # 2 splits (a 3-split prompt costs the interpreter minutes per forward); the GPU run reaches 5
+        lengths, new, chunk, max_len = (530, 530, 5), 2, 128, 600
+    else:
+        cfg = preset_config("qwen3-4b", num_hidden_layers=2, max_position_embeddings=2560)
+        lengths, new, chunk, max_len = (2300, 2300, 1100, 600, 5), 16, 1024, 2400
+    model = random_model(check, cfg, check.aligned).eval().requires_grad_(False)
+    gen = torch.Generator().manual_seed(11)
+    prompts, first = [], {}
+    for n in lengths:  # equal lengths share one prompt: the second reads the first's pages (shared prefix)
+        first.setdefault(n, torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist())
+        prompts.append(first[n])
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=new, seed=i, ignore_eos=True) for i in range(len(prompts))
+    ]
+    engine = RZEngine(
+        model,
+        EngineConfig(max_running=8, max_len=max_len, max_batch_tokens=chunk, share_prefix_min_tokens=64),
+    )
+    done = generate_batch(engine, prompts, params)
+    stats = engine.stats()
+    rows: list[dict] = []
+    standard_rows_equal = []
+    for p, sp, c in zip(prompts, params, done, strict=True):
+        (lp,) = packed_token_logprobs(model, [p + c.tokens], temperature=sp.logprob_temperature)
+        trainer = lp[len(p) - 1 :].cpu()
+        same = c.logprobs.shape == trainer.shape and bool(torch.equal(c.logprobs, trainer))
+        rows.append({"prompt": len(p), "tokens": int(c.logprobs.numel()), "equal": same,
+                     "splits_at_last_token": ta.split_count(len(p) + new - 1)})  # fmt: skip
+    model.set_kernels("standard")
+    for p, sp, c in zip(prompts, params, done, strict=True):
+        (lp,) = packed_token_logprobs(model, [p + c.tokens], temperature=sp.logprob_temperature)
+        standard_rows_equal.append(bool(torch.equal(c.logprobs, lp[len(p) - 1 :].cpu())))
+    model.set_kernels(check.aligned)
+    out: dict = {
+        "model": "qwen3-4b, 2 layers" if not check.dry else "tiny, head dim 128, GQA 4",
+        "head_dim": cfg.head_dim,
+        "gqa": cfg.num_attention_heads // cfg.num_key_value_heads,
+        "prefill_chunk_tokens": chunk,
+        "rows": rows,
+        "tokens_compared": sum(r["tokens"] for r in rows),
+        "max_splits": max(r["splits_at_last_token"] for r in rows),
+        "shared_prefix_tokens": stats["shared_prefix_tokens"],
+        "cuda_graphs": stats["cuda_graphs"],
+        "cuda_graphs_off": stats["cuda_graphs_off"],
+        "graph_replays": engine.graphs.replays if engine.graphs is not None else 0,
+        "standard_rows_equal": standard_rows_equal,
+    }
+    out["bit_identical"] = bool(rows) and all(r["equal"] for r in rows)
+    out["standard_differs"] = not all(standard_rows_equal)
+    check_completions(out, done, "length", new)
+    fail_unless(out, out["tokens_compared"] == len(prompts) * new,
+                f"compared {out['tokens_compared']} tokens, not {len(prompts) * new}")  # fmt: skip
+    fail_unless(out, out["bit_identical"], "engine log-probs differ from the trainer's")
+    want = 2 if check.dry else 3
+    fail_unless(out, out["max_splits"] >= want, f"decode reached {out['max_splits']} splits, not >= {want}")
+    fail_unless(out, out["standard_differs"], "negative control: the standard forward equals the engine")
+    if check.device.type == "cuda":
+        fail_unless(out, out["graph_replays"] > 0, f"no CUDA-graph replay ({out['cuda_graphs_off']})")
+    del engine, model
+    return out
+
+
 def _missing(*modules: str) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
@@ -1429,17 +1518,18 @@ SECTIONS = {
     "env": (section_env, 5, ()),
     "alignment": (section_alignment, 50, ()),
     "engine_vs_trainer": (section_engine_vs_trainer, 30, ()),
-    "gemm": (section_gemm, 55, ()),
+    "production_decode": (section_production_decode, 20, ()),
+    "gemm": (section_gemm, 50, ()),
     "attention": (section_attention, 25, ()),
     "logprobs_vocab": (section_logprobs_vocab, 15, ()),
     "engine_decode": (section_engine_decode, 80, ()),
     "nccl_one_rank": (section_nccl_one_rank, 25, ()),
     "grad_determinism": (section_grad_determinism, 35, ()),
     "engine_sync": (section_engine_sync, 15, ()),
-    "model_0.6b": (section_model_dense, 45, ()),
+    "model_0.6b": (section_model_dense, 40, ()),
     "train_16k": (section_train_16k, 35, ()),
     "model_moe": (section_model_moe, 35, ()),
-    "fp32_triton": (section_fp32_triton, 25, ()),
+    "fp32_triton": (section_fp32_triton, 20, ()),
     "decode_profile": (section_decode_profile, 10, ()),
     "rl_loop": (section_rl_loop, 20, ()),
     "rl_demo": (section_rl_demo, 10, ("yaml", "gymnasium")),
@@ -1471,6 +1561,7 @@ def goals(results: dict) -> dict:
         get("model_0.6b", "engine_vs_training_bit_identical"),
         get("model_moe", "engine_vs_training_bit_identical"),
         get("engine_vs_trainer", "bit_identical"),
+        get("production_decode", "bit_identical"),
         None if get("rl_loop", "lag0_abs_dlogp_max") is None else get("rl_loop", "lag0_abs_dlogp_max") == 0.0,
     ]
     return {

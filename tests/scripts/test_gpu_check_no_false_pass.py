@@ -125,7 +125,9 @@ def test_resume_keeps_only_real_passes_of_this_result_format(gpu_check, tmp_path
 def test_section_budgets_sum_inside_the_total_which_fits_the_540_s_command(gpu_check):
     assert gpu_check.budgets_sum_s() <= gpu_check.GPU_TOTAL_BUDGET_S <= 540
     order = list(gpu_check.SECTIONS)
-    identity_and_speed = ["alignment", "engine_vs_trainer", "gemm", "attention", "logprobs_vocab"]
+    identity_and_speed = [
+        "alignment", "engine_vs_trainer", "production_decode", "gemm", "attention", "logprobs_vocab"
+    ]
     assert order[: len(identity_and_speed) + 1] == ["env", *identity_and_speed]
     assert order.index("engine_decode") < order.index("model_0.6b") < order.index("rl_loop")
 
