@@ -10,7 +10,7 @@ Built to survive a command limit: the results go to ``--out`` (default ./gpu_che
 written atomically (a kill leaves the finished sections), output is unbuffered, one short line per section
 and a short human summary come last (no JSON dump on stdout). Each section runs under its own time budget
 (SIGALRM) capped by what is left of the total (``--budget-s``, GPU default 520 s; the sections' budgets sum to
-515 s, inside it); Triton JIT compile time is inside those budgets, recorded per kernel (``triton_compile``).
+520 s, inside it); Triton JIT compile time is inside those budgets, recorded per kernel (``triton_compile``).
 Triton's compile cache is ``runs/triton-cache/`` in the repository (unless TRITON_CACHE_DIR is set), never
 beside ``--out``: a device call returns only a few files from its results folder, and hundreds of cache files
 there can push the JSON out. A rerun with ``--resume`` or ``--only`` on the same machine reuses the compiles.
