@@ -44,13 +44,15 @@ def _record(models: list[str], subset: str | None, log) -> tuple[list, dict[str,
     """The launches of each recipe, and each recipe's model config fields (for the roofline)."""
     import dataclasses
 
-    from rz_agents.compile_check.workloads import RECIPES, recipe_shapes, record_recipe
+    from rz_agents.compile_check.workloads import RECIPES, recipe_shapes, record_recipe, text_config
 
     launches, fields = [], {}
     for name in models:
         t0 = time.perf_counter()
-        shapes = recipe_shapes(RECIPES[name], ROOT)
-        fields[name] = dataclasses.asdict(shapes.model)
+        # launches are tagged with the recipe's name (the identity tables and counts filter by it), not the
+        # preset's: "qwen2.5-1.5b" runs the preset "qwen2.5-1.5b-instruct" (its table was empty before)
+        shapes = dataclasses.replace(recipe_shapes(RECIPES[name], ROOT), name=name)
+        fields[name] = dataclasses.asdict(text_config(shapes.model))  # a VL model: its decoder's
         if subset == "ci":  # the 4B decode and train shapes: buckets up to 128, the two contexts, no prefill
             got = record_recipe(shapes, buckets=[1, 16, 48, 128], contexts=(2048, 8192), prefill=False)
         else:
@@ -179,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         for t, cap in zip(targets, caps, strict=True):
             table = identity_table(launches, all_results[pinned_version], cap, model=m)
             report["identity"][f"{m}/{t}/triton-{pinned_version}"] = table
+            if not table:  # no shared op found: a filter that matched nothing, never a pass
+                ok_identity = False
+                log(f"identity {m}/{t}: EMPTY (no engine or trainer launch tagged {m!r})")
             for row in table:
                 if row["verdict"] not in ("identical", "one side only") and not row.get("why_the_bits_agree"):
                     ok_identity = False

@@ -10,9 +10,26 @@ Built to survive a command limit: the results go to ``--out`` (default ./gpu_che
 written atomically (a kill leaves the finished sections), output is unbuffered, one short line per section
 and a short human summary come last (no JSON dump on stdout). Each section runs under its own time budget
 (SIGALRM) capped by what is left of the total (``--budget-s``, GPU default 520 s; the sections' budgets sum to
-515 s, inside it); Triton JIT compile time is inside those budgets, recorded per kernel (``triton_compile``).
-Triton's compile cache is ``triton_cache/`` beside ``--out`` (unless TRITON_CACHE_DIR is set), so a rerun with
-``--resume`` or ``--only`` in the same folder reuses the first run's compiles.
+520 s, inside it); Triton JIT compile time is inside those budgets, recorded per kernel (``triton_compile``).
+Triton's compile cache is ``runs/triton-cache/`` in the repository (unless TRITON_CACHE_DIR is set), never
+beside ``--out``: a device call returns only a few files from its results folder, and hundreds of cache files
+there can push the JSON out. A rerun with ``--resume`` or ``--only`` on the same machine reuses the compiles.
+The results file is written before the first section (the card and the plan) and after every section.
+
+The card: its name, memory and bandwidth come from the device (``torch.cuda.get_device_properties``) and the
+card table (``rz_kernels.compile_check.cards``), keyed by the device name; a card not in the table is
+described by a device-to-device copy measured at the start (always recorded beside the table's figure).
+Every roofline fraction, every size skipped for memory and the cost model's bound and estimate are taken
+from it. ``--card NAME`` names the card to take the figures from instead (a dry run uses it to show the
+figures an H100 or H200 would give).
+
+One device call (the per-call limit is 600 s; the script's total budget is 520 s, cold JIT included), and a
+``--resume`` call at once if sections were cut (the machine stays warm ~30 s)::
+
+    OUT=$OUT bash scripts/gpu_check_device.sh            # results: $OUT/gpu_check.json, one file
+    OUT=$OUT bash scripts/gpu_check_device.sh --resume   # the sections the first call lacked or cut
+
+(``scripts/gpu_check_device.sh --dry-run``: the same command on CPU, tests/scripts/test_gpu_check_device.py.)
 
 A section passes (``ok``) only if it ran to its end inside its budget and recorded no failure. Its budget
 firing reads ``timeout`` however the section ended (``SectionTimeout`` is a BaseException, which the engine's
@@ -80,6 +97,10 @@ fp32_triton 25, decode_profile 10, rl_loop 20, rl_demo 10): bit identity first, 
   engine_vs_trainer #22     30  engine (paged, shared prefix, graph decode) vs trainer forward, bf16, dense +
                                 MoE; on the GPU 500-token prompts, so split-KV decode crosses the 512-key
                                 split
+  production_decode #54     20  the engine's production decode path at Qwen3-4B's head layout (d128, GQA 4;
+                                Qwen3-4B cut to 2 layers on the GPU): paged K/V, chunked prefill, a shared
+                                prefix, split-KV decode up to 5 splits, CUDA-graph replay, vs the learner's
+                                forward row by row (torch.equal); the standard op set must differ
 
 Goals (from issue 23): aligned GEMM >= 0.8x cuBLAS at M >= 1024 (bf16); aligned train step >= 0.9x standard;
 every aligned row bit-identical; gradients bitwise reproducible.
@@ -129,6 +150,11 @@ def parse_args() -> argparse.Namespace:
         help="keep the sections --out already holds; run only those it lacks or skipped for time",
     )
     p.add_argument("--device", default="cuda", help="CUDA device (ignored with --dry-run)")
+    p.add_argument(
+        "--card",
+        default=None,
+        help="take bandwidth / memory figures from this card name (default: the device's own name)",
+    )
     return p.parse_args()
 
 
@@ -138,9 +164,10 @@ for _stream in (sys.stdout, sys.stderr):  # unbuffered: a kill keeps every line 
         _stream.reconfigure(line_buffering=True, write_through=True)
 if ARGS.dry_run:  # must precede any import of the kernels (@triton.jit reads it)
     os.environ["TRITON_INTERPRET"] = "1"
-# Triton's compile cache beside the results (unless the caller chose one): a rerun with --resume or --only in
-# the same folder reuses every kernel the first run compiled instead of paying the cold compiles again.
-os.environ.setdefault("TRITON_CACHE_DIR", str(Path(ARGS.out).resolve().parent / "triton_cache"))
+# Triton's compile cache under runs/ (unless the caller chose one), never beside the results: a device call
+# returns only a few files of its results folder. A rerun with --resume or --only reuses every compile.
+RUNS = REPO / "runs"
+os.environ.setdefault("TRITON_CACHE_DIR", str(RUNS / "triton-cache"))
 sys.path[:0] = [str(REPO), str(REPO / "kernels")]
 
 import torch  # noqa: E402
@@ -159,6 +186,7 @@ class Check:
             args.budget_s if args.budget_s is not None else (1e9 if self.dry else GPU_TOTAL_BUDGET_S)
         )
         self.deadline = float("inf")  # the running section's end (perf_counter), set by run_section
+        self.card = None  # the Card every roofline and memory limit is taken from (detect_card)
         if self.dry:
             torch.set_num_threads(1)
             from rz_kernels.triton_ops.interpreter import patch_interpreter
@@ -209,6 +237,54 @@ def random_model(check: Check, config, kernels: str, seed: int = 0):
             else:
                 p.copy_(torch.randn(p.shape, generator=gen, device=check.device) * 0.02)
     return model
+
+
+def measured_copy_bytes_per_s(device: torch.device, gib: float = 1.0, iters: int = 5) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second), the best of ``iters`` copies."""
+    n = int(gib * 2**30) // 2
+    src = torch.empty(n, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    best = float("inf")
+    for _ in range(iters):
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    del src, dst
+    return 2 * n * 2 / best
+
+
+def detect_card(check: Check, card_name: str | None) -> tuple[object | None, dict]:
+    """The card the figures come from, and what was found: on CUDA the device's name and memory, a measured
+    copy bandwidth, and the card table's entry (``card_name`` overrides the name). In a dry run the card is
+    ``card_name``'s table entry, or none (roofline fractions then read None). An unknown name with a
+    measured copy is described by the copy; an unknown name without one raises ValueError."""
+    from rz_kernels.compile_check.cards import card_for
+
+    found: dict = {}
+    if check.device.type == "cuda":
+        props = torch.cuda.get_device_properties(check.device)
+        found.update(device_name=props.name, device_memory_gib=round(props.total_memory / 2**30, 1))
+        measured = None
+        try:
+            measured = measured_copy_bytes_per_s(check.device)
+            found["measured_copy_bytes_per_s"] = round(measured, -9)
+        except Exception as exc:  # noqa: BLE001 - the table's figure stands without it
+            found["measured_copy_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        card = card_for(card_name or props.name, props.total_memory, measured)
+    elif card_name:
+        card = card_for(card_name)
+    else:
+        return None, found
+    return card, {**found, **card.to_json()}
+
+
+def roofline_fraction(card, step_bytes: float, seconds: float) -> float | None:
+    """The fraction of ``card``'s datasheet HBM bandwidth a step that must read ``step_bytes`` in
+    ``seconds`` reaches (None without a card)."""
+    return None if card is None else round(step_bytes / seconds / card.hbm_bytes_per_s, 4)
 
 
 # --- sections --------------------------------------------------------------------------------------------
@@ -1052,25 +1128,28 @@ def _step_bytes(model, batch: int, context: int) -> int:
     return total + batch * pages_for(context + 1) * PAGE_SIZE * per_position
 
 
-def _add_predictions(cfg, sizes: list[tuple[int, int]], results: dict, timeout_s: float) -> None:
-    """Beside each measured size, the static cost model's prediction (rz_agents.compile_check.predict, issue
-    37): ``predicted_ms`` and ``measured_over_predicted``. Computed in a child process (the launch recorder
-    patches Triton's launcher, which this process is using), bounded by ``timeout_s``; a failure is recorded
-    as ``prediction_error`` and changes no measured figure."""
+def _add_predictions(cfg, sizes: list[tuple[int, int]], results: dict, card, timeout_s: float) -> None:
+    """Beside each measured size, the cost model's figures on ``card`` (rz_agents.compile_check.predict,
+    issue 54): ``bound_ms`` (bytes / datasheet bandwidth), ``triton_bound_ms`` (the Triton launches alone at
+    that bandwidth) and ``estimate_ms`` (every kernel, the sampler, achievable bandwidth, the host gap), and
+    the measured step over each. Computed in a child process (the launch recorder patches Triton's launcher,
+    which this process is using), bounded by ``timeout_s``; a failure is recorded as ``prediction_error`` and
+    changes no measured figure. Without a card (a dry run without --card): nothing."""
     import dataclasses
     import subprocess
 
     sizes = [(b, c) for b, c in sizes if "skipped" not in results[f"b{b}_ctx{c}"]]  # the measured ones
-    if not sizes:
+    if not sizes or card is None:
         return
+    keys = ("bound_ms", "triton_bound_ms", "estimate_ms")
     code = (
         "import json, sys; from rz_agents.model import ModelConfig; "
         "from rz_agents.compile_check.predict import predict_decode_step; "
         "a = json.loads(sys.argv[1]); cfg = ModelConfig(**a['cfg']); "
-        "print(json.dumps({f'b{b}_ctx{c}': predict_decode_step(cfg, b, c)['step_ms'] for b, c in "
-        "a['sizes']}))"
+        "p = {f'b{b}_ctx{c}': predict_decode_step(cfg, b, c, a['card']) for b, c in a['sizes']}; "
+        "print(json.dumps({k: {x: v.get(x) for x in a['keys']} for k, v in p.items()}))"
     )
-    arg = json.dumps({"cfg": dataclasses.asdict(cfg), "sizes": sizes})
+    arg = json.dumps({"cfg": dataclasses.asdict(cfg), "sizes": sizes, "card": card.name, "keys": keys})
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "kernels"), os.environ.get("PYTHONPATH", "")]),
@@ -1088,18 +1167,22 @@ def _add_predictions(cfg, sizes: list[tuple[int, int]], results: dict, timeout_s
             if "skipped" not in r:
                 r["prediction_error"] = f"{type(exc).__name__}: {exc}"[:300]
         return
-    for key, ms in predicted.items():
+    for key, figures in predicted.items():
         row = results[key]
-        row["predicted_ms"] = round(ms, 3)
         best = row.get("aligned_graph_ms") or row.get("aligned_eager_ms")
-        if best:
-            row["measured_over_predicted"] = round(best / ms, 3)
+        for name in keys:
+            if figures.get(name) is None:
+                continue
+            row[name] = round(figures[name], 6)
+            if best:
+                row[f"measured_over_{name[:-3]}"] = round(best / figures[name], 3)
 
 
 def section_engine_decode(check: Check) -> dict:
     """Qwen3-4B-shaped random model, bf16: the engine's decode step (static, bucketed; LM head and sampler
     included) at batch 1/16/48/128/256 and context 2K/8K, eager vs CUDA graph, aligned vs standard; graph
-    rows == eager rows bit for bit; tokens/s and the fraction of the HBM roofline (bytes / time / 4.8 TB/s).
+    rows == eager rows bit for bit; tokens/s and the fraction of the card's HBM roofline (bytes / time / the
+    card's bandwidth; K/V limited to 55% of the card's memory).
     Sizes whose K/V do not fit, or that the section's budget cannot reach, are skipped with the reason."""
     from rz_agents.engine.cuda_graphs import DecodeGraphs
     from rz_agents.engine.params import SamplingParams
@@ -1119,11 +1202,9 @@ def section_engine_decode(check: Check) -> dict:
     t_start = time.perf_counter()
     model = random_model(check, cfg, check.aligned).eval().requires_grad_(False)
     page_bytes = bytes_per_page(cfg)
-    kv_limit = (
-        0.55 * torch.cuda.get_device_properties(check.device).total_memory
-        if check.device.type == "cuda"
-        else 2**31
-    )
+    # K/V may take 55% of the card's memory (the weights, the step's activations and the LM head's logits
+    # take the rest); a dry run without a card: 2 GiB
+    kv_limit = 0.55 * check.card.memory_gib * 2**30 if check.card is not None else 2**31
     sizes = [(b, c) for c in contexts for b in batches]
     fits = [(b, c) for b, c in sizes if (b * pages_for(c + 1) + 1) * page_bytes <= kv_limit]
     pages = max(b * pages_for(c + 1) for b, c in fits)
@@ -1180,7 +1261,8 @@ def section_engine_decode(check: Check) -> dict:
         row["attention_splits_at_max_len"] = ta.split_count(step.static_max_position)  # before issue 37
         best = row.get("aligned_graph_ms") or row["aligned_eager_ms"]
         row["aligned_tokens_per_s"] = round(b / best * 1e3, 1)
-        row["hbm_roofline_fraction"] = round(_step_bytes(model, b, c) / (best / 1e3) / 4.8e12, 4)
+        row["step_bytes"] = _step_bytes(model, b, c)
+        row["hbm_roofline_fraction"] = roofline_fraction(check.card, row["step_bytes"], best / 1e3)
         std = row.get("standard_graph_ms") or row["standard_eager_ms"]
         row["aligned_over_standard"] = round(std / best, 3)  # > 1: aligned faster
         results[key] = row
@@ -1193,7 +1275,10 @@ def section_engine_decode(check: Check) -> dict:
     if graphs_ok and done:
         out["graph_equals_eager"] = all(r.get("aligned_graph_equals_eager") for r in done)
     out["standard_differs"] = all(r["standard_differs_from_aligned"] for r in done) if done else None
-    _add_predictions(cfg, sizes, results, timeout_s=min(30.0, max(5.0, check.section_left() - 2.0)))
+    out["card"] = None if check.card is None else check.card.name
+    _add_predictions(
+        cfg, sizes, results, check.card, timeout_s=min(30.0, max(5.0, check.section_left() - 2.0))
+    )
     b48 = results.get("b48_ctx2048", {})
     out["b48_ctx2k_roofline_fraction"] = b48.get("hbm_roofline_fraction")
     out["b48_ctx2k_tokens_per_s"] = b48.get("aligned_tokens_per_s")
@@ -1336,6 +1421,91 @@ def section_engine_vs_trainer(check: Check) -> dict:
     return out
 
 
+def section_production_decode(check: Check) -> dict:
+    """The engine's production decode path at Qwen3-4B's head layout vs the learner's forward (issue 54):
+    head dim 128 with 4 query heads per K/V head (GQA 4; on the GPU Qwen3-4B itself cut to 2 layers, its
+    151,936-token LM head kept), paged K/V, prompts prefilled in chunks of ``max_batch_tokens`` with decode
+    rows riding along, a group sharing its prompt's pages, split-KV decode over several 512-key splits (rows
+    at 1 and 2 splits in a dry run; 1 to 5 on the GPU), decode by CUDA-graph replay on a GPU. Every sampled
+    token's log-prob, row by row, torch.equal to the trainer's unpaged packed forward (packed_token_logprobs).
+    Negative control: the same rows against the standard op set's forward must differ (the comparison can
+    fail)."""
+    from rz_agents.engine import EngineConfig, RZEngine
+    from rz_agents.engine.batch import generate_batch
+    from rz_agents.engine.params import SamplingParams
+    from rz_agents.model import ModelConfig
+    from rz_agents.model.logprobs import packed_token_logprobs
+    from rz_agents.model.presets import preset_config
+    from rz_kernels.triton_ops import attention as ta
+
+    if check.dry:
+        cfg = ModelConfig.tiny(
+            "qwen3", dtype="bfloat16", vocab_size=256, hidden_size=64, intermediate_size=64,
+            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=1, head_dim=128,
+            max_position_embeddings=600,
+        )  # fmt: skip
+        # 2 splits (a 3-split prompt costs the interpreter minutes per forward); the GPU run reaches 5
+        lengths, new, chunk, max_len = (530, 530, 5), 2, 128, 600
+    else:
+        cfg = preset_config("qwen3-4b", num_hidden_layers=2, max_position_embeddings=2560)
+        lengths, new, chunk, max_len = (2300, 2300, 1100, 600, 5), 16, 1024, 2400
+    model = random_model(check, cfg, check.aligned).eval().requires_grad_(False)
+    gen = torch.Generator().manual_seed(11)
+    prompts, first = [], {}
+    for n in lengths:  # equal lengths share one prompt: the second reads the first's pages (shared prefix)
+        first.setdefault(n, torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist())
+        prompts.append(first[n])
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=new, seed=i, ignore_eos=True) for i in range(len(prompts))
+    ]
+    engine = RZEngine(
+        model,
+        EngineConfig(max_running=8, max_len=max_len, max_batch_tokens=chunk, share_prefix_min_tokens=64),
+    )
+    done = generate_batch(engine, prompts, params)
+    stats = engine.stats()
+    rows: list[dict] = []
+    standard_rows_equal = []
+    for p, sp, c in zip(prompts, params, done, strict=True):
+        (lp,) = packed_token_logprobs(model, [p + c.tokens], temperature=sp.logprob_temperature)
+        trainer = lp[len(p) - 1 :].cpu()
+        same = c.logprobs.shape == trainer.shape and bool(torch.equal(c.logprobs, trainer))
+        rows.append({"prompt": len(p), "tokens": int(c.logprobs.numel()), "equal": same,
+                     "splits_at_last_token": ta.split_count(len(p) + new - 1)})  # fmt: skip
+    model.set_kernels("standard")
+    for p, sp, c in zip(prompts, params, done, strict=True):
+        (lp,) = packed_token_logprobs(model, [p + c.tokens], temperature=sp.logprob_temperature)
+        standard_rows_equal.append(bool(torch.equal(c.logprobs, lp[len(p) - 1 :].cpu())))
+    model.set_kernels(check.aligned)
+    out: dict = {
+        "model": "qwen3-4b, 2 layers" if not check.dry else "tiny, head dim 128, GQA 4",
+        "head_dim": cfg.head_dim,
+        "gqa": cfg.num_attention_heads // cfg.num_key_value_heads,
+        "prefill_chunk_tokens": chunk,
+        "rows": rows,
+        "tokens_compared": sum(r["tokens"] for r in rows),
+        "max_splits": max(r["splits_at_last_token"] for r in rows),
+        "shared_prefix_tokens": stats["shared_prefix_tokens"],
+        "cuda_graphs": stats["cuda_graphs"],
+        "cuda_graphs_off": stats["cuda_graphs_off"],
+        "graph_replays": engine.graphs.replays if engine.graphs is not None else 0,
+        "standard_rows_equal": standard_rows_equal,
+    }
+    out["bit_identical"] = bool(rows) and all(r["equal"] for r in rows)
+    out["standard_differs"] = not all(standard_rows_equal)
+    check_completions(out, done, "length", new)
+    fail_unless(out, out["tokens_compared"] == len(prompts) * new,
+                f"compared {out['tokens_compared']} tokens, not {len(prompts) * new}")  # fmt: skip
+    fail_unless(out, out["bit_identical"], "engine log-probs differ from the trainer's")
+    want = 2 if check.dry else 3
+    fail_unless(out, out["max_splits"] >= want, f"decode reached {out['max_splits']} splits, not >= {want}")
+    fail_unless(out, out["standard_differs"], "negative control: the standard forward equals the engine")
+    if check.device.type == "cuda":
+        fail_unless(out, out["graph_replays"] > 0, f"no CUDA-graph replay ({out['cuda_graphs_off']})")
+    del engine, model
+    return out
+
+
 def _missing(*modules: str) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
@@ -1348,17 +1518,18 @@ SECTIONS = {
     "env": (section_env, 5, ()),
     "alignment": (section_alignment, 50, ()),
     "engine_vs_trainer": (section_engine_vs_trainer, 30, ()),
-    "gemm": (section_gemm, 55, ()),
+    "production_decode": (section_production_decode, 20, ()),
+    "gemm": (section_gemm, 50, ()),
     "attention": (section_attention, 25, ()),
     "logprobs_vocab": (section_logprobs_vocab, 15, ()),
     "engine_decode": (section_engine_decode, 80, ()),
     "nccl_one_rank": (section_nccl_one_rank, 25, ()),
     "grad_determinism": (section_grad_determinism, 35, ()),
     "engine_sync": (section_engine_sync, 15, ()),
-    "model_0.6b": (section_model_dense, 45, ()),
+    "model_0.6b": (section_model_dense, 40, ()),
     "train_16k": (section_train_16k, 35, ()),
     "model_moe": (section_model_moe, 35, ()),
-    "fp32_triton": (section_fp32_triton, 25, ()),
+    "fp32_triton": (section_fp32_triton, 20, ()),
     "decode_profile": (section_decode_profile, 10, ()),
     "rl_loop": (section_rl_loop, 20, ()),
     "rl_demo": (section_rl_demo, 10, ("yaml", "gymnasium")),
@@ -1390,6 +1561,7 @@ def goals(results: dict) -> dict:
         get("model_0.6b", "engine_vs_training_bit_identical"),
         get("model_moe", "engine_vs_training_bit_identical"),
         get("engine_vs_trainer", "bit_identical"),
+        get("production_decode", "bit_identical"),
         None if get("rl_loop", "lag0_abs_dlogp_max") is None else get("rl_loop", "lag0_abs_dlogp_max") == 0.0,
     ]
     return {
@@ -1619,8 +1791,14 @@ def main() -> int:
     if check.device.type == "cuda" and not torch.cuda.is_available():
         print("[gpu_check] no CUDA device here; use --dry-run on CPU")
         return 2
+    try:
+        check.card, card_info = detect_card(check, ARGS.card)
+    except ValueError as exc:
+        print(f"[gpu_check] {exc}; name a known card with --card")
+        return 2
     compiles = CompileTimes()
     payload: dict = {
+        "card": card_info or None,
         "goals": {},
         "sections": {},
         "section_seconds": {},
@@ -1635,6 +1813,7 @@ def main() -> int:
     for name in SECTIONS:  # the earlier run's results, in run order, before anything new
         if name in kept:
             payload["sections"][name], payload["section_seconds"][name] = kept[name]
+    write_atomically(out, payload)  # first: the card and the kept sections, before any section can hang
     for name, (fn, budget, needs) in SECTIONS.items():
         if (ARGS.only and name not in ARGS.only) or name in kept:
             continue

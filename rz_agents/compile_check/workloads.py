@@ -10,7 +10,9 @@ tensors (positions, sequence ids, page tables) are real, so attention plans are 
 
 Not driven (stated, not hidden): the sampler's draw (``sample_on_device`` uploads from pinned memory, which a
 CPU-only torch cannot allocate; its log-softmax is driven directly, with the chunk rows the engine uses), the
-optimizer step and FSDP collectives (no Triton launches).
+optimizer step and FSDP collectives (no Triton launches). A vision-language recipe's decoder is driven as its
+text model (the M-RoPE rotation is the same ``_rope_kernel`` launch over rows gathered per token); its vision
+tower runs one screenshot (``VL_IMAGE_GRID``) on the engine side (the learner runs the same tower code).
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from rz_agents.engine.runner import LOGIT_CHUNK_BYTES
 from rz_agents.model.config import ModelConfig
 from rz_agents.model.kv_cache import KVCache, pages_for
 from rz_agents.model.logprobs import packed_token_logprobs
+from rz_agents.model.lora import LoraConfig, add_lora
 from rz_agents.model.presets import preset_config, preset_for_checkpoint
+from rz_agents.model.qwen3_vl import Qwen3VLModel
+from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 from rz_agents.model.transformer import Transformer
 from rz_kernels.compile_check.recorder import Launch, LaunchRecorder, record_launches
 from rz_kernels.logprobs import sampling_logprobs
@@ -41,7 +46,13 @@ RECIPES = {
     # DeepSeek-V3 cut to 4 layers (its 3 dense first layers and one MoE layer): every distinct launch of the
     # 61-layer model at a fifteenth of the recording time
     "deepseek-v3": "configs/qwen3-30b-a3b-python-tool.yaml#deepseek-v3:num_hidden_layers=4",
+    # issue 54: the one-GPU LoRA recipe (the adapters' launches on both sides), and Qwen3-VL-8B (its vision
+    # tower, head dim 72, and the M-RoPE decode) at the OSWorld VL recipe's sizes, its decoder cut to 3 layers
+    "qwen3-4b-lora": "configs/qwen3-4b-python-tool-lora-1gpu.yaml",
+    "qwen3-vl-8b": "configs/qwen3-vl-4b-osworld.yaml#qwen3-vl-8b-instruct:num_hidden_layers=3",
 }
+# One image of the VL recipes' screenshots (1024 x 576, 16-pixel patches): the tower's launches at its size.
+VL_IMAGE_GRID = (1, 36, 64)
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,7 @@ class RecipeShapes:
     max_batch_tokens: int
     micro_batch_tokens: int
     activation_checkpointing: bool
+    lora: dict | None = None  # learner.lora of the recipe (rank, alpha, ...): adapters on both sides
 
     @property
     def max_decode_batch(self) -> int:
@@ -87,13 +99,26 @@ def recipe_shapes(config_path: str | Path, repo_root: Path | None = None) -> Rec
         max_batch_tokens=int(engine.get("max_batch_tokens", 8192)),
         micro_batch_tokens=int(learner.get("micro_batch_tokens", 4096)),
         activation_checkpointing=ckpt,
+        lora=dict(learner["lora"]) if learner.get("lora") else None,
     )
 
 
-def meta_model(cfg: ModelConfig, engine: bool) -> Transformer:
-    """The model on the meta device with the Triton op set (what ``aligned`` resolves to on CUDA)."""
+def text_config(cfg) -> ModelConfig:
+    """The decoder's config: a VL config's text part (its decoder's launches are a text model's: the M-RoPE
+    decode rotates with rows gathered per token, the same ``_rope_kernel`` launch), else the config."""
+    return cfg.text if isinstance(cfg, Qwen3VLConfig) else cfg
+
+
+def meta_model(cfg: ModelConfig, engine: bool, lora: dict | None = None) -> Transformer:
+    """The model on the meta device with the Triton op set (what ``aligned`` resolves to on CUDA); a
+    vision-language config builds the VL model; ``lora``: adapters attached as the run attaches them."""
     with torch.device("meta"):
-        model = Transformer(cfg, kernels="triton", init=False)
+        if isinstance(cfg, Qwen3VLConfig):
+            model = Qwen3VLModel(cfg, kernels="triton", init=False)
+        else:
+            model = Transformer(cfg, kernels="triton", init=False)
+        if lora:
+            add_lora(model, LoraConfig(**lora))
     if engine:
         model.fuse_projections()  # the engine stacks q/k/v and gate/up (Engine.__init__)
         model.eval()
@@ -113,11 +138,11 @@ class EngineDriver:
 
     def __init__(self, shapes: RecipeShapes) -> None:
         self.shapes = shapes
-        self.model = meta_model(shapes.model, engine=True)
+        self.model = meta_model(text_config(shapes.model), engine=True, lora=shapes.lora)
         self.width = pages_for(shapes.max_len)
         # Pages for every slot at max_len plus the scratch page (only addresses matter on meta).
         self.num_pages = shapes.max_running * self.width + 1
-        self.cache = KVCache(shapes.model, self.num_pages, device="meta")
+        self.cache = KVCache(text_config(shapes.model), self.num_pages, device="meta")
         self.step = DecodeStep(
             self.model, self.cache, shapes.max_decode_batch, self.width, scratch_page=self.num_pages - 1
         )
@@ -165,7 +190,7 @@ class EngineDriver:
     def sample(self, hidden: torch.Tensor) -> None:
         """LM head over all rows at once, then the sampling log-softmax per chunk of rows (Engine._sample)."""
         logits = self.model.logits(hidden)
-        vocab = self.shapes.model.vocab_size
+        vocab = text_config(self.shapes.model).vocab_size
         rows = max(8, (LOGIT_CHUNK_BYTES // (4 * vocab)) // 8 * 8)  # ModelRunner.logit_rows_per_chunk
         for i in range(0, logits.shape[0], rows):
             sampling_logprobs(logits[i : i + rows])
@@ -214,7 +239,7 @@ def record_recipe(
         engine = EngineDriver(shapes)  # built inside: the Triton op set is selectable only there
         _record_engine(rec, engine, shapes, buckets, contexts, prefill)
         if train:
-            learner = meta_model(shapes.model, engine=False)
+            learner = meta_model(text_config(shapes.model), engine=False, lora=shapes.lora)
             for i, lengths in enumerate(micro_batches_for(shapes)):
                 tags = dict(
                     model=shapes.name, side="trainer", phase="train", rows=sum(lengths), micro_batch=i
@@ -224,8 +249,33 @@ def record_recipe(
     return rec.launches
 
 
+def record_vision_tower(model, grid: tuple[int, int, int] = VL_IMAGE_GRID) -> None:
+    """One image through a VL model's vision tower on meta tensors (the engine's image encoding). The
+    tower's per-call index tensors and rotary rows stay real host tensors (as the attention plans do)."""
+    from rz_agents.model import vision
+
+    tower = model.visual
+    patches = grid[0] * grid[1] * grid[2]
+    pixels = torch.empty(patches, tower.config.patch_dim, device="meta", dtype=model.lm_head.weight.dtype)
+    init = vision._Segments.__init__
+
+    def host_segments(self, grids, merge, rope_base, head_dim, device):
+        host = torch.device("cpu") if device.type == "meta" else device
+        init(self, grids, merge, rope_base, head_dim, host)
+
+    vision._Segments.__init__ = host_segments
+    try:
+        with torch.inference_mode():
+            tower(pixels, [grid], model.ops_for("meta"))
+    finally:
+        vision._Segments.__init__ = init
+
+
 def _record_engine(rec: LaunchRecorder, engine: EngineDriver, shapes, buckets, contexts, prefill) -> None:
     name = shapes.name
+    if isinstance(shapes.model, Qwen3VLConfig):
+        with rec.tagged(model=name, side="engine", phase="vision", rows=VL_IMAGE_GRID[1] * VL_IMAGE_GRID[2]):
+            record_vision_tower(meta_model(shapes.model, engine=False))
     if prefill:
         n = min(2048, shapes.max_batch_tokens)
         with rec.tagged(model=name, side="engine", phase="prefill", rows=n):

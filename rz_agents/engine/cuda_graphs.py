@@ -21,7 +21,9 @@ What keeps a graph valid: it holds the addresses of the weights, the KV pages an
 Weights are loaded in place (``ModelRunner.load_state`` copies into the parameters' storage) and
 ``check_weights`` drops every graph (recaptured on next use) if a parameter's storage moved anyway;
 the page tables are buffer contents, so preemption, re-admission and new page placements need no
-recapture. A graph replays the op set it was captured with: switching the model's kernels drops them. A step
+recapture. A graph replays the op set it was captured with: switching the model's kernels drops them. Captures
+run in CUDA's thread-local capture mode, so a learner stepping in another thread of the process (``runtime:
+local``) can allocate or synchronize during a capture without breaking it (issue 54). A step
 that reads back (e.g. an MoE still grouping experts on the host) or a capture that fails turns graphs off for
 this engine with a logged reason, and decode runs eagerly (same bits).
 """
@@ -38,6 +40,9 @@ from rz_agents.engine.decode_step import DecodeStep
 from rz_agents.engine.host_reads import HostReads
 
 log = logging.getLogger(__name__)
+
+# Which threads' unsafe CUDA calls break a capture: only the capturing thread's (see DecodeGraphs.capture).
+CAPTURE_ERROR_MODE = "thread_local"
 
 
 def weight_addresses(model: torch.nn.Module) -> dict[str, int]:
@@ -129,7 +134,11 @@ class DecodeGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local, not the default "global": with `runtime: local` the learner steps in another thread of
+        # this process, and under "global" any CUDA call it makes that is unsafe during a capture (a
+        # cudaMalloc, a sync) invalidates this capture (graphs then off) or fails in the learner. Only this
+        # thread's calls can break the capture (its own step is checked for syncs by warm_up).
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode=CAPTURE_ERROR_MODE):
             output = step.forward(buf, max_position, [0] * bucket)
         self._graphs[key] = _Graph(graph, output)
         self.captures += 1

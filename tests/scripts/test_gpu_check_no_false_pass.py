@@ -125,12 +125,14 @@ def test_resume_keeps_only_real_passes_of_this_result_format(gpu_check, tmp_path
 def test_section_budgets_sum_inside_the_total_which_fits_the_540_s_command(gpu_check):
     assert gpu_check.budgets_sum_s() <= gpu_check.GPU_TOTAL_BUDGET_S <= 540
     order = list(gpu_check.SECTIONS)
-    identity_and_speed = ["alignment", "engine_vs_trainer", "gemm", "attention", "logprobs_vocab"]
+    identity_and_speed = [
+        "alignment", "engine_vs_trainer", "production_decode", "gemm", "attention", "logprobs_vocab"
+    ]
     assert order[: len(identity_and_speed) + 1] == ["env", *identity_and_speed]
     assert order.index("engine_decode") < order.index("model_0.6b") < order.index("rl_loop")
 
 
-def test_the_triton_cache_lives_beside_the_results(tmp_path):
+def test_the_triton_cache_lives_under_runs_never_beside_the_results(tmp_path):
     out = tmp_path / "run" / "g.json"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--only", "env"],
@@ -141,5 +143,6 @@ def test_the_triton_cache_lives_beside_the_results(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     saved = json.loads(out.read_text())
-    assert saved["triton_cache_dir"] == str(tmp_path / "run" / "triton_cache")
+    assert saved["triton_cache_dir"] == str(SCRIPT.parent.parent / "runs" / "triton-cache")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["g.json"]
     assert saved["budgets_sum_s"] <= 520 and "sections' budgets sum to" in proc.stdout

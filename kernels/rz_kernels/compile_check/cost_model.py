@@ -1,10 +1,14 @@
-"""A static cost model of recorded Triton launches: bytes and FLOPs per launch, grid vs SMs, H200 figures.
+"""A static cost model of recorded Triton launches: bytes and FLOPs per launch, grid vs SMs, a card's figures.
 
 Per launch (``launch_cost``) the HBM bytes it must move and the FLOPs its MMAs execute come from the
 recorded shapes and constexprs (``Launch.args``); its time is
 
     t = max(bytes / (BW * f), flops / (PEAK * f)) + LAUNCH_S,   f = min(1, programs / SMS) per wave
 
+with BW, PEAK and SMS the card's (``rz_kernels.compile_check.cards``; the H200 unless one is named) and BW its
+datasheet peak unless the caller passes another (the estimate passes the card's achievable bandwidth).
+Summed over the Triton launches at the peak, this is a lower bound on the Triton kernels' time, not a
+prediction of the step: ``rz_agents.compile_check.predict`` adds what it leaves out for its estimate.
 i.e. a grid that covers fewer SMs than the GPU has gets that fraction of the bandwidth and the tensor
 throughput (one SM's share each: an assumption, stated; a single SM can pull somewhat more than 1/132 of
 HBM), and every launch pays a fixed floor (a CUDA-graph kernel node: ramp, tail, the gap to the next).
@@ -24,11 +28,13 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rz_kernels.compile_check.cards import CARDS, Card
 from rz_kernels.compile_check.recorder import Launch
 
-HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e
-PEAK_BF16_FLOPS = 800e12  # dense bf16 MMA, measured 770-800 TFLOP/s on the H200 (NOTES-gpu-device)
-SMS = 132
+H200 = CARDS["H200"]  # the default card (the compile check's report)
+HBM_BYTES_PER_S = H200.hbm_bytes_per_s  # H200 HBM3e
+PEAK_BF16_FLOPS = H200.peak_bf16_flops  # dense bf16 MMA, measured 770-800 TFLOP/s on the H200
+SMS = H200.sms
 LAUNCH_S = 2.0e-6  # per kernel node in a replayed graph: ramp-up, tail and the gap to the next kernel
 CUBLAS_EFFICIENCY = 0.7  # the learner's backward GEMMs (torch.mm on cuBLAS), of PEAK_BF16_FLOPS
 
@@ -77,8 +83,9 @@ def _attention_decode(launch: Launch, context: int | None) -> tuple[float, float
     return kv + partial + _bytes_of(a["q_ptr"]), flops, tokens * hkv * live
 
 
-def launch_cost(launch: Launch) -> LaunchCost:
-    """Bytes, FLOPs and predicted seconds of one launch (see the module docstring)."""
+def launch_cost(launch: Launch, card: Card = H200, bytes_per_s: float | None = None) -> LaunchCost:
+    """Bytes, FLOPs and seconds of one launch on ``card`` at ``bytes_per_s`` (default: the card's datasheet
+    bandwidth; see the module docstring)."""
     name = launch.kernel.rsplit(".", 1)[-1]
     a, c = launch.args, launch.constexprs
     programs = launch.grid[0] * launch.grid[1] * launch.grid[2]
@@ -111,8 +118,9 @@ def launch_cost(launch: Launch) -> LaunchCost:
         nbytes = sum(_bytes_of(v) for v in a.values())
         if name.startswith("_attn") and "HEAD_D" in c:
             flops = _attention_flops(launch)
-    f = min(1.0, busy / SMS) if busy else 1.0
-    seconds = max(nbytes / (HBM_BYTES_PER_S * f), flops / (PEAK_BF16_FLOPS * f)) + LAUNCH_S
+    f = min(1.0, busy / card.sms) if busy else 1.0
+    bw = bytes_per_s or card.hbm_bytes_per_s
+    seconds = max(nbytes / (bw * f), flops / (card.peak_bf16_flops * f)) + LAUNCH_S
     return LaunchCost(name, nbytes, flops, programs, busy, seconds)
 
 
@@ -138,13 +146,15 @@ def decode_roofline_bytes(model: dict, batch: int, context: int) -> float:
     return weights + kv
 
 
-def step_prediction(launches: list[Launch]) -> dict[str, Any]:
-    """The sum of the launches' costs, with the five largest kernels by time."""
+def step_prediction(
+    launches: list[Launch], card: Card = H200, bytes_per_s: float | None = None
+) -> dict[str, Any]:
+    """The sum of the launches' costs on ``card`` (at ``bytes_per_s``), with the six largest kernels."""
     by_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
     total = 0.0
     total_bytes = 0.0
     for launch in launches:
-        cost = launch_cost(launch)
+        cost = launch_cost(launch, card, bytes_per_s)
         total += cost.seconds
         total_bytes += cost.bytes
         row = by_kernel[cost.kernel]

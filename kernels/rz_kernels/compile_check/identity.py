@@ -19,6 +19,8 @@ from rz_kernels.compile_check.recorder import Launch
 # kernel name -> the op it implements, for the kernels the forward of both sides runs.
 SHARED_OPS = {
     "_matmul_kernel": "linear",
+    "_splitk_combine_kernel": "linear",  # a split-K GEMM's second launch: partials summed in split order
+    "_sigmoid_kernel": "moe_route_sigmoid",  # DeepSeek-V3's router scores
     "_attn_fwd_kernel": "attention",
     "_attn_decode_split_kernel": "attention",
     "_attn_decode_combine_kernel": "attention",
@@ -58,6 +60,7 @@ REASONS = {
     "silu_mul": ("elementwise per row: no reduction; a specialization difference cannot reorder one."),
     "moe_grouped_gemm": ("one tile config whatever the rows: a difference here is a defect."),
     "moe_route_softmax": ("one program per row, fixed column blocks: a difference is a defect."),
+    "moe_route_sigmoid": ("elementwise: no reduction; a specialization difference cannot reorder one."),
 }
 
 _FIELDS = ("kernel", "signature", "constexprs", "attrs", "num_warps", "num_stages")

@@ -88,19 +88,23 @@ def _rope_kernel(
     HALF: tl.constexpr,
     BLOCK_NH: tl.constexpr,
     INVERSE: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     heads = tl.arange(0, BLOCK_NH)
-    cols = tl.arange(0, HALF)
-    mask = (heads < NH)[:, None]
+    # HALF padded to a power of two (tl.arange needs one): Qwen3-VL's vision head dim 72 has HALF 36. The
+    # padded columns are masked; the rotation is elementwise, so the padding changes no computed element.
+    cols = tl.arange(0, BLOCK_HALF)
+    col_ok = cols < HALF
+    mask = (heads < NH)[:, None] & col_ok[None, :]
     base = t * NH * 2 * HALF + heads[:, None] * 2 * HALF + cols[None, :]
     x1 = tl.load(x_ptr + base, mask=mask, other=0.0)
     x2 = tl.load(x_ptr + base + HALF, mask=mask, other=0.0)
-    c1 = tl.load(cos_ptr + pos * 2 * HALF + cols)[None, :]
-    c2 = tl.load(cos_ptr + pos * 2 * HALF + HALF + cols)[None, :]
-    s1 = tl.load(sin_ptr + pos * 2 * HALF + cols)[None, :]
-    s2 = tl.load(sin_ptr + pos * 2 * HALF + HALF + cols)[None, :]
+    c1 = tl.load(cos_ptr + pos * 2 * HALF + cols, mask=col_ok, other=0.0)[None, :]
+    c2 = tl.load(cos_ptr + pos * 2 * HALF + HALF + cols, mask=col_ok, other=0.0)[None, :]
+    s1 = tl.load(sin_ptr + pos * 2 * HALF + cols, mask=col_ok, other=0.0)[None, :]
+    s2 = tl.load(sin_ptr + pos * 2 * HALF + HALF + cols, mask=col_ok, other=0.0)[None, :]
     if INVERSE:  # the transpose of the rotation (the backward): rotate by -angle
         s1 = -s1
         s2 = -s2
@@ -129,6 +133,7 @@ def _rope_launch(x, positions, cos, sin, inverse: bool) -> torch.Tensor:
             HALF=d // 2,
             BLOCK_NH=triton.next_power_of_2(nh),
             INVERSE=inverse,
+            BLOCK_HALF=triton.next_power_of_2(d // 2),
         )
     return out
 

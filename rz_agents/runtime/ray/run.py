@@ -38,6 +38,7 @@ from rz_agents.runtime.ray.cluster import actor_options, connect
 from rz_agents.runtime.ray.engines import EngineReplicas, EngineServer
 from rz_agents.runtime.ray.env_workers import EnvHost, RemoteEnvFactory, check_env_workers, driver_sys_path
 from rz_agents.runtime.ray.learner import LearnerGroup, LearnerRank
+from rz_agents.runtime.ray.preflight import preflight, run_estimate
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class RayRun(RunHandle):
         self._owns_ray = connect(cfg)
         self._actors: list[Any] = []
         try:
+            preflight(cfg.actors, run_estimate(cfg))  # one line naming the shortfall, not a wait forever
             self._place()
             self.loop_runtime = RayLoopRuntime(self)
             self.loop = TrainLoop(cfg, self.controller, self.loop_runtime)

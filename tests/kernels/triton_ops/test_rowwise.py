@@ -64,6 +64,18 @@ def test_rope_matches_cpu_table_and_depends_only_on_position(dtype):
         rowwise.rope(table, x[:1], torch.tensor([256]))
 
 
+def test_rope_at_head_dim_72_padded_to_a_power_of_two_matches_the_cpu_table():
+    """Qwen3-VL-8B's vision tower: head dim 72 (HALF 36, not a power of two) failed to compile on both
+    tritons (tl.arange needs a power of two); the kernel pads HALF to 64 with a mask."""
+    gen = torch.Generator().manual_seed(5)
+    table = RopeTable(72, 10_000.0, 64)
+    x = torch.randn(9, 3, 72, generator=gen)
+    pos = torch.randint(0, 64, (9,), generator=gen)
+    full = rowwise.rope(table, x, pos)
+    torch.testing.assert_close(full, table.apply(x, pos), rtol=1e-5, atol=1e-5)
+    assert torch.equal(rowwise.rope(table, x[:4], pos[:4]), full[:4])
+
+
 def test_rope_reads_strided_row_tables_as_their_values():
     """`RopeTable.from_rows` takes angles gathered elsewhere (multimodal RoPE), which may be strided views;
     the kernel indexes rows as pos * head_dim, so it must see the values, not the storage."""
