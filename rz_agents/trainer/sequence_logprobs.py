@@ -27,7 +27,8 @@ def trajectory_logprobs(
     A trajectory of several segments (``Trajectory.segment_starts``: an agent that compacted its history) is
     scored as one packed sequence per segment, each from position 0 as the engine sampled it; the entry that
     would predict a segment's first token from the previous segment is 0.0 (that token is never sampled)."""
-    if any(t.segment_starts for t in trajs):
+    # (warm-start demonstrations and other trajectory-shaped records have no segments)
+    if any(getattr(t, "segment_starts", None) for t in trajs):
         return _segmented_logprobs(model, trajs, scoring)
     # the model turns each trajectory into what the packer takes (its images too, for a model that takes
     # them; a text model refuses images): the forward contract, model/transformer.py
