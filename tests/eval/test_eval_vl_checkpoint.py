@@ -223,6 +223,11 @@ def test_rz_eval_on_visual_click_shows_a_qwen_vocabulary_vl_checkpoint_its_pictu
     loaded = vl_policies["qwen3"]
     engine = RZEngine(loaded.model, EngineConfig(max_running=2, max_len=256, num_threads=1))
     cfg = EnvEvalConfig(checkpoint=vl_policies["paths"]["qwen3"], num_tasks=2, k=1, num_threads=1)
-    result = run_env_eval(load_run_config(str(config)), cfg, loaded, engine=engine)
+    from rz_agents.runtime.config import TrainConfig
+    from rz_agents.runtime.factories import run_env_factory
+
+    run_cfg = load_run_config(str(config))
+    plan = TrainConfig.validate(run_cfg)
+    result = run_env_eval(run_cfg, cfg, loaded, plan, run_env_factory(run_cfg, plan), engine=engine)
     assert result["num_failed"] == 0, result["first_error"]
     assert engine.stats()["images_encoded"] == 2  # each task's picture reached the tower
