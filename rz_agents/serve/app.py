@@ -17,7 +17,7 @@ what the client sent. A client that disconnects before its answer cancels its re
 the engine and their pages are freed.
 
 ``ServerThread`` runs the app on its own event loop in a thread (tests, benchmarks, notebooks);
-``start_in_loop`` runs it on the current event loop beside a training run's engine (envs/openai_agent):
+``start_in_loop`` runs it on the current event loop beside a training run's engine (agents/openai_api):
 there it has the default options, so no control routes and no readable session records.
 """
 
