@@ -27,7 +27,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rz_agents.envs.python_tool.local import bwrap_problem, python_dirs, system_binds
+from rz_agents.envs.python_tool.local import (
+    bwrap_problem,
+    drop_privileges_args,
+    namespace_args,
+    python_dirs,
+    system_binds,
+)
 from rz_agents.envs.python_tool.seccomp import user_namespace_filter
 
 MiB = 1 << 20
@@ -100,18 +106,7 @@ class ShellSandbox:
 
     def argv(self, command: str) -> list[str]:
         """The bubblewrap command line that runs ``command`` with bash in this sandbox."""
-        argv = ["bwrap"]
-        if self._root_host:
-            argv += [
-                "--unshare-ipc",
-                "--unshare-pid",
-                "--unshare-net",
-                "--unshare-uts",
-                "--unshare-cgroup-try",
-            ]
-        else:
-            argv += ["--unshare-all", "--unshare-user", "--disable-userns"]
-        argv += ["--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
+        argv = ["bwrap", *namespace_args(privileged=self._root_host)]
         argv += system_binds()
         for d in python_dirs():
             if not d.startswith(("/usr/", "/bin", "/lib")):
@@ -129,15 +124,7 @@ class ShellSandbox:
             argv += ["--setenv", key, value]
         argv += ["--chdir", self.workdir]
         if self._root_host:
-            argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP", "--"]
-            argv += [
-                "setpriv",
-                f"--reuid={self.uid}",
-                f"--regid={self.uid}",
-                "--clear-groups",
-                "--inh-caps=-all",
-            ]
-            argv += ["--bounding-set=-all", "--no-new-privs"]
+            argv += drop_privileges_args("setpriv", self.uid)
         lim = self.limits
         argv += ["--", "prlimit", f"--nproc={lim.processes}", f"--fsize={lim.file_bytes}"]
         argv += [f"--as={lim.memory_bytes}", f"--nofile={lim.open_files}", "--core=0"]

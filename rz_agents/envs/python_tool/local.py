@@ -98,6 +98,23 @@ def _system_binds() -> list[str]:
     return args
 
 
+def namespace_args(privileged: bool) -> list[str]:
+    """bubblewrap's isolation arguments: the namespaces, a new session, an empty environment."""
+    if privileged:
+        # no user namespace: privileged bwrap keeps real uids so setpriv can switch to the sandbox's uid
+        ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    else:
+        ns = ["--unshare-all", "--unshare-user", "--disable-userns"]
+    return [*ns, "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
+
+
+def drop_privileges_args(setpriv: str, uid: int | None) -> list[str]:
+    """What runs the sandboxed command as ``uid`` with no capabilities and ``no_new_privs`` (host root)."""
+    argv = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP", "--"]
+    argv += [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
+    return argv + ["--bounding-set=-all", "--no-new-privs"]
+
+
 def system_binds() -> list[str]:
     """bubblewrap arguments binding the system directories read-only (shared by the shell sandbox)."""
     return list(_system_binds())
@@ -135,13 +152,7 @@ def bwrap_command(
     are bound read-only at the same path (the Python installation when outside /usr).
     ``seccomp_fd``: the fd number (in bwrap) of a compiled seccomp filter to apply.
     """
-    argv = [bwrap]
-    if setpriv:
-        # no user namespace: privileged bwrap keeps real uids so setpriv can switch to `uid`
-        argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
-    else:
-        argv += ["--unshare-all", "--unshare-user", "--disable-userns"]
-    argv += ["--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
+    argv = [bwrap, *namespace_args(privileged=bool(setpriv))]
     argv += _system_binds()
     for d in extra_ro_dirs or []:
         # parents bwrap creates would be 0700 root-owned: make them traversable first
@@ -157,9 +168,7 @@ def bwrap_command(
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     if setpriv:
-        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP", "--"]
-        argv += [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
-        argv += ["--bounding-set=-all", "--no-new-privs"]
+        argv += drop_privileges_args(setpriv, uid)
     argv += ["--", python, "-I", "-B", SANDBOX_WORKER]
     argv.append(json.dumps(limits.for_worker(own_pid_namespace=True, workdir="/tmp")))
     return argv
