@@ -9,7 +9,8 @@ from rz_agents.rollout.episode_runner import EpisodeRunner
 
 def episode_runner(spec: AgentSpec) -> EpisodeRunner:
     """``agent.kind: loop``: the agent loop (steps the run's env); ``openai``: the OpenAI-API agent of
-    ``agent.openai`` (its function and scorer imported now: a bad name is a ValueError naming it)."""
+    ``agent.openai`` (its function and scorer imported now: a bad name is a ValueError naming it);
+    ``miniswe``: mini-swe-agent on the Harbor tasks of ``agent.miniswe`` (a bad task name fails now)."""
     if spec.kind == "loop":
         return AgentLoop()
     if spec.kind == "openai":
@@ -23,5 +24,17 @@ def episode_runner(spec: AgentSpec) -> EpisodeRunner:
             scorer=o.scorer,
             model_name=o.model_name,
             timeout_s=o.timeout_s,
+        )
+    if spec.kind == "miniswe":
+        from rz_agents.agents.miniswe import MiniSweAgent
+
+        m = spec.miniswe
+        return MiniSweAgent(
+            python=m.python,
+            configs=m.configs,
+            tasks=m.tasks,
+            names=m.names,
+            command_timeout_s=m.command_timeout_s,
+            timeout_s=m.timeout_s,
         )
     raise ValueError(f"agent.kind must be one of {AGENT_KINDS}, got {spec.kind!r}")

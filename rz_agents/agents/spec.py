@@ -11,10 +11,15 @@
         # or  command: "python my_agent.py"  (OPENAI_BASE_URL / OPENAI_API_KEY / RZ_TASK in its environment,
         #      its stdout the result)
 
-With ``kind: openai`` the run has no env: ``env.tasks`` are the tasks given to the agent, and ``env.id`` /
-``env.kwargs`` must stay unset. The old spelling, the agent as an env (``env.id: rz_agents/OpenAIAgent-v0``
-with ``env.kwargs: {agent, command, scorer, model_name, timeout_s}``), still loads for one release, with a
-one-line deprecation warning (``from_legacy_env``).
+    agent:
+      kind: miniswe         # mini-swe-agent, unmodified, on Harbor terminal tasks (its venv:
+      miniswe:              #   scripts/install_miniswe.sh); rz_agents/agents/miniswe/
+        names: [csv-sum, git-tag]
+
+With ``kind: openai`` or ``miniswe`` the run has no env: ``env.tasks`` are the tasks given to the agent,
+and ``env.id`` / ``env.kwargs`` must stay unset. The old spelling, the agent as an env
+(``env.id: rz_agents/OpenAIAgent-v0`` with ``env.kwargs: {agent, command, scorer, model_name, timeout_s}``),
+still loads for one release, with a one-line deprecation warning (``from_legacy_env``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 
 from rz_agents.deprecation import warn_deprecated
 
-AGENT_KINDS = ("loop", "openai")
+AGENT_KINDS = ("loop", "openai", "miniswe")
 LEGACY_OPENAI_ENV_ID = "rz_agents/OpenAIAgent-v0"
 # the example agent lived under envs/ until the agents left it; an old config naming it still finds it
 _MOVED_MODULES = {
@@ -54,31 +59,66 @@ class OpenAIAgentSpec:
 
 
 @dataclass
+class MiniSweAgentSpec:
+    """``agent.miniswe``: mini-swe-agent on Harbor terminal tasks (rz_agents/agents/miniswe/).
+
+    python: the interpreter that has mini-swe-agent; null: ``$RZ_MINISWE_PYTHON``, else the venv
+      scripts/install_miniswe.sh makes (``$RZ_MINISWE_VENV``, default /work/venvs/miniswe).
+    configs: mini-swe-agent config specs merged in order (files, or its built-in names such as mini.yaml);
+      null: rz's short prompts (agents/miniswe/rz_terminal.yaml). rz sets the model, environment and step
+      limit (rollout.limits.max_turns) last.
+    tasks: a folder of Harbor tasks (null: the packaged set), drawn from per episode when env.tasks is
+      unset (otherwise each task of env.tasks is ``{path: DIR}``).
+    names: only these task names of ``tasks`` (null: all).
+    command_timeout_s: wall time of one command in the sandbox.
+    timeout_s: wall time of one mini-swe-agent process (the episode is dropped past it).
+    """
+
+    python: str | None = None
+    configs: list[str] | None = None
+    tasks: str | None = None
+    names: list[str] | None = None
+    command_timeout_s: float = 30.0
+    timeout_s: float = 900.0
+
+
+@dataclass
 class AgentSpec:
-    """``agent:`` of a run: ``kind`` (loop | openai) picks the episode runner; ``openai`` configures the
-    OpenAI-API agent (``kind: openai`` only)."""
+    """``agent:`` of a run: ``kind`` (loop | openai | miniswe) picks the episode runner; ``openai``
+    configures the OpenAI-API agent (``kind: openai`` only), ``miniswe`` mini-swe-agent (``kind: miniswe``
+    only)."""
 
     kind: str = "loop"
     openai: OpenAIAgentSpec = field(default_factory=OpenAIAgentSpec)
+    miniswe: MiniSweAgentSpec = field(default_factory=MiniSweAgentSpec)
 
     def validate(self, env_is_default: bool) -> None:
         """Raise ValueError naming the bad field. ``env_is_default``: the run's ``env.id`` and ``env.kwargs``
         are unset (an agent that drives itself steps no env)."""
         if self.kind not in AGENT_KINDS:
             raise ValueError(f"agent.kind must be one of {AGENT_KINDS}, got {self.kind!r}")
+        for name, default in (("openai", OpenAIAgentSpec()), ("miniswe", MiniSweAgentSpec())):
+            if self.kind != name and getattr(self, name) != default:
+                raise ValueError(
+                    f"agent.{name}: is set but agent.kind is {self.kind!r}; set agent.kind: {name}"
+                )
         if self.kind == "loop":
-            if self.openai != OpenAIAgentSpec():
-                raise ValueError("agent.openai: is set but agent.kind is 'loop'; set agent.kind: openai")
             return
-        o = self.openai
-        if (o.function is None) == (o.command is None):
-            raise ValueError("agent.kind: openai needs exactly one of agent.openai.function or .command")
-        if o.timeout_s <= 0:
-            raise ValueError(f"agent.openai.timeout_s must be > 0, got {o.timeout_s}")
+        if self.kind == "openai":
+            o = self.openai
+            if (o.function is None) == (o.command is None):
+                raise ValueError("agent.kind: openai needs exactly one of agent.openai.function or .command")
+            if o.timeout_s <= 0:
+                raise ValueError(f"agent.openai.timeout_s must be > 0, got {o.timeout_s}")
+        else:
+            m = self.miniswe
+            for name in ("command_timeout_s", "timeout_s"):
+                if getattr(m, name) <= 0:
+                    raise ValueError(f"agent.miniswe.{name} must be > 0, got {getattr(m, name)}")
         if not env_is_default:
             raise ValueError(
-                "agent.kind: openai runs the user's agent, which steps no env: leave env.id and env.kwargs "
-                "unset (env.tasks are the tasks it is given)"
+                f"agent.kind: {self.kind} runs an agent that steps no env: leave env.id and env.kwargs unset "
+                "(env.tasks are the tasks it is given)"
             )
 
 

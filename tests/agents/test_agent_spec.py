@@ -69,7 +69,7 @@ def test_the_old_spelling_in_code_keeps_tasks_and_refuses_what_it_never_had():
 @pytest.mark.parametrize(
     "config, override, error",
     [
-        ("demo", "agent.kind=cli", r"agent.kind must be one of \('loop', 'openai'\), got 'cli'"),
+        ("demo", "agent.kind=cli", r"agent.kind must be one of \('loop', 'openai', 'miniswe'\), got 'cli'"),
         ("demo", "agent.kind=openai", "needs exactly one of agent.openai.function or .command"),
         ("demo", "agent.openai.command=python a.py", "agent.openai: is set but agent.kind is 'loop'"),
         ("openai-agent", "agent.openai.command=python a.py", "needs exactly one of agent.openai.function"),

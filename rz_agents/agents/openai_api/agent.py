@@ -64,6 +64,20 @@ def _default_scorer(task: dict[str, Any], result: Any, messages: list[dict[str, 
         raise AgentError(f"no scorer given and the agent's result {result!r:.60} is not a number") from None
 
 
+def episode_session_policy(spec: EpisodeSpec, sampling, limits: EpisodeLimits) -> SessionPolicy:
+    """What a training episode's session imposes on every request: the run's sampling, a seed of the
+    episode's own, and the episode's limits (whatever the agent asks for)."""
+    return SessionPolicy(
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        seed=spec.seed,
+        max_tokens_per_turn=limits.max_tokens_per_turn,
+        max_session_tokens=limits.max_episode_tokens,
+        max_turns=limits.max_turns,
+    )
+
+
 class OpenAIAPIAgent:
     """An episode = the user's OpenAI-API agent on one token-exact session of the run's engine.
 
@@ -118,16 +132,7 @@ class OpenAIAPIAgent:
         http = await served_endpoint(engine, tokenizer, template, self.model_name)
         store = http.server.sessions
         session_id = f"episode-{spec.group_id}-{spec.member}-{spec.seed}"
-        policy = SessionPolicy(
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            seed=spec.seed,
-            max_tokens_per_turn=limits.max_tokens_per_turn,
-            max_session_tokens=limits.max_episode_tokens,
-            max_turns=limits.max_turns,
-        )
-        session = store.open(session_id, policy)
+        session = store.open(session_id, episode_session_policy(spec, sampling, limits))
         task = dict(spec.task or {})
         loop = asyncio.get_running_loop()
         try:

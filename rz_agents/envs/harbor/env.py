@@ -22,7 +22,7 @@ import numpy as np
 from rz_agents.envs.base import Message, MultiTurnTextEnv, ToolSpec
 from rz_agents.envs.harbor.shell import SandboxUnavailable, ShellLimits, ShellResult
 from rz_agents.envs.harbor.task import HarborTask, find_tasks, load_task, packaged_tasks_dir
-from rz_agents.envs.harbor.trial import BuildError, Trial
+from rz_agents.envs.harbor.trial import BuildError, Trial, VerifyResult
 from rz_agents.envs.tool_calls import ToolCall, parse_tool_calls
 
 BASH_TOOL: ToolSpec = {
@@ -45,6 +45,10 @@ SYSTEM_PROMPT = (
     "You are an expert at the Linux command line. Solve the task by calling the `bash` tool. "
     "When the task is done, reply without a tool call."
 )
+
+
+class CommandRefused(ValueError):
+    """A command the episode's sandbox does not run (its message is what the agent is told)."""
 
 
 def format_result(result: ShellResult) -> str:
@@ -119,17 +123,30 @@ class ShellTaskEnv(MultiTurnTextEnv):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages, info
 
-    def _run(self, call: ToolCall) -> str:
-        assert self.trial is not None and self.task is not None
-        command = call.arguments.get("command")
+    def run_command(self, command: object, wall_s: float | None = None) -> ShellResult:
+        """One command in the episode's sandbox (what the bash tool runs; an external agent's commands
+        too), within ``command_timeout_s`` (or ``wall_s``, if shorter) and the task's time for commands.
+        CommandRefused (its message for the agent) for an empty command, time used up or no environment."""
+        if self.trial is None or self.task is None:
+            raise CommandRefused("no environment (the episode is over, or its build failed at reset)")
         if not isinstance(command, str) or not command.strip():
-            return "Error: the bash tool needs a non-empty string argument `command`"
+            raise CommandRefused("the bash tool needs a non-empty string argument `command`")
         left = self.task.limits.agent_timeout_s - self.command_s
         if left <= 0:
-            return f"Error: the task's time for commands ({self.task.limits.agent_timeout_s:g} s) is used up"
-        result = self.trial.run(command, wall_s=min(self.limits.wall_s, left))
+            budget = self.task.limits.agent_timeout_s
+            raise CommandRefused(f"the task's time for commands ({budget:g} s) is used up")
+        wall = min(self.limits.wall_s, left)
+        if wall_s is not None and wall_s > 0:
+            wall = min(wall, float(wall_s))
+        result = self.trial.run(command, wall_s=wall)
         self.command_s += result.duration_s
-        return format_result(result)
+        return result
+
+    def _run(self, call: ToolCall) -> str:
+        try:
+            return format_result(self.run_command(call.arguments.get("command")))
+        except CommandRefused as exc:
+            return f"Error: {exc}"
 
     def _step(self, text: str) -> tuple[list[Message], float, bool, dict]:
         if self.trial is None:
@@ -157,6 +174,14 @@ class ShellTaskEnv(MultiTurnTextEnv):
             )
         info = {"tool_calls": ran, "malformed_calls": len(turn.errors)}
         return messages, 0.0, False, info
+
+    def verify(self) -> VerifyResult:
+        """Score the workspace as it stands with the task's verifier and end the episode (its workspace is
+        deleted): what a turn without a tool call does, for an agent that drives the sandbox itself."""
+        assert self.trial is not None, "verify() needs an environment built by reset()"
+        verdict = self.trial.verify()
+        self._close_trial()
+        return verdict
 
     def _finish(self, info: dict[str, Any]) -> tuple[list[Message], float, bool, dict]:
         assert self.trial is not None
