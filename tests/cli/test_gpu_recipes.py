@@ -19,6 +19,7 @@ RECIPES = {
     "configs/qwen3-4b-python-tool-8xh200.yaml": (141, 8),
     "configs/qwen3-4b-python-tool-8xh100.yaml": (80, 8),
     "configs/qwen3-4b-python-tool-lora-1gpu.yaml": (80, 1),
+    "configs/qwen3-4b-terminal-8xh100.yaml": (80, 8),  # issue 56: a terminal agent on Harbor tasks
 }
 
 
