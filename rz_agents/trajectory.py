@@ -18,6 +18,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # the first 8 bytes of every PNG file
+
+# Why a trajectory may not have both (its producer drops the episode with this line; the learner refuses it
+# too): a segment is scored as its own sequence from position 0, and which of the episode's images belong to
+# which segment is not recorded (an image kept across a rewrite is rendered again in the new segment). No
+# producer makes such a trajectory today: rz serve sessions carry text only.
+SEGMENTS_WITH_IMAGES = (
+    "a trajectory with both images and history segments (an agent that rewrote a history holding images) is "
+    "not supported yet: each segment would need its own images; keep the history append-only"
+)
 NOT_SAMPLED = -1  # the version recorded for tokens the policy did not sample
 
 
@@ -84,6 +93,8 @@ class Trajectory:
         for s in self.segment_starts:
             if self.loss_mask[s]:
                 raise TrajectoryError(f"token {s} starts a segment: it cannot be sampled (it has no context)")
+        if self.segment_starts and self.images:
+            raise TrajectoryError(SEGMENTS_WITH_IMAGES)
         for i, img in enumerate(self.images):
             if not isinstance(img, (bytes, bytearray)) or bytes(img[:8]) != PNG_SIGNATURE:
                 got = type(img).__name__ if not isinstance(img, (bytes, bytearray)) else repr(bytes(img[:8]))

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from rz_agents.model.logprobs import packed_token_logprobs
-from rz_agents.trajectory import Trajectory
+from rz_agents.trajectory import SEGMENTS_WITH_IMAGES, Trajectory
 
 
 def trajectory_logprobs(
@@ -40,7 +40,7 @@ def _segmented_logprobs(
     model: torch.nn.Module, trajs: Sequence[Trajectory], scoring: Mapping[str, Any]
 ) -> list[torch.Tensor]:
     if any(t.segment_starts and t.images for t in trajs):
-        raise ValueError("trajectories with both images and history segments are not supported yet")
+        raise ValueError(SEGMENTS_WITH_IMAGES)  # Trajectory.validate drops these at their producer
     pieces, owners = [], []
     for i, t in enumerate(trajs):
         for a, b in t.segments():

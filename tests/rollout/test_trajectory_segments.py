@@ -33,3 +33,17 @@ def test_segments_cover_the_tokens_in_order_and_survive_a_dict_round_trip():
 def test_segments_that_do_not_fit_are_refused(starts, why):
     with pytest.raises(TrajectoryError, match=why):
         _traj(starts).validate()
+
+
+def test_segments_with_images_are_refused_at_their_producer_with_the_reason():
+    import numpy as np
+
+    from rz_agents.images import to_png
+
+    picture = to_png(np.zeros((4, 4, 3), dtype=np.uint8))
+    t = _traj([4])
+    t.images = [picture]
+    with pytest.raises(TrajectoryError, match="both images and history segments .* not supported yet"):
+        t.validate()
+    t.segment_starts = []
+    t.validate()  # images without segments, or segments without images, are fine
