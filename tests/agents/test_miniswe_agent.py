@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from rz_agents.agents import AgentSpec, MiniSweAgentSpec, episode_runner
+from rz_agents.agents.miniswe import MiniSweAgent
 from rz_agents.agents.miniswe.agent import SHIM_DIR, _base_env, miniswe_problem, miniswe_python
 from rz_agents.agents.miniswe.command_endpoint import CommandEndpoint
 from rz_agents.cli.train import load_run_config
@@ -103,6 +104,45 @@ print(json.dumps({{"first": first, "submitted": submitted, "vars": sorted(env.ge
     assert result["submitted"] == {"exit_status": "Submitted", "submission": "done\n"}
     assert "token" not in result["vars"]  # the token never reaches the prompt templates
     assert str(SHIM_DIR) == env_vars["PYTHONPATH"]
+
+
+class _ScriptedMiniSweAgent(MiniSweAgent):
+    """The runner with mini-swe-agent's own scripted test model (``model_class: deterministic``) in place of
+    the session: what the unmodified CLI, the shim and the sandbox do with commands that solve the task."""
+
+    def __init__(self, commands: list[str], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.commands = commands
+
+    def episode_config(self, *args) -> dict:
+        config = super().episode_config(*args)
+        outputs = [{"role": "assistant", "content": f"run {c}", "extra": {"actions": [{"command": c}]}}
+                   for c in self.commands]  # fmt: skip
+        config["model"] = {"model_class": "deterministic", "model_name": "scripted", "outputs": outputs}
+        return config
+
+
+@needs_bwrap
+@needs_miniswe
+@pytest.mark.parametrize("solve, reward", [(True, 1.0), (False, 0.0)])
+def test_the_unmodified_mini_cli_solves_a_packaged_task_in_the_sandbox_and_the_verifier_scores_it(
+    solve, reward
+):
+    right = ["echo 'Hello, world!' > /app/hello.txt"] if solve else ["echo 'Hello world' > /app/hello.txt"]
+    agent = _ScriptedMiniSweAgent(
+        [*right, "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"], names=["hello-file"]
+    )
+    env = agent._make_env(3)
+    env.reset(seed=0)
+    endpoint = CommandEndpoint(env)
+    try:
+        run = agent._run_mini("http://127.0.0.1:9/unused", endpoint, env, EpisodeLimits(max_turns=3))
+        assert run["returncode"] == 0, run["stderr"]
+        assert (run["exit_status"], run["task_id"], endpoint.commands) == ("Submitted", "hello-file", 2)
+        assert env.verify().reward == reward
+    finally:
+        endpoint.close()
+        env.close()
 
 
 def _cfg(steps: int) -> TrainConfig:
