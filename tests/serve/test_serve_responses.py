@@ -92,3 +92,23 @@ def test_what_responses_cannot_serve_is_a_400(served):
         client.responses.create(model=MODEL, input="x", tools=[{"type": "web_search"}])
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="gpt-9", input="x")
+
+
+def test_a_streamed_call_arrives_live_its_item_first_then_its_arguments_in_pieces(served):
+    stream = served.client().responses.create(
+        model=MODEL, input=QUESTION, tools=[FLAT_ADD], temperature=0, stream=True
+    )
+    events = list(stream)
+    kinds = [e.type for e in events]
+    added = kinds.index("response.output_item.added")
+    assert events[added].item.type == "function_call" and events[added].item.name == "add"
+    assert events[added].item.arguments == ""  # announced once the name is written, before its arguments
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) > 1 and all(kinds.index(d.type) > added for d in deltas)  # pieces as written
+    assert {d.item_id for d in deltas} == {events[added].item.id}
+    (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert "".join(d.delta for d in deltas) == done.arguments
+    assert json.loads(done.arguments) == {"a": 2, "b": 3}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    (call,) = events[-1].response.output
+    assert call.id == events[added].item.id and call.status == "completed"
