@@ -86,6 +86,7 @@ class Session:
     segment_start: int = 0  # where the current segment begins in ``tokens`` (earlier segments come before)
     segment_starts: list[int] = field(default_factory=list)
     limit_reached: str | None = None  # why a training session refused a request (its budget or turn limit)
+    records: bool = False  # its owner opted in to reading its token record (POST /v1/sessions)
     # A session the server opened (``SessionStore.open``: a training episode's) is reached only through this
     # unguessable token (``capability``), never by its id: one episode's agent cannot name another's.
     capability: str | None = None
