@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import secrets
@@ -134,6 +135,28 @@ def _records_opt_in(raw: bytes) -> bool:
     if not isinstance(records, bool):
         raise OpenAIError(f"'records' must be true or false, got {records!r}", "records")
     return records
+
+
+def _readable(server: OpenAIServer, options: ServeOptions, find) -> str:
+    """The id of the caller's session that ``find()`` resolves, if its token record may be read: any of the
+    caller's with ``session_records``, else one its owner opened with ``{"records": true}``. Otherwise,
+    whatever the name is (unknown, another's, an episode's), the same 404."""
+    if options.session_records:
+        return find()
+    off = OpenAIError(
+        'session records are off for this session (open it with POST /v1/sessions {"records": true}, '
+        "or serve with --session-records)",
+        "session",
+        status=404,
+        code="session_records_disabled",
+    )
+    try:
+        owned = find()
+    except OpenAIError:
+        raise off from None
+    if not server.sessions.sessions[owned].records:
+        raise off
+    return owned
 
 
 def _check_sequences(count: int, options: ServeOptions) -> None:
@@ -254,24 +277,8 @@ def create_app(server: OpenAIServer, control: RLControl | None = None, options: 
 
     @app.get("/v1/sessions/{session_id}")
     async def session_record(request: Request, session_id: str) -> dict:
-        if options.session_records:
-            return {**server.session_record(_client_session(request, session_id)), "id": session_id}
-        # A session's tokens are readable only where asked for: here by its owner's opt-in. Whatever else
-        # the name is (unknown, another's, an episode's), the answer is the same.
-        off = OpenAIError(
-            'session records are off for this session (open it with POST /v1/sessions {"records": true}, '
-            "or serve with --session-records)",
-            "session",
-            status=404,
-            code="session_records_disabled",
-        )
-        try:
-            owned = _client_session(request, session_id)
-        except OpenAIError:
-            raise off from None
-        if not server.sessions.sessions[owned].records:
-            raise off
-        return {**server.session_record(owned), "id": session_id}
+        find = functools.partial(_client_session, request, session_id)
+        return {**server.session_record(_readable(server, options, find)), "id": session_id}
 
     @app.delete("/v1/sessions/{session_id}")
     async def session_close(request: Request, session_id: str) -> dict:

@@ -10,7 +10,8 @@ message and tool calls become ``output`` items; a stream is the Responses event 
 sent as the model writes: a call's item as soon as its name is written, its arguments a piece at a time.
 
 Not served (400): ``previous_response_id`` (responses are not stored: send the whole input, or use a
-session), non-function tools, input items other than messages and function calls / outputs.
+session), non-function tools, input items other than messages and function calls / outputs, images other
+than ``input_image`` data URIs (a vision-language policy only).
 """
 
 from __future__ import annotations
@@ -90,20 +91,39 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _text(content: Any, where: str) -> str | None:
+def _content(content: Any, where: str) -> str | list[dict[str, Any]] | None:
+    """A message's content for the chat request: text parts joined, or with ``input_image`` parts (data URIs)
+    a list of chat text and ``image_url`` parts."""
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
+        parts: list[dict[str, Any]] = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise _fail(f"{where}: only text parts are supported, got a {kind!r} part", where)
-            if not isinstance(part.get("text"), str):
-                raise _fail(f"{where}: a text part needs 'text'", where)
-            parts.append(part["text"])
-        return "".join(parts)
-    raise _fail(f"{where} must be a string or a list of text parts", where)
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind in ("input_text", "output_text", "text"):
+                if not isinstance(part.get("text"), str):
+                    raise _fail(f"{where}: a text part needs 'text'", where)
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind == "input_image" and isinstance(part.get("image_url"), str):
+                parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+            else:
+                raise _fail(
+                    f"{where}: only text and input_image parts (with an image_url) are supported, got a "
+                    f"{kind!r} part",
+                    where,
+                )
+        if all(p["type"] == "text" for p in parts):
+            return "".join(p["text"] for p in parts)
+        return parts
+    raise _fail(f"{where} must be a string or a list of content parts", where)
+
+
+def _text(content: Any, where: str) -> str:
+    """A tool output's text (text parts only)."""
+    text = _content(content, where)
+    if not isinstance(text, str):
+        raise _fail(f"{where}: only text parts are supported", where)
+    return text
 
 
 def input_messages(items: Any) -> list[dict[str, Any]]:
@@ -119,7 +139,7 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
             raise _fail(f"{where} must be an object", where)
         kind = item.get("type", "message")
         if kind == "message":
-            messages.append({"role": item.get("role"), "content": _text(item.get("content"), where)})
+            messages.append({"role": item.get("role"), "content": _content(item.get("content"), where)})
         elif kind == "function_call":
             call = {
                 "id": item.get("call_id"),
