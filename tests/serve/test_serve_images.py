@@ -154,3 +154,23 @@ def test_a_text_policy_refuses_image_parts_in_one_400_line(text_policy):
         assert r.status_code == 400 and error["code"] == "images_not_supported"
         assert "\n" not in error["message"] and "takes no images" in error["message"]
     assert text_policy.server.metrics()["sessions_open"] == 0
+
+
+def test_an_osworld_prompt_agent_screenshot_payload_is_answered(vl):
+    """The shape OSWorld's PromptAgent posts (system text parts; the screenshot as an image_url with
+    ``detail``; max_tokens, top_p, temperature), with a picture small enough for the tiny policy."""
+    screenshot = {"type": "image_url", "image_url": {"url": _data_uri(PICTURES[0]), "detail": "high"}}
+    ask = "Given the screenshot as below. What's the next step that you will do to help with the task?"
+    payload = {
+        "model": MODEL, "max_tokens": 8, "top_p": 0.9, "temperature": 0.5,
+        "messages": [
+            {"role": "system", "content": [{"type": "text", "text": "You are an agent on a desktop."}]},
+            {"role": "user", "content": [{"type": "text", "text": ask}, screenshot]},
+        ],
+    }  # fmt: skip
+    r = vl.post("/chat/completions", {**payload, "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert isinstance(body["choices"][0]["message"]["content"], str)
+    assert body["usage"]["completion_tokens"] > 0
+    assert body["prompt_token_ids"].count(vl.template.image_token_id) == 4
