@@ -6,7 +6,8 @@ message), its flat function tools become chat tools; the chat request then runs 
 ``/v1/chat/completions``, sessions included (the same header, ``metadata.rz_session`` or
 ``/sessions/ID/v1/responses``), so a conversation has the same tokens through either API. The reply's
 message and tool calls become ``output`` items; a stream is the Responses event sequence (``response.created``
-... ``response.output_text.delta`` ... ``response.function_call_arguments.delta`` ... ``response.completed``),
+... ``response.output_text.delta`` ... ``response.function_call_arguments.delta`` ... ``response.completed``
+or, cut at max_output_tokens, ``response.incomplete``),
 sent as the model writes: a call's item as soon as its name is written, its arguments a piece at a time.
 
 Not served (400): ``previous_response_id`` (responses are not stored: send the whole input, or use a
@@ -264,7 +265,9 @@ async def response_events(
         yield e
     for e in stream.close_calls():
         yield e
-    yield stream.event("response.completed", response=stream.snapshot(stream.finish or "stop"))
+    final = stream.snapshot(stream.finish or "stop")
+    # OpenAI ends the stream of a response cut at max_output_tokens with response.incomplete
+    yield stream.event(f"response.{final['status']}", response=final)
 
 
 class _ResponseStream:
