@@ -1,0 +1,243 @@
+"""DeepSeek-V4 attention on rz's op set: one shared K=V head with a per-head sink over a sliding window, plus
+compressed K/V entries (parameter names are the checkpoint's: `attn.wq_a`, `attn.compressor.wkv`, ...).
+
+- sliding_attention: the window of the last `sliding_window` positions only.
+- heavily_compressed_attention (HCA): + every compressed entry the query may see; an entry pools
+  `hca_rate` tokens (softmax gates with a learned per-slot bias), so entry w is visible from position
+  (w + 1) * rate - 1 on.
+- compressed_sparse_attention (CSA): entries pool 2 x `csa_rate` tokens (the previous window's first half of
+  the projection and this window's second half, stride `csa_rate`); a lightning indexer (its own compressor at
+  `index_head_dim`) scores the visible entries per query and the attention reads only its top `index_topk`.
+
+Queries come from a low-rank projection (wq_a -> q_norm -> wq_b, then an unweighted per-head RMSNorm); RoPE
+rotates the last `qk_rope_head_dim` channels (interleaved pairs; the "main" base on sliding layers, the
+"compress" base, possibly YaRN, on compressed ones); the output's rope channels are rotated back by the
+query's angle; the output projection is grouped (wo_a per head group, then wo_b).
+
+The compressor, the indexer's scores and the top-k selection are the op set's V4 forms (rz_kernels:
+window_pool, sparse_select, sink_attention): aligned, each a per-row computation with fixed-length
+reductions and a stable selection, so the learner's packed forward, a forward over any other batch and one
+over any prefix select the same blocks and attend with the same bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rz_agents.model.deepseek_v4_config import DeepseekV4Config
+from rz_agents.model.deepseek_v4_layers import InterleavedRope, unweighted_rms_norm
+from rz_agents.model.layers import RMSNorm, _linear
+from rz_kernels import OpSet, sink_attention, sparse_select, window_pool
+
+# Compressed entries are summed this many at a time (then the blocks in a fixed tree) by the aligned HCA.
+ENTRY_BLOCK = 64
+
+
+@dataclass(frozen=True)
+class SparseForms:
+    """The V4-specific kernels of one op set."""
+
+    pool: Callable
+    scores: Callable
+    top_k: Callable
+    attention: Callable
+
+
+ALIGNED_FORMS = SparseForms(
+    window_pool.aligned_pool,
+    sparse_select.aligned_scores,
+    sparse_select.aligned_top_k,
+    sink_attention.aligned_sink_attention,
+)
+STANDARD_FORMS = SparseForms(
+    window_pool.standard_pool,
+    sparse_select.standard_scores,
+    sparse_select.standard_top_k,
+    sink_attention.standard_sink_attention,
+)
+
+
+def sparse_forms(ops: OpSet) -> SparseForms:
+    """The standard op set's stock forms, else (aligned, triton) the aligned ones."""
+    return STANDARD_FORMS if ops.name == "standard" else ALIGNED_FORMS
+
+
+class Layout:
+    """Where each token of a packed stream sits: flat indices by (sequence, position), the sliding window's
+    slots, and each compression rate's windows. Built once per forward (every sequence from position 0)."""
+
+    def __init__(self, positions: torch.Tensor, seq_ids: torch.Tensor, num_sequences: int, top: int) -> None:
+        device = positions.device
+        self.positions, self.seq_ids = positions, seq_ids
+        self.length = top + 1
+        index = torch.full((num_sequences, self.length), -1, dtype=torch.long, device=device)
+        index[seq_ids, positions] = torch.arange(positions.numel(), device=device)
+        self.index = index
+        self._windows: dict[int, tuple[torch.Tensor, int]] = {}
+        self._slides: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.angles: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def slide(self, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(flat index [T, W] of each query's window slots, oldest first (0 where empty), ok [T, W])."""
+        if window not in self._slides:
+            pos = (
+                self.positions.unsqueeze(1)
+                - (window - 1)
+                + torch.arange(window, device=self.positions.device)
+            )
+            ok = pos >= 0
+            idx = self.index[self.seq_ids.unsqueeze(1), pos.clamp(min=0)]
+            self._slides[window] = (torch.where(ok, idx, torch.zeros_like(idx)), ok)
+        return self._slides[window]
+
+    def windows(self, rate: int) -> tuple[torch.Tensor, int]:
+        """(flat index [S, NW, rate] of each sequence's complete windows' tokens (0 where absent), NW)."""
+        if rate not in self._windows:
+            nw = self.length // rate
+            tok = self.index[:, : nw * rate].reshape(self.index.shape[0], nw, rate)
+            self._windows[rate] = (tok.clamp(min=0), nw)
+        return self._windows[rate]
+
+    def visible(self, rate: int, nw: int) -> torch.Tensor:
+        """[T, NW] whether each query may see each entry (its window ends at or before the query)."""
+        limit = torch.div(self.positions + 1, rate, rounding_mode="floor")
+        return torch.arange(nw, device=self.positions.device).unsqueeze(0) < limit.unsqueeze(1)
+
+
+class Compressor(nn.Module):
+    """Pools windows of `rate` tokens into entries of `dim` channels (`overlap`: CSA's two-window pooling,
+    its projections twice as wide), RMS-normed and rotated at the window's first position."""
+
+    def __init__(self, hidden: int, dim: int, rate: int, overlap: bool, eps: float) -> None:
+        super().__init__()
+        width = 2 * dim if overlap else dim
+        self.ape = nn.Parameter(torch.zeros(rate, width))
+        self.wkv = _linear(hidden, width)
+        self.wgate = _linear(hidden, width)
+        self.norm = RMSNorm(dim, eps)
+        self.dim, self.rate, self.overlap = dim, rate, overlap
+
+    def forward(self, x: torch.Tensor, layout: Layout, rope: InterleavedRope, ops: OpSet) -> torch.Tensor:
+        """Entries [S, NW, dim] of every sequence's complete windows (later ones are never visible)."""
+        tok, nw = layout.windows(self.rate)
+        s, d, r = tok.shape[0], self.dim, self.rate
+        kv = ops.linear(x, self.wkv.weight)[tok]  # [S, NW, r, width]
+        gate = ops.linear(x, self.wgate.weight)[tok].float() + self.ape.float()
+        if self.overlap:  # slots: the previous window's first half, then this window's second half
+            prev_kv = torch.cat([torch.zeros_like(kv[:, :1, :, :d]), kv[:, :-1, :, :d]], dim=1)
+            prev_gate = torch.cat(
+                [torch.full_like(gate[:, :1, :, :d], float("-inf")), gate[:, :-1, :, :d]], 1
+            )
+            kv = torch.cat([prev_kv, kv[..., d:]], dim=2)
+            gate = torch.cat([prev_gate, gate[..., d:]], dim=2)
+        pooled = sparse_forms(ops).pool(kv.reshape(s * nw, -1, d), gate.reshape(s * nw, -1, d))
+        pooled = self.norm(pooled, ops)
+        positions = (torch.arange(nw, device=x.device) * r).repeat(s)
+        cos, sin = rope.angles(positions)
+        return rope.rotate(pooled, cos, sin).view(s, nw, d)
+
+
+class Indexer(nn.Module):
+    """The lightning indexer: its own compressor at `index_head_dim`, query heads from the low-rank query,
+    per-head weights; picks each query's top `index_topk` visible entries."""
+
+    def __init__(self, cfg: DeepseekV4Config) -> None:
+        super().__init__()
+        c, heads = cfg.index_head_dim, cfg.index_n_heads
+        self.compressor = Compressor(cfg.hidden_size, c, cfg.csa_rate, True, cfg.rms_norm_eps)
+        self.weights_proj = _linear(cfg.hidden_size, heads)
+        self.wq_b = _linear(cfg.q_lora_rank, heads * c)
+        self.heads, self.dim, self.top_k, self.rate = heads, c, cfg.index_topk, cfg.csa_rate
+
+    def forward(
+        self, x: torch.Tensor, q_low: torch.Tensor, layout: Layout, rope: InterleavedRope, ops: OpSet
+    ) -> torch.Tensor:
+        """Selected entry indices [T, index_topk] (-1: none), best first."""
+        forms = sparse_forms(ops)
+        entries = self.compressor(x, layout, rope, ops)  # [S, NW, c]
+        t = x.shape[0]
+        q = ops.linear(q_low, self.wq_b.weight).view(t, self.heads, self.dim)
+        q = rope.rotate(q, *layout.angles["compress"])
+        weights = ops.linear(x, self.weights_proj.weight).float() * self.heads**-0.5
+        visible = layout.visible(self.rate, entries.shape[1])
+        scores = forms.scores(q, entries[layout.seq_ids], weights, visible, self.dim**-0.5)
+        return forms.top_k(scores, self.top_k)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DeepseekV4Config, layer: int) -> None:
+        super().__init__()
+        h, d, hidden = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
+        self.kind = cfg.layer_types[layer]
+        self.rate = cfg.rate(layer)
+        self.rope_kind = "main" if self.rate == 0 else "compress"
+        self.heads, self.head_dim, self.window = h, d, cfg.sliding_window
+        self.groups, self.group_rank = cfg.o_groups, cfg.o_lora_rank
+        self.eps = cfg.rms_norm_eps
+        self.attn_sink = nn.Parameter(torch.zeros(h))
+        self.wq_a = _linear(hidden, cfg.q_lora_rank)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.wq_b = _linear(cfg.q_lora_rank, h * d)
+        self.wkv = _linear(hidden, d)
+        self.norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.wo_a = _linear(h * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank)
+        self.wo_b = _linear(cfg.o_groups * cfg.o_lora_rank, hidden)
+        if self.rate:
+            overlap = self.kind == "compressed_sparse_attention"
+            self.compressor = Compressor(hidden, d, self.rate, overlap, cfg.rms_norm_eps)
+        if self.kind == "compressed_sparse_attention":
+            self.indexer = Indexer(cfg)
+        self.scale = d**-0.5
+
+    def forward(
+        self, x: torch.Tensor, layout: Layout, ropes: dict[str, InterleavedRope], ops: OpSet, trace=None
+    ):
+        t, h, d = x.shape[0], self.heads, self.head_dim
+        rope = ropes[self.rope_kind]
+        cos, sin = layout.angles[self.rope_kind]
+        q_low = self.q_norm(ops.linear(x, self.wq_a.weight), ops)
+        q = unweighted_rms_norm(ops.linear(q_low, self.wq_b.weight).view(t, h, d), self.eps)
+        q = rope.rotate(q, cos, sin)
+        kv = rope.rotate(self.norm(ops.linear(x, self.wkv.weight), ops), cos, sin)  # [T, D]
+        slots, slot_ok = layout.slide(self.window)
+        comp, comp_ok, block = kv.new_zeros(t, 0, d), slot_ok.new_zeros(t, 0), None
+        if self.rate:
+            entries = self.compressor(x, layout, rope, ops)  # [S, NW, D]
+            if self.kind == "compressed_sparse_attention":
+                chosen = self.indexer(x, q_low, layout, rope, ops)  # [T, k]
+                if trace is not None:
+                    trace.append(("indexer", chosen))
+                comp = entries[layout.seq_ids.unsqueeze(1), chosen.clamp(min=0)]
+                comp_ok = chosen >= 0
+            else:
+                comp, comp_ok, block = (
+                    entries[layout.seq_ids],
+                    layout.visible(self.rate, entries.shape[1]),
+                    ENTRY_BLOCK,
+                )
+        out = sparse_forms(ops).attention(
+            q, kv[slots], slot_ok, comp, comp_ok, self.attn_sink, self.scale, block
+        )
+        out = rope.rotate(out, cos, -sin)  # K = V carried the keys' rotation: undo it at the query's angle
+        grouped = out.reshape(t, self.groups, -1)
+        r = self.group_rank
+        parts = [ops.linear(grouped[:, g], self.wo_a.weight[g * r : (g + 1) * r]) for g in range(self.groups)]
+        return ops.linear(torch.cat(parts, dim=-1), self.wo_b.weight)
+
+
+def rope_pair(cfg: DeepseekV4Config) -> dict[str, InterleavedRope]:
+    """The sliding layers' ("main") and the compressed branches' ("compress") rotations."""
+    dim = cfg.qk_rope_head_dim
+    return {
+        "main": InterleavedRope(dim, cfg.rope_theta),
+        "compress": InterleavedRope(
+            dim, cfg.compress_rope_theta, cfg.compress_rope, cfg.max_position_embeddings
+        ),
+    }
+
+
+__all__ = ["Attention", "Compressor", "Indexer", "Layout", "rope_pair", "sparse_forms"]
