@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,39 @@ class DeepseekV4Config:
         ]
 
     @classmethod
+    def tiny(cls, **overrides: Any) -> DeepseekV4Config:
+        """A small random-init config with every layer kind (sliding, CSA, HCA) and both MoE kinds, for tests
+        and CPU runs; ``overrides`` replace fields (``vocab_size`` the tokenizer's)."""
+        values = dict(
+            vocab_size=256, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=4,
+            num_attention_heads=4, head_dim=32, q_lora_rank=32, num_experts_per_tok=2, n_routed_experts=8,
+            layer_types=(ATTENTION_KINDS[0], ATTENTION_KINDS[1], ATTENTION_KINDS[2], ATTENTION_KINDS[1]),
+            mlp_layer_types=("hash_moe", "moe", "moe", "moe"), csa_rate=4, hca_rate=16, qk_rope_head_dim=16,
+            hc_mult=4, hc_sinkhorn_iters=6, sliding_window=16, o_groups=2, o_lora_rank=16, index_n_heads=4,
+            index_head_dim=32, index_topk=8, max_position_embeddings=4096,
+        )  # fmt: skip
+        values.update(overrides)
+        for name in ("layer_types", "mlp_layer_types"):
+            values[name] = tuple(values[name])
+        config = cls(**values)
+        config.hf = config.hf_fields()
+        return config
+
+    def hf_fields(self) -> dict[str, Any]:
+        """A config.json dict of this config's fields (transformers' DeepseekV4Config reads it)."""
+        skip = {"csa_rate", "hca_rate", "compress_rope", "activation_checkpointing", "hf", "qk_rope_head_dim"}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        d["layer_types"], d["mlp_layer_types"] = list(self.layer_types), list(self.mlp_layer_types)
+        d["compress_rates"] = {ATTENTION_KINDS[1]: self.csa_rate, ATTENTION_KINDS[2]: self.hca_rate}
+        d["partial_rotary_factor"] = self.qk_rope_head_dim / self.head_dim
+        d["compress_rope_theta"] = self.compress_rope_theta
+        scaling = {k: v for k, v in self.compress_rope.items() if k != "rope_theta"}
+        if scaling.get("rope_type", "default") != "default":
+            d["rope_parameters"] = scaling
+        head = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4"}
+        return {**head, "num_key_value_heads": 1, "n_shared_experts": 1, **d}
+
+    @classmethod
     def from_hf(cls, hf: dict[str, Any], dtype: str | None = None) -> DeepseekV4Config:
         """From a config.json dict (model_type deepseek_v4)."""
         if hf.get("model_type") != "deepseek_v4":
@@ -177,8 +210,9 @@ class DeepseekV4Config:
         )
 
     def to_hf(self) -> dict[str, Any]:
-        """The config.json dict this config was read from (every field, unchanged), with its dtype."""
-        return {**self.hf, "dtype": self.dtype}
+        """The config.json dict this config was read from (every field, unchanged; a config made here: its
+        fields), with its dtype."""
+        return {**(self.hf or self.hf_fields()), "dtype": self.dtype}
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | os.PathLike, dtype: str | None = None) -> DeepseekV4Config:
