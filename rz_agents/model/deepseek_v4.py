@@ -12,8 +12,9 @@ Parameter names are the ones transformers writes for DeepseekV4ForCausalLM (Deep
 `model.`, the LM head as `head.weight`), so a checkpoint loads and saves by name. DeepSeek's released
 checkpoints ship FP8 (and FP4 expert) weights with scale tensors: those are refused with one line (dequantize
 to bf16 first); their other naming differences (no `model.` prefix, `embed.weight`, `hc_head_fn`) are mapped.
-Engine caches for the compressed branches are not built yet: this model serves the learner (and any cache-
-less forward); the engine refuses it through the policy contract (`supports_cache` False).
+Cached inference is standalone for now (`SequenceState`: per sequence and layer, the rows later tokens read
+again, one per position; chunked prefill and decode give the packed forward's bits); the engine's paged
+caches for the compressed branches are not built yet (`supports_cache` False: the engine refuses it).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from rz_agents.model.deepseek_v4_attention import Attention, Layout, rope_pair
+from rz_agents.model.deepseek_v4_attention import Attention, Layout, SequenceState, rope_pair
 from rz_agents.model.deepseek_v4_config import DeepseekV4Config
 from rz_agents.model.deepseek_v4_layers import hyper_head, hyper_merge, hyper_mix
 from rz_agents.model.deepseek_v4_moe import MoE
@@ -86,9 +87,11 @@ class _Stack(nn.Module):
 class _Forward:
     """What every layer of one forward shares: op set, token layout, rotations, and the selection trace."""
 
-    def __init__(self, model: DeepseekV4ForCausalLM, positions, seq_ids, num_sequences, top, trace) -> None:
+    def __init__(
+        self, model: DeepseekV4ForCausalLM, positions, seq_ids, num_sequences, top, trace, states
+    ) -> None:
         self.ops = model.ops_for(positions.device)
-        self.layout = Layout(positions, seq_ids, num_sequences, top)
+        self.layout = Layout(positions, seq_ids, num_sequences, top, states)
         self.ropes = model.ropes
         for kind, rope in self.ropes.items():
             self.layout.angles[kind] = rope.angles(positions)
@@ -168,12 +171,16 @@ class DeepseekV4ForCausalLM(nn.Module):
         kv_cache=None,
         max_position: int | None = None,
         num_sequences: int | None = None,
+        states: Sequence[SequenceState] | None = None,
         **extra,
     ) -> torch.Tensor:
         """Final hidden states [T, hidden] of a packed stream (tokens, positions, seq_ids [T]; or [B, S] rows,
-        each a sequence). Every sequence starts at position 0 in this call (no cache: ValueError)."""
+        each a sequence). Without ``states`` every sequence starts at position 0 in this call (the learner's
+        packed forward). With them (standalone cached inference: a prefill chunk or decode tokens), sequence
+        ``seq_ids == i`` continues ``states[i]`` from its position, and the states are updated in place. The
+        engine's paged ``kv_cache`` is not supported yet (ValueError)."""
         if kv_cache is not None:
-            raise ValueError("DeepSeek-V4 has no engine cache yet: its forward takes whole sequences only")
+            raise ValueError("DeepSeek-V4 has no paged engine cache yet (standalone `states` only)")
         if any(v is not None for v in extra.values()):
             raise ValueError(
                 f"DeepseekV4ForCausalLM takes no {sorted(k for k, v in extra.items() if v is not None)}"
@@ -187,11 +194,20 @@ class DeepseekV4ForCausalLM(nn.Module):
                 else torch.cumsum((positions == 0).long(), 0) - 1
             )
         seq_ids = seq_ids.reshape(-1)
-        if num_sequences is None:
+        if states is not None:
+            states = list(states)
+            num_sequences = len(states)
+            counts = torch.bincount(seq_ids.cpu(), minlength=num_sequences).tolist()
+            expected = torch.cat(
+                [torch.arange(st.position, st.position + n) for st, n in zip(states, counts, strict=True)]
+            )
+            if not torch.equal(positions.cpu()[torch.argsort(seq_ids.cpu(), stable=True)], expected):
+                raise ValueError("with states, sequence i's tokens must continue states[i] at its position")
+        elif num_sequences is None:
             _, seq_ids = torch.unique(seq_ids, return_inverse=True)
             num_sequences = int(seq_ids.max()) + 1 if seq_ids.numel() else 0
         top = max_position if max_position is not None else (int(positions.max()) if positions.numel() else 0)
-        fwd = _Forward(self, positions, seq_ids, num_sequences, top, self.selection_trace)
+        fwd = _Forward(self, positions, seq_ids, num_sequences, top, self.selection_trace, states)
         x = self.model.embed_tokens(tokens)
         streams = x.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
         recompute = self.config.activation_checkpointing and torch.is_grad_enabled()
@@ -202,6 +218,8 @@ class DeepseekV4ForCausalLM(nn.Module):
                 else layer(streams, tokens, fwd)
             )
         hidden = self.model.norm(self.model.hc_head(streams, fwd.ops), fwd.ops)
+        for st, n in zip(states or [], counts if states is not None else [], strict=True):
+            st.position += n
         return hidden if len(shape) == 1 else hidden.view(*shape, -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

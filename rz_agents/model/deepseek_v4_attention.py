@@ -23,7 +23,7 @@ over any prefix select the same blocks and attend with the same bits.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -66,20 +66,54 @@ def sparse_forms(ops: OpSet) -> SparseForms:
     return STANDARD_FORMS if ops.name == "standard" else ALIGNED_FORMS
 
 
-class Layout:
-    """Where each token of a packed stream sits: flat indices by (sequence, position), the sliding window's
-    slots, and each compression rate's windows. Built once per forward (every sequence from position 0)."""
+@dataclass
+class SequenceState:
+    """One sequence's cache between forwards (standalone, until the engine's paged per-layer caches take it):
+    per layer, the rows every later token may read again (the attention's K=V, the compressors' projections),
+    one per position so far."""
 
-    def __init__(self, positions: torch.Tensor, seq_ids: torch.Tensor, num_sequences: int, top: int) -> None:
+    position: int = 0  # tokens seen so far
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Layout:
+    """Where each token sits: row indices by (sequence, position), the sliding window's slots, and each
+    compression rate's windows. Rows are the cached ones of every sequence (with `states`: positions below
+    each state's position, sequence by sequence), then the call's tokens in stream order. Built once per
+    forward."""
+
+    def __init__(
+        self,
+        positions: torch.Tensor,
+        seq_ids: torch.Tensor,
+        num_sequences: int,
+        top: int,
+        states: list[SequenceState] | None = None,
+    ) -> None:
         device = positions.device
         self.positions, self.seq_ids = positions, seq_ids
         self.length = top + 1
+        self.states = states
         index = torch.full((num_sequences, self.length), -1, dtype=torch.long, device=device)
-        index[seq_ids, positions] = torch.arange(positions.numel(), device=device)
+        cached = 0
+        for s, st in enumerate(states or []):
+            index[s, : st.position] = torch.arange(cached, cached + st.position, device=device)
+            cached += st.position
+        index[seq_ids, positions] = cached + torch.arange(positions.numel(), device=device)
         self.index = index
         self._windows: dict[int, tuple[torch.Tensor, int]] = {}
         self._slides: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.angles: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def rows(self, key: str, new: torch.Tensor) -> torch.Tensor:
+        """The row space of a per-token tensor: the states' cached rows of `key`, then `new` [T, ...] (the
+        call's tokens); the states keep their sequences' rows for the next call."""
+        if self.states is None:
+            return new
+        cached = [st.rows.get(key, new[:0]) for st in self.states]
+        for s, st in enumerate(self.states):
+            st.rows[key] = torch.cat([cached[s], new[self.seq_ids == s]]).detach()
+        return torch.cat([*cached, new])
 
     def slide(self, window: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(flat index [T, W] of each query's window slots, oldest first (0 where empty), ok [T, W])."""
@@ -112,8 +146,9 @@ class Compressor(nn.Module):
     """Pools windows of `rate` tokens into entries of `dim` channels (`overlap`: CSA's two-window pooling,
     its projections twice as wide), RMS-normed and rotated at the window's first position."""
 
-    def __init__(self, hidden: int, dim: int, rate: int, overlap: bool, eps: float) -> None:
+    def __init__(self, hidden: int, dim: int, rate: int, overlap: bool, eps: float, key: str) -> None:
         super().__init__()
+        self.key = key
         width = 2 * dim if overlap else dim
         self.ape = nn.Parameter(torch.zeros(rate, width))
         self.wkv = _linear(hidden, width)
@@ -125,8 +160,10 @@ class Compressor(nn.Module):
         """Entries [S, NW, dim] of every sequence's complete windows (later ones are never visible)."""
         tok, nw = layout.windows(self.rate)
         s, d, r = tok.shape[0], self.dim, self.rate
-        kv = ops.linear(x, self.wkv.weight)[tok]  # [S, NW, r, width]
-        gate = ops.linear(x, self.wgate.weight)[tok].float() + self.ape.float()
+        kv = layout.rows(self.key + ".kv", ops.linear(x, self.wkv.weight))[tok]  # [S, NW, r, width]
+        gate = (
+            layout.rows(self.key + ".gate", ops.linear(x, self.wgate.weight))[tok].float() + self.ape.float()
+        )
         if self.overlap:  # slots: the previous window's first half, then this window's second half
             prev_kv = torch.cat([torch.zeros_like(kv[:, :1, :, :d]), kv[:, :-1, :, :d]], dim=1)
             prev_gate = torch.cat(
@@ -134,7 +171,8 @@ class Compressor(nn.Module):
             )
             kv = torch.cat([prev_kv, kv[..., d:]], dim=2)
             gate = torch.cat([prev_gate, gate[..., d:]], dim=2)
-        pooled = sparse_forms(ops).pool(kv.reshape(s * nw, -1, d), gate.reshape(s * nw, -1, d))
+        slots = kv.shape[2]
+        pooled = sparse_forms(ops).pool(kv.reshape(s * nw, slots, d), gate.reshape(s * nw, slots, d))
         pooled = self.norm(pooled, ops)
         positions = (torch.arange(nw, device=x.device) * r).repeat(s)
         cos, sin = rope.angles(positions)
@@ -145,10 +183,12 @@ class Indexer(nn.Module):
     """The lightning indexer: its own compressor at `index_head_dim`, query heads from the low-rank query,
     per-head weights; picks each query's top `index_topk` visible entries."""
 
-    def __init__(self, cfg: DeepseekV4Config) -> None:
+    def __init__(self, cfg: DeepseekV4Config, layer: int) -> None:
         super().__init__()
         c, heads = cfg.index_head_dim, cfg.index_n_heads
-        self.compressor = Compressor(cfg.hidden_size, c, cfg.csa_rate, True, cfg.rms_norm_eps)
+        self.compressor = Compressor(
+            cfg.hidden_size, c, cfg.csa_rate, True, cfg.rms_norm_eps, f"{layer}.indexer"
+        )
         self.weights_proj = _linear(cfg.hidden_size, heads)
         self.wq_b = _linear(cfg.q_lora_rank, heads * c)
         self.heads, self.dim, self.top_k, self.rate = heads, c, cfg.index_topk, cfg.csa_rate
@@ -188,9 +228,12 @@ class Attention(nn.Module):
         self.wo_b = _linear(cfg.o_groups * cfg.o_lora_rank, hidden)
         if self.rate:
             overlap = self.kind == "compressed_sparse_attention"
-            self.compressor = Compressor(hidden, d, self.rate, overlap, cfg.rms_norm_eps)
+            self.compressor = Compressor(
+                hidden, d, self.rate, overlap, cfg.rms_norm_eps, f"{layer}.compressor"
+            )
         if self.kind == "compressed_sparse_attention":
-            self.indexer = Indexer(cfg)
+            self.indexer = Indexer(cfg, layer)
+        self.key = f"{layer}.kv"
         self.scale = d**-0.5
 
     def forward(
@@ -203,8 +246,9 @@ class Attention(nn.Module):
         q = unweighted_rms_norm(ops.linear(q_low, self.wq_b.weight).view(t, h, d), self.eps)
         q = rope.rotate(q, cos, sin)
         kv = rope.rotate(self.norm(ops.linear(x, self.wkv.weight), ops), cos, sin)  # [T, D]
+        kv = layout.rows(self.key, kv)  # [rows, D]: cached positions too
         slots, slot_ok = layout.slide(self.window)
-        comp, comp_ok, block = kv.new_zeros(t, 0, d), slot_ok.new_zeros(t, 0), None
+        comp, comp_ok, block = q.new_zeros(t, 0, d), slot_ok.new_zeros(t, 0), None
         if self.rate:
             entries = self.compressor(x, layout, rope, ops)  # [S, NW, D]
             if self.kind == "compressed_sparse_attention":
@@ -240,4 +284,4 @@ def rope_pair(cfg: DeepseekV4Config) -> dict[str, InterleavedRope]:
     }
 
 
-__all__ = ["Attention", "Compressor", "Indexer", "Layout", "rope_pair", "sparse_forms"]
+__all__ = ["Attention", "Compressor", "Indexer", "Layout", "SequenceState", "rope_pair", "sparse_forms"]

@@ -134,3 +134,57 @@ def test_top_k_ties_go_to_the_lowest_block_and_invisible_blocks_are_none():
     )
     assert sparse_select.aligned_top_k(scores, 3).tolist() == [[1, 0, 2], [0, 3, 4]]
     assert sparse_select.aligned_top_k(scores[:, :2], 3).tolist() == [[1, 0, -1], [0, -1, -1]]
+
+
+def _cached_run(model, seqs, schedules):
+    """Each sequence through chunked prefill then one-token decodes (its own `schedules` of chunk sizes,
+    all sequences of a step in one call): per sequence (logp rows, selections) in position order."""
+    from rz_agents.model.deepseek_v4_attention import SequenceState
+
+    states = [SequenceState() for _ in seqs]
+    done = [0] * len(seqs)
+    logps = [[] for _ in seqs]
+    sels = [[] for _ in seqs]
+    step = 0
+    while any(d < s.numel() for d, s in zip(done, seqs, strict=True)):
+        chunks = []
+        for i, s in enumerate(seqs):
+            n = schedules[i][step] if step < len(schedules[i]) else 1
+            chunks.append(min(n, s.numel() - done[i]))
+        live = [i for i, n in enumerate(chunks) if n]
+        tokens = torch.cat([seqs[i][done[i] : done[i] + chunks[i]] for i in live])
+        positions = torch.cat([torch.arange(done[i], done[i] + chunks[i]) for i in live])
+        seq_ids = torch.cat([torch.full((chunks[i],), j) for j, i in enumerate(live)])
+        model.selection_trace = trace = []
+        try:
+            with torch.no_grad():
+                logp = model.logits(model(tokens, positions, seq_ids, states=[states[i] for i in live]))
+        finally:
+            model.selection_trace = None
+        a = 0
+        for i in live:
+            logps[i].append(logp[a : a + chunks[i]].log_softmax(-1))
+            sels[i].append([(kind, sel[a : a + chunks[i]]) for kind, sel in trace])
+            a += chunks[i]
+            done[i] += chunks[i]
+        step += 1
+    out = []
+    for i in range(len(seqs)):
+        layers = len(sels[i][0])
+        merged = [(sels[i][0][j][0], torch.cat([c[j][1] for c in sels[i]])) for j in range(layers)]
+        out.append((torch.cat(logps[i]), merged))
+    return out
+
+
+def test_chunked_prefill_and_decode_give_the_packed_forwards_bits(model, sequences):
+    """Standalone cached inference (per-sequence states): chunk cuts inside CSA and HCA blocks, then one-token
+    decodes, sequences batched with each other at different positions: every position's log-probs and
+    selections equal the learner's packed forward bit for bit."""
+    model.set_kernels("aligned")
+    a, b, _ = sequences
+    seqs = [a[:70], b[:45]]
+    ref = _run(model, seqs)
+    cached = _cached_run(model, seqs, [[5, 11, 3, 22], [1, 17, 6]])
+    for (ref_logp, ref_sel), (logp, sel) in zip(ref, cached, strict=True):
+        assert torch.equal(logp, ref_logp)
+        assert all(torch.equal(x, y) for (_, x), (_, y) in zip(sel, ref_sel, strict=True))
