@@ -101,6 +101,15 @@ class Layout:
             cached += st.position
         index[seq_ids, positions] = cached + torch.arange(positions.numel(), device=device)
         self.index = index
+        if device.type == "cpu" and positions.numel():  # (a GPU caller's stream is the packer's, trusted)
+            top_of = torch.full((num_sequences,), -1, dtype=torch.long).scatter_reduce(
+                0, seq_ids, positions, "amax"
+            )
+            needed = torch.arange(self.length).unsqueeze(0) <= top_of.unsqueeze(1)
+            if bool((needed & (index < 0)).any()):
+                raise ValueError(
+                    "each sequence's positions must run from 0 (or its state's position) without gaps"
+                )
         self._windows: dict[int, tuple[torch.Tensor, int]] = {}
         self._slides: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.angles: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -255,6 +264,8 @@ class Attention(nn.Module):
                 chosen = self.indexer(x, q_low, layout, rope, ops)  # [T, k]
                 if trace is not None:
                     trace.append(("indexer", chosen))
+                if entries.shape[1] == 0:  # no complete window yet: every pick is -1 (masked); gather a zero
+                    entries = entries.new_zeros(entries.shape[0], 1, d)
                 comp = entries[layout.seq_ids.unsqueeze(1), chosen.clamp(min=0)]
                 comp_ok = chosen >= 0
             else:

@@ -85,6 +85,7 @@ def _variants(seqs):
     yield "packed between", [b, a, c], 1, None
     for cut in CUTS:
         yield f"prefix {cut}", [a[:cut], c], 0, cut
+    yield "prefix 3 alone (no complete window)", [a[:3]], 0, 3
 
 
 def _compare(model, seqs):
@@ -188,3 +189,10 @@ def test_chunked_prefill_and_decode_give_the_packed_forwards_bits(model, sequenc
     for (ref_logp, ref_sel), (logp, sel) in zip(ref, cached, strict=True):
         assert torch.equal(logp, ref_logp)
         assert all(torch.equal(x, y) for (_, x), (_, y) in zip(sel, ref_sel, strict=True))
+
+
+def test_a_stream_whose_sequence_skips_positions_is_refused(model):
+    with pytest.raises(ValueError, match="positions must run from 0"):
+        model(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3]), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="no paged engine cache"):
+        model(torch.tensor([1]), torch.tensor([0]), kv_cache=object())
