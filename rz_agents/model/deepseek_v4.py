@@ -12,8 +12,8 @@ Parameter names are the ones transformers writes for DeepseekV4ForCausalLM (Deep
 `model.`, the LM head as `head.weight`), so a checkpoint loads and saves by name. DeepSeek's released
 checkpoints ship FP8 (and FP4 expert) weights with scale tensors: those are refused with one line (dequantize
 to bf16 first); their other naming differences (no `model.` prefix, `embed.weight`, `hc_head_fn`) are mapped.
-Cached inference is standalone for now (`SequenceState`: per sequence and layer, the rows later tokens read
-again, one per position; chunked prefill and decode give the packed forward's bits); the engine's paged
+Cached inference is standalone for now (`SequenceState`: per sequence and layer, the rows later tokens still
+read and the pooled entries; chunked prefill and decode give the packed forward's bits); the engine's paged
 caches for the compressed branches are not built yet (`supports_cache` False: the engine refuses it).
 """
 
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from rz_agents.model.deepseek_v4_attention import Attention, Layout, SequenceState, rope_pair
+from rz_agents.model.deepseek_v4_attention import Attention, Layout, Reach, SequenceState, rope_pair
 from rz_agents.model.deepseek_v4_config import DeepseekV4Config
 from rz_agents.model.deepseek_v4_layers import hyper_head, hyper_merge, hyper_mix
 from rz_agents.model.deepseek_v4_moe import MoE
@@ -91,7 +91,9 @@ class _Forward:
         self, model: DeepseekV4ForCausalLM, positions, seq_ids, num_sequences, top, trace, states
     ) -> None:
         self.ops = model.ops_for(positions.device)
-        self.layout = Layout(positions, seq_ids, num_sequences, top, states)
+        cfg = model.config
+        reach = Reach(cfg.sliding_window, cfg.csa_rate, cfg.hca_rate)
+        self.layout = Layout(positions, seq_ids, num_sequences, top, states, reach)
         self.ropes = model.ropes
         for kind, rope in self.ropes.items():
             self.layout.angles[kind] = rope.angles(positions)
@@ -218,8 +220,9 @@ class DeepseekV4ForCausalLM(nn.Module):
                 else layer(streams, tokens, fwd)
             )
         hidden = self.model.norm(self.model.hc_head(streams, fwd.ops), fwd.ops)
-        for st, n in zip(states or [], counts if states is not None else [], strict=True):
+        for s, (st, n) in enumerate(zip(states or [], counts if states is not None else [], strict=True)):
             st.position += n
+            st.start = fwd.layout.keep_from[s]
         return hidden if len(shape) == 1 else hidden.view(*shape, -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

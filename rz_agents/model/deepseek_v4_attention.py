@@ -69,11 +69,31 @@ def sparse_forms(ops: OpSet) -> SparseForms:
 @dataclass
 class SequenceState:
     """One sequence's cache between forwards (standalone, until the engine's paged per-layer caches take it):
-    per layer, the rows every later token may read again (the attention's K=V, the compressors' projections),
-    one per position so far."""
+    per layer, the rows a later token may still read (the attention's K=V for the sliding window, the
+    compressors' projections of the windows not pooled yet), for positions `start`..`position - 1`, and
+    every compressed entry pooled so far (`entries`). Its size is bounded by the window and the rates, plus
+    one entry per `rate` tokens."""
 
     position: int = 0  # tokens seen so far
+    start: int = 0  # the first position `rows` still holds
     rows: dict[str, torch.Tensor] = field(default_factory=dict)
+    entries: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How far back a later token reads: the sliding window and the compression rates (CSA's windows also
+    read the window before)."""
+
+    window: int
+    csa_rate: int
+    hca_rate: int
+
+    def first_needed(self, position: int) -> int:
+        """The first position a call starting at `position` reads rows of."""
+        csa = (position // self.csa_rate - 1) * self.csa_rate
+        hca = (position // self.hca_rate) * self.hca_rate
+        return max(0, min(position - self.window + 1, csa, hca))
 
 
 class Layout:
@@ -89,16 +109,22 @@ class Layout:
         num_sequences: int,
         top: int,
         states: list[SequenceState] | None = None,
+        reach: Reach | None = None,
     ) -> None:
         device = positions.device
         self.positions, self.seq_ids = positions, seq_ids
-        self.length = top + 1
+        # (a state without tokens in this call still has its rows addressed)
+        self.length = max([top + 1] + [st.position for st in states or []])
         self.states = states
         index = torch.full((num_sequences, self.length), -1, dtype=torch.long, device=device)
         cached = 0
+        self.keep_from: list[int] = []  # per state: the first position its rows keep after this call
         for s, st in enumerate(states or []):
-            index[s, : st.position] = torch.arange(cached, cached + st.position, device=device)
-            cached += st.position
+            held = st.position - st.start
+            index[s, st.start : st.position] = torch.arange(cached, cached + held, device=device)
+            cached += held
+            end = st.position + int((seq_ids == s).sum())
+            self.keep_from.append(reach.first_needed(end) if reach is not None else 0)
         index[seq_ids, positions] = cached + torch.arange(positions.numel(), device=device)
         self.index = index
         if device.type == "cpu" and positions.numel():  # (a GPU caller's stream is the packer's, trusted)
@@ -106,6 +132,9 @@ class Layout:
                 0, seq_ids, positions, "amax"
             )
             needed = torch.arange(self.length).unsqueeze(0) <= top_of.unsqueeze(1)
+            if states is not None:  # positions before a state's `start` are dropped on purpose
+                starts = torch.tensor([st.start for st in states])
+                needed &= torch.arange(self.length).unsqueeze(0) >= starts.unsqueeze(1)
             if bool((needed & (index < 0)).any()):
                 raise ValueError(
                     "each sequence's positions must run from 0 (or its state's position) without gaps"
@@ -121,8 +150,26 @@ class Layout:
             return new
         cached = [st.rows.get(key, new[:0]) for st in self.states]
         for s, st in enumerate(self.states):
-            st.rows[key] = torch.cat([cached[s], new[self.seq_ids == s]]).detach()
+            held = torch.cat([cached[s], new[self.seq_ids == s]]).detach()
+            st.rows[key] = held[self.keep_from[s] - st.start :]
         return torch.cat([*cached, new])
+
+    def done_windows(self, rate: int) -> list[int]:
+        """Per sequence, how many windows of `rate` its state has pooled already (0 without states)."""
+        return [st.position // rate for st in self.states] if self.states is not None else []
+
+    def entries(self, key: str, computed: torch.Tensor, first: int, rate: int) -> torch.Tensor:
+        """Every sequence's entries [S, NW, D]: the states' pooled ones, then `computed` (windows `first` on);
+        the states keep their complete windows' entries."""
+        s, nw = computed.shape[0], self.length // rate
+        out = torch.cat([computed.new_zeros(s, first, computed.shape[-1]), computed], dim=1)
+        for i, st in enumerate(self.states or []):
+            done = st.position // rate
+            if done:
+                out[i, :done] = st.entries[key][:done]
+            total = (st.position + int((self.seq_ids == i).sum())) // rate
+            st.entries[key] = out[i, :total].detach().clone()
+        return out[:, :nw]
 
     def slide(self, window: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(flat index [T, W] of each query's window slots, oldest first (0 where empty), ok [T, W])."""
@@ -137,13 +184,14 @@ class Layout:
             self._slides[window] = (torch.where(ok, idx, torch.zeros_like(idx)), ok)
         return self._slides[window]
 
-    def windows(self, rate: int) -> tuple[torch.Tensor, int]:
-        """(flat index [S, NW, rate] of each sequence's complete windows' tokens (0 where absent), NW)."""
-        if rate not in self._windows:
+    def windows(self, rate: int, first: int = 0) -> tuple[torch.Tensor, int]:
+        """(row index [S, NW - first, rate] of the tokens of each sequence's windows `first`..NW-1 (0 where
+        absent), NW: the complete windows of the longest sequence)."""
+        if (rate, first) not in self._windows:
             nw = self.length // rate
-            tok = self.index[:, : nw * rate].reshape(self.index.shape[0], nw, rate)
-            self._windows[rate] = (tok.clamp(min=0), nw)
-        return self._windows[rate]
+            tok = self.index[:, first * rate : nw * rate].reshape(self.index.shape[0], nw - first, rate)
+            self._windows[(rate, first)] = (tok.clamp(min=0), nw)
+        return self._windows[(rate, first)]
 
     def visible(self, rate: int, nw: int) -> torch.Tensor:
         """[T, NW] whether each query may see each entry (its window ends at or before the query)."""
@@ -166,8 +214,12 @@ class Compressor(nn.Module):
         self.dim, self.rate, self.overlap = dim, rate, overlap
 
     def forward(self, x: torch.Tensor, layout: Layout, rope: InterleavedRope, ops: OpSet) -> torch.Tensor:
-        """Entries [S, NW, dim] of every sequence's complete windows (later ones are never visible)."""
-        tok, nw = layout.windows(self.rate)
+        """Entries [S, NW, dim] of every sequence's complete windows (later ones are never visible). With
+        states only the windows no state has pooled yet are computed (each entry is its window's alone)."""
+        done = layout.done_windows(self.rate)
+        first = min(done, default=0)
+        lead = 1 if self.overlap and first else 0  # CSA's first new window reads the window before it
+        tok, nw = layout.windows(self.rate, first - lead)
         s, d, r = tok.shape[0], self.dim, self.rate
         kv = layout.rows(self.key + ".kv", ops.linear(x, self.wkv.weight))[tok]  # [S, NW, r, width]
         gate = (
@@ -181,11 +233,13 @@ class Compressor(nn.Module):
             kv = torch.cat([prev_kv, kv[..., d:]], dim=2)
             gate = torch.cat([prev_gate, gate[..., d:]], dim=2)
         slots = kv.shape[2]
-        pooled = sparse_forms(ops).pool(kv.reshape(s * nw, slots, d), gate.reshape(s * nw, slots, d))
+        count = nw - first + lead
+        pooled = sparse_forms(ops).pool(kv.reshape(s * count, slots, d), gate.reshape(s * count, slots, d))
         pooled = self.norm(pooled, ops)
-        positions = (torch.arange(nw, device=x.device) * r).repeat(s)
+        positions = (torch.arange(first - lead, nw, device=x.device) * r).repeat(s)
         cos, sin = rope.angles(positions)
-        return rope.rotate(pooled, cos, sin).view(s, nw, d)
+        pooled = rope.rotate(pooled, cos, sin).view(s, count, d)[:, lead:]
+        return pooled if layout.states is None else layout.entries(self.key + ".entries", pooled, first, r)
 
 
 class Indexer(nn.Module):

@@ -174,21 +174,28 @@ def _cached_run(model, seqs, schedules):
         layers = len(sels[i][0])
         merged = [(sels[i][0][j][0], torch.cat([c[j][1] for c in sels[i]])) for j in range(layers)]
         out.append((torch.cat(logps[i]), merged))
-    return out
+    return out, states
 
 
 def test_chunked_prefill_and_decode_give_the_packed_forwards_bits(model, sequences):
     """Standalone cached inference (per-sequence states): chunk cuts inside CSA and HCA blocks, then one-token
     decodes, sequences batched with each other at different positions: every position's log-probs and
-    selections equal the learner's packed forward bit for bit."""
+    selections equal the learner's packed forward bit for bit, while each state holds only the rows a later
+    token still reads and the pooled entries."""
     model.set_kernels("aligned")
     a, b, _ = sequences
     seqs = [a[:70], b[:45]]
     ref = _run(model, seqs)
-    cached = _cached_run(model, seqs, [[5, 11, 3, 22], [1, 17, 6]])
+    cached, states = _cached_run(model, seqs, [[5, 11, 3, 22], [1, 17, 6]])
     for (ref_logp, ref_sel), (logp, sel) in zip(ref, cached, strict=True):
         assert torch.equal(logp, ref_logp)
         assert all(torch.equal(x, y) for (_, x), (_, y) in zip(sel, ref_sel, strict=True))
+    # the states are bounded: rows for the last window's positions only (here <= 15), one entry per window
+    for st, seq in zip(states, seqs, strict=True):
+        assert st.position == seq.numel() and 0 < st.position - st.start <= 15
+        assert all(rows.shape[0] == st.position - st.start for rows in st.rows.values())
+        assert st.entries["2.compressor.entries"].shape[0] == seq.numel() // 16
+        assert st.entries["1.indexer.entries"].shape[0] == seq.numel() // 4
 
 
 def test_a_stream_whose_sequence_skips_positions_is_refused(model):
