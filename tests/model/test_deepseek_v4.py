@@ -139,7 +139,9 @@ def test_deepseek_v4_matches_transformers(checkpoint, kernels):
     path, tokens, ref_logp, _ = checkpoint
     model = load_deepseek_v4(path, kernels=kernels)
     assert _no_boundary_ties(model, tokens)
-    assert _figure(model, tokens, ref_logp) <= TOL
+    figure = _figure(model, tokens, ref_logp)
+    print(f"\n{model.config.scoring_func} {kernels}: max |dlogp| {figure:.3g}")
+    assert figure <= TOL
 
 
 def test_controls_move_the_figure(checkpoint):
@@ -154,14 +156,16 @@ def test_controls_move_the_figure(checkpoint):
     with torch.no_grad():
         hca.ape = nn.Parameter(hca.ape[:4].clone())
     model.model.layers[2].attn.rate = 4
-    assert _figure(model, tokens, ref_logp) > TOL
+    figures = [_figure(model, tokens, ref_logp)]
     model = load_deepseek_v4(path)
     model.model.layers[1].attn.indexer.top_k += 1
-    assert _figure(model, tokens, ref_logp) > TOL
+    figures.append(_figure(model, tokens, ref_logp))
     model = load_deepseek_v4(path)
     with torch.no_grad():
         model.model.layers[1].hc_ffn_fn.mul_(1.001)
-    assert _figure(model, tokens, ref_logp) > TOL
+    figures.append(_figure(model, tokens, ref_logp))
+    print(f"\ncontrols (HCA rate 8->4, top-k 3->4, hc x1.001): {', '.join(f'{f:.3g}' for f in figures)}")
+    assert min(figures) > TOL
 
 
 def test_save_round_trip_is_exact(checkpoint, tmp_path):
