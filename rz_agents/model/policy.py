@@ -51,6 +51,8 @@ def build_policy(spec: PolicySpec, device: torch.device | str = "cpu") -> nn.Mod
     checkpoint's saved ``lora_adapter/``, ``spec.adapter`` and ``spec.lora``: the first attaches them, the
     others must have their shape (ValueError naming both otherwise); files fill their values. With
     adapters only they train; ``spec.freeze_vision`` stops the vision tower training."""
+    if _is_deepseek_v4(spec):  # its own model class (model/deepseek_v4.py): no adapters yet
+        return _deepseek_v4(spec, device)
     if str(device) == "meta":
         model = _skeleton(spec)
     else:
@@ -67,6 +69,48 @@ def _checkpoint_dir(spec: PolicySpec) -> Path:
     # a directory is read as is (its reader names what it lacks); a packaged model's name is resolved
     name = str(spec.checkpoint)
     return resolve_checkpoint(name) if name in PACKAGED_MODELS else Path(name)
+
+
+def _is_deepseek_v4(spec: PolicySpec) -> bool:
+    if not spec.checkpoint:
+        return spec.model_type == "deepseek_v4"
+    from rz_agents.model.deepseek_v4 import is_deepseek_v4
+
+    return is_deepseek_v4(_checkpoint_dir(spec))
+
+
+def _deepseek_v4(spec: PolicySpec, device: torch.device | str) -> nn.Module:
+    """A DeepSeek-V4 policy: a checkpoint's weights or a seeded random tiny model (no adapters, no vision)."""
+    from rz_agents.model.deepseek_v4 import DeepseekV4ForCausalLM, load_deepseek_v4
+    from rz_agents.model.deepseek_v4_config import DeepseekV4Config
+
+    if spec.adapter or (spec.lora is not None and spec.lora.enabled) or spec.freeze_vision:
+        raise ValueError("deepseek_v4 policies take no LoRA adapters or vision freezing yet")
+    if spec.checkpoint:
+        directory = _checkpoint_dir(spec)
+        if str(device) == "meta":
+            with torch.device("meta"):
+                model = DeepseekV4ForCausalLM(
+                    DeepseekV4Config.from_checkpoint(directory, spec.dtype), spec.kernels, init=False
+                )
+        else:
+            model = load_deepseek_v4(directory, kernels=spec.kernels, dtype=spec.dtype, device=device)
+    else:
+        if str(device) == "meta":
+            raise ValueError(
+                "build_policy on the meta device needs a checkpoint (its weights fill the shards)"
+            )
+        if spec.vocab_size is None:
+            raise ValueError(
+                "PolicySpec.vocab_size: a random tiny model needs its tokenizer's vocabulary size"
+            )
+        overrides = {"vocab_size": spec.vocab_size, "dtype": spec.dtype or "float32", **spec.tiny_overrides}
+        torch.manual_seed(spec.init_seed)
+        model = DeepseekV4ForCausalLM(DeepseekV4Config.tiny(**overrides), kernels=spec.kernels)
+        model.reset_parameters(seed=spec.init_seed)
+        model = model.to(device)
+    model.config.activation_checkpointing = spec.activation_checkpointing
+    return model
 
 
 def _skeleton(spec: PolicySpec) -> nn.Module:

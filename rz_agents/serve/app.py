@@ -4,9 +4,11 @@ it.
 Routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST
 /v1/responses`` (responses.py), ``POST /v1/completions``; the same under ``/sessions/{ID}/v1/...`` (the
 session named by the URL, so an unmodified client configured by ``OPENAI_BASE_URL`` records a session);
-``POST /v1/sessions`` (a new session with a server-issued, unguessable id), ``DELETE /v1/sessions/{ID}``,
-and with ``session_records`` ``GET /v1/sessions/{ID}`` (a session's token history); ``GET /metrics``,
-``GET /health``; the RL control routes (control.py) only when a ``control`` is given, behind their own key.
+``POST /v1/sessions`` (a new session with a server-issued, unguessable id; ``{"records": true}`` makes its
+token record readable to its owner), ``DELETE /v1/sessions/{ID}``, ``GET /v1/sessions/{ID}`` (a session's
+token history: for a session opened with records, or any of the caller's with ``session_records``);
+``GET /metrics``, ``GET /health``; the RL control routes (control.py) only when a ``control`` is given,
+behind their own key.
 
 Every request first passes ``RequestGuard`` (guard.py: key, Host, Origin, Content-Type, body cap). A session
 a client names lives in the namespace of its API key; a session the server opened (a training episode's) is
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import secrets
@@ -37,7 +40,7 @@ from starlette.exceptions import HTTPException
 
 from rz_agents.serve.control import RLControl, add_control_routes
 from rz_agents.serve.guard import OWNER_KEY, RequestGuard
-from rz_agents.serve.json_body import read_json
+from rz_agents.serve.json_body import parse_json, read_json
 from rz_agents.serve.openai_schema import (
     SESSION_HEADER,
     ChatRequest,
@@ -120,6 +123,40 @@ def _sse_events(events, server: OpenAIServer):
 
 def _owner(request: Request) -> str:
     return getattr(request.state, OWNER_KEY, "")
+
+
+def _records_opt_in(raw: bytes) -> bool:
+    """``POST /v1/sessions``' body: none, or ``{"records": true|false}`` (the owner's opt-in to reading the
+    session's token record back)."""
+    body = parse_json(raw) if raw.strip() else {}
+    if not isinstance(body, dict) or set(body) - {"records"}:
+        raise OpenAIError('the body of POST /v1/sessions takes only {"records": true|false}', "records")
+    records = body.get("records", False)
+    if not isinstance(records, bool):
+        raise OpenAIError(f"'records' must be true or false, got {records!r}", "records")
+    return records
+
+
+def _readable(server: OpenAIServer, options: ServeOptions, find) -> str:
+    """The id of the caller's session that ``find()`` resolves, if its token record may be read: any of the
+    caller's with ``session_records``, else one its owner opened with ``{"records": true}``. Otherwise,
+    whatever the name is (unknown, another's, an episode's), the same 404."""
+    if options.session_records:
+        return find()
+    off = OpenAIError(
+        'session records are off for this session (open it with POST /v1/sessions {"records": true}, '
+        "or serve with --session-records)",
+        "session",
+        status=404,
+        code="session_records_disabled",
+    )
+    try:
+        owned = find()
+    except OpenAIError:
+        raise off from None
+    if not server.sessions.sessions[owned].records:
+        raise off
+    return owned
 
 
 def _check_sequences(count: int, options: ServeOptions) -> None:
@@ -226,9 +263,11 @@ def create_app(server: OpenAIServer, control: RLControl | None = None, options: 
 
     @app.post("/v1/sessions")
     async def session_new(request: Request) -> dict:
+        records = _records_opt_in(await request.body())
         name = secrets.token_urlsafe(24)
-        server.sessions.get(server.sessions.resolve(name, _owner(request)))
-        return {"id": name, "object": "session"}
+        session = server.sessions.get(server.sessions.resolve(name, _owner(request)))
+        session.records = records
+        return {"id": name, "object": "session", "records": records}
 
     def _client_session(request: Request, name: str) -> str:
         session_id = server.sessions.resolve(name, _owner(request))
@@ -238,14 +277,8 @@ def create_app(server: OpenAIServer, control: RLControl | None = None, options: 
 
     @app.get("/v1/sessions/{session_id}")
     async def session_record(request: Request, session_id: str) -> dict:
-        if not options.session_records:  # a session's tokens are readable only where asked for
-            raise OpenAIError(
-                "session records are off on this server (rz serve --session-records)",
-                "session",
-                status=404,
-                code="session_records_disabled",
-            )
-        return {**server.session_record(_client_session(request, session_id)), "id": session_id}
+        find = functools.partial(_client_session, request, session_id)
+        return {**server.session_record(_readable(server, options, find)), "id": session_id}
 
     @app.delete("/v1/sessions/{session_id}")
     async def session_close(request: Request, session_id: str) -> dict:

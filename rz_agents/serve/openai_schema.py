@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from rz_agents.serve.image_parts import image_part, image_url_of
+
 log = logging.getLogger(__name__)
 
 MAX_N = 16
@@ -191,26 +193,32 @@ def _sampling(body: dict[str, Any], max_tokens_names: tuple[str, ...]) -> Sampli
     return s
 
 
-def _text_content(content: Any, i: int) -> str | None:
-    """A message's content as text: a string, None, or a list of text parts (joined)."""
+def _text_content(content: Any, i: int) -> str | list[dict[str, Any]] | None:
+    """A message's content: a string, None, or a list of parts: text parts only are joined into a string;
+    with images (``image_url`` data URIs) it stays a list of text and image parts (image_parts.py)."""
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
-        for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        parts: list[dict[str, Any]] = []
+        for k, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            where = f"messages[{i}].content[{k}]"
+            if kind == "text" and isinstance(part.get("text"), str):
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind == "image_url":
+                try:
+                    parts.append(image_part(image_url_of(part)))
+                except ValueError as e:
+                    raise _fail(f"{where}: {e}", where) from None
+            else:
                 raise _fail(
-                    f"messages[{i}].content: only text parts are supported, got a {kind!r} part",
-                    f"messages[{i}].content",
+                    f"{where}: only text and image_url parts are supported, got a {kind!r} part", where
                 )
-            parts.append(part["text"])
-        return "".join(parts)
-    raise _fail(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
+        if all(p["type"] == "text" for p in parts):
+            return "".join(p["text"] for p in parts)
+        return parts
+    where = f"messages[{i}].content"
+    raise _fail(f"{where} must be a string or a list of content parts", where)
 
 
 def _tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:

@@ -6,10 +6,13 @@ message), its flat function tools become chat tools; the chat request then runs 
 ``/v1/chat/completions``, sessions included (the same header, ``metadata.rz_session`` or
 ``/sessions/ID/v1/responses``), so a conversation has the same tokens through either API. The reply's
 message and tool calls become ``output`` items; a stream is the Responses event sequence (``response.created``
-... ``response.output_text.delta`` ... ``response.function_call_arguments.delta`` ... ``response.completed``).
+... ``response.output_text.delta`` ... ``response.function_call_arguments.delta`` ... ``response.completed``
+or, cut at max_output_tokens, ``response.incomplete``),
+sent as the model writes: a call's item as soon as its name is written, its arguments a piece at a time.
 
 Not served (400): ``previous_response_id`` (responses are not stored: send the whole input, or use a
-session), non-function tools, input items other than messages and function calls / outputs.
+session), non-function tools, input items other than messages and function calls / outputs, images other
+than ``input_image`` data URIs (a vision-language policy only).
 """
 
 from __future__ import annotations
@@ -89,20 +92,39 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _text(content: Any, where: str) -> str | None:
+def _content(content: Any, where: str) -> str | list[dict[str, Any]] | None:
+    """A message's content for the chat request: text parts joined, or with ``input_image`` parts (data URIs)
+    a list of chat text and ``image_url`` parts."""
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
+        parts: list[dict[str, Any]] = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise _fail(f"{where}: only text parts are supported, got a {kind!r} part", where)
-            if not isinstance(part.get("text"), str):
-                raise _fail(f"{where}: a text part needs 'text'", where)
-            parts.append(part["text"])
-        return "".join(parts)
-    raise _fail(f"{where} must be a string or a list of text parts", where)
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind in ("input_text", "output_text", "text"):
+                if not isinstance(part.get("text"), str):
+                    raise _fail(f"{where}: a text part needs 'text'", where)
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind == "input_image" and isinstance(part.get("image_url"), str):
+                parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+            else:
+                raise _fail(
+                    f"{where}: only text and input_image parts (with an image_url) are supported, got a "
+                    f"{kind!r} part",
+                    where,
+                )
+        if all(p["type"] == "text" for p in parts):
+            return "".join(p["text"] for p in parts)
+        return parts
+    raise _fail(f"{where} must be a string or a list of content parts", where)
+
+
+def _text(content: Any, where: str) -> str:
+    """A tool output's text (text parts only)."""
+    text = _content(content, where)
+    if not isinstance(text, str):
+        raise _fail(f"{where}: only text parts are supported", where)
+    return text
 
 
 def input_messages(items: Any) -> list[dict[str, Any]]:
@@ -118,7 +140,7 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
             raise _fail(f"{where} must be an object", where)
         kind = item.get("type", "message")
         if kind == "message":
-            messages.append({"role": item.get("role"), "content": _text(item.get("content"), where)})
+            messages.append({"role": item.get("role"), "content": _content(item.get("content"), where)})
         elif kind == "function_call":
             call = {
                 "id": item.get("call_id"),
@@ -222,77 +244,118 @@ def response_from_chat(body: dict[str, Any], chat: dict[str, Any]) -> dict[str, 
 async def response_events(
     body: dict[str, Any], model: str, chunks: AsyncIterator[dict]
 ) -> AsyncIterator[dict]:
-    """The Responses stream events for a chat stream's ``chunks`` (with usage)."""
-    rid = f"resp_{uuid.uuid4().hex}"
-    seq = 0
-
-    def event(kind: str, **fields) -> dict[str, Any]:
-        nonlocal seq
-        seq += 1
-        return {"type": kind, "sequence_number": seq - 1, **fields}
-
-    yield event("response.created", response=response_object(body, model, [], None, None, rid))
-    yield event("response.in_progress", response=response_object(body, model, [], None, None, rid))
-    output: list[dict[str, Any]] = []
-    text_item: dict[str, Any] | None = None
-    text = ""
-    finish, usage = None, None
-    calls: dict[int, dict[str, Any]] = {}
+    """The Responses stream events for a chat stream's ``chunks`` (with usage), sent as the chunks arrive: a
+    call's item once its name is written, then its arguments a piece at a time (tool_stream.py)."""
+    stream = _ResponseStream(body, model)
+    yield stream.event("response.created", response=stream.snapshot(None))
+    yield stream.event("response.in_progress", response=stream.snapshot(None))
     async for chunk in chunks:
         if chunk.get("usage"):
-            usage = chunk["usage"]
+            stream.usage = chunk["usage"]
         for choice in chunk.get("choices", ()):
             delta = choice.get("delta") or {}
             if delta.get("content"):
-                if text_item is None:
-                    text_item = _message_item("", status="in_progress")
-                    yield event("response.output_item.added", output_index=0, item=text_item)
-                    part = {"type": "output_text", "text": "", "annotations": []}
-                    yield event(
-                        "response.content_part.added",
-                        item_id=text_item["id"], output_index=0, content_index=0, part=part,
-                    )  # fmt: skip
-                text += delta["content"]
-                yield event(
-                    "response.output_text.delta",
-                    item_id=text_item["id"], output_index=0, content_index=0, delta=delta["content"],
-                )  # fmt: skip
-            for piece in delta.get("tool_calls") or ():  # a call, or a piece of one (tool_stream.py)
-                call = calls.setdefault(
-                    piece["index"], {"id": None, "function": {"name": None, "arguments": ""}}
-                )
-                call["id"] = piece.get("id") or call["id"]
-                fn = piece.get("function") or {}
-                call["function"]["name"] = fn.get("name") or call["function"]["name"]
-                call["function"]["arguments"] += fn.get("arguments") or ""
-            finish = choice.get("finish_reason") or finish
-    if text_item is not None:
+                for e in stream.text(delta["content"]):
+                    yield e
+            for piece in delta.get("tool_calls") or ():
+                for e in stream.call_piece(piece):
+                    yield e
+            stream.finish = choice.get("finish_reason") or stream.finish
+    for e in stream.close_text():
+        yield e
+    for e in stream.close_calls():
+        yield e
+    final = stream.snapshot(stream.finish or "stop")
+    # OpenAI ends the stream of a response cut at max_output_tokens with response.incomplete
+    yield stream.event(f"response.{final['status']}", response=final)
+
+
+class _ResponseStream:
+    """The state of one Responses stream: its output items in the order they were added, each sent as soon
+    as it starts (``output_index`` is its place in ``output``)."""
+
+    def __init__(self, body: dict[str, Any], model: str) -> None:
+        self.body, self.model = body, model
+        self.rid = f"resp_{uuid.uuid4().hex}"
+        self.seq = 0
+        self.output: list[dict[str, Any]] = []  # finished items and, in place, the open ones
+        self.text_index: int | None = None  # the open message item
+        self.calls: dict[int, int] = {}  # a chat tool-call index -> its item's output index
+        self.finish: str | None = None
+        self.usage: dict | None = None
+
+    def event(self, kind: str, **fields) -> dict[str, Any]:
+        self.seq += 1
+        return {"type": kind, "sequence_number": self.seq - 1, **fields}
+
+    def snapshot(self, finish: str | None) -> dict[str, Any]:
+        output = [item for item in self.output if item["status"] == "completed"] if finish else []
+        return response_object(self.body, self.model, output, self.usage, finish, self.rid)
+
+    def text(self, piece: str) -> list[dict[str, Any]]:
+        out = []
+        if self.text_index is None:
+            item = _message_item("", status="in_progress")
+            item["text"] = ""  # the text so far (dropped when the item is done)
+            self.text_index = len(self.output)
+            self.output.append(item)
+            out.append(self.event("response.output_item.added", output_index=self.text_index,
+                                  item=_public(item)))  # fmt: skip
+            part = {"type": "output_text", "text": "", "annotations": []}
+            out.append(self._text_event("response.content_part.added", part=part))
+        self.output[self.text_index]["text"] += piece
+        out.append(self._text_event("response.output_text.delta", delta=piece))
+        return out
+
+    def _text_event(self, kind: str, **fields) -> dict[str, Any]:
+        item = self.output[self.text_index]
+        return self.event(kind, item_id=item["id"], output_index=self.text_index, content_index=0, **fields)
+
+    def close_text(self) -> list[dict[str, Any]]:
+        if self.text_index is None:
+            return []
+        item = self.output[self.text_index]
+        text = item.pop("text")
         part = {"type": "output_text", "text": text, "annotations": []}
-        yield event(
-            "response.output_text.done", item_id=text_item["id"], output_index=0, content_index=0, text=text
-        )
-        yield event(
-            "response.content_part.done", item_id=text_item["id"], output_index=0, content_index=0, part=part
-        )
-        done = {**text_item, "status": "completed", "content": [part]}
-        yield event("response.output_item.done", output_index=0, item=done)
-        output.append(done)
-    for _, call in sorted(calls.items()):
-        index = len(output)
-        item = _call_item(call, status="in_progress")
-        yield event("response.output_item.added", output_index=index, item=item)
-        arguments = call["function"]["arguments"]
-        yield event(
-            "response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=arguments
-        )
-        yield event(
-            "response.function_call_arguments.done",
-            item_id=item["id"],
-            output_index=index,
-            arguments=arguments,
-        )
-        done = {**item, "arguments": arguments, "status": "completed"}
-        yield event("response.output_item.done", output_index=index, item=done)
-        output.append(done)
-    final = response_object(body, model, output, usage, finish or "stop", rid)
-    yield event("response.completed", response=final)
+        out = [
+            self._text_event("response.output_text.done", text=text),
+            self._text_event("response.content_part.done", part=part),
+        ]
+        item.update(status="completed", content=[part])
+        out.append(self.event("response.output_item.done", output_index=self.text_index, item=item))
+        self.text_index = None
+        return out
+
+    def call_piece(self, piece: dict[str, Any]) -> list[dict[str, Any]]:
+        """Events for a chat ``tool_calls`` delta: a new call's item, then its arguments piece."""
+        out = []
+        index = self.calls.get(piece["index"])
+        fn = piece.get("function") or {}
+        if index is None:
+            out += self.close_text()  # a message's text comes before the calls that follow it
+            call = {"id": piece.get("id"), "function": {"name": fn.get("name"), "arguments": ""}}
+            index = self.calls[piece["index"]] = len(self.output)
+            self.output.append(_call_item(call, status="in_progress"))
+            item = dict(self.output[index])  # as it is now: the arguments follow in their own events
+            out.append(self.event("response.output_item.added", output_index=index, item=item))
+        item = self.output[index]
+        if fn.get("arguments"):
+            item["arguments"] += fn["arguments"]
+            out.append(self.event("response.function_call_arguments.delta", item_id=item["id"],
+                                  output_index=index, delta=fn["arguments"]))  # fmt: skip
+        return out
+
+    def close_calls(self) -> list[dict[str, Any]]:
+        out = []
+        for index in self.calls.values():
+            item = self.output[index]
+            out.append(self.event("response.function_call_arguments.done", item_id=item["id"],
+                                  output_index=index, arguments=item["arguments"]))  # fmt: skip
+            item["status"] = "completed"
+            out.append(self.event("response.output_item.done", output_index=index, item=item))
+        self.calls = {}
+        return out
+
+
+def _public(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in item.items() if k != "text"}

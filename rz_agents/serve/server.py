@@ -24,7 +24,8 @@ import torch
 
 from rz_agents.engine import Completion, SamplingParams
 from rz_agents.envs.tool_calls import CLOSE, OPEN, parse_tool_calls
-from rz_agents.rollout.agent_loop import turn_seed
+from rz_agents.images import has_images
+from rz_agents.rollout.agent_loop import image_request, message_pngs, turn_seed
 from rz_agents.serve.openai_schema import ChatRequest, CompletionRequest, OpenAIError, Sampling
 from rz_agents.serve.sessions import Session, SessionStore
 from rz_agents.serve.tool_stream import ToolCallStream
@@ -215,10 +216,12 @@ class OpenAIServer:
         if req.sampling.top_logprobs and self.model is None:
             raise OpenAIError("'top_logprobs' needs the engine's model in this process", "top_logprobs")
         rid = rid or f"chatcmpl-{uuid.uuid4().hex}"
+        self._check_images(req)
         forced = list(self.tokenizer.encode(req.forced)) if req.forced else []
         if req.session is None:
             prompt = self._render(req) + forced
-            choices = await self._generate(prompt, req.sampling, None, req, on_start)
+            images = image_request(self.template, message_pngs(req.messages))
+            choices = await self._generate(prompt, req.sampling, None, req, on_start, images)
             return rid, choices, prompt
         session = self.sessions.get(req.session)
         async with session.lock:  # one request of a session at a time: each extends the one before
@@ -227,12 +230,26 @@ class OpenAIServer:
                 prompt = self._session_prompt(session, req)
                 session.add_context(forced)  # a forced tool-call opening: context, never trained on
                 prompt += forced
-                choices = await self._generate(prompt, req.sampling, session, req, on_start)
+                images = image_request(self.template, session.current_images)
+                choices = await self._generate(prompt, req.sampling, session, req, on_start, images)
             except BaseException:  # refused, failed or cancelled (client gone): the history stays as it was
                 session.restore(before)
                 raise
             self.sessions.record(session, choices[0].completion, self._assistant_message(choices[0]))
         return rid, choices, prompt
+
+    def _check_images(self, req: ChatRequest) -> None:
+        """Image parts only for a policy that takes them (its template renders images)."""
+        if not has_images(req.messages):
+            return
+        if not getattr(self.template, "renders_images", False):
+            raise OpenAIError(
+                f"the model `{self.model_name}` takes no images (not a vision-language policy): send text",
+                "messages",
+                code="images_not_supported",
+            )
+        if req.sampling.top_logprobs:
+            raise OpenAIError("'top_logprobs' is not served with images", "top_logprobs")
 
     def _render(self, req: ChatRequest) -> list[int]:
         try:
@@ -296,11 +313,19 @@ class OpenAIServer:
         )
 
     async def _generate(
-        self, prompt: list[int], s: Sampling, session: Session | None, req: ChatRequest | None, on_start
+        self,
+        prompt: list[int],
+        s: Sampling,
+        session: Session | None,
+        req: ChatRequest | None,
+        on_start,
+        images: dict[str, Any] | None = None,
     ) -> list[Choice]:
+        """``images``: the engine's image keyword (``image_request``) for the prompt's image runs."""
         chat = req is not None
         params = [self._params(s, prompt, session, i, chat) for i in range(s.n)]
         kwargs = {"on_start": on_start} if on_start is not None else {}
+        kwargs.update(images or {})
         try:
             completions = await asyncio.gather(*(self.engine.generate(prompt, p, **kwargs) for p in params))
         except ValueError as e:

@@ -19,6 +19,7 @@ to its segments). A segment that sampled nothing is not kept.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import secrets
@@ -26,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rz_agents.images import as_pil
+from rz_agents.rollout.agent_loop import message_pngs
 from rz_agents.serve.openai_schema import OpenAIError
 from rz_agents.trajectory import NOT_SAMPLED, Trajectory
 
@@ -55,6 +58,22 @@ def _canonical_arguments(arguments: Any) -> str:
     return json.dumps(arguments, sort_keys=True)
 
 
+def _content_key(content: Any) -> Any:
+    """A message content's key: its text, or for a list of parts each part's text or image pixels' digest."""
+    if not isinstance(content, list):
+        return content or ""
+    return tuple(
+        ("text", part["text"]) if part["type"] == "text" else ("image", image_digest(part["image"]))
+        for part in content
+    )
+
+
+def image_digest(image: Any) -> str:
+    """A digest of an image's size and RGB pixels (two parts with the same digest render the same)."""
+    pil = as_pil(image)
+    return hashlib.sha256(repr(pil.size).encode() + pil.tobytes()).hexdigest()
+
+
 def message_key(message: dict[str, Any]) -> tuple:
     """What the chat template renders of a message (ids and key order do not count): two messages with the
     same key render to the same tokens."""
@@ -62,7 +81,8 @@ def message_key(message: dict[str, Any]) -> tuple:
         (c["function"]["name"], _canonical_arguments(c["function"].get("arguments")))
         for c in message.get("tool_calls") or ()
     )
-    return (message["role"], message.get("content") or "", message.get("reasoning_content"), calls)
+    content = _content_key(message.get("content"))
+    return (message["role"], content, message.get("reasoning_content"), calls)
 
 
 @dataclass
@@ -86,6 +106,11 @@ class Session:
     segment_start: int = 0  # where the current segment begins in ``tokens`` (earlier segments come before)
     segment_starts: list[int] = field(default_factory=list)
     limit_reached: str | None = None  # why a training session refused a request (its budget or turn limit)
+    records: bool = False  # its owner opted in to reading its token record (POST /v1/sessions)
+    # the images of ``tokens``' image runs (PNG bytes, in order; a vision-language policy's), and where the
+    # current segment's begin
+    images: list[bytes] = field(default_factory=list)
+    segment_image_start: int = 0
     # A session the server opened (``SessionStore.open``: a training episode's) is reached only through this
     # unguessable token (``capability``), never by its id: one episode's agent cannot name another's.
     capability: str | None = None
@@ -111,28 +136,35 @@ class Session:
         return (
             list(self.tokens), list(self.mask), list(self.behavior), list(self.versions), list(self.messages),
             self.tools_key, self.last_turn_closed, self.turns, self.segments, self.segment_start,
-            list(self.segment_starts),
+            list(self.segment_starts), list(self.images), self.segment_image_start,
         )  # fmt: skip
 
     def restore(self, state: tuple) -> None:
         (self.tokens, self.mask, self.behavior, self.versions, self.messages, self.tools_key,
          self.last_turn_closed, self.turns, self.segments, self.segment_start,
-         self.segment_starts) = state  # fmt: skip
+         self.segment_starts, self.images, self.segment_image_start) = state  # fmt: skip
 
     def new_segment(self) -> None:
         """Start a new token segment; the current one is kept when it sampled anything (else dropped)."""
         if any(self.mask[self.segment_start :]):
             self.segment_start = len(self.tokens)
+            self.segment_image_start = len(self.images)
             if self.segment_start:
                 self.segment_starts.append(self.segment_start)
         else:
             for seq in (self.tokens, self.mask, self.behavior, self.versions):
                 del seq[self.segment_start :]
+            del self.images[self.segment_image_start :]
 
     @property
     def current(self) -> list[int]:
         """The current segment's tokens: what the engine continues."""
         return self.tokens[self.segment_start :]
+
+    @property
+    def current_images(self) -> list[bytes]:
+        """The images of the current segment's image runs, in order: what the engine's request carries."""
+        return self.images[self.segment_image_start :]
 
     @property
     def num_sampled(self) -> int:
@@ -158,6 +190,7 @@ class Session:
                 **(info or {}),
             },
             segment_starts=list(self.segment_starts),
+            images=list(self.images),
         )
         traj.validate()
         return traj
@@ -263,6 +296,7 @@ class SessionStore:
             ids = [] if session.last_turn_closed else [self.stops[0]]
             ids += self.template.encode_continuation(self.tokenizer, new, enable_thinking=enable_thinking)
             session.add_context(ids)
+            session.images += message_pngs(new)
             self.counters["appended_requests"] += 1
             self.counters["tokens_appended"] += len(ids)
         else:
@@ -273,6 +307,7 @@ class SessionStore:
             )
             session.new_segment()
             session.add_context(ids)
+            session.images += message_pngs(messages)
             session.segments += 1
             session.tools_key = tools_key
             self.counters["tokens_rendered"] += len(ids)

@@ -88,12 +88,23 @@ def taught_model() -> Transformer:
 class Served:
     """A running server, the learner's copy of its weights and what built it."""
 
-    def __init__(self, max_running: int = 16, taught: bool = True, control: bool = False, **options) -> None:
+    def __init__(
+        self,
+        max_running: int = 16,
+        taught: bool = True,
+        control: bool = False,
+        max_len: int = 512,
+        model: Transformer | None = None,
+        **options,
+    ) -> None:
         self.tokenizer, self.template = ByteTokenizer(), ByteChatTemplate()
-        self.learner_model = taught_model() if taught else tiny_model().requires_grad_(False)
+        if model is not None:  # a policy the caller taught (client_policy.py)
+            self.learner_model = model
+        else:
+            self.learner_model = taught_model() if taught else tiny_model().requires_grad_(False)
         engine_model = copy.deepcopy(self.learner_model)
         self.engine_config = EngineConfig(
-            max_running=max_running, max_len=512, max_batch_tokens=512, num_threads=1
+            max_running=max_running, max_len=max_len, max_batch_tokens=512, num_threads=1
         )
         self.engine = RZEngine(engine_model, self.engine_config, decode=self.tokenizer.decode)
         self.server = OpenAIServer(self.engine, self.tokenizer, self.template, model_name=MODEL)

@@ -35,8 +35,13 @@ BAD_CHAT = [
     (_chat(messages=[{"role": "user"}]), "messages[0].content", "needs a 'content'"),
     (
         _chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
-        "messages[0].content",
-        "only text parts",
+        "messages[0].content[0]",
+        "images must be data: URIs",
+    ),
+    (
+        _chat(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]),
+        "messages[0].content[0]",
+        "only text and image_url parts",
     ),
     (_chat(temperature=3), "temperature", "must be in [0.0, 2.0]"),
     (_chat(temperature="hot"), "temperature", "must be a number"),

@@ -21,6 +21,11 @@ def test_build_server_takes_the_config_model_tokenizer_and_engine_settings_with_
     assert type(server.template).__name__ == "ByteChatTemplate"
 
 
+def test_a_vision_language_config_is_served_with_a_template_that_renders_images():
+    server, _ = build_server("visual-click-demo")
+    assert type(server.template).__name__ == "ByteVLChatTemplate" and server.template.renders_images
+
+
 def test_a_bad_target_is_a_clear_error():
     with pytest.raises(Exception, match="no-such-config"):
         build_server("no-such-config.yaml")

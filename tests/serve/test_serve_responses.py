@@ -72,7 +72,9 @@ def test_streamed_events_carry_the_text_and_the_tool_call(served):
     events = list(client.responses.create(model=MODEL, input="hello", max_output_tokens=12, temperature=0,
                                           stream=True))  # fmt: skip
     kinds = [e.type for e in events]
-    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert events[-1].response.status == "incomplete"  # 12 tokens cut the reply short: OpenAI's final event
+    assert kinds[-1] == "response.incomplete"  # is then response.incomplete
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas and deltas == events[-1].response.output_text
     assert [e.sequence_number for e in events] == list(range(len(events)))
@@ -92,3 +94,23 @@ def test_what_responses_cannot_serve_is_a_400(served):
         client.responses.create(model=MODEL, input="x", tools=[{"type": "web_search"}])
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="gpt-9", input="x")
+
+
+def test_a_streamed_call_arrives_live_its_item_first_then_its_arguments_in_pieces(served):
+    stream = served.client().responses.create(
+        model=MODEL, input=QUESTION, tools=[FLAT_ADD], temperature=0, stream=True
+    )
+    events = list(stream)
+    kinds = [e.type for e in events]
+    added = kinds.index("response.output_item.added")
+    assert events[added].item.type == "function_call" and events[added].item.name == "add"
+    assert events[added].item.arguments == ""  # announced once the name is written, before its arguments
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) > 1 and all(kinds.index(d.type) > added for d in deltas)  # pieces as written
+    assert {d.item_id for d in deltas} == {events[added].item.id}
+    (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert "".join(d.delta for d in deltas) == done.arguments
+    assert json.loads(done.arguments) == {"a": 2, "b": 3}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    (call,) = events[-1].response.output
+    assert call.id == events[added].item.id and call.status == "completed"

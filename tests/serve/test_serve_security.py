@@ -187,6 +187,34 @@ def test_session_records_are_not_readable_unless_enabled(keyless):
     assert keyless.server.sessions.sessions["quiet"].turns == 1
 
 
+@pytest.fixture(scope="module")
+def keyed_quiet():
+    """Keys, and session records off server-wide (the default)."""
+    s = Served(taught=False, api_keys=KEYS, session_records=False)
+    yield s
+    s.stop()
+
+
+def test_a_session_owner_opts_in_to_reading_its_own_records_per_session(keyed_quiet):
+    s = keyed_quiet
+    opted = _call(s, "POST", "/v1/sessions", {"records": True}).json()
+    assert opted["records"] is True
+    plain = _call(s, "POST", "/v1/sessions").json()["id"]  # no body: records stay off
+    for sid in (opted["id"], plain):
+        _converse(s, KEYS[0], sid, turns=1)
+    record = _call(s, "GET", f"/v1/sessions/{opted['id']}").json()
+    assert record["turns"] == 1 and sum(record["loss_mask"]) > 0 and record["id"] == opted["id"]
+    off = _call(s, "GET", f"/v1/sessions/{plain}")
+    assert off.status_code == 404 and off.json()["error"]["code"] == "session_records_disabled"
+    # another key naming the opted-in id reaches only its own namespace; an unknown name answers the same
+    for key, name in ((KEYS[1], opted["id"]), (KEYS[0], "never-opened")):
+        r = _call(s, "GET", f"/v1/sessions/{name}", key=key)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "session_records_disabled"
+    for body in ({"records": "yes"}, {"records": True, "other": 1}, [1]):
+        r = _call(s, "POST", "/v1/sessions", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "records"
+
+
 def test_a_cross_site_text_plain_post_and_a_foreign_host_are_refused(served):
     plain = {"Content-Type": "text/plain", "Authorization": f"Bearer {KEYS[0]}"}
     r = httpx.post(f"{served.http.root}/v1/chat/completions", content=b'{"model": "x"}', headers=plain)

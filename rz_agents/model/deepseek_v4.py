@@ -1,0 +1,330 @@
+"""DeepSeek-V4 (sliding + compressed sparse + heavily compressed attention, hyper-connections, hash-routed and
+learned-routed MoE) on rz's op set: the learner's packed forward and HF checkpoint load / save.
+
+The forward takes the forward contract's packed stream (tokens, positions, sequence ids; every sequence from
+position 0, as the learner packs them) and returns the final hidden states; `logits` applies the LM head.
+Each token enters as `hc_mult` copies of its embedding (the residual streams); every layer collapses them
+into the attention's / the MoE's input and mixes the block's output back in (model/deepseek_v4_layers.py); a
+hyper head collapses them before the final norm. Attention is model/deepseek_v4_attention.py, the MoE
+model/deepseek_v4_moe.py.
+
+Parameter names are the ones transformers writes for DeepseekV4ForCausalLM (DeepSeek's own names under
+`model.`, the LM head as `head.weight`), so a checkpoint loads and saves by name. DeepSeek's released
+checkpoints ship FP8 (and FP4 expert) weights with scale tensors: those are refused with one line (dequantize
+to bf16 first); their other naming differences (no `model.` prefix, `embed.weight`, `hc_head_fn`) are mapped.
+Cached inference is standalone for now (`SequenceState`: per sequence and layer, the rows later tokens still
+read and the pooled entries; chunked prefill and decode give the packed forward's bits); the engine's paged
+caches for the compressed branches are not built yet (`supports_cache` False: the engine refuses it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from rz_agents.model.deepseek_v4_attention import Attention, Layout, Reach, SequenceState, rope_pair
+from rz_agents.model.deepseek_v4_config import DeepseekV4Config
+from rz_agents.model.deepseek_v4_layers import hyper_head, hyper_merge, hyper_mix
+from rz_agents.model.deepseek_v4_moe import MoE
+from rz_agents.model.layers import RMSNorm, _linear
+from rz_kernels import OpSet, get_ops
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DeepseekV4Config, index: int) -> None:
+        super().__init__()
+        n, hidden = cfg.hc_mult, cfg.hidden_size
+        mix = (2 + n) * n
+        self.attn = Attention(cfg, index)
+        self.ffn = MoE(cfg, index)
+        self.attn_norm = RMSNorm(hidden, cfg.rms_norm_eps)
+        self.ffn_norm = RMSNorm(hidden, cfg.rms_norm_eps)
+        for site in ("attn", "ffn"):
+            self.register_parameter(f"hc_{site}_fn", nn.Parameter(torch.zeros(mix, n * hidden)))
+            self.register_parameter(f"hc_{site}_base", nn.Parameter(torch.zeros(mix)))
+            self.register_parameter(f"hc_{site}_scale", nn.Parameter(torch.ones(3)))
+        self.hc = (cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
+
+    def forward(self, streams: torch.Tensor, tokens: torch.Tensor, fwd: _Forward) -> torch.Tensor:
+        ops = fwd.ops
+        post, comb, x = hyper_mix(
+            streams, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, ops, *self.hc
+        )
+        out = self.attn(self.attn_norm(x, ops), fwd.layout, fwd.ropes, ops, fwd.trace)
+        streams = hyper_merge(streams, out, post, comb)
+        post, comb, x = hyper_mix(streams, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, ops, *self.hc)
+        out = self.ffn(self.ffn_norm(x, ops), tokens, ops, fwd.trace)
+        return hyper_merge(streams, out, post, comb)
+
+
+class HyperHead(nn.Module):
+    def __init__(self, cfg: DeepseekV4Config) -> None:
+        super().__init__()
+        n = cfg.hc_mult
+        self.hc_fn = nn.Parameter(torch.zeros(n, n * cfg.hidden_size))
+        self.hc_base = nn.Parameter(torch.zeros(n))
+        self.hc_scale = nn.Parameter(torch.ones(1))
+        self.eps = (cfg.rms_norm_eps, cfg.hc_eps)
+
+    def forward(self, streams: torch.Tensor, ops: OpSet) -> torch.Tensor:
+        return hyper_head(streams, self.hc_fn, self.hc_base, self.hc_scale, ops, *self.eps)
+
+
+class _Stack(nn.Module):
+    def __init__(self, cfg: DeepseekV4Config) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hc_head = HyperHead(cfg)
+
+
+class _Forward:
+    """What every layer of one forward shares: op set, token layout, rotations, and the selection trace."""
+
+    def __init__(
+        self, model: DeepseekV4ForCausalLM, positions, seq_ids, num_sequences, top, trace, states
+    ) -> None:
+        self.ops = model.ops_for(positions.device)
+        cfg = model.config
+        reach = Reach(cfg.sliding_window, cfg.csa_rate, cfg.hca_rate)
+        self.layout = Layout(positions, seq_ids, num_sequences, top, states, reach)
+        self.ropes = model.ropes
+        for kind, rope in self.ropes.items():
+            self.layout.angles[kind] = rope.angles(positions)
+        self.trace = trace
+
+
+class DeepseekV4ForCausalLM(nn.Module):
+    """DeepSeek-V4 causal LM: `forward` gives final hidden states [T, hidden], `logits` the fp32 LM head."""
+
+    supports_cache = False  # engine caches for the compressed branches: not yet (learner only)
+    takes_images = False
+
+    def __init__(self, config: DeepseekV4Config, kernels: str = "aligned", init: bool = True) -> None:
+        super().__init__()
+        get_ops(kernels)  # an unknown name fails here
+        self.config, self.kernels = config, kernels
+        self.model = _Stack(config)
+        self.head = _linear(config.hidden_size, config.vocab_size)
+        if config.tie_word_embeddings:
+            self.head.weight = self.model.embed_tokens.weight
+        self.ropes = rope_pair(config)
+        self.selection_trace: list | None = None  # tests set a list: each forward appends its selections
+        if init:
+            self.reset_parameters()
+        self.to(config.torch_dtype)
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        """The LM head (stored as `head.weight`, the checkpoint's name)."""
+        return self.head
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
+
+    def ops_for(self, device: torch.device | str) -> OpSet:
+        return get_ops(self.kernels, device)
+
+    @property
+    def ops(self) -> OpSet:
+        return self.ops_for(self.device)
+
+    def set_kernels(self, kernels: str) -> None:
+        """Switch op set in place (same weights)."""
+        get_ops(kernels)
+        self.kernels = kernels
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, seed: int | None = None) -> None:
+        """A random model: matrices N(0, std), norms 1, position biases / sinks / hc bases 0, hc scales 1,
+        each hash table a random choice of distinct experts per token."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("_scale") or name.endswith("hc_scale"):
+                p.fill_(1.0)
+            elif p.dim() >= 2 and not name.endswith(".ape"):
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+            else:
+                p.zero_()
+        cfg = self.config
+        for name, b in self.named_buffers():
+            if name.endswith("tid2eid"):
+                rows = [
+                    torch.randperm(cfg.n_routed_experts, generator=gen)[: b.shape[1]]
+                    for _ in range(b.shape[0])
+                ]
+                b.copy_(torch.stack(rows))
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        seq_ids: torch.Tensor | None = None,
+        kv_cache=None,
+        max_position: int | None = None,
+        num_sequences: int | None = None,
+        states: Sequence[SequenceState] | None = None,
+        **extra,
+    ) -> torch.Tensor:
+        """Final hidden states [T, hidden] of a packed stream (tokens, positions, seq_ids [T]; or [B, S] rows,
+        each a sequence). Without ``states`` every sequence starts at position 0 in this call (the learner's
+        packed forward). With them (standalone cached inference: a prefill chunk or decode tokens), sequence
+        ``seq_ids == i`` continues ``states[i]`` from its position, and the states are updated in place. The
+        engine's paged ``kv_cache`` is not supported yet (ValueError)."""
+        if kv_cache is not None:
+            raise ValueError("DeepSeek-V4 has no paged engine cache yet (standalone `states` only)")
+        if any(v is not None for v in extra.values()):
+            raise ValueError(
+                f"DeepseekV4ForCausalLM takes no {sorted(k for k, v in extra.items() if v is not None)}"
+            )
+        shape = tokens.shape
+        tokens, positions = tokens.reshape(-1), positions.reshape(-1)
+        if seq_ids is None:
+            seq_ids = (
+                torch.arange(shape[0], device=tokens.device).view(-1, 1).expand(shape).reshape(-1)
+                if len(shape) == 2
+                else torch.cumsum((positions == 0).long(), 0) - 1
+            )
+        seq_ids = seq_ids.reshape(-1)
+        if states is not None:
+            states = list(states)
+            num_sequences = len(states)
+            counts = torch.bincount(seq_ids.cpu(), minlength=num_sequences).tolist()
+            expected = torch.cat(
+                [torch.arange(st.position, st.position + n) for st, n in zip(states, counts, strict=True)]
+            )
+            if not torch.equal(positions.cpu()[torch.argsort(seq_ids.cpu(), stable=True)], expected):
+                raise ValueError("with states, sequence i's tokens must continue states[i] at its position")
+        elif num_sequences is None:
+            _, seq_ids = torch.unique(seq_ids, return_inverse=True)
+            num_sequences = int(seq_ids.max()) + 1 if seq_ids.numel() else 0
+        top = max_position if max_position is not None else (int(positions.max()) if positions.numel() else 0)
+        fwd = _Forward(self, positions, seq_ids, num_sequences, top, self.selection_trace, states)
+        x = self.model.embed_tokens(tokens)
+        streams = x.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
+        recompute = self.config.activation_checkpointing and torch.is_grad_enabled()
+        for layer in self.model.layers:
+            streams = (
+                checkpoint(layer, streams, tokens, fwd, use_reentrant=False)
+                if recompute
+                else layer(streams, tokens, fwd)
+            )
+        hidden = self.model.norm(self.model.hc_head(streams, fwd.ops), fwd.ops)
+        for s, (st, n) in enumerate(zip(states or [], counts if states is not None else [], strict=True)):
+            st.position += n
+            st.start = fwd.layout.keep_from[s]
+        return hidden if len(shape) == 1 else hidden.view(*shape, -1)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head in the op set's GEMM, as fp32 [..., vocab]."""
+        return self.ops_for(hidden.device).linear(hidden, self.head.weight).float()
+
+    # ---- the forward contract's other questions (a text model: no images) ----------------------------------
+    def scored_sequence(self, tokens: list[int], images, loss_mask) -> object:
+        if images:
+            raise ValueError("trajectories carry images but DeepSeek-V4 is a text model")
+        return tokens
+
+    def packed_inputs(self, sequences: Sequence, ids: list[torch.Tensor]) -> dict:
+        return {}
+
+    def token_names(self) -> dict[int, str]:
+        return {}
+
+    def hf_config(self) -> dict:
+        """This model's config.json (`save_hf_checkpoint` writes it, DeepseekV4Config reads it)."""
+        return {**self.config.to_hf(), "dtype": str(self.head.weight.dtype).removeprefix("torch.")}
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+
+
+# ---- checkpoints -------------------------------------------------------------------------------------------
+_RELEASED_TOP = {
+    "embed.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "hc_head_fn": "model.hc_head.hc_fn",
+    "hc_head_base": "model.hc_head.hc_base",
+    "hc_head_scale": "model.hc_head.hc_scale",
+}
+
+
+def checkpoint_name(name: str) -> str:
+    """A tensor's name in rz (= what transformers writes) from either that name or DeepSeek's release's."""
+    if name in _RELEASED_TOP:
+        return _RELEASED_TOP[name]
+    if name.startswith("layers."):
+        return "model." + name
+    return name
+
+
+def _refuse_quantized(name: str, tensor: torch.Tensor, where: os.PathLike | str) -> None:
+    quantized = tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) or name.endswith(
+        ("_scale_inv", ".scale")
+    )
+    if quantized or (tensor.dtype == torch.int8 and ".experts." in name):
+        raise ValueError(
+            f"{where}: {name} is FP8/FP4-quantized ({tensor.dtype}); rz loads bf16/fp32 DeepSeek-V4 weights "
+            "only: dequantize the checkpoint first"
+        )
+
+
+def load_deepseek_v4(
+    ckpt_dir: str | os.PathLike,
+    kernels: str = "aligned",
+    dtype: str | None = None,
+    device: torch.device | str = "cpu",
+) -> DeepseekV4ForCausalLM:
+    """A DeepSeek-V4 model from a checkpoint directory (config.json + safetensors), every tensor by name; a
+    missing or unexpected tensor is an error naming it; multi-token-prediction tensors (`mtp.*`) are skipped
+    as transformers skips them; FP8/FP4 weights are refused (one line)."""
+    from rz_agents.model.hf_files import load_state
+
+    config = DeepseekV4Config.from_checkpoint(ckpt_dir, dtype=dtype)
+    with torch.device("meta"):
+        model = DeepseekV4ForCausalLM(config, kernels, init=False)
+    model.to_empty(device=device)
+    if config.tie_word_embeddings:
+        model.head.weight = model.model.embed_tokens.weight
+    state = {}
+    for name, tensor in load_state(ckpt_dir).items():
+        if name.startswith(("mtp.", "model.mtp.")):
+            continue
+        _refuse_quantized(name, tensor, ckpt_dir)
+        state[checkpoint_name(name)] = tensor
+    expected = model.state_dict()
+    if config.tie_word_embeddings:
+        state.pop("head.weight", None)
+        expected.pop("head.weight", None)
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"{ckpt_dir}: tensors do not match a deepseek_v4 model: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
+    with torch.no_grad():
+        for name, t in state.items():
+            if expected[name].shape != t.shape:
+                raise ValueError(
+                    f"{ckpt_dir}: {name} has shape {tuple(t.shape)}, expected {tuple(expected[name].shape)}"
+                )
+            expected[name].copy_(t.to(expected[name].dtype))
+    return model
+
+
+def is_deepseek_v4(ckpt_dir: str | os.PathLike) -> bool:
+    """Whether `ckpt_dir`'s config.json is a DeepSeek-V4 one."""
+    import json
+
+    path = Path(ckpt_dir) / "config.json"
+    return path.is_file() and json.loads(path.read_text()).get("model_type") == "deepseek_v4"
