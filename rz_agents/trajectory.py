@@ -21,8 +21,9 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # the first 8 bytes of every PNG file
 
 # Why a trajectory may not have both (its producer drops the episode with this line; the learner refuses it
 # too): a segment is scored as its own sequence from position 0, and which of the episode's images belong to
-# which segment is not recorded (an image kept across a rewrite is rendered again in the new segment). No
-# producer makes such a trajectory today: rz serve sessions carry text only.
+# which segment is not recorded in the trajectory (an image kept across a rewrite is rendered again in the new
+# segment). Where it arises: an rz serve session of a vision-language policy whose agent rewrote its history;
+# the agent's episode is then dropped and counted with this reason (agents/openai_api, agents/miniswe).
 SEGMENTS_WITH_IMAGES = (
     "a trajectory with both images and history segments (an agent that rewrote a history holding images) is "
     "not supported yet: each segment would need its own images; keep the history append-only"
