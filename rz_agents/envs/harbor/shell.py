@@ -160,6 +160,8 @@ class ShellSandbox:
                 os.close(seccomp_r)
         output, cut, timed_out = _collect(proc, start + wall, self.limits.output_bytes)
         code = None if timed_out else proc.returncode
+        if self._root_host and self.uid is not None:
+            _reap(self.uid)
         return ShellResult(code, output, timed_out, time.monotonic() - start, cut)
 
 
@@ -203,6 +205,44 @@ def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[str, in
         text += f"\n... [{cut} bytes of output cut] ...\n"
     text += tail.decode(errors="replace")
     return text, max(cut, 0), timed_out
+
+
+def _pids_of(uid: int) -> list[int]:
+    """The host pids whose real uid is ``uid`` (the sandbox's own uid: nothing else runs as it)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            pids.append(int(entry))
+                        break
+        except (OSError, ValueError):
+            continue  # exited while we looked
+    return pids
+
+
+def _reap(uid: int, timeout_s: float = 5.0) -> None:
+    """Return only when no process of the sandbox's uid is left.
+
+    The kernel tears a pid namespace down after its init exits, but not synchronously: under load a
+    fork bomb's children can still be listed for a moment after ``proc.wait()``. Killing what remains
+    and waiting for it makes "nothing outlives its command" hold when ``run`` returns, not shortly after.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pids = _pids_of(uid)
+        if not pids or time.monotonic() > deadline:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.02)
 
 
 def give_to(path: Path, uid: int | None) -> None:
