@@ -69,7 +69,8 @@ def tool_names(tools: list[ToolSpec]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _validate(name: Any, arguments: Any, schemas: dict[str, dict[str, Any]]) -> str | None:
+def validate_call(name: Any, arguments: Any, schemas: dict[str, dict[str, Any]]) -> str | None:
+    """What is wrong with a call of `name` with `arguments` against the tools' schemas (None: nothing)."""
     if not isinstance(name, str) or not name:
         return 'the call needs a "name" string'
     if name not in schemas:
@@ -110,7 +111,7 @@ def _parse_call(body: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | Too
             arguments = json.loads(arguments)
         except (json.JSONDecodeError, RecursionError):
             return ToolCallError('"arguments" must be a JSON object, got a string that is not JSON', body)
-    problem = _validate(obj.get("name"), arguments, schemas)
+    problem = validate_call(obj.get("name"), arguments, schemas)
     if problem:
         return ToolCallError(problem, body)
     return ToolCall(obj["name"], arguments)
@@ -122,8 +123,14 @@ def parse_tool_calls(
     """All tool calls in ``text`` (text inside ``<think>...</think>`` is ignored).
 
     ``tools`` are the env's tool specs. With ``code_blocks`` a fenced python block is a call of
-    ``code_tool`` with ``{"code": ...}``.
+    ``code_tool`` with ``{"code": ...}``. A turn in DeepSeek's format (``<｜tool▁calls▁begin｜>``) is parsed
+    by `rz_agents.envs.deepseek_tool_calls` instead.
     """
+    # Imported here: the DeepSeek parser builds on this module's types.
+    from rz_agents.envs.deepseek_tool_calls import is_deepseek_turn, parse_deepseek_tool_calls
+
+    if is_deepseek_turn(text):
+        return parse_deepseek_tool_calls(text, tools)
     schemas = tool_names(tools)
     visible = _THINK.sub("", text)
     found: list[tuple[int, ToolCall | ToolCallError]] = []

@@ -65,8 +65,10 @@ SMOLLM2_DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, tr
 # Qwen2.5-Instruct (and -Math-Instruct, -Coder-Instruct): ChatML without think blocks, this default system
 # prompt when the conversation has none (with or without tools); its tool format is Qwen3's.
 QWEN25_DEFAULT_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-# DeepSeek's own chat format (DeepSeek-R1-Distill-Qwen, DeepSeek-V3): not ChatML; no template here renders it.
+# DeepSeek's own chat format: not ChatML. V3.1's (its assistant header closes an empty think block) is
+# rendered by rz_agents.model.deepseek_chat; R1-Distill-Qwen's and the original V3's are refused.
 DEEPSEEK_ASSISTANT_MARKER = "<\uff5cAssistant\uff5c>"
+DEEPSEEK_V31_MARKER = "<\uff5cAssistant\uff5c></think>"
 THINKING_STYLES = ("switch", "never", "always")
 OPEN_THINK = "<think>\n"
 
@@ -405,20 +407,33 @@ def thinking_style(jinja: str) -> str:
     return "switch"
 
 
-def template_for(tokenizer: Any) -> ChatTemplate:
-    """The ChatTemplate that renders like the tokenizer's own jinja ``chat_template``: SmolLM2's or
-    Qwen2.5's (their default system prompts) when the jinja names them; else Qwen3's, in the jinja's thinking
-    style. DeepSeek's own format (R1-Distill-Qwen's tokenizer) is refused: no template here renders it."""
+def template_for(tokenizer: Any) -> ChatTemplate | Any:
+    """The chat template that renders like the tokenizer's own jinja ``chat_template``: SmolLM2's or
+    Qwen2.5's (their default system prompts) when the jinja names them; DeepSeek-V3.1's (its ``thinking``
+    switch and tool-call tokens; `rz_agents.model.deepseek_chat`); else Qwen3's, in the jinja's thinking
+    style. Other DeepSeek formats (R1-Distill's, V3.2/V4's jinja-less DSML encoder) are refused in one
+    line."""
     jinja = tokenizer.chat_template or ""
     if SMOLLM2_DEFAULT_SYSTEM_PROMPT in jinja:
         return SMOLLM2_CHAT_TEMPLATE
     if QWEN25_DEFAULT_SYSTEM_PROMPT in jinja:
         return QWEN25_CHAT_TEMPLATE
     if DEEPSEEK_ASSISTANT_MARKER in jinja:
+        if DEEPSEEK_V31_MARKER in jinja:
+            # Imported here: deepseek_chat builds on this module's message checks.
+            from rz_agents.model.deepseek_chat import DEEPSEEK_V31_CHAT_TEMPLATE
+
+            return DEEPSEEK_V31_CHAT_TEMPLATE
         raise ValueError(
-            "the tokenizer's chat template is DeepSeek's (<\uff5cUser\uff5c>/<\uff5cAssistant\uff5c>, e.g. "
-            "DeepSeek-R1-Distill-Qwen): not supported by rz's chat templates (ChatML only); use raw prompts "
-            "or a ChatML tokenizer"
+            "the tokenizer's chat template is DeepSeek's but not V3.1's (<\uff5cAssistant\uff5c></think>, "
+            "e.g. DeepSeek-R1-Distill-Qwen's): not supported; use raw prompts or a ChatML tokenizer"
+        )
+    token_to_id = getattr(tokenizer, "token_to_id", None)
+    if not jinja and token_to_id is not None and token_to_id(DEEPSEEK_ASSISTANT_MARKER) is not None:
+        raise ValueError(
+            "the tokenizer is DeepSeek's with no jinja chat template (DeepSeek-V3.2/V4 ship a Python DSML "
+            "encoder): not supported; add DeepSeek-V3.1's chat_template to tokenizer_config.json or use "
+            "raw prompts"
         )
     return {
         "switch": QWEN3_CHAT_TEMPLATE,
