@@ -182,3 +182,59 @@ def test_template_for_selects_deepseek_v31_and_refuses_other_deepseek_formats():
     with pytest.raises(ValueError, match="no jinja chat template"):
         template_for(dsml)
     assert template_for(_Vocab(["<|im_start|>"], None)) is QWEN3_CHAT_TEMPLATE
+
+
+@pytest.fixture(scope="module")
+def deepseek_tokenizer():
+    """Qwen3's BPE with DeepSeek-V3.1's control tokens added as special tokens (atomic, as in V3.1's)."""
+    import tokenizers
+
+    from rz_agents.model.deepseek_chat import (
+        THINK_CLOSE,
+        THINK_OPEN,
+        TOOL_OUTPUT_BEGIN,
+        TOOL_OUTPUT_END,
+    )
+    from rz_agents.model.tokenizer import Tokenizer, qwen3_tokenizer
+
+    backend = tokenizers.Tokenizer.from_str(qwen3_tokenizer().backend.to_str())
+    specials = [BOS, EOS, USER, ASSISTANT, TOOL_CALLS_BEGIN, TOOL_CALLS_END, TOOL_CALL_BEGIN, TOOL_CALL_END,
+                TOOL_SEP, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END, THINK_OPEN, THINK_CLOSE]
+    backend.add_special_tokens(specials)
+    v31 = "{{ bos_token }}{%- if ns.is_last_user %}{{'<｜Assistant｜></think>'}}{%- endif %}"
+    return Tokenizer(backend, eos_token=EOS, bos_token=BOS, chat_template=v31)
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_prompt_sampled_and_continuation_tokens_equal_the_full_conversation(deepseek_tokenizer, thinking):
+    tok, rng = deepseek_tokenizer, random.Random(11)
+    for _ in range(20):
+        messages = _random_conversation(rng, thinking)
+        first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        ids = DS.encode_prompt(tok, messages[:first], TOOLS, enable_thinking=thinking)
+        prefix = DS.render(messages[:first], TOOLS, enable_thinking=thinking)
+        i = first
+        while i < len(messages):
+            full = DS.render(messages[: i + 1], TOOLS, add_generation_prompt=False, enable_thinking=thinking)
+            sampled = tok.encode(full[len(prefix):])  # the model's tokens, ending with EOS
+            assert sampled[-1] == DS.stop_token_ids(tok)[0]
+            j = i + 1
+            while j < len(messages) and messages[j]["role"] != "assistant":
+                j += 1
+            ids += sampled + DS.encode_continuation(tok, messages[i + 1 : j], enable_thinking=thinking)
+            prefix = DS.render(messages[:j], TOOLS, enable_thinking=thinking)
+            i = j
+        assert ids == tok.encode(prefix)
+    # a turn cut off before its EOS: the EOS id goes in front of the continuation
+    cut = DS.encode_continuation(tok, [{"role": "user", "content": "go on"}], assistant_closed=False)
+    assert cut[0] == tok.token_to_id(EOS) and cut[1] == tok.token_to_id(USER)
+
+
+def test_a_checkpoint_tokenizer_with_the_v31_template_gets_deepseek_format(deepseek_tokenizer, tmp_path):
+    from rz_agents.model.deepseek_v4_config import DeepseekV4Config
+    from rz_agents.runtime.factories import build_tokenizer
+
+    directory = deepseek_tokenizer.save(tmp_path / "ckpt")
+    (directory / "config.json").write_text(json.dumps(DeepseekV4Config.tiny().to_hf()))
+    tok, template = build_tokenizer("checkpoint", str(directory))
+    assert template is DS and tok.encode(BOS + USER) == deepseek_tokenizer.encode(BOS + USER)
