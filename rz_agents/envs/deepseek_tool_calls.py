@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 
-from rz_agents.envs.base import ToolSpec
-from rz_agents.envs.tool_calls import ParsedTurn, ToolCall, ToolCallError, tool_names, validate_call
-from rz_agents.model.deepseek_chat import (
+from rz_agents.deepseek_tokens import (
     THINK_CLOSE,
     TOOL_CALL_BEGIN,
     TOOL_CALL_END,
@@ -20,6 +18,8 @@ from rz_agents.model.deepseek_chat import (
     TOOL_CALLS_END,
     TOOL_SEP,
 )
+from rz_agents.envs.base import ToolSpec
+from rz_agents.envs.tool_call_types import ParsedTurn, ToolCall, ToolCallError, tool_names, validate_call
 
 _SHORT = {TOOL_CALL_BEGIN: "<tool_call_begin>", TOOL_CALL_END: "<tool_call_end>", TOOL_SEP: "<tool_sep>"}
 

@@ -43,13 +43,18 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
+
+from rz_agents.deepseek_tokens import ASSISTANT, THINK_CLOSE
+from rz_agents.model.chat_messages import Message, TextEncoder
+from rz_agents.model.chat_messages import check_messages as _check_messages
+from rz_agents.model.chat_messages import message_content as _content
+from rz_agents.model.deepseek_chat import DEEPSEEK_V31_CHAT_TEMPLATE, DeepSeekChatTemplate
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 END_OF_TEXT = "<|endoftext|>"
 EMPTY_THINK = "<think>\n\n</think>\n\n"
-ROLES = ("system", "user", "assistant", "tool")
 
 TOOLS_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -67,54 +72,14 @@ SMOLLM2_DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, tr
 QWEN25_DEFAULT_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 # DeepSeek's own chat format: not ChatML. V3.1's (its assistant header closes an empty think block) is
 # rendered by rz_agents.model.deepseek_chat; R1-Distill-Qwen's and the original V3's are refused.
-DEEPSEEK_ASSISTANT_MARKER = "<\uff5cAssistant\uff5c>"
-DEEPSEEK_V31_MARKER = "<\uff5cAssistant\uff5c></think>"
+DEEPSEEK_ASSISTANT_MARKER = ASSISTANT
+DEEPSEEK_V31_MARKER = ASSISTANT + THINK_CLOSE
 THINKING_STYLES = ("switch", "never", "always")
 OPEN_THINK = "<think>\n"
-
-Message = Mapping[str, Any]
-
-
-class TextEncoder(Protocol):
-    """What the chat template needs from a tokenizer (`rz_agents.model.tokenizer.Tokenizer` fits)."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def token_to_id(self, token: str) -> int | None: ...
-
 
 def _tojson(value: Any) -> str:
     # Same output as the `tojson` filter transformers installs for chat templates.
     return json.dumps(value, ensure_ascii=False)
-
-
-def _content(message: Message, index: int) -> str:
-    content = message.get("content")
-    if content is None:
-        return ""
-    if not isinstance(content, str):
-        raise TypeError(
-            f"message {index} ({message.get('role')}): content must be a str or None, got "
-            f"{type(content).__name__}"
-        )
-    return content
-
-
-def _check_messages(messages: Sequence[Message]) -> None:
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise TypeError(f"messages must be a list of dicts, got {type(messages).__name__}")
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            raise TypeError(
-                f"message {i} must be a dict with 'role' and 'content', got {type(message).__name__}"
-            )
-        role = message.get("role")
-        if role not in ROLES:
-            raise ValueError(f"message {i}: role must be one of {ROLES}, got {role!r}")
-        _content(message, i)
-        reasoning = message.get("reasoning_content")
-        if reasoning is not None and not isinstance(reasoning, str):
-            raise TypeError(f"message {i}: reasoning_content must be a str, got {type(reasoning).__name__}")
 
 
 def _render_tool_call(call: Any, index: int) -> str:
@@ -407,7 +372,7 @@ def thinking_style(jinja: str) -> str:
     return "switch"
 
 
-def template_for(tokenizer: Any) -> ChatTemplate | Any:
+def template_for(tokenizer: Any) -> ChatTemplate | DeepSeekChatTemplate:
     """The chat template that renders like the tokenizer's own jinja ``chat_template``: SmolLM2's or
     Qwen2.5's (their default system prompts) when the jinja names them; DeepSeek-V3.1's (its ``thinking``
     switch and tool-call tokens; `rz_agents.model.deepseek_chat`); else Qwen3's, in the jinja's thinking
@@ -420,9 +385,6 @@ def template_for(tokenizer: Any) -> ChatTemplate | Any:
         return QWEN25_CHAT_TEMPLATE
     if DEEPSEEK_ASSISTANT_MARKER in jinja:
         if DEEPSEEK_V31_MARKER in jinja:
-            # Imported here: deepseek_chat builds on this module's message checks.
-            from rz_agents.model.deepseek_chat import DEEPSEEK_V31_CHAT_TEMPLATE
-
             return DEEPSEEK_V31_CHAT_TEMPLATE
         raise ValueError(
             "the tokenizer's chat template is DeepSeek's but not V3.1's (<\uff5cAssistant\uff5c></think>, "

@@ -32,20 +32,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rz_agents.model.chat_template import Message, TextEncoder, _check_messages, _content
-
-BOS = "<\uff5cbegin\u2581of\u2581sentence\uff5c>"
-EOS = "<\uff5cend\u2581of\u2581sentence\uff5c>"
-USER = "<\uff5cUser\uff5c>"
-ASSISTANT = "<\uff5cAssistant\uff5c>"
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-TOOL_CALLS_BEGIN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
-TOOL_CALLS_END = "<\uff5ctool\u2581calls\u2581end\uff5c>"
-TOOL_CALL_BEGIN = "<\uff5ctool\u2581call\u2581begin\uff5c>"
-TOOL_CALL_END = "<\uff5ctool\u2581call\u2581end\uff5c>"
-TOOL_SEP = "<\uff5ctool\u2581sep\uff5c>"
-TOOL_OUTPUT_BEGIN = "<\uff5ctool\u2581output\u2581begin\uff5c>"
-TOOL_OUTPUT_END = "<\uff5ctool\u2581output\u2581end\uff5c>"
+from rz_agents.deepseek_tokens import (
+    ASSISTANT,
+    BOS,
+    EOS,
+    THINK_CLOSE,
+    THINK_OPEN,
+    TOOL_CALL_BEGIN,
+    TOOL_CALL_END,
+    TOOL_CALLS_BEGIN,
+    TOOL_CALLS_END,
+    TOOL_OUTPUT_BEGIN,
+    TOOL_OUTPUT_END,
+    TOOL_SEP,
+    USER,
+)
+from rz_agents.model.chat_messages import Message, TextEncoder
+from rz_agents.model.chat_messages import check_messages as _check_messages
+from rz_agents.model.chat_messages import message_content as _content
 
 # DeepSeek-V3.1 model card, "ToolCall": the tools block appended to the system prompt.
 TOOLS_HEADER = "## Tools\nYou have access to the following tools:\n"
