@@ -10,87 +10,20 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from rz_agents.envs.base import ToolSpec
+from rz_agents.envs.deepseek_tool_calls import is_deepseek_turn, parse_deepseek_tool_calls
+from rz_agents.envs.tool_call_types import ParsedTurn, ToolCall, ToolCallError, tool_names, validate_call
+
+__all__ = [
+    "CLOSE", "OPEN", "ParsedTurn", "ToolCall", "ToolCallError", "format_tool_call", "parse_tool_calls",
+    "tool_names", "validate_call",
+]
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 _FENCE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(```|$)", re.DOTALL)
-_JSON_TYPES = {
-    "string": str,
-    "integer": int,
-    "number": (int, float),
-    "boolean": bool,
-    "object": dict,
-    "array": list,
-}
-
-
-@dataclass
-class ToolCall:
-    """One well-formed call of a known tool."""
-
-    name: str
-    arguments: dict[str, Any]
-
-
-@dataclass
-class ToolCallError:
-    """A malformed call; ``message`` is what the policy gets back."""
-
-    message: str
-    raw: str = ""
-
-
-@dataclass
-class ParsedTurn:
-    """The calls of one turn, in order of appearance (errors listed separately)."""
-
-    calls: list[ToolCall] = field(default_factory=list)
-    errors: list[ToolCallError] = field(default_factory=list)
-    items: list[ToolCall | ToolCallError] = field(default_factory=list)  # both, in text order
-    # visible text after the last closed </tool_call> (stray closing tags, commentary), stripped
-    trailing_text: str = ""
-
-    @property
-    def has_calls(self) -> bool:
-        """True when the turn tried to call a tool at all (well-formed or not)."""
-        return bool(self.items)
-
-
-def tool_names(tools: list[ToolSpec]) -> dict[str, dict[str, Any]]:
-    """Map tool name -> its JSON-schema ``parameters`` from OpenAI/Qwen3 function specs."""
-    out = {}
-    for spec in tools:
-        fn = spec.get("function", spec)
-        out[fn["name"]] = fn.get("parameters") or {"type": "object", "properties": {}}
-    return out
-
-
-def _validate(name: Any, arguments: Any, schemas: dict[str, dict[str, Any]]) -> str | None:
-    if not isinstance(name, str) or not name:
-        return 'the call needs a "name" string'
-    if name not in schemas:
-        return f"unknown tool {name!r}; available: {', '.join(sorted(schemas)) or 'none'}"
-    if not isinstance(arguments, dict):
-        return f'"arguments" of {name} must be a JSON object'
-    schema = schemas[name]
-    props = schema.get("properties", {})
-    missing = [k for k in schema.get("required", []) if k not in arguments]
-    if missing:
-        return f"{name} is missing required argument(s): {', '.join(missing)}"
-    unknown = [k for k in arguments if props and k not in props]
-    if unknown:
-        return f"{name} got unexpected argument(s): {', '.join(unknown)}; expected: {', '.join(props)}"
-    for key, value in arguments.items():
-        expected = _JSON_TYPES.get(props.get(key, {}).get("type", ""))
-        if expected and (
-            not isinstance(value, expected) or (expected is not bool and isinstance(value, bool))
-        ):
-            return f"argument {key!r} of {name} must be of type {props[key]['type']}"
-    return None
 
 
 def _parse_call(body: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | ToolCallError:
@@ -110,7 +43,7 @@ def _parse_call(body: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | Too
             arguments = json.loads(arguments)
         except (json.JSONDecodeError, RecursionError):
             return ToolCallError('"arguments" must be a JSON object, got a string that is not JSON', body)
-    problem = _validate(obj.get("name"), arguments, schemas)
+    problem = validate_call(obj.get("name"), arguments, schemas)
     if problem:
         return ToolCallError(problem, body)
     return ToolCall(obj["name"], arguments)
@@ -122,8 +55,11 @@ def parse_tool_calls(
     """All tool calls in ``text`` (text inside ``<think>...</think>`` is ignored).
 
     ``tools`` are the env's tool specs. With ``code_blocks`` a fenced python block is a call of
-    ``code_tool`` with ``{"code": ...}``.
+    ``code_tool`` with ``{"code": ...}``. A turn in DeepSeek's format (``<｜tool▁calls▁begin｜>``) is parsed
+    by `rz_agents.envs.deepseek_tool_calls` instead.
     """
+    if is_deepseek_turn(text):
+        return parse_deepseek_tool_calls(text, tools)
     schemas = tool_names(tools)
     visible = _THINK.sub("", text)
     found: list[tuple[int, ToolCall | ToolCallError]] = []

@@ -43,13 +43,18 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
+
+from rz_agents.deepseek_tokens import ASSISTANT, THINK_CLOSE
+from rz_agents.model.chat_messages import Message, TextEncoder
+from rz_agents.model.chat_messages import check_messages as _check_messages
+from rz_agents.model.chat_messages import message_content as _content
+from rz_agents.model.deepseek_chat import DEEPSEEK_V31_CHAT_TEMPLATE, DeepSeekChatTemplate
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 END_OF_TEXT = "<|endoftext|>"
 EMPTY_THINK = "<think>\n\n</think>\n\n"
-ROLES = ("system", "user", "assistant", "tool")
 
 TOOLS_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -65,54 +70,16 @@ SMOLLM2_DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, tr
 # Qwen2.5-Instruct (and -Math-Instruct, -Coder-Instruct): ChatML without think blocks, this default system
 # prompt when the conversation has none (with or without tools); its tool format is Qwen3's.
 QWEN25_DEFAULT_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-# DeepSeek's own chat format (DeepSeek-R1-Distill-Qwen, DeepSeek-V3): not ChatML; no template here renders it.
-DEEPSEEK_ASSISTANT_MARKER = "<\uff5cAssistant\uff5c>"
+# DeepSeek's own chat format: not ChatML. V3.1's (its assistant header closes an empty think block) is
+# rendered by rz_agents.model.deepseek_chat; R1-Distill-Qwen's and the original V3's are refused.
+DEEPSEEK_ASSISTANT_MARKER = ASSISTANT
+DEEPSEEK_V31_MARKER = ASSISTANT + THINK_CLOSE
 THINKING_STYLES = ("switch", "never", "always")
 OPEN_THINK = "<think>\n"
-
-Message = Mapping[str, Any]
-
-
-class TextEncoder(Protocol):
-    """What the chat template needs from a tokenizer (`rz_agents.model.tokenizer.Tokenizer` fits)."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def token_to_id(self, token: str) -> int | None: ...
-
 
 def _tojson(value: Any) -> str:
     # Same output as the `tojson` filter transformers installs for chat templates.
     return json.dumps(value, ensure_ascii=False)
-
-
-def _content(message: Message, index: int) -> str:
-    content = message.get("content")
-    if content is None:
-        return ""
-    if not isinstance(content, str):
-        raise TypeError(
-            f"message {index} ({message.get('role')}): content must be a str or None, got "
-            f"{type(content).__name__}"
-        )
-    return content
-
-
-def _check_messages(messages: Sequence[Message]) -> None:
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise TypeError(f"messages must be a list of dicts, got {type(messages).__name__}")
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            raise TypeError(
-                f"message {i} must be a dict with 'role' and 'content', got {type(message).__name__}"
-            )
-        role = message.get("role")
-        if role not in ROLES:
-            raise ValueError(f"message {i}: role must be one of {ROLES}, got {role!r}")
-        _content(message, i)
-        reasoning = message.get("reasoning_content")
-        if reasoning is not None and not isinstance(reasoning, str):
-            raise TypeError(f"message {i}: reasoning_content must be a str, got {type(reasoning).__name__}")
 
 
 def _render_tool_call(call: Any, index: int) -> str:
@@ -405,20 +372,30 @@ def thinking_style(jinja: str) -> str:
     return "switch"
 
 
-def template_for(tokenizer: Any) -> ChatTemplate:
-    """The ChatTemplate that renders like the tokenizer's own jinja ``chat_template``: SmolLM2's or
-    Qwen2.5's (their default system prompts) when the jinja names them; else Qwen3's, in the jinja's thinking
-    style. DeepSeek's own format (R1-Distill-Qwen's tokenizer) is refused: no template here renders it."""
+def template_for(tokenizer: Any) -> ChatTemplate | DeepSeekChatTemplate:
+    """The chat template that renders like the tokenizer's own jinja ``chat_template``: SmolLM2's or
+    Qwen2.5's (their default system prompts) when the jinja names them; DeepSeek-V3.1's (its ``thinking``
+    switch and tool-call tokens; `rz_agents.model.deepseek_chat`); else Qwen3's, in the jinja's thinking
+    style. Other DeepSeek formats (R1-Distill's, V3.2/V4's jinja-less DSML encoder) are refused in one
+    line."""
     jinja = tokenizer.chat_template or ""
     if SMOLLM2_DEFAULT_SYSTEM_PROMPT in jinja:
         return SMOLLM2_CHAT_TEMPLATE
     if QWEN25_DEFAULT_SYSTEM_PROMPT in jinja:
         return QWEN25_CHAT_TEMPLATE
     if DEEPSEEK_ASSISTANT_MARKER in jinja:
+        if DEEPSEEK_V31_MARKER in jinja:
+            return DEEPSEEK_V31_CHAT_TEMPLATE
         raise ValueError(
-            "the tokenizer's chat template is DeepSeek's (<\uff5cUser\uff5c>/<\uff5cAssistant\uff5c>, e.g. "
-            "DeepSeek-R1-Distill-Qwen): not supported by rz's chat templates (ChatML only); use raw prompts "
-            "or a ChatML tokenizer"
+            "the tokenizer's chat template is DeepSeek's but not V3.1's (<\uff5cAssistant\uff5c></think>, "
+            "e.g. DeepSeek-R1-Distill-Qwen's): not supported; use raw prompts or a ChatML tokenizer"
+        )
+    token_to_id = getattr(tokenizer, "token_to_id", None)
+    if not jinja and token_to_id is not None and token_to_id(DEEPSEEK_ASSISTANT_MARKER) is not None:
+        raise ValueError(
+            "the tokenizer is DeepSeek's with no jinja chat template (DeepSeek-V3.2/V4 ship a Python DSML "
+            "encoder): not supported; add DeepSeek-V3.1's chat_template to tokenizer_config.json or use "
+            "raw prompts"
         )
     return {
         "switch": QWEN3_CHAT_TEMPLATE,

@@ -150,17 +150,21 @@ def test_deepseek_config_fields_survive_to_hf_and_back():
         ModelConfig.from_hf({**cfg.to_hf(), "scoring_func": "softmax"})
 
 
-def test_deepseek_chat_format_is_refused_with_a_clear_error():
+def test_deepseek_chat_formats_other_than_v31_are_refused_with_a_clear_error():
     from types import SimpleNamespace
 
     from rz_agents.model.chat_template import QWEN25_CHAT_TEMPLATE, template_for
+    from rz_agents.model.deepseek_chat import DEEPSEEK_V31_CHAT_TEMPLATE
 
     r1_distill = (
         "{{bos_token}}{% for m in messages %}<\uff5cUser\uff5c>{{m.content}}{% endfor %}"
         "<\uff5cAssistant\uff5c><think>\n"
     )
-    with pytest.raises(ValueError, match="DeepSeek"):
+    with pytest.raises(ValueError, match="DeepSeek's but not V3.1's") as err:
         template_for(SimpleNamespace(chat_template=r1_distill))
+    assert "\n" not in str(err.value)
+    v31 = "{{ bos_token }}{{'<\uff5cAssistant\uff5c></think>'}}"  # V3.1 (and V3.1-Terminus): rendered
+    assert template_for(SimpleNamespace(chat_template=v31)) is DEEPSEEK_V31_CHAT_TEMPLATE
     qwen25 = (
         "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}"
     )

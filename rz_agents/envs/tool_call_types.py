@@ -1,0 +1,84 @@
+"""What a tool-call parser returns (calls, errors shown to the policy, the parsed turn) and the schema check
+every format shares; the Qwen3/Hermes parser (`tool_calls`) and DeepSeek's (`deepseek_tool_calls`) use it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rz_agents.envs.base import ToolSpec
+
+_JSON_TYPES = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "object": dict,
+    "array": list,
+}
+
+
+@dataclass
+class ToolCall:
+    """One well-formed call of a known tool."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ToolCallError:
+    """A malformed call; ``message`` is what the policy gets back."""
+
+    message: str
+    raw: str = ""
+
+
+@dataclass
+class ParsedTurn:
+    """The calls of one turn, in order of appearance (errors listed separately)."""
+
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[ToolCallError] = field(default_factory=list)
+    items: list[ToolCall | ToolCallError] = field(default_factory=list)  # both, in text order
+    # visible text after the last closed </tool_call> (stray closing tags, commentary), stripped
+    trailing_text: str = ""
+
+    @property
+    def has_calls(self) -> bool:
+        """True when the turn tried to call a tool at all (well-formed or not)."""
+        return bool(self.items)
+
+
+def tool_names(tools: list[ToolSpec]) -> dict[str, dict[str, Any]]:
+    """Map tool name -> its JSON-schema ``parameters`` from OpenAI/Qwen3 function specs."""
+    out = {}
+    for spec in tools:
+        fn = spec.get("function", spec)
+        out[fn["name"]] = fn.get("parameters") or {"type": "object", "properties": {}}
+    return out
+
+
+def validate_call(name: Any, arguments: Any, schemas: dict[str, dict[str, Any]]) -> str | None:
+    """What is wrong with a call of `name` with `arguments` against the tools' schemas (None: nothing)."""
+    if not isinstance(name, str) or not name:
+        return 'the call needs a "name" string'
+    if name not in schemas:
+        return f"unknown tool {name!r}; available: {', '.join(sorted(schemas)) or 'none'}"
+    if not isinstance(arguments, dict):
+        return f'"arguments" of {name} must be a JSON object'
+    schema = schemas[name]
+    props = schema.get("properties", {})
+    missing = [k for k in schema.get("required", []) if k not in arguments]
+    if missing:
+        return f"{name} is missing required argument(s): {', '.join(missing)}"
+    unknown = [k for k in arguments if props and k not in props]
+    if unknown:
+        return f"{name} got unexpected argument(s): {', '.join(unknown)}; expected: {', '.join(props)}"
+    for key, value in arguments.items():
+        expected = _JSON_TYPES.get(props.get(key, {}).get("type", ""))
+        if expected and (
+            not isinstance(value, expected) or (expected is not bool and isinstance(value, bool))
+        ):
+            return f"argument {key!r} of {name} must be of type {props[key]['type']}"
+    return None
