@@ -25,3 +25,7 @@ def test_the_real_tree_has_no_package_cycle_no_file_cycle_and_no_upward_import()
     assert result["file_cycles"] == [], result["file_cycles"]
     assert result["upward_imports"] == [], result["upward_imports"]
 
+
+def test_no_function_in_the_real_tree_is_longer_than_80_lines():
+    longest = _report("--top", "5")["longest_functions"]
+    assert longest and all(row["lines"] <= 80 for row in longest), longest
