@@ -34,9 +34,3 @@ class SamplingSpec:
     def scoring(self) -> dict[str, Any]:
         """Keyword arguments of ``packed_token_logprobs`` that score tokens under this distribution."""
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
-
-    def engine_params(self, **request: Any):
-        """The engine's ``SamplingParams`` for one request (``request``: max_tokens, seed, stops)."""
-        from rz_agents.engine import SamplingParams
-
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, **request)

@@ -3,12 +3,13 @@ scores under."""
 
 import pytest
 
+from rz_agents.engine.params import SamplingParams
 from rz_agents.sampling import SamplingSpec
 
 
 def test_engine_requests_and_learner_scoring_name_the_same_distribution():
     spec = SamplingSpec(temperature=0.7, top_k=5, top_p=0.9)
-    params = spec.engine_params(max_tokens=12, seed=3)
+    params = SamplingParams.from_spec(spec, max_tokens=12, seed=3)
     assert (params.temperature, params.top_k, params.top_p) == (0.7, 5, 0.9)
     assert (params.max_tokens, params.seed) == (12, 3)
     assert spec.scoring() == {"temperature": 0.7, "top_k": 5, "top_p": 0.9}

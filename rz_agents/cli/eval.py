@@ -75,6 +75,27 @@ def add_parser(subparsers: Any) -> None:
         "evaluation",
     )
     m = parser.add_argument_group("math benchmarks")
+    _add_benchmark_arguments(m)
+    _add_generation_arguments(m)
+    _add_env_eval_arguments(parser)
+
+    from rz_agents.cli.osworld import add_eval_arguments
+
+    add_eval_arguments(
+        parser.add_argument_group("osworld (rz eval osworld ...; the same options as rz osworld eval)")
+    )
+
+    if "--json" not in parser._option_string_actions:
+        parser.add_argument(
+            "--json", action="store_true", help="print the results as JSON instead of the table"
+        )
+    parser.add_argument("--out", help="also write the results JSON to this file")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def _add_benchmark_arguments(m: Any) -> None:
+    """What is evaluated: the checkpoint (and adapter), the benchmark, samples per problem, the tool."""
     m.add_argument(
         "--checkpoint",
         help="HF checkpoint directory (tokenizer.json there, else Qwen3's), or a packaged model's name "
@@ -99,6 +120,10 @@ def add_parser(subparsers: Any) -> None:
         help="offer the sandboxed Python tool (multi-turn episodes); default: no tool, "
         "direct \\boxed{} answer",
     )
+
+
+def _add_generation_arguments(m: Any) -> None:
+    """How the answers are generated (sampling, limits, engine) and what the results keep."""
     m.add_argument("--temperature", type=float, help="sampling temperature (default 0.6; 0 = greedy)")
     m.add_argument("--top-p", type=float, help="nucleus sampling (default 0.95)")
     m.add_argument("--top-k", type=int, help="top-k sampling (default 0 = off)")
@@ -136,6 +161,10 @@ def add_parser(subparsers: Any) -> None:
         "compact (the question alone; for policies trained on compact prompts, e.g. smollm2-gsm8k)",
     )
     m.add_argument("--rows", type=int, default=None, help="print at most N table rows")
+
+
+def _add_env_eval_arguments(parser: Any) -> None:
+    """The run's own env (CONFIG is a training config and no benchmark is named)."""
     e = parser.add_argument_group(
         "the run's own env (CONFIG is a training config, e.g. RUN/config.yaml, and no benchmark is named); "
         "--tasks FILE (JSONL/JSON/Parquet or a packaged name) replaces env.eval_tasks, and --k, "
@@ -149,20 +178,6 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help="with no task list, evaluate N tasks the env draws itself (seeded)",
     )
-
-    from rz_agents.cli.osworld import add_eval_arguments
-
-    add_eval_arguments(
-        parser.add_argument_group("osworld (rz eval osworld ...; the same options as rz osworld eval)")
-    )
-
-    if "--json" not in parser._option_string_actions:
-        parser.add_argument(
-            "--json", action="store_true", help="print the results as JSON instead of the table"
-        )
-    parser.add_argument("--out", help="also write the results JSON to this file")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

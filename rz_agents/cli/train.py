@@ -9,6 +9,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,6 +213,44 @@ def run(args: argparse.Namespace) -> int:
     if args.list_configs:
         print(describe_packaged_configs())
         return 0
+    prepared = _prepare(args)
+    if isinstance(prepared, int):  # a dry run's status, or a config error
+        return prepared
+    recorded, cfg, plan, run_dir, resuming = prepared
+    if resuming and _already_finished(run_dir, cfg):
+        return 0
+    previous = previous_summary(run_dir) if resuming else None
+    started = time.time()
+    _write_run_dir(args, run_dir, recorded)
+    console, plain, log = _run_console(args)
+    t0 = time.perf_counter()
+    _log_start(log, cfg, run_dir, resuming)
+    trained = _build_and_train(cfg, plan, run_dir, console, plain, log)
+    if isinstance(trained, int):
+        return trained
+    runner, summary, warm, warm_s = trained
+    wall = time.perf_counter() - t0
+    result = build_summary(cfg, runner.plan, runner.history, summary, warm, wall)
+    result["launch_warm_start_s"] = warm_s
+    result = account_launches(result, previous, summary.get("steps_this_run", 0), started)
+    (run_dir / "summary.json").write_text(json.dumps(result, indent=2))
+    stopped = summary.get("stopped")
+    if stopped:  # the run continues later: its report and final model are written when it ends
+        where = "before the first learner step of this launch" if not summary["steps_this_run"] else ""
+        _print_stop_line(stopped["signum"], where, stopped["checkpoint"], cfg, run_dir, summary["steps"])
+        return stop_exit_status(stopped["signum"])
+    report = None
+    if cfg.report:
+        from rz_agents.report import write_report
+
+        report = write_report(run_dir, result)
+    _print_summary(result, run_dir, report)
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> tuple[RunConfig, RunConfig, Any, Path, bool] | int:
+    """(recorded config, run config, its plan, run directory, resuming), or the exit status of a dry run
+    (nothing written) or of a config error (2, with the message printed)."""
     try:
         if args.dry_run:  # nothing is written: no run directory
             if args.resume:
@@ -226,29 +265,46 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"rz train: config error: {exc}", file=sys.stderr)
         return 2
-    done = finished_at(run_dir) if resuming else None
-    if done is not None and done >= cfg.steps:  # nothing to train: leave the run's files as they are
-        print(
-            f"rz train: {run_dir} finished at step {done}; pass steps=M (M > {done}) to extend it: "
-            f"rz train --resume {run_dir} steps=M",
-            file=sys.stderr,
-        )
-        return 0
-    previous = previous_summary(run_dir) if resuming else None
-    started = time.time()
+    return recorded, cfg, plan, run_dir, resuming
+
+
+def _already_finished(run_dir: Path, cfg: RunConfig) -> bool:
+    """True (and a line saying how to extend it) when the resumed run has trained ``cfg.steps`` already:
+    then its files stay as they are."""
+    done = finished_at(run_dir)
+    if done is None or done < cfg.steps:
+        return False
+    print(
+        f"rz train: {run_dir} finished at step {done}; pass steps=M (M > {done}) to extend it: "
+        f"rz train --resume {run_dir} steps=M",
+        file=sys.stderr,
+    )
+    return True
+
+
+def _write_run_dir(args: argparse.Namespace, run_dir: Path, recorded: RunConfig) -> None:
+    """The run directory with its log (rz.log: the run's messages, and the traceback if it stops on an
+    error) and its config.yaml."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    attach_run_log(args, run_dir)  # rz.log: the run's log messages, and the traceback if it stops on an error
+    attach_run_log(args, run_dir)
     # relative paths made absolute: the run's config.yaml then works from any directory
     recorded_data = anchor_paths(to_dict(recorded), Path.cwd())
     (run_dir / "config.yaml").write_text(yaml.safe_dump(recorded_data, sort_keys=False))
 
+
+def _run_console(args: argparse.Namespace) -> tuple[Any, bool, Callable[[str], None]]:
+    """(rich console on stderr, plain text?, log function)."""
     from rich.console import Console
 
     console = Console(stderr=True)
     # A progress bar only on a terminal: redirected (nohup, CI, a scheduler) the lines are plain text
     plain = args.no_progress or not console.is_terminal
     log = console.log if not plain else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    t0 = time.perf_counter()
+    return console, plain, log
+
+
+def _log_start(log: Callable[[str], None], cfg: RunConfig, run_dir: Path, resuming: bool) -> None:
+    """The run's first lines: its directory, a CPU-memory warning if any, what it resumes from."""
     log(f"run directory: {run_dir}")
     from rz_agents.runtime.memory_estimate import cpu_memory_warning
 
@@ -257,6 +313,14 @@ def run(args: argparse.Namespace) -> int:
         log(f"warning: {memory}")
     if resuming:
         log(f"resuming from {cfg.resume_from}")
+
+
+def _build_and_train(
+    cfg: RunConfig, plan: Any, run_dir: Path, console: Any, plain: bool, log: Callable[[str], None]
+) -> tuple[Any, dict[str, Any], Any, float | None] | int:
+    """Build the run, warm-start it, train it and export its final model: (runner, the training summary,
+    the warm start's result, its seconds), or an exit status (2: the run cannot be built or warm-started;
+    128 + signal: stopped before training)."""
     # SIGINT / SIGTERM: stop at the next learner-step boundary and save there; a second one aborts
     stop = StopRequest()
     with StopSignals(stop) as signals:
@@ -279,29 +343,13 @@ def run(args: argparse.Namespace) -> int:
                 _print_stop_line(exc.signum, exc.where, None, cfg, run_dir)
                 return stop_exit_status(exc.signum)
             summary = _train_with_progress(runner, cfg, console, plain, log, stop)
-            stopped = summary.get("stopped")
             # The steps are over and saved: from here a signal acts as without us (the export is atomic).
             signals.release()
-            if cfg.export_final_model and not stopped:
+            if cfg.export_final_model and not summary.get("stopped"):
                 runner.export_model(run_dir / "final_model")
         finally:
             runner.close()
-    wall = time.perf_counter() - t0
-    result = build_summary(cfg, runner.plan, runner.history, summary, warm, wall)
-    result["launch_warm_start_s"] = warm_s
-    result = account_launches(result, previous, summary.get("steps_this_run", 0), started)
-    (run_dir / "summary.json").write_text(json.dumps(result, indent=2))
-    if stopped:  # the run continues later: its report and final model are written when it ends
-        where = "before the first learner step of this launch" if not summary["steps_this_run"] else ""
-        _print_stop_line(stopped["signum"], where, stopped["checkpoint"], cfg, run_dir, summary["steps"])
-        return stop_exit_status(stopped["signum"])
-    report = None
-    if cfg.report:
-        from rz_agents.report import write_report
-
-        report = write_report(run_dir, result)
-    _print_summary(result, run_dir, report)
-    return 0
+    return runner, summary, warm, warm_s
 
 
 def _print_stop_line(

@@ -30,6 +30,7 @@ from rz_agents.engine.scheduler import ScheduledBatch, Scheduler
 from rz_agents.engine.sequence import Sequence
 from rz_agents.engine.stops import check_stop
 from rz_agents.model.held_weights import HeldWeights
+from rz_agents.model.weight_update import WeightUpdate
 
 log = logging.getLogger(__name__)
 
@@ -169,23 +170,28 @@ class RZEngine:
             raise
 
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Copy ``state`` (parameter name -> tensor, any subset) into the model between steps.
+        """``apply_update`` of a flat state dict (parameter name -> tensor, any subset; a partial one carries
+        its claim under ``model.held_weights.HELD_KEY``: ``WeightUpdate.from_state``) as ``version``."""
+        self.apply_update(WeightUpdate.from_state(state, version))
 
-        A partial publication (LoRA's adapters, or all but a frozen vision tower) carries the SHA-256 of the
-        tensors it leaves out (``model.held_weights.HELD_KEY``): it is refused unless this engine holds those
-        tensors with the same bits. Invalid state raises ValueError and changes nothing. Running sequences
-        continue; tokens sampled after the swap carry ``version``; their cached K/V are kept or recomputed
+    def apply_update(self, update: WeightUpdate) -> None:
+        """Copy ``update``'s tensors into the model between steps; tokens sampled after it carry its version.
+
+        A partial update (LoRA's adapters, or all but a frozen vision tower) is refused unless this engine
+        holds the tensors it leaves out with the bits its ``held_sha256`` claims. Invalid updates raise
+        ValueError and change nothing. Running sequences continue; their cached K/V are kept or recomputed
         according to ``config.kv_on_update``. Kept prefix-cache entries are dropped (they belong to old
         weights).
         """
-        state = self.held.check(state)
+        state = dict(update.tensors)
+        self.held.verify(state, update.held_sha256)
         self.runner.validate_state(state)
         with self._lock:
             self.runner.load_state(state)  # in place: the parameters keep their storage
             self.runner.image_cache.clear()  # encoded by the old vision tower: encode again when needed
             if self.graphs is not None:
                 self.graphs.check_weights()  # recaptures if a parameter's storage moved anyway
-            self._version = int(version)
+            self._version = int(update.version)
             self.scheduler.on_weights_updated(recompute=self.config.kv_on_update == "recompute")
             self.counters["weight_updates"] += 1
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+
+from rz_agents.sampling import SamplingSpec
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -34,6 +36,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+
+    @classmethod
+    def from_spec(cls, spec: SamplingSpec, **request: Any) -> SamplingParams:
+        """The params for one request (``request``: max_tokens, seed, stops) sampling from ``spec``'s
+        distribution (``rollout.temperature / top_k / top_p``): what the learner then scores under."""
+        return cls(temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, **request)
 
     def __post_init__(self) -> None:
         # Frozen dataclass: normalise sequences to tuples so params stay hashable and comparable.

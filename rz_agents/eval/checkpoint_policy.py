@@ -35,7 +35,7 @@ def load_checkpoint_policy(
 
     ``tokenizer`` is a training config's ``tokenizer:`` ("byte", "qwen3", "checkpoint"); None takes the
     directory's tokenizer.json, else Qwen3's. A vision-language (Qwen3-VL) checkpoint gets the template
-    training gives its policy (``runtime.factories.policy_template``): image parts render as Qwen3-VL's
+    training gives its policy (``rollout.policy_template``): image parts render as Qwen3-VL's
     image runs, sized by the checkpoint's preprocessor_config.json.
 
     Raises FileNotFoundError for a missing directory and ValueError when the tokenizer's ids do not fit
@@ -43,7 +43,7 @@ def load_checkpoint_policy(
     """
     from rz_agents.model.packaged import PACKAGED_MODELS, resolve_checkpoint
     from rz_agents.model.policy import PolicySpec, build_policy
-    from rz_agents.runtime.factories import policy_template
+    from rz_agents.rollout.policy_template import policy_template
 
     path = resolve_checkpoint(checkpoint) if str(checkpoint) in PACKAGED_MODELS else Path(checkpoint)
     if not path.is_dir():

@@ -17,7 +17,7 @@ domain's "Runned" success, with its Office / Daily / Professional groups).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,62 +62,81 @@ def run_osworld_eval(
 
     cache = download_cache or default_cache_dir()
     fn = load_policy(policy, tasks_path)
+    env_options = dict(
+        max_turns=max_steps,
+        action_space=action_space,
+        provider=provider,
+        provider_options=provider_options,
+        download_cache=cache,
+        pause=pause,
+        max_tree_tokens=max_tree_tokens,
+        observation=observation,
+        image_size=image_size,
+    )
     results: list[dict[str, Any]] = []
     env: OSWorldEnv | None = None
     listed = {(d, i) for d, ids in subset.items() for i in ids} if subset is not None else None
     seen: set[tuple[str, str]] = set()
+
+    def emit(row: dict[str, Any]) -> None:
+        results.append(row)
+        if on_result is not None:
+            on_result(row)
+
     try:
-        for path, task in load_tasks(tasks_path):
-            if listed is not None:
-                key = (path.parent.name, path.stem)  # "<id>-win.json" variants are not the listed task
-                if key not in listed or key in seen:
-                    continue
-                seen.add(key)
-            if isinstance(task, TaskFormatError):
-                row = {
-                    "id": path.stem,
-                    "domain": path.parent.name,
-                    "status": "error",
-                    "score": 0.0,
-                    "error": str(task),
-                }
-            else:
-                reasons = check_task(task, cache).reasons
-                if reasons and not include_unrunnable:
-                    row = {
-                        "id": task.id,
-                        "domain": task.domain,
-                        "status": "skipped",
-                        "score": None,
-                        "reasons": [f"{c}: {d}" for c, d in reasons],
-                    }
-                else:
-                    if env is None:
-                        env = OSWorldEnv(
-                            max_turns=max_steps,
-                            action_space=action_space,
-                            provider=provider,
-                            provider_options=provider_options,
-                            download_cache=cache,
-                            pause=pause,
-                            max_tree_tokens=max_tree_tokens,
-                            observation=observation,
-                            image_size=image_size,
-                        )
-                    row = _run_one(env, task, fn)
-            results.append(row)
-            if on_result is not None:
-                on_result(row)
+        for path, task in _selected_tasks(tasks_path, listed, seen):
+            row = _row_without_running(path, task, cache, include_unrunnable)
+            if row is None:
+                if env is None:  # the desktop starts with the first task that runs
+                    env = OSWorldEnv(**env_options)
+                row = _run_one(env, task, fn)
+            emit(row)
         for domain, task_id in sorted((listed or set()) - seen):
-            row = {"id": task_id, "domain": domain, "status": "missing", "score": None,
-                   "reasons": ["task file not found under the task folder"]}  # fmt: skip
-            results.append(row)
-            if on_result is not None:
-                on_result(row)
+            emit({"id": task_id, "domain": domain, "status": "missing", "score": None,
+                  "reasons": ["task file not found under the task folder"]})  # fmt: skip
     finally:
         if env is not None:
             env.close()
     return summarize(results, benchmark=subset is not None)
+
+
+def _selected_tasks(
+    tasks_path: str | Path, listed: set[tuple[str, str]] | None, seen: set[tuple[str, str]]
+) -> Iterator[tuple[Path, Task | TaskFormatError]]:
+    """(path, task) of every task file, or with ``listed`` (domain, id) of those listed only, once each
+    (``seen`` collects them)."""
+    for path, task in load_tasks(tasks_path):
+        if listed is not None:
+            key = (path.parent.name, path.stem)  # "<id>-win.json" variants are not the listed task
+            if key not in listed or key in seen:
+                continue
+            seen.add(key)
+        yield path, task
+
+
+def _row_without_running(
+    path: Path, task: Task | TaskFormatError, cache: str, include_unrunnable: bool
+) -> dict[str, Any] | None:
+    """The result row of a task that does not run (a malformed file: ``error``; a task this machine cannot
+    run: ``skipped`` with the reasons); None for a task to run."""
+    if isinstance(task, TaskFormatError):
+        return {
+            "id": path.stem,
+            "domain": path.parent.name,
+            "status": "error",
+            "score": 0.0,
+            "error": str(task),
+        }
+    reasons = check_task(task, cache).reasons
+    if reasons and not include_unrunnable:
+        return {
+            "id": task.id,
+            "domain": task.domain,
+            "status": "skipped",
+            "score": None,
+            "reasons": [f"{c}: {d}" for c, d in reasons],
+        }
+    return None
 
 
 def _run_one(env: Any, task: Task, policy: Policy) -> dict[str, Any]:

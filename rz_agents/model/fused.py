@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.autograd.graph import increment_version
 
-from rz_agents.model.lora import adapted
+from rz_agents.model.lora_math import adapted
 
 
 class FusedLinears:

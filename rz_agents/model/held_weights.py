@@ -3,10 +3,11 @@
 A learner that trains only part of the model (LoRA: the adapters; ``learner.freeze_vision``: everything but
 the vision tower) publishes only that part after each step. The tensors it leaves out must already be in the
 engine, bit for bit as the learner holds them, or the engine samples from another policy while every lag-0
-token still looks aligned to nobody. So a partial publication carries, under ``HELD_KEY``, the SHA-256 of the
-state-dict entries it leaves out (names, dtypes, shapes, bytes, in state-dict order: ``digest``), and the
-engine refuses it unless the same entries of its own state hash alike (``held_digest``, cached until one of
-those tensors is written in place again: their version counters say when).
+token still looks aligned to nobody. So a partial publication (``weight_update.WeightUpdate``) carries, as
+``held_sha256`` (under ``HELD_KEY`` in its flat form only), the SHA-256 of the state-dict entries it leaves
+out (names, dtypes, shapes, bytes, in state-dict order: ``digest``), and the engine refuses it unless the same
+entries of its own state hash alike (``held_digest``, cached until one of those tensors is written in place
+again: their version counters say when).
 """
 
 from __future__ import annotations
@@ -63,20 +64,25 @@ class HeldWeights:
         self._cache = (names, versions, value)
         return value
 
-    def check(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """``state`` without its ``HELD_KEY`` entry; raises ValueError if that claim is not what this model
-        holds for the entries ``state`` leaves out (then nothing may be loaded: send the whole weights
-        first)."""
-        if HELD_KEY not in state:
-            return dict(state)
-        rest = {k: v for k, v in state.items() if k != HELD_KEY}
-        claimed = claim_hex(state[HELD_KEY])
-        held = self.held_digest(rest)
+    def verify(self, tensors: Mapping[str, torch.Tensor], claimed: str | None) -> None:
+        """Raise ValueError unless ``claimed`` (a partial update's ``held_sha256``; None: nothing claimed) is
+        what this model holds for the entries ``tensors`` leaves out (then nothing may be loaded: send the
+        whole weights first)."""
+        if claimed is None:
+            return
+        held = self.held_digest(tensors)
         if held != claimed:
             total = len(self.model.state_dict())
             raise ValueError(
-                f"load_weights: a partial update ({len(rest)} of {total} tensors) assumes this engine holds "
-                f"the other {total - len(rest)} as sha256 {claimed[:16]}..., it holds {held[:16]}...: "
-                "load the whole weights first (the frozen part changed, or the engine was built otherwise)"
+                f"load_weights: a partial update ({len(tensors)} of {total} tensors) assumes this engine "
+                f"holds the other {total - len(tensors)} as sha256 {claimed[:16]}..., it holds "
+                f"{held[:16]}...: load the whole weights first (the frozen part changed, or the engine was "
+                "built otherwise)"
             )
+
+    def check(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``state`` (the flat form: ``weight_update.WeightUpdate.to_state``) without its ``HELD_KEY`` entry,
+        after ``verify`` of that claim."""
+        rest = {k: v for k, v in state.items() if k != HELD_KEY}
+        self.verify(rest, claim_hex(state[HELD_KEY]) if HELD_KEY in state else None)
         return rest

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from rz_agents.model.fused import FusedLinears, project
-from rz_agents.model.lora import linear as adapted_linear
+from rz_agents.model.lora_math import linear as adapted_linear
 from rz_kernels import ALIGNED, OpSet
 
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from rz_agents.model.lora_math import adapted, linear  # noqa: F401 (the math: lora_math.py)
+
 # Layers an adapter may target (Llama / Qwen2 / Qwen3 dense attention and MLP projections).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -68,19 +70,6 @@ class LoraConfig:
         bad = [t for t in self.target_modules if t not in LORA_TARGETS]
         if bad:
             raise ValueError(f"learner.lora.target_modules: {bad} not among {list(LORA_TARGETS)}")
-
-
-def adapted(layer: nn.Module, x: torch.Tensor, y: torch.Tensor, ops) -> torch.Tensor:
-    """``y`` (the layer's own output of x) plus its adapter's ``scale * B (A x)``; ``y`` when not adapted."""
-    a = getattr(layer, "lora_A", None)
-    if a is None:
-        return y
-    return y + ops.linear(ops.linear(x, a.weight), layer.lora_B.weight) * layer.lora_scale
-
-
-def linear(layer: nn.Linear, x: torch.Tensor, ops) -> torch.Tensor:
-    """One linear layer through the op set, with its adapter if it has one."""
-    return adapted(layer, x, ops.linear(x, layer.weight, layer.bias), ops)
 
 
 def _refuse_unsupported(model: nn.Module, targets: set[str]) -> None:

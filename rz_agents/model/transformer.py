@@ -28,7 +28,7 @@ from rz_agents.model.deepseek_moe import DeepseekMoE
 from rz_agents.model.fused import FusedLinears, project
 from rz_agents.model.kv_cache import PAGE_SIZE, CacheView
 from rz_agents.model.layers import MLP, RMSNorm, _linear  # noqa: F401 (their public home was this file)
-from rz_agents.model.lora import linear as adapted_linear
+from rz_agents.model.lora_math import linear as adapted_linear
 from rz_agents.model.mla import LatentAttention
 from rz_agents.model.mrope import ImagePositions
 from rz_agents.model.rope_scaling import rope_table

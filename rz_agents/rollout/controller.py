@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from rz_agents.engine.params import SamplingParams
 from rz_agents.rollout.agent_loop import AgentLoop, EpisodeError, EpisodeLimits, EpisodeSpec, InfraFailure
 from rz_agents.rollout.episode_runner import EpisodeRunner
 from rz_agents.rollout.group_ledger import STATE_FORMAT, Counters, GroupLedger
@@ -189,7 +190,7 @@ class RolloutController:
         self.cfg = cfg
         self.lag = LagBound(lag, cfg.stale_groups)
         self.sampling = sampling
-        self._request = sampling.engine_params()  # the engine's template; run_episode sets the rest per turn
+        self._request = SamplingParams.from_spec(sampling)  # the template; run_episode sets the rest per turn
         self.queue = TrajectoryQueue()
         self.ledger = GroupLedger(self.queue)  # where every started group is, the counters, steps done
         self._idle_envs: list[Any] = []

@@ -11,6 +11,7 @@ from rz_agents.model.lora import LoraConfig
 from rz_agents.model.packaged import resolve_checkpoint
 from rz_agents.model.policy import PolicySpec, build_policy, tiny_vl_config  # noqa: F401 (tiny_vl_config: moved)
 from rz_agents.rollout.controller import RolloutController
+from rz_agents.rollout.policy_template import policy_template  # noqa: F401 (moved to rollout/)
 from rz_agents.rollout.task_source import TaskSource
 from rz_agents.runtime.config import EnvSpec, ModelSpec, TrainConfig
 from rz_agents.runtime.device import resolve_device
@@ -60,26 +61,6 @@ def spec_vl_config(spec: ModelSpec, vocab_size: int):
     if spec.model_type != "qwen3_vl":
         return None
     return tiny_vl_config({"vocab_size": vocab_size, "dtype": spec.dtype, **spec.tiny_overrides})
-
-
-def policy_template(template, vl_config):
-    """The run's chat template for its policy: with a vision-language model (``vl_config``, its
-    Qwen3VLConfig; None for a text model) the byte template renders image parts (``ByteVLChatTemplate``) and
-    the Qwen chat template renders them as Qwen3-VL's official template does (``QwenVLChatTemplate``); any
-    other pairing is returned as is."""
-    from rz_agents.model.chat_template import ChatTemplate
-    from rz_agents.rollout.byte_chat import ByteChatTemplate
-
-    vl = vl_config
-    if vl is not None and type(template) is ByteChatTemplate:
-        from rz_agents.rollout.byte_vl_chat import ByteVLChatTemplate
-
-        return ByteVLChatTemplate(vl)
-    if vl is not None and type(template) is ChatTemplate:
-        from rz_agents.rollout.qwen_vl_chat import QwenVLChatTemplate
-
-        return QwenVLChatTemplate.of(template, vl)
-    return template
 
 
 def checkpoint_skeleton(spec: ModelSpec, *, freeze_vision: bool = False):

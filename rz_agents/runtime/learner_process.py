@@ -21,6 +21,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rz_agents.model.policy import PolicySpec
+from rz_agents.model.weight_update import WeightUpdate
 from rz_agents.runtime.plan import RunPlan
 from rz_agents.trajectory import Trajectory
 
@@ -135,6 +136,14 @@ class LearnerProcess:
     def weights(self) -> dict[str, torch.Tensor]:
         """The latest weights (shared memory, updated by each step; copy before the next step)."""
         return self._shared
+
+    def published_names(self) -> None:
+        """None: the child shares (and so publishes) every weight, frozen parts included."""
+        return None
+
+    def weight_update(self) -> WeightUpdate:
+        """The latest weights as a whole update (shared memory: ``snapshot`` it before the next step)."""
+        return WeightUpdate(self.version, self._shared)
 
     def save_state(self, folder: str | Path) -> dict[str, Any]:
         """Learner.save_state in the child (it writes the tensors into ``folder``)."""

@@ -21,6 +21,7 @@ import torch
 
 from rz_agents.engine import RZEngine
 from rz_agents.model.policy import build_policy
+from rz_agents.model.weight_update import WeightUpdate
 from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.device import resolve_device
 from rz_agents.runtime.factories import (
@@ -32,11 +33,11 @@ from rz_agents.runtime.factories import (
     tokenizer_files,
     vocab_size,
 )
-from rz_agents.runtime.fixed_lag import _clone
 from rz_agents.runtime.loop import RunHandle, TrainLoop
 from rz_agents.runtime.loop_runtime import LoopRuntime
 from rz_agents.runtime.memory import limit_heap_growth
 from rz_agents.runtime.plan import RunPlan
+from rz_agents.runtime.publish_local import InProcessPublisher
 from rz_agents.trainer.inspect import record_step
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,13 @@ log = logging.getLogger(__name__)
 def _set_threads(n: int | None) -> None:
     if n is not None and torch.get_num_threads() != n:
         torch.set_num_threads(n)
+
+
+def _at_version(update: WeightUpdate, version: int) -> WeightUpdate:
+    """``update``, checked to be of ``version`` (a fixed-lag record keeps the version it was made at)."""
+    if update.version != version:
+        raise ValueError(f"weight update of version {update.version} published as version {version}")
+    return update
 
 
 class LocalLoopRuntime(LoopRuntime):
@@ -56,6 +64,7 @@ class LocalLoopRuntime(LoopRuntime):
         self.engine, self.learner, self.plan = run.engine, run.learner, run.plan
         self._saved_affinity: set[int] | None = None
         self.publication_bytes = 0  # bytes of the latest weight update (with LoRA: the adapters')
+        self.publisher = InProcessPublisher(run.engine, run.learner)
 
     def before_train(self) -> None:
         cpus = self.run.cfg.rollout_cpus
@@ -98,31 +107,28 @@ class LocalLoopRuntime(LoopRuntime):
     def load_learner_state(self, state: dict[str, Any], folder: Path | None = None) -> None:
         self.learner.load_state(state, folder)
 
-    def learner_weights(self) -> dict[str, torch.Tensor]:
-        # LoRA: the adapters only; freeze_vision: all but the tower (a child process publishes everything)
-        published = getattr(self.learner, "published_weights", None)
-        return published() if published is not None else self.learner.weights()
+    def learner_weights(self) -> WeightUpdate:
+        return self.publisher.current()
 
-    def snapshot_weights(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return _clone(weights)
+    def snapshot_weights(self, weights: WeightUpdate) -> WeightUpdate:
+        return self.publisher.snapshot(weights)
 
-    def load_engine_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        self.engine.load_weights(weights, version)
+    def load_engine_weights(self, weights: WeightUpdate, version: int) -> None:
+        self.publisher.publish(_at_version(weights, version))
 
     def load_engine_base(self) -> None:
-        published_names = getattr(self.learner, "published_names", None)  # (a child process: everything)
-        if published_names is not None and published_names() is not None:
-            self.engine.load_weights(self.learner.weights(), self.learner.version)
+        if self.publisher.current_is_partial():
+            self.publisher.publish(self.publisher.whole())
 
-    async def send_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        self.engine.load_weights(weights, version)  # episodes in flight continue with them
-        self.publication_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+    async def send_weights(self, weights: WeightUpdate, version: int) -> None:
+        self.publisher.publish(_at_version(weights, version))  # episodes in flight continue with them
+        self.publication_bytes = self.publisher.last_bytes
 
-    def weights_to_tensors(self, weights: dict) -> dict:
-        return weights
+    def weights_to_tensors(self, weights: WeightUpdate) -> dict:
+        return weights.to_state()
 
-    def weights_from_tensors(self, tensors: dict) -> dict:
-        return tensors
+    def weights_from_tensors(self, tensors: dict, version: int) -> WeightUpdate:
+        return WeightUpdate.from_state(tensors, version)
 
     def engine_progress(self) -> int:
         return self.engine.counters["steps"]
@@ -197,7 +203,7 @@ class LocalRun(RunHandle):
         masters included), keeping its version, and the engine samples with them."""
         self.learner.load_weights({k: v.detach() for k, v in self.model.state_dict().items()})
         self.loop_runtime.load_engine_base()  # LoRA: the warm start changed the (otherwise frozen) base
-        self.engine.load_weights(*self.loop.weights_to_publish())
+        self.loop_runtime.load_engine_weights(*self.loop.weights_to_publish())
 
     def close(self) -> None:
         """Release envs, threads and files; undo the CPU pinning of this thread."""

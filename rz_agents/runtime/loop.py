@@ -112,7 +112,7 @@ class TrainLoop:
         if self.weight_history is not None:
             kept = runtime.get("weight_history", {})
             self.weight_history.load_state_dict(
-                {v: self.loop_runtime.weights_from_tensors(w) for v, w in kept.items()}
+                {v: self.loop_runtime.weights_from_tensors(w, int(v)) for v, w in kept.items()}
             )
 
     # ---- the loop ----------------------------------------------------------------------------------

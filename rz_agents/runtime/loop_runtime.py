@@ -53,7 +53,8 @@ class LoopRuntime(ABC):
     # ---- weights: learner -> engines -------------------------------------------------------------
     @abstractmethod
     def learner_weights(self) -> Any:
-        """The learner's current weights in the form the engines load (tensors, or an object reference)."""
+        """The learner's current ``model.weight_update.WeightUpdate`` in the form the engines load (the
+        record, or an object reference to it)."""
 
     @abstractmethod
     def snapshot_weights(self, weights: Any) -> Any:
@@ -74,11 +75,11 @@ class LoopRuntime(ABC):
 
     @abstractmethod
     def weights_to_tensors(self, weights: Any) -> dict:
-        """Published weights as a dict of tensors (for checkpoints)."""
+        """Published weights as a dict of tensors (for checkpoints: ``WeightUpdate.to_state``)."""
 
     @abstractmethod
-    def weights_from_tensors(self, tensors: dict) -> Any:
-        """Inverse of ``weights_to_tensors``."""
+    def weights_from_tensors(self, tensors: dict, version: int) -> Any:
+        """Inverse of ``weights_to_tensors`` (the weights of ``version``)."""
 
     # ---- the engines ------------------------------------------------------------------------------
     @abstractmethod

@@ -181,6 +181,17 @@ def create_app(server: OpenAIServer, control: RLControl | None = None, options: 
     app = FastAPI(title="rz serve", docs_url=None, redoc_url=None)
     app.state.server = server
     app.state.options = options
+    _add_error_handlers(app)
+    _add_model_routes(app, server)
+    _add_generation_routes(app, server, options)
+    _add_session_routes(app, server, options)
+    if control is not None:
+        add_control_routes(app, control)
+    return RequestGuard(app, options, control=control is not None)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """OpenAI-shaped error bodies for the server's own errors and for FastAPI's (404, 405, ...)."""
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, e: OpenAIError):
@@ -191,6 +202,10 @@ def create_app(server: OpenAIServer, control: RLControl | None = None, options: 
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         message = f"{request.method} {request.url.path}: {e.detail}"
         return JSONResponse(OpenAIError(message, None, e.status_code, kind).body(), status_code=e.status_code)
+
+
+def _add_model_routes(app: FastAPI, server: OpenAIServer) -> None:
+    """Health, metrics and the model list (also under a session's base URL)."""
 
     @app.get("/health")
     async def health() -> dict:
@@ -210,6 +225,10 @@ def create_app(server: OpenAIServer, control: RLControl | None = None, options: 
     async def model_card(model_id: str, session_id: str | None = None) -> dict:
         server.check_model(model_id)
         return server.models()["data"][0]
+
+
+def _add_generation_routes(app: FastAPI, server: OpenAIServer, options: ServeOptions) -> None:
+    """Chat completions, responses and completions (each also under a session's base URL)."""
 
     def chat_request(request: Request, body: Any, session_id: str | None) -> ChatRequest:
         req = parse_chat(body, session_id or request.headers.get(SESSION_HEADER), options.strict_fields)
@@ -261,6 +280,10 @@ def create_app(server: OpenAIServer, control: RLControl | None = None, options: 
         body = await _unless_disconnected(server, request, server.complete(req))
         return Response(status_code=499) if body is None else JSONResponse(body)
 
+
+def _add_session_routes(app: FastAPI, server: OpenAIServer, options: ServeOptions) -> None:
+    """Client sessions: create, read (only with ``options.session_records``), close."""
+
     @app.post("/v1/sessions")
     async def session_new(request: Request) -> dict:
         records = _records_opt_in(await request.body())
@@ -285,10 +308,6 @@ def create_app(server: OpenAIServer, control: RLControl | None = None, options: 
         record = server.session_record(_client_session(request, session_id))
         server.sessions.close(record["id"])
         return {"id": session_id, "deleted": True, "turns": record["turns"]}
-
-    if control is not None:
-        add_control_routes(app, control)
-    return RequestGuard(app, options, control=control is not None)
 
 
 def _bound_port(server) -> int:

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from rz_agents.model.freeze import vision_tower_frozen
-from rz_agents.model.held_weights import HELD_KEY, claim_tensor
 from rz_agents.model.lora import LoraConfig, has_lora
+from rz_agents.model.weight_update import WeightUpdate
 from rz_agents.sampling import SamplingSpec
 from rz_agents.trainer.advantages import BASELINES, group_advantages, uniform_groups
 from rz_agents.trainer.exchange import StepExchange, idle_pass
@@ -544,24 +544,26 @@ class Learner:
         return [n for n in self.model.state_dict() if n not in frozen]
 
     def iter_published(self, order: Sequence[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """``iter_weights`` of what a weight update sends, in ``order`` (default: ``published_names``). A
-        partial update ends with (``HELD_KEY``, the SHA-256 of the frozen tensors it leaves out, in the
-        model's dtype): an engine refuses it unless it holds those same bits (model/held_weights.py);
-        ``order`` may place that entry anywhere. A collective with several ranks, like ``iter_weights``."""
+        """``iter_weights`` of the tensors a weight update sends, in ``order`` (default: ``published_names``,
+        or every weight). A collective with several ranks, like ``iter_weights``."""
+        yield from self.iter_weights(order if order is not None else self.published_names())
+
+    def held_claim(self) -> str | None:
+        """The SHA-256 of the frozen tensors a partial update leaves out, in the model's dtype
+        (``WeightUpdate.held_sha256``: an engine refuses the update unless it holds those same bits); None
+        when updates carry every weight. A collective with several ranks when it is computed."""
         names = self.published_names()
-        if names is None:
-            yield from self.iter_weights(order)
-            return
-        claim = claim_tensor(held_digest(self, names))
-        order = list(order) if order is not None else [*names, HELD_KEY]
-        weights = self.iter_weights([n for n in order if n != HELD_KEY])
-        for name in order:
-            yield (name, claim) if name == HELD_KEY else next(weights)
+        return None if names is None else held_digest(self, names)
+
+    def weight_update(self) -> WeightUpdate:
+        """The record a weight update publishes: this version, the tensors sent (``iter_published``) and the
+        claim on the frozen rest (``held_claim``). A collective with several ranks."""
+        claim = self.held_claim()
+        return WeightUpdate(self.version, dict(self.iter_published()), claim)
 
     def published_weights(self) -> dict[str, torch.Tensor]:
-        """The tensors a weight update sends to the engines (``weights()``, or only the trained part and the
-        claim on the frozen rest: ``iter_published``)."""
-        return dict(self.iter_published())
+        """Deprecated: ``weight_update().to_state()`` (the flat form, the claim under ``HELD_KEY``)."""
+        return self.weight_update().to_state()
 
     def weight_shapes(self) -> dict[str, torch.Tensor]:
         """Meta tensors with the names, whole shapes and dtype of ``weights()`` (nothing gathered)."""

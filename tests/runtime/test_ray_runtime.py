@@ -105,7 +105,7 @@ def _train(run, on_step=None):
     if isinstance(run, LocalRun):
         weights = {k: v.clone() for k, v in run.learner.weights().items()}
     else:
-        weights = ray.get(run.learner.weights_ref())
+        weights = dict(ray.get(run.learner.weights_ref()).tensors)
     return summary, batches, weights
 
 
@@ -206,11 +206,11 @@ def test_killed_env_worker_and_engine_cost_only_their_episodes_and_async_traject
         rollout={"max_ahead_batches": 2, "max_lag": 4},
     )
     run = build_run(cfg)
-    published = {0: ray.get(run.learner.weights_ref())}
+    published = {0: dict(ray.get(run.learner.weights_ref()).tensors)}
     killed = {}
 
     def on_step(step):
-        published[step + 1] = ray.get(run.learner.weights_ref())  # what the engines just received
+        published[step + 1] = dict(ray.get(run.learner.weights_ref()).tensors)  # what the engines got
         # Mid-run, while the next batch's episodes are in flight (rollouts run up to 2 batches ahead).
         if step == 1:
             killed["env_worker"] = run.env_workers[0]

@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import logging
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from ray.exceptions import RayActorError
 from rz_agents.engine import EngineConfig, ImagePrompt, RZEngine
 from rz_agents.engine.params import Completion, SamplingParams
 from rz_agents.model.lora import LoraConfig
+from rz_agents.model.weight_update import WeightUpdate
 from rz_agents.rollout.agent_loop import EpisodeError, ReplicaLost
 from rz_agents.runtime.config import ModelSpec
 from rz_agents.runtime.factories import build_model, build_tokenizer
@@ -71,10 +73,11 @@ class EngineServer:
         prompt's)."""
         return await self.engine.generate(prompt, params, images=images)
 
-    async def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> int:
-        """RZEngine.load_weights (between engine steps: this actor's event loop runs one step at a time)."""
-        self.engine.load_weights(weights, version)
-        return version
+    async def apply_update(self, update: WeightUpdate) -> int:
+        """RZEngine.apply_update (between engine steps: this actor's event loop runs one step at a time);
+        returns the update's version."""
+        self.engine.apply_update(update)
+        return update.version
 
     async def open_broadcast(self, address: str, rank: int, world: int, backend: str) -> None:
         """Join the weights group (actors.weight_transport: broadcast) as member ``rank``."""
@@ -90,7 +93,7 @@ class EngineServer:
 
         like = published_layout(self.engine.model.state_dict(), published)
         state = await asyncio.to_thread(self.broadcast.receive, like)
-        self.engine.load_weights(state, version)
+        self.engine.apply_update(WeightUpdate.from_state(state, version))  # (the wire's flat form)
         return version
 
     async def close_broadcast(self) -> None:
@@ -107,6 +110,14 @@ class EngineServer:
     async def node(self) -> str:
         """The Ray node this replica runs on."""
         return node_id()
+
+
+def _as_update(weights: Any, version: int) -> Any:
+    """An object ref (to a ``WeightUpdate``) as it is; a flat state dict as a ``WeightUpdate`` of ``version``
+    (the one record type a replica applies)."""
+    if isinstance(weights, Mapping):
+        return WeightUpdate.from_state(weights, version)
+    return weights
 
 
 @dataclass(eq=False)
@@ -211,8 +222,8 @@ class EngineReplicas:
                     await self._wait_for_change()
                 target = self._weights
                 if self._base is not None:  # (its rebuilt model holds the checkpoint's base, not the run's)
-                    await call_when_alive(replica.actor.load_weights, self._base, target[1])
-                await call_when_alive(replica.actor.load_weights, *target)
+                    await call_when_alive(replica.actor.apply_update, self._base)
+                await call_when_alive(replica.actor.apply_update, target[0])
                 if self._weights is target:  # no newer publication meanwhile
                     break
             replica.healthy = True
@@ -226,13 +237,15 @@ class EngineReplicas:
 
     # ---- weights -------------------------------------------------------------------------------------
     async def publish(self, weights: Any, version: int) -> None:
-        """Every healthy replica applies ``weights`` (an object ref or a dict) as ``version``; returns once
-        they all did. A replica that died meanwhile gets them when it is back."""
+        """Every healthy replica applies ``weights`` (an object ref to a ``WeightUpdate`` of ``version``, or a
+        flat state dict) as ``version``; returns once they all did. A replica that died meanwhile gets them
+        when it is back."""
+        weights = _as_update(weights, version)
         self._weights = (weights, version)
         self._signal()  # a replica being revived waits for weights in the store
         healthy = [r for r in self.replicas if r.healthy]
         results = await asyncio.gather(
-            *(r.actor.load_weights.remote(weights, version) for r in healthy), return_exceptions=True
+            *(r.actor.apply_update.remote(weights) for r in healthy), return_exceptions=True
         )
         for replica, result in zip(healthy, results, strict=True):
             if isinstance(result, RayActorError):
@@ -250,13 +263,14 @@ class EngineReplicas:
         """(Partial publications) Every replica takes the whole ``weights`` (an object ref: the frozen part
         and the trained one) as ``version`` now, and a replica Ray restarts takes them again before the
         partial updates published after them."""
-        self._base = weights
-        self.load_weights(weights, version)
+        self._base = _as_update(weights, version)
+        self.load_weights(self._base, version)
 
     def load_weights(self, weights: Any, version: int) -> None:
         """``publish`` from outside the event loop (blocks until every replica applied the weights)."""
+        weights = _as_update(weights, version)
         self._weights = (weights, version)
-        ray.get([r.actor.load_weights.remote(weights, version) for r in self.replicas])
+        ray.get([r.actor.apply_update.remote(weights) for r in self.replicas])
         self._version = version
 
     # ---- figures -------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
+from rz_agents.model.weight_update import WeightUpdate
 from rz_agents.runtime.config import ModelSpec
 from rz_agents.runtime.factories import build_model, checkpoint_skeleton, checkpoint_weights
 from rz_agents.runtime.plan import RunPlan
@@ -121,11 +122,12 @@ class LearnerRank:
         return self.learner.published_names()
 
     def weights(self, published: bool = True) -> list | None:
-        """The weights a publication sends (``published``: ``Learner.iter_published``, only the trained part
-        with a frozen one) or the whole weights
-        (a collective, gathered tensor by tensor); rank 0 copies each to the host as it arrives, puts them in
-        the object store (one ``ray.put``) and returns ``[reference, bytes]`` (in a list, so that Ray hands
-        the driver the reference, not the tensors). The other ranks drop each at once."""
+        """The learner's ``WeightUpdate`` (``published``: ``Learner.weight_update``, only the trained part and
+        the claim on the frozen rest with a frozen one) or the whole weights as one (a collective, gathered
+        tensor by tensor); rank 0 copies each tensor to the host as it arrives, puts the record in the object
+        store (one ``ray.put``) and returns ``[reference, bytes]`` (in a list, so that Ray hands the driver
+        the reference, not the tensors). The other ranks drop each at once."""
+        claim = self.learner.held_claim() if published else None  # (a collective: before the gathers)
         host: dict[str, torch.Tensor] = {}
         stream = self.learner.iter_published() if published else self.learner.iter_weights()
         for name, tensor in stream:
@@ -133,7 +135,8 @@ class LearnerRank:
                 host[name] = tensor.detach().to("cpu")
         if self.rank != 0:
             return None
-        return [ray.put(host), sum(t.numel() * t.element_size() for t in host.values())]
+        update = WeightUpdate(self.learner.version, host, claim)
+        return [ray.put(update), update.nbytes]
 
     def save_state(self, folder: str) -> dict[str, Any] | None:
         """Learner.save_state: every rank writes its own shards into ``folder`` (a collective; the folder must
@@ -157,16 +160,21 @@ class LearnerRank:
         self.broadcast = WeightBroadcast(address, 0, world, backend)
 
     def broadcast_weights(self) -> int | None:
-        """The published weights (the whole weights, or the trained part and the claim on the frozen rest; a
-        collective of the
-        learner ranks, gathered tensor by tensor in the broadcast's bucket order), broadcast by rank 0 to the
-        engines bucket by bucket; rank 0 returns the bytes sent."""
-        from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES, buckets, published_layout
+        """The learner's ``WeightUpdate`` (a collective of the learner ranks, gathered tensor by tensor in the
+        broadcast's bucket order), broadcast by rank 0 to the engines bucket by bucket (weight_broadcast.py:
+        the claim on a frozen rest travels as one more 32-byte entry); rank 0 returns the bytes sent."""
+        from rz_agents.runtime.ray.weight_broadcast import (
+            BUCKET_BYTES,
+            buckets,
+            published_layout,
+            wire_stream,
+        )
 
         shapes = published_layout(self.learner.weight_shapes(), self.learner.published_names())
         bucket_bytes = self.broadcast.bucket_bytes if self.rank == 0 else BUCKET_BYTES
         order = [name for _, entries in buckets(shapes, bucket_bytes) for name, _ in entries]
-        stream = self.learner.iter_published(order)
+        claim = self.learner.held_claim()  # (a collective: before the gathers)
+        stream = wire_stream(order, self.learner.iter_published, claim)
         if self.rank == 0:
             self.broadcast.send(shapes, stream)
             return sum(t.numel() * t.element_size() for t in shapes.values())
@@ -264,6 +272,10 @@ class LearnerGroup:
         if not self.partial:
             return self.weights_ref()
         return self._get([a.weights.remote(False) for a in self.actors])[0][0]
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The whole current weights as tensors (``full_weights_ref``'s record, fetched here)."""
+        return dict(ray.get(self.full_weights_ref()).tensors)
 
     @property
     def partial(self) -> bool:

@@ -9,7 +9,6 @@ ranks. The same ``Trajectory`` objects and versioned weights move between them t
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import logging
@@ -19,6 +18,7 @@ from typing import Any
 
 import ray
 
+from rz_agents.model.weight_update import WeightUpdate
 from rz_agents.runtime.config import TrainConfig
 from rz_agents.runtime.factories import (
     build_controller,
@@ -39,6 +39,7 @@ from rz_agents.runtime.ray.engines import EngineReplicas, EngineServer
 from rz_agents.runtime.ray.env_workers import EnvHost, RemoteEnvFactory, check_env_workers, driver_sys_path
 from rz_agents.runtime.ray.learner import LearnerGroup, LearnerRank
 from rz_agents.runtime.ray.preflight import preflight, run_estimate
+from rz_agents.runtime.ray.publishers import BroadcastPublisher, ObjectStorePublisher
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class RayRun(RunHandle):
         # the learner's policy (the warm start's SFT leaves the tower as the learner does)
         learner = self.plan.learner
         model = build_model(self.spec, self.vocab, lora=learner.lora, freeze_vision=learner.freeze_vision)
-        model.load_state_dict(ray.get(self.learner.full_weights_ref()))
+        model.load_state_dict(self.learner.full_weights())
         return model
 
     def push_model_weights(self) -> None:
@@ -151,7 +152,7 @@ class RayRun(RunHandle):
         with LoRA the adapter goes to its ``lora_adapter/``)."""
         from rz_agents.model.checkpoint import save_hf_checkpoint
 
-        self.model.load_state_dict(ray.get(self.learner.full_weights_ref()))
+        self.model.load_state_dict(self.learner.full_weights())
         extra = tokenizer_files(self.cfg.tokenizer, self.cfg.model.checkpoint)
         return save_hf_checkpoint(self.model, out_dir, extra_files=extra)
 
@@ -189,47 +190,19 @@ class RayLoopRuntime(LoopRuntime):
     def __init__(self, run: RayRun) -> None:
         self.run = run
         self.engine, self.learner = run.engine, run.learner
-        self.publications = {"broadcast": 0, "object_store": 0}
+        self.object_store = ObjectStorePublisher(run.learner, run.engine)
+        self.broadcast: BroadcastPublisher | None = None
         self.publication_bytes = 0  # bytes of the latest weight update (with LoRA: the adapters')
-        self._broadcasting = False
         p = run.cfg.actors
         if p.weight_transport == "broadcast":
-            self._open_broadcast("nccl" if p.engine_gpus and p.learner_gpus else "gloo")
+            backend = "nccl" if p.engine_gpus and p.learner_gpus else "gloo"
+            self.broadcast = BroadcastPublisher(run.learner, run.engine, backend)
 
-    def _open_broadcast(self, backend: str) -> None:
-        """Learner rank 0 and every engine replica form the weights group (weight_broadcast.py)."""
-        rank0, engines = self.learner.actors[0], [r.actor for r in self.engine.replicas]
-        address = ray.get(rank0.rendezvous.remote())
-        world = 1 + len(engines)
-        ray.get(
-            [rank0.open_broadcast.remote(address, world, backend)]
-            + [e.open_broadcast.remote(address, i + 1, world, backend) for i, e in enumerate(engines)]
-        )
-        self._broadcasting = True
-
-    async def _broadcast(self, version: int) -> bool:
-        """Publish ``version`` by broadcast; False (and the object store from now on) if it cannot be."""
-        if self._broadcasting and self.engine.counters["replicas_lost"] == 0:
-            try:
-                sent = await asyncio.gather(
-                    *(a.broadcast_weights.remote() for a in self.learner.actors),
-                    *(
-                        r.actor.receive_weights.remote(version, self.learner.published_names)
-                        for r in self.engine.replicas
-                    ),
-                )
-                self.publication_bytes = sent[0]
-                self.engine.received_broadcast(version)
-                self.publications["broadcast"] += 1
-                return True
-            except ray.exceptions.RayError as e:
-                log.warning("weight broadcast failed (%s); publishing through the object store", e)
-        if self._broadcasting:  # a replica was lost: the group's membership is gone for good
-            self._broadcasting = False
-            self.learner.store_weights = True
-            for actor in [self.learner.actors[0]] + [r.actor for r in self.engine.replicas]:
-                actor.close_broadcast.remote()
-        return False
+    @property
+    def publications(self) -> dict[str, int]:
+        """How many weight updates went by broadcast and by the object store."""
+        by_broadcast = self.broadcast.count if self.broadcast is not None else 0
+        return {"broadcast": by_broadcast, "object_store": self.object_store.count}
 
     async def learner_step(self, batch: list) -> dict[str, Any]:
         return await self.learner.step(batch)
@@ -245,32 +218,29 @@ class RayLoopRuntime(LoopRuntime):
 
     def learner_weights(self) -> Any:
         # None while the weights travel by broadcast and are not in the store (send_weights copes).
-        return self.learner.cached_ref()
+        return self.object_store.current()
 
     def snapshot_weights(self, weights: Any) -> Any:
         return weights  # an object in the store never changes
 
     def load_engine_weights(self, weights: Any, version: int) -> None:
-        self.engine.load_weights(weights, version)
+        self.object_store.load(weights, version)
 
     def load_engine_base(self) -> None:
-        if self.learner.partial:
-            self.engine.load_base(self.learner.full_weights_ref(), self.learner.version)
+        self.object_store.load_whole()
 
     async def send_weights(self, weights: Any, version: int) -> None:
-        if await self._broadcast(version):
+        if self.broadcast is not None and await self.broadcast.publish(version):
+            self.publication_bytes = self.broadcast.last_bytes
             return
-        if weights is None:
-            weights = await self.learner.weights_ref_async()
-        await self.engine.publish(weights, version)
-        self.publications["object_store"] += 1
-        self.publication_bytes = self.learner.published_bytes
+        await self.object_store.publish(weights, version)
+        self.publication_bytes = self.object_store.last_bytes
 
     def weights_to_tensors(self, weights: Any) -> dict:
-        return ray.get(weights)
+        return ray.get(weights).to_state()
 
-    def weights_from_tensors(self, tensors: dict) -> Any:
-        return ray.put(tensors)
+    def weights_from_tensors(self, tensors: dict, version: int) -> Any:
+        return ray.put(WeightUpdate.from_state(tensors, version))
 
     def engine_progress(self) -> int:
         return self.engine.counters["requests"] + self.engine.counters["generated_tokens"]

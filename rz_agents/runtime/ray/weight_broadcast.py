@@ -16,12 +16,12 @@ runtime publishes through the object store from then on.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
-from rz_agents.model.held_weights import HELD_KEY
+from rz_agents.model.held_weights import HELD_KEY, claim_tensor
 
 Layout = list[tuple[torch.dtype, list[tuple[str, torch.Size]]]]
 BUCKET_BYTES = 256 * 2**20
@@ -65,6 +65,25 @@ def published_layout(
     device = next(iter(like.values())).device
     out[HELD_KEY] = torch.empty(32, dtype=torch.uint8, device=device)
     return out
+
+
+def wire_stream(
+    order: Sequence[str],
+    tensors: Callable[[list[str]], Iterable[tuple[str, torch.Tensor]]],
+    claim: str | None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs in the broadcast's ``order``: ``tensors(names)`` (every name of ``order`` but the
+    claim's, in that order: ``Learner.iter_published``) with a partial update's ``claim`` (its
+    ``held_sha256``) placed where ``HELD_KEY`` falls. The claim is a tensor on this wire only."""
+    names = [n for n in order if n != HELD_KEY]
+    stream = iter(tensors(names))
+    for name in order:
+        if name == HELD_KEY:
+            if claim is None:
+                raise ValueError("weight broadcast: the layout has a claim entry, the update claims nothing")
+            yield name, claim_tensor(claim)
+        else:
+            yield next(stream)
 
 
 class WeightBroadcast:
