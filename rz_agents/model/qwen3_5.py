@@ -326,6 +326,7 @@ class Qwen35ForCausalLM(nn.Module):
     (``new_kv_cache``: K/V pages plus the Gated DeltaNet layers' recurrent state, model/qwen3_5_cache.py)."""
 
     takes_images = False  # (the vision tower of qwen3_5 vision-language checkpoints is not loaded yet)
+    fused_projections = False  # no stacked q/k/v GEMMs for this family yet (``fuse_projections``: a no-op)
 
     def __init__(self, config: Qwen35Config, kernels: str = "aligned") -> None:
         super().__init__()
@@ -355,6 +356,10 @@ class Qwen35ForCausalLM(nn.Module):
         """Switch op set in place (same weights)."""
         get_ops(kernels)
         self.kernels = kernels
+
+    def fuse_projections(self, enabled: bool = True) -> None:
+        """The contract's projection fusion (``Transformer.fuse_projections``): not done for this family yet,
+        every GEMM stays separate (the same bits either way)."""
 
     def verify_kernels(self) -> None:
         """The aligned CPU kernels' start-up guards for this model's GEMM and attention shapes (as
@@ -432,6 +437,10 @@ class Qwen35ForCausalLM(nn.Module):
                 f"kv_cache must view a HybridCache (new_kv_cache), got {type(kv_cache.cache).__name__}"
             )
         n_tok = positions.shape[0]
+        if kv_cache is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            # the recurrent layers index their pages by host positions: a replayed graph would keep the
+            # captured ones (the engine's capture failure is logged and decode runs eagerly, same bits)
+            raise RuntimeError("a Qwen3.5 cached forward cannot be captured in a CUDA graph yet")
         if kv_cache is not None and kv_cache.decode_positions is not None:
             # a decode step: token i is row i's one token, at decode_positions[i] (no read-back)
             starts = list(kv_cache.decode_positions)

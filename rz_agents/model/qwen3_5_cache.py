@@ -20,11 +20,9 @@ copies a partial page's positions. The price is memory: a state snapshot per pag
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from rz_agents.model.kv_cache import PAGE_SIZE, CacheView
+from rz_agents.model.kv_cache import PAGE_SIZE, KVCache
 from rz_agents.model.qwen3_5_config import Qwen35Config
 
 F32 = torch.float32
@@ -90,23 +88,13 @@ class HybridCache:
     def bytes_total(self) -> int:
         return self.num_pages * self.bytes_per_page
 
-    def view(
-        self,
-        page_table: torch.Tensor,
-        max_position: int | None = None,
-        decode_positions: Sequence[int] | None = None,
-    ) -> CacheView:
-        """What one forward reads and writes (as ``KVCache.view``)."""
-        if page_table.dim() != 2:
-            raise ValueError(f"page_table must be [sequences, pages], got {tuple(page_table.shape)}")
-        table = page_table.to(device=self.device, dtype=torch.long)
-        if decode_positions is not None:
-            decode_positions = tuple(decode_positions)
-            if len(decode_positions) != table.shape[0]:
-                raise ValueError(
-                    f"decode_positions has {len(decode_positions)} rows, the page table {table.shape[0]}"
-                )
-        return CacheView(self, table, max_position, decode_positions)  # type: ignore[arg-type]
+    def buffers(self) -> list[torch.Tensor]:
+        """Every tensor of the cache (K/V, recurrent inputs, state snapshots)."""
+        kinds = (self.k, self.v, self.conv_in, self.dr_k, self.dr_v, self.dr_g, self.dr_beta, self.state)
+        return [t for bufs in kinds for t in bufs.values()]
+
+    # what one forward reads and writes: the same page-table view as a plain K/V cache's
+    view = KVCache.view
 
     @torch.no_grad()
     def copy_page(self, src: int, dst: int, num_positions: int = PAGE_SIZE) -> None:

@@ -87,3 +87,19 @@ def test_a_learner_step_on_engine_samples_has_lag0_dlogp_zero_and_updates_weight
     changed = ~torch.eq(before["model.layers.0.linear_attn.in_proj_qkv.weight"],
                         model.model.layers[0].linear_attn.in_proj_qkv.weight)  # fmt: skip
     assert changed.any()  # gradients reached the Gated DeltaNet layers
+
+
+def test_align_check_accepts_qwen3_5_and_its_standard_op_set_differs():
+    import argparse
+
+    from rz_agents.cli.align_check import add_parser
+    from rz_agents.model.alignment import check_random_models
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_parser(sub)
+    assert sub.choices["align-check"].parse_args(["--arch", "qwen3_5"]).arch == ["qwen3_5"]
+    aligned, standard = check_random_models(
+        archs=("qwen3_5",), dtypes=("float32",), batch_sizes=(1, 3), max_len=140, threads=1
+    )
+    assert aligned.kernels == "aligned" and aligned.bit_identical and aligned.tokens_checked > 500
+    assert standard.kernels == "standard" and standard.mismatched_tokens > 0
