@@ -129,44 +129,80 @@ class _Batch:
             for st, value in zip(self.states, values, strict=True):
                 st.layers[layer] = value
 
-    def recurrent_inputs(self, layer: int, kernel: int) -> tuple[list, list]:
-        """Each sequence's conv window and DeltaRuleCache entering this call (None: it starts here)."""
+    def recurrent_inputs(self, layer: int, kernel: int, heads) -> tuple[list, list]:
+        """Each sequence's conv window and DeltaRuleCache entering this call (None: it starts here).
+
+        From the view's pages: the window is the conv inputs of the K - 1 positions before the call, the
+        state the snapshot of the previous page (chunk), and the current chunk's pending k and v are
+        recomputed from their conv inputs by ``heads`` (the layer's conv + head split + l2 norm: per-token
+        arithmetic, so the same bits as when they were first computed; only g and beta are kept)."""
         if self.view is None:
             cached = self.cached(layer)
             return [c[0] if c else None for c in cached], [c[1] if c else None for c in cached]
         cache, table = self.view.cache, self.view.page_table
-        windows, caches = [], []
+        conv_in = cache.conv_in[layer]
+
+        def read(r: int, lo: int, hi: int) -> torch.Tensor:  # conv inputs of positions lo..hi-1 (0 before 0)
+            pos = torch.arange(lo, hi, device=table.device)
+            rows = conv_in[table[r, pos.clamp(min=0) // PAGE_SIZE], pos.clamp(min=0) % PAGE_SIZE]
+            return torch.where((pos >= 0).unsqueeze(1), rows, torch.zeros_like(rows))
+
+        windows, entering, pending = [], [], []
         for a, r in zip(self.starts, self.rows, strict=True):
             if a == 0:
                 windows.append(None)
-                caches.append(None)
+                entering.append(None)
                 continue
-            pos = torch.arange(a - kernel + 1, a, device=table.device)
-            valid = (pos >= 0).unsqueeze(1)
-            pos = pos.clamp(min=0)
-            win = cache.conv_in[layer][table[r, pos // PAGE_SIZE], pos % PAGE_SIZE]
-            windows.append(torch.where(valid, win, torch.zeros_like(win)))
+            windows.append(read(r, a - kernel + 1, a))
             c, m = divmod(a, PAGE_SIZE)
             state = cache.state[layer][table[r, c - 1]] if c > 0 else torch.zeros_like(cache.state[layer][0])
             page = table[r, c]
-            caches.append(
-                DeltaRuleCache(
-                    state.clone(), cache.dr_k[layer][page, :m], cache.dr_v[layer][page, :m],
-                    cache.dr_g[layer][page, :m], cache.dr_beta[layer][page, :m],
+            entering.append((state.clone(), cache.dr_g[layer][page, :m], cache.dr_beta[layer][page, :m]))
+            if m:
+                pending.append(
+                    (
+                        len(entering) - 1,
+                        read(r, c * PAGE_SIZE, a),
+                        read(r, c * PAGE_SIZE - kernel + 1, c * PAGE_SIZE),
+                    )
                 )
-            )  # fmt: skip
+        kv = {}
+        if pending:
+            k, v = heads(
+                torch.cat([x for _, x, _ in pending]),
+                [x.shape[0] for _, x, _ in pending],
+                [w for _, _, w in pending],
+            )
+            sizes = [x.shape[0] for _, x, _ in pending]
+            kv = {
+                i: pair
+                for (i, _, _), pair in zip(
+                    pending, zip(k.split(sizes), v.split(sizes), strict=True), strict=True
+                )
+            }
+        caches = []
+        for i, e in enumerate(entering):
+            if e is None:
+                caches.append(None)
+                continue
+            state, g, beta = e
+            k, v = kv.get(i, (None, None))
+            if k is None:
+                h, dk, dv = state.shape
+                k, v = state.new_zeros(0, h, dk), state.new_zeros(0, h, dv)
+            caches.append(DeltaRuleCache(state, k.float(), v.float(), g, beta))
         return windows, caches
 
     @torch.no_grad()
     def write_recurrent(
         self, layer: int, conv_in: torch.Tensor, inputs: Sequence[torch.Tensor], caches
     ) -> None:
-        """Into the view's pages: this call's per-position conv and delta-rule inputs, and the state after
-        each chunk it completed (the snapshot of that chunk's page)."""
+        """Into the view's pages: this call's per-position conv inputs and delta-rule g and beta, and the
+        state after each chunk it completed (the snapshot of that chunk's page)."""
         cache, table = self.view.cache, self.view.page_table
         page, off = self.write_page, self.write_offset
         cache.conv_in[layer][page, off] = conv_in.detach()
-        for buf, x in zip((cache.dr_k, cache.dr_v, cache.dr_g, cache.dr_beta), inputs, strict=True):
+        for buf, x in zip((cache.dr_g, cache.dr_beta), inputs, strict=True):
             buf[layer][page, off] = x.detach().float()
         for a, r, dr in zip(self.starts, self.rows, caches, strict=True):
             for j, snapshot in enumerate(dr.completed):
@@ -251,29 +287,40 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_b = nn.Linear(cfg.hidden_size, self.hv, bias=False)
         self.in_proj_a = nn.Linear(cfg.hidden_size, self.hv, bias=False)
 
+    def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k ([T, hv, dk], repeated to the value heads and l2-normalized) and v [T, hv, dv] of the conv's
+        output."""
+        t = mixed.shape[0]
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q, k = q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk)
+        v = v.reshape(t, self.hv, self.dv)
+        if self.hv != self.hk:
+            q = q.repeat_interleave(self.hv // self.hk, dim=1)
+            k = k.repeat_interleave(self.hv // self.hk, dim=1)
+        return l2_normalize(q), l2_normalize(k), v
+
     def forward(self, x: torch.Tensor, batch: _Batch) -> torch.Tensor:
         ops, t = batch.ops, x.shape[0]
-        windows, entering = batch.recurrent_inputs(self.index, self.conv1d.weight.shape[-1])
+
+        def pending_kv(conv_in, lens, windows):  # a paged cache's pending chunk tokens, recomputed
+            mixed, _ = ops.causal_conv1d(conv_in, self.conv1d.weight, lens, windows)
+            return self._heads(mixed)[1:]
+
+        windows, entering = batch.recurrent_inputs(self.index, self.conv1d.weight.shape[-1], pending_kv)
         keep = batch.keeps_state
         proj = ops.linear(x, self.in_proj_qkv.weight)
         mixed, windows = ops.causal_conv1d(
             proj, self.conv1d.weight, batch.seq_lens, windows, keep_windows=batch.states is not None
         )
-        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q, k = q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk)
-        v = v.reshape(t, self.hv, self.dv)
+        q, k, v = self._heads(mixed)
         z = ops.linear(x, self.in_proj_z.weight).reshape(t * self.hv, self.dv)
         beta = aligned_unary(torch.sigmoid, ops.linear(x, self.in_proj_b.weight))
         a = ops.linear(x, self.in_proj_a.weight).float() + self.dt_bias
         # g = -exp(A_log) * softplus(a + dt_bias): the per-token log decay, in fp32 as the reference
         g = -aligned_unary(torch.exp, self.A_log.float()) * aligned_unary(F.softplus, a)
-        if self.hv != self.hk:
-            q = q.repeat_interleave(self.hv // self.hk, dim=1)
-            k = k.repeat_interleave(self.hv // self.hk, dim=1)
-        q, k = l2_normalize(q), l2_normalize(k)
         core, caches = ops.delta_rule(q, k, v, g, beta, batch.seq_lens, entering, keep_caches=keep)
         if batch.view is not None:
-            batch.write_recurrent(self.index, proj, (k, v, g, beta), caches)
+            batch.write_recurrent(self.index, proj, (g, beta), caches)
         elif keep:
             batch.keep(self.index, list(zip(windows, caches, strict=True)))
         core = self.norm(core.reshape(t * self.hv, self.dv), z, ops).reshape(t, self.value_dim)

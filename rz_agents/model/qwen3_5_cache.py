@@ -3,9 +3,10 @@ delta-rule chunk, so every kind of per-sequence state lives in the sequence's pa
 
 Per page, for each layer of its kind:
 - full attention: the K/V of its 64 positions (as ``KVCache``'s pages);
-- Gated DeltaNet: per position, the short conv's input (the q/k/v projection) and the delta rule's inputs
-  (k, v, log decay g, beta; fp32, the arithmetic's own precision); per page, the delta-rule state after the
-  page's chunk (fp32 [heads, dk, dv]), written by the forward that completes the chunk.
+- Gated DeltaNet: per position, the short conv's input (the q/k/v projection) and the delta rule's log decay
+  g and beta (fp32); per page, the delta-rule state after the page's chunk (fp32 [heads, dk, dv]), written by
+  the forward that completes the chunk. The current chunk's k and v are recomputed from the conv inputs
+  (per-token arithmetic: the same bits), not stored.
 
 A forward continuing a sequence at position p reads the conv window (positions p-K+1..p-1), the state
 after chunk p // 64 - 1 and the inputs of the current chunk's first p % 64 tokens from the pages, which is
@@ -30,21 +31,21 @@ F32 = torch.float32
 
 def hybrid_bytes_per_page(config: Qwen35Config, dtype: torch.dtype | None = None) -> int:
     """Bytes one page (64 positions) holds over all layers: K/V of the full-attention layers, and for each
-    Gated DeltaNet layer the per-position conv and delta-rule inputs plus one state snapshot."""
+    Gated DeltaNet layer the per-position conv input, g and beta plus one state snapshot."""
     item = torch.empty(0, dtype=dtype or config.torch_dtype).element_size()
     full = config.layer_types.count("full_attention")
     linear = config.num_hidden_layers - full
     hv, dk, dv = config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim
     kv = 2 * config.num_key_value_heads * PAGE_SIZE * config.head_dim * item
-    inputs = PAGE_SIZE * (config.conv_dim * item + 4 * hv * (dk + dv + 2))
+    inputs = PAGE_SIZE * (config.conv_dim * item + 4 * hv * 2)
     state = 4 * hv * dk * dv
     return full * kv + linear * (inputs + state)
 
 
 class HybridCache:
     """The pages of a hybrid model's cache (see the module docstring); ``view`` and ``copy_page`` as
-    ``KVCache``'s. Tensors per layer index: ``k``/``v`` for full-attention layers; ``conv_in``, ``dr_k``,
-    ``dr_v``, ``dr_g``, ``dr_beta`` (per position) and ``state`` (per page) for Gated DeltaNet layers."""
+    ``KVCache``'s. Tensors per layer index: ``k``/``v`` for full-attention layers; ``conv_in``, ``dr_g``,
+    ``dr_beta`` (per position) and ``state`` (per page) for Gated DeltaNet layers."""
 
     def __init__(
         self,
@@ -67,8 +68,6 @@ class HybridCache:
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
         self.conv_in: dict[int, torch.Tensor] = {}
-        self.dr_k: dict[int, torch.Tensor] = {}
-        self.dr_v: dict[int, torch.Tensor] = {}
         self.dr_g: dict[int, torch.Tensor] = {}
         self.dr_beta: dict[int, torch.Tensor] = {}
         self.state: dict[int, torch.Tensor] = {}
@@ -77,8 +76,6 @@ class HybridCache:
                 self.k[i], self.v[i] = zeros(*kv_shape, dt=dtype), zeros(*kv_shape, dt=dtype)
             else:
                 self.conv_in[i] = zeros(num_pages, PAGE_SIZE, config.conv_dim, dt=dtype)
-                self.dr_k[i] = zeros(num_pages, PAGE_SIZE, hv, dk)
-                self.dr_v[i] = zeros(num_pages, PAGE_SIZE, hv, dv)
                 self.dr_g[i] = zeros(num_pages, PAGE_SIZE, hv)
                 self.dr_beta[i] = zeros(num_pages, PAGE_SIZE, hv)
                 self.state[i] = zeros(num_pages, hv, dk, dv)
@@ -90,7 +87,7 @@ class HybridCache:
 
     def buffers(self) -> list[torch.Tensor]:
         """Every tensor of the cache (K/V, recurrent inputs, state snapshots)."""
-        kinds = (self.k, self.v, self.conv_in, self.dr_k, self.dr_v, self.dr_g, self.dr_beta, self.state)
+        kinds = (self.k, self.v, self.conv_in, self.dr_g, self.dr_beta, self.state)
         return [t for bufs in kinds for t in bufs.values()]
 
     # what one forward reads and writes: the same page-table view as a plain K/V cache's
@@ -104,7 +101,7 @@ class HybridCache:
         for bufs in (self.k, self.v):
             for buf in bufs.values():
                 buf[dst, :, :n].copy_(buf[src, :, :n])
-        for bufs in (self.conv_in, self.dr_k, self.dr_v, self.dr_g, self.dr_beta):
+        for bufs in (self.conv_in, self.dr_g, self.dr_beta):
             for buf in bufs.values():
                 buf[dst, :n].copy_(buf[src, :n])
         if n == PAGE_SIZE:
