@@ -31,7 +31,7 @@ The backward is autograd through the same forward (gradients are not part of the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +48,9 @@ class DeltaRuleCache:
 
     `state` [H, dk, dv] is the state entering the sequence's current chunk; `k`, `v`, `g`, `beta`
     ([n, H, dk], [n, H, dv], [n, H], [n, H]) are that chunk's inputs so far (n < CHUNK tokens), kept so the
-    next call recomputes the chunk from its start on the same grid.
+    next call recomputes the chunk from its start on the same grid. `completed` (a returned cache's) holds
+    the state after each chunk the call completed, in order: the snapshots a paged cache keeps per chunk
+    (page), so a prefix of whole chunks can be reused with its state.
     """
 
     state: torch.Tensor
@@ -56,6 +58,7 @@ class DeltaRuleCache:
     v: torch.Tensor
     g: torch.Tensor
     beta: torch.Tensor
+    completed: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def pending(self) -> int:
@@ -205,6 +208,7 @@ def gated_delta_rule(
     # Phase 2: walk the chunks in order, all sequences' chunk j together, carrying each sequence's state.
     state = torch.stack([c.state for c in caches])  # [S, H, dk, dv]
     states = list(state.unbind(0))
+    completed: list[list[torch.Tensor]] = [[] for _ in caches]
     out = torch.empty(nc, h, CHUNK, dv, dtype=f, device=dev)
     pending_at_end = [(c.pending + n) % CHUNK for c, n in zip(caches, seq_lens, strict=True)]
     full = [
@@ -228,6 +232,7 @@ def gated_delta_rule(
             new = st[r] * decay_last[rows[r]] + torch.bmm(k_tail[rows[r]].transpose(1, 2), v_new[r])
             for a, ns in zip(done, new.view(len(done), h, dk, dv).unbind(0), strict=True):
                 states[chunk_seq[idx[a]]] = ns
+                completed[chunk_seq[idx[a]]].append(ns.detach())
 
     flat = out.transpose(1, 2).reshape(nc * CHUNK, h, dv)
     result = flat[torch.cat(out_rows)].to(out_dtype)
@@ -245,6 +250,7 @@ def gated_delta_rule(
                 seq_v[keep].detach(),
                 seq_g[keep].detach(),
                 seq_b[keep].detach(),
+                completed[s],
             )
         )
     return result, new_caches

@@ -6,8 +6,7 @@ import argparse
 import json
 import sys
 
-from rz_agents.model.alignment import DEFAULT_BATCH_SIZES, check_model, check_random_models
-from rz_agents.model.config import ARCHS
+from rz_agents.model.alignment import CHECKED_ARCHS, DEFAULT_BATCH_SIZES, check_model, check_random_models
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--arch",
         nargs="+",
         default=["qwen3", "qwen3_moe"],
-        choices=list(ARCHS),
+        choices=list(CHECKED_ARCHS),
     )
     p.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_BATCH_SIZES))

@@ -53,8 +53,7 @@ class RZEngine:
         decode: Callable[[list[int]], str] | None = None,
         version: int = 0,
     ) -> None:
-        from rz_agents.model import KVCache
-        from rz_agents.model.kv_cache import bytes_per_page, pages_for
+        from rz_agents.model.kv_cache import pages_for
 
         self.config = config or EngineConfig()
         self.decode = decode
@@ -68,16 +67,17 @@ class RZEngine:
         if verify is not None:  # the aligned kernels' guards, paid (and logged) before any request
             verify()
         cfg = model.config
-        total_pages = self.config.num_kv_pages(bytes_per_page(cfg))
+        page_bytes = model.kv_page_bytes()  # the model's cache kind (a hybrid model's holds recurrent state)
+        total_pages = self.config.num_kv_pages(page_bytes)
         num_pages = total_pages - 1  # the last page is the scratch page of padding rows
         if num_pages < pages_for(self.config.max_len):
             raise ValueError(
                 f"kv_cache_bytes={self.config.kv_cache_bytes} holds {total_pages} pages of 64 positions "
-                f"({bytes_per_page(cfg)} bytes each); one sequence of max_len {self.config.max_len} needs "
+                f"({page_bytes} bytes each); one sequence of max_len {self.config.max_len} needs "
                 f"{pages_for(self.config.max_len)} plus one scratch page"
             )
         device = next(model.parameters()).device
-        self.kv_cache = KVCache(cfg, num_pages=total_pages, device=device)
+        self.kv_cache = model.new_kv_cache(total_pages, device)
         self.runner = ModelRunner.for_engine(model, self.kv_cache, self.config, scratch_page=num_pages)
         self.runner.image_cache = ImageCache(self.config.image_cache_bytes)
         self.runner.needed_images = self._needed_images

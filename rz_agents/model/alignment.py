@@ -19,10 +19,16 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from rz_agents.model.config import ModelConfig
+from rz_agents.model.config import ARCHS, ModelConfig
+from rz_agents.model.hf_files import build_model
 from rz_agents.model.kv_cache import KVCache, pages_for
 from rz_agents.model.logprobs import packed_token_logprobs, token_logprobs
+from rz_agents.model.qwen3_5_config import MODEL_TYPES as QWEN3_5_TYPES
+from rz_agents.model.qwen3_5_config import Qwen35Config
 from rz_agents.model.transformer import Transformer
+
+# families align-check builds random tiny models of: ModelConfig's and the hybrid linear-attention Qwen3.5
+CHECKED_ARCHS = (*ARCHS, "qwen3_5")
 
 DEFAULT_BATCH_SIZES = (1, 2, 3, 7, 15, 16, 17, 31, 63, 64, 65, 100, 129)
 
@@ -62,8 +68,10 @@ class AlignmentReport:
                 self.failures.append(f"{what}: max |dlogp| {float(diff.max()):.3g}")
 
 
-def random_config(arch: str, dtype: str, rng: random.Random) -> ModelConfig:
+def random_config(arch: str, dtype: str, rng: random.Random) -> ModelConfig | Qwen35Config:
     """A small random model config of the given family (vocab large enough to be realistic)."""
+    if arch in QWEN3_5_TYPES:  # 3 Gated DeltaNet layers and 1 full attention
+        return Qwen35Config.tiny(dtype=dtype, vocab_size=rng.choice([512, 1000]))
     heads = rng.choice([4, 8])
     kv = rng.choice([h for h in (1, 2, 4) if heads % h == 0])
     extra = {}
@@ -200,9 +208,10 @@ def _check_model(
     needle = torch.randint(0, vocab, (max_len,), generator=gen)
     with torch.no_grad():
         needle_ref = packed_token_logprobs(model, [needle])[0].cpu()
-    cache = KVCache(cfg, num_pages=(max(batch_sizes) + 1) * pages_for(max_len), device=model.device)
+    # the model's own cache kind (paged K/V; a hybrid model's recurrent state beside it)
+    cache = model.new_kv_cache((max(batch_sizes) + 1) * pages_for(max_len), model.device)
     # Stale, finite garbage in every page: a cache is never clean in a running engine.
-    for t in cache.k + cache.v:
+    for t in cache.buffers():
         t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
 
     for b in batch_sizes:
@@ -251,7 +260,7 @@ def check_random_models(
         for dtype in dtypes:
             rng = random.Random(f"{seed}-{arch}-{dtype}")
             cfg = random_config(arch, dtype, rng)
-            model = Transformer(cfg)
+            model = build_model(cfg)
             model.reset_parameters(std=0.1, seed=rng.randrange(2**31))
             model.to(device)
             for k in kernels:

@@ -15,6 +15,8 @@ import torch
 
 from rz_agents.model.config import ModelConfig
 from rz_agents.model.peft_files import ADAPTER_DIR
+from rz_agents.model.qwen3_5_config import MODEL_TYPES as QWEN3_5_TYPES
+from rz_agents.model.qwen3_5_config import Qwen35Config
 from rz_agents.model.qwen3_vl_config import ImageProcessing, Qwen3VLConfig
 from rz_agents.model.transformer import Transformer
 
@@ -33,12 +35,20 @@ def read_config(ckpt_dir: str | os.PathLike, dtype: str | None = None) -> ModelC
     return config.text if isinstance(config, Qwen3VLConfig) else config
 
 
-def read_model_config(ckpt_dir: str | os.PathLike, dtype: str | None = None) -> ModelConfig | Qwen3VLConfig:
-    """The checkpoint's config: a ModelConfig, or a Qwen3VLConfig for model_type qwen3_vl."""
+def read_model_config(
+    ckpt_dir: str | os.PathLike, dtype: str | None = None
+) -> ModelConfig | Qwen3VLConfig | Qwen35Config:
+    """The checkpoint's config: a ModelConfig, a Qwen3VLConfig for model_type qwen3_vl, or a Qwen35Config for
+    qwen3_5 / qwen3_5_text (its text decoder)."""
     path = Path(ckpt_dir) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{ckpt_dir}: no config.json")
     d = json.loads(path.read_text())
+    if d.get("model_type") in (*QWEN3_5_TYPES, "qwen3_5_moe"):
+        config = Qwen35Config.from_hf(d)
+        if dtype is not None:
+            config.dtype = dtype
+        return config
     if d.get("model_type") == "qwen3_vl":
         config = Qwen3VLConfig.from_hf(d, dtype=dtype)
         pre = Path(ckpt_dir) / PREPROCESSOR_NAME
@@ -59,6 +69,10 @@ def build_model(
         from rz_agents.model.qwen3_vl import Qwen3VLModel
 
         return Qwen3VLModel(config, kernels=kernels, init=init)
+    if isinstance(config, Qwen35Config):
+        from rz_agents.model.qwen3_5 import Qwen35ForCausalLM
+
+        return Qwen35ForCausalLM(config, kernels=kernels).to(config.torch_dtype)
     return Transformer(config, kernels=kernels, init=init)
 
 
@@ -145,6 +159,10 @@ def load_hf_base(
     """The checkpoint's base model on `device` (every tensor of the directory, none of its saved adapter:
     ``saved_adapter`` names that folder); every parameter must be present."""
     full_config = read_model_config(ckpt_dir, dtype)
+    if isinstance(full_config, Qwen35Config):  # its own reader: HF's VL prefixes and mtp.* tensors
+        from rz_agents.model.qwen3_5 import load_qwen3_5
+
+        return load_qwen3_5(ckpt_dir, kernels, dtype=full_config.torch_dtype).to(device)
     config = model_config_of(full_config)
     # Build without initialising (every parameter is overwritten below): a random init of a multi-GB
     # model would cost more than reading it.

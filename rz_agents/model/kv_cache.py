@@ -68,6 +68,10 @@ class KVCache:
     def bytes_total(self) -> int:
         return self.num_pages * self.bytes_per_page
 
+    def buffers(self) -> list[torch.Tensor]:
+        """Every tensor of the cache (each layer's k and v)."""
+        return [*self.k, *self.v]
+
     def view(
         self,
         page_table: torch.Tensor,

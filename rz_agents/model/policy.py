@@ -24,6 +24,8 @@ from rz_agents.model.freeze import freeze_vision_tower
 from rz_agents.model.hf_files import load_hf_base, model_skeleton, saved_adapter
 from rz_agents.model.lora import LoraConfig, add_lora, has_lora
 from rz_agents.model.peft_files import load_peft_adapter, read_peft_config
+from rz_agents.model.qwen3_5_config import MODEL_TYPES as QWEN3_5_TYPES
+from rz_agents.model.qwen3_5_config import Qwen35Config
 
 
 @dataclass
@@ -142,7 +144,11 @@ def _base(spec: PolicySpec, device: torch.device | str) -> nn.Module:
     if overrides["vocab_size"] is None:
         raise ValueError("PolicySpec.vocab_size: a random tiny model needs its tokenizer's vocabulary size")
     torch.manual_seed(spec.init_seed)
-    if spec.model_type == "qwen3_vl":
+    if spec.model_type in QWEN3_5_TYPES:  # hybrid linear attention (model/qwen3_5.py)
+        from rz_agents.model.qwen3_5 import Qwen35ForCausalLM
+
+        model = Qwen35ForCausalLM(Qwen35Config.tiny(**overrides), kernels=spec.kernels)
+    elif spec.model_type == "qwen3_vl":
         from rz_agents.model.qwen3_vl import Qwen3VLModel
 
         model = Qwen3VLModel(tiny_vl_config(overrides), kernels=spec.kernels)
@@ -158,6 +164,9 @@ def _attach_adapters(model: nn.Module, spec: PolicySpec) -> None:
     sources: list[tuple[LoraConfig, Path | None]] = [(read_peft_config(d), Path(d)) for d in files if d]
     if spec.lora is not None and spec.lora.enabled:
         sources.append((spec.lora, None))
+    if sources and isinstance(model.config, Qwen35Config):
+        # its layers call the op set's GEMM directly, so an adapter would be attached and never applied
+        raise ValueError("LoRA adapters are not supported for qwen3_5 models yet (train the full model)")
     for cfg, directory in sources:
         if directory is None or not has_lora(model):
             # attaches (A seeded, B zero), or checks the adapters already there are this shape and makes

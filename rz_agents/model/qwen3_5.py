@@ -8,8 +8,10 @@ loads by name.
 
 With `kernels="aligned"` every op is batch-invariant: linears and full attention are the aligned op set's,
 the delta rule runs on one chunk grid anchored at each sequence's start (rz_kernels.delta_rule), the conv and
-norms are per token / per row. This file is standalone for now: the engine integration (recurrent state
-beside the paged K/V) comes through the policy contract.
+norms are per token / per row. The model implements the forward contract (tokens, positions, seq ids, a
+cache): the learner packs it as any family, and the engine keeps its per-sequence recurrent state in the
+model's own paged cache (model/qwen3_5_cache.py), so a token gets the same bits in the learner's packed
+forward, a prefill cut anywhere, a decode step and after preemption or prefix reuse.
 """
 
 from __future__ import annotations
@@ -22,13 +24,18 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
+from rz_agents.model.kv_cache import PAGE_SIZE, CacheView
+from rz_agents.model.qwen3_5_cache import HybridCache, hybrid_bytes_per_page
 from rz_agents.model.qwen3_5_config import Qwen35Config
+from rz_agents.model.transformer import flat_stream, in_token_shape
 from rz_kernels import OpSet, RopeTable, get_ops
-from rz_kernels.attention import KEY_BLOCK
-from rz_kernels.delta_rule import l2_normalize
+from rz_kernels.attention import KEY_BLOCK, verify_attention
+from rz_kernels.delta_rule import DeltaRuleCache, l2_normalize
 from rz_kernels.elementwise import aligned_unary
 from rz_kernels.gated_norm import zero_centered_rms_norm
+from rz_kernels.gemm import verify_weights
 
 
 class CenteredRMSNorm(nn.Module):
@@ -55,45 +62,64 @@ class GatedRMSNorm(nn.Module):
 
 @dataclass
 class SequenceState:
-    """One sequence's cache between forwards (standalone, until the engine's per-layer caches take it):
-    per layer, the conv window and delta-rule cache (Gated DeltaNet) or the keys and values (attention)."""
+    """One sequence's cache between standalone forwards (``forward(..., seq_lens=, states=)``; the engine
+    keeps its sequences' state in pages instead: model/qwen3_5_cache.py): per layer, the conv window and
+    delta-rule cache (Gated DeltaNet) or the keys and values (attention)."""
 
     position: int = 0  # tokens seen so far
     layers: dict[int, tuple] = field(default_factory=dict)
 
 
 class _Batch:
-    """What every layer of one forward shares: op set, sequences, positions, attention plan, caches."""
+    """What every layer of one forward shares: op set, sequences, positions, attention plan, and where the
+    per-sequence state lives: nowhere (the learner's packed forward: every sequence starts at position 0),
+    ``states`` (standalone calls) or the engine's paged ``HybridCache`` (``view``).
+
+    ``seq_lens``/``starts`` (host) give each sequence's tokens in this call (contiguous in the stream, in
+    position order) and its first position; ``rows`` (host) its row of the view's page table."""
 
     def __init__(
         self,
         model: Qwen35ForCausalLM,
+        positions: torch.Tensor,
+        seq_index: torch.Tensor,
         seq_lens: Sequence[int],
-        states: Sequence[SequenceState] | None,
-        device: torch.device,
+        starts: Sequence[int],
+        states: Sequence[SequenceState] | None = None,
+        view: CacheView | None = None,
+        rows: Sequence[int] | None = None,
     ) -> None:
         cfg = model.config
-        self.ops: OpSet = model.ops
-        self.seq_lens = list(seq_lens)
+        self.ops: OpSet = model.ops_for(positions.device)
+        self.seq_lens, self.starts = list(seq_lens), list(starts)
         self.states = list(states) if states is not None else None
-        starts = [st.position for st in self.states] if self.states is not None else [0] * len(self.seq_lens)
-        self.starts = starts
-        self.positions = torch.cat(
-            [torch.arange(a, a + n, device=device) for a, n in zip(starts, self.seq_lens, strict=True)]
-        )
-        self.seq_ids = torch.repeat_interleave(
-            torch.arange(len(self.seq_lens), device=device), torch.tensor(self.seq_lens, device=device)
-        )
-        top = max((a + n for a, n in zip(starts, self.seq_lens, strict=True)), default=1) - 1
-        self.buf_shape = (len(self.seq_lens), cfg.num_key_value_heads, -(-(top + 1) // KEY_BLOCK) * KEY_BLOCK)
+        self.view, self.rows = view, list(rows) if rows is not None else None
+        self.positions, self.seq_ids = positions, seq_index
+        top = max((a + n for a, n in zip(self.starts, self.seq_lens, strict=True)), default=1) - 1
         model.rope.check_top(top)
         self.rope = model.rope
+        table = None
+        if view is not None:
+            table = view.page_table
+            self.write_page = table[seq_index, torch.div(positions, PAGE_SIZE, rounding_mode="floor")]
+            self.write_offset = positions % PAGE_SIZE
+        else:
+            self.buf_shape = (
+                len(self.seq_lens),
+                cfg.num_key_value_heads,
+                -(-(top + 1) // KEY_BLOCK) * KEY_BLOCK,
+            )
         self.plan = self.ops.plan_attention(
-            self.seq_ids, self.positions, cfg.num_attention_heads, cfg.num_key_value_heads, max_position=top
-        )
+            seq_index, positions, cfg.num_attention_heads, cfg.num_key_value_heads, page_table=table,
+            max_position=top, decode_positions=view.decode_positions if view is not None else None,
+        )  # fmt: skip
+
+    @property
+    def keeps_state(self) -> bool:
+        return self.states is not None or self.view is not None
 
     def cached(self, layer: int) -> list[tuple | None]:
-        """Each sequence's cache of `layer` (None: nothing cached, or no states in this forward)."""
+        """Each sequence's cache of `layer` in a standalone call (None: nothing cached, or no states)."""
         if self.states is None:
             return [None] * len(self.seq_lens)
         return [st.layers.get(layer) for st in self.states]
@@ -102,6 +128,85 @@ class _Batch:
         if self.states is not None:
             for st, value in zip(self.states, values, strict=True):
                 st.layers[layer] = value
+
+    def recurrent_inputs(self, layer: int, kernel: int, heads) -> tuple[list, list]:
+        """Each sequence's conv window and DeltaRuleCache entering this call (None: it starts here).
+
+        From the view's pages: the window is the conv inputs of the K - 1 positions before the call, the
+        state the snapshot of the previous page (chunk), and the current chunk's pending k and v are
+        recomputed from their conv inputs by ``heads`` (the layer's conv + head split + l2 norm: per-token
+        arithmetic, so the same bits as when they were first computed; only g and beta are kept)."""
+        if self.view is None:
+            cached = self.cached(layer)
+            return [c[0] if c else None for c in cached], [c[1] if c else None for c in cached]
+        cache, table = self.view.cache, self.view.page_table
+        conv_in = cache.conv_in[layer]
+
+        def read(r: int, lo: int, hi: int) -> torch.Tensor:  # conv inputs of positions lo..hi-1 (0 before 0)
+            pos = torch.arange(lo, hi, device=table.device)
+            rows = conv_in[table[r, pos.clamp(min=0) // PAGE_SIZE], pos.clamp(min=0) % PAGE_SIZE]
+            return torch.where((pos >= 0).unsqueeze(1), rows, torch.zeros_like(rows))
+
+        windows, entering, pending = [], [], []
+        for a, r in zip(self.starts, self.rows, strict=True):
+            if a == 0:
+                windows.append(None)
+                entering.append(None)
+                continue
+            windows.append(read(r, a - kernel + 1, a))
+            c, m = divmod(a, PAGE_SIZE)
+            state = cache.state[layer][table[r, c - 1]] if c > 0 else torch.zeros_like(cache.state[layer][0])
+            page = table[r, c]
+            entering.append((state.clone(), cache.dr_g[layer][page, :m], cache.dr_beta[layer][page, :m]))
+            if m:
+                pending.append(
+                    (
+                        len(entering) - 1,
+                        read(r, c * PAGE_SIZE, a),
+                        read(r, c * PAGE_SIZE - kernel + 1, c * PAGE_SIZE),
+                    )
+                )
+        kv = {}
+        if pending:
+            k, v = heads(
+                torch.cat([x for _, x, _ in pending]),
+                [x.shape[0] for _, x, _ in pending],
+                [w for _, _, w in pending],
+            )
+            sizes = [x.shape[0] for _, x, _ in pending]
+            kv = {
+                i: pair
+                for (i, _, _), pair in zip(
+                    pending, zip(k.split(sizes), v.split(sizes), strict=True), strict=True
+                )
+            }
+        caches = []
+        for i, e in enumerate(entering):
+            if e is None:
+                caches.append(None)
+                continue
+            state, g, beta = e
+            k, v = kv.get(i, (None, None))
+            if k is None:
+                h, dk, dv = state.shape
+                k, v = state.new_zeros(0, h, dk), state.new_zeros(0, h, dv)
+            caches.append(DeltaRuleCache(state, k.float(), v.float(), g, beta))
+        return windows, caches
+
+    @torch.no_grad()
+    def write_recurrent(
+        self, layer: int, conv_in: torch.Tensor, inputs: Sequence[torch.Tensor], caches
+    ) -> None:
+        """Into the view's pages: this call's per-position conv inputs and delta-rule g and beta, and the
+        state after each chunk it completed (the snapshot of that chunk's page)."""
+        cache, table = self.view.cache, self.view.page_table
+        page, off = self.write_page, self.write_offset
+        cache.conv_in[layer][page, off] = conv_in.detach()
+        for buf, x in zip((cache.dr_g, cache.dr_beta), inputs, strict=True):
+            buf[layer][page, off] = x.detach().float()
+        for a, r, dr in zip(self.starts, self.rows, caches, strict=True):
+            for j, snapshot in enumerate(dr.completed):
+                cache.state[layer][table[r, a // PAGE_SIZE + j]] = snapshot
 
 
 class FullAttention(nn.Module):
@@ -132,6 +237,13 @@ class FullAttention(nn.Module):
         v = ops.linear(x, self.v_proj.weight, self.v_proj.bias).view(t, self.num_kv_heads, d)
         q = self._rotate(self.q_norm(q), batch)
         k = self._rotate(self.k_norm(k), batch)
+        if batch.view is not None:  # the engine's pages: write this call's K/V, attend through the table
+            cache = batch.view.cache
+            k_buf, v_buf = cache.k[self.index], cache.v[self.index]
+            with torch.no_grad():
+                k_buf[batch.write_page, :, batch.write_offset] = k.detach()
+                v_buf[batch.write_page, :, batch.write_offset] = v.detach()
+            return self._output(ops.attention(q, k_buf, v_buf, batch.plan, 1.0 / math.sqrt(d)), gate, ops)
         shape = (*batch.buf_shape, d)
         k_buf = torch.zeros(shape, dtype=k.dtype, device=k.device)
         v_buf = torch.zeros(shape, dtype=v.dtype, device=v.device)
@@ -145,8 +257,10 @@ class FullAttention(nn.Module):
                 a = batch.starts[s]
                 kept.append((k_buf[s, :, : a + n].detach().clone(), v_buf[s, :, : a + n].detach().clone()))
             batch.keep(self.index, kept)
-        out = ops.attention(q, k_buf, v_buf, batch.plan, 1.0 / math.sqrt(d)).reshape(t, -1)
-        out = out * aligned_unary(torch.sigmoid, gate)
+        return self._output(ops.attention(q, k_buf, v_buf, batch.plan, 1.0 / math.sqrt(d)), gate, ops)
+
+    def _output(self, out: torch.Tensor, gate: torch.Tensor, ops: OpSet) -> torch.Tensor:
+        out = out.reshape(out.shape[0], -1) * aligned_unary(torch.sigmoid, gate)
         return ops.linear(out, self.o_proj.weight, self.o_proj.bias)
 
 
@@ -173,33 +287,41 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_b = nn.Linear(cfg.hidden_size, self.hv, bias=False)
         self.in_proj_a = nn.Linear(cfg.hidden_size, self.hv, bias=False)
 
-    def forward(self, x: torch.Tensor, batch: _Batch) -> torch.Tensor:
-        ops, t = batch.ops, x.shape[0]
-        cached = batch.cached(self.index)
-        keep = batch.states is not None
-        mixed, windows = ops.causal_conv1d(
-            ops.linear(x, self.in_proj_qkv.weight),
-            self.conv1d.weight,
-            batch.seq_lens,
-            [c[0] if c else None for c in cached],
-            keep_windows=keep,
-        )
+    def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k ([T, hv, dk], repeated to the value heads and l2-normalized) and v [T, hv, dv] of the conv's
+        output."""
+        t = mixed.shape[0]
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q, k = q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk)
         v = v.reshape(t, self.hv, self.dv)
+        if self.hv != self.hk:
+            q = q.repeat_interleave(self.hv // self.hk, dim=1)
+            k = k.repeat_interleave(self.hv // self.hk, dim=1)
+        return l2_normalize(q), l2_normalize(k), v
+
+    def forward(self, x: torch.Tensor, batch: _Batch) -> torch.Tensor:
+        ops, t = batch.ops, x.shape[0]
+
+        def pending_kv(conv_in, lens, windows):  # a paged cache's pending chunk tokens, recomputed
+            mixed, _ = ops.causal_conv1d(conv_in, self.conv1d.weight, lens, windows)
+            return self._heads(mixed)[1:]
+
+        windows, entering = batch.recurrent_inputs(self.index, self.conv1d.weight.shape[-1], pending_kv)
+        keep = batch.keeps_state
+        proj = ops.linear(x, self.in_proj_qkv.weight)
+        mixed, windows = ops.causal_conv1d(
+            proj, self.conv1d.weight, batch.seq_lens, windows, keep_windows=batch.states is not None
+        )
+        q, k, v = self._heads(mixed)
         z = ops.linear(x, self.in_proj_z.weight).reshape(t * self.hv, self.dv)
         beta = aligned_unary(torch.sigmoid, ops.linear(x, self.in_proj_b.weight))
         a = ops.linear(x, self.in_proj_a.weight).float() + self.dt_bias
         # g = -exp(A_log) * softplus(a + dt_bias): the per-token log decay, in fp32 as the reference
         g = -aligned_unary(torch.exp, self.A_log.float()) * aligned_unary(F.softplus, a)
-        if self.hv != self.hk:
-            q = q.repeat_interleave(self.hv // self.hk, dim=1)
-            k = k.repeat_interleave(self.hv // self.hk, dim=1)
-        q, k = l2_normalize(q), l2_normalize(k)
-        core, caches = ops.delta_rule(
-            q, k, v, g, beta, batch.seq_lens, [c[1] if c else None for c in cached], keep_caches=keep
-        )
-        if keep:
+        core, caches = ops.delta_rule(q, k, v, g, beta, batch.seq_lens, entering, keep_caches=keep)
+        if batch.view is not None:
+            batch.write_recurrent(self.index, proj, (g, beta), caches)
+        elif keep:
             batch.keep(self.index, list(zip(windows, caches, strict=True)))
         core = self.norm(core.reshape(t * self.hv, self.dv), z, ops).reshape(t, self.value_dim)
         return ops.linear(core, self.out_proj.weight)
@@ -246,10 +368,16 @@ class _Stack(nn.Module):
 
 
 class Qwen35ForCausalLM(nn.Module):
-    """Qwen3.5 causal LM over packed sequences: `forward` gives final hidden states, `logits` the LM head."""
+    """Qwen3.5 causal LM on the forward contract every family implements (model/transformer.py): `forward`
+    gives final hidden states, `logits` the LM head; the engine's paged cache is the model's own kind
+    (``new_kv_cache``: K/V pages plus the Gated DeltaNet layers' recurrent state, model/qwen3_5_cache.py)."""
+
+    takes_images = False  # (the vision tower of qwen3_5 vision-language checkpoints is not loaded yet)
+    fused_projections = False  # no stacked q/k/v GEMMs for this family yet (``fuse_projections``: a no-op)
 
     def __init__(self, config: Qwen35Config, kernels: str = "aligned") -> None:
         super().__init__()
+        get_ops(kernels)  # reject an unknown name now
         self.config = config
         self.model = _Stack(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -257,32 +385,186 @@ class Qwen35ForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.kernels = kernels
         self.rope = RopeTable(config.rotary_dim, config.rope_theta, config.max_position_embeddings)
+        self.to(config.torch_dtype)
+
+    # ---- the op set -------------------------------------------------------------------------------------
+    def ops_for(self, device: torch.device | str) -> OpSet:
+        return get_ops(self.kernels, device)
 
     @property
     def ops(self) -> OpSet:
-        return get_ops(self.kernels, self.lm_head.weight.device)
+        return self.ops_for(self.device)
 
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def set_kernels(self, kernels: str) -> None:
+        """Switch op set in place (same weights)."""
+        get_ops(kernels)
+        self.kernels = kernels
+
+    def fuse_projections(self, enabled: bool = True) -> None:
+        """The contract's projection fusion (``Transformer.fuse_projections``): not done for this family yet,
+        every GEMM stays separate (the same bits either way)."""
+
+    def verify_kernels(self) -> None:
+        """The aligned CPU kernels' start-up guards for this model's GEMM and attention shapes (as
+        ``Transformer.verify_kernels``)."""
+        if self.kernels != "aligned" or self.device.type != "cpu":
+            return
+        verify_weights(m.weight for m in self.modules() if isinstance(m, nn.Linear))
+        cfg = self.config
+        verify_attention(cfg.num_attention_heads // cfg.num_key_value_heads, cfg.head_dim)
+
+    # ---- the forward contract ---------------------------------------------------------------------------
     def forward(
-        self, tokens: torch.Tensor, seq_lens: Sequence[int], states: Sequence[SequenceState] | None = None
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        seq_ids: torch.Tensor | None = None,
+        kv_cache: CacheView | None = None,
+        max_position: int | None = None,
+        num_sequences: int | None = None,
+        seq_lens: Sequence[int] | None = None,
+        states: Sequence[SequenceState] | None = None,
+        rope_positions: torch.Tensor | None = None,
+        images: object | None = None,
+        image_slots: torch.Tensor | None = None,
+        text_rope_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Final hidden states [T, hidden] of packed sequences: tokens [T] holds `seq_lens[0]` tokens of
-        sequence 0, then sequence 1's, and so on. Without `states` every sequence starts at position 0 (the
-        learner's packed forward); with them, sequence i continues `states[i]` (a prefill chunk or a decode
-        token), and the states are updated in place."""
+        """Final hidden states [T, hidden] (or [B, S, hidden] for a padded [B, S] batch).
+
+        The contract's call (``Transformer.forward``): tokens, positions, seq_ids and, in the engine, a
+        ``kv_cache`` view of ``new_kv_cache``'s pages; each sequence's tokens are contiguous in the stream and
+        in position order. Without a cache every sequence starts at position 0 (the learner's packed
+        forward; its ``packed_inputs`` pass ``seq_lens``, so nothing is read back from the device). With one,
+        a sequence continues from its pages (a prefill chunk or a decode token). ``max_position`` and
+        ``num_sequences`` are accepted for the contract (the model knows them from ``seq_lens``).
+
+        Standalone calls pass ``seq_lens`` (and ``states``, each sequence's ``SequenceState``, updated in
+        place) without positions.
+        """
+        if any(v is not None for v in (rope_positions, images, image_slots, text_rope_positions)):
+            raise ValueError(f"{type(self).__name__} takes no rope_positions or image inputs (a text model)")
+        shape = tokens.shape
+        if positions is None:
+            batch, tokens = self._standalone_batch(tokens, seq_lens, states)
+        else:
+            if states is not None:
+                raise ValueError("states go with seq_lens and no positions (a standalone call)")
+            tokens, positions, seq_ids = flat_stream(tokens, positions, seq_ids)
+            batch = self._contract_batch(positions, seq_ids, kv_cache, seq_lens)
+        x = self.model.embed_tokens(tokens)
+        recompute = self.config.activation_checkpointing and torch.is_grad_enabled() and not batch.keeps_state
+        for layer in self.model.layers:
+            x = checkpoint(layer, x, batch, use_reentrant=False) if recompute else layer(x, batch)
+        if states is not None:
+            for st, n in zip(states, batch.seq_lens, strict=True):
+                st.position += n
+        return in_token_shape(self.model.norm(x), shape)
+
+    def _standalone_batch(self, tokens, seq_lens, states) -> tuple[_Batch, torch.Tensor]:
+        if seq_lens is None:
+            raise ValueError("a forward without positions needs seq_lens")
         if tokens.dim() != 1 or sum(seq_lens) != tokens.shape[0]:
             raise ValueError(
                 f"tokens {tuple(tokens.shape)} must be [T] with T = sum(seq_lens) = {sum(seq_lens)}"
             )
         if states is not None and len(states) != len(seq_lens):
             raise ValueError(f"{len(states)} states for {len(seq_lens)} sequences")
-        batch = _Batch(self, seq_lens, states, tokens.device)
-        x = self.model.embed_tokens(tokens)
-        for layer in self.model.layers:
-            x = layer(x, batch)
-        if states is not None:
-            for st, n in zip(states, seq_lens, strict=True):
-                st.position += n
-        return self.model.norm(x)
+        starts = [st.position for st in states] if states is not None else [0] * len(seq_lens)
+        positions, index = _host_stream(starts, seq_lens)
+        dev = tokens.device
+        return _Batch(self, positions.to(dev), index.to(dev), seq_lens, starts, states=states), tokens
+
+    def _contract_batch(self, positions, seq_ids, kv_cache, seq_lens) -> _Batch:
+        if kv_cache is not None and not isinstance(kv_cache.cache, HybridCache):
+            raise TypeError(
+                f"kv_cache must view a HybridCache (new_kv_cache), got {type(kv_cache.cache).__name__}"
+            )
+        n_tok = positions.shape[0]
+        if kv_cache is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            # the recurrent layers index their pages by host positions: a replayed graph would keep the
+            # captured ones (the engine's capture failure is logged and decode runs eagerly, same bits)
+            raise RuntimeError("a Qwen3.5 cached forward cannot be captured in a CUDA graph yet")
+        if kv_cache is not None and kv_cache.decode_positions is not None:
+            # a decode step: token i is row i's one token, at decode_positions[i] (no read-back)
+            starts = list(kv_cache.decode_positions)
+            if len(starts) != n_tok:
+                raise ValueError(f"decode step: {n_tok} tokens for {len(starts)} decode positions")
+            return _Batch(self, positions, seq_ids, [1] * n_tok, starts, view=kv_cache, rows=range(n_tok))
+        if seq_lens is not None:  # the learner's packed forward: sequences 0.. in order, from position 0
+            if kv_cache is not None or sum(seq_lens) != n_tok:
+                raise ValueError(f"seq_lens ({sum(seq_lens)} tokens) describe a packed forward of {n_tok}")
+            return _Batch(self, positions, seq_ids, seq_lens, [0] * len(seq_lens))
+        # otherwise the sequences are read from the stream (one read-back)
+        rows, starts, lens = _runs(seq_ids.tolist(), positions.tolist())
+        if kv_cache is not None:
+            return _Batch(self, positions, seq_ids, lens, starts, view=kv_cache, rows=rows)
+        if any(starts):
+            raise ValueError("without a kv_cache every sequence must start at position 0")
+        _, index = _host_stream(starts, lens)
+        return _Batch(self, positions, index.to(positions.device), lens, starts)
+
+    def scored_sequence(self, tokens: list[int], images: list[bytes] | None, loss_mask: list) -> object:
+        """What the packer takes for a trajectory: its tokens (a text model: images refused)."""
+        if images:
+            raise ValueError("trajectories carry images but the model has no vision tower")
+        return tokens
+
+    def packed_inputs(self, sequences: Sequence, ids: list[torch.Tensor]) -> dict:
+        """The packed forward's extra input: each sequence's length (the linear-attention layers start each
+        sequence's state at its first token), known on the host."""
+        if any(getattr(s, "pixel_values", None) is not None or getattr(s, "images", None) for s in sequences):
+            raise ValueError(f"{type(self).__name__} takes no images (it is a text model)")
+        return {"seq_lens": [int(i.numel()) for i in ids]}
+
+    def image_positions(self, prompt: list[int], grids: torch.Tensor):
+        raise ValueError("images need a vision-language model (Qwen3-VL); this model has none")
+
+    def image_row_bytes(self) -> int:
+        return 0
+
+    def token_names(self) -> dict[int, str]:
+        return {}
+
+    # ---- the engine's cache -----------------------------------------------------------------------------
+    def kv_page_bytes(self) -> int:
+        """Bytes of one cache page (64 positions, every layer, recurrent state included)."""
+        return hybrid_bytes_per_page(self.config, self.lm_head.weight.dtype)
+
+    def new_kv_cache(self, num_pages: int, device: torch.device | str) -> HybridCache:
+        """The engine's paged cache of this model (K/V and recurrent state: model/qwen3_5_cache.py)."""
+        return HybridCache(self.config, num_pages, dtype=self.lm_head.weight.dtype, device=device)
+
+    # ---- weights ----------------------------------------------------------------------------------------
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    @property
+    def decoder(self) -> nn.Module:
+        return self.model
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, seed: int | None = None) -> None:
+        """Random weights: matrices and conv N(0, std), norms at their identity (zero-centred ones 0, the
+        gated one 1), decay A = 1..16 (A_log = log A) and dt_bias 1, as transformers initialises them."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        for name, p in self.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                p.zero_()
+            elif name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(1, 16, generator=gen).log())
+            elif name.endswith("dt_bias"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
     def hf_config(self) -> dict:
         """This model's config.json (`save_hf_checkpoint` writes it, Qwen3_5ForCausalLM reads it)."""
@@ -290,7 +572,39 @@ class Qwen35ForCausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head in the op set's GEMM, as fp32 [T, vocab]."""
-        return self.ops.linear(hidden, self.lm_head.weight).float()
+        return self.ops_for(hidden.device).linear(hidden, self.lm_head.weight).float()
+
+
+def _host_stream(starts: Sequence[int], seq_lens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, sequence index) [T] of sequences continuing at ``starts`` with ``seq_lens`` tokens."""
+    positions = torch.cat([torch.arange(a, a + n) for a, n in zip(starts, seq_lens, strict=True)] or
+                          [torch.zeros(0, dtype=torch.long)])  # fmt: skip
+    index = torch.repeat_interleave(
+        torch.arange(len(seq_lens)), torch.tensor(list(seq_lens), dtype=torch.long)
+    )
+    return positions, index
+
+
+def _runs(seq_ids: list[int], positions: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """(row, first position, length) of each sequence of a stream: its tokens must be one contiguous run in
+    position order (ValueError otherwise)."""
+    rows: list[int] = []
+    starts: list[int] = []
+    lens: list[int] = []
+    for sid, pos in zip(seq_ids, positions, strict=True):
+        if rows and rows[-1] == sid:
+            if pos != starts[-1] + lens[-1]:
+                raise ValueError(
+                    f"sequence {sid}: position {pos} does not follow {starts[-1] + lens[-1] - 1}"
+                )
+            lens[-1] += 1
+            continue
+        if sid in rows:
+            raise ValueError(f"sequence {sid}'s tokens are not contiguous in the stream")
+        rows.append(sid)
+        starts.append(pos)
+        lens.append(1)
+    return rows, starts, lens
 
 
 def load_qwen3_5(
@@ -302,6 +616,8 @@ def load_qwen3_5(
     from rz_agents.model.checkpoint import load_state
 
     config = Qwen35Config.from_checkpoint(ckpt_dir)
+    if dtype is not None:
+        config.dtype = str(dtype).removeprefix("torch.")
     with torch.device("meta"):
         model = Qwen35ForCausalLM(config, kernels)
     state = {}

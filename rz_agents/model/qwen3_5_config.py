@@ -8,10 +8,13 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import torch
+
 LAYER_KINDS = ("linear_attention", "full_attention")
+MODEL_TYPES = ("qwen3_5", "qwen3_5_text")  # what `family:` / config.json's model_type may say
 
 
-@dataclass(frozen=True)
+@dataclass
 class Qwen35Config:
     vocab_size: int
     hidden_size: int
@@ -34,6 +37,8 @@ class Qwen35Config:
     attention_bias: bool = False
     hidden_act: str = "silu"
     dtype: str = "float32"
+    eos_token_id: int | list[int] | None = None
+    activation_checkpointing: bool = False  # the learner's choice (not part of the checkpoint)
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != self.num_hidden_layers:
@@ -50,6 +55,47 @@ class Qwen35Config:
             )
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r}: only 'silu' is supported")
+
+    @property
+    def model_type(self) -> str:
+        return "qwen3_5_text"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of a Gated DeltaNet layer's short convolution (its q, k and v)."""
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.value_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @classmethod
+    def tiny(cls, **overrides) -> Qwen35Config:
+        """A small random-init config (tests, CPU demos): 4 layers, the last full attention, the rest Gated
+        DeltaNet, as the released models' 3:1 pattern. ``overrides`` replace any field (``layer_types``
+        follows ``num_hidden_layers`` unless given)."""
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(overrides) - known)
+        if bad:
+            raise ValueError(f"model.tiny_overrides: unknown Qwen3.5 config fields {bad}")
+        base = dict(
+            vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            rope_theta=10000.0, max_position_embeddings=4096,
+        )  # fmt: skip
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        if "layer_types" not in overrides:
+            n = base["num_hidden_layers"]
+            base["layer_types"] = tuple(
+                "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)
+            )
+        base["layer_types"] = tuple(base["layer_types"])
+        return cls(**base)
 
     @property
     def rotary_dim(self) -> int:
@@ -95,13 +141,15 @@ class Qwen35Config:
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             attention_bias=hf.get("attention_bias", False),
             hidden_act=hf.get("hidden_act", "silu"),
-            dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
+            dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "float32").removeprefix("torch."),
+            eos_token_id=hf.get("eos_token_id"),
         )
 
     def to_hf(self) -> dict:
         """A `qwen3_5_text` config.json dict (what `from_hf` reads back to this config)."""
         rope = ("rope_theta", "partial_rotary_factor")
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in rope}
+        skip = (*rope, "activation_checkpointing")
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         d["layer_types"] = list(self.layer_types)
         d["rope_parameters"] = {"rope_type": "default", **{name: getattr(self, name) for name in rope}}
         return {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", **d}

@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from rz_agents.model.config import ModelConfig
 from rz_agents.model.deepseek_moe import DeepseekMoE
 from rz_agents.model.fused import FusedLinears, project
-from rz_agents.model.kv_cache import PAGE_SIZE, CacheView
+from rz_agents.model.kv_cache import PAGE_SIZE, CacheView, KVCache, bytes_per_page
 from rz_agents.model.layers import MLP, RMSNorm, _linear  # noqa: F401 (their public home was this file)
 from rz_agents.model.lora_math import linear as adapted_linear
 from rz_agents.model.mla import LatentAttention
@@ -349,6 +349,15 @@ class Transformer(nn.Module):
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
+
+    # ---- the forward contract's cache: each family makes its own kind (a hybrid model adds recurrent state)
+    def kv_page_bytes(self) -> int:
+        """Bytes of one page of this model's engine cache (64 positions, every layer)."""
+        return bytes_per_page(self.config)
+
+    def new_kv_cache(self, num_pages: int, device: torch.device | str) -> KVCache:
+        """The engine's paged cache for this model: K/V pages (``kv_cache``; ``CacheView`` reads it)."""
+        return KVCache(self.config, num_pages=num_pages, device=device)
 
     def ops_for(self, device: torch.device | str) -> OpSet:
         """The op set this model's `kernels` names, for tensors on `device` (aligned on CUDA: Triton)."""

@@ -31,7 +31,7 @@ class ModelSpec:
     """
 
     checkpoint: str | None = None
-    # architecture of a random tiny model (llama | qwen3 | qwen3_moe); a checkpoint's config.json
+    # architecture of a random tiny model (llama | qwen3 | qwen3_moe | qwen3_5); a checkpoint's config.json
     # decides otherwise
     model_type: str = "qwen3"
     # The op set of engine and learner alike: "aligned" (bit-identical log-probs) or "standard" (stock

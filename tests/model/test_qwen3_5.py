@@ -55,7 +55,7 @@ def checkpoint(tmp_path_factory):
 
 def _figure(model, tokens, ref_logp):
     with torch.no_grad():
-        logp = model.logits(model(tokens, LENS)).log_softmax(-1)
+        logp = model.logits(model(tokens, seq_lens=LENS)).log_softmax(-1)
     return (logp - ref_logp).abs().max().item()
 
 
@@ -87,10 +87,11 @@ def test_a_sequence_gets_the_same_logits_in_any_packed_batch(checkpoint, dtype):
     model = load_qwen3_5(path, dtype=dtype)
     a, b = tokens[: LENS[0]], tokens[LENS[0] :]
     with torch.no_grad():
-        alone = model.logits(model(a, [LENS[0]]))
-        packed = model.logits(model(torch.cat([b[:9], a, b]), [9, LENS[0], LENS[1]]))
-        prefix = model.logits(model(a[:100], [100]))  # a shorter call: the first 100 rows do not change
-        short = model.logits(model(a[:2], [2]))  # two rows: stock GEMMs take another path below 4 rows
+        alone = model.logits(model(a, seq_lens=[LENS[0]]))
+        packed = model.logits(model(torch.cat([b[:9], a, b]), seq_lens=[9, LENS[0], LENS[1]]))
+        # a shorter call: the first 100 rows do not change; two rows: stock GEMMs take another path below 4
+        prefix = model.logits(model(a[:100], seq_lens=[100]))
+        short = model.logits(model(a[:2], seq_lens=[2]))
     assert torch.equal(packed[9 : 9 + LENS[0]], alone)
     assert torch.equal(prefix, alone[:100]) and torch.equal(short, alone[:2])
     if dtype != torch.float32:
@@ -98,8 +99,8 @@ def test_a_sequence_gets_the_same_logits_in_any_packed_batch(checkpoint, dtype):
     # negative control: the standard op set (stock fp32 GEMMs) gives the same rows other bits in a short call
     model.kernels = "standard"
     with torch.no_grad():
-        std_alone = model.logits(model(a, [LENS[0]]))
-        std_short = model.logits(model(a[:2], [2]))
+        std_alone = model.logits(model(a, seq_lens=[LENS[0]]))
+        std_short = model.logits(model(a[:2], seq_lens=[2]))
     assert not torch.equal(std_short, std_alone[:2])
 
 
@@ -149,18 +150,18 @@ def test_cached_prefill_cut_anywhere_then_decode_equals_the_packed_forward(check
     model = load_qwen3_5(path, dtype=dtype)
     seq = tokens[:100]
     with torch.no_grad():
-        packed = model.logits(model(seq, [100]))
+        packed = model.logits(model(seq, seq_lens=[100]))
         for cuts in ((37, 64, 90), (1, 64, 65), (63, 99)):
             state, rows, prev = SequenceState(), [], 0
             for cut in (*cuts, 100):
-                rows.append(model.logits(model(seq[prev:cut], [cut - prev], [state])))
+                rows.append(model.logits(model(seq[prev:cut], seq_lens=[cut - prev], states=[state])))
                 prev = cut
             assert torch.equal(torch.cat(rows), packed), cuts
             assert state.position == 100
         # decode next to another sequence's prefill chunk, token by token
         state, other, rows = SequenceState(), SequenceState(), []
-        rows.append(model.logits(model(seq[:50], [50], [state])))
+        rows.append(model.logits(model(seq[:50], seq_lens=[50], states=[state])))
         for i in range(50, 100):
             step = torch.cat([seq[i : i + 1], tokens[100 + i : 101 + i]])
-            rows.append(model.logits(model(step, [1, 1], [state, other]))[:1])
+            rows.append(model.logits(model(step, seq_lens=[1, 1], states=[state, other]))[:1])
         assert torch.equal(torch.cat(rows), packed)

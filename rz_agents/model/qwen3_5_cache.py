@@ -1,0 +1,109 @@
+"""The engine's paged cache of a hybrid linear-attention model (Qwen3.5): one page = 64 positions = one
+delta-rule chunk, so every kind of per-sequence state lives in the sequence's pages.
+
+Per page, for each layer of its kind:
+- full attention: the K/V of its 64 positions (as ``KVCache``'s pages);
+- Gated DeltaNet: per position, the short conv's input (the q/k/v projection) and the delta rule's log decay
+  g and beta (fp32); per page, the delta-rule state after the page's chunk (fp32 [heads, dk, dv]), written by
+  the forward that completes the chunk. The current chunk's k and v are recomputed from the conv inputs
+  (per-token arithmetic: the same bits), not stored.
+
+A forward continuing a sequence at position p reads the conv window (positions p-K+1..p-1), the state
+after chunk p // 64 - 1 and the inputs of the current chunk's first p % 64 tokens from the pages, which is
+exactly what the aligned delta rule keeps between calls (rz_kernels.delta_rule.DeltaRuleCache): a prefill
+cut anywhere, a decode step and the learner's packed forward give every token the same bits. Because the
+state is snapshotted at every page (chunk) boundary, the engine's page machinery works unchanged:
+preemption and weight updates (recompute) refill the pages, and prefix reuse takes whole pages by reference
+(their states are the prefix's, as the hash chain over the pages names every token before them) and
+copies a partial page's positions. The price is memory: a state snapshot per page and linear layer
+(``bytes_per_page`` counts it; the engine's page budget divides by it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rz_agents.model.kv_cache import PAGE_SIZE, KVCache
+from rz_agents.model.qwen3_5_config import Qwen35Config
+
+F32 = torch.float32
+
+
+def hybrid_bytes_per_page(config: Qwen35Config, dtype: torch.dtype | None = None) -> int:
+    """Bytes one page (64 positions) holds over all layers: K/V of the full-attention layers, and for each
+    Gated DeltaNet layer the per-position conv input, g and beta plus one state snapshot."""
+    item = torch.empty(0, dtype=dtype or config.torch_dtype).element_size()
+    full = config.layer_types.count("full_attention")
+    linear = config.num_hidden_layers - full
+    hv, dk, dv = config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim
+    kv = 2 * config.num_key_value_heads * PAGE_SIZE * config.head_dim * item
+    inputs = PAGE_SIZE * (config.conv_dim * item + 4 * hv * 2)
+    state = 4 * hv * dk * dv
+    return full * kv + linear * (inputs + state)
+
+
+class HybridCache:
+    """The pages of a hybrid model's cache (see the module docstring); ``view`` and ``copy_page`` as
+    ``KVCache``'s. Tensors per layer index: ``k``/``v`` for full-attention layers; ``conv_in``, ``dr_g``,
+    ``dr_beta`` (per position) and ``state`` (per page) for Gated DeltaNet layers."""
+
+    def __init__(
+        self,
+        config: Qwen35Config,
+        num_pages: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if num_pages < 1:
+            raise ValueError(f"HybridCache needs at least one page, got {num_pages}")
+        self.num_pages = num_pages
+        self.device = torch.device(device)
+        dtype = dtype or config.torch_dtype
+        hv, dk, dv = config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim
+        kv_shape = (num_pages, config.num_key_value_heads, PAGE_SIZE, config.head_dim)
+
+        def zeros(*shape, dt=F32):
+            return torch.zeros(shape, dtype=dt, device=device)
+
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+        self.conv_in: dict[int, torch.Tensor] = {}
+        self.dr_g: dict[int, torch.Tensor] = {}
+        self.dr_beta: dict[int, torch.Tensor] = {}
+        self.state: dict[int, torch.Tensor] = {}
+        for i, kind in enumerate(config.layer_types):
+            if kind == "full_attention":
+                self.k[i], self.v[i] = zeros(*kv_shape, dt=dtype), zeros(*kv_shape, dt=dtype)
+            else:
+                self.conv_in[i] = zeros(num_pages, PAGE_SIZE, config.conv_dim, dt=dtype)
+                self.dr_g[i] = zeros(num_pages, PAGE_SIZE, hv)
+                self.dr_beta[i] = zeros(num_pages, PAGE_SIZE, hv)
+                self.state[i] = zeros(num_pages, hv, dk, dv)
+        self.bytes_per_page = hybrid_bytes_per_page(config, dtype)
+
+    @property
+    def bytes_total(self) -> int:
+        return self.num_pages * self.bytes_per_page
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every tensor of the cache (K/V, recurrent inputs, state snapshots)."""
+        kinds = (self.k, self.v, self.conv_in, self.dr_g, self.dr_beta, self.state)
+        return [t for bufs in kinds for t in bufs.values()]
+
+    # what one forward reads and writes: the same page-table view as a plain K/V cache's
+    view = KVCache.view
+
+    @torch.no_grad()
+    def copy_page(self, src: int, dst: int, num_positions: int = PAGE_SIZE) -> None:
+        """Copy the first num_positions positions of page src into page dst, every layer, bit-exact (and the
+        state snapshot, when the whole page is copied)."""
+        n = num_positions
+        for bufs in (self.k, self.v):
+            for buf in bufs.values():
+                buf[dst, :, :n].copy_(buf[src, :, :n])
+        for bufs in (self.conv_in, self.dr_g, self.dr_beta):
+            for buf in bufs.values():
+                buf[dst, :n].copy_(buf[src, :n])
+        if n == PAGE_SIZE:
+            for buf in self.state.values():
+                buf[dst].copy_(buf[src])
