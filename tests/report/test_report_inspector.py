@@ -77,18 +77,7 @@ def test_inspector_page_renders_in_headless_chromium(tmp_path):
     assert "background:#ffffff" in text and "rgba(214,39,40" in text and "rgba(31,119,180" in text
     assert "w 1.04081 · logp -0.46 · behavior -0.5" in text  # a token's tooltip
     assert "<script" not in text  # static: nothing runs
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no chromium")
-    shot = tmp_path / "inspector.png"
-    subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
-         "--window-size=1200,700", page.as_uri()],
-        capture_output=True, timeout=120, check=False,
-    )  # fmt: skip
-    from matplotlib.image import imread
-
-    pixels = imread(shot)  # RGBA floats in [0, 1]
+    pixels = _screenshot(page, tmp_path / "inspector.png", (1200, 700))  # RGBA floats in [0, 1]
     assert pixels.shape[:2] == (700, 1200)
     red = (pixels[..., 0] > 0.75) & (pixels[..., 2] < 0.7)  # tokens with a weight above 1
     blue = (pixels[..., 2] > 0.6) & (pixels[..., 0] < 0.5)  # below 1
