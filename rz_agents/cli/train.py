@@ -357,10 +357,12 @@ def _train_with_progress(
     steps_log = logging.getLogger("rz_agents.train")  # rz.log keeps every step line, bar or not
 
     def lines(step: int, metrics: dict) -> list[str]:
+        """The step's line and its evaluations' in the order they ran (eval.at_start's, logged with step 0,
+        first); every line goes to rz.log."""
         # `step N` is metrics.jsonl's, the report's and the inspector's step number (from 0)
         out = [f"step {step} ({step + 1}/{cfg.steps} done)  {describe(metrics)}"]
-        if f"{START_PREFIX}wall_s" in metrics:  # eval.at_start, logged with step 0
-            out.append(eval_line(step, metrics, START_PREFIX))
+        if f"{START_PREFIX}wall_s" in metrics:
+            out.insert(0, eval_line(step, metrics, START_PREFIX))
         if f"{EVERY_PREFIX}wall_s" in metrics:
             out.append(eval_line(step, metrics))
         for line in out:
@@ -392,8 +394,9 @@ def _train_with_progress(
 
         def on_step(step, metrics):
             progress.update(task, completed=step + 1, info=describe(metrics))
-            for line in lines(step, metrics)[1:]:  # the eval line stays above the bar
-                progress.console.print(line)
+            for line in lines(step, metrics):  # the eval lines stay above the bar; the step's is the bar
+                if not line.startswith("step "):
+                    progress.console.print(line)
             if "health_alarm_message" in metrics:
                 progress.console.print(f"[bold red]{metrics['health_alarm_message']}[/]")
 

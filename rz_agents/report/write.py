@@ -108,7 +108,9 @@ def with_start_eval(rows: list[dict]) -> list[dict]:
     return [{"step": -1, **start}, *rows] if start else rows
 
 
-def _plot_panel(rows: list[dict], title: str, keys: list[str], out: Path) -> bool:
+def _plot_panel(
+    rows: list[dict], title: str, keys: list[str], out: Path, xlabel: str = "learner step"
+) -> bool:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,8 +123,8 @@ def _plot_panel(rows: list[dict], title: str, keys: list[str], out: Path) -> boo
     for k in present:
         xs, ys = _series(rows, k)
         ax.plot(xs, ys, label=k, linewidth=1.4, marker="o" if len(xs) < 25 else None, markersize=3)
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel("learner step")
+    ax.set_title(title, fontsize=10 if len(title) <= 80 else 8.5)  # a long one (eval's, with its k) fits
+    ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -247,15 +249,16 @@ def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
     eval_k = summary_k(run)
     for name, title, keys in PANELS:
         out = plots / f"{name}.png"
-        panel_rows = rows
+        panel_rows, xlabel, healthy = rows, "learner step", HEALTHY.get(name, "")
         if name == "eval":
             if eval_k is not None:
                 title = f"{title} (k={eval_k})"
             panel_rows = with_start_eval(rows)
             if panel_rows is not rows:
-                title = f"{title}; step -1: before training (eval.at_start)"
-        if _plot_panel(panel_rows, title, keys, out):
-            images.append((title, out, HEALTHY.get(name, "")))
+                xlabel = "learner step (-1: before training, eval.at_start)"
+                healthy += " The point at step -1: before training (eval.at_start), the untrained policy."
+        if _plot_panel(panel_rows, title, keys, out, xlabel):
+            images.append((title, out, healthy))
     if _plot_staleness_hist(rows, plots / "staleness_hist.png"):
         images.append(("Staleness histogram over the run", plots / "staleness_hist.png", ""))
     if _plot_time_split(rows, plots / "time_split.png"):
