@@ -15,7 +15,9 @@
    ``pip install --target DIR triton==X`` put first on a worker's sys.path), cached on disk (``--cache``).
 3. Reports per kernel: compiled or the error, registers, spills, shared memory vs the limit, MMA family, and
    grids vs 132 SMs; the engine-vs-trainer cubin identity table; the static cost model's decode and train
-   predictions (rz_kernels.compile_check.cost_model).
+   bounds (rz_kernels.compile_check.cost_model; report key ``bounds``): the Triton launches at the H200's
+   datasheet bandwidth, a lower bound on their time, never a prediction of the step (docs/gpus.md, "Decode
+   step: bound and estimate"; the estimate is ``scripts/decode_cost_table.py``'s).
 
 Exit status 1 if a launch failed to compile, went over the shared-memory limit, or an op's engine and trainer
 binaries differ without a stated reason.
@@ -191,9 +193,9 @@ def main(argv: list[str] | None = None) -> int:
                     ok_identity = False
     report["identity_ok"] = ok_identity
     try:
-        from rz_kernels.compile_check.cost_model import report_predictions
+        from rz_kernels.compile_check.cost_model import report_bounds
 
-        report["predicted"] = report_predictions(launches, model_fields)
+        report["bounds"] = report_bounds(launches, model_fields)
     except ImportError:
         pass
     report["seconds"] = {
@@ -224,20 +226,22 @@ def _summary(report: dict, log) -> None:
             if not r.get("ok") or r.get("over_shared_limit") or r.get("spill_stores"):
                 log(f"  {k['kernel']} {name}: {r.get('error') or ''} shared={r.get('shared')} "
                     f"spills={r.get('spill_stores')}/{r.get('spill_loads')}")  # fmt: skip
-    pred = report.get("predicted")
-    if pred:
-        for row in pred.get("decode", []):
-            if row["batch"] not in (1, 16, 48, 128) or "roofline_ms" not in row:
+    from rz_kernels.compile_check.cost_model import CUBLAS_EFFICIENCY
+
+    bounds = report.get("bounds")
+    if bounds:  # lower bounds (docs/gpus.md's "bound" and "triton bound"), never a prediction of the step
+        for row in bounds.get("decode", []):
+            if row["batch"] not in (1, 16, 48, 128) or "bound_ms" not in row:
                 continue
-            head = f"predicted {row['model']} decode b{row['batch']} ctx {row['context']}"
-            log(f"{head}: {row['step_ms']:.2f} ms "
-                f"({row['tokens_per_s']:.0f} tok/s), roofline {row['roofline_ms']:.2f} ms, "
-                f"fraction {row['fraction_of_roofline']:.2f}")  # fmt: skip
-        for row in pred.get("train", []):
-            log(f"predicted {row['model']} train micro-batch of {row['tokens']} tokens in {row['sequences']} "
-                f"sequences: {row['micro_batch_ms']:.1f} ms "
-                f"({row['tokens_per_s']:.0f} tok/s; Triton {row['triton_ms']:.1f} ms + cuBLAS backward "
-                f"{row['cublas_backward_gemm_ms']:.1f} ms)")  # fmt: skip
+            head = f"{row['model']} decode b{row['batch']} ctx {row['context']} (H200)"
+            log(f"{head}: triton bound {row['triton_bound_ms']:.2f} ms (<= {row['tokens_per_s']:.0f} tok/s), "
+                f"bound {row['bound_ms']:.2f} ms, bound / triton bound {row['fraction_of_roofline']:.2f}; "
+                "the estimate: scripts/decode_cost_table.py")  # fmt: skip
+        for row in bounds.get("train", []):
+            log(f"{row['model']} train micro-batch of {row['tokens']} tokens in {row['sequences']} sequences "
+                f"(H200): triton bound {row['triton_ms']:.1f} ms + cuBLAS backward "
+                f"{row['cublas_backward_gemm_ms']:.1f} ms (at {CUBLAS_EFFICIENCY} of peak) = "
+                f"{row['micro_batch_ms']:.1f} ms ({row['tokens_per_s']:.0f} tok/s)")  # fmt: skip
     log(f"ok={report['ok']} in {report['seconds']['total']} s")
 
 

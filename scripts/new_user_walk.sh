@@ -31,9 +31,9 @@ expect() {
 }
 must_say() { grep -qF -- "$1" out.txt || { echo "FAILED: no '$1' in the output above"; exit 1; }; }
 
-step "1. rz train demo eval.every=2, Ctrl-C once two steps are logged"
-echo "\$ rz train demo --run-dir $RUN eval.every=2 ${EXTRA[*]}  (then Ctrl-C)"
-rz train demo --run-dir "$RUN" eval.every=2 "${EXTRA[@]}" >train1.txt 2>&1 &
+step "1. rz train demo eval.every=2 eval.at_start=true, Ctrl-C once two steps are logged"
+echo "\$ rz train demo --run-dir $RUN eval.every=2 eval.at_start=true ${EXTRA[*]}  (then Ctrl-C)"
+rz train demo --run-dir "$RUN" eval.every=2 eval.at_start=true "${EXTRA[@]}" >train1.txt 2>&1 &
 pid=$!
 until [ -f "$RUN/metrics.jsonl" ] && [ "$(wc -l <"$RUN/metrics.jsonl")" -ge 2 ]; do
   kill -0 "$pid" 2>/dev/null || { tail -20 train1.txt; echo "FAILED: rz train ended early"; exit 1; }
@@ -49,6 +49,7 @@ step "2. rz train --resume (the run's whole history: every launch)"
 TAIL=16 expect 0 rz train --resume "$RUN"
 must_say "over 2 launches"
 must_say "held-out"
+must_say "(before step 0) ->"  # eval.at_start: the curve starts at the untrained policy, kept across the resume
 
 step "3. rz train --resume of the finished run: says so, changes nothing"
 before=$(md5sum "$RUN/summary.json")
@@ -107,6 +108,7 @@ must_say "it is in the working directory"
 expect 0 env PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" rz train my_env.yaml --dry-run
 
 step "8. report.html and inspector.html (headless Chromium screenshots)"
+grep -qF "step -1: before training (eval.at_start)" "$RUN/report.html" || { echo "FAILED: no start point"; exit 1; }
 chromium=$(command -v chromium || command -v chromium-browser || true)
 if [ -n "$chromium" ]; then
   for page in report inspector; do

@@ -24,6 +24,7 @@ from rz_agents.cli.launches import account_launches, finished_at, previous_summa
 from rz_agents.cli.run_dir import anchor_paths
 from rz_agents.cli.warm_start import WarmStartMismatch, check_demos_fit, run_warm_start
 from rz_agents.config_io import ConfigError, load_config, to_dict
+from rz_agents.eval.in_loop import EVERY_PREFIX, START_PREFIX
 from rz_agents.runtime import RunPlan, TrainConfig, build_run
 from rz_agents.runtime.loop import RunHandle
 from rz_agents.runtime.stop import RunStopped, StopRequest, StopSignals, signal_name, stop_exit_status
@@ -404,9 +405,13 @@ def _train_with_progress(
     steps_log = logging.getLogger("rz_agents.train")  # rz.log keeps every step line, bar or not
 
     def lines(step: int, metrics: dict) -> list[str]:
+        """The step's line and its evaluations' in the order they ran (eval.at_start's, logged with step 0,
+        first); every line goes to rz.log."""
         # `step N` is metrics.jsonl's, the report's and the inspector's step number (from 0)
         out = [f"step {step} ({step + 1}/{cfg.steps} done)  {describe(metrics)}"]
-        if "eval/wall_s" in metrics:
+        if f"{START_PREFIX}wall_s" in metrics:
+            out.insert(0, eval_line(step, metrics, START_PREFIX))
+        if f"{EVERY_PREFIX}wall_s" in metrics:
             out.append(eval_line(step, metrics))
         for line in out:
             steps_log.info(line)
@@ -437,8 +442,9 @@ def _train_with_progress(
 
         def on_step(step, metrics):
             progress.update(task, completed=step + 1, info=describe(metrics))
-            for line in lines(step, metrics)[1:]:  # the eval line stays above the bar
-                progress.console.print(line)
+            for line in lines(step, metrics):  # the eval lines stay above the bar; the step's is the bar
+                if not line.startswith("step "):
+                    progress.console.print(line)
             if "health_alarm_message" in metrics:
                 progress.console.print(f"[bold red]{metrics['health_alarm_message']}[/]")
 
@@ -446,29 +452,36 @@ def _train_with_progress(
         return asyncio.run(runner.train(stop))
 
 
-def eval_line(step: int, metrics: dict) -> str:
-    """The in-loop evaluation's line (eval.every) after ``step``: its avg@k, pass@k and mean reward."""
+def eval_line(step: int, metrics: dict, prefix: str = EVERY_PREFIX) -> str:
+    """An in-loop evaluation's line: its avg@k, pass@k and mean reward. ``prefix`` eval/ (eval.every): the
+    one after ``step``; eval_at_start/ (eval.at_start): the one before step 0, logged with step 0."""
     figures = [
-        f"{name} {metrics[f'eval/{key}']:.3f}"
+        f"{name} {metrics[f'{prefix}{key}']:.3f}"
         for key, name in (("avg_at_k", "avg@k"), ("pass_at_k", "pass@k"), ("mean_reward", "mean reward"))
-        if isinstance(metrics.get(f"eval/{key}"), (int, float))
+        if isinstance(metrics.get(f"{prefix}{key}"), (int, float))
     ]
-    failed = metrics.get("eval/num_failed")
+    failed = metrics.get(f"{prefix}num_failed")
     note = f"  ({failed:.0f} samples failed)" if failed else ""
-    return f"eval after step {step}: {'  '.join(figures)}{note}"
+    when = "before step 0 (eval.at_start)" if prefix == START_PREFIX else f"after step {step}"
+    return f"eval {when}: {'  '.join(figures)}{note}"
 
 
 def _eval_summary_line(evals: list[dict] | None) -> str | None:
-    """Held-out before -> after over the run's in-loop evaluations (None when none ran)."""
+    """Held-out before -> after over the run's in-loop evaluations (None when none ran); "before" is the
+    untrained policy's when eval.at_start ran."""
     points = [e for e in evals or [] if isinstance(e.get("avg_at_k", e.get("mean_reward")), (int, float))]
     if not points:
         return None
     key = "avg_at_k" if "avg_at_k" in points[0] else "mean_reward"
     name = "avg@k" if key == "avg_at_k" else "mean reward"
     first, last = points[0], points[-1]
+
+    def when(point: dict) -> str:
+        return "before step 0" if point.get("at_start") else f"after step {point['step']}"
+
     return (
-        f"held-out {name} (eval.every): {first[key]:.3f} (step {first['step']}) -> {last[key]:.3f} "
-        f"(step {last['step']}) over {len(points)} evaluations"
+        f"held-out {name} (eval.every): {first[key]:.3f} ({when(first)}) -> {last[key]:.3f} "
+        f"({when(last)}) over {len(points)} evaluations"
     )
 
 

@@ -16,6 +16,11 @@ both:
 Each evaluation uses the same seeds, so successive points compare policies, not samples. Its figures go
 into the metrics of the step after which it ran, named ``eval/<figure>`` (avg_at_k, pass_at_k, mean_reward,
 ...), and ``time_eval_s`` is the time the learner waited for it.
+
+``at_start: true`` also evaluates the first weights (version 0) before the first learner step, so the
+held-out curve has a start and the end summary's before -> after compares with the untrained policy. Its
+figures go into step 0's metrics as ``eval_at_start/<figure>`` (step 0's ``eval/*``, with ``every: 1``, are
+those after step 0); the report plots them at step -1 ("after step -1": before step 0).
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ ENV_KEYS = (
 )
 RZ_EVAL_ONLY = ("checkpoint", "kernels", "dtype", "num_threads", "save_text")
 FIGURES = ("avg_at_k", "pass_at_k", "mean_reward", "success_rate", "no_answer_rate", "num_failed", "wall_s")
+EVERY_PREFIX = "eval/"  # the figures of an evaluation after a learner step
+START_PREFIX = "eval_at_start/"  # those of the evaluation before the first step (eval.at_start)
 
 
 def eval_every(section: Any) -> int:
@@ -57,10 +64,25 @@ def eval_every(section: Any) -> int:
     return every
 
 
+def eval_at_start(section: dict[str, Any], every: int) -> bool:
+    """``eval.at_start`` of a config's eval section (False when absent); ValueError naming it when it is not
+    a boolean, or is set while the in-loop evaluation is off (``every`` 0)."""
+    at_start = section.get("at_start", False)
+    if at_start is None:
+        return False
+    if not isinstance(at_start, bool):
+        raise ValueError(f"eval.at_start must be true or false, got {at_start!r}")
+    if at_start and not every:
+        raise ValueError(
+            "eval.at_start: true needs eval.every >= 1 (the in-loop evaluation whose curve it starts)"
+        )
+    return at_start
+
+
 @dataclasses.dataclass
 class LoopEvalPlan:
     """What an in-loop evaluation runs: ``kind`` "math" (``math``: its MathEvalConfig) or "env" (``env``:
-    its EnvEvalConfig, ``tasks``, the episode ``limits``)."""
+    its EnvEvalConfig, ``tasks``, the episode ``limits``); ``at_start``: also before the first step."""
 
     every: int
     kind: str
@@ -68,12 +90,14 @@ class LoopEvalPlan:
     env: Any = None
     tasks: list[Any] | None = None
     limits: Any = None
+    at_start: bool = False
 
 
 def plan_loop_eval(section: dict[str, Any], run_cfg) -> LoopEvalPlan | None:
     """The in-loop evaluation ``section`` asks for (None when ``every`` is 0 or absent). Raises ValueError
     naming the bad field: a wrong type or value, a key that is no setting, no tasks to evaluate."""
     every = eval_every(section)
+    at_start = eval_at_start(section, every)
     if not every:
         return None
     from rz_agents.config_io import from_dict, rename_fields
@@ -84,7 +108,7 @@ def plan_loop_eval(section: dict[str, Any], run_cfg) -> LoopEvalPlan | None:
     if rest.get("benchmark"):
         config = from_dict(MathEvalConfig, rest, "eval")
         config.validate()
-        return LoopEvalPlan(every, "math", math=config)
+        return LoopEvalPlan(every, "math", math=config, at_start=at_start)
     rest = rename_fields(EnvEvalConfig, rest, "eval")
     unknown = sorted(set(rest) - set(ENV_KEYS) - set(RZ_EVAL_ONLY))
     if unknown:
@@ -92,7 +116,7 @@ def plan_loop_eval(section: dict[str, Any], run_cfg) -> LoopEvalPlan | None:
             f"eval.{unknown[0]}: not a setting of an env evaluation (set eval.benchmark for a math set); "
             f"known: every, {', '.join(ENV_KEYS)}"
         )
-    return _env_plan(every, rest, run_cfg)
+    return dataclasses.replace(_env_plan(every, rest, run_cfg), at_start=at_start)
 
 
 def _env_plan(every: int, rest: dict[str, Any], run_cfg) -> LoopEvalPlan:
@@ -147,15 +171,20 @@ class LoopEvaluator:
         last."""
         return steps_done > 0 and (steps_done % self.plan.every == 0 or steps_done == total_steps)
 
-    async def evaluate(self) -> dict[str, Any]:
-        """Evaluate the engine's current weights; the ``eval/*`` figures and the full result's summary."""
+    def due_at_start(self, steps_done: int) -> bool:
+        """Whether to evaluate before the first learner step (``eval.at_start``; a run resumed after its
+        first step has that evaluation in step 0's metrics already)."""
+        return self.plan.at_start and steps_done == 0
+
+    async def evaluate(self, prefix: str = EVERY_PREFIX) -> dict[str, Any]:
+        """Evaluate the engine's current weights; their figures, named ``<prefix><figure>``."""
         start = time.perf_counter()
         if self.plan.kind == "math":
             result = await self._math()
         else:
             result = await self._env()
         result["wall_s"] = time.perf_counter() - start
-        return {f"eval/{k}": float(result[k]) for k in FIGURES if isinstance(result.get(k), (int, float))}
+        return {f"{prefix}{k}": float(result[k]) for k in FIGURES if isinstance(result.get(k), (int, float))}
 
     async def _math(self) -> dict[str, Any]:
         from rz_agents.data import load_dataset
@@ -186,3 +215,18 @@ class LoopEvaluator:
             self.plan.tasks, config, self.policy, self._make_env, self.engine, params, limits, runner
         )
         return summarize(samples, config, self.run_cfg, self.policy, 0.0)
+
+
+def eval_points(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run's in-loop evaluations in order, from its per-step metrics: one entry each, its figures without
+    the prefix. The one before the first step (eval.at_start) has ``step`` None and ``at_start`` True; the
+    others ``step``: the learner step after which they ran."""
+    points = []
+    for m in history:
+        if f"{START_PREFIX}wall_s" in m:
+            start = {k[len(START_PREFIX) :]: v for k, v in m.items() if k.startswith(START_PREFIX)}
+            points.append({"step": None, "at_start": True, **start})
+        if f"{EVERY_PREFIX}wall_s" in m:
+            after = {k[len(EVERY_PREFIX) :]: v for k, v in m.items() if k.startswith(EVERY_PREFIX)}
+            points.append({"step": m["step"], **after})
+    return points

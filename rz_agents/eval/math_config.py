@@ -93,7 +93,7 @@ class MathEvalConfig:
 
 # Keys of the eval section that only the training loop reads (rz_agents/eval/in_loop.py): rz eval ignores
 # them.
-IN_LOOP_KEYS = ("every",)
+IN_LOOP_KEYS = ("every", "at_start")
 # an env evaluation's own keys (EnvEvalConfig): a section without a benchmark is the run's env evaluation,
 # and `rz eval RUN/config.yaml --benchmark NAME` reads the settings the two share from it (k, temperature...)
 ENV_ONLY_KEYS = ("tasks", "num_tasks", "success_threshold")

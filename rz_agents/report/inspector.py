@@ -4,7 +4,9 @@ learner steps (run_dir/inspect/step_*.json, written by `rz_agents.trainer.inspec
 For each step, each episode's tokens in order: the policy's own tokens shaded by their importance weight
 exp(logp_learner - logp_behavior) (white: exactly 1, the aligned lag-0 case; red above 1, blue below),
 underlined by their policy lag, the prompt and tool output (loss mask off) in grey; the episode's reward
-and advantage above it. Hovering a token shows its id, version, lag, weight and both log-probs.
+and advantage above it. Hovering a token shows its id, version, lag, weight and both log-probs. A
+vision-language episode's images (the screenshots it saw) stand where the template placed them, their run
+of ``<|image_pad|>`` placeholders folded into one token (run_dir/inspect/images/, linked to full size).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ body{font-family:sans-serif;max-width:1200px;margin:1.5em auto;color:#222}
 summary{cursor:pointer;font-weight:bold;margin:0.4em 0}
 .legend{margin:0.5em 0 1em 0;font-size:13px}.legend span{padding:0 4px;margin-right:8px}
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}
+img.obs{display:block;min-width:160px;max-width:480px;margin:4px 0;border:1px solid #bbb}
 """
+# where inspector.html (in the run directory) finds the images write_step_record put under inspect/
+IMAGES_FROM_PAGE = "inspect/"
 
 
 def _shade(log_w: float) -> str:
@@ -56,16 +61,45 @@ def _token_html(piece: str, token: int, policy: bool, version: int, step_version
     return f'<span class="tok{lag_class}" style="background:{_shade(log_w)}" title="{title}">{text}</span>'
 
 
+def _image_html(path: str, index: int) -> str:
+    src = html.escape(IMAGES_FROM_PAGE + path)
+    return f'<a href="{src}"><img class="obs" src="{src}" alt="image {index}" loading="lazy"></a>'
+
+
+def _placeholders_html(ep: dict[str, Any], start: int) -> tuple[str, int]:
+    """The run of image placeholders from ``start`` (the template's: none sampled) as one grey token; (its
+    html, the index after it)."""
+    pieces, mask, tokens = ep["pieces"], ep["loss_mask"], ep["tokens"]
+    end = start
+    while end < len(pieces) and pieces[end] == pieces[start] and not mask[end]:
+        end += 1
+    title = f"{end - start} image placeholder tokens (id {tokens[start]}; prompt / observation: not trained)"
+    text = f"{html.escape(pieces[start])}×{end - start}"
+    return f'<span class="tok o" title="{title}">{text}</span>', end
+
+
 def _episode_html(ep: dict[str, Any], step_version: int, index: int) -> str:
     spans = []
-    mask, versions = ep["loss_mask"], ep["versions"]
-    for t, piece in enumerate(ep["pieces"]):
+    mask, versions, pieces = ep["loss_mask"], ep["versions"], ep["pieces"]
+    images = ep.get("images") or []
+    placed = dict(zip(ep.get("image_at") or [], range(len(images)), strict=False))
+    if images and not placed:  # positions unknown: the images above the tokens, in order
+        spans.extend(_image_html(path, i) for i, path in enumerate(images))
+    t = 0
+    while t < len(pieces):
+        if t in placed:
+            spans.append(_image_html(images[placed[t]], placed[t]))
+            span, t = _placeholders_html(ep, t)
+            spans.append(span)
+            continue
         lp, blp = ep["learner_logprobs"][t], ep["behavior_logprobs"][t]
-        spans.append(_token_html(piece, ep["tokens"][t], mask[t], versions[t], step_version, lp, blp))
+        spans.append(_token_html(pieces[t], ep["tokens"][t], mask[t], versions[t], step_version, lp, blp))
+        t += 1
     info = ", ".join(f"{k} {html.escape(str(v))}" for k, v in ep.get("info", {}).items())
     head = (
         f"episode {index}: reward <b>{fmt_number(ep['reward'])}</b>, advantage "
         f"<b>{fmt_number(ep['advantage'])}</b>, {sum(mask)} policy tokens of {len(mask)}"
+        + (f", {len(images)} image{'s' if len(images) != 1 else ''}" if images else "")
         + (f" ({info})" if info else "")
     )
     return f'<div class="ep"><h4>{head}</h4><div class="tokens">{"".join(spans)}</div></div>'

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from rz_agents.eval.in_loop import EVERY_PREFIX, START_PREFIX
 from rz_agents.report.inspector import write_inspector
 from rz_agents.report.tables import fmt_number, value_html
 from rz_agents.trainer.metrics import staleness_histogram
@@ -96,7 +97,20 @@ def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
-def _plot_panel(rows: list[dict], title: str, keys: list[str], out: Path) -> bool:
+def with_start_eval(rows: list[dict]) -> list[dict]:
+    """``rows`` with the evaluation before step 0 (eval.at_start, logged in step 0's row as
+    eval_at_start/*) in front as a row of step -1 ("after step -1"), so the eval panel's curve starts
+    there; the rows themselves unchanged."""
+    first = rows[0] if rows else {}
+    start = {
+        EVERY_PREFIX + k[len(START_PREFIX) :]: v for k, v in first.items() if k.startswith(START_PREFIX)
+    }
+    return [{"step": -1, **start}, *rows] if start else rows
+
+
+def _plot_panel(
+    rows: list[dict], title: str, keys: list[str], out: Path, xlabel: str = "learner step"
+) -> bool:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,8 +123,8 @@ def _plot_panel(rows: list[dict], title: str, keys: list[str], out: Path) -> boo
     for k in present:
         xs, ys = _series(rows, k)
         ax.plot(xs, ys, label=k, linewidth=1.4, marker="o" if len(xs) < 25 else None, markersize=3)
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel("learner step")
+    ax.set_title(title, fontsize=10 if len(title) <= 80 else 8.5)  # a long one (eval's, with its k) fits
+    ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -235,10 +249,16 @@ def write_report(run_dir: str | Path, summary: dict | None = None) -> Path:
     eval_k = summary_k(run)
     for name, title, keys in PANELS:
         out = plots / f"{name}.png"
-        if name == "eval" and eval_k is not None:
-            title = f"{title} (k={eval_k})"
-        if _plot_panel(rows, title, keys, out):
-            images.append((title, out, HEALTHY.get(name, "")))
+        panel_rows, xlabel, healthy = rows, "learner step", HEALTHY.get(name, "")
+        if name == "eval":
+            if eval_k is not None:
+                title = f"{title} (k={eval_k})"
+            panel_rows = with_start_eval(rows)
+            if panel_rows is not rows:
+                xlabel = "learner step (-1: before training, eval.at_start)"
+                healthy += " The point at step -1: before training (eval.at_start), the untrained policy."
+        if _plot_panel(panel_rows, title, keys, out, xlabel):
+            images.append((title, out, healthy))
     if _plot_staleness_hist(rows, plots / "staleness_hist.png"):
         images.append(("Staleness histogram over the run", plots / "staleness_hist.png", ""))
     if _plot_time_split(rows, plots / "time_split.png"):

@@ -297,7 +297,8 @@ class TrainConfig:
     rollout_cpus: list[int] | None = None
     # Held-out evaluation: `rz eval CONFIG`'s settings (a math benchmark: MathEvalConfig's fields; or the
     # run's env: tasks, k, temperature ...), and with `every: N` also run inside training every N learner
-    # steps on the run's engine, logged as eval/* (rz_agents/eval/in_loop.py, docs/training_loop.md).
+    # steps on the run's engine, logged as eval/*; `at_start: true` also evaluates before the first step, so
+    # the held-out curve has a start (rz_agents/eval/in_loop.py, docs/training_loop.md).
     eval: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

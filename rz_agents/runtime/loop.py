@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rz_agents.eval.in_loop import LoopEvaluator, plan_loop_eval
+from rz_agents.eval.in_loop import START_PREFIX, LoopEvaluator, eval_points, plan_loop_eval
 from rz_agents.rollout.checkpoint_cut import InconsistentCheckpoint, check_consistent_cut, upgrade_state
 from rz_agents.rollout.controller import RolloutController
 from rz_agents.runtime.config import TrainConfig
@@ -61,6 +61,7 @@ class TrainLoop:
         self.steps_done = 0
         self._checkpointed_at: int | None = None  # steps_done of the last checkpoint this loop wrote
         self.history: list[dict[str, Any]] = []
+        self._start_eval: dict[str, Any] = {}  # eval.at_start's figures, logged with step 0
         fixed = controller.lag.fixed_lag
         self.weight_history = WeightHistory(fixed, copy=loop_runtime.snapshot_weights) if fixed else None
         if cfg.resume_from:
@@ -136,6 +137,8 @@ class TrainLoop:
             watchdog = Watchdog(cfg.watchdog_s, self._progress, self._describe, dump_path=dump)
             watchdog.start(asyncio.current_task())
         try:
+            if self.evaluator is not None and self.evaluator.due_at_start(self.steps_done):
+                await self._evaluate_at_start()
             while self.steps_done < cfg.steps and not (stop is not None and stop.requested):
                 await self._train_one_step(stop)
         except asyncio.CancelledError:
@@ -161,6 +164,13 @@ class TrainLoop:
             else None
         )
         return summary
+
+    async def _evaluate_at_start(self) -> None:
+        """eval.at_start: the first weights, evaluated before the first step (the rollouts go on meanwhile);
+        the figures wait for step 0's metrics, so a run stopped before that step evaluates again."""
+        figures = await self.evaluator.evaluate(prefix=START_PREFIX)  # its wall_s: the time it took
+        figures[f"{START_PREFIX}version"] = self.loop_runtime.learner_version
+        self._start_eval = figures
 
     async def _train_one_step(self, stop: StopRequest | None = None) -> None:
         """Wait for a batch, train it, publish, record the step (history, controller, metrics, checkpoint).
@@ -202,6 +212,8 @@ class TrainLoop:
         metrics.update(staleness)
         metrics.update(self.health.update(metrics))
         self.controller.lag.observe(metrics)  # the lag governor moves the admission bound
+        if step == 0:
+            metrics.update(self._start_eval)
         if self.evaluator is not None and self.evaluator.due(self.steps_done + 1, cfg.steps):
             # the weights this step published, evaluated while the learner waits (the rollouts go on)
             t_eval = time.perf_counter()
@@ -314,12 +326,8 @@ class TrainLoop:
             "reward_mean_per_step": rewards,
             "max_lag_seen": lag_max,
             "staleness": staleness_histogram(h),  # per lag bucket, over the run (report.write)
-            # the in-loop evaluations (eval.every): after which step, and their eval/* figures
-            "eval": [
-                {"step": m["step"], **{k[5:]: v for k, v in m.items() if k.startswith("eval/")}}
-                for m in h
-                if "eval/wall_s" in m
-            ],
+            # the in-loop evaluations (eval.at_start, eval.every): after which step, and their figures
+            "eval": eval_points(h),
             "skipped_steps": self.loop_runtime.skipped_steps,
             "rollout": dict(self.controller.counters),
             # mean tokens of finished vs trained episodes (this process): dropping stale groups trains short

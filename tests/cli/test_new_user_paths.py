@@ -18,7 +18,8 @@ TINY = (
     "rollout:\n  group_size: 2\n  groups_per_batch: 2\n  max_concurrent_episodes: 4\n"
     "  limits: {max_turns: 2, max_tokens_per_turn: 8, max_episode_tokens: 200}\n"
     "engine: {max_running: 8, max_len: 256}\nenv:\n  kwargs: {latency_s: 0.0}\n"
-    "eval: {tasks: tasks.jsonl, k: 1}\n"  # a path relative to where the run starts
+    # a path relative to where the run starts; held-out evaluation before step 0 and every 2 steps
+    "eval: {tasks: tasks.jsonl, k: 1, every: 2, at_start: true}\n"
 )
 TASKS = '{"id": "a", "word": "abc"}\n{"id": "b", "word": "xyz"}\n'
 
@@ -75,6 +76,21 @@ def test_a_resumed_run_accounts_for_every_launch(run_dir):
     out = (run_dir / "resume_stdout.txt").read_text()
     assert f"over 2 launches: {first['wall_s']:.1f} s (steps 0-{first['steps'][1]})" in out
     assert "Launches" in (run_dir / "report.html").read_text()
+
+
+def test_the_held_out_curve_starts_before_step_0_and_survives_the_resume(run_dir):
+    # eval.at_start ran in the first launch (stopped after 2 steps); the resumed one keeps it in the history
+    summary = json.loads((run_dir / "summary.json").read_text())
+    points = [(e["step"], e.get("at_start", False)) for e in summary["eval"]]
+    assert points == [(None, True), (1, False), (3, False)]
+    first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["eval_at_start/version"] == 0
+    start = summary["eval"][0]["avg_at_k"]
+    out = (run_dir / "resume_stdout.txt").read_text()
+    end = summary["eval"][-1]["avg_at_k"]
+    assert f"held-out avg@k (eval.every): {start:.3f} (before step 0) -> {end:.3f} (after step 3)" in out
+    assert "eval before step 0 (eval.at_start): avg@k" in (run_dir / "rz.log").read_text()
+    assert "step -1: before training (eval.at_start)" in (run_dir / "report.html").read_text()
 
 
 def test_the_runs_config_keeps_paths_that_work_from_anywhere_and_rz_log_has_every_step(run_dir):
@@ -179,7 +195,8 @@ def test_train_eval_every_works_as_typed_on_the_packaged_demo():
 
 def test_eval_every_without_tasks_names_config_keys_not_flags(tmp_path):
     cfg = tmp_path / "no-tasks.yaml"
-    cfg.write_text(TINY.replace("eval: {tasks: tasks.jsonl, k: 1}", "eval: {every: 1}"))
+    section = "eval: {tasks: tasks.jsonl, k: 1, every: 2, at_start: true}"
+    cfg.write_text(TINY.replace(section, "eval: {every: 1}"))
     rc, _, err = rz("train", cfg, "--dry-run")
     assert rc == 2
     assert "eval.num_tasks" in err and "--num-tasks" not in err and "--tasks" not in err

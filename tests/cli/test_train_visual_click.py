@@ -41,3 +41,27 @@ def test_the_vl_template_is_chosen_from_the_model_spec_without_building_the_mode
     assert isinstance(policy_template(ByteChatTemplate(), vl), ByteVLChatTemplate)
     assert spec_vl_config(ModelSpec(), 320) is None
     assert type(policy_template(ByteChatTemplate(), None)) is ByteChatTemplate
+
+
+def test_the_inspector_of_a_vision_language_run_shows_its_screenshots(tmp_path):
+    """As a user runs it (subprocess `rz train`): the inspector page of the recorded step shows the pictures
+    each episode saw, the files under run_dir/inspect/images/ being the episodes' own PNGs."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    overrides = [
+        "steps=1", "rollout.group_size=2", "rollout.groups_per_batch=2", "rollout.max_concurrent_episodes=4",
+        "warm_start.demos=4", "warm_start.epochs=1", "warm_start.batch_size=4", "warm_start.warmup_steps=0",
+        "inspect_steps=[0]",
+    ]  # fmt: skip
+    argv = [sys.executable, "-m", "rz_agents", "train", "visual-click-demo", "--run-dir", str(run_dir)]
+    done = subprocess.run([*argv, *overrides], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((run_dir / "inspect" / "step_00000.json").read_text())
+    images = [path for ep in record["episodes"] for path in ep["images"]]
+    assert len(images) == 4 and all(len(ep["image_at"]) == 1 for ep in record["episodes"])  # one each
+    page = (run_dir / "inspector.html").read_text()
+    sources = [s.split('"')[0] for s in page.split('<img class="obs" src="')[1:]]
+    assert sorted(sources) == sorted(f"inspect/{path}" for path in images)  # (groups in the page's order)
+    assert all((run_dir / s).read_bytes().startswith(b"\x89PNG") for s in sources)

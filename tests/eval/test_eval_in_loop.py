@@ -52,6 +52,19 @@ def test_the_runs_env_is_evaluated_every_n_steps_and_after_the_last(tmp_path):
     assert "Held-out evaluation during training" in html
 
 
+def test_at_start_evaluates_the_first_weights_before_step_0_and_the_curve_starts_there(tmp_path):
+    summary = _train(_cfg(tmp_path, steps=2, every=1, at_start=True, num_tasks=2, k=1, temperature=0.0))
+    first, second = _rows(tmp_path)
+    assert first["eval_at_start/version"] == 0 and first["eval/version"] == 1  # before and after step 0
+    assert 0.0 <= first["eval_at_start/avg_at_k"] <= 1.0 and first["eval_at_start/wall_s"] > 0
+    assert not any(k.startswith("eval_at_start/") for k in second)
+    points = [(e["step"], e.get("at_start", False)) for e in summary["eval"]]
+    assert points == [(None, True), (0, False), (1, False)]
+    assert summary["eval"][0]["avg_at_k"] == first["eval_at_start/avg_at_k"]
+    html = write_report(tmp_path / "run", summary).read_text()
+    assert "step -1: before training (eval.at_start)" in html
+
+
 def test_a_math_set_is_evaluated_in_the_loop(tmp_path):
     data = tmp_path / "aime_like.jsonl"
     data.write_text(
@@ -75,6 +88,8 @@ def test_a_math_set_is_evaluated_in_the_loop(tmp_path):
         ),
         ({"every": 2, "num_tasks": 2, "tool": True}, r"eval.tool: not a setting of an env evaluation"),
         ({"every": 1, "benchmark": "aime24", "k": 0}, r"eval.k: must be >= 1, got 0"),
+        ({"every": 2, "num_tasks": 2, "at_start": "yes"}, r"eval.at_start must be true or false, got 'yes'"),
+        ({"at_start": True, "num_tasks": 2}, r"eval.at_start: true needs eval.every >= 1"),
     ],
 )
 def test_a_bad_eval_section_is_refused_naming_the_field(tmp_path, section, message):
@@ -84,6 +99,6 @@ def test_a_bad_eval_section_is_refused_naming_the_field(tmp_path, section, messa
 
 def test_rz_eval_ignores_the_in_loop_keys(tmp_path):
     path = tmp_path / "cfg.yaml"
-    path.write_text("model: {}\neval:\n  every: 5\n  benchmark: aime24\n  k: 2\n")
+    path.write_text("model: {}\neval:\n  every: 5\n  at_start: true\n  benchmark: aime24\n  k: 2\n")
     assert load_eval_config(path).k == 2
     assert plan_loop_eval({"every": 0, "anything": 1}, None) is None  # off: the rest is rz eval's business

@@ -77,18 +77,7 @@ def test_inspector_page_renders_in_headless_chromium(tmp_path):
     assert "background:#ffffff" in text and "rgba(214,39,40" in text and "rgba(31,119,180" in text
     assert "w 1.04081 · logp -0.46 · behavior -0.5" in text  # a token's tooltip
     assert "<script" not in text  # static: nothing runs
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no chromium")
-    shot = tmp_path / "inspector.png"
-    subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
-         "--window-size=1200,700", page.as_uri()],
-        capture_output=True, timeout=120, check=False,
-    )  # fmt: skip
-    from matplotlib.image import imread
-
-    pixels = imread(shot)  # RGBA floats in [0, 1]
+    pixels = _screenshot(page, tmp_path / "inspector.png", (1200, 700))  # RGBA floats in [0, 1]
     assert pixels.shape[:2] == (700, 1200)
     red = (pixels[..., 0] > 0.75) & (pixels[..., 2] < 0.7)  # tokens with a weight above 1
     blue = (pixels[..., 2] > 0.6) & (pixels[..., 0] < 0.5)  # below 1
@@ -152,3 +141,73 @@ def test_inspector_opens_on_the_last_step_with_groups_that_taught_something_firs
     assert text.index("Learner step 10") < text.index("Learner step 2")
     last = text[text.index("Learner step 10") : text.index("Learner step 2")]
     assert last.index("<details open><summary>group 6") < last.index("<details><summary>group 5")
+
+
+def _png(color: tuple[int, int, int], size: tuple[int, int] = (64, 48)) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", size, color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _screenshot(page, out, size=(1200, 900)):
+    """``page`` rendered by headless Chromium: its pixels (RGBA floats), or a skip without Chromium."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium")
+    subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={out}",
+         f"--window-size={size[0]},{size[1]}", page.as_uri()],
+        capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    from matplotlib.image import imread
+
+    return imread(out)
+
+
+def test_a_vision_language_episode_shows_its_images_where_the_template_placed_them(tmp_path):
+    from PIL import Image
+
+    from rz_agents.rollout.byte_vl_chat import ByteVLChatTemplate
+
+    model = Qwen3VLModel(Qwen3VLConfig.tiny())
+    template = ByteVLChatTemplate(model.vl_config)
+    green, magenta = _png((20, 200, 40)), _png((230, 20, 230), (96, 64))
+    first = template.image_tokens(Image.open(io.BytesIO(green)))
+    second = template.image_tokens(Image.open(io.BytesIO(magenta)))
+    tokens = [IM_START, *b"user\n", *first, *b"then", *second, IM_END, *b"ok"]
+    record = _record(model, tokens, [green, magenta])
+    episode = record["episodes"][0]
+    pad_start = 6 + 1  # <|im_start|>user\n, <|vision_start|>
+    assert episode["image_at"] == [pad_start, pad_start + len(first) + 4]
+    write_step_record(tmp_path / "inspect", 0, record)
+    write_step_record(tmp_path / "inspect", 1, record)  # the same screenshots at a later step: stored once
+    stored = sorted((tmp_path / "inspect" / "images").iterdir())
+    assert len(stored) == 2 and {p.read_bytes() for p in stored} == {green, magenta}
+    page = write_inspector(tmp_path)
+    text = page.read_text()
+    step_1 = text[text.index("Learner step 1") : text.index("Learner step 0")]
+    sources = [s.split('"')[0] for s in step_1.split('<img class="obs" src="')[1:]]
+    assert [(tmp_path / s).read_bytes() for s in sources] == [green, magenta]  # in the tokens' order
+    between = step_1[step_1.index(sources[0]) : step_1.index(sources[1])]
+    assert ">t</span>" in between and ">h</span>" in between  # the text between the two pictures
+    assert f"&lt;|image_pad|&gt;×{len(first) - 2}" in step_1  # the placeholder run folded into one token
+    pixels = _screenshot(page, tmp_path / "inspector.png")
+    r, g, b = pixels[..., 0], pixels[..., 1], pixels[..., 2]
+    assert ((g > 0.7) & (r < 0.2) & (b < 0.3)).sum() > 1000  # the green picture, drawn on the page
+    assert ((r > 0.8) & (b > 0.8) & (g < 0.2)).sum() > 1000  # and the magenta one
+
+
+def test_images_that_do_not_match_the_placeholders_are_shown_above_the_tokens(tmp_path):
+    from rz_agents.trainer.inspect import image_positions
+
+    pieces = ["<|im_start|>", "u", "<|vision_start|>", "<|image_pad|>", "<|image_pad|>", "<|vision_end|>"]
+    mask = [False] * 6
+    assert image_positions(pieces, mask, 1) == [3]
+    assert image_positions(pieces, mask, 2) == []  # two images, one run: where each sits is unknown
+    assert image_positions([*pieces, "<|image_pad|>"], [*mask, True], 1) == [3]  # a sampled one is no image
+    episode = dict(_episode(0, 1.0, 0.5, 0.0, 0), images=[_png((200, 30, 30))], image_at=[])
+    write_step_record(tmp_path / "inspect", 0, {"version": 3, "max_lag": 64, "episodes": [episode]})
+    text = write_inspector(tmp_path).read_text()
+    assert text.count('<img class="obs"') == 1 and '<div class="tokens"><a href="inspect/images/' in text

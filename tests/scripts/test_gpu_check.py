@@ -182,12 +182,15 @@ print(json.dumps([expiry.message, quiet.message]))
 @pytest.mark.timeout(2400)
 def test_dry_run_production_decode_rows_equal_the_trainer_and_the_standard_forward_differs(tmp_path):
     # issue 54: the engine's paged, split-KV, chunked-prefill decode at head dim 128 / GQA 4 vs the learner's
-    # forward, row by row (~135 s of CPU in the interpreter)
+    # forward, row by row, with rows folding 4, 2 and 1 splits (128-key splits in the interpreter)
     summary, _ = _run(tmp_path / "g.json", "--only", "production_decode", timeout=2400)
     section = summary["sections"]["production_decode"]
     assert (section["head_dim"], section["gqa"]) == (128, 4)
     assert section["bit_identical"] is True and all(r["equal"] for r in section["rows"])
-    assert section["tokens_compared"] == 6 and section["max_splits"] == 2
+    assert section["split_keys"] == 128
+    assert [r["splits_at_last_token"] for r in section["rows"]] == [4, 4, 2, 1]
+    assert section["tokens_compared"] == 8 and section["max_splits"] >= 3
+    assert section["engine_decode_grid_splits_max"] >= 4  # the engine's split-KV decode ran them
     assert section["shared_prefix_tokens"] > 0
     assert section["standard_differs"] is True  # the negative control: the comparison can fail
     assert not section.get("failures")

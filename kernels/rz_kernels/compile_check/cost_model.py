@@ -12,7 +12,7 @@ prediction of the step: ``rz_agents.compile_check.predict`` adds what it leaves 
 i.e. a grid that covers fewer SMs than the GPU has gets that fraction of the bandwidth and the tensor
 throughput (one SM's share each: an assumption, stated; a single SM can pull somewhat more than 1/132 of
 HBM), and every launch pays a fixed floor (a CUDA-graph kernel node: ramp, tail, the gap to the next).
-A decode step's prediction is the sum over its launches; its roofline is the bytes a decode step must read
+A decode step's Triton bound is the sum over its launches; its roofline (the bound) is the bytes it must read
 (every weight once, the LM head included, plus the K/V of every row's context) over BW.
 
 What the bytes assume: an operand tile re-read by several programs comes from L2 (read once from HBM); a
@@ -182,9 +182,11 @@ def learner_backward_gemm_seconds(launches: list[Launch]) -> float:
     return flops / (PEAK_BF16_FLOPS * CUBLAS_EFFICIENCY)
 
 
-def report_predictions(launches: list[Launch], model_fields: dict[str, dict] | None = None) -> dict[str, Any]:
-    """Decode predictions per (model, batch, context) recorded with a context (dense models: against the
-    roofline), the CUDA-graph decode's grids, and the learner's micro-batches."""
+def report_bounds(launches: list[Launch], model_fields: dict[str, dict] | None = None) -> dict[str, Any]:
+    """The Triton launches' lower bound per decode step (model, batch, context) recorded with a context
+    (``triton_bound_ms``; ``step_ms`` its older name) and, for a dense model, the bandwidth bound
+    (``bound_ms``; ``roofline_ms`` its older name) and their ratio; and per learner micro-batch. Bounds, never
+    predictions: ``rz_agents.compile_check.predict`` gives the estimate."""
     groups: dict[tuple, list[Launch]] = defaultdict(list)
     for launch in launches:
         t = launch.tags
@@ -200,14 +202,14 @@ def report_predictions(launches: list[Launch], model_fields: dict[str, dict] | N
     for (kind, model, rows, ctx), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
         pred = step_prediction(group)
         if kind == "decode":
-            row = {"model": model, "batch": rows, "context": ctx, "step_ms": pred["seconds"] * 1e3,
-                   "tokens_per_s": rows / pred["seconds"], "launches": pred["launches"],
-                   "by_kernel": pred["by_kernel"]}  # fmt: skip
+            row = {"model": model, "batch": rows, "context": ctx, "triton_bound_ms": pred["seconds"] * 1e3,
+                   "step_ms": pred["seconds"] * 1e3, "tokens_per_s": rows / pred["seconds"],
+                   "launches": pred["launches"], "by_kernel": pred["by_kernel"]}  # fmt: skip
             fields = (model_fields or {}).get(model)
             if fields and not fields.get("num_experts"):
                 roof = decode_roofline_bytes(fields, rows, ctx) / HBM_BYTES_PER_S
-                row.update(roofline_ms=roof * 1e3, fraction_of_roofline=roof / pred["seconds"],
-                           roofline_tokens_per_s=rows / roof)  # fmt: skip
+                row.update(bound_ms=roof * 1e3, roofline_ms=roof * 1e3, roofline_tokens_per_s=rows / roof,
+                           fraction_of_roofline=roof / pred["seconds"])  # fmt: skip
             out["decode"].append(row)
         else:
             bwd = learner_backward_gemm_seconds(group)
