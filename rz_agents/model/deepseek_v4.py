@@ -288,7 +288,7 @@ def load_deepseek_v4(
     """A DeepSeek-V4 model from a checkpoint directory (config.json + safetensors), every tensor by name; a
     missing or unexpected tensor is an error naming it; multi-token-prediction tensors (`mtp.*`) are skipped
     as transformers skips them; FP8/FP4 weights are refused (one line)."""
-    from rz_agents.model.hf_files import load_state
+    from rz_agents.model.safetensors_dir import load_state
 
     config = DeepseekV4Config.from_checkpoint(ckpt_dir, dtype=dtype)
     with torch.device("meta"):

@@ -613,7 +613,7 @@ def load_qwen3_5(
     """A Qwen3.5 text model from a transformers checkpoint directory (config.json + safetensors), every
     tensor by name; a missing or unexpected tensor is an error naming it (multi-token-prediction `mtp.*`
     tensors and a vision-language checkpoint's `model.visual.*` are skipped, as transformers skips them)."""
-    from rz_agents.model.checkpoint import load_state
+    from rz_agents.model.safetensors_dir import load_state
 
     config = Qwen35Config.from_checkpoint(ckpt_dir)
     if dtype is not None:
