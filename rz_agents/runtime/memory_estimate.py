@@ -44,6 +44,9 @@ from rz_agents.model.qwen3_vl_config import ImageProcessing
 from rz_kernels.gemm import forms_available
 
 GIB = 1024**3
+# The learner terms live only during the forward/backward (freed before the optimizer step)
+BACKWARD_TERMS = ("activations", "vision_activations", "lm_head_logits", "lm_head_grad_partials")
+STEP_TRANSIENT = "adamw_step_transient"
 # Accelerators the estimate is compared with (usable GiB).
 GPUS = {"H100 80GB": 80, "H200 141GB": 141}
 
@@ -71,6 +74,9 @@ class MemoryEstimate:
     # learner entries every FSDP2 rank holds whole (LoRA: the adapters, their masters, gradients and AdamW
     # state are replicated; only the frozen base, ``weights``, is sharded)
     replicated: tuple[str, ...] = ()
+    # bytes of the optimizer step's temporary, whole (the `adamw_step_transient` entry is what it adds to the
+    # peak: its excess over the backward's terms)
+    optimizer_temporary: int = 0
 
     @property
     def learner_total(self) -> int:
@@ -87,9 +93,13 @@ class MemoryEstimate:
     def learner_sharded(self, shards: int) -> int:
         """Per-GPU learner bytes with weights, masters, gradients and optimizer state sharded (FSDP2; with
         LoRA only the frozen base)."""
-        sharded = {"weights", "master_weights_fp32", "gradients", "adamw_state_fp32", "adamw_step_transient"}
-        sharded -= set(self.replicated)
-        return sum(v // shards if k in sharded else v for k, v in self.learner.items())
+        sharded = {"weights", "master_weights_fp32", "gradients", "adamw_state_fp32"} - set(self.replicated)
+        out = sum(v // shards if k in sharded else v for k, v in self.learner.items() if k != STEP_TRANSIENT)
+        # the optimizer's temporary is sharded with the state it is computed from (not with LoRA's replicated
+        # adapters), and it adds only by what it exceeds the backward's (unsharded) terms
+        temporary = self.optimizer_temporary // (1 if "adamw_state_fp32" in self.replicated else shards)
+        backward = sum(self.learner.get(k, 0) for k in BACKWARD_TERMS)
+        return out + (max(0, temporary - backward) if STEP_TRANSIENT in self.learner else 0)
 
     @property
     def placed(self) -> bool:
@@ -347,7 +357,7 @@ def optimizer_step_transient_bytes(z: _Sizing, backward_peak: int) -> dict[str, 
     trained parameters (the scaled gradients, then the second moment's square root). It is live after the
     backward has freed the activations and the LM head's log-probs (``backward_peak`` bytes), while the
     gradients still are: the peak is the larger of the two, so only what it exceeds them adds up."""
-    return {"adamw_step_transient": max(0, z.t * 4 - backward_peak)}
+    return {STEP_TRANSIENT: max(0, z.t * 4 - backward_peak)}
 
 
 def _layer_activation_bytes(c: ModelConfig, tokens: int, moe: bool) -> int:
@@ -391,7 +401,7 @@ def lm_head_logit_bytes(z: _Sizing) -> dict[str, int]:
     # Each chunk's backward makes a [vocab, hidden] gradient of the LM head's weight that autograd sums into
     # the one before it (two live at once), and a tied head's table also gets the embedding's own dense
     # gradient: transients beside `gradients` (measured: 0.2 GiB of SmolLM2's peak, tied, fp32)
-    head = z.c.vocab_size * z.c.hidden_size * z.e
+    head = 0 if z.adapters else z.c.vocab_size * z.c.hidden_size * z.e  # (LoRA: the head is frozen)
     partials = {"lm_head_grad_partials": (2 if z.c.tie_word_embeddings else 1) * head}
     if logits_all > KEEP_LOGITS_BYTES or z.ckpt:
         return {"lm_head_logits": 3 * chunk, **partials}
@@ -500,9 +510,7 @@ def sharded_learner_bytes(z: _Sizing, actors, est: MemoryEstimate) -> dict[str, 
         publish = max(publish, 2 * BUCKET_BYTES)
     out["publication_transient"] = publish
     if z.adapters:
-        est.replicated = (
-            "lora_adapters", "master_weights_fp32", "gradients", "adamw_state_fp32", "adamw_step_transient"
-        )
+        est.replicated = ("lora_adapters", "master_weights_fp32", "gradients", "adamw_state_fp32")
         out["lora_gradient_rows"] = actors.learner_ranks * z.t * 4
     est.notes.append(
         f"weight publication gathers one tensor at a time: {publish / GIB:.2f} GiB transient per "
@@ -536,6 +544,7 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
     ):
         est.learner.update(terms)
     backward_peak = sum(est.learner.get(k, 0) for k in BACKWARD_TERMS)
+    est.optimizer_temporary = z.t * 4
     for terms in (
         optimizer_step_transient_bytes(z, backward_peak),
         process_baseline_bytes(z),
@@ -555,8 +564,6 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
     return est
 
 
-# The learner terms live only during the forward/backward (freed before the optimizer step)
-BACKWARD_TERMS = ("activations", "vision_activations", "lm_head_logits", "lm_head_grad_partials")
 
 SHORTEST_SEQUENCE = 256  # a prompt and a first turn: the shortest episodes the recipes produce
 
