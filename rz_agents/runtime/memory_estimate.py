@@ -19,9 +19,13 @@ old weights meanwhile). Checkpoints add nothing on the device: each rank writes 
 
 The estimate is the sum of terms, each reported by a function named for the part of the system that holds
 the memory (trainer state, the aligned GEMM's packed weight copies, model activations, the LM head's
-log-probs, the vision tower, the engine, the weight broadcast, FSDP2 ranks, the process itself). On CPU two
-of them exist only there: oneDNN-packed copies of every linear weight, which the aligned op set keeps on each
-weight (learner and engine alike), and the RSS of the process's interpreter and libraries.
+log-probs, the optimizer step's temporary, the vision tower, the engine, the weight broadcast, FSDP2 ranks,
+the process itself). On CPU three of them exist only there: oneDNN-packed copies of every linear weight,
+which the aligned op set keeps on each weight (learner and engine alike), the RSS of the process's
+interpreter and libraries, and what a learner's start adds to it (torch.optim's import of torch._dynamo, the
+GEMM guard's oneDNN state). The learner's peak is either the backward (activations, log-probs) or the
+optimizer step (its temporary), never both: the step's temporary counts only by what it exceeds the
+backward's terms.
 """
 
 from __future__ import annotations
@@ -37,8 +41,12 @@ from rz_agents.model.config import ModelConfig
 from rz_agents.model.kv_cache import PAGE_SIZE, bytes_per_page, pages_for
 from rz_agents.model.logprobs import KEEP_LOGITS_BYTES, LOGIT_CHUNK
 from rz_agents.model.qwen3_vl_config import ImageProcessing
+from rz_kernels.gemm import forms_available
 
 GIB = 1024**3
+# The learner terms live only during the forward/backward (freed before the optimizer step)
+BACKWARD_TERMS = ("activations", "vision_activations", "lm_head_logits", "lm_head_grad_partials")
+STEP_TRANSIENT = "adamw_step_transient"
 # Accelerators the estimate is compared with (usable GiB).
 GPUS = {"H100 80GB": 80, "H200 141GB": 141}
 
@@ -66,6 +74,9 @@ class MemoryEstimate:
     # learner entries every FSDP2 rank holds whole (LoRA: the adapters, their masters, gradients and AdamW
     # state are replicated; only the frozen base, ``weights``, is sharded)
     replicated: tuple[str, ...] = ()
+    # bytes of the optimizer step's temporary, whole (the `adamw_step_transient` entry is what it adds to the
+    # peak: its excess over the backward's terms)
+    optimizer_temporary: int = 0
 
     @property
     def learner_total(self) -> int:
@@ -83,7 +94,12 @@ class MemoryEstimate:
         """Per-GPU learner bytes with weights, masters, gradients and optimizer state sharded (FSDP2; with
         LoRA only the frozen base)."""
         sharded = {"weights", "master_weights_fp32", "gradients", "adamw_state_fp32"} - set(self.replicated)
-        return sum(v // shards if k in sharded else v for k, v in self.learner.items())
+        out = sum(v // shards if k in sharded else v for k, v in self.learner.items() if k != STEP_TRANSIENT)
+        # the optimizer's temporary is sharded with the state it is computed from (not with LoRA's replicated
+        # adapters), and it adds only by what it exceeds the backward's (unsharded) terms
+        temporary = self.optimizer_temporary // (1 if "adamw_state_fp32" in self.replicated else shards)
+        backward = sum(self.learner.get(k, 0) for k in BACKWARD_TERMS)
+        return out + (max(0, temporary - backward) if STEP_TRANSIENT in self.learner else 0)
 
     @property
     def placed(self) -> bool:
@@ -298,9 +314,10 @@ def gemm_weight_elements(config: ModelConfig) -> int:
 def packed_weight_bytes(z: _Sizing) -> dict[str, int]:
     """The aligned GEMM's (rz_kernels.gemm ``_operand``): on CPU it multiplies with oneDNN-packed copies of
     the weights, kept on each weight until the weight changes (one copy of every linear weight, rebuilt
-    after each optimizer step). Sharded learner ranks and GPUs keep none."""
-    if not (z.cpu and z.aligned):
-        return {}
+    after each optimizer step), where this machine's oneDNN packs the dtype. Sharded learner ranks and GPUs
+    keep none."""
+    if not (z.cpu and z.aligned and "packed" in forms_available(z.c.torch_dtype)):
+        return {}  # (bf16 on an AVX2-only CPU: oneDNN has no packed kernel, the aligned GEMM uses torch.mm)
     return {"packed_weights": z.gemm_elements * z.e}
 
 
@@ -313,6 +330,34 @@ def process_baseline_bytes(z: _Sizing) -> dict[str, int]:
     """The process's own (CPU runs, where the estimate is compared with RSS): libraries and interpreter.
     On a GPU that memory is host memory, and the CUDA context is left to the 10% headroom."""
     return {"process_baseline": PROCESS_BASELINE_BYTES} if z.cpu else {}
+
+
+# What a learner's start adds to the process on CPU, measured on torch 2.13 / Python 3.11 (RSS before and
+# after; a malloc_trim in between changes nothing): torch.optim's first param group imports torch._dynamo
+# (with sympy and triton, ~880 modules: 0.13-0.14 GiB, whatever the model), and the aligned GEMM's guard
+# leaves oneDNN's primitive and scratchpad state for every checked shape resident (0.07-0.08 GiB for a
+# 4-layer 32K-vocab model and for SmolLM2 alike).
+OPTIMIZER_IMPORT_BYTES = int(0.135 * GIB)
+GEMM_GUARD_STATE_BYTES = int(0.075 * GIB)
+
+
+def learner_startup_bytes(z: _Sizing) -> dict[str, int]:
+    """The learner process's start (CPU runs): the modules torch.optim imports (torch._dynamo) and, with the
+    aligned op set, the GEMM guard's resident oneDNN state (rz_kernels.gemm ``verify_weights``)."""
+    if not z.cpu:
+        return {}
+    out = {"optimizer_imports": OPTIMIZER_IMPORT_BYTES}
+    if z.aligned:
+        out["gemm_guard_state"] = GEMM_GUARD_STATE_BYTES
+    return out
+
+
+def optimizer_step_transient_bytes(z: _Sizing, backward_peak: int) -> dict[str, int]:
+    """The optimizer step's (torch's foreach AdamW, trainer/optim.py): one fp32 temporary as large as the
+    trained parameters (the scaled gradients, then the second moment's square root). It is live after the
+    backward has freed the activations and the LM head's log-probs (``backward_peak`` bytes), while the
+    gradients still are: the peak is the larger of the two, so only what it exceeds them adds up."""
+    return {STEP_TRANSIENT: max(0, z.t * 4 - backward_peak)}
 
 
 def _layer_activation_bytes(c: ModelConfig, tokens: int, moe: bool) -> int:
@@ -353,9 +398,14 @@ def lm_head_logit_bytes(z: _Sizing) -> dict[str, int]:
     KEEP_LOGITS_BYTES), a few chunks are live at once."""
     chunk = min(z.tokens, LOGIT_CHUNK) * z.c.vocab_size * 4
     logits_all = z.tokens * z.c.vocab_size * 4
+    # Each chunk's backward makes a [vocab, hidden] gradient of the LM head's weight that autograd sums into
+    # the one before it (two live at once), and a tied head's table also gets the embedding's own dense
+    # gradient: transients beside `gradients` (measured: 0.2 GiB of SmolLM2's peak, tied, fp32)
+    head = 0 if z.adapters else z.c.vocab_size * z.c.hidden_size * z.e  # (LoRA: the head is frozen)
+    partials = {"lm_head_grad_partials": (2 if z.c.tie_word_embeddings else 1) * head}
     if logits_all > KEEP_LOGITS_BYTES or z.ckpt:
-        return {"lm_head_logits": 3 * chunk}
-    return {"lm_head_logits": logits_all + 2 * chunk}
+        return {"lm_head_logits": 3 * chunk, **partials}
+    return {"lm_head_logits": logits_all + 2 * chunk, **partials}
 
 
 def vision_learner_bytes(z: _Sizing, est: MemoryEstimate) -> dict[str, int]:
@@ -491,7 +541,14 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
         model_activation_bytes(z, est),
         vision_learner_bytes(z, est),
         lm_head_logit_bytes(z),
+    ):
+        est.learner.update(terms)
+    backward_peak = sum(est.learner.get(k, 0) for k in BACKWARD_TERMS)
+    est.optimizer_temporary = z.t * 4
+    for terms in (
+        optimizer_step_transient_bytes(z, backward_peak),
         process_baseline_bytes(z),
+        learner_startup_bytes(z),
     ):
         est.learner.update(terms)
     engine_z = dataclasses.replace(z, aligned=getattr(cfg.model, "kernels", "aligned") == "aligned")
@@ -505,6 +562,7 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
         if sharded:
             est.learner.update(sharded_learner_bytes(z, cfg.actors, est))
     return est
+
 
 
 SHORTEST_SEQUENCE = 256  # a prompt and a first turn: the shortest episodes the recipes produce

@@ -138,7 +138,9 @@ def test_rz_train_dry_run_sizes_a_packaged_model_and_the_osworld_learner_fits_be
     out = capsys.readouterr().out
     assert "smollm2-135m-instruct (config.json), 0.13B parameters" in out
     learner = next(line for line in out.splitlines() if line.strip().startswith("learner:"))
-    assert "activation checkpointing on" in out and float(learner.split()[1]) < 4.0, learner
+    # (4.3 GiB with checkpointing, since the estimate counts the learner's start-up and the LM head's gradient
+    # partials; SmolLM2's measured peaks are within 10% of it: tests/runtime/test_memory_estimate_measured.py)
+    assert "activation checkpointing on" in out and float(learner.split()[1]) < 5.0, learner
 
 
 def test_a_cpu_run_that_would_not_fit_in_free_memory_is_warned_with_what_checkpointing_needs():
@@ -155,8 +157,8 @@ def test_a_cpu_run_that_would_not_fit_in_free_memory_is_warned_with_what_checkpo
         ["model.activation_checkpointing=false", "engine.max_running=8"],
     )
     line = cpu_memory_warning(off, available=12 * gib)
-    assert line.startswith("this run needs ~17.0 GiB (learner 14.3, of it activations 9.9; engine 2.7)"), line
-    assert "12.0 GiB available; model.activation_checkpointing=true needs ~3.9 GiB for the learner" in line
+    assert line.startswith("this run needs ~17.4 GiB (learner 14.8, of it activations 9.9; engine 2.7)"), line
+    assert "12.0 GiB available; model.activation_checkpointing=true needs ~4.3 GiB for the learner" in line
     assert cpu_memory_warning(off, available=40 * gib) is None
     on = load_config(RunConfig, resolve_config("osworld-local"), [])
     assert "activation_checkpointing=true" not in cpu_memory_warning(on, available=4 * gib)  # already on
