@@ -11,7 +11,8 @@ model, one optimizer step per batch, --threads threads on every side.
   trl  ``trl.GRPOTrainer`` (trl 1.16, transformers' generate on CPU) with GRPOConfig matching the above
        (beta 0, num_iterations 1, per-device batch = the episodes per step, num_generations = group size).
        TRL lives in its own environment (--trl-python; default /work/venvs/trl/bin/python, a venv made with
-       --system-site-packages, which shares this torch 2.13 / transformers 5.19: trl 1.16 pins neither).
+       --system-site-packages, which shares this torch 2.13 / transformers 5.19: trl 1.16 pins neither;
+       `bash scripts/install_trl.sh` makes it).
 
 Each side runs in a process of its own (its peak RSS: the process tree's resident set sampled every 50 ms);
 --rounds rounds alternate which side goes first. Per side: episodes/s, generated tokens/s and learner
