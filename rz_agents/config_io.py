@@ -260,12 +260,32 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".txt")
+
+
+def paths_beside(value: Any, base: Path) -> Any:
+    """``value`` (a YAML config as plain data) with each relative data-file path that does not exist from
+    the working directory but does beside the YAML file (under ``base``) made absolute: a config and the
+    files it names travel together (a packaged config's demos, a config copied with its data), from any
+    working directory. A path that exists from the working directory keeps its meaning."""
+    if isinstance(value, dict):
+        return {k: paths_beside(v, base) for k, v in value.items()}
+    if isinstance(value, list):
+        return [paths_beside(v, base) for v in value]
+    if isinstance(value, str) and value.endswith(DATA_SUFFIXES) and not Path(value).is_absolute():
+        if "://" not in value and not Path(value).exists() and (base / value).is_file():
+            return str((base / value).resolve())
+    return value
+
+
 def load_config(
     cls: type[T], path: str | Path | None, overrides: list[str] | None = None, validate: bool = True
 ) -> T:
     """Load YAML at `path` (or defaults when None), apply overrides, return a `cls` (validated unless
     ``validate`` is False: types and field names are checked either way)."""
     data: dict[str, Any] = read_yaml_mapping(path) if path is not None else {}
+    if path is not None:
+        data = paths_beside(data, Path(path).parent)
     obj = from_dict(cls, override_config(cls, data, overrides or []))
     check = getattr(obj, "validate", None)
     if validate and callable(check):
