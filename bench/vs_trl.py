@@ -63,17 +63,30 @@ def rz_config(a, run_dir: Path) -> dict:
         "report": False,
         "export_final_model": False,
         "output_dir": str(run_dir),
-        "model": {"checkpoint": "smollm2-135m-instruct", "kernels": "aligned", "dtype": "float32",
-                  "activation_checkpointing": False},
+        "model": {
+            "checkpoint": "smollm2-135m-instruct",
+            "kernels": "aligned",
+            "dtype": "float32",
+            "activation_checkpointing": False,
+        },
         "env": {"id": "vs_trl_task:WordProblemTextEnv", "kwargs": {"max_turns": 1}},
-        "engine": {"max_running": a.prompts_per_step * a.group_size, "max_len": episode_tokens + 64,
-                   "max_batch_tokens": 2048},
+        "engine": {
+            "max_running": a.prompts_per_step * a.group_size,
+            "max_len": episode_tokens + 64,
+            "max_batch_tokens": 2048,
+        },
         "rollout": {
-            "group_size": a.group_size, "groups_per_batch": a.prompts_per_step,
-            "max_concurrent_episodes": a.prompts_per_step * a.group_size, "max_lag": 64,
-            "max_ahead_batches": 2, "temperature": 1.0,
-            "limits": {"max_turns": 1, "max_tokens_per_turn": a.max_tokens,
-                       "max_episode_tokens": episode_tokens},
+            "group_size": a.group_size,
+            "groups_per_batch": a.prompts_per_step,
+            "max_concurrent_episodes": a.prompts_per_step * a.group_size,
+            "max_lag": 64,
+            "max_ahead_batches": 2,
+            "temperature": 1.0,
+            "limits": {
+                "max_turns": 1,
+                "max_tokens_per_turn": a.max_tokens,
+                "max_episode_tokens": episode_tokens,
+            },
         },
         # one micro-batch holds a whole step (16 episodes of at most ~200 tokens), as TRL's one batch does
         "learner": {"micro_batch_tokens": 4096, "optim": {"lr": a.lr}},
@@ -110,8 +123,13 @@ def rz_figures(out: dict) -> dict:
     generated = int(out["summary"].get("generated_tokens") or 0)
     last = rows[-1] if rows else {}
     reward = last.get("reward_mean", last.get("reward"))
-    return {"episodes": episodes, "generated_tokens": generated, "learner_tokens": learner_tokens,
-            "last_step_reward": reward, "steps": len(rows)}
+    return {
+        "episodes": episodes,
+        "generated_tokens": generated,
+        "learner_tokens": learner_tokens,
+        "last_step_reward": reward,
+        "steps": len(rows),
+    }
 
 
 # -- the TRL side --------------------------------------------------------------------------------------
@@ -129,10 +147,12 @@ def trl_side(a) -> dict:
 
     episodes = a.prompts_per_step * a.group_size
     data = problems(a.prompts_per_step * (a.steps + 1), a.seed)
-    dataset = Dataset.from_list([
-        {"prompt": [{"role": "user", "content": prompt_of(p["question"])}], "answer": p["answer"]}
-        for p in data
-    ])
+    dataset = Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": prompt_of(p["question"])}], "answer": p["answer"]}
+            for p in data
+        ]
+    )
     counts = {"generated_tokens": 0, "learner_tokens": 0, "rewards": []}
 
     def boxed_answer(completions, answer, completion_ids=None, **_):
@@ -146,13 +166,36 @@ def trl_side(a) -> dict:
 
     out_dir = tempfile.mkdtemp(prefix="vs_trl_trl_")
     config = GRPOConfig(
-        output_dir=out_dir, use_cpu=True, seed=a.seed, max_steps=a.steps, learning_rate=a.lr,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999,
-        adam_epsilon=1e-8, max_grad_norm=1.0, optim="adamw_torch",
-        per_device_train_batch_size=episodes, gradient_accumulation_steps=1, num_generations=a.group_size,
-        max_completion_length=a.max_tokens, temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1,
-        logging_steps=1, report_to=[], save_strategy="no", bf16=False, fp16=False,
-        dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=True,
+        output_dir=out_dir,
+        use_cpu=True,
+        seed=a.seed,
+        max_steps=a.steps,
+        learning_rate=a.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        per_device_train_batch_size=episodes,
+        gradient_accumulation_steps=1,
+        num_generations=a.group_size,
+        max_completion_length=a.max_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        num_iterations=1,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        bf16=False,
+        fp16=False,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=True,
     )
     step_walls: list[float] = []
 
@@ -168,8 +211,14 @@ def trl_side(a) -> dict:
     torch.manual_seed(a.seed)
     model = AutoModelForCausalLM.from_pretrained(smollm2_checkpoint_dir(), dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(smollm2_checkpoint_dir())
-    trainer = GRPOTrainer(model=model, reward_funcs=boxed_answer, args=config, train_dataset=dataset,
-                          processing_class=tok, callbacks=[StepClock()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=boxed_answer,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=[StepClock()],
+    )
     t0 = time.perf_counter()
     trainer.train()
     train_wall = time.perf_counter() - t0
@@ -178,9 +227,13 @@ def trl_side(a) -> dict:
     # the tokens it packs likewise
     learner_tokens = sum(int(h.get("num_tokens", 0)) for h in logs[-1:])
     return {
-        "train_wall_s": train_wall, "step_walls": step_walls, "episodes": episodes * len(step_walls),
-        "generated_tokens": counts["generated_tokens"], "learner_tokens_cumulative": learner_tokens,
-        "last_step_reward": counts["rewards"][-1] if counts["rewards"] else None, "log": logs,
+        "train_wall_s": train_wall,
+        "step_walls": step_walls,
+        "episodes": episodes * len(step_walls),
+        "generated_tokens": counts["generated_tokens"],
+        "learner_tokens_cumulative": learner_tokens,
+        "last_step_reward": counts["rewards"][-1] if counts["rewards"] else None,
+        "log": logs,
     }
 
 
@@ -229,13 +282,25 @@ def worker(a) -> None:
     usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     cpu = sum(u.ru_utime + u.ru_stime for u in usage)
     seconds = cpu if a.metric == "cpu" else wall
-    print(json.dumps({
-        "side": a.worker, "steps": steps, "wall_s": wall, "cpu_s": cpu, "per": a.metric,
-        "wall_per_step_s": wall / max(steps, 1), "cpu_per_step_s": cpu / max(steps, 1),
-        "episodes_per_s": fig["episodes"] / seconds,
-        "generated_tokens_per_s": fig["generated_tokens"] / seconds,
-        "learner_tokens_per_s": fig["learner_tokens"] / seconds, "peak_rss_gb": rss.peak / GB, **fig,
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "side": a.worker,
+                "steps": steps,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "per": a.metric,
+                "wall_per_step_s": wall / max(steps, 1),
+                "cpu_per_step_s": cpu / max(steps, 1),
+                "episodes_per_s": fig["episodes"] / seconds,
+                "generated_tokens_per_s": fig["generated_tokens"] / seconds,
+                "learner_tokens_per_s": fig["learner_tokens"] / seconds,
+                "peak_rss_gb": rss.peak / GB,
+                **fig,
+            }
+        ),
+        flush=True,
+    )
 
 
 def run_side(a, side: str) -> dict:
@@ -262,9 +327,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--metric", default="cpu", choices=["cpu", "wall"],
-                    help="rates per CPU-second of the side's processes (robust on a shared machine) or "
-                    "per wall-second")
+    ap.add_argument(
+        "--metric",
+        default="cpu",
+        choices=["cpu", "wall"],
+        help="rates per CPU-second of the side's processes (robust on a shared machine) or per wall-second",
+    )
     ap.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
     ap.add_argument("--trl-python", default=DEFAULT_TRL_PYTHON, help="the interpreter with trl installed")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per side process")
@@ -278,13 +346,20 @@ def main() -> None:
     t_start, load_start = time.time(), os.getloadavg()[0]
     rounds = []
     for r in range(a.rounds):
-        order = a.sides[r % len(a.sides):] + a.sides[: r % len(a.sides)]  # alternate who goes first
+        order = a.sides[r % len(a.sides) :] + a.sides[: r % len(a.sides)]  # alternate who goes first
         this = {side: run_side(a, side) for side in order}
         rounds.append(this)
         if not a.json:
             print(f"round {r + 1}: {json.dumps(this)}", flush=True)
-    keys = ("episodes_per_s", "generated_tokens_per_s", "learner_tokens_per_s", "wall_per_step_s",
-            "cpu_per_step_s", "peak_rss_gb", "last_step_reward")
+    keys = (
+        "episodes_per_s",
+        "generated_tokens_per_s",
+        "learner_tokens_per_s",
+        "wall_per_step_s",
+        "cpu_per_step_s",
+        "peak_rss_gb",
+        "last_step_reward",
+    )
 
     def median(side: str, k: str):
         vals = [rd[side][k] for rd in rounds if rd[side].get(k) is not None]
@@ -299,8 +374,13 @@ def main() -> None:
     summary = {
         "model": "SmolLM2-135M-Instruct (packaged checkpoint), float32",
         "task": "one-turn word problems, difficulty 1, 0/1 boxed answer (bench/vs_trl_task.py)",
-        "steps": a.steps, "episodes_per_step": a.prompts_per_step * a.group_size, "group_size": a.group_size,
-        "max_tokens": a.max_tokens, "lr": a.lr, "threads": a.threads, "rounds": a.rounds,
+        "steps": a.steps,
+        "episodes_per_step": a.prompts_per_step * a.group_size,
+        "group_size": a.group_size,
+        "max_tokens": a.max_tokens,
+        "lr": a.lr,
+        "threads": a.threads,
+        "rounds": a.rounds,
         "results": {s: {k: median(s, k) for k in keys} for s in a.sides},
         "rz_over_trl_episodes_per_s": ratio("episodes_per_s"),
         "rz_over_trl_generated_tokens_per_s": ratio("generated_tokens_per_s"),

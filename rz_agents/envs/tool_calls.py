@@ -17,8 +17,15 @@ from rz_agents.envs.deepseek_tool_calls import is_deepseek_turn, parse_deepseek_
 from rz_agents.envs.tool_call_types import ParsedTurn, ToolCall, ToolCallError, tool_names, validate_call
 
 __all__ = [
-    "CLOSE", "OPEN", "ParsedTurn", "ToolCall", "ToolCallError", "format_tool_call", "parse_tool_calls",
-    "tool_names", "validate_call",
+    "CLOSE",
+    "OPEN",
+    "ParsedTurn",
+    "ToolCall",
+    "ToolCallError",
+    "format_tool_call",
+    "parse_tool_calls",
+    "tool_names",
+    "validate_call",
 ]
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

@@ -77,6 +77,7 @@ DEEPSEEK_V31_MARKER = ASSISTANT + THINK_CLOSE
 THINKING_STYLES = ("switch", "never", "always")
 OPEN_THINK = "<think>\n"
 
+
 def _tojson(value: Any) -> str:
     # Same output as the `tojson` filter transformers installs for chat templates.
     return json.dumps(value, ensure_ascii=False)

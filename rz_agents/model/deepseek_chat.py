@@ -172,9 +172,7 @@ class DeepSeekChatTemplate:
         """What opens the assistant's turn after a user turn."""
         return self._opening("user", enable_thinking)
 
-    def render_continuation(
-        self, new_messages: Sequence[Message], enable_thinking: bool = True
-    ) -> str:
+    def render_continuation(self, new_messages: Sequence[Message], enable_thinking: bool = True) -> str:
         """Text that follows an assistant turn's closing ``<｜end▁of▁sentence｜>``: the new turns + the
         assistant's opening (none after tool results)."""
         _check_messages(new_messages)

@@ -102,9 +102,7 @@ def with_start_eval(rows: list[dict]) -> list[dict]:
     eval_at_start/*) in front as a row of step -1 ("after step -1"), so the eval panel's curve starts
     there; the rows themselves unchanged."""
     first = rows[0] if rows else {}
-    start = {
-        EVERY_PREFIX + k[len(START_PREFIX) :]: v for k, v in first.items() if k.startswith(START_PREFIX)
-    }
+    start = {EVERY_PREFIX + k[len(START_PREFIX) :]: v for k, v in first.items() if k.startswith(START_PREFIX)}
     return [{"step": -1, **start}, *rows] if start else rows
 
 

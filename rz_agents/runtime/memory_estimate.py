@@ -564,7 +564,6 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
     return est
 
 
-
 SHORTEST_SEQUENCE = 256  # a prompt and a first turn: the shortest episodes the recipes produce
 
 

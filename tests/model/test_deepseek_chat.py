@@ -25,13 +25,30 @@ from rz_agents.model.deepseek_chat import (
 from rz_agents.model.deepseek_chat import DEEPSEEK_V31_CHAT_TEMPLATE as DS
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "add", "description": "Add two integers",
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                       "required": ["a", "b"]}}},
-    {"type": "function", "function": {
-        "name": "echo", "description": "Echo text",
-        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "echo",
+            "description": "Echo text",
+            "parameters": {
+                "type": "object",
+                "properties": {"text": {"type": "string"}},
+                "required": ["text"],
+            },
+        },
+    },
 ]
 
 
@@ -44,15 +61,20 @@ def test_rendering_equals_the_published_deepseek_v31_template():
     messages = [
         {"role": "system", "content": "You are a helpful assistant"},
         {"role": "user", "content": "What is 2+3?"},
-        {"role": "assistant", "content": "Let me compute.",
-         "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+        {
+            "role": "assistant",
+            "content": "Let me compute.",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+            ],
+        },
         {"role": "tool", "content": "5"},
         {"role": "assistant", "content": "2+3 = 5."},
         {"role": "user", "content": "Thanks"},
     ]
     expected = (
         "<｜begin▁of▁sentence｜>You are a helpful assistant<｜User｜>What is 2+3?<｜Assistant｜></think>"
-        "Let me compute.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{\"a\": 2, \"b\": 3}"
+        'Let me compute.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{"a": 2, "b": 3}'
         "<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜><｜tool▁output▁begin｜>5<｜tool▁output▁end｜>"
         "2+3 = 5.<｜end▁of▁sentence｜><｜User｜>Thanks<｜Assistant｜></think>"
     )
@@ -103,8 +125,9 @@ def test_render_is_append_only_and_every_assistant_turn_parses_back(thinking):
         while i < len(messages):
             turn = messages[i]
             # what the model wrote: the assistant turn's rendering after the prompt, up to and with its EOS
-            written = DS.render(messages[: i + 1], tools=TOOLS, add_generation_prompt=False,
-                                enable_thinking=thinking)[len(text):]
+            written = DS.render(
+                messages[: i + 1], tools=TOOLS, add_generation_prompt=False, enable_thinking=thinking
+            )[len(text) :]
             assert written.endswith(EOS) and ASSISTANT not in written
             parsed = parse_tool_calls(written[: -len(EOS)], TOOLS)
             want = [(c["function"]["name"], c["function"]["arguments"]) for c in turn.get("tool_calls", [])]
@@ -115,15 +138,26 @@ def test_render_is_append_only_and_every_assistant_turn_parses_back(thinking):
             text += written + DS.render_continuation(messages[i + 1 : j], enable_thinking=thinking)
             i = j
         # the incremental text is the full rendering plus the last generation prompt
-        assert text.startswith(full) and text[len(full):] in ("", DS.generation_prompt(thinking))
+        assert text.startswith(full) and text[len(full) :] in ("", DS.generation_prompt(thinking))
 
 
 def test_reasoning_renders_where_the_model_wrote_it():
-    messages = [{"role": "user", "content": "q"},
-                {"role": "assistant", "content": "A", "reasoning_content": "think"}]
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "A", "reasoning_content": "think"},
+    ]
     assert DS.render(messages, add_generation_prompt=False).endswith(f"{ASSISTANT}<think>think</think>A{EOS}")
-    parsed = parse_tool_calls("think</think>" + TOOL_CALLS_BEGIN + TOOL_CALL_BEGIN + "echo" + TOOL_SEP
-                              + '{"text": "x"}' + TOOL_CALL_END + TOOL_CALLS_END, TOOLS)
+    parsed = parse_tool_calls(
+        "think</think>"
+        + TOOL_CALLS_BEGIN
+        + TOOL_CALL_BEGIN
+        + "echo"
+        + TOOL_SEP
+        + '{"text": "x"}'
+        + TOOL_CALL_END
+        + TOOL_CALLS_END,
+        TOOLS,
+    )
     assert [(c.name, c.arguments) for c in parsed.calls] == [("echo", {"text": "x"})]
 
 
@@ -131,16 +165,22 @@ def _call(name: str, args: str) -> str:
     return f"{TOOL_CALL_BEGIN}{name}{TOOL_SEP}{args}{TOOL_CALL_END}"
 
 
-@pytest.mark.parametrize("text, message", [
-    (TOOL_CALLS_BEGIN + TOOL_CALL_BEGIN + 'add<｜tool▁sep｜>{"a": 1', "unterminated tool call"),
-    (TOOL_CALLS_BEGIN + _call("add", '{"a": 1, "b": }') + TOOL_CALLS_END, "invalid JSON arguments for 'add'"),
-    (TOOL_CALLS_BEGIN + f"{TOOL_CALL_BEGIN}add {{}}{TOOL_CALL_END}" + TOOL_CALLS_END, "<tool_sep>"),
-    (TOOL_CALLS_BEGIN + _call("mul", '{"a": 1}') + TOOL_CALLS_END, "unknown tool 'mul'"),
-    (TOOL_CALLS_BEGIN + _call("add", '{"a": 1}') + TOOL_CALLS_END, "missing required argument"),
-    (TOOL_CALLS_BEGIN + _call("add", "[1, 2]") + TOOL_CALLS_END, "must be a JSON object"),
-    (TOOL_CALLS_BEGIN + _call("add", "[" * 100000) + TOOL_CALLS_END, "invalid JSON"),
-    (TOOL_CALLS_BEGIN + "just text", "without a tool call"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (TOOL_CALLS_BEGIN + TOOL_CALL_BEGIN + 'add<｜tool▁sep｜>{"a": 1', "unterminated tool call"),
+        (
+            TOOL_CALLS_BEGIN + _call("add", '{"a": 1, "b": }') + TOOL_CALLS_END,
+            "invalid JSON arguments for 'add'",
+        ),
+        (TOOL_CALLS_BEGIN + f"{TOOL_CALL_BEGIN}add {{}}{TOOL_CALL_END}" + TOOL_CALLS_END, "<tool_sep>"),
+        (TOOL_CALLS_BEGIN + _call("mul", '{"a": 1}') + TOOL_CALLS_END, "unknown tool 'mul'"),
+        (TOOL_CALLS_BEGIN + _call("add", '{"a": 1}') + TOOL_CALLS_END, "missing required argument"),
+        (TOOL_CALLS_BEGIN + _call("add", "[1, 2]") + TOOL_CALLS_END, "must be a JSON object"),
+        (TOOL_CALLS_BEGIN + _call("add", "[" * 100000) + TOOL_CALLS_END, "invalid JSON"),
+        (TOOL_CALLS_BEGIN + "just text", "without a tool call"),
+    ],
+)
 def test_malformed_output_is_an_error_observation_not_an_exception(text, message):
     parsed = parse_tool_calls(text, TOOLS)
     assert parsed.has_calls and not parsed.calls and len(parsed.errors) == 1
@@ -148,8 +188,14 @@ def test_malformed_output_is_an_error_observation_not_an_exception(text, message
 
 
 def test_a_bad_call_does_not_hide_the_good_ones():
-    text = (TOOL_CALLS_BEGIN + _call("add", '{"a": 1, "b": 2}') + _call("add", "{bad")
-                         + _call("echo", json.dumps({"text": "hi"})) + TOOL_CALLS_END + " done")
+    text = (
+        TOOL_CALLS_BEGIN
+        + _call("add", '{"a": 1, "b": 2}')
+        + _call("add", "{bad")
+        + _call("echo", json.dumps({"text": "hi"}))
+        + TOOL_CALLS_END
+        + " done"
+    )
     parsed = parse_tool_calls(text, TOOLS)
     assert [c.name for c in parsed.calls] == ["add", "echo"] and len(parsed.errors) == 1
     assert isinstance(parsed.items[1], ToolCallError) and parsed.trailing_text == "done"
@@ -198,8 +244,21 @@ def deepseek_tokenizer():
     from rz_agents.model.tokenizer import Tokenizer, qwen3_tokenizer
 
     backend = tokenizers.Tokenizer.from_str(qwen3_tokenizer().backend.to_str())
-    specials = [BOS, EOS, USER, ASSISTANT, TOOL_CALLS_BEGIN, TOOL_CALLS_END, TOOL_CALL_BEGIN, TOOL_CALL_END,
-                TOOL_SEP, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END, THINK_OPEN, THINK_CLOSE]
+    specials = [
+        BOS,
+        EOS,
+        USER,
+        ASSISTANT,
+        TOOL_CALLS_BEGIN,
+        TOOL_CALLS_END,
+        TOOL_CALL_BEGIN,
+        TOOL_CALL_END,
+        TOOL_SEP,
+        TOOL_OUTPUT_BEGIN,
+        TOOL_OUTPUT_END,
+        THINK_OPEN,
+        THINK_CLOSE,
+    ]
     backend.add_special_tokens(specials)
     v31 = "{{ bos_token }}{%- if ns.is_last_user %}{{'<｜Assistant｜></think>'}}{%- endif %}"
     return Tokenizer(backend, eos_token=EOS, bos_token=BOS, chat_template=v31)
@@ -216,7 +275,7 @@ def test_prompt_sampled_and_continuation_tokens_equal_the_full_conversation(deep
         i = first
         while i < len(messages):
             full = DS.render(messages[: i + 1], TOOLS, add_generation_prompt=False, enable_thinking=thinking)
-            sampled = tok.encode(full[len(prefix):])  # the model's tokens, ending with EOS
+            sampled = tok.encode(full[len(prefix) :])  # the model's tokens, ending with EOS
             assert sampled[-1] == DS.stop_token_ids(tok)[0]
             j = i + 1
             while j < len(messages) and messages[j]["role"] != "assistant":

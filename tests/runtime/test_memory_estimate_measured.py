@@ -27,8 +27,15 @@ from rz_agents.trainer.learner import LearnerConfig
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS, SEQ = 2048, 256
 SHAPE = dict(
-    model_type="llama", vocab_size=32_768, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-    num_attention_heads=6, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True,
+    model_type="llama",
+    vocab_size=32_768,
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=64,
+    tie_word_embeddings=True,
     max_position_embeddings=512,
 )
 
@@ -97,9 +104,18 @@ def estimate(ckpt: bool):
 def test_the_learner_estimate_is_within_ten_percent_of_the_measured_peak(ckpt):
     est = estimate(ckpt)
     # every term the measurement depends on is there, and each one is large enough to matter
-    for term in ("weights", "gradients", "adamw_state_fp32", "packed_weights", "activations",
-                 "lm_head_logits", "lm_head_grad_partials", "process_baseline", "optimizer_imports",
-                 "gemm_guard_state"):
+    for term in (
+        "weights",
+        "gradients",
+        "adamw_state_fp32",
+        "packed_weights",
+        "activations",
+        "lm_head_logits",
+        "lm_head_grad_partials",
+        "process_baseline",
+        "optimizer_imports",
+        "gemm_guard_state",
+    ):
         assert term in est.learner, term
     peak = measured_peak(ckpt)
     ratio = est.learner_total / peak
