@@ -288,7 +288,7 @@ def load_deepseek_v4(
     """A DeepSeek-V4 model from a checkpoint directory (config.json + safetensors), every tensor by name; a
     missing or unexpected tensor is an error naming it; multi-token-prediction tensors (`mtp.*`) are skipped
     as transformers skips them; FP8/FP4 weights are refused (one line)."""
-    from rz_agents.model.safetensors_dir import load_state
+    from rz_agents.model.safetensors_dir import copy_by_name, load_state
 
     config = DeepseekV4Config.from_checkpoint(ckpt_dir, dtype=dtype)
     with torch.device("meta"):
@@ -306,19 +306,7 @@ def load_deepseek_v4(
     if config.tie_word_embeddings:
         state.pop("head.weight", None)
         expected.pop("head.weight", None)
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ValueError(
-            f"{ckpt_dir}: tensors do not match a deepseek_v4 model: missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}"
-        )
-    with torch.no_grad():
-        for name, t in state.items():
-            if expected[name].shape != t.shape:
-                raise ValueError(
-                    f"{ckpt_dir}: {name} has shape {tuple(t.shape)}, expected {tuple(expected[name].shape)}"
-                )
-            expected[name].copy_(t.to(expected[name].dtype))
+    copy_by_name(expected, state, set(expected), ckpt_dir, "deepseek_v4")
     return model
 
 

@@ -23,6 +23,7 @@ from rz_agents.model.safetensors_dir import (  # noqa: F401 (public names of che
     CheckpointError,
     LazyState,
     _weight_files,
+    copy_by_name,
     load_state,
 )
 from rz_agents.model.transformer import Transformer
@@ -129,21 +130,7 @@ def load_hf_base(
     # transformers never stores rotary buffers; some exports carry them.
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     state = {k: v for k, v in state.items() if not _prediction_layer(k, config)}
-    missing, unexpected = expected - set(state), set(state) - expected
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{ckpt_dir}: tensors do not match a {config.model_type} model: "
-            f"missing {sorted(missing)[:5]}{'...' if len(missing) > 5 else ''}, "
-            f"unexpected {sorted(unexpected)[:5]}{'...' if len(unexpected) > 5 else ''}"
-        )
-    params = model.state_dict()
-    with torch.no_grad():
-        for name, t in state.items():
-            if params[name].shape != t.shape:
-                raise CheckpointError(
-                    f"{ckpt_dir}: {name} has shape {tuple(t.shape)}, expected {tuple(params[name].shape)}"
-                )
-            params[name].copy_(t.to(params[name].dtype))
+    copy_by_name(model.state_dict(), state, expected, ckpt_dir, config.model_type)
     return model
 
 

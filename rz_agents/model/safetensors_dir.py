@@ -70,3 +70,29 @@ class LazyState(Mapping):
 
     def __len__(self) -> int:
         return len(self._file_of)
+
+
+def copy_by_name(
+    params: dict[str, torch.Tensor],
+    state: Mapping[str, torch.Tensor],
+    expected: set[str],
+    ckpt_dir: str | os.PathLike,
+    model_type: str,
+) -> None:
+    """Copy each checkpoint tensor of ``state`` into the model tensor of the same name in ``params`` (cast to
+    its dtype); the names must be exactly ``expected`` and every shape must match, else CheckpointError
+    naming the first missing / unexpected tensors or the mismatched shape."""
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{ckpt_dir}: tensors do not match a {model_type} model: "
+            f"missing {sorted(missing)[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {sorted(unexpected)[:5]}{'...' if len(unexpected) > 5 else ''}"
+        )
+    with torch.no_grad():
+        for name, t in state.items():
+            if params[name].shape != t.shape:
+                raise CheckpointError(
+                    f"{ckpt_dir}: {name} has shape {tuple(t.shape)}, expected {tuple(params[name].shape)}"
+                )
+            params[name].copy_(t.to(params[name].dtype))
