@@ -978,7 +978,8 @@ def section_train_16k(check: Check) -> dict:
     first_s = time.perf_counter() - t0
     step_ms = check.time_ms(lambda: learner.step(trajs), iters=1, warmup=0)
     cfg = SimpleNamespace(
-        model=SimpleNamespace(activation_checkpointing=True),
+        # the device the step ran on: a CUDA estimate has no CPU-only terms (packed GEMM copies, process base)
+        model=SimpleNamespace(activation_checkpointing=True, device=check.device.type),
         learner=SimpleNamespace(micro_batch_tokens=tokens),
         rollout=SimpleNamespace(limits=SimpleNamespace(max_episode_tokens=tokens)),
         engine=EngineConfig(max_len=tokens, kv_cache_bytes=None, max_running=1, max_batch_tokens=1),
