@@ -191,3 +191,14 @@ def test_sharded_ranks_count_one_gathered_tensor_for_publication_not_a_whole_cop
         TrainConfig(model=spec, runtime="ray", actors=ActorsConfig(learner_ranks=1)), model_cfg
     )
     assert "publication_transient" not in single.learner  # one rank publishes views of its own weights
+
+
+def test_a_cuda_estimate_has_none_of_the_cpu_process_terms():
+    """gpu_check's train_16k compares a CUDA step's peak with the estimate for the device it ran on: the CPU
+    process baseline and the packed-GEMM weight copies are a CPU run's, not a GPU's allocator's."""
+    model_cfg = preset_config("qwen3-0.6b")
+    cpu = estimate_memory(TrainConfig(model=ModelSpec(device="cpu")), model_cfg)
+    gpu = estimate_memory(TrainConfig(model=ModelSpec(device="cuda")), model_cfg)
+    assert "process_baseline" in cpu.learner and "process_baseline" not in gpu.learner
+    assert gpu.learner_total < cpu.learner_total
+    assert gpu.learner["weights"] == cpu.learner["weights"]
