@@ -8,16 +8,23 @@ control (the standard op set in engine and learner) differs, and its flip rates 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import pytest
 import torch
 
-from rz_agents.engine import EngineConfig, RZEngine, SamplingParams, generate_batch
+from rz_agents.engine import EngineConfig, RZEngine, generate_batch
 from rz_agents.model.deepseek_v4 import DeepseekV4ForCausalLM
 from rz_agents.model.deepseek_v4_config import DeepseekV4Config
-from rz_agents.model.logprobs import packed_token_logprobs
+from tests.engine.engine_alignment import (
+    assert_equal_to_learner as _assert_equal,
+)
+from tests.engine.engine_alignment import (
+    assert_update_recomputes_exactly,
+    learner_logprobs,
+    random_prompts,
+    seeded_params,
+)
 
 VOCAB = 128
 
@@ -55,24 +62,11 @@ def _model(dtype: str = "float32", seed: int = 0, kernels: str = "aligned", **ov
 
 
 def _prompts(lengths, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+    return random_prompts(lengths, VOCAB, seed)
 
 
 def _params(n, max_tokens=10):
-    return [SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=i) for i in range(n)]
-
-
-def _learner_logprobs(model, prompts, outs):
-    with torch.no_grad():
-        lps = packed_token_logprobs(model, [p + o.tokens for p, o in zip(prompts, outs, strict=True)])
-    return [lp[len(p) - 1 :] for p, lp in zip(prompts, lps, strict=True)]
-
-
-def _assert_equal(model, prompts, outs):
-    for p, o, lp in zip(prompts, outs, _learner_logprobs(model, prompts, outs), strict=True):
-        assert o.finish_reason == "length", o.error
-        assert torch.equal(o.logprobs, lp), (len(p), (o.logprobs - lp).abs().max().item())
+    return seeded_params(n, max_tokens)
 
 
 class SelectionRecorder:
@@ -155,7 +149,7 @@ def test_the_tiny_model_has_sharp_logits_and_reads_its_compressed_entries():
 
     engine.runner.forward = forward
     (out,) = generate_batch(engine, [seq], _params(1))
-    (lp,) = _learner_logprobs(model, [seq], [out])
+    (lp,) = learner_logprobs(model, [seq], [out])
     assert (out.logprobs - lp).abs().max() > 1e-3
 
 
@@ -216,25 +210,7 @@ def test_a_weight_update_recomputes_running_sequences_with_the_new_weights():
     model = _model()
     new = _model(seed=1)
     engine = RZEngine(model, EngineConfig(max_len=160, max_batch_tokens=40, num_threads=1))
-    prompts = _prompts([70, 5, 45], seed=6)
-
-    async def run():
-        tasks = [
-            asyncio.ensure_future(engine.generate(p, q)) for p, q in zip(prompts, _params(3, 20), strict=True)
-        ]
-        while engine.counters["generated_tokens"] < 9:
-            await asyncio.sleep(0)
-        engine.load_weights(new.state_dict(), version=1)
-        return await asyncio.gather(*tasks)
-
-    outs = asyncio.run(run())
-    learner = _learner_logprobs(new, prompts, outs)
-    seen = 0
-    for o, lp in zip(outs, learner, strict=True):
-        after = torch.tensor([v == 1 for v in o.versions])
-        seen += int(after.sum())
-        assert torch.equal(o.logprobs[after], lp[after])
-    assert seen > 0
+    assert_update_recomputes_exactly(engine, new, _prompts([70, 5, 45], seed=6), _params(3, 20), 9)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -246,7 +222,7 @@ def test_negative_control_the_standard_op_set_differs_and_its_flip_rates(dtype, 
     recorder = SelectionRecorder(engine)
     prompts = _prompts([3, 63, 70, 17, 45], seed=7)
     outs = generate_batch(engine, prompts, _params(5))
-    learner = _learner_logprobs(model, prompts, outs)
+    learner = learner_logprobs(model, prompts, outs)
     assert any(not torch.equal(o.logprobs, lp) for o, lp in zip(outs, learner, strict=True))
     flips = recorder.flips(model)
     with capsys.disabled():
