@@ -104,9 +104,12 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(r.to_json()), flush=True)
         else:
             verdict = "bit-identical" if r.bit_identical else f"DIFFERS ({r.mismatched_tokens} tokens)"
+            flips = "".join(
+                f" {kind}_flips={r.selection_flips[kind]}/{n}" for kind, n in r.selections_checked.items()
+            )
             print(
                 f"{r.arch:10s} {r.dtype:9s} {r.kernels:8s} threads={r.threads} cases={r.cases} "
-                f"tokens={r.tokens_checked} max|dlogp|={r.max_abs_dlogp:.3g}  {verdict}"
+                f"tokens={r.tokens_checked} max|dlogp|={r.max_abs_dlogp:.3g}{flips}  {verdict}"
             )
     total = sum(r.tokens_checked for r in aligned)
     summary = {

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from rz_agents.model.config import ARCHS, ModelConfig
+from rz_agents.model.deepseek_v4_config import DeepseekV4Config
 from rz_agents.model.hf_files import build_model
 from rz_agents.model.kv_cache import KVCache, pages_for
 from rz_agents.model.logprobs import packed_token_logprobs, token_logprobs
@@ -27,8 +28,9 @@ from rz_agents.model.qwen3_5_config import MODEL_TYPES as QWEN3_5_TYPES
 from rz_agents.model.qwen3_5_config import Qwen35Config
 from rz_agents.model.transformer import Transformer
 
-# families align-check builds random tiny models of: ModelConfig's and the hybrid linear-attention Qwen3.5
-CHECKED_ARCHS = (*ARCHS, "qwen3_5")
+# families align-check builds random tiny models of: ModelConfig's, the hybrid linear-attention Qwen3.5 and
+# DeepSeek-V4 (its own model class: compressed sparse attention, hyper-connections)
+CHECKED_ARCHS = (*ARCHS, "qwen3_5", "deepseek_v4")
 
 DEFAULT_BATCH_SIZES = (1, 2, 3, 7, 15, 16, 17, 31, 63, 64, 65, 100, 129)
 
@@ -45,10 +47,16 @@ class AlignmentReport:
     mismatched_tokens: int = 0
     max_abs_dlogp: float = 0.0
     failures: list[str] = field(default_factory=list)
+    # a model with discrete selections (DeepSeek-V4: the indexer's top-k, the routers): per kind, the token
+    # rows of every layer compared between the cached path and the packed forward, and those that differ
+    selections_checked: dict[str, int] = field(default_factory=dict)
+    selection_flips: dict[str, int] = field(default_factory=dict)
 
     @property
     def bit_identical(self) -> bool:
-        return self.mismatched_tokens == 0 and self.tokens_checked > 0
+        return (
+            self.mismatched_tokens == 0 and self.tokens_checked > 0 and not any(self.selection_flips.values())
+        )
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -67,9 +75,18 @@ class AlignmentReport:
             if len(self.failures) < 20:
                 self.failures.append(f"{what}: max |dlogp| {float(diff.max()):.3g}")
 
+    def compare_selections(self, got: list, ref: list) -> None:
+        """Count the token rows whose selection (each layer's [n, k] indices) differs from the reference's."""
+        for (kind, g), (_, r) in zip(got, ref, strict=True):
+            self.selections_checked[kind] = self.selections_checked.get(kind, 0) + r.shape[0]
+            flips = int((g.cpu() != r.cpu()).any(dim=-1).sum())
+            self.selection_flips[kind] = self.selection_flips.get(kind, 0) + flips
 
-def random_config(arch: str, dtype: str, rng: random.Random) -> ModelConfig | Qwen35Config:
+
+def random_config(arch: str, dtype: str, rng: random.Random) -> ModelConfig | Qwen35Config | DeepseekV4Config:
     """A small random model config of the given family (vocab large enough to be realistic)."""
+    if arch == "deepseek_v4":  # sliding, CSA (m=4), HCA (m'=16), CSA; hash and learned MoE
+        return DeepseekV4Config.tiny(dtype=dtype, vocab_size=rng.choice([512, 1000]))
     if arch in QWEN3_5_TYPES:  # 3 Gated DeltaNet layers and 1 full attention
         return Qwen35Config.tiny(dtype=dtype, vocab_size=rng.choice([512, 1000]))
     heads = rng.choice([4, 8])
@@ -96,12 +113,14 @@ def run_cached(
     cache: KVCache,
     rng: random.Random,
     chunked: bool,
+    selections: list | None = None,
 ) -> list[torch.Tensor]:
     """Log-probs of tokens[1:] for each sequence via the KV-cache path, continuous-batching style.
 
     Each sequence gets random pages (a page table scattered over the cache, in no particular order),
     a prompt part (prefilled in one piece or in random chunks) and a decoded tail (one token per
-    forward). All active sequences share every forward call.
+    forward). All active sequences share every forward call. ``selections`` (a list, for a model that
+    traces its discrete selections) receives each sequence's, as ``packed_selections`` gives them.
     """
     n = len(seqs)
     device = cache.device
@@ -115,6 +134,7 @@ def run_cached(
     decode_from = [max(1, len(s) - rng.randint(1, max(1, len(s) // 2))) for s in seqs]
     cursor = [0] * n
     out: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    traced: list[list] = [[] for _ in range(n)]  # per sequence: each forward's [(kind, [step, k])]
     with torch.no_grad():
         while True:
             tok, pos, sid, owner = [], [], [], []
@@ -134,12 +154,9 @@ def run_cached(
                 cursor[i] = c + step
             if not tok:
                 break
-            hidden = model(
-                torch.cat(tok).to(device),
-                torch.cat(pos).to(device),
-                torch.cat(sid).to(device),
-                kv_cache=view,
-            )
+            args = (torch.cat(tok).to(device), torch.cat(pos).to(device), torch.cat(sid).to(device))
+            hidden, trace = _traced(model, selections is not None, *args, kv_cache=view)
+            _split_trace(trace, owner, traced)
             rows, targets, spans = [], [], []
             offset = 0
             for i, c, step in owner:
@@ -151,7 +168,46 @@ def run_cached(
             logp = token_logprobs(model, torch.cat(rows), torch.cat(targets).to(device)).cpu()
             for (i, _k), part in zip(spans, torch.split(logp, [k for _, k in spans]), strict=True):
                 out[i].append(part)
+    if selections is not None:
+        selections.extend(
+            [(kind, torch.cat([f[j][1] for f in forwards])) for j, (kind, _) in enumerate(forwards[0])]
+            for forwards in traced
+        )
     return [torch.cat(parts) if parts else torch.zeros(0) for parts in out]
+
+
+def _traced(model, trace_on: bool, *args, **kwargs) -> tuple[torch.Tensor, list]:
+    """The model's forward and, when ``trace_on``, the selections it made ([(kind, [T, k])] per layer)."""
+    if not trace_on:
+        return model(*args, **kwargs), []
+    model.selection_trace = trace = []
+    try:
+        return model(*args, **kwargs), trace
+    finally:
+        model.selection_trace = None
+
+
+def _split_trace(trace: list, owner: list[tuple[int, int, int]], traced: list[list]) -> None:
+    """Hand each sequence its rows of one forward's selections (owner: (sequence, start, step) in order)."""
+    if not trace:
+        return
+    offset = 0
+    for i, _c, step in owner:
+        traced[i].append([(kind, sel[offset : offset + step]) for kind, sel in trace])
+        offset += step
+
+
+def packed_selections(model, seqs: list[torch.Tensor]) -> list[list]:
+    """Each sequence's selections [(kind, [len, k]) per selecting layer] in one packed training forward."""
+    lens = [len(s) for s in seqs]
+    device = model.device
+    tokens = torch.cat(seqs).to(device)
+    positions = torch.cat([torch.arange(n) for n in lens]).to(device)
+    seq_ids = torch.cat([torch.full((n,), i, dtype=torch.long) for i, n in enumerate(lens)]).to(device)
+    with torch.no_grad():
+        _, trace = _traced(model, True, tokens, positions, seq_ids)
+    starts = [sum(lens[:i]) for i in range(len(lens))]
+    return [[(kind, sel[a : a + n]) for kind, sel in trace] for a, n in zip(starts, lens, strict=True)]
 
 
 def run_padded(
@@ -180,7 +236,10 @@ def check_model(
     max_len: int = 160,
     threads: int | None = None,
 ) -> AlignmentReport:
-    """Run the alignment check on one model with its current op set (fused projections on the cached path)."""
+    """Run the alignment check on one model with its current op set (fused projections on the cached path,
+    for a model that fuses them, as the engine does)."""
+    if not hasattr(model, "fuse_projections"):
+        return _check_model(model, seed, batch_sizes, max_len, threads)
     was_fused = model.fused_projections
     model.fuse_projections()
     try:
@@ -201,6 +260,7 @@ def _check_model(
         cfg.model_type, cfg.dtype, model.kernels, torch.get_num_threads(), device=str(model.device)
     )
     vocab = cfg.vocab_size
+    traces = hasattr(model, "selection_trace")  # a model with discrete selections (DeepSeek-V4) records them
 
     def rand_seq(lo: int = 2) -> torch.Tensor:
         return torch.randint(0, vocab, (rng.randint(lo, max_len),), generator=gen)
@@ -221,7 +281,12 @@ def _check_model(
             seqs.insert(at, needle)
             with torch.no_grad():
                 refs = [r.cpu() for r in packed_token_logprobs(model, seqs)]  # one packed training forward
-            got = run_cached(model, seqs, cache, rng, chunked)
+            selections = [] if traces else None
+            got = run_cached(model, seqs, cache, rng, chunked, selections)
+            for sel, ref in zip(
+                selections or [], packed_selections(model, seqs) if traces else [], strict=True
+            ):
+                report.compare_selections(sel, ref)
             report.cases += 1
             mode = "chunked" if chunked else "full"
             report.compare(f"cached b={b} {mode} needle", got[at], needle_ref)
@@ -260,7 +325,7 @@ def check_random_models(
         for dtype in dtypes:
             rng = random.Random(f"{seed}-{arch}-{dtype}")
             cfg = random_config(arch, dtype, rng)
-            model = build_model(cfg)
+            model = _random_model(cfg)
             model.reset_parameters(std=0.1, seed=rng.randrange(2**31))
             model.to(device)
             for k in kernels:
@@ -269,3 +334,12 @@ def check_random_models(
                     check_model(model, seed=seed, batch_sizes=batch_sizes, max_len=max_len, threads=threads)
                 )
     return reports
+
+
+def _random_model(cfg):
+    """The model class of a random config (DeepSeek-V4 has its own; hf_files.build_model the others)."""
+    if isinstance(cfg, DeepseekV4Config):
+        from rz_agents.model.deepseek_v4 import DeepseekV4ForCausalLM
+
+        return DeepseekV4ForCausalLM(cfg)
+    return build_model(cfg)

@@ -12,9 +12,10 @@ Parameter names are the ones transformers writes for DeepseekV4ForCausalLM (Deep
 `model.`, the LM head as `head.weight`), so a checkpoint loads and saves by name. DeepSeek's released
 checkpoints ship FP8 (and FP4 expert) weights with scale tensors: those are refused with one line (dequantize
 to bf16 first); their other naming differences (no `model.` prefix, `embed.weight`, `hc_head_fn`) are mapped.
-Cached inference is standalone for now (`SequenceState`: per sequence and layer, the rows later tokens still
-read and the pooled entries; chunked prefill and decode give the packed forward's bits); the engine's paged
-caches for the compressed branches are not built yet (`supports_cache` False: the engine refuses it).
+Cached inference: standalone (`SequenceState`: per sequence and layer, the rows later tokens still read and
+the pooled entries; chunked prefill and decode give the packed forward's bits), or in the engine's pages
+(`new_kv_cache`, a `kv_cache` view: model/deepseek_v4_cache.py reads each sequence's state from its pages,
+runs the standalone path and writes the new state back).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rz_agents.model.deepseek_v4_attention import Attention, Layout, Reach, SequenceState, rope_pair
+from rz_agents.model.deepseek_v4_cache import DeepseekV4Cache, paged_forward, v4_bytes_per_page
 from rz_agents.model.deepseek_v4_config import DeepseekV4Config
 from rz_agents.model.deepseek_v4_layers import hyper_head, hyper_merge, hyper_mix
 from rz_agents.model.deepseek_v4_moe import MoE
@@ -103,7 +105,7 @@ class _Forward:
 class DeepseekV4ForCausalLM(nn.Module):
     """DeepSeek-V4 causal LM: `forward` gives final hidden states [T, hidden], `logits` the fp32 LM head."""
 
-    supports_cache = False  # engine caches for the compressed branches: not yet (learner only)
+    supports_cache = True  # the engine's paged cache: model/deepseek_v4_cache.py
     takes_images = False
 
     def __init__(self, config: DeepseekV4Config, kernels: str = "aligned", init: bool = True) -> None:
@@ -180,13 +182,16 @@ class DeepseekV4ForCausalLM(nn.Module):
         each a sequence). Without ``states`` every sequence starts at position 0 in this call (the learner's
         packed forward). With them (standalone cached inference: a prefill chunk or decode tokens), sequence
         ``seq_ids == i`` continues ``states[i]`` from its position, and the states are updated in place. The
-        engine's paged ``kv_cache`` is not supported yet (ValueError)."""
-        if kv_cache is not None:
-            raise ValueError("DeepSeek-V4 has no paged engine cache yet (standalone `states` only)")
+        engine passes a ``kv_cache`` view of ``new_kv_cache``'s pages instead (each table row a sequence
+        continuing from its pages: a prefill chunk or a decode token)."""
         if any(v is not None for v in extra.values()):
             raise ValueError(
                 f"DeepseekV4ForCausalLM takes no {sorted(k for k, v in extra.items() if v is not None)}"
             )
+        if kv_cache is not None:
+            if states is not None or seq_ids is None:
+                raise ValueError("a kv_cache forward takes seq_ids (rows of its page table) and no states")
+            return paged_forward(self, tokens, positions, seq_ids, kv_cache)
         shape = tokens.shape
         tokens, positions = tokens.reshape(-1), positions.reshape(-1)
         if seq_ids is None:
@@ -228,6 +233,15 @@ class DeepseekV4ForCausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head in the op set's GEMM, as fp32 [..., vocab]."""
         return self.ops_for(hidden.device).linear(hidden, self.head.weight).float()
+
+    # ---- the engine's cache -----------------------------------------------------------------------------
+    def kv_page_bytes(self) -> int:
+        """Bytes of one cache page (64 positions, every layer: rows and compressed entries)."""
+        return v4_bytes_per_page(self.config, self.head.weight.dtype)
+
+    def new_kv_cache(self, num_pages: int, device: torch.device | str) -> DeepseekV4Cache:
+        """The engine's paged cache of this model (model/deepseek_v4_cache.py)."""
+        return DeepseekV4Cache(self.config, num_pages, dtype=self.head.weight.dtype, device=device)
 
     # ---- the forward contract's other questions (a text model: no images) ----------------------------------
     def scored_sequence(self, tokens: list[int], images, loss_mask) -> object:

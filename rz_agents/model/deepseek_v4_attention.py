@@ -68,9 +68,10 @@ def sparse_forms(ops: OpSet) -> SparseForms:
 
 @dataclass
 class SequenceState:
-    """One sequence's cache between forwards (standalone, until the engine's paged per-layer caches take it):
-    per layer, the rows a later token may still read (the attention's K=V for the sliding window, the
-    compressors' projections of the windows not pooled yet), for positions `start`..`position - 1`, and
+    """One sequence's cache between forwards (standalone; the engine keeps it in pages instead and builds one
+    per call: model/deepseek_v4_cache.py): per layer, the rows a later token may still read (the attention's
+    K=V for the sliding window, the compressors' projections of the windows not pooled yet), for positions
+    `start`..`position - 1` (with `keep_all`, every position fed since `start`), and
     every compressed entry pooled so far (`entries`). Its size is bounded by the window and the rates, plus
     one entry per `rate` tokens."""
 
@@ -78,6 +79,7 @@ class SequenceState:
     start: int = 0  # the first position `rows` still holds
     rows: dict[str, torch.Tensor] = field(default_factory=dict)
     entries: dict[str, torch.Tensor] = field(default_factory=dict)
+    keep_all: bool = False  # keep the rows of every position fed, not only those later tokens read (pages)
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,8 @@ class Layout:
             index[s, st.start : st.position] = torch.arange(cached, cached + held, device=device)
             cached += held
             end = st.position + int((seq_ids == s).sum())
-            self.keep_from.append(reach.first_needed(end) if reach is not None else 0)
+            keep = st.start if st.keep_all else reach.first_needed(end) if reach is not None else 0
+            self.keep_from.append(keep)
         index[seq_ids, positions] = cached + torch.arange(positions.numel(), device=device)
         self.index = index
         if device.type == "cpu" and positions.numel():  # (a GPU caller's stream is the packer's, trusted)

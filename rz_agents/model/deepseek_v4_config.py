@@ -91,6 +91,15 @@ class DeepseekV4Config:
     def compress_rope_theta(self) -> float:
         return float(self.compress_rope.get("rope_theta", 160000.0))
 
+    @property
+    def model_type(self) -> str:
+        return "deepseek_v4"
+
+    @property
+    def eos_token_id(self) -> int | list[int] | None:
+        """The checkpoint's end-of-sequence token(s) (config.json's; None when it names none)."""
+        return self.hf.get("eos_token_id")
+
     def rate(self, layer: int) -> int:
         """The compression rate of `layer`'s compressed branch (0: a sliding-window-only layer)."""
         kind = self.layer_types[layer]

@@ -6,17 +6,24 @@ engine, transformers' chunked delta rule in the learner) differ."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import pytest
 import torch
 
-from rz_agents.engine import EngineConfig, RZEngine, SamplingParams, generate_batch
-from rz_agents.model.logprobs import packed_token_logprobs
+from rz_agents.engine import EngineConfig, RZEngine, generate_batch
 from rz_agents.model.policy import PolicySpec, build_policy
 from rz_agents.model.qwen3_5 import SequenceState
 from rz_kernels.delta_rule import DeltaRuleCache
+from tests.engine.engine_alignment import (
+    assert_equal_to_learner as _assert_equal,
+)
+from tests.engine.engine_alignment import (
+    assert_update_recomputes_exactly,
+    random_prompts,
+    seeded_params,
+)
+from tests.engine.engine_alignment import learner_logprobs as _learner_logprobs
 
 VOCAB = 96
 
@@ -36,24 +43,11 @@ def _model(dtype: str = "float32", seed: int = 0, kernels: str = "aligned"):
 
 
 def _prompts(lengths, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+    return random_prompts(lengths, VOCAB, seed)
 
 
 def _params(n, max_tokens=12):
-    return [SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=i) for i in range(n)]
-
-
-def _learner_logprobs(model, prompts, outs):
-    with torch.no_grad():
-        lps = packed_token_logprobs(model, [p + o.tokens for p, o in zip(prompts, outs, strict=True)])
-    return [lp[len(p) - 1 :] for p, lp in zip(prompts, lps, strict=True)]
-
-
-def _assert_equal(model, prompts, outs):
-    for p, o, lp in zip(prompts, outs, _learner_logprobs(model, prompts, outs), strict=True):
-        assert o.finish_reason == "length", o.error
-        assert torch.equal(o.logprobs, lp), (len(p), (o.logprobs - lp).abs().max().item())
+    return seeded_params(n, max_tokens)
 
 
 def test_the_tiny_model_has_sharp_logits_and_a_state_that_carries_across_chunks():
@@ -127,25 +121,7 @@ def test_a_weight_update_recomputes_running_sequences_with_the_new_weights():
     model = _model()
     new = _model(seed=1)
     engine = RZEngine(model, EngineConfig(max_len=256, max_batch_tokens=40, num_threads=1))
-    prompts = _prompts([70, 5, 100], seed=6)
-
-    async def run():
-        tasks = [
-            asyncio.ensure_future(engine.generate(p, q)) for p, q in zip(prompts, _params(3, 24), strict=True)
-        ]
-        while engine.counters["generated_tokens"] < 12:
-            await asyncio.sleep(0)
-        engine.load_weights(new.state_dict(), version=1)
-        return await asyncio.gather(*tasks)
-
-    outs = asyncio.run(run())
-    learner = _learner_logprobs(new, prompts, outs)
-    seen = 0
-    for o, lp in zip(outs, learner, strict=True):
-        after = torch.tensor([v == 1 for v in o.versions])
-        seen += int(after.sum())
-        assert torch.equal(o.logprobs[after], lp[after])
-    assert seen > 0
+    assert_update_recomputes_exactly(engine, new, _prompts([70, 5, 100], seed=6), _params(3, 24), 12)
 
 
 def test_negative_control_the_standard_op_set_in_the_engine_differs():
