@@ -10,12 +10,12 @@ learner's packed forward, a prefill cut at any offset, any batch and a one-token
 
 One program per (sequence, head, block of value columns) walks its sequence's chunks in order, holding the
 state [dk, BLOCK_V] (the delta rule is independent per value column). Per chunk, as the CPU kernel:
-L = -strict_lower(beta k k^T * decay), (I - L)^-1 by doubling ((I + L)(I + L^2)(I + L^4)..., L
-nilpotent), u = (I - L)^-1 (beta v), w = (I - L)^-1 (beta k exp(gc)), v' = u - w S,
+L = -strict_lower(beta k k^T * decay), (I - L)^-1 by forward substitution (row by row, in a runtime
+loop), u = (I - L)^-1 (beta v), w = (I - L)^-1 (beta k exp(gc)), v' = u - w S,
 o = (q exp(gc)) S + (q k^T * decay) v', and, for a complete chunk, S <- exp(gc_last) S + (k exp(gc_last -
-gc))^T v'. All products are fp32 `tl.dot` with input_precision="ieee" (no TF32). The interpreter's result
-is close to the CPU kernel's, not equal (the CPU solve is blocked and its GEMMs are BLAS's); the contract,
-as for the other Triton ops, is that the engine's and the learner's uses of this kernel agree bit for bit.
+gc))^T v'. All products are fp32 `tl.dot`s (PRECISION). The interpreter's result is close to the CPU
+kernel's, not equal (the CPU solves by blocked doubling, its GEMMs are BLAS's); the contract, as for the
+other Triton ops, is that the engine's and the learner's uses of this kernel agree bit for bit.
 Backward: autograd through the torch form.
 """
 
@@ -33,13 +33,18 @@ from rz_kernels.triton_ops.recompute import with_reference_backward
 
 # Value columns per program (the state block held is [dk, BLOCK_V] fp32).
 BLOCK_V = 32
+# fp32 products on the tensor cores with three TF32 passes (close to fp32; plain "ieee" fp32 dots of these
+# tiles compile to FMA code that spilled ~67k registers and took 5 min to compile for sm_90a). The
+# interpreter computes every dot in exact fp32 order whatever this says.
+PRECISION: tl.constexpr = tl.constexpr("tf32x3")
+NUM_WARPS = 8
 
 
 @triton.jit(do_not_specialize=["keep"])
 def _delta_rule_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s0_ptr, first_ptr, count_ptr, full_ptr,
     out_ptr, s_out_ptr, snap_ptr, H, DK, DV, scale, keep,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ITERS: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -70,24 +75,27 @@ def _delta_rule_kernel(
         decay = tl.where(lower, tl.exp(tl.where(lower, gc[:, None] - gc[None, :], 0.0)), 0.0)
         egc = tl.exp(gc)
         kb = k * beta[:, None]
-        kk = tl.dot(kb, tl.trans(k), input_precision="ieee")
+        kk = tl.dot(kb, tl.trans(k), input_precision=PRECISION)
         low = tl.where(strict, -(kk * decay), 0.0)
-        inv = low + eye
-        power = low
-        for _ in tl.static_range(ITERS):
-            power = tl.dot(power, power, input_precision="ieee")
-            inv = inv + tl.dot(inv, power, input_precision="ieee")
-        u = tl.dot(inv, v * beta[:, None], input_precision="ieee")
-        w = tl.dot(inv, kb * egc[:, None], input_precision="ieee")
-        v_new = u - tl.dot(w, S, input_precision="ieee")
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        # (I - L)^-1 by forward substitution, row i = e_i + sum_j L[i, j] row j: a runtime loop (compiles
+        # small), each row a function of the rows before it (L[i, j >= i] are exact zeros)
+        inv = eye
+        for i in range(1, C):
+            pick = rows[:, None] == i
+            l_i = tl.sum(tl.where(pick, low, 0.0), axis=0)  # row i of L (exact: one nonzero per column)
+            inv = tl.where(pick, inv + tl.sum(l_i[:, None] * inv, axis=0)[None, :], inv)
+        u = tl.dot(inv, v * beta[:, None], input_precision=PRECISION)
+        w = tl.dot(inv, kb * egc[:, None], input_precision=PRECISION)
+        v_new = u - tl.dot(w, S, input_precision=PRECISION)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         intra = tl.where(lower, qk * decay, 0.0)
-        o = tl.dot(q * egc[:, None], S, input_precision="ieee") + tl.dot(intra, v_new, input_precision="ieee")
+        o = tl.dot(q * egc[:, None], S, input_precision=PRECISION)
+        o += tl.dot(intra, v_new, input_precision=PRECISION)
         tl.store(out_ptr + v_off, o, mask=vmask[None, :])
         if c < full:
             last = tl.sum(tl.where(rows == C - 1, gc, 0.0), axis=0)  # exact: one nonzero term
             k_tail = k * tl.exp(last - gc)[:, None]
-            S = S * tl.exp(last) + tl.dot(tl.trans(k_tail), v_new, input_precision="ieee")
+            S = S * tl.exp(last) + tl.dot(tl.trans(k_tail), v_new, input_precision=PRECISION)
             if keep != 0:
                 tl.store(snap_ptr + ((first + c) * H + h) * DK * DV + st_off, S, mask=st_mask)
     tl.store(s_out_ptr + (s * H + h) * DK * DV + st_off, S, mask=st_mask)
@@ -120,7 +128,8 @@ def _assemble(xs, seq_lens, caches, h, dk, dv):
         nchunks_total += nchunks
         start += n
     bufs = {n: torch.cat(p).contiguous() for n, p in pieces.items()}
-    index = torch.tensor([first, count, full], dtype=torch.int32).to(dev)
+    # three tensors, not rows of one: a row's pointer alignment would change the binary with the count
+    index = [torch.tensor(x, dtype=torch.int32).to(dev) for x in (first, count, full)]
     return bufs, pieces, (first, count), index, nchunks_total
 
 
@@ -143,7 +152,7 @@ def _forward(q, k, v, g, beta, seq_lens, caches, scale, keep_caches):
         _delta_rule_kernel[grid](
             bufs["q"], bufs["k"], bufs["v"], bufs["g"], bufs["beta"], state0, index[0], index[1], index[2],
             out, state, snaps, h, dk, dv, scale, int(keep_caches),
-            C=CHUNK, BK=max(16, triton.next_power_of_2(dk)), BV=bv, ITERS=(CHUNK - 1).bit_length() - 1,
+            C=CHUNK, BK=max(16, triton.next_power_of_2(dk)), BV=bv, num_warps=NUM_WARPS,
         )  # fmt: skip
     rows, base = [], 0
     for n, cache, cnt in zip(seq_lens, caches, count, strict=True):
