@@ -32,8 +32,8 @@ class OpSet:
     # DeepSeek-V3 routing: (router_logits, correction_bias, top_k, n_group, topk_group, normalize, scaling)
     sigmoid_route: Callable = grouped_route.sigmoid_route
     # Gated DeltaNet (Qwen3.5's linear attention): the fixed-chunk-grid delta rule, the short causal conv and
-    # the gated norm. Torch forms on every op set for now (exact by construction on any device); a Triton
-    # kernel with the same grid slots in here.
+    # the gated norm. The torch forms (exact by construction on any device) on the CPU op sets; the Triton op
+    # set has kernels on the same grid (rz_kernels.triton_ops.delta_rule, causal_conv, gated_norm).
     delta_rule: Callable = delta_rule.gated_delta_rule  # (q, k, v, g, beta, seq_lens, caches, ...)
     causal_conv1d: Callable = causal_conv.causal_conv1d  # (x, weight, seq_lens, windows, ...)
     gated_rms_norm: Callable = gated_norm.gated_rms_norm  # (x, gate, weight, eps)

@@ -62,7 +62,14 @@ STANDARD_FORMS = SparseForms(
 
 
 def sparse_forms(ops: OpSet) -> SparseForms:
-    """The standard op set's stock forms, else (aligned, triton) the aligned ones."""
+    """The standard op set's stock forms, the Triton op set's kernels, else the aligned (CPU) ones."""
+    if ops.name == "triton":  # imported here: the Triton op set is only importable where triton is
+        from rz_kernels.triton_ops import sink_attention as t_sink
+        from rz_kernels.triton_ops import sparse_select as t_select
+        from rz_kernels.triton_ops import window_pool as t_pool
+
+        return SparseForms(t_pool.aligned_pool, t_select.aligned_scores, t_select.aligned_top_k,
+                           t_sink.aligned_sink_attention)  # fmt: skip
     return STANDARD_FORMS if ops.name == "standard" else ALIGNED_FORMS
 
 

@@ -29,6 +29,14 @@ SHARED_OPS = {
     "_silu_mul_kernel": "silu_mul",
     "_log_softmax_gather_kernel": "log_softmax",
     "_grouped_matmul_kernel": "moe_grouped_gemm",
+    # Gated DeltaNet (Qwen3.5) and DeepSeek-V4's sparse attention (recorded op by op: op_workloads.py)
+    "_causal_conv_kernel": "causal_conv1d",
+    "_delta_rule_kernel": "delta_rule",
+    "_gated_rms_norm_kernel": "gated_rms_norm",
+    "_window_pool_kernel": "window_pool",
+    "_index_scores_kernel": "index_scores",
+    "_top_k_kernel": "index_top_k",
+    "_sink_attention_kernel": "sink_attention",
 }
 
 # Why a named difference keeps each element's reduction order (checked against the kernels' source).

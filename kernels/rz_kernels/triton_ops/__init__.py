@@ -8,6 +8,6 @@ fp32 combine. Importing this package needs `triton`; on a machine without a GPU,
 TRITON_INTERPRET=1 before importing it (see interpreter.py).
 """
 
-from rz_kernels.triton_ops import attention, gemm, moe, rowwise, softmax
+from rz_kernels.triton_ops import attention, causal_conv, delta_rule, gated_norm, gemm, moe, rowwise, softmax
 
-__all__ = ["attention", "gemm", "moe", "rowwise", "softmax"]
+__all__ = ["attention", "causal_conv", "delta_rule", "gated_norm", "gemm", "moe", "rowwise", "softmax"]

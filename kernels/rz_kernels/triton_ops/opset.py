@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rz_kernels.op_interface import OpSet
-from rz_kernels.triton_ops import attention, gemm, moe, rowwise, sigmoid
+from rz_kernels.triton_ops import attention, causal_conv, delta_rule, gated_norm, gemm, moe, rowwise, sigmoid
 
 TRITON = OpSet(
     "triton",
@@ -17,4 +17,8 @@ TRITON = OpSet(
     route=moe.route,
     fusable=gemm.fusion_keeps_bits,  # split-K depends on N: a stack must split as its parts do
     sigmoid_route=sigmoid.sigmoid_route,
+    # Gated DeltaNet (Qwen3.5): the CPU kernels' fixed chunk grid and tap order, in Triton
+    delta_rule=delta_rule.gated_delta_rule,
+    causal_conv1d=causal_conv.causal_conv1d,
+    gated_rms_norm=gated_norm.gated_rms_norm,
 )

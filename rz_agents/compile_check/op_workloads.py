@@ -1,0 +1,146 @@
+"""The Triton launches of the new families' own ops (issues 51 and 52), recorded op by op at released shapes.
+
+The Qwen3.5 and DeepSeek-V4 models are not driven through the engine on meta tensors yet (their engine caches
+and presets are other work), so their new kernels are recorded here directly, at the shapes their layers
+launch them, on the engine's side (prefill, a chunk with earlier tokens cached plus decode rows riding along,
+decode at the CUDA-graph buckets and two contexts) and the learner's (the forward of the recipes' packed
+micro-batches; the backward is autograd through the torch forms: no Triton launch). The GEMMs, norms and
+attention of these layers are the existing kernels, recorded by the model recipes.
+
+Shapes: Gated DeltaNet as transformers' ``Qwen3_5TextConfig()`` defaults (16 key heads repeated to 32 value
+heads, head dims 128, conv kernel 4: 8192 conv channels); DeepSeek-V4 as ``DeepseekV4Config()`` (V4-Flash:
+64 heads of 512, window 128, CSA rate 4 with overlapping windows of 8, HCA rate 128, an indexer of 64 heads
+of 128 picking 512 entries). bf16 activations, fp32 where the layer computes in fp32 (log decay, scores).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rz_kernels.compile_check.recorder import Launch, LaunchRecorder, record_launches
+from rz_kernels.delta_rule import CHUNK, DeltaRuleCache
+
+GDN = dict(heads=32, dk=128, dv=128, channels=8192, taps=4)
+V4 = dict(heads=64, dim=512, window=128, csa=4, hca=128, index_heads=64, index_dim=128, top_k=512)
+BF16 = torch.bfloat16
+MICRO_BATCHES = ([4096], [2048, 1024, 512, 512])  # the 4B recipe's learner micro-batch, one and packed
+BUCKETS = (1, 16, 48, 128)
+CONTEXTS = (2048, 8192)
+
+
+def _meta(*shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _gdn_cache(pending: int) -> DeltaRuleCache:
+    h, dk, dv = GDN["heads"], GDN["dk"], GDN["dv"]
+    f = torch.float32
+    return DeltaRuleCache(
+        _meta(h, dk, dv, dtype=f), _meta(pending, h, dk, dtype=f), _meta(pending, h, dv, dtype=f),
+        _meta(pending, h, dtype=f), _meta(pending, h, dtype=f),
+    )  # fmt: skip
+
+
+def gated_deltanet_layer(lens: list[int], pending: list[int | None], keep: bool) -> None:
+    """One Gated DeltaNet layer's new ops over sequences of `lens` new tokens, each with `pending` tokens of
+    its current chunk cached (None: it starts here)."""
+    from rz_kernels.triton_ops import causal_conv, delta_rule, gated_norm
+
+    t, h, dk, dv = sum(lens), GDN["heads"], GDN["dk"], GDN["dv"]
+    windows = [None if p is None else _meta(GDN["taps"] - 1, GDN["channels"]) for p in pending]
+    causal_conv.causal_conv1d(
+        _meta(t, GDN["channels"]), _meta(GDN["channels"], 1, GDN["taps"]), lens, windows, keep_windows=keep
+    )
+    caches = [None if p is None else _gdn_cache(p) for p in pending]
+    q, k, v = _meta(t, h, dk), _meta(t, h, dk), _meta(t, h, dv)
+    delta_rule.gated_delta_rule(q, k, v, _meta(t, h, dtype=torch.float32), _meta(t, h), lens, caches,
+                                keep_caches=keep)  # fmt: skip
+    gated_norm.gated_rms_norm(_meta(t * h, dv), _meta(t * h, dv), _meta(dv), 1e-6)
+
+
+def deepseek_v4_layer(lens: list[int], contexts: list[int]) -> None:
+    """A CSA and an HCA layer's new ops for queries of `lens` tokens ending at `contexts` (each query sees
+    its sequence's entries so far: the widest row sets the padded entry count, as the packed forward does)."""
+    from rz_kernels.triton_ops import sink_attention, sparse_select, window_pool
+
+    t, h, d, c = sum(lens), V4["heads"], V4["dim"], V4["index_dim"]
+    span = max(contexts)
+    for rate, width, dim in (
+        (V4["csa"], 2 * V4["csa"], d),
+        (V4["csa"], 2 * V4["csa"], c),
+        (V4["hca"], V4["hca"], d),
+    ):
+        windows = sum(n // rate + 1 for n in lens)  # the windows the call completes (at least one per row)
+        window_pool.aligned_pool(_meta(windows, width, dim), _meta(windows, width, dim, dtype=torch.float32))
+    entries = span // V4["csa"]
+    scores = sparse_select.aligned_scores(
+        _meta(t, V4["index_heads"], c), _meta(t, entries, c),
+        _meta(t, V4["index_heads"], dtype=torch.float32), _meta(t, entries, dtype=torch.bool), c**-0.5,
+    )  # fmt: skip
+    sparse_select.aligned_top_k(scores, V4["top_k"])
+    slide, slide_ok = _meta(t, V4["window"], d), _meta(t, V4["window"], dtype=torch.bool)
+    sinks = _meta(h, dtype=torch.float32)
+    for comp in (V4["top_k"], span // V4["hca"]):  # CSA: the picked entries; HCA: every entry so far
+        sink_attention.aligned_sink_attention(
+            _meta(t, h, d),
+            slide,
+            slide_ok,
+            _meta(t, comp, d),
+            _meta(t, comp, dtype=torch.bool),
+            sinks,
+            d**-0.5,
+            64,
+        )
+
+
+def _record(
+    name: str, rec: LaunchRecorder, prefill: Callable, chunk: Callable, decode: Callable, train
+) -> None:
+    with torch.no_grad():
+        with rec.tagged(model=name, side="engine", phase="prefill", rows=2048):
+            prefill()
+        with rec.tagged(model=name, side="engine", phase="chunked_prefill", rows=4096 + 16):
+            chunk()
+        for b in BUCKETS:
+            for ctx in CONTEXTS:
+                with rec.tagged(model=name, side="engine", phase="decode", rows=b, context=ctx):
+                    decode(b, ctx)
+        for i, lens in enumerate(MICRO_BATCHES):
+            tags = dict(model=name, side="trainer", phase="train", rows=sum(lens), micro_batch=i)
+            with rec.tagged(**tags, sequences=len(lens)):
+                train(lens)
+
+
+def record_qwen3_5_ops(name: str = "qwen3.5-gdn") -> list[Launch]:
+    """Every launch of a Gated DeltaNet layer's conv, delta rule and gated norm, engine and learner."""
+    riders = [1] * 16
+    with record_launches() as rec:
+        _record(
+            name, rec,
+            prefill=lambda: gated_deltanet_layer([2048], [None], keep=True),
+            chunk=lambda: gated_deltanet_layer([4096, *riders], [37] + [37 % CHUNK] * 16, keep=True),
+            decode=lambda b, ctx: gated_deltanet_layer([1] * b, [ctx % CHUNK + 37] * b, keep=True),
+            train=lambda lens: gated_deltanet_layer(lens, [None] * len(lens), keep=False),
+        )  # fmt: skip
+    return rec.launches
+
+
+def record_deepseek_v4_ops(name: str = "deepseek-v4-sparse") -> list[Launch]:
+    """Every launch of a CSA and an HCA layer's pooling, indexer scores, top-k and sink attention."""
+    with record_launches() as rec:
+        _record(
+            name, rec,
+            prefill=lambda: deepseek_v4_layer([2048], [2048]),
+            chunk=lambda: deepseek_v4_layer([4096] + [1] * 16, [8192] + [1000] * 16),
+            decode=lambda b, ctx: deepseek_v4_layer([1] * b, [ctx] * b),
+            train=lambda lens: deepseek_v4_layer(lens, list(lens)),
+        )  # fmt: skip
+    return rec.launches
+
+
+OP_RECIPES: dict[str, Callable[[str], list[Launch]]] = {
+    "qwen3.5-gdn": record_qwen3_5_ops,
+    "deepseek-v4-sparse": record_deepseek_v4_ops,
+}
