@@ -283,32 +283,22 @@ def load_kimi_linear(
     ckpt_dir: str | os.PathLike, kernels: str = "aligned", dtype: torch.dtype | None = None
 ) -> KimiLinearForCausalLM:
     """A Kimi Linear model from a checkpoint directory (config.json + safetensors), every tensor by name (a
-    dense layer's MLP may be stored as `mlp.` or, as transformers writes it, `block_sparse_moe.`); a missing
-    or unexpected tensor is an error naming it."""
-    from rz_agents.model.safetensors_dir import load_state
+    dense layer's MLP may be stored as `mlp.` or, as transformers writes it, `block_sparse_moe.`), cast to
+    the model's dtype (the router's correction bias stays fp32); a missing, unexpected or misshapen tensor
+    is an error naming it."""
+    from rz_agents.model.safetensors_dir import copy_by_name, load_state
 
     config = KimiLinearConfig.from_checkpoint(ckpt_dir)
     if dtype is not None:
         config.dtype = str(dtype).removeprefix("torch.")
     with torch.device("meta"):
         model = KimiLinearForCausalLM(config, kernels)
+    model.to_empty(device="cpu")
     state = {name.replace(".mlp.", ".block_sparse_moe.", 1): t for name, t in load_state(ckpt_dir).items()}
+    expected = set(model.state_dict())
     if config.tie_word_embeddings:
-        state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
-    expected = set(model.state_dict(keep_vars=True))
-    missing = sorted(expected - set(state))
-    unexpected = sorted(set(state) - expected)
-    if missing or unexpected:
-        raise ValueError(
-            f"{ckpt_dir}: checkpoint does not match the model: missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}"
-        )
-    # parameters in the model's dtype; the router's correction bias stays fp32 (it decides near-ties)
-    cast = {
-        k: (v if k.endswith("e_score_correction_bias") or dtype is None else v.to(dtype))
-        for k, v in state.items()
-    }
-    model.load_state_dict(cast, strict=True, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+        model.lm_head.weight = model.model.embed_tokens.weight  # (to_empty gave each its own tensor)
+        state.pop("lm_head.weight", None)
+        expected.discard("lm_head.weight")
+    copy_by_name(model.state_dict(keep_vars=True), state, expected, ckpt_dir, config.model_type)
     return model

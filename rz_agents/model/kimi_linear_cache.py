@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from rz_agents.model.kimi_linear_config import KimiLinearConfig
-from rz_agents.model.kv_cache import PAGE_SIZE, KVCache
+from rz_agents.model.kv_cache import PAGE_SIZE
+from rz_agents.model.qwen3_5_cache import HybridCache
 
 F32 = torch.float32
 
@@ -37,11 +38,11 @@ def kimi_bytes_per_page(config: KimiLinearConfig, dtype: torch.dtype | None = No
     return full * kv + linear * (inputs + state)
 
 
-class KimiLinearCache:
-    """The pages of a Kimi Linear model's cache (see the module docstring); ``view`` and ``copy_page`` as
-    ``KVCache``'s."""
+class KimiLinearCache(HybridCache):
+    """The pages of a Kimi Linear model's cache (see the module docstring): the tensors Qwen3.5's
+    ``HybridCache`` holds, in this family's shapes, so its ``view``, ``copy_page`` and ``buffers`` serve."""
 
-    def __init__(
+    def __init__(  # (HybridCache's own __init__ reads a Qwen3.5 config: not called)
         self,
         config: KimiLinearConfig,
         num_pages: int,
@@ -74,30 +75,3 @@ class KimiLinearCache:
                 self.dr_beta[i] = zeros(num_pages, PAGE_SIZE, h)
                 self.state[i] = zeros(num_pages, h, d, d)
         self.bytes_per_page = kimi_bytes_per_page(config, dtype)
-
-    @property
-    def bytes_total(self) -> int:
-        return self.num_pages * self.bytes_per_page
-
-    def buffers(self) -> list[torch.Tensor]:
-        """Every tensor of the cache (K/V, recurrent inputs, state snapshots)."""
-        kinds = (self.k, self.v, self.conv_in, self.dr_g, self.dr_beta, self.state)
-        return [t for bufs in kinds for t in bufs.values()]
-
-    # what one forward reads and writes: the same page-table view as a plain K/V cache's
-    view = KVCache.view
-
-    @torch.no_grad()
-    def copy_page(self, src: int, dst: int, num_positions: int = PAGE_SIZE) -> None:
-        """Copy the first num_positions positions of page src into page dst, every layer, bit-exact (and the
-        state snapshot, when the whole page is copied)."""
-        n = num_positions
-        for bufs in (self.k, self.v):
-            for buf in bufs.values():
-                buf[dst, :, :n].copy_(buf[src, :, :n])
-        for bufs in (self.conv_in, self.dr_g, self.dr_beta):
-            for buf in bufs.values():
-                buf[dst, :n].copy_(buf[src, :n])
-        if n == PAGE_SIZE:
-            for buf in self.state.values():
-                buf[dst].copy_(buf[src])
