@@ -26,6 +26,12 @@ All arithmetic is fp32 (inputs of other dtypes are upcast, outputs cast back), a
 a batched GEMM gives one matrix the same bits whatever the batch count is a property of the BLAS that the
 aligned linear layers rely on too (fp32 `bmm`, see gemm.py); the tests check it for these shapes.
 The backward is autograd through the same forward (gradients are not part of the bit-identity contract).
+
+Kimi Delta Attention (KDA) is the same recurrence with a per-channel (diagonal) decay: g_t [H, dk] and
+S_t = Diag(exp(g_t)) S_{t-1} + ...; pass g as [T, H, dk] instead of [T, H]. It runs on the same grid and the
+same phase-2 walk; only the chunk's decay factors become per channel (`_prepare_channel_decay`: the
+CHUNK x CHUNK interactions are elementwise products summed over dk, each entry a function of its own two
+rows only, so the row argument above holds unchanged).
 """
 
 from __future__ import annotations
@@ -47,8 +53,9 @@ class DeltaRuleCache:
     """One sequence's delta-rule state between calls (fp32).
 
     `state` [H, dk, dv] is the state entering the sequence's current chunk; `k`, `v`, `g`, `beta`
-    ([n, H, dk], [n, H, dv], [n, H], [n, H]) are that chunk's inputs so far (n < CHUNK tokens), kept so the
-    next call recomputes the chunk from its start on the same grid. `completed` (a returned cache's) holds
+    ([n, H, dk], [n, H, dv], [n, H] (or [n, H, dk]: a per-channel decay, KDA), [n, H]) are that chunk's
+    inputs so far (n < CHUNK tokens), kept so the next call recomputes the chunk from its start on the same
+    grid. `completed` (a returned cache's) holds
     the state after each chunk the call completed, in order: the snapshots a paged cache keeps per chunk
     (page), so a prefix of whole chunks can be reused with its state.
     """
@@ -66,14 +73,17 @@ class DeltaRuleCache:
         return self.k.shape[0]
 
     @staticmethod
-    def empty(heads: int, dk: int, dv: int, device: torch.device | str = "cpu") -> DeltaRuleCache:
-        """The cache of a sequence before its first token (zero state, no pending tokens)."""
+    def empty(
+        heads: int, dk: int, dv: int, device: torch.device | str = "cpu", channel_decay: bool = False
+    ) -> DeltaRuleCache:
+        """The cache of a sequence before its first token (zero state, no pending tokens); with
+        `channel_decay` its g holds a decay per key channel (KDA)."""
         f = torch.float32
         return DeltaRuleCache(
             torch.zeros(heads, dk, dv, dtype=f, device=device),
             torch.zeros(0, heads, dk, dtype=f, device=device),
             torch.zeros(0, heads, dv, dtype=f, device=device),
-            torch.zeros(0, heads, dtype=f, device=device),
+            torch.zeros(0, heads, *((dk,) if channel_decay else ()), dtype=f, device=device),
             torch.zeros(0, heads, dtype=f, device=device),
         )
 
@@ -135,6 +145,41 @@ def _prepare(q, k, v, g, beta):
     return u, w, intra, qg, k_tail, aligned_unary(torch.exp, last).unsqueeze(-1)
 
 
+CHANNEL_SLICE = 64  # (chunk, head) pairs per slice of the per-channel [C, C, dk] products (bounds memory)
+
+
+def _channel_pairs(a: torch.Tensor, b: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+    """sum_d a[n, i, d] b[n, j, d] decay[n, i, j, d] -> [N, C, C]: every entry reduces its own dk products
+    in one fixed order (a contiguous last-dim sum), so it depends on rows i and j alone."""
+    return (a.unsqueeze(2) * b.unsqueeze(1) * decay).sum(-1)
+
+
+def _prepare_channel_decay(q, k, v, g, beta):
+    """`_prepare` with a per-channel log decay g [N, C, dk] (KDA): the same phase-2 operands, the state's
+    decay per key channel. The [N, C, C, dk] decay factors are built CHANNEL_SLICE chunks at a time."""
+    n, c, _ = q.shape
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    strict = lower & ~torch.eye(c, dtype=torch.bool, device=q.device)
+    gc = g.cumsum(1)  # [N, C, dk]
+    kb = k * beta.unsqueeze(-1)
+    vb = v * beta.unsqueeze(-1)
+    neg_parts, intra_parts = [], []
+    for lo in range(0, n, CHANNEL_SLICE):
+        s = slice(lo, lo + CHANNEL_SLICE)
+        diff = (gc[s].unsqueeze(2) - gc[s].unsqueeze(1)).masked_fill(~lower.unsqueeze(-1), 0.0)
+        decay = aligned_unary(torch.exp, diff).masked_fill(~lower.unsqueeze(-1), 0.0)  # exp(gc_i - gc_j)
+        neg_parts.append(-_channel_pairs(kb[s], k[s], decay).masked_fill(~strict, 0.0))
+        intra_parts.append(_channel_pairs(q[s], k[s], decay).masked_fill(~lower, 0.0))
+    inv = _unit_lower_inverse(torch.cat(neg_parts))  # (I - L)^-1
+    egc = aligned_unary(torch.exp, gc)
+    u = torch.bmm(inv, vb)
+    w = torch.bmm(inv, kb * egc)
+    qg = q * egc
+    last = gc[:, -1:]  # [N, 1, dk]
+    k_tail = k * aligned_unary(torch.exp, last - gc)
+    return u, w, torch.cat(intra_parts), qg, k_tail, aligned_unary(torch.exp, last).transpose(1, 2)
+
+
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -148,10 +193,11 @@ def gated_delta_rule(
 ) -> tuple[torch.Tensor, list[DeltaRuleCache] | None]:
     """The gated delta rule over packed sequences on the fixed chunk grid (see the module docstring).
 
-    q, k [T, H, dk] (already l2-normalized if the model wants it), v [T, H, dv], g (log decay) and beta
-    [T, H]; the T tokens are `seq_lens[0]` tokens of sequence 0, then sequence 1's, and so on. `caches[i]`
-    holds sequence i's earlier tokens (None: it starts here). Returns the outputs [T, H, dv] in q's dtype
-    and, with `keep_caches`, each sequence's cache after these tokens.
+    q, k [T, H, dk] (already l2-normalized if the model wants it), v [T, H, dv], g (log decay) [T, H]
+    (Gated DeltaNet) or [T, H, dk] (KDA's per-channel decay), beta [T, H]; the T tokens are `seq_lens[0]`
+    tokens of sequence 0, then sequence 1's, and so on. `caches[i]` holds sequence i's earlier tokens
+    (None: it starts here). Returns the outputs [T, H, dv] in q's dtype and, with `keep_caches`, each
+    sequence's cache after these tokens.
     """
     t, h, dk = q.shape
     dv = v.shape[-1]
@@ -168,7 +214,8 @@ def gated_delta_rule(
 
     # Each sequence's tokens on its grid: the pending tokens of its current chunk, then the new ones.
     caches = list(caches) if caches is not None else [None] * len(seq_lens)
-    caches = [c if c is not None else DeltaRuleCache.empty(h, dk, dv, dev) for c in caches]
+    channel = g.dim() == 3
+    caches = [c if c is not None else DeltaRuleCache.empty(h, dk, dv, dev, channel) for c in caches]
     pieces: dict[str, list[torch.Tensor]] = {"q": [], "k": [], "v": [], "g": [], "beta": []}
     chunk_seq: list[int] = []  # sequence of each chunk
     chunk_pos: list[int] = []  # index of the chunk among its sequence's chunks in this call
@@ -203,7 +250,8 @@ def gated_delta_rule(
 
     cq, ck, cv = (heads_first(torch.cat(pieces[n])) for n in ("q", "k", "v"))
     cg, cb = (heads_first(torch.cat(pieces[n])) for n in ("g", "beta"))
-    u, w, intra, qg, k_tail, decay_last = _prepare(cq, ck, cv, cg, cb)
+    prepare = _prepare_channel_decay if channel else _prepare
+    u, w, intra, qg, k_tail, decay_last = prepare(cq, ck, cv, cg, cb)
 
     # Phase 2: walk the chunks in order, all sequences' chunk j together, carrying each sequence's state.
     state = torch.stack([c.state for c in caches])  # [S, H, dk, dv]

@@ -22,15 +22,17 @@ import torch
 from rz_agents.model.config import ARCHS, ModelConfig
 from rz_agents.model.deepseek_v4_config import DeepseekV4Config
 from rz_agents.model.hf_files import build_model
+from rz_agents.model.kimi_linear_config import KimiLinearConfig
 from rz_agents.model.kv_cache import KVCache, pages_for
 from rz_agents.model.logprobs import packed_token_logprobs, token_logprobs
 from rz_agents.model.qwen3_5_config import MODEL_TYPES as QWEN3_5_TYPES
 from rz_agents.model.qwen3_5_config import Qwen35Config
 from rz_agents.model.transformer import Transformer
 
-# families align-check builds random tiny models of: ModelConfig's, the hybrid linear-attention Qwen3.5 and
-# DeepSeek-V4 (its own model class: compressed sparse attention, hyper-connections)
-CHECKED_ARCHS = (*ARCHS, "qwen3_5", "deepseek_v4")
+# families align-check builds random tiny models of: ModelConfig's, the hybrid linear-attention ones (Qwen3.5;
+# Kimi Linear: KDA + MLA + MoE) and DeepSeek-V4 (its own model class: compressed sparse attention,
+# hyper-connections)
+CHECKED_ARCHS = (*ARCHS, "qwen3_5", "kimi_linear", "deepseek_v4")
 
 DEFAULT_BATCH_SIZES = (1, 2, 3, 7, 15, 16, 17, 31, 63, 64, 65, 100, 129)
 
@@ -83,12 +85,16 @@ class AlignmentReport:
             self.selection_flips[kind] = self.selection_flips.get(kind, 0) + flips
 
 
-def random_config(arch: str, dtype: str, rng: random.Random) -> ModelConfig | Qwen35Config | DeepseekV4Config:
+def random_config(
+    arch: str, dtype: str, rng: random.Random
+) -> ModelConfig | Qwen35Config | KimiLinearConfig | DeepseekV4Config:
     """A small random model config of the given family (vocab large enough to be realistic)."""
     if arch == "deepseek_v4":  # sliding, CSA (m=4), HCA (m'=16), CSA; hash and learned MoE
         return DeepseekV4Config.tiny(dtype=dtype, vocab_size=rng.choice([512, 1000]))
     if arch in QWEN3_5_TYPES:  # 3 Gated DeltaNet layers and 1 full attention
         return Qwen35Config.tiny(dtype=dtype, vocab_size=rng.choice([512, 1000]))
+    if arch == "kimi_linear":  # 3 KDA layers and 1 MLA, MoE after the first layer
+        return KimiLinearConfig.tiny(dtype=dtype, vocab_size=rng.choice([512, 1000]))
     heads = rng.choice([4, 8])
     kv = rng.choice([h for h in (1, 2, 4) if heads % h == 0])
     extra = {}

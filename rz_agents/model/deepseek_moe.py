@@ -10,6 +10,8 @@ top-k order) as for Qwen3-MoE, so engine and trainer pick the same experts and s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -37,7 +39,10 @@ class SigmoidRouter(nn.Module):
 
 
 class DeepseekMoE(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """`expert(hidden, intermediate)` builds one routed expert (a module with `run(x, ops, fused)` and
+    `gate_proj`/`up_proj`/`down_proj` linears; another family's on-disk names may stand behind them)."""
+
+    def __init__(self, cfg: ModelConfig, expert: Callable[[int, int], nn.Module] = MLP) -> None:
         super().__init__()
         self.num_experts = cfg.num_experts
         self.top_k = cfg.num_experts_per_tok
@@ -46,7 +51,7 @@ class DeepseekMoE(nn.Module):
         self.scaling = cfg.routed_scaling_factor
         self.gate = SigmoidRouter(cfg)
         self.experts = nn.ModuleList(
-            MLP(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)
+            expert(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)
         )
         self.shared_experts = (
             MLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)

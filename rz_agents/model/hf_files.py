@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from rz_agents.model.config import ModelConfig
+from rz_agents.model.kimi_linear_config import KimiLinearConfig
 from rz_agents.model.peft_files import ADAPTER_DIR
 from rz_agents.model.qwen3_5_config import MODEL_TYPES as QWEN3_5_TYPES
 from rz_agents.model.qwen3_5_config import Qwen35Config
@@ -46,6 +47,11 @@ def read_model_config(
     if not path.is_file():
         raise CheckpointError(f"{ckpt_dir}: no config.json")
     d = json.loads(path.read_text())
+    if d.get("model_type") == "kimi_linear":
+        config = KimiLinearConfig.from_hf(d)
+        if dtype is not None:
+            config.dtype = dtype
+        return config
     if d.get("model_type") in (*QWEN3_5_TYPES, "qwen3_5_moe"):
         config = Qwen35Config.from_hf(d)
         if dtype is not None:
@@ -75,6 +81,10 @@ def build_model(
         from rz_agents.model.qwen3_5 import Qwen35ForCausalLM
 
         return Qwen35ForCausalLM(config, kernels=kernels).to(config.torch_dtype)
+    if isinstance(config, KimiLinearConfig):
+        from rz_agents.model.kimi_linear import KimiLinearForCausalLM
+
+        return KimiLinearForCausalLM(config, kernels=kernels)
     return Transformer(config, kernels=kernels, init=init)
 
 
@@ -114,6 +124,10 @@ def load_hf_base(
         from rz_agents.model.qwen3_5 import load_qwen3_5
 
         return load_qwen3_5(ckpt_dir, kernels, dtype=full_config.torch_dtype).to(device)
+    if isinstance(full_config, KimiLinearConfig):  # its own reader: `mlp.` / `block_sparse_moe.` names
+        from rz_agents.model.kimi_linear import load_kimi_linear
+
+        return load_kimi_linear(ckpt_dir, kernels, dtype=full_config.torch_dtype).to(device)
     config = model_config_of(full_config)
     # Build without initialising (every parameter is overwritten below): a random init of a multi-GB
     # model would cost more than reading it.

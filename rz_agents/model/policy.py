@@ -22,6 +22,7 @@ from torch import nn
 
 from rz_agents.model.freeze import freeze_vision_tower
 from rz_agents.model.hf_files import load_hf_base, model_skeleton, saved_adapter
+from rz_agents.model.kimi_linear_config import KimiLinearConfig
 from rz_agents.model.lora import LoraConfig, add_lora, has_lora
 from rz_agents.model.peft_files import load_peft_adapter, read_peft_config
 from rz_agents.model.qwen3_5_config import MODEL_TYPES as QWEN3_5_TYPES
@@ -148,6 +149,10 @@ def _base(spec: PolicySpec, device: torch.device | str) -> nn.Module:
         from rz_agents.model.qwen3_5 import Qwen35ForCausalLM
 
         model = Qwen35ForCausalLM(Qwen35Config.tiny(**overrides), kernels=spec.kernels)
+    elif spec.model_type == "kimi_linear":  # KDA + MLA + MoE (model/kimi_linear.py)
+        from rz_agents.model.kimi_linear import KimiLinearForCausalLM
+
+        model = KimiLinearForCausalLM(KimiLinearConfig.tiny(**overrides), kernels=spec.kernels)
     elif spec.model_type == "qwen3_vl":
         from rz_agents.model.qwen3_vl import Qwen3VLModel
 
@@ -164,9 +169,11 @@ def _attach_adapters(model: nn.Module, spec: PolicySpec) -> None:
     sources: list[tuple[LoraConfig, Path | None]] = [(read_peft_config(d), Path(d)) for d in files if d]
     if spec.lora is not None and spec.lora.enabled:
         sources.append((spec.lora, None))
-    if sources and isinstance(model.config, Qwen35Config):
+    if sources and isinstance(model.config, (Qwen35Config, KimiLinearConfig)):
         # its layers call the op set's GEMM directly, so an adapter would be attached and never applied
-        raise ValueError("LoRA adapters are not supported for qwen3_5 models yet (train the full model)")
+        raise ValueError(
+            f"LoRA adapters are not supported for {model.config.model_type} models yet (train the full model)"
+        )
     for cfg, directory in sources:
         if directory is None or not has_lora(model):
             # attaches (A seeded, B zero), or checks the adapters already there are this shape and makes

@@ -374,6 +374,10 @@ class Qwen35ForCausalLM(nn.Module):
 
     takes_images = False  # (the vision tower of qwen3_5 vision-language checkpoints is not loaded yet)
     fused_projections = False  # no stacked q/k/v GEMMs for this family yet (``fuse_projections``: a no-op)
+    # what one forward's layers share, and the engine cache's kind (a hybrid family built on this class,
+    # Kimi Linear, brings its own)
+    batch_type: type = _Batch
+    cache_type: type = HybridCache
 
     def __init__(self, config: Qwen35Config, kernels: str = "aligned") -> None:
         super().__init__()
@@ -476,12 +480,14 @@ class Qwen35ForCausalLM(nn.Module):
         starts = [st.position for st in states] if states is not None else [0] * len(seq_lens)
         positions, index = _host_stream(starts, seq_lens)
         dev = tokens.device
-        return _Batch(self, positions.to(dev), index.to(dev), seq_lens, starts, states=states), tokens
+        batch = self.batch_type(self, positions.to(dev), index.to(dev), seq_lens, starts, states=states)
+        return batch, tokens
 
     def _contract_batch(self, positions, seq_ids, kv_cache, seq_lens) -> _Batch:
-        if kv_cache is not None and not isinstance(kv_cache.cache, HybridCache):
+        if kv_cache is not None and not isinstance(kv_cache.cache, self.cache_type):
             raise TypeError(
-                f"kv_cache must view a HybridCache (new_kv_cache), got {type(kv_cache.cache).__name__}"
+                f"kv_cache must view a {self.cache_type.__name__} (new_kv_cache), "
+                f"got {type(kv_cache.cache).__name__}"
             )
         n_tok = positions.shape[0]
         if kv_cache is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -493,19 +499,21 @@ class Qwen35ForCausalLM(nn.Module):
             starts = list(kv_cache.decode_positions)
             if len(starts) != n_tok:
                 raise ValueError(f"decode step: {n_tok} tokens for {len(starts)} decode positions")
-            return _Batch(self, positions, seq_ids, [1] * n_tok, starts, view=kv_cache, rows=range(n_tok))
+            return self.batch_type(
+                self, positions, seq_ids, [1] * n_tok, starts, view=kv_cache, rows=range(n_tok)
+            )
         if seq_lens is not None:  # the learner's packed forward: sequences 0.. in order, from position 0
             if kv_cache is not None or sum(seq_lens) != n_tok:
                 raise ValueError(f"seq_lens ({sum(seq_lens)} tokens) describe a packed forward of {n_tok}")
-            return _Batch(self, positions, seq_ids, seq_lens, [0] * len(seq_lens))
+            return self.batch_type(self, positions, seq_ids, seq_lens, [0] * len(seq_lens))
         # otherwise the sequences are read from the stream (one read-back)
         rows, starts, lens = _runs(seq_ids.tolist(), positions.tolist())
         if kv_cache is not None:
-            return _Batch(self, positions, seq_ids, lens, starts, view=kv_cache, rows=rows)
+            return self.batch_type(self, positions, seq_ids, lens, starts, view=kv_cache, rows=rows)
         if any(starts):
             raise ValueError("without a kv_cache every sequence must start at position 0")
         _, index = _host_stream(starts, lens)
-        return _Batch(self, positions, index.to(positions.device), lens, starts)
+        return self.batch_type(self, positions, index.to(positions.device), lens, starts)
 
     def scored_sequence(self, tokens: list[int], images: list[bytes] | None, loss_mask: list) -> object:
         """What the packer takes for a trajectory: its tokens (a text model: images refused)."""

@@ -1,0 +1,77 @@
+"""The engine's paged cache of Kimi Linear: one page = 64 positions = one KDA chunk, as for Qwen3.5
+(model/qwen3_5_cache.py, whose layout and reasoning this follows).
+
+Per page, for each layer of its kind:
+- MLA (full attention): the expanded K/V of its 64 positions, per head at the padded MLA head dim (what rz's
+  MLA attends over, model/mla.py; not the compressed latent: a latent cache needs an attention kernel that
+  expands it per key block, which the op sets do not have yet);
+- KDA: per position, the short convs' input (the q/k/v projections), the per-channel log decay g
+  [heads, dk] and beta (fp32); per page, the KDA state after the page's chunk (fp32 [heads, dk, dv]). The
+  current chunk's k and v are recomputed from the conv inputs (per-token arithmetic: the same bits).
+
+The attribute names (`k`, `v`, `conv_in`, `dr_g`, `dr_beta`, `state`) are the ones the hybrid forward
+(model/qwen3_5.py's batch) reads and writes, so prefill chunks, decode, preemption, prefix reuse and weight
+updates go through the same code for both families.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rz_agents.model.kimi_linear_config import KimiLinearConfig
+from rz_agents.model.kv_cache import PAGE_SIZE
+from rz_agents.model.qwen3_5_cache import HybridCache
+
+F32 = torch.float32
+
+
+def kimi_bytes_per_page(config: KimiLinearConfig, dtype: torch.dtype | None = None) -> int:
+    """Bytes one page (64 positions) holds over all layers: the MLA layers' K/V and, per KDA layer, the
+    per-position conv input, g [heads, dk] and beta plus one state snapshot."""
+    item = torch.empty(0, dtype=dtype or config.torch_dtype).element_size()
+    full = config.layer_types.count("full_attention")
+    linear = config.num_hidden_layers - full
+    h, d = config.linear_num_heads, config.linear_head_dim
+    kv = 2 * config.num_attention_heads * PAGE_SIZE * config.head_dim * item
+    inputs = PAGE_SIZE * (config.conv_dim * item + 4 * (h * d + h))
+    state = 4 * h * d * d
+    return full * kv + linear * (inputs + state)
+
+
+class KimiLinearCache(HybridCache):
+    """The pages of a Kimi Linear model's cache (see the module docstring): the tensors Qwen3.5's
+    ``HybridCache`` holds, in this family's shapes, so its ``view``, ``copy_page`` and ``buffers`` serve."""
+
+    def __init__(  # (HybridCache's own __init__ reads a Qwen3.5 config: not called)
+        self,
+        config: KimiLinearConfig,
+        num_pages: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if num_pages < 1:
+            raise ValueError(f"KimiLinearCache needs at least one page, got {num_pages}")
+        self.num_pages = num_pages
+        self.device = torch.device(device)
+        dtype = dtype or config.torch_dtype
+        h, d = config.linear_num_heads, config.linear_head_dim
+        kv_shape = (num_pages, config.num_attention_heads, PAGE_SIZE, config.head_dim)
+
+        def zeros(*shape, dt=F32):
+            return torch.zeros(shape, dtype=dt, device=device)
+
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+        self.conv_in: dict[int, torch.Tensor] = {}
+        self.dr_g: dict[int, torch.Tensor] = {}
+        self.dr_beta: dict[int, torch.Tensor] = {}
+        self.state: dict[int, torch.Tensor] = {}
+        for i, kind in enumerate(config.layer_types):
+            if kind == "full_attention":
+                self.k[i], self.v[i] = zeros(*kv_shape, dt=dtype), zeros(*kv_shape, dt=dtype)
+            else:
+                self.conv_in[i] = zeros(num_pages, PAGE_SIZE, config.conv_dim, dt=dtype)
+                self.dr_g[i] = zeros(num_pages, PAGE_SIZE, h, d)
+                self.dr_beta[i] = zeros(num_pages, PAGE_SIZE, h)
+                self.state[i] = zeros(num_pages, h, d, d)
+        self.bytes_per_page = kimi_bytes_per_page(config, dtype)
