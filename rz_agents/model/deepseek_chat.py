@@ -22,7 +22,7 @@ header; here a turn renders as what the model saw and wrote (``<think>`` + reaso
 With thinking off the two agree token for token (tested against a string derived from the official template).
 
 DeepSeek-V3.2 and V4 publish a Python encoder (DSML tool calls, ``encoding_dsv32.py``) and no jinja template:
-that format is not rendered here; `template_for` refuses a jinja-less DeepSeek tokenizer in one line.
+that format is `rz_agents.model.deepseek_dsml`.
 """
 
 from __future__ import annotations
