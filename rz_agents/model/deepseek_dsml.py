@@ -46,9 +46,10 @@ from rz_agents.deepseek_tokens import (
     THINK_OPEN,
     USER,
 )
-from rz_agents.model.chat_messages import Message, TextEncoder
+from rz_agents.model.chat_messages import Message
 from rz_agents.model.chat_messages import check_messages as _check_messages
 from rz_agents.model.chat_messages import message_content as _content
+from rz_agents.model.deepseek_chat import DeepSeekEncoding
 
 DSML_MODEL_TYPES = {"deepseek_v32": "v3.2", "deepseek_v4": "v4"}  # config.json model_type -> DSML version
 
@@ -137,7 +138,7 @@ def _tools_block(tools: Sequence[Mapping[str, Any]], version: str) -> str:
 
 
 @dataclass(frozen=True)
-class DsmlChatTemplate:
+class DsmlChatTemplate(DeepSeekEncoding):
     """DeepSeek-V3.2's (``version="v3.2"``) or V4's (``"v4"``) chat format with DSML tool calls, with
     `ChatTemplate`'s interface (render, encode_prompt, encode_continuation, stop_token_ids).
     ``enable_thinking`` is the encoders' ``thinking_mode="thinking"`` (off: ``"chat"``)."""
@@ -246,42 +247,6 @@ class DsmlChatTemplate:
         if not new_messages:
             return self.generation_prompt(enable_thinking)
         return self._render_turns(new_messages, 0, enable_thinking, open_last=True)
-
-    def encode_prompt(
-        self,
-        tokenizer: TextEncoder,
-        messages: Sequence[Message],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        enable_thinking: bool = True,
-    ) -> list[int]:
-        """Token ids of `render(...)`: the prompt a rollout starts from."""
-        return tokenizer.encode(self.render(messages, tools, add_generation_prompt, enable_thinking))
-
-    def encode_continuation(
-        self,
-        tokenizer: TextEncoder,
-        new_messages: Sequence[Message],
-        enable_thinking: bool = True,
-        assistant_closed: bool = True,
-    ) -> list[int]:
-        """Tokens to append after the assistant's sampled tokens (``assistant_closed=False``: the turn was cut
-        off, so ``<｜end▁of▁sentence｜>`` is put in front)."""
-        ids = tokenizer.encode(self.render_continuation(new_messages, enable_thinking))
-        if not assistant_closed:
-            ids = [_eos_id(tokenizer), *ids]
-        return ids
-
-    def stop_token_ids(self, tokenizer: TextEncoder) -> list[int]:
-        """Ids that end an assistant turn: ``<｜end▁of▁sentence｜>``."""
-        return [_eos_id(tokenizer)]
-
-
-def _eos_id(tokenizer: TextEncoder) -> int:
-    token_id = tokenizer.token_to_id(EOS)
-    if token_id is None:
-        raise ValueError(f"the tokenizer has no {EOS} token: it does not use DeepSeek's chat format")
-    return token_id
 
 
 DEEPSEEK_V32_CHAT_TEMPLATE = DsmlChatTemplate("v3.2")
