@@ -26,7 +26,14 @@ from rz_agents.deepseek_tokens import (
     THINK_CLOSE,
 )
 from rz_agents.envs.base import ToolSpec
-from rz_agents.envs.tool_call_types import ParsedTurn, ToolCall, ToolCallError, tool_names, validate_call
+from rz_agents.envs.tool_call_types import (
+    ParsedTurn,
+    ToolCall,
+    ToolCallError,
+    scan_calls,
+    tool_names,
+    validate_call,
+)
 
 _INVOKE_HEAD = re.compile(r'\s+name="([^"\n]*)"\s*>\n?')
 _PARAM_HEAD = re.compile(r'\s+name="([^"\n]*)"\s+string="(true|false)"\s*>')
@@ -82,8 +89,8 @@ def _parse_arguments(name: str, body: str) -> dict[str, Any] | str:
 
 
 def _parse_invoke(element: str, schemas: dict) -> ToolCall | ToolCallError:
-    """One ``<｜DSML｜invoke ...>...</｜DSML｜invoke>`` element (close tag excluded)."""
-    head = _INVOKE_HEAD.match(element, len(DSML_INVOKE_OPEN))
+    """One ``<｜DSML｜invoke ...>...</｜DSML｜invoke>`` element's text between the tags."""
+    head = _INVOKE_HEAD.match(element)
     if head is None:
         return ToolCallError('an invoke needs a name: <DSML invoke name="TOOL">', element)
     name = head.group(1)
@@ -100,30 +107,19 @@ def parse_dsml_tool_calls(text: str, tools: list[ToolSpec]) -> ParsedTurn:
     """All DSML tool calls in `text`, in order; reasoning before ``</think>`` is ignored."""
     schemas = tool_names(tools)
     visible = text.split(THINK_CLOSE, 1)[1] if THINK_CLOSE in text else text
-    turn = ParsedTurn()
-    pos, last_close = 0, -1
-    while True:
-        start = visible.find(DSML_INVOKE_OPEN, pos)
-        if start == -1:
-            break
-        end = visible.find(DSML_INVOKE_CLOSE, start)
-        nxt = visible.find(DSML_INVOKE_OPEN, start + len(DSML_INVOKE_OPEN))
-        if end == -1 or (nxt != -1 and nxt < end):
-            stop = len(visible) if nxt == -1 else nxt
-            turn.items.append(
-                ToolCallError("unterminated invoke (missing </DSML invoke>)", visible[start:stop])
-            )
-            pos = stop
-            continue
-        turn.items.append(_parse_invoke(visible[start:end], schemas))
-        pos = last_close = end + len(DSML_INVOKE_CLOSE)
+    turn, last_close = scan_calls(
+        visible,
+        DSML_INVOKE_OPEN,
+        DSML_INVOKE_CLOSE,
+        lambda body: _parse_invoke(body, schemas),
+        "unterminated invoke (missing </DSML invoke>)",
+    )
     if not turn.items and DSML in visible:
         turn.items.append(ToolCallError("DSML tool calls block without an invoke element", visible))
+        turn.errors = list(turn.items)
     if last_close != -1:
         trailing = visible[last_close:]
         for tag in _BLOCK_TAGS:
             trailing = trailing.replace(tag, "", 1)
         turn.trailing_text = trailing.strip()
-    turn.calls = [i for i in turn.items if isinstance(i, ToolCall)]
-    turn.errors = [i for i in turn.items if isinstance(i, ToolCallError)]
     return turn
