@@ -18,6 +18,8 @@ ratio last/first window.
     python3 experiments/mismatch.py             # the documented run
     python3 experiments/mismatch.py --parts a --tiny qwen2   # part A on a tiny random model of one family
                                                 # (qwen2, deepseek_v3, ...; random-token prompts, no vLLM)
+    python3 experiments/mismatch.py --parts a --tiny deepseek_v4   # DeepSeek-V4: sampled through the
+                                                # model's standalone cached path (no engine caches yet)
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def load_model(checkpoint: str | None, kernels: str, dtype: str, quick: bool, ar
     from rz_agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
     from rz_agents.model.packaged import resolve_checkpoint
 
+    if quick and arch == "deepseek_v4":
+        return deepseek_v4_model(kernels, dtype)
     if quick:
         path = Path(tempfile.gettempdir()) / ("rz-mismatch-tiny" + ("" if arch == "qwen3" else f"-{arch}"))
         if not (path / "config.json").is_file():
@@ -80,6 +84,60 @@ def load_model(checkpoint: str | None, kernels: str, dtype: str, quick: bool, ar
         return load_hf_checkpoint(path, kernels=kernels, dtype=dtype), path
     path = resolve_checkpoint(checkpoint or "smollm2-135m-instruct")
     return load_hf_checkpoint(path, kernels=kernels, dtype=dtype), path
+
+
+# DeepSeek-V4's tiny layer schedule (sliding, CSA, HCA, CSA) at widths where stock GEMMs' row blocking shows
+V4_SHAPE = dict(
+    hidden_size=256, moe_intermediate_size=128, head_dim=64, q_lora_rank=64, num_attention_heads=4,
+    index_head_dim=32, qk_rope_head_dim=16, o_lora_rank=32,
+)  # fmt: skip
+
+
+def deepseek_v4_model(kernels: str, dtype: str):
+    """(model, checkpoint dir) of a tiny random DeepSeek-V4 (every layer kind: sliding, CSA, HCA; hash and
+    learned MoE) with weights scaled so its logits are not flat, saved once and loaded with `kernels`."""
+    from rz_agents.model.checkpoint import save_hf_checkpoint
+    from rz_agents.model.policy import PolicySpec, build_policy
+
+    path = Path(tempfile.gettempdir()) / "rz-mismatch-tiny-deepseek_v4"
+    if not (path / "config.json").is_file():
+        model = build_policy(
+            PolicySpec(model_type="deepseek_v4", vocab_size=512, dtype="float32", tiny_overrides=V4_SHAPE)
+        )
+        model.reset_parameters(std=0.05, seed=0)
+        save_hf_checkpoint(model, path)
+    return build_policy(PolicySpec(checkpoint=str(path), kernels=kernels, dtype=dtype)), path
+
+
+def cached_rollouts(model, prompts, max_tokens: int, seed: int) -> list[dict[str, Any]]:
+    """Sample every prompt through the model's standalone cached path (DeepSeek-V4, whose engine caches are
+    not built yet): one prefill call of all prompts packed, then one decode call per step of every sequence
+    at once, each continuing its `SequenceState`; log-probs as the engine's sampler computes them."""
+    import torch
+
+    from rz_agents.model.deepseek_v4_attention import SequenceState
+    from rz_agents.model.logprobs import sampling_logprobs
+
+    states = [SequenceState() for _ in prompts]
+    gens = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
+    outs: list[dict[str, Any]] = [{"tokens": [], "logprobs": []} for _ in prompts]
+    new = [list(p) for p in prompts]
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            positions = torch.cat(
+                [torch.arange(st.position, st.position + len(n)) for st, n in zip(states, new, strict=True)]
+            )
+            seq_ids = torch.cat([torch.full((len(n),), i, dtype=torch.long) for i, n in enumerate(new)])
+            tokens = torch.tensor([t for n in new for t in n])
+            hidden = model(tokens, positions, seq_ids, states=states)
+            last = torch.tensor([int((seq_ids <= i).sum()) - 1 for i in range(len(new))])
+            lp = sampling_logprobs(model.logits(hidden[last]), 1.0, 0, 1.0)
+            for i, out in enumerate(outs):
+                tok = int(torch.multinomial(lp[i].exp(), 1, generator=gens[i]))
+                out["tokens"].append(tok)
+                out["logprobs"].append(float(lp[i, tok]))
+                new[i] = [tok]
+    return outs
 
 
 def build_prompts(checkpoint_dir: Path, n: int, quick: bool, vocab: int) -> list[list[int]]:
@@ -200,9 +258,11 @@ def part_a(args, out_dir: Path) -> dict[str, Any]:
     standard, _ = load_model(args.checkpoint, "standard", dtype, tiny, arch)
     prompts = build_prompts(ckpt, args.prompts, tiny, aligned.config.vocab_size)
     log(f"part A: {len(prompts)} prompts x {args.max_tokens} tokens, {dtype}, model {ckpt}")
+    # DeepSeek-V4 has no engine caches yet: its rollouts come from the model's standalone cached path
+    sample = cached_rollouts if arch == "deepseek_v4" else rz_rollouts
     rollouts = {
-        "rz_aligned": rz_rollouts(aligned, prompts, args.max_tokens, args.seed),
-        "rz_standard": rz_rollouts(standard, prompts, args.max_tokens, args.seed),
+        "rz_aligned": sample(aligned, prompts, args.max_tokens, args.seed),
+        "rz_standard": sample(standard, prompts, args.max_tokens, args.seed),
     }
     vllm = (
         vllm_rollouts(ckpt, prompts, args.max_tokens, args.seed, dtype)
@@ -222,6 +282,9 @@ def part_a(args, out_dir: Path) -> dict[str, Any]:
         "dtype": dtype,
         "prompts": len(prompts),
         "max_tokens": args.max_tokens,
+        "sampler": "standalone SequenceState (prefill + batched decode; no engine caches yet)"
+        if arch == "deepseek_v4"
+        else "rz engine",
     }
     per_token: dict[str, list[float]] = {}
     for engine, rolls in rollouts.items():
@@ -368,7 +431,7 @@ def main() -> int:
     p.add_argument(
         "--tiny",
         default=None,
-        choices=["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3"],
+        choices=["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "deepseek_v4"],
         help="part A on a tiny random model of this family (random-token prompts; results in "
              "mismatch_tiny_ARCH)",
     )
@@ -376,7 +439,11 @@ def main() -> int:
     if args.quick:
         args.prompts, args.max_tokens, args.seeds = 6, 12, [0]
     out_dir = RESULTS / (
-        "mismatch_quick" if args.quick else f"mismatch_tiny_{args.tiny}" if args.tiny else "mismatch"
+        ("mismatch_quick" + (f"_{args.tiny}" if args.tiny else ""))
+        if args.quick
+        else f"mismatch_tiny_{args.tiny}"
+        if args.tiny
+        else "mismatch"
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"command": command_line()}

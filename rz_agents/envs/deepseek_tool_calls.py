@@ -19,7 +19,14 @@ from rz_agents.deepseek_tokens import (
     TOOL_SEP,
 )
 from rz_agents.envs.base import ToolSpec
-from rz_agents.envs.tool_call_types import ParsedTurn, ToolCall, ToolCallError, tool_names, validate_call
+from rz_agents.envs.tool_call_types import (
+    ParsedTurn,
+    ToolCall,
+    ToolCallError,
+    scan_calls,
+    tool_names,
+    validate_call,
+)
 
 _SHORT = {TOOL_CALL_BEGIN: "<tool_call_begin>", TOOL_CALL_END: "<tool_call_end>", TOOL_SEP: "<tool_sep>"}
 
@@ -50,28 +57,13 @@ def parse_deepseek_tool_calls(text: str, tools: list[ToolSpec]) -> ParsedTurn:
     """All DeepSeek-format tool calls in `text`, in order; reasoning before ``</think>`` is ignored."""
     schemas = tool_names(tools)
     visible = text.split(THINK_CLOSE, 1)[1] if THINK_CLOSE in text else text
-    turn = ParsedTurn()
-    pos, last_close = 0, -1
-    while True:
-        start = visible.find(TOOL_CALL_BEGIN, pos)
-        if start == -1:
-            break
-        body_at = start + len(TOOL_CALL_BEGIN)
-        end = visible.find(TOOL_CALL_END, body_at)
-        nxt = visible.find(TOOL_CALL_BEGIN, body_at)
-        if end == -1 or (nxt != -1 and nxt < end):
-            stop = len(visible) if nxt == -1 else nxt
-            raw = visible[start:stop]
-            message = f"unterminated tool call (missing {_SHORT[TOOL_CALL_END]})"
-            turn.items.append(ToolCallError(message, raw))
-            pos = stop
-            continue
-        turn.items.append(_parse_one(visible[body_at:end], schemas))
-        pos = last_close = end + len(TOOL_CALL_END)
+    message = f"unterminated tool call (missing {_SHORT[TOOL_CALL_END]})"
+    turn, last_close = scan_calls(
+        visible, TOOL_CALL_BEGIN, TOOL_CALL_END, lambda body: _parse_one(body, schemas), message
+    )
     if not turn.items and TOOL_CALLS_BEGIN in visible:
         turn.items.append(ToolCallError("tool calls block without a tool call", visible))
+        turn.errors = list(turn.items)
     if last_close != -1:
         turn.trailing_text = visible[last_close:].replace(TOOL_CALLS_END, "", 1).strip()
-    turn.calls = [i for i in turn.items if isinstance(i, ToolCall)]
-    turn.errors = [i for i in turn.items if isinstance(i, ToolCallError)]
     return turn

@@ -3,6 +3,7 @@ every format shares; the Qwen3/Hermes parser (`tool_calls`) and DeepSeek's (`dee
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,3 +83,35 @@ def validate_call(name: Any, arguments: Any, schemas: dict[str, dict[str, Any]])
         ):
             return f"argument {key!r} of {name} must be of type {props[key]['type']}"
     return None
+
+
+def scan_calls(
+    visible: str,
+    open_tag: str,
+    close_tag: str,
+    parse: Callable[[str], ToolCall | ToolCallError],
+    unterminated: str,
+) -> tuple[ParsedTurn, int]:
+    """Every ``open_tag ... close_tag`` element of `visible`, in order, each given to `parse` (the text from
+    the open tag's end to the close tag); one opened again before it closes, or never closed, is a
+    `ToolCallError` with the `unterminated` message. Returns the turn (calls and errors sorted out) and where
+    the last closed element ends (-1: none), for the caller's trailing text."""
+    turn = ParsedTurn()
+    pos, last_close = 0, -1
+    while True:
+        start = visible.find(open_tag, pos)
+        if start == -1:
+            break
+        body_at = start + len(open_tag)
+        end = visible.find(close_tag, body_at)
+        nxt = visible.find(open_tag, body_at)
+        if end == -1 or (nxt != -1 and nxt < end):
+            stop = len(visible) if nxt == -1 else nxt
+            turn.items.append(ToolCallError(unterminated, visible[start:stop]))
+            pos = stop
+            continue
+        turn.items.append(parse(visible[body_at:end]))
+        pos = last_close = end + len(close_tag)
+    turn.calls = [i for i in turn.items if isinstance(i, ToolCall)]
+    turn.errors = [i for i in turn.items if isinstance(i, ToolCallError)]
+    return turn, last_close

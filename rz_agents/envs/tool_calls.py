@@ -14,6 +14,7 @@ from typing import Any
 
 from rz_agents.envs.base import ToolSpec
 from rz_agents.envs.deepseek_tool_calls import is_deepseek_turn, parse_deepseek_tool_calls
+from rz_agents.envs.dsml_tool_calls import is_dsml_turn, parse_dsml_tool_calls
 from rz_agents.envs.tool_call_types import ParsedTurn, ToolCall, ToolCallError, tool_names, validate_call
 
 __all__ = [
@@ -63,8 +64,11 @@ def parse_tool_calls(
 
     ``tools`` are the env's tool specs. With ``code_blocks`` a fenced python block is a call of
     ``code_tool`` with ``{"code": ...}``. A turn in DeepSeek's format (``<｜tool▁calls▁begin｜>``) is parsed
-    by `rz_agents.envs.deepseek_tool_calls` instead.
+    by `rz_agents.envs.deepseek_tool_calls` instead, one with DeepSeek-V3.2/V4 DSML elements by
+    `rz_agents.envs.dsml_tool_calls`.
     """
+    if is_dsml_turn(text):
+        return parse_dsml_tool_calls(text, tools)
     if is_deepseek_turn(text):
         return parse_deepseek_tool_calls(text, tools)
     schemas = tool_names(tools)

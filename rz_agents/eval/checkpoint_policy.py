@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rz_agents.model.chat_template import ChatTemplate, template_for
+from rz_agents.model.chat_template import ChatTemplate, checkpoint_template, template_for
 from rz_agents.model.tokenizer import Tokenizer, qwen3_tokenizer
 from rz_agents.model.transformer import Transformer
 
@@ -84,7 +84,7 @@ def _tokenizer(path: Path, kind: str | None) -> tuple[Any, Any, str]:
         raise FileNotFoundError(f"tokenizer: checkpoint, but {path} has no tokenizer.json")
     if kind in (None, "checkpoint") and has_json:
         tok = Tokenizer.from_dir(path)
-        return tok, template_for(tok), "its tokenizer.json"
+        return tok, checkpoint_template(tok, path), "its tokenizer.json"
     if kind not in (None, "qwen3"):
         raise ValueError(f"tokenizer must be byte, qwen3 or checkpoint, got {kind!r}")
     tok = qwen3_tokenizer()

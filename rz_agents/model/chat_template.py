@@ -43,6 +43,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rz_agents.deepseek_tokens import ASSISTANT, THINK_CLOSE
@@ -50,6 +51,7 @@ from rz_agents.model.chat_messages import Message, TextEncoder
 from rz_agents.model.chat_messages import check_messages as _check_messages
 from rz_agents.model.chat_messages import message_content as _content
 from rz_agents.model.deepseek_chat import DEEPSEEK_V31_CHAT_TEMPLATE, DeepSeekChatTemplate
+from rz_agents.model.deepseek_dsml import DSML_MODEL_TYPES, DsmlChatTemplate
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -373,12 +375,15 @@ def thinking_style(jinja: str) -> str:
     return "switch"
 
 
-def template_for(tokenizer: Any) -> ChatTemplate | DeepSeekChatTemplate:
+def template_for(
+    tokenizer: Any, model_type: str | None = None
+) -> ChatTemplate | DeepSeekChatTemplate | DsmlChatTemplate:
     """The chat template that renders like the tokenizer's own jinja ``chat_template``: SmolLM2's or
     Qwen2.5's (their default system prompts) when the jinja names them; DeepSeek-V3.1's (its ``thinking``
     switch and tool-call tokens; `rz_agents.model.deepseek_chat`); else Qwen3's, in the jinja's thinking
-    style. Other DeepSeek formats (R1-Distill's, V3.2/V4's jinja-less DSML encoder) are refused in one
-    line."""
+    style. A DeepSeek tokenizer with no jinja gets DeepSeek-V3.2's or V4's DSML format
+    (`rz_agents.model.deepseek_dsml`) when the checkpoint's `model_type` (config.json) says which. Other
+    DeepSeek formats (R1-Distill's; a jinja-less one of an unknown model type) are refused in one line."""
     jinja = tokenizer.chat_template or ""
     if SMOLLM2_DEFAULT_SYSTEM_PROMPT in jinja:
         return SMOLLM2_CHAT_TEMPLATE
@@ -393,13 +398,25 @@ def template_for(tokenizer: Any) -> ChatTemplate | DeepSeekChatTemplate:
         )
     token_to_id = getattr(tokenizer, "token_to_id", None)
     if not jinja and token_to_id is not None and token_to_id(DEEPSEEK_ASSISTANT_MARKER) is not None:
+        if model_type in DSML_MODEL_TYPES:
+            return DsmlChatTemplate(DSML_MODEL_TYPES[model_type])
         raise ValueError(
-            "the tokenizer is DeepSeek's with no jinja chat template (DeepSeek-V3.2/V4 ship a Python DSML "
-            "encoder): not supported; add DeepSeek-V3.1's chat_template to tokenizer_config.json or use "
-            "raw prompts"
+            "the tokenizer is DeepSeek's with no jinja chat template and the checkpoint's model_type "
+            f"{model_type!r} is none of {sorted(DSML_MODEL_TYPES)} (whose DSML format is rendered here): "
+            "add a chat_template to tokenizer_config.json or use raw prompts"
         )
     return {
         "switch": QWEN3_CHAT_TEMPLATE,
         "never": QWEN3_INSTRUCT_2507_CHAT_TEMPLATE,
         "always": QWEN3_THINKING_2507_CHAT_TEMPLATE,
     }[thinking_style(jinja)]
+
+
+def checkpoint_template(
+    tokenizer: Any, directory: str | Path
+) -> ChatTemplate | DeepSeekChatTemplate | DsmlChatTemplate:
+    """`template_for` the tokenizer of checkpoint `directory`, told the model_type of its config.json (which
+    picks DeepSeek-V3.2's or V4's format for their jinja-less tokenizers)."""
+    config = Path(directory) / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    return template_for(tokenizer, model_type)

@@ -22,7 +22,7 @@ header; here a turn renders as what the model saw and wrote (``<think>`` + reaso
 With thinking off the two agree token for token (tested against a string derived from the official template).
 
 DeepSeek-V3.2 and V4 publish a Python encoder (DSML tool calls, ``encoding_dsv32.py``) and no jinja template:
-that format is not rendered here; `template_for` refuses a jinja-less DeepSeek tokenizer in one line.
+that format is `rz_agents.model.deepseek_dsml`.
 """
 
 from __future__ import annotations
@@ -96,8 +96,42 @@ def _tools_block(tools: Sequence[Mapping[str, Any]]) -> str:
     return "".join(parts) + TOOLS_FOOTER
 
 
+class DeepSeekEncoding:
+    """Token ids of a DeepSeek template's text (`render`, `render_continuation`) and its stop token; shared by
+    V3.1's format and V3.2 / V4's DSML one (`rz_agents.model.deepseek_dsml`)."""
+
+    def encode_prompt(
+        self,
+        tokenizer: TextEncoder,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = True,
+    ) -> list[int]:
+        """Token ids of `render(...)`: the prompt a rollout starts from."""
+        return tokenizer.encode(self.render(messages, tools, add_generation_prompt, enable_thinking))
+
+    def encode_continuation(
+        self,
+        tokenizer: TextEncoder,
+        new_messages: Sequence[Message],
+        enable_thinking: bool = True,
+        assistant_closed: bool = True,
+    ) -> list[int]:
+        """Tokens to append after the assistant's sampled tokens (``assistant_closed=False``: the turn was cut
+        off, so ``<｜end▁of▁sentence｜>`` is put in front)."""
+        ids = tokenizer.encode(self.render_continuation(new_messages, enable_thinking))
+        if not assistant_closed:
+            ids = [_eos_id(tokenizer), *ids]
+        return ids
+
+    def stop_token_ids(self, tokenizer: TextEncoder) -> list[int]:
+        """Ids that end an assistant turn: ``<｜end▁of▁sentence｜>``."""
+        return [_eos_id(tokenizer)]
+
+
 @dataclass(frozen=True)
-class DeepSeekChatTemplate:
+class DeepSeekChatTemplate(DeepSeekEncoding):
     """DeepSeek-V3.1's chat and tool-call format, with `ChatTemplate`'s interface (render, encode_prompt,
     encode_continuation, stop_token_ids). ``enable_thinking`` is the official template's ``thinking``."""
 
@@ -179,35 +213,6 @@ class DeepSeekChatTemplate:
         text = self._render_turns(new_messages, 0, enable_thinking, previous="assistant")
         last = new_messages[-1]["role"] if new_messages else "user"
         return text + self._opening(last, enable_thinking)
-
-    def encode_prompt(
-        self,
-        tokenizer: TextEncoder,
-        messages: Sequence[Message],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        enable_thinking: bool = True,
-    ) -> list[int]:
-        """Token ids of `render(...)`: the prompt a rollout starts from."""
-        return tokenizer.encode(self.render(messages, tools, add_generation_prompt, enable_thinking))
-
-    def encode_continuation(
-        self,
-        tokenizer: TextEncoder,
-        new_messages: Sequence[Message],
-        enable_thinking: bool = True,
-        assistant_closed: bool = True,
-    ) -> list[int]:
-        """Tokens to append after the assistant's sampled tokens (``assistant_closed=False``: the turn was cut
-        off, so ``<｜end▁of▁sentence｜>`` is put in front)."""
-        ids = tokenizer.encode(self.render_continuation(new_messages, enable_thinking))
-        if not assistant_closed:
-            ids = [_eos_id(tokenizer), *ids]
-        return ids
-
-    def stop_token_ids(self, tokenizer: TextEncoder) -> list[int]:
-        """Ids that end an assistant turn: ``<｜end▁of▁sentence｜>``."""
-        return [_eos_id(tokenizer)]
 
 
 def _eos_id(tokenizer: TextEncoder) -> int:

@@ -84,14 +84,14 @@ def build_tokenizer(name: str, checkpoint: str | None = None):
 
         return ByteTokenizer(), ByteChatTemplate()
     if name == "checkpoint":
-        from rz_agents.model.chat_template import template_for
+        from rz_agents.model.chat_template import checkpoint_template
         from rz_agents.model.tokenizer import Tokenizer
 
         directory = resolve_checkpoint(checkpoint or "")
         if not (directory / "tokenizer.json").is_file():
             raise FileNotFoundError(f"tokenizer: checkpoint, but {directory} has no tokenizer.json")
         tokenizer = Tokenizer.from_dir(directory)
-        return tokenizer, template_for(tokenizer)
+        return tokenizer, checkpoint_template(tokenizer, directory)
     from rz_agents.model.chat_template import ChatTemplate
     from rz_agents.model.tokenizer import qwen3_tokenizer
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from rz_agents.model.config import ModelConfig
+from rz_agents.model.deepseek_v4_config import DeepseekV4Config
 from rz_agents.model.kv_cache import PAGE_SIZE, bytes_per_page, pages_for
 from rz_agents.model.logprobs import KEEP_LOGITS_BYTES, LOGIT_CHUNK
 from rz_agents.model.qwen3_vl_config import ImageProcessing
@@ -496,14 +497,17 @@ def weight_receive_bytes(z: _Sizing, actors, est: MemoryEstimate) -> dict[str, i
     return {"weight_receive_staging": staged}
 
 
-def sharded_learner_bytes(z: _Sizing, actors, est: MemoryEstimate) -> dict[str, int]:
+def sharded_learner_bytes(
+    z: _Sizing, actors, est: MemoryEstimate, tensors: tuple[int, int] | None = None
+) -> dict[str, int]:
     """FSDP2's and the weight publication's on each learner rank (trainer/sharding.py, Learner.iter_weights):
     the running and the prefetched unsharded layer, one tensor gathered whole for publication (with a
     broadcast: a bucket and its packed copy), and with LoRA one fp32 row of adapter gradients per rank
-    (trainer/replicated_grads.py; the adapters and their state are replicated)."""
+    (trainer/replicated_grads.py; the adapters and their state are replicated). ``tensors``: (elements of the
+    largest parameter, of the largest layer) when `largest_tensors` cannot build the model."""
     from rz_agents.runtime.ray.weight_broadcast import BUCKET_BYTES
 
-    largest, layer = largest_tensors(z.c)
+    largest, layer = tensors or largest_tensors(z.c)
     out = {"fsdp_unsharded_layers": 2 * layer * z.e}
     publish = largest * z.e  # one tensor gathered whole at a time, copied to the host at once
     if actors.weight_transport == "broadcast":  # a bucket of gathered tensors and its packed copy
@@ -525,7 +529,10 @@ def sharded_learner_bytes(z: _Sizing, actors, est: MemoryEstimate) -> dict[str, 
 
 def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
     """Estimate the per-GPU memory of a TrainConfig `cfg` whose policy has `model_config` (a ModelConfig, or a
-    Qwen3VLConfig: its language model plus the vision terms): the sum of the terms each owner reports."""
+    Qwen3VLConfig: its language model plus the vision terms; a DeepseekV4Config: `estimate_deepseek_v4`): the
+    sum of the terms each owner reports."""
+    if isinstance(model_config, DeepseekV4Config):
+        return estimate_deepseek_v4(cfg, model_config, model_name)
     c = model_config.text if hasattr(model_config, "vision") else model_config
     name = model_name or getattr(model_config, "model_type", c.model_type)
     n = count_parameters(model_config)
@@ -585,6 +592,8 @@ def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, s
     checkpoint's directory name, else the tiny random model. Returns (config, a description of where it
     came from)."""
     from rz_agents.model.checkpoint import read_config
+    from rz_agents.model.deepseek_v4 import is_deepseek_v4
+    from rz_agents.model.deepseek_v4_presets import V4_PRESETS, deepseek_v4_preset
     from rz_agents.model.packaged import PACKAGED_MODELS, resolve_checkpoint
     from rz_agents.model.presets import preset_config, preset_for_checkpoint
 
@@ -593,7 +602,12 @@ def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, s
         packaged = str(spec.checkpoint) in PACKAGED_MODELS
         path = resolve_checkpoint(spec.checkpoint) if packaged else Path(spec.checkpoint)
         if (path / "config.json").is_file():
+            if is_deepseek_v4(path):
+                return DeepseekV4Config.from_checkpoint(path, spec.dtype), f"{spec.checkpoint} (config.json)"
             return read_config(path, spec.dtype), f"{spec.checkpoint} (config.json)"
+        v4 = Path(str(spec.checkpoint)).name.lower()
+        if v4 in V4_PRESETS:
+            return deepseek_v4_preset(v4, dtype=spec.dtype), f"{v4} (published config; absent here)"
         preset = preset_for_checkpoint(spec.checkpoint)
         if preset is None:
             raise FileNotFoundError(
@@ -607,6 +621,8 @@ def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, s
         overrides.setdefault("vocab_size", vocab_size)
     if spec.model_type in ("qwen3_5", "qwen3_5_text"):  # hybrid linear attention: its cache is not sized yet
         raise ValueError(f"the memory estimate does not size {spec.model_type} models yet")
+    if spec.model_type == "deepseek_v4":
+        return DeepseekV4Config.tiny(**overrides), "tiny random model (DeepSeek-V4)"
     if spec.model_type == "qwen3_vl":  # the whole model: its language model and its vision tower
         from rz_agents.runtime.factories import tiny_vl_config
 
@@ -663,3 +679,117 @@ def cpu_memory_warning(cfg, available: int | None = None) -> str | None:
             " GiB for the learner"
         )
     return line + " (rz train CONFIG --dry-run shows the estimate)"
+
+
+# -- DeepSeek-V4: its own cache kinds and layer shapes, from model/deepseek_v4_memory.py --------------------
+def _v4_shapes(v4: DeepseekV4Config) -> tuple[int, int, int, int]:
+    """(parameters, elements of the linear weights, of the largest parameter, of the largest layer) of a
+    DeepSeek-V4 model built on the meta device."""
+    from rz_agents.model.deepseek_v4 import DeepseekV4ForCausalLM
+
+    with torch.device("meta"):
+        model = DeepseekV4ForCausalLM(v4, init=False)
+    embed = model.get_input_embeddings().weight
+    params = list({id(p): p for p in model.parameters()}.values())
+    linear = sum(p.numel() for p in params if p.dim() == 2 and p is not embed)
+    layer = max(sum(p.numel() for p in layer.parameters()) for layer in model.model.layers)
+    return model.num_parameters(), linear, max(p.numel() for p in params), layer
+
+
+def deepseek_v4_activation_bytes(z: _Sizing, v4: DeepseekV4Config, est: MemoryEstimate) -> dict[str, int]:
+    """The DeepSeek-V4 model's (model/deepseek_v4.py) autograd graph for one micro-batch, per token from
+    `deepseek_v4_memory.activation_bytes_per_token` (with checkpointing: each layer's streams, and one
+    layer's graph rebuilt at a time), plus the embeddings and the hyper head."""
+    from rz_agents.model.deepseek_v4_memory import activation_bytes_per_token
+
+    per = activation_bytes_per_token(v4, z.e, z.tokens)
+    on = z.tokens * (v4.num_hidden_layers * per["layer_input"] + per["max_layer"])
+    off = z.tokens * per["per_layer"]
+    edges = z.tokens * v4.hidden_size * z.e * (2 + v4.hc_mult)
+    est.notes.append(
+        f"activations with layer checkpointing {(on + edges) / GIB:.1f} GiB, without "
+        f"{(off + edges) / GIB:.1f} GiB (DeepSeek-V4: top-k and HCA entry reads, hyper-connection streams)"
+    )
+    return {"activations": int((on if z.ckpt else off) + edges)}
+
+
+def deepseek_v4_engine_bytes(z: _Sizing, v4: DeepseekV4Config, eng, est: MemoryEstimate) -> dict[str, int]:
+    """The engine's for a DeepSeek-V4 model: its weights, the per-sequence caches the model reports
+    (`deepseek_v4_memory.cache_sizes`: the sliding window's K/V and the compressors' unpooled windows per
+    sequence, CSA / HCA compressed K/V and indexer keys per token) for engine.max_running sequences of
+    max_len (or the engine.kv_cache_bytes budget), one step's activations and the sampler's logits."""
+    from rz_agents.model.deepseek_v4_memory import activation_bytes_per_token, cache_sizes
+
+    sizes = cache_sizes(v4, z.e)
+    longest = sizes.sequence_bytes(eng.max_len)
+    mean = expected_sequence_positions(eng.max_len)
+    budget = eng.kv_cache_bytes if eng.kv_cache_bytes is not None else int(eng.max_running * longest)
+    est.concurrent_sequences = min(eng.max_running, int(budget // sizes.sequence_bytes(mean)))
+    est.slot_cache_sequences = int(budget // longest)
+    step = eng.max_batch_tokens * activation_bytes_per_token(v4, z.e, eng.max_len)["max_layer"]
+    sampled = min(eng.max_running, eng.max_batch_tokens)
+    token_parts = ", ".join(f"{k} {v:,.0f}" for k, v in sizes.per_token.items())
+    seq_parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sizes.per_sequence.items())
+    est.notes.append(
+        f"DeepSeek-V4 caches per token: {token_parts} bytes ({sum(sizes.per_token.values()):,.0f} in all); "
+        f"per sequence whatever its length ({sizes.rows_held} positions of rows): {seq_parts}; a max_len "
+        f"({eng.max_len}) sequence {longest / 2**20:.1f} MiB"
+    )
+    source = "engine.kv_cache_bytes" if eng.kv_cache_bytes is not None else "engine.max_running x max_len"
+    est.notes.append(
+        f"compressed caches {budget / GIB:.1f} GiB ({source}): {est.slot_cache_sequences} sequences of "
+        f"max_len, {est.concurrent_sequences} at the mean length {mean:.0f} (capped by engine.max_running "
+        f"{eng.max_running}); sized from the standalone SequenceState (the engine's paged V4 caches are not "
+        "in the engine yet)"
+    )
+    return {
+        "weights": z.n * z.e,
+        "compressed_caches": int(budget),
+        **packed_weight_bytes(z),
+        "step_activations": int(step),
+        "sampling_logits": 4 * sampled * v4.vocab_size * 4,
+    }
+
+
+def estimate_deepseek_v4(cfg, v4: DeepseekV4Config, model_name: str = "") -> MemoryEstimate:
+    """`estimate_memory` for a DeepSeek-V4 policy: the trainer's state, LM head and process terms as for
+    every model, the activations and engine caches from the model's own sizes (model/deepseek_v4_memory.py).
+    LoRA is refused (build_policy takes no adapters for this family yet)."""
+    lora = getattr(cfg.learner, "lora", None)
+    if lora is not None and lora.enabled:
+        raise ValueError("the memory estimate (and build_policy) take no LoRA adapters for deepseek_v4 yet")
+    n, linear, largest, layer = _v4_shapes(v4)
+    est = MemoryEstimate(model_name or "deepseek_v4", n, v4.dtype, cfg.model.activation_checkpointing)
+    e = torch.empty(0, dtype=v4.torch_dtype).element_size()
+    cpu = str(getattr(cfg.model, "device", "cpu")) == "cpu"
+    aligned = getattr(cfg.model, "kernels", "aligned") == "aligned"
+    tokens = max(cfg.learner.micro_batch_tokens, cfg.rollout.limits.max_episode_tokens)
+    z = _Sizing(v4, None, n, n, 0, e, cfg.model.activation_checkpointing, tokens, cpu, aligned, False, linear)
+    ray = getattr(cfg, "runtime", "local") == "ray"
+    sharded = ray and cfg.actors.learner_ranks > 1
+    learner_z = dataclasses.replace(z, aligned=False) if sharded else z
+    for terms in (
+        trainer_state_bytes(learner_z),
+        packed_weight_bytes(learner_z),
+        deepseek_v4_activation_bytes(learner_z, v4, est),
+        lm_head_logit_bytes(learner_z),
+    ):
+        est.learner.update(terms)
+    backward_peak = sum(est.learner.get(k, 0) for k in BACKWARD_TERMS)
+    est.optimizer_temporary = n * 4
+    for terms in (
+        optimizer_step_transient_bytes(z, backward_peak),
+        process_baseline_bytes(z),
+        learner_startup_bytes(z),
+    ):
+        est.learner.update(terms)
+    est.engine.update(deepseek_v4_engine_bytes(z, v4, cfg.engine, est))
+    est.notes.append(f"learner micro-batch: {tokens} tokens")
+    if ray:
+        est.engine_replicas, est.learner_ranks = cfg.actors.engines, cfg.actors.learner_ranks
+        est.engine.update(weight_receive_bytes(z, cfg.actors, est))
+        if cpu:
+            est.engine.update(process_baseline_bytes(z))
+        if sharded:
+            est.learner.update(sharded_learner_bytes(z, cfg.actors, est, (largest, layer)))
+    return est
