@@ -29,17 +29,34 @@ from rz_agents.model.qwen3_5_config import Qwen35Config
 F32 = torch.float32
 
 
-def hybrid_bytes_per_page(config: Qwen35Config, dtype: torch.dtype | None = None) -> int:
-    """Bytes one page (64 positions) holds over all layers: K/V of the full-attention layers, and for each
-    Gated DeltaNet layer the per-position conv input, g and beta plus one state snapshot."""
+def hybrid_page_terms(config: Qwen35Config, dtype: torch.dtype | None = None) -> dict[str, int]:
+    """Bytes one page (64 positions) holds over all layers, by what they are: ``kv`` (the full-attention
+    layers' K/V), ``recurrent_inputs`` (each Gated DeltaNet layer's per-position conv input, g and beta) and
+    ``state_snapshots`` (each Gated DeltaNet layer's fp32 delta-rule state after the page's chunk)."""
     item = torch.empty(0, dtype=dtype or config.torch_dtype).element_size()
     full = config.layer_types.count("full_attention")
     linear = config.num_hidden_layers - full
     hv, dk, dv = config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim
-    kv = 2 * config.num_key_value_heads * PAGE_SIZE * config.head_dim * item
-    inputs = PAGE_SIZE * (config.conv_dim * item + 4 * hv * 2)
-    state = 4 * hv * dk * dv
-    return full * kv + linear * (inputs + state)
+    return {
+        "kv": full * 2 * config.num_key_value_heads * PAGE_SIZE * config.head_dim * item,
+        "recurrent_inputs": linear * PAGE_SIZE * (config.conv_dim * item + 4 * hv * 2),
+        "state_snapshots": linear * 4 * hv * dk * dv,
+    }
+
+
+def hybrid_bytes_per_page(config: Qwen35Config, dtype: torch.dtype | None = None) -> int:
+    """Bytes one page (64 positions) holds over all layers (the sum of ``hybrid_page_terms``)."""
+    return sum(hybrid_page_terms(config, dtype).values())
+
+
+def sequence_state_bytes(config: Qwen35Config, dtype: torch.dtype | None = None) -> int:
+    """Bytes of one sequence's live recurrent state in one Gated DeltaNet layer while a forward continues it:
+    the delta-rule state read from its page snapshot and the one the chunks advance (fp32 [heads, dk, dv]
+    each) and the conv window (K - 1 positions of conv input). A forward holds this for every sequence of
+    the step, one layer at a time (the pages keep the rest)."""
+    item = torch.empty(0, dtype=dtype or config.torch_dtype).element_size()
+    hv, dk, dv = config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim
+    return 2 * 4 * hv * dk * dv + (config.linear_conv_kernel_dim - 1) * config.conv_dim * item
 
 
 class HybridCache:

@@ -105,10 +105,10 @@ class Qwen35Config:
     @classmethod
     def from_hf(cls, hf: dict) -> Qwen35Config:
         """From a config.json dict (`qwen3_5_text`, or `qwen3_5` with a `text_config`)."""
-        if hf.get("model_type") in ("qwen3_5", "qwen3_5_moe") or "text_config" in hf:
-            if hf.get("model_type") == "qwen3_5_moe":
-                raise ValueError("qwen3_5_moe checkpoints are not supported yet (dense qwen3_5 only)")
-            hf = {**hf.get("text_config", {})}
+        if hf.get("model_type") in ("qwen3_5_moe", "qwen3_5_moe_text"):
+            raise ValueError("qwen3_5_moe checkpoints are not supported yet (dense qwen3_5 only)")
+        if hf.get("model_type") == "qwen3_5" or "text_config" in hf:
+            return cls.from_hf({**hf.get("text_config", {})})
         if hf.get("model_type") not in (None, "qwen3_5_text"):
             raise ValueError(f"model_type {hf.get('model_type')!r} is not a Qwen3.5 text config")
         rope = hf.get("rope_parameters") or {}
