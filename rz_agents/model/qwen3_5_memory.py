@@ -10,7 +10,13 @@ import math
 import torch
 
 from rz_agents.model.kv_cache import PAGE_SIZE
-from rz_agents.model.qwen3_5_cache import hybrid_bytes_per_page, hybrid_page_terms, sequence_state_bytes
+from rz_agents.model.qwen3_5_cache import (
+    SNAPSHOT_EVERY,
+    hybrid_bytes_per_page,
+    hybrid_page_terms,
+    sequence_state_bytes,
+    snapshot_slots,
+)
 from rz_agents.model.qwen3_5_config import Qwen35Config
 
 F32 = 4  # bytes of the fp32 tensors the delta rule and the decay gates compute in
@@ -55,13 +61,14 @@ def page_bytes(c: Qwen35Config, dtype: torch.dtype) -> int:
 
 def engine_cache_terms(c: Qwen35Config, pages: int, running: int, dtype: torch.dtype) -> dict[str, int]:
     """The engine's: ``pages`` cache pages split by kind (full-attention K/V, the Gated DeltaNet layers'
-    per-position recurrent inputs, their per-page delta-rule state snapshots) and the live recurrent state
-    of ``running`` sequences in one layer of a step."""
+    per-position recurrent inputs, the delta-rule state snapshot slots: one per SNAPSHOT_EVERY pages) and
+    the live recurrent state of ``running`` sequences in one layer of a step."""
     page = hybrid_page_terms(c, dtype)
+    one_slot = hybrid_page_terms(c, dtype, snapshot_every=1)["state_snapshots"]
     return {
         "kv_cache": pages * page["kv"],
         "recurrent_inputs": pages * page["recurrent_inputs"],
-        "state_snapshots": pages * page["state_snapshots"],
+        "state_snapshots": snapshot_slots(pages) * one_slot,
         "recurrent_step_state": running * sequence_state_bytes(c, dtype),
     }
 
@@ -72,10 +79,12 @@ def cache_note(c: Qwen35Config, dtype: torch.dtype) -> str:
     linear = c.layer_types.count("linear_attention")
     mib = 2**20
     live = linear * sequence_state_bytes(c, dtype) / mib
+    slot = hybrid_page_terms(c, dtype, snapshot_every=1)["state_snapshots"]
     return (
         f"hybrid cache page ({PAGE_SIZE} positions, {c.num_hidden_layers - linear} full-attention + {linear} "
         f"Gated DeltaNet layers): K/V {page['kv'] / mib:.1f} MiB, recurrent inputs "
         f"{page['recurrent_inputs'] / mib:.1f} MiB, delta-rule state snapshots "
-        f"{page['state_snapshots'] / mib:.1f} MiB; a running sequence's live state {live:.1f} MiB over all "
+        f"{page['state_snapshots'] / mib:.1f} MiB (one slot of {slot / mib:.0f} MiB per {SNAPSHOT_EVERY} "
+        f"pages); a running sequence's live state {live:.1f} MiB over all "
         "layers (one layer's at a time in a step)"
     )

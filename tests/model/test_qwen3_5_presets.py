@@ -60,11 +60,13 @@ def test_the_moe_release_is_refused_with_a_reason_until_its_family_lands():
         preset_config("qwen3.5-35b-a3b")
 
 
-def test_the_4b_page_is_74_mib_most_of_it_state_snapshots():
-    terms = hybrid_page_terms(preset_config("qwen3.5-4b"))
-    mib = {k: v / 2**20 for k, v in terms.items()}
-    assert mib == {"kv": 2.0, "recurrent_inputs": 24.375, "state_snapshots": 48.0}
-    assert hybrid_bytes_per_page(preset_config("qwen3.5-4b")) == sum(terms.values())
+def test_the_4b_page_is_74_mib_with_a_snapshot_per_page_and_38_with_one_per_four():
+    config = preset_config("qwen3.5-4b")
+    every_page = {k: v / 2**20 for k, v in hybrid_page_terms(config, snapshot_every=1).items()}
+    assert every_page == {"kv": 2.0, "recurrent_inputs": 24.375, "state_snapshots": 48.0}
+    terms = hybrid_page_terms(config)  # the default: one snapshot slot per SNAPSHOT_EVERY (4) pages
+    assert terms["state_snapshots"] / 2**20 == 12.0
+    assert hybrid_bytes_per_page(config) == sum(terms.values()) == int(38.375 * 2**20)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -77,7 +79,7 @@ def test_the_estimates_cache_terms_are_what_the_cache_allocates(dtype):
     assert terms["kv_cache"] + terms["recurrent_inputs"] + terms["state_snapshots"] == allocated
     state = sum(t.numel() * t.element_size() for t in cache.state.values())
     assert terms["state_snapshots"] == state
-    assert cache.bytes_per_page * 3 == allocated and PAGE_SIZE == 64
+    assert cache.bytes_total == allocated and cache.slots.num_slots == 1 and PAGE_SIZE == 64
 
 
 def test_the_dry_run_estimate_reports_the_recurrent_state_as_terms_of_their_own():
@@ -93,10 +95,10 @@ def test_the_dry_run_estimate_reports_the_recurrent_state_as_terms_of_their_own(
     est = estimate_memory(cfg, released, "qwen3.5-4b")
     assert est.parameters == SIZES["qwen3.5-4b"][1]
     pages = (4 << 30) // hybrid_bytes_per_page(released)
-    assert est.engine["state_snapshots"] == pages * 48 * 2**20
+    assert est.engine["state_snapshots"] == (pages // 4) * 48 * 2**20  # a 48 MiB slot per 4 pages
     assert est.engine["recurrent_inputs"] == pages * hybrid_page_terms(released)["recurrent_inputs"]
     assert est.engine["kv_cache"] == pages * 2 * 2**20  # the 8 full-attention layers' K/V only
     assert est.engine["recurrent_step_state"] > 0
-    assert any("delta-rule state snapshots 48.0 MiB" in n for n in est.notes)
+    assert any("delta-rule state snapshots 12.0 MiB (one slot of 48 MiB per 4 pages)" in n for n in est.notes)
     # the Gated DeltaNet layers' activations are sized by the model, not as attention layers
     assert est.learner["activations"] > 0
