@@ -24,11 +24,12 @@ from rz_agents.model.hf_files import build_model
 from rz_agents.model.kv_cache import KVCache, pages_for
 from rz_agents.model.logprobs import packed_token_logprobs, token_logprobs
 from rz_agents.model.qwen3_5_config import MODEL_TYPES as QWEN3_5_TYPES
+from rz_agents.model.qwen3_5_config import MOE_TYPES as QWEN3_5_MOE_TYPES
 from rz_agents.model.qwen3_5_config import Qwen35Config
 from rz_agents.model.transformer import Transformer
 
 # families align-check builds random tiny models of: ModelConfig's and the hybrid linear-attention Qwen3.5
-CHECKED_ARCHS = (*ARCHS, "qwen3_5")
+CHECKED_ARCHS = (*ARCHS, "qwen3_5", "qwen3_5_moe")
 
 DEFAULT_BATCH_SIZES = (1, 2, 3, 7, 15, 16, 17, 31, 63, 64, 65, 100, 129)
 
@@ -71,7 +72,8 @@ class AlignmentReport:
 def random_config(arch: str, dtype: str, rng: random.Random) -> ModelConfig | Qwen35Config:
     """A small random model config of the given family (vocab large enough to be realistic)."""
     if arch in QWEN3_5_TYPES:  # 3 Gated DeltaNet layers and 1 full attention
-        return Qwen35Config.tiny(dtype=dtype, vocab_size=rng.choice([512, 1000]))
+        moe = arch in QWEN3_5_MOE_TYPES  # (every layer's MLP routed: 8 experts, top 2, a shared expert)
+        return Qwen35Config.tiny(moe=moe, dtype=dtype, vocab_size=rng.choice([512, 1000]))
     heads = rng.choice([4, 8])
     kv = rng.choice([h for h in (1, 2, 4) if heads % h == 0])
     extra = {}

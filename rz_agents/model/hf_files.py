@@ -46,7 +46,7 @@ def read_model_config(
     if not path.is_file():
         raise CheckpointError(f"{ckpt_dir}: no config.json")
     d = json.loads(path.read_text())
-    if d.get("model_type") in (*QWEN3_5_TYPES, "qwen3_5_moe"):
+    if d.get("model_type") in QWEN3_5_TYPES:
         config = Qwen35Config.from_hf(d)
         if dtype is not None:
             config.dtype = dtype

@@ -245,9 +245,8 @@ def _qwen3_5(layers: int, tied: bool, **sizes: Any) -> dict[str, Any]:
 # trainer's size table ("9B has an untied lm_head"); 27B from a Qwen3_5Config built with its values (hidden
 # 5120, 64 layers, 48 value heads, untied). The released names count the vision tower and the
 # multi-token-prediction layer too; rz builds the text decoder (tests/model/test_qwen3_5_presets.py checks
-# its size against the name). Qwen3.5-35B-A3B: its config.json (the same source's MoE test: 40 layers of 2048,
-# 256 experts of 512 with top 8 and a shared expert of 512) needs the qwen3_5_moe family, which Qwen35Config
-# refuses with a clear error until that family lands.
+# its size against the name). Qwen3.5-35B-A3B (qwen3_5_moe): its text_config as a MoE test of the same kind
+# of source quotes it (40 layers of 2048, 256 experts of 512 with top 8 and a shared expert of 512, untied).
 QWEN3_5_PRESETS: dict[str, dict[str, Any]] = {
     "qwen3.5-0.8b": _qwen3_5(24, True, hidden_size=1024, intermediate_size=3584, num_attention_heads=8,
                              num_key_value_heads=2, linear_num_value_heads=16),

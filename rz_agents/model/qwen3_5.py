@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from rz_agents.model.kv_cache import PAGE_SIZE, CacheView
 from rz_agents.model.qwen3_5_cache import SNAPSHOT_EVERY, HybridCache, hybrid_bytes_per_page
 from rz_agents.model.qwen3_5_config import Qwen35Config
+from rz_agents.model.qwen3_5_moe import Qwen35SparseMoE
 from rz_agents.model.qwen3_5_snapshots import plan_snapshots
 from rz_agents.model.transformer import flat_stream, in_token_shape
 from rz_kernels import OpSet, RopeTable, get_ops
@@ -125,6 +126,8 @@ class _Batch:
             cache.slots, [host[r] for r in self.rows], self.starts, self.seq_lens, cache.snapshot_every,
             PAGE_SIZE,
         )  # fmt: skip
+
+    fused = False  # (the MoE block's context: this family stacks no projections)
 
     @property
     def keeps_state(self) -> bool:
@@ -359,7 +362,7 @@ class DecoderLayer(nn.Module):
         else:
             self.self_attn = FullAttention(cfg)
         (self.linear_attn if self.kind == "linear_attention" else self.self_attn).index = index
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = Qwen35SparseMoE(cfg) if cfg.num_experts else MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

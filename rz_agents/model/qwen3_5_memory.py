@@ -43,7 +43,13 @@ def _gated_deltanet_bytes(c: Qwen35Config, tokens: int, e: int) -> int:
 def layer_activation_bytes(c: Qwen35Config, tokens: int) -> list[int]:
     """What each decoder layer's autograd graph keeps for ``tokens`` tokens (its mixer and its MLP)."""
     e = torch.empty(0, dtype=c.torch_dtype).element_size()
-    mlp = tokens * e * (c.hidden_size + 3 * c.intermediate_size)
+    h = c.hidden_size
+    if c.num_experts:  # routed rows (top k per token), fp32 combine and router, the gated shared expert
+        rows = tokens * c.num_experts_per_tok
+        mlp = rows * e * (h + 3 * c.moe_intermediate_size) + rows * h * F32 + tokens * c.num_experts * F32
+        mlp += tokens * e * (h + 3 * c.shared_expert_intermediate_size + 2)
+    else:
+        mlp = tokens * e * (h + 3 * c.intermediate_size)
     mixer = {"full_attention": _full_attention_bytes, "linear_attention": _gated_deltanet_bytes}
     return [mlp + mixer[kind](c, tokens, e) for kind in c.layer_types]
 
@@ -51,7 +57,8 @@ def layer_activation_bytes(c: Qwen35Config, tokens: int) -> list[int]:
 def engine_step_width(c: Qwen35Config) -> int:
     """The widest per-token row a forward step computes beside the hidden state (MLP or the q/k/v + z
     projections of a Gated DeltaNet layer)."""
-    return max(c.intermediate_size, c.conv_dim + c.value_dim, 2 * c.num_attention_heads * c.head_dim)
+    moe = c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size
+    return max(c.intermediate_size, moe, c.conv_dim + c.value_dim, 2 * c.num_attention_heads * c.head_dim)
 
 
 def page_bytes(c: Qwen35Config, dtype: torch.dtype) -> int:

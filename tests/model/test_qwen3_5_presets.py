@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rz_agents.model.kv_cache import PAGE_SIZE
-from rz_agents.model.presets import QWEN3_5_PRESETS, preset_config, preset_for_checkpoint
+from rz_agents.model.presets import preset_config, preset_for_checkpoint
 from rz_agents.model.qwen3_5 import Qwen35ForCausalLM
 from rz_agents.model.qwen3_5_cache import HybridCache, hybrid_bytes_per_page, hybrid_page_terms
 from rz_agents.model.qwen3_5_config import Qwen35Config
@@ -22,6 +22,7 @@ SIZES = {
     "qwen3.5-4b": (4e9, 4_205_751_296),
     "qwen3.5-9b": (9e9, 8_953_803_264),
     "qwen3.5-27b": (27e9, 26_895_998_464),
+    "qwen3.5-35b-a3b": (35e9, 34_660_610_688),  # qwen3_5_moe: 256 experts of 512, top 8, a shared expert
 }
 
 
@@ -54,10 +55,16 @@ def test_a_checkpoint_directory_named_for_a_release_finds_its_preset():
     assert preset_config("Qwen3.5-9B", dtype="float32").dtype == "float32"
 
 
-def test_the_moe_release_is_refused_with_a_reason_until_its_family_lands():
-    assert "qwen3.5-35b-a3b" in QWEN3_5_PRESETS
-    with pytest.raises(ValueError, match="qwen3_5_moe checkpoints are not supported yet"):
-        preset_config("qwen3.5-35b-a3b")
+def test_the_moe_release_routes_every_layer_through_256_experts():
+    config = preset_config("qwen3.5-35b-a3b")
+    assert config.model_type == "qwen3_5_moe_text" and config.intermediate_size == 0
+    moe = (config.num_experts, config.num_experts_per_tok, config.shared_expert_intermediate_size)
+    assert moe == (256, 8, 512)
+    model = _meta_model("qwen3.5-35b-a3b")
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
+    active = model.num_parameters() - experts * (256 - 8) // 256
+    # "A3B": ~3B active per token (3.45B counting the untied embedding and LM head, 1.02B)
+    assert 3.4e9 < active < 3.5e9, active
 
 
 def test_the_4b_page_is_74_mib_with_a_snapshot_per_page_and_38_with_one_per_four():
