@@ -634,10 +634,11 @@ def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, s
     overrides = {"dtype": spec.dtype, **spec.tiny_overrides}
     if vocab_size is not None:
         overrides.setdefault("vocab_size", vocab_size)
-    if spec.model_type in ("qwen3_5", "qwen3_5_text"):  # hybrid linear attention (model/qwen3_5_memory.py)
-        from rz_agents.model.qwen3_5_config import Qwen35Config
+    from rz_agents.model.qwen3_5_config import MODEL_TYPES, MOE_TYPES, Qwen35Config
 
-        return Qwen35Config.tiny(**overrides), "tiny random model (Qwen3.5)"
+    if spec.model_type in MODEL_TYPES:  # hybrid linear attention (model/qwen3_5_memory.py), dense or MoE
+        moe = spec.model_type in MOE_TYPES
+        return Qwen35Config.tiny(moe=moe, **overrides), f"tiny random model (Qwen3.5{'-MoE' if moe else ''})"
     if spec.model_type == "qwen3_vl":  # the whole model: its language model and its vision tower
         from rz_agents.runtime.factories import tiny_vl_config
 

@@ -98,6 +98,8 @@ def test_the_dry_run_estimate_reports_the_recurrent_state_as_terms_of_their_own(
     cfg = TrainConfig(engine=engine, model=ModelSpec(model_type="qwen3_5", dtype="bfloat16", device="cuda"))
     tiny, source = model_config_of(cfg.model)
     assert isinstance(tiny, Qwen35Config) and "Qwen3.5" in source
+    moe, source = model_config_of(ModelSpec(model_type="qwen3_5_moe"))
+    assert moe.num_experts == 8 and "Qwen3.5-MoE" in source
     released = preset_config("qwen3.5-4b")
     est = estimate_memory(cfg, released, "qwen3.5-4b")
     assert est.parameters == SIZES["qwen3.5-4b"][1]
