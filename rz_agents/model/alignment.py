@@ -26,13 +26,14 @@ from rz_agents.model.kimi_linear_config import KimiLinearConfig
 from rz_agents.model.kv_cache import KVCache, pages_for
 from rz_agents.model.logprobs import packed_token_logprobs, token_logprobs
 from rz_agents.model.qwen3_5_config import MODEL_TYPES as QWEN3_5_TYPES
+from rz_agents.model.qwen3_5_config import MOE_TYPES as QWEN3_5_MOE_TYPES
 from rz_agents.model.qwen3_5_config import Qwen35Config
 from rz_agents.model.transformer import Transformer
 
-# families align-check builds random tiny models of: ModelConfig's, the hybrid linear-attention ones (Qwen3.5;
-# Kimi Linear: KDA + MLA + MoE) and DeepSeek-V4 (its own model class: compressed sparse attention,
-# hyper-connections)
-CHECKED_ARCHS = (*ARCHS, "qwen3_5", "kimi_linear", "deepseek_v4")
+# families align-check builds random tiny models of: ModelConfig's, the hybrid linear-attention ones (Qwen3.5
+# dense and MoE; Kimi Linear: KDA + MLA + MoE) and DeepSeek-V4 (its own model class: compressed sparse
+# attention, hyper-connections)
+CHECKED_ARCHS = (*ARCHS, "qwen3_5", "qwen3_5_moe", "kimi_linear", "deepseek_v4")
 
 DEFAULT_BATCH_SIZES = (1, 2, 3, 7, 15, 16, 17, 31, 63, 64, 65, 100, 129)
 
@@ -92,7 +93,8 @@ def random_config(
     if arch == "deepseek_v4":  # sliding, CSA (m=4), HCA (m'=16), CSA; hash and learned MoE
         return DeepseekV4Config.tiny(dtype=dtype, vocab_size=rng.choice([512, 1000]))
     if arch in QWEN3_5_TYPES:  # 3 Gated DeltaNet layers and 1 full attention
-        return Qwen35Config.tiny(dtype=dtype, vocab_size=rng.choice([512, 1000]))
+        moe = arch in QWEN3_5_MOE_TYPES  # (every layer's MLP routed: 8 experts, top 2, a shared expert)
+        return Qwen35Config.tiny(moe=moe, dtype=dtype, vocab_size=rng.choice([512, 1000]))
     if arch == "kimi_linear":  # 3 KDA layers and 1 MLA, MoE after the first layer
         return KimiLinearConfig.tiny(dtype=dtype, vocab_size=rng.choice([512, 1000]))
     heads = rng.choice([4, 8])

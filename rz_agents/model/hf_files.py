@@ -52,7 +52,7 @@ def read_model_config(
         if dtype is not None:
             config.dtype = dtype
         return config
-    if d.get("model_type") in (*QWEN3_5_TYPES, "qwen3_5_moe"):
+    if d.get("model_type") in QWEN3_5_TYPES:
         config = Qwen35Config.from_hf(d)
         if dtype is not None:
             config.dtype = dtype

@@ -26,6 +26,7 @@ from rz_agents.model.kimi_linear_config import KimiLinearConfig
 from rz_agents.model.lora import LoraConfig, add_lora, has_lora
 from rz_agents.model.peft_files import load_peft_adapter, read_peft_config
 from rz_agents.model.qwen3_5_config import MODEL_TYPES as QWEN3_5_TYPES
+from rz_agents.model.qwen3_5_config import MOE_TYPES as QWEN3_5_MOE_TYPES
 from rz_agents.model.qwen3_5_config import Qwen35Config
 
 
@@ -148,7 +149,8 @@ def _base(spec: PolicySpec, device: torch.device | str) -> nn.Module:
     if spec.model_type in QWEN3_5_TYPES:  # hybrid linear attention (model/qwen3_5.py)
         from rz_agents.model.qwen3_5 import Qwen35ForCausalLM
 
-        model = Qwen35ForCausalLM(Qwen35Config.tiny(**overrides), kernels=spec.kernels)
+        moe = spec.model_type in QWEN3_5_MOE_TYPES
+        model = Qwen35ForCausalLM(Qwen35Config.tiny(moe=moe, **overrides), kernels=spec.kernels)
     elif spec.model_type == "kimi_linear":  # KDA + MLA + MoE (model/kimi_linear.py)
         from rz_agents.model.kimi_linear import KimiLinearForCausalLM
 

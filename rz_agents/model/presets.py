@@ -213,6 +213,58 @@ VL_PRESETS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+def _qwen3_5(layers: int, tied: bool, **sizes: Any) -> dict[str, Any]:
+    """The `text_config` of a released Qwen3.5 checkpoint (model_type qwen3_5_text) from its sizes: every
+    released size shares the vocabulary, the 256-wide gated full-attention heads with a quarter of each
+    rotated, 16 Gated DeltaNet key heads of 128 (value heads of 128), the 4-tap conv and one full-attention
+    layer in four."""
+    return dict(
+        model_type="qwen3_5_text",
+        vocab_size=248320,
+        num_hidden_layers=layers,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000_000, "partial_rotary_factor": 0.25},
+        max_position_embeddings=262144,
+        tie_word_embeddings=tied,
+        eos_token_id=248044,
+        dtype="bfloat16",
+        **sizes,
+    )
+
+
+# Qwen3.5 (hybrid linear attention: Gated DeltaNet in three layers of four), the text decoder of the released
+# Qwen/Qwen3.5-* checkpoints (their config.json's text_config). Source: the published config.json values as
+# quoted by public code that reads them (found through the search tool): 0.8B/2B/4B/9B in a Qwen3.5 spec
+# derivation's fixtures ("the models' own config.json, unedited"; the 0.8B's nested text_config) and a TPU
+# trainer's size table ("9B has an untied lm_head"); 27B from a Qwen3_5Config built with its values (hidden
+# 5120, 64 layers, 48 value heads, untied). The released names count the vision tower and the
+# multi-token-prediction layer too; rz builds the text decoder (tests/model/test_qwen3_5_presets.py checks
+# its size against the name). Qwen3.5-35B-A3B (qwen3_5_moe): its text_config as a MoE test of the same kind
+# of source quotes it (40 layers of 2048, 256 experts of 512 with top 8 and a shared expert of 512, untied).
+QWEN3_5_PRESETS: dict[str, dict[str, Any]] = {
+    "qwen3.5-0.8b": _qwen3_5(24, True, hidden_size=1024, intermediate_size=3584, num_attention_heads=8,
+                             num_key_value_heads=2, linear_num_value_heads=16),
+    "qwen3.5-2b": _qwen3_5(24, True, hidden_size=2048, intermediate_size=6144, num_attention_heads=8,
+                           num_key_value_heads=2, linear_num_value_heads=16),
+    "qwen3.5-4b": _qwen3_5(32, True, hidden_size=2560, intermediate_size=9216, num_attention_heads=16,
+                           num_key_value_heads=4, linear_num_value_heads=32),
+    "qwen3.5-9b": _qwen3_5(32, False, hidden_size=4096, intermediate_size=12288, num_attention_heads=16,
+                           num_key_value_heads=4, linear_num_value_heads=32),
+    "qwen3.5-27b": _qwen3_5(64, False, hidden_size=5120, intermediate_size=17408, num_attention_heads=24,
+                            num_key_value_heads=4, linear_num_value_heads=48),
+    "qwen3.5-35b-a3b": {**_qwen3_5(40, False, hidden_size=2048, num_attention_heads=16, num_key_value_heads=2,
+                                   linear_num_value_heads=32, num_experts=256, num_experts_per_tok=8,
+                                   moe_intermediate_size=512, shared_expert_intermediate_size=512),
+                        "model_type": "qwen3_5_moe_text"},
+}  # fmt: skip
+
+
 def _released_qwen3_vl_images():
     from rz_agents.model.qwen3_vl_config import ImageProcessing
 
@@ -224,8 +276,13 @@ def preset_config(name: str, **overrides: Any):
     """The config of a published architecture: a ModelConfig for a key of PRESETS (`qwen3-4b`,
     `qwen2.5-1.5b-instruct`, `deepseek-r1-distill-qwen-1.5b`, `deepseek-v3`, ...), a Qwen3VLConfig for one of
     VL_PRESETS (`qwen3-vl-4b-instruct`, ...; ``overrides`` then apply to its language model's fields, with
-    ``dtype`` for the whole model)."""
+    ``dtype`` for the whole model), a Qwen35Config for one of QWEN3_5_PRESETS (`qwen3.5-4b`, ...; overrides
+    are config.json fields)."""
     key = name.lower()
+    if key in QWEN3_5_PRESETS:
+        from rz_agents.model.qwen3_5_config import Qwen35Config
+
+        return Qwen35Config.from_hf({**QWEN3_5_PRESETS[key], **overrides})
     if key in VL_PRESETS:
         from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 
@@ -235,12 +292,13 @@ def preset_config(name: str, **overrides: Any):
         config.vision.image_processing = _released_qwen3_vl_images()
         return config
     if key not in PRESETS:
-        raise KeyError(f"no preset {name!r}; known: {sorted(PRESETS) + sorted(VL_PRESETS)}")
+        known = sorted(PRESETS) + sorted(VL_PRESETS) + sorted(QWEN3_5_PRESETS)
+        raise KeyError(f"no preset {name!r}; known: {known}")
     return ModelConfig(**{**PRESETS[key], **overrides})
 
 
 def preset_for_checkpoint(path: str) -> str | None:
     """The preset whose name is the checkpoint directory's name (e.g. /models/Qwen3-4B -> qwen3-4b,
-    /models/Qwen3-VL-4B-Instruct -> qwen3-vl-4b-instruct)."""
+    /models/Qwen3-VL-4B-Instruct -> qwen3-vl-4b-instruct, /models/Qwen3.5-4B -> qwen3.5-4b)."""
     key = PurePath(path).name.lower()
-    return key if key in PRESETS or key in VL_PRESETS else None
+    return key if key in PRESETS or key in VL_PRESETS or key in QWEN3_5_PRESETS else None

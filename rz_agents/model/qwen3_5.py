@@ -27,8 +27,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rz_agents.model.kv_cache import PAGE_SIZE, CacheView
-from rz_agents.model.qwen3_5_cache import HybridCache, hybrid_bytes_per_page
+from rz_agents.model.qwen3_5_cache import SNAPSHOT_EVERY, HybridCache, hybrid_bytes_per_page
 from rz_agents.model.qwen3_5_config import Qwen35Config
+from rz_agents.model.qwen3_5_moe import Qwen35SparseMoE
+from rz_agents.model.qwen3_5_snapshots import plan_snapshots
 from rz_agents.model.transformer import flat_stream, in_token_shape
 from rz_kernels import OpSet, RopeTable, get_ops
 from rz_kernels.attention import KEY_BLOCK, verify_attention
@@ -103,6 +105,7 @@ class _Batch:
             table = view.page_table
             self.write_page = table[seq_index, torch.div(positions, PAGE_SIZE, rounding_mode="floor")]
             self.write_offset = positions % PAGE_SIZE
+            self._plan_snapshots(view.cache, table)
         else:
             self.buf_shape = (
                 len(self.seq_lens),
@@ -113,6 +116,18 @@ class _Batch:
             seq_index, positions, cfg.num_attention_heads, cfg.num_key_value_heads, page_table=table,
             max_position=top, decode_positions=view.decode_positions if view is not None else None,
         )  # fmt: skip
+
+    def _plan_snapshots(self, cache, table: torch.Tensor) -> None:
+        """Which snapshot each sequence resumes from and which snapshots this forward keeps (once for every
+        layer: model/qwen3_5_snapshots.py). Pages this forward starts filling lose their old snapshots."""
+        cache.slots.forget(set(self.write_page[self.write_offset == 0].tolist()))
+        host = table.tolist()
+        self.snap_sources, self.snap_targets = plan_snapshots(
+            cache.slots, [host[r] for r in self.rows], self.starts, self.seq_lens, cache.snapshot_every,
+            PAGE_SIZE,
+        )  # fmt: skip
+
+    fused = False  # (the MoE block's context: this family stacks no projections)
 
     @property
     def keeps_state(self) -> bool:
@@ -133,38 +148,35 @@ class _Batch:
         """Each sequence's conv window and DeltaRuleCache entering this call (None: it starts here).
 
         From the view's pages: the window is the conv inputs of the K - 1 positions before the call, the
-        state the snapshot of the previous page (chunk), and the current chunk's pending k and v are
-        recomputed from their conv inputs by ``heads`` (the layer's conv + head split + l2 norm: per-token
-        arithmetic, so the same bits as when they were first computed; only g and beta are kept)."""
+        state the latest snapshot planned for the sequence (or zero at its start), and the k and v of every
+        token after that snapshot are recomputed from their conv inputs by ``heads`` (the layer's conv + head
+        split + l2 norm: per-token arithmetic, so the same bits as when they were first computed; g and beta
+        are kept): the delta rule recomputes those chunks' states, bit for bit."""
         if self.view is None:
             cached = self.cached(layer)
             return [c[0] if c else None for c in cached], [c[1] if c else None for c in cached]
         cache, table = self.view.cache, self.view.page_table
-        conv_in = cache.conv_in[layer]
 
-        def read(r: int, lo: int, hi: int) -> torch.Tensor:  # conv inputs of positions lo..hi-1 (0 before 0)
+        def read(buf, r: int, lo: int, hi: int) -> torch.Tensor:  # positions lo..hi-1 of a row (0 before 0)
             pos = torch.arange(lo, hi, device=table.device)
-            rows = conv_in[table[r, pos.clamp(min=0) // PAGE_SIZE], pos.clamp(min=0) % PAGE_SIZE]
+            rows = buf[table[r, pos.clamp(min=0) // PAGE_SIZE], pos.clamp(min=0) % PAGE_SIZE]
             return torch.where((pos >= 0).unsqueeze(1), rows, torch.zeros_like(rows))
 
+        conv_in = cache.conv_in[layer]
         windows, entering, pending = [], [], []
-        for a, r in zip(self.starts, self.rows, strict=True):
+        for a, r, (j, slot) in zip(self.starts, self.rows, self.snap_sources, strict=True):
             if a == 0:
                 windows.append(None)
                 entering.append(None)
                 continue
-            windows.append(read(r, a - kernel + 1, a))
-            c, m = divmod(a, PAGE_SIZE)
-            state = cache.state[layer][table[r, c - 1]] if c > 0 else torch.zeros_like(cache.state[layer][0])
-            page = table[r, c]
-            entering.append((state.clone(), cache.dr_g[layer][page, :m], cache.dr_beta[layer][page, :m]))
-            if m:
+            windows.append(read(conv_in, r, a - kernel + 1, a))
+            state = cache.state[layer][slot] if slot is not None else torch.zeros_like(cache.state[layer][0])
+            lo = (j + 1) * PAGE_SIZE  # the first token after the snapshot: recomputed from here
+            g, beta = read(cache.dr_g[layer], r, lo, a), read(cache.dr_beta[layer], r, lo, a)
+            entering.append((state.clone(), g, beta))
+            if a > lo:
                 pending.append(
-                    (
-                        len(entering) - 1,
-                        read(r, c * PAGE_SIZE, a),
-                        read(r, c * PAGE_SIZE - kernel + 1, c * PAGE_SIZE),
-                    )
+                    (len(entering) - 1, read(conv_in, r, lo, a), read(conv_in, r, lo - kernel + 1, lo))
                 )
         kv = {}
         if pending:
@@ -198,15 +210,16 @@ class _Batch:
         self, layer: int, conv_in: torch.Tensor, inputs: Sequence[torch.Tensor], caches
     ) -> None:
         """Into the view's pages: this call's per-position conv inputs and delta-rule g and beta, and the
-        state after each chunk it completed (the snapshot of that chunk's page)."""
-        cache, table = self.view.cache, self.view.page_table
+        state after each chunk it completed whose snapshot the plan keeps (in the slot planned for it)."""
+        cache = self.view.cache
         page, off = self.write_page, self.write_offset
         cache.conv_in[layer][page, off] = conv_in.detach()
         for buf, x in zip((cache.dr_g, cache.dr_beta), inputs, strict=True):
             buf[layer][page, off] = x.detach().float()
-        for a, r, dr in zip(self.starts, self.rows, caches, strict=True):
-            for j, snapshot in enumerate(dr.completed):
-                cache.state[layer][table[r, a // PAGE_SIZE + j]] = snapshot
+        for (j, _), keep, dr in zip(self.snap_sources, self.snap_targets, caches, strict=True):
+            for c, snapshot in enumerate(dr.completed, start=j + 1):  # (the first completed chunk is j + 1)
+                if c in keep:
+                    cache.state[layer][keep[c]] = snapshot
 
 
 class FullAttention(nn.Module):
@@ -349,7 +362,7 @@ class DecoderLayer(nn.Module):
         else:
             self.self_attn = FullAttention(cfg)
         (self.linear_attn if self.kind == "linear_attention" else self.self_attn).index = index
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = Qwen35SparseMoE(cfg) if cfg.num_experts else MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -378,6 +391,7 @@ class Qwen35ForCausalLM(nn.Module):
     # Kimi Linear, brings its own)
     batch_type: type = _Batch
     cache_type: type = HybridCache
+    snapshot_every = SNAPSHOT_EVERY  # the engine cache's pages per delta-rule state snapshot slot
 
     def __init__(self, config: Qwen35Config, kernels: str = "aligned") -> None:
         super().__init__()
@@ -539,12 +553,15 @@ class Qwen35ForCausalLM(nn.Module):
 
     # ---- the engine's cache -----------------------------------------------------------------------------
     def kv_page_bytes(self) -> int:
-        """Bytes of one cache page (64 positions, every layer, recurrent state included)."""
-        return hybrid_bytes_per_page(self.config, self.lm_head.weight.dtype)
+        """Bytes of one cache page (64 positions, every layer, its share of the state snapshots included)."""
+        return hybrid_bytes_per_page(self.config, self.lm_head.weight.dtype, self.snapshot_every)
 
     def new_kv_cache(self, num_pages: int, device: torch.device | str) -> HybridCache:
         """The engine's paged cache of this model (K/V and recurrent state: model/qwen3_5_cache.py)."""
-        return HybridCache(self.config, num_pages, dtype=self.lm_head.weight.dtype, device=device)
+        return HybridCache(
+            self.config, num_pages, dtype=self.lm_head.weight.dtype, device=device,
+            snapshot_every=self.snapshot_every,
+        )  # fmt: skip
 
     # ---- weights ----------------------------------------------------------------------------------------
     def get_input_embeddings(self) -> nn.Embedding:

@@ -11,7 +11,9 @@ from pathlib import Path
 import torch
 
 LAYER_KINDS = ("linear_attention", "full_attention")
-MODEL_TYPES = ("qwen3_5", "qwen3_5_text")  # what `family:` / config.json's model_type may say
+# what `family:` / config.json's model_type may say: dense, and MoE (qwen3_5_moe: every layer's MLP routed)
+MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
 
 
 @dataclass
@@ -38,6 +40,12 @@ class Qwen35Config:
     hidden_act: str = "silu"
     dtype: str = "float32"
     eos_token_id: int | list[int] | None = None
+    # qwen3_5_moe: every layer's MLP is num_experts routed experts (softmax top-k, renormalized) plus a
+    # shared expert behind a sigmoid gate; 0 experts: the dense model (intermediate_size's MLP)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
     activation_checkpointing: bool = False  # the learner's choice (not part of the checkpoint)
 
     def __post_init__(self) -> None:
@@ -55,10 +63,23 @@ class Qwen35Config:
             )
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r}: only 'silu' is supported")
+        if self.num_experts and not (0 < self.num_experts_per_tok <= self.num_experts):
+            raise ValueError(
+                f"num_experts_per_tok {self.num_experts_per_tok} not in 1..num_experts ({self.num_experts})"
+            )
 
     @property
     def model_type(self) -> str:
-        return "qwen3_5_text"
+        return "qwen3_5_moe_text" if self.num_experts else "qwen3_5_text"
+
+    @property
+    def norm_topk_prob(self) -> bool:
+        """The router renormalizes its top-k probabilities (transformers' qwen3_5_moe always does)."""
+        return True
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer ``index``'s MLP is routed experts (every layer of a qwen3_5_moe model)."""
+        return self.num_experts > 0
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -74,10 +95,11 @@ class Qwen35Config:
         return self.linear_num_value_heads * self.linear_value_head_dim
 
     @classmethod
-    def tiny(cls, **overrides) -> Qwen35Config:
+    def tiny(cls, moe: bool = False, **overrides) -> Qwen35Config:
         """A small random-init config (tests, CPU demos): 4 layers, the last full attention, the rest Gated
-        DeltaNet, as the released models' 3:1 pattern. ``overrides`` replace any field (``layer_types``
-        follows ``num_hidden_layers`` unless given)."""
+        DeltaNet, as the released models' 3:1 pattern; ``moe``: qwen3_5_moe's MLPs (8 experts, top 2, a
+        shared expert). ``overrides`` replace any field (``layer_types`` follows ``num_hidden_layers`` unless
+        given)."""
         known = {f.name for f in fields(cls)}
         bad = sorted(set(overrides) - known)
         if bad:
@@ -88,6 +110,9 @@ class Qwen35Config:
             linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
             rope_theta=10000.0, max_position_embeddings=4096,
         )  # fmt: skip
+        if moe:
+            base.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=64)  # fmt: skip
         base.update({k: v for k, v in overrides.items() if v is not None})
         if "layer_types" not in overrides:
             n = base["num_hidden_layers"]
@@ -106,10 +131,8 @@ class Qwen35Config:
     def from_hf(cls, hf: dict) -> Qwen35Config:
         """From a config.json dict (`qwen3_5_text`, or `qwen3_5` with a `text_config`)."""
         if hf.get("model_type") in ("qwen3_5", "qwen3_5_moe") or "text_config" in hf:
-            if hf.get("model_type") == "qwen3_5_moe":
-                raise ValueError("qwen3_5_moe checkpoints are not supported yet (dense qwen3_5 only)")
-            hf = {**hf.get("text_config", {})}
-        if hf.get("model_type") not in (None, "qwen3_5_text"):
+            return cls.from_hf({**hf.get("text_config", {})})
+        if hf.get("model_type") not in (None, "qwen3_5_text", "qwen3_5_moe_text"):
             raise ValueError(f"model_type {hf.get('model_type')!r} is not a Qwen3.5 text config")
         rope = hf.get("rope_parameters") or {}
         layers = hf["num_hidden_layers"]
@@ -123,7 +146,7 @@ class Qwen35Config:
         return cls(
             vocab_size=hf["vocab_size"],
             hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
+            intermediate_size=hf.get("intermediate_size", 0),  # (a MoE checkpoint has no dense MLP)
             num_hidden_layers=layers,
             num_attention_heads=hf["num_attention_heads"],
             num_key_value_heads=hf["num_key_value_heads"],
@@ -143,16 +166,24 @@ class Qwen35Config:
             hidden_act=hf.get("hidden_act", "silu"),
             dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "float32").removeprefix("torch."),
             eos_token_id=hf.get("eos_token_id"),
+            num_experts=hf.get("num_experts", 0),
+            num_experts_per_tok=hf.get("num_experts_per_tok", 0),
+            moe_intermediate_size=hf.get("moe_intermediate_size", 0),
+            shared_expert_intermediate_size=hf.get("shared_expert_intermediate_size", 0),
         )
 
     def to_hf(self) -> dict:
-        """A `qwen3_5_text` config.json dict (what `from_hf` reads back to this config)."""
+        """A `qwen3_5_text` (or `qwen3_5_moe_text`) config.json dict (what `from_hf` reads back to this
+        config)."""
         rope = ("rope_theta", "partial_rotary_factor")
-        skip = (*rope, "activation_checkpointing")
+        moe = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+        moe = (*moe, "shared_expert_intermediate_size")
+        skip = (*rope, "activation_checkpointing", *(() if self.num_experts else moe))
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         d["layer_types"] = list(self.layer_types)
         d["rope_parameters"] = {"rope_type": "default", **{name: getattr(self, name) for name in rope}}
-        return {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", **d}
+        arch = "Qwen3_5MoeForCausalLM" if self.num_experts else "Qwen3_5ForCausalLM"
+        return {"architectures": [arch], "model_type": self.model_type, **d}
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | os.PathLike) -> Qwen35Config:

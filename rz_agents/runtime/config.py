@@ -31,8 +31,8 @@ class ModelSpec:
     """
 
     checkpoint: str | None = None
-    # architecture of a random tiny model (llama | qwen3 | qwen3_moe | qwen3_5); a checkpoint's config.json
-    # decides otherwise
+    # architecture of a random tiny model (llama | qwen3 | qwen3_moe | qwen3_5 | qwen3_5_moe); a checkpoint's
+    # config.json decides otherwise
     model_type: str = "qwen3"
     # The op set of engine and learner alike: "aligned" (bit-identical log-probs) or "standard" (stock
     # PyTorch ops, the negative control). Nothing else selects it.

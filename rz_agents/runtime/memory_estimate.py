@@ -224,15 +224,28 @@ def tokens_per_image(vl, max_pixels: int = VL_MAX_PIXELS) -> int:
     return max_pixels // (side * side)
 
 
-def largest_tensors(config: ModelConfig) -> tuple[int, int]:
-    """(elements of the largest parameter, elements of the largest decoder layer), from the meta device."""
-    from rz_agents.model.transformer import Transformer
+def _meta_model(config):
+    """The model of a language model's config (any family), built on the meta device (no memory)."""
+    from rz_agents.model.checkpoint import build_model
 
     with torch.device("meta"):
-        model = Transformer(config, init=False)
+        return build_model(config, init=False)
+
+
+def largest_tensors(config: ModelConfig) -> tuple[int, int]:
+    """(elements of the largest parameter, elements of the largest decoder layer), from the meta device."""
+    model = _meta_model(config)
     largest = max(p.numel() for p in model.parameters())
-    layer = max(sum(p.numel() for p in layer.parameters()) for layer in model.model.layers)
+    layer = max(sum(p.numel() for p in layer.parameters()) for layer in model.decoder.layers)
     return largest, layer
+
+
+def _hybrid(c) -> bool:
+    """A hybrid linear-attention language model (Qwen3.5): its layers and cache size themselves
+    (model/qwen3_5_memory.py)."""
+    from rz_agents.model.qwen3_5_config import Qwen35Config
+
+    return isinstance(c, Qwen35Config)
 
 
 # -- the terms, each from the part of the system that holds the memory ------------------------------------
@@ -241,7 +254,7 @@ class _Sizing:
     """What every term is sized from: the language model's config, the parameter counts, the dtype's bytes,
     the learner's micro-batch and where the run computes."""
 
-    c: ModelConfig  # the language model (a VL model's text part)
+    c: ModelConfig  # the language model (a VL model's text part; a Qwen35Config for a hybrid model)
     vl: object | None  # a Qwen3VLConfig, or None
     n: int  # all parameters
     t: int  # trained parameters (LoRA: the adapters; a frozen tower left out)
@@ -303,10 +316,7 @@ def trainer_state_bytes(z: _Sizing) -> dict[str, int]:
 def gemm_weight_elements(config: ModelConfig) -> int:
     """Elements of the weights the language model multiplies with its linear op (every 2-D weight but the
     embedding table; the LM head's once, tied or not), from the meta device."""
-    from rz_agents.model.transformer import Transformer
-
-    with torch.device("meta"):
-        model = Transformer(config, init=False)
+    model = _meta_model(config)
     embed = model.get_input_embeddings().weight
     linear = sum(p.numel() for p in model.parameters() if p.dim() == 2 and p is not embed)
     return linear + (embed.numel() if config.tie_word_embeddings else 0)
@@ -381,7 +391,13 @@ def model_activation_bytes(z: _Sizing, est: MemoryEstimate) -> dict[str, int]:
     (with checkpointing: each layer's input, and one layer's graph rebuilt at a time), plus the embeddings
     and the final norm."""
     c, tokens, e = z.c, z.tokens, z.e
-    per_layer = [_layer_activation_bytes(c, tokens, c.is_moe_layer(i)) for i in range(c.num_hidden_layers)]
+    if _hybrid(c):
+        from rz_agents.model.qwen3_5_memory import layer_activation_bytes
+
+        per_layer = layer_activation_bytes(c, tokens)
+    else:
+        layers = range(c.num_hidden_layers)
+        per_layer = [_layer_activation_bytes(c, tokens, c.is_moe_layer(i)) for i in layers]
     act_on = len(per_layer) * tokens * c.hidden_size * e + max(per_layer)
     act_off = sum(per_layer)
     edges = tokens * c.hidden_size * e * 2  # embeddings and final norm
@@ -440,12 +456,25 @@ def engine_bytes(z: _Sizing, eng, est: MemoryEstimate) -> dict[str, int]:
     packed weight copies; a vision-language model adds the encoded-image budget and the tower's activations
     while it encodes a chunk's images."""
     c, e = z.c, z.e
-    page = bytes_per_page(c)
-    pages = eng.num_kv_pages(page)
-    out = {"weights": (z.n + z.adapters) * e, "kv_cache": pages * page}
+    if _hybrid(c):  # K/V, recurrent inputs and state snapshots per page, the step's live recurrent state
+        from rz_agents.model import qwen3_5_memory as hybrid
+
+        page = hybrid.page_bytes(c, c.torch_dtype)
+        pages = eng.num_kv_pages(page)
+        running = min(eng.max_running, eng.max_batch_tokens)
+        out = {
+            "weights": (z.n + z.adapters) * e,
+            **hybrid.engine_cache_terms(c, pages, running, c.torch_dtype),
+        }
+        widest = hybrid.engine_step_width(c)
+        est.notes.append(hybrid.cache_note(c, c.torch_dtype))
+    else:
+        page = bytes_per_page(c)
+        pages = eng.num_kv_pages(page)
+        out = {"weights": (z.n + z.adapters) * e, "kv_cache": pages * page}
+        widest = max(c.intermediate_size, c.num_experts_per_tok * c.moe_intermediate_size)
     out.update(packed_weight_bytes(z))
     step_tokens = eng.max_batch_tokens
-    widest = max(c.intermediate_size, c.num_experts_per_tok * c.moe_intermediate_size)
     out["step_activations"] = step_tokens * e * (4 * c.hidden_size + 3 * widest)
     sampled = min(eng.max_running, step_tokens)
     out["sampling_logits"] = 4 * sampled * c.vocab_size * 4  # logits, log-probs, probs, CDF scratch
@@ -619,8 +648,11 @@ def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, s
     overrides = {"dtype": spec.dtype, **spec.tiny_overrides}
     if vocab_size is not None:
         overrides.setdefault("vocab_size", vocab_size)
-    if spec.model_type in ("qwen3_5", "qwen3_5_text"):  # hybrid linear attention: its cache is not sized yet
-        raise ValueError(f"the memory estimate does not size {spec.model_type} models yet")
+    from rz_agents.model.qwen3_5_config import MODEL_TYPES, MOE_TYPES, Qwen35Config
+
+    if spec.model_type in MODEL_TYPES:  # hybrid linear attention (model/qwen3_5_memory.py), dense or MoE
+        moe = spec.model_type in MOE_TYPES
+        return Qwen35Config.tiny(moe=moe, **overrides), f"tiny random model (Qwen3.5{'-MoE' if moe else ''})"
     if spec.model_type == "deepseek_v4":
         return DeepseekV4Config.tiny(**overrides), "tiny random model (DeepSeek-V4)"
     if spec.model_type == "qwen3_vl":  # the whole model: its language model and its vision tower

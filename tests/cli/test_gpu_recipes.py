@@ -20,6 +20,9 @@ RECIPES = {
     "configs/qwen3-4b-python-tool-8xh100.yaml": (80, 8),
     "configs/qwen3-4b-python-tool-lora-1gpu.yaml": (80, 1),
     "configs/qwen3-4b-terminal-8xh100.yaml": (80, 8),  # issue 56: a terminal agent on Harbor tasks
+    # issue 51: Qwen3.5-4B (hybrid linear attention; sized from its published config: no checkpoint here)
+    "configs/qwen3_5-4b-python-tool-8xh100.yaml": (80, 8),
+    "configs/qwen3_5-4b-terminal-8xh100.yaml": (80, 8),
 }
 
 

@@ -110,8 +110,11 @@ def test_config_reads_a_vision_language_checkpoints_text_config_and_refuses_bad_
     assert cfg.num_hidden_layers == 4 and cfg.partial_rotary_factor == 0.25 and cfg.rope_theta == 10000.0
     with pytest.raises(ValueError, match="layer_types has 3 entries for 4 layers"):
         Qwen35Config.from_hf({**text, "layer_types": ["full_attention"] * 3})
-    with pytest.raises(ValueError, match="not supported yet"):
-        Qwen35Config.from_hf({"model_type": "qwen3_5_moe", "text_config": text})
+    with pytest.raises(ValueError, match="num_experts_per_tok 9 not in 1..num_experts"):
+        Qwen35Config.from_hf({**text, "num_experts": 8, "num_experts_per_tok": 9})
+    moe = {**text, "model_type": "qwen3_5_moe_text", "num_experts": 8, "num_experts_per_tok": 2}
+    read = Qwen35Config.from_hf({"model_type": "qwen3_5_moe", "text_config": moe})
+    assert read.model_type == "qwen3_5_moe_text" and read.num_experts == 8
 
 
 def test_a_checkpoint_missing_a_tensor_is_refused_naming_it(checkpoint, tmp_path):
