@@ -123,6 +123,10 @@ def build_server(target: str, overrides: list[str] | None = None, model_name: st
     from rz_agents.engine import EngineConfig, RZEngine
     from rz_agents.serve import OpenAIServer
 
+    if _is_packaged_model(target):  # its directory: an HF checkpoint, or a run's final_model (tool-tiny)
+        from rz_agents.model.packaged import resolve_checkpoint
+
+        target, model_name = str(resolve_checkpoint(target)), model_name or target
     run = resolve_run_target(target)  # a run directory or its final_model: the run's config + its weights
     if run is not None:
         if run.checkpoint is None:
@@ -130,12 +134,11 @@ def build_server(target: str, overrides: list[str] | None = None, model_name: st
         overrides = [*(overrides or []), f"model.checkpoint={run.checkpoint}"]
         model_name, target = model_name or run.config.parent.name, str(run.config)
     path = Path(target)
-    if (path / "config.json").is_file() or _is_packaged_model(target):
+    if (path / "config.json").is_file():
         from rz_agents.model.checkpoint import load_hf_checkpoint
-        from rz_agents.model.packaged import resolve_checkpoint
         from rz_agents.runtime.factories import build_tokenizer
 
-        directory = resolve_checkpoint(target)
+        directory = path
         tokenizer, template = build_tokenizer("checkpoint", str(directory))
         model = load_hf_checkpoint(directory, kernels="aligned")
         config = EngineConfig(**{k: v for k, v in engine.items() if v is not None})
