@@ -250,11 +250,14 @@ class KimiLinearForCausalLM(Qwen35ForCausalLM):
 
     def kv_page_bytes(self) -> int:
         """Bytes of one cache page (64 positions, every layer, recurrent state included)."""
-        return kimi_bytes_per_page(self.config, self.lm_head.weight.dtype)
+        return kimi_bytes_per_page(self.config, self.lm_head.weight.dtype, self.snapshot_every)
 
     def new_kv_cache(self, num_pages: int, device: torch.device | str) -> KimiLinearCache:
         """The engine's paged cache of this model (model/kimi_linear_cache.py)."""
-        return KimiLinearCache(self.config, num_pages, dtype=self.lm_head.weight.dtype, device=device)
+        return KimiLinearCache(
+            self.config, num_pages, dtype=self.lm_head.weight.dtype, device=device,
+            snapshot_every=self.snapshot_every,
+        )  # fmt: skip
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02, seed: int | None = None) -> None:

@@ -6,8 +6,10 @@ Per page, for each layer of its kind:
   MLA attends over, model/mla.py; not the compressed latent: a latent cache needs an attention kernel that
   expands it per key block, which the op sets do not have yet);
 - KDA: per position, the short convs' input (the q/k/v projections), the per-channel log decay g
-  [heads, dk] and beta (fp32); per page, the KDA state after the page's chunk (fp32 [heads, dk, dv]). The
-  current chunk's k and v are recomputed from the conv inputs (per-token arithmetic: the same bits).
+  [heads, dk] and beta (fp32); beside the pages, as Qwen3.5's, fewer KDA state snapshots than pages
+  (fp32 [heads, dk, dv] after a page's chunk, one slot per ``snapshot_every`` pages, the slots
+  model/qwen3_5_snapshots.py plans). The current chunk's k and v are recomputed from the conv inputs
+  (per-token arithmetic: the same bits).
 
 The attribute names (`k`, `v`, `conv_in`, `dr_g`, `dr_beta`, `state`) are the ones the hybrid forward
 (model/qwen3_5.py's batch) reads and writes, so prefill chunks, decode, preemption, prefix reuse and weight
@@ -20,21 +22,25 @@ import torch
 
 from rz_agents.model.kimi_linear_config import KimiLinearConfig
 from rz_agents.model.kv_cache import PAGE_SIZE
-from rz_agents.model.qwen3_5_cache import HybridCache
+from rz_agents.model.qwen3_5_cache import SNAPSHOT_EVERY, HybridCache, snapshot_slots
+from rz_agents.model.qwen3_5_snapshots import SnapshotSlots
 
 F32 = torch.float32
 
 
-def kimi_bytes_per_page(config: KimiLinearConfig, dtype: torch.dtype | None = None) -> int:
+def kimi_bytes_per_page(
+    config: KimiLinearConfig, dtype: torch.dtype | None = None, snapshot_every: int = SNAPSHOT_EVERY
+) -> int:
     """Bytes one page (64 positions) holds over all layers: the MLA layers' K/V and, per KDA layer, the
-    per-position conv input, g [heads, dk] and beta plus one state snapshot."""
+    per-position conv input, g [heads, dk] and beta plus its share of the state snapshot slots (one per
+    ``snapshot_every`` pages)."""
     item = torch.empty(0, dtype=dtype or config.torch_dtype).element_size()
     full = config.layer_types.count("full_attention")
     linear = config.num_hidden_layers - full
     h, d = config.linear_num_heads, config.linear_head_dim
     kv = 2 * config.num_attention_heads * PAGE_SIZE * config.head_dim * item
     inputs = PAGE_SIZE * (config.conv_dim * item + 4 * (h * d + h))
-    state = 4 * h * d * d
+    state = 4 * h * d * d // snapshot_every
     return full * kv + linear * (inputs + state)
 
 
@@ -48,11 +54,14 @@ class KimiLinearCache(HybridCache):
         num_pages: int,
         dtype: torch.dtype | None = None,
         device: torch.device | str = "cpu",
+        snapshot_every: int = SNAPSHOT_EVERY,
     ) -> None:
         if num_pages < 1:
             raise ValueError(f"KimiLinearCache needs at least one page, got {num_pages}")
         self.num_pages = num_pages
         self.device = torch.device(device)
+        self.snapshot_every = snapshot_every
+        self.slots = SnapshotSlots(num_pages, snapshot_slots(num_pages, snapshot_every))
         dtype = dtype or config.torch_dtype
         h, d = config.linear_num_heads, config.linear_head_dim
         kv_shape = (num_pages, config.num_attention_heads, PAGE_SIZE, config.head_dim)
@@ -73,5 +82,5 @@ class KimiLinearCache(HybridCache):
                 self.conv_in[i] = zeros(num_pages, PAGE_SIZE, config.conv_dim, dt=dtype)
                 self.dr_g[i] = zeros(num_pages, PAGE_SIZE, h, d)
                 self.dr_beta[i] = zeros(num_pages, PAGE_SIZE, h)
-                self.state[i] = zeros(num_pages, h, d, d)
-        self.bytes_per_page = kimi_bytes_per_page(config, dtype)
+                self.state[i] = zeros(self.slots.num_slots, h, d, d)
+        self.bytes_per_page = kimi_bytes_per_page(config, dtype, snapshot_every)

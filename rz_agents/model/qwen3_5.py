@@ -160,7 +160,8 @@ class _Batch:
         def read(buf, r: int, lo: int, hi: int) -> torch.Tensor:  # positions lo..hi-1 of a row (0 before 0)
             pos = torch.arange(lo, hi, device=table.device)
             rows = buf[table[r, pos.clamp(min=0) // PAGE_SIZE], pos.clamp(min=0) % PAGE_SIZE]
-            return torch.where((pos >= 0).unsqueeze(1), rows, torch.zeros_like(rows))
+            keep = (pos >= 0).view(-1, *([1] * (rows.dim() - 1)))  # (KDA's g is [n, heads, dk])
+            return torch.where(keep, rows, torch.zeros_like(rows))
 
         conv_in = cache.conv_in[layer]
         windows, entering, pending = [], [], []

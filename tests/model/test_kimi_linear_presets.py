@@ -22,10 +22,12 @@ def test_the_48b_preset_builds_to_the_released_size_and_sizes_its_cache_page():
     assert 48e9 < total < 50e9, total
     assert 3e9 < active < 3.6e9, active  # (embeddings and LM head included)
     assert model.lm_head.weight.dtype == torch.bfloat16
-    # per 64-position page (bf16): 7 MLA layers' expanded K/V, 20 KDA layers' inputs and state snapshots
+    # per 64-position page (bf16): 7 MLA layers' expanded K/V, 20 KDA layers' inputs and their share of the
+    # state snapshot slots (one per page, or one per 4 pages by default)
     kv = 7 * 2 * 32 * 64 * 256 * 2
     kda = 20 * (64 * (3 * 4096 * 2 + 4 * (4096 + 32)) + 4 * 32 * 128 * 128)
-    assert kimi_bytes_per_page(cfg) == kv + kda
+    assert kimi_bytes_per_page(cfg, snapshot_every=1) == kv + kda
+    assert kimi_bytes_per_page(cfg) == kv + kda - 20 * 3 * 32 * 128 * 128
 
 
 def test_an_unknown_preset_is_refused_naming_the_known_ones():
