@@ -56,7 +56,7 @@ def _rank(rank: int, way: str, store: str, ckpt: str, out: str) -> None:
         learner = Learner(load_hf_checkpoint(ckpt, dtype="bfloat16"), LearnerConfig(), ranks=ranks)
     else:
         learner = Learner(model_skeleton(ckpt, dtype="bfloat16"), LearnerConfig(), ranks=ranks)
-        learner.load_weights(LazyState(ckpt, torch.bfloat16))
+        learner.replace_weights(LazyState(ckpt, torch.bfloat16))
     peak = _status_mb("VmHWM") - base
     shard_mb = sum(p.to_local().numel() * 4 for p in learner.params) / 2**20
     Path(out, f"{way}{rank}.json").write_text(json.dumps({"peak_mb": peak, "shard_mb": shard_mb}))

@@ -915,7 +915,7 @@ def section_nccl_one_rank(check: Check) -> dict:
                 skeleton = model_skeleton(ckpt, kernels=check.aligned, dtype="bfloat16")
                 meta = Learner(skeleton, LearnerConfig(micro_batch_tokens=32),
                                ranks=ShardedRanks(check.device.type), max_lag=None)  # fmt: skip
-                meta.load_weights(LazyState(ckpt, torch.bfloat16))
+                meta.replace_weights(LazyState(ckpt, torch.bfloat16))
                 meta_same = all(torch.equal(start[k], w) for k, w in meta.weights().items())
                 meta_device = str(next(meta.model.parameters()).device)
             trajs = _trajectories(cfg.vocab_size, 4, 16, torch.Generator().manual_seed(6))

@@ -30,9 +30,9 @@ from rz_agents.engine.runner import LOGIT_CHUNK_BYTES
 from rz_agents.model.config import ModelConfig
 from rz_agents.model.kv_cache import KVCache, pages_for
 from rz_agents.model.logprobs import packed_token_logprobs
-from rz_agents.model.lora import LoraConfig, add_lora
+from rz_agents.model.lora import LoraConfig
+from rz_agents.model.policy import PolicySpec, build_policy
 from rz_agents.model.presets import preset_config, preset_for_checkpoint
-from rz_agents.model.qwen3_vl import Qwen3VLModel
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 from rz_agents.model.transformer import Transformer
 from rz_kernels.compile_check.recorder import Launch, LaunchRecorder, record_launches
@@ -112,13 +112,12 @@ def text_config(cfg) -> ModelConfig:
 def meta_model(cfg: ModelConfig, engine: bool, lora: dict | None = None) -> Transformer:
     """The model on the meta device with the Triton op set (what ``aligned`` resolves to on CUDA); a
     vision-language config builds the VL model; ``lora``: adapters attached as the run attaches them."""
-    with torch.device("meta"):
-        if isinstance(cfg, Qwen3VLConfig):
-            model = Qwen3VLModel(cfg, kernels="triton", init=False)
-        else:
-            model = Transformer(cfg, kernels="triton", init=False)
-        if lora:
-            add_lora(model, LoraConfig(**lora))
+    spec = PolicySpec(
+        kernels="triton",
+        config=cfg,
+        lora=LoraConfig(**lora) if lora else None,
+    )
+    model = build_policy(spec, "meta")
     if engine:
         model.fuse_projections()  # the engine stacks q/k/v and gate/up (Engine.__init__)
         model.eval()
@@ -127,7 +126,7 @@ def meta_model(cfg: ModelConfig, engine: bool, lora: dict | None = None) -> Tran
 
 def _step_buffers(step: DecodeStep, bucket: int) -> StepBuffers:
     """A bucket's static buffers as host tensors (the device copy is what the meta model reads anyway)."""
-    host = torch.zeros(bucket * (3 + step.width), dtype=torch.long)
+    host = torch.zeros(StepBuffers.size(bucket, step.width), dtype=torch.long)
     buf = StepBuffers(host, host, bucket, step.width)
     step.fill_padding(buf)
     return buf

@@ -159,8 +159,8 @@ class DecodeGraphs:
         rope_positions: list[int] | None = None,
     ) -> torch.Tensor:
         """Hidden states [n, hidden] of n decode rows: a replay of their bucket's graph (captured on
-        first use); eager ``DecodeStep.run`` once graphs are off for this engine. ``rope_positions``: a
-        vision-language model's text RoPE positions (``DecodeStep.fill``)."""
+        first use); eager ``DecodeStep.run`` once graphs are off for this engine. ``rope_positions``: the
+        rows' RoPE positions (None: the positions; ``DecodeStep.fill``)."""
         if self.disabled_reason is not None:
             return self.step.run(tokens, positions, page_tables, rope_positions)
         kernels = getattr(self.step.model, "kernels", None)

@@ -1,7 +1,10 @@
 """The decode step over static buffers: the batch padded to a bucket, shapes fixed per bucket.
 
 A decode-only step (one new token per sequence) runs over buffers allocated once per bucket:
-tokens, positions, page-table rows and the page tables (width: the pages of max_len). ``fill``
+tokens, positions, page-table rows, RoPE positions and the page tables (width: the pages of max_len). One
+layout for every model family: a text model's RoPE positions are its positions, a vision-language model's
+are index + its sequence's M-RoPE delta (the same on all three axes); the model rotates by them
+(``text_rope_positions`` of the forward contract) and orders attention by the positions. ``fill``
 writes the step's metadata on the host and uploads it in one copy (pinned, non-blocking on CUDA); the page
 tables are kept in the bucket's buffer from step to step and only the entries that changed are written (a
 row admitted, grown by a page, replaced or finished), so a step costs O(batch) Python work plus a C-speed
@@ -32,6 +35,9 @@ from rz_agents.model.kv_cache import PAGE_SIZE, KVCache
 # agree), so a bound's decode grid has exactly a power-of-two number of splits.
 GRAPH_POSITION_QUANTUM = 512
 
+# int64 sections per row before the page tables: tokens, positions, page-table rows, RoPE positions
+HEAD_ROWS = 4
+
 
 def decode_buckets(max_batch: int) -> list[int]:
     """Batch sizes a decode step is padded to: 1, 2, 4, then multiples of 8, and max_batch itself."""
@@ -41,8 +47,8 @@ def decode_buckets(max_batch: int) -> list[int]:
 
 @dataclass
 class StepBuffers:
-    """One bucket's inputs: [tokens B | positions B | rows B | page table B x W], one int64 block; a
-    vision-language model's has [tokens B | positions B | rows B | RoPE positions B | page table B x W].
+    """One bucket's inputs: [tokens B | positions B | rows B | RoPE positions B | page table B x W], one int64
+    block, for every model family.
 
     ``host`` is the staging copy (pinned on CUDA), ``device`` the same on the model's device (the
     model reads views of it; on CPU both are one tensor). Allocated once per bucket and only ever
@@ -58,13 +64,17 @@ class StepBuffers:
     # ``fill`` compares with, to write only what changed.
     written: list[list[int]] | None = None
     tables_uploaded: bool = False  # the device copy's page tables equal the host's
-    rows_per_token: int = 3  # int64 sections before the page tables (4 with RoPE positions)
+
+    @staticmethod
+    def size(batch: int, width: int) -> int:
+        """int64 entries of a bucket's block: HEAD_ROWS per row, then its page table."""
+        return batch * (HEAD_ROWS + width)
 
     def part(self, t: torch.Tensor, i: int) -> torch.Tensor:
         return t[i * self.batch : (i + 1) * self.batch]
 
     def table(self, t: torch.Tensor) -> torch.Tensor:
-        return t[self.rows_per_token * self.batch :].view(self.batch, self.width)
+        return t[HEAD_ROWS * self.batch :].view(self.batch, self.width)
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -80,7 +90,8 @@ class StepBuffers:
 
     @property
     def rope_positions(self) -> torch.Tensor:
-        """A vision-language model's text RoPE positions (index + the sequence's M-RoPE delta)."""
+        """The rows' RoPE positions (a text model: the positions; a vision-language model: index + the
+        sequence's M-RoPE delta)."""
         return self.part(self.device, 3)
 
     @property
@@ -100,10 +111,6 @@ class DecodeStep:
         self.width = width
         self.scratch_page = scratch_page
         self.buckets = decode_buckets(max_batch)
-        # A vision-language model (Qwen3-VL) rotates a decoded text token by index + its sequence's M-RoPE
-        # delta on all three axes: one more int64 row per token, fed as ``text_rope_positions``.
-        self.multimodal = model.takes_images
-        self.rows_per_token = 4 if self.multimodal else 3
         self._buffers: dict[int, StepBuffers] = {}
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) or width * PAGE_SIZE
         # Every position a step may feed is <= this (checked on the host): the largest bound a captured graph
@@ -144,12 +151,12 @@ class DecodeStep:
         buf = self._buffers.get(bucket)
         if buf is None:
             device = self.cache.device
-            size = bucket * (self.rows_per_token + self.width)
+            size = StepBuffers.size(bucket, self.width)
             host = torch.zeros(size, dtype=torch.long)
             if device.type == "cuda":
                 host = host.pin_memory()
             dev = torch.zeros(size, dtype=torch.long, device=device) if device.type != "cpu" else host
-            buf = StepBuffers(host, dev, bucket, self.width, rows_per_token=self.rows_per_token)
+            buf = StepBuffers(host, dev, bucket, self.width)
             self.fill_padding(buf)
             self._buffers[bucket] = buf
         return buf
@@ -167,19 +174,19 @@ class DecodeStep:
     ) -> StepBuffers:
         """Write n decode rows (padded to their bucket) into the bucket's buffers: one host write,
         one upload. Raises ValueError (before touching the device) for a position the step cannot feed.
-        ``rope_positions`` (a vision-language model's, required there): each row's text RoPE position."""
+        ``rope_positions``: each row's RoPE position (None: the positions, as for every text token of a
+        text model; a vision-language model's sequence with images passes index + its M-RoPE delta)."""
         n = len(tokens)
         if n == 0 or len(positions) != n or len(page_tables) != n:
             raise ValueError(f"a decode step needs one position and page table per token, got {n} tokens")
-        if self.multimodal:
-            if rope_positions is None or len(rope_positions) != n:
-                raise ValueError("a vision-language model's decode step needs one RoPE position per token")
-            if any(not 0 <= r <= p for r, p in zip(rope_positions, positions, strict=True)):
-                # M-RoPE positions run at or behind token indices (an image advances them by max(h, w) of its
-                # t * h * w tokens): so the table check of ``positions`` covers them
-                raise ValueError(f"RoPE positions {list(rope_positions)} must lie in [0, position]")
-        elif rope_positions is not None:
-            raise ValueError("rope_positions are for a vision-language model's decode step")
+        if rope_positions is None:
+            rope_positions = positions
+        elif len(rope_positions) != n:
+            raise ValueError(f"a decode step needs one RoPE position per token, got {len(rope_positions)}")
+        elif any(not 0 <= r <= p for r, p in zip(rope_positions, positions, strict=True)):
+            # M-RoPE positions run at or behind token indices (an image advances them by max(h, w) of its
+            # t * h * w tokens): so the table check of ``positions`` covers them
+            raise ValueError(f"RoPE positions {list(rope_positions)} must lie in [0, position]")
         top = max(positions)
         if top >= self.width * PAGE_SIZE:  # the model's own messages, checked here on the host
             raise ValueError(f"position {top} exceeds the page table's {self.width * PAGE_SIZE} positions")
@@ -187,20 +194,20 @@ class DecodeStep:
         if rope is not None:
             rope.check_top(top)
         buf = self.buffers(self.bucket(n))
-        self._write(buf, tokens, positions, page_tables, rope_positions or [])
+        self._write(buf, tokens, positions, page_tables, rope_positions)
         return buf
 
-    def _write(self, buf: StepBuffers, tokens, positions, page_tables, rope_positions=()) -> None:
+    def _write(self, buf: StepBuffers, tokens, positions, page_tables, rope_positions=None) -> None:
         b, n, width = buf.batch, len(tokens), self.width
+        rope_positions = positions if rope_positions is None else rope_positions  # a text row's: its position
         if any(len(pages) > width for pages in page_tables):
             raise ValueError(f"a page table of more than {width} pages (the step's width)")
-        head = self.rows_per_token * b
+        head = HEAD_ROWS * b
         flat = [0] * head
         flat[:n] = tokens
         flat[b : b + n] = positions
         flat[2 * b : 3 * b] = range(b)
-        if self.multimodal:
-            flat[3 * b : 3 * b + n] = rope_positions  # padding rows: RoPE position 0, like their position
+        flat[3 * b : 3 * b + n] = rope_positions  # padding rows: RoPE position 0, like their position
         if buf.uploaded is not None and not buf.uploaded.query():
             # The previous upload from this pinned buffer must have been read before it is rewritten
             # (normally long done, so no wait: each engine step waits for its sampled tokens).
@@ -257,12 +264,10 @@ class DecodeStep:
         use only the device positions (a replay feeds other positions than the capture saw).
         """
         view = self.cache.view(buf.page_table, max_position, decode_positions=positions)
-        if self.multimodal:
-            rope = buf.rope_positions
-            return self.model(
-                buf.tokens, buf.positions, seq_ids=buf.rows, kv_cache=view, text_rope_positions=rope
-            )
-        return self.model(buf.tokens, buf.positions, seq_ids=buf.rows, kv_cache=view)
+        rope = buf.rope_positions
+        return self.model(
+            buf.tokens, buf.positions, seq_ids=buf.rows, kv_cache=view, text_rope_positions=rope
+        )
 
     @torch.inference_mode()
     def run(
@@ -273,7 +278,7 @@ class DecodeStep:
         rope_positions: list[int] | None = None,
     ) -> torch.Tensor:
         """Hidden states [n, hidden] of n decode rows (row i: tokens[i] at positions[i], pages
-        page_tables[i]; a vision-language model's RoPE position rope_positions[i])."""
+        page_tables[i], rotated by rope_positions[i]; None: by positions[i])."""
         buf = self.fill(tokens, positions, page_tables, rope_positions)
         padded = list(positions) + [0] * (buf.batch - len(positions))
         return self.forward(buf, max(positions), padded)[: len(tokens)]

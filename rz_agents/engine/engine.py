@@ -150,11 +150,7 @@ class RZEngine:
         prompt = self._check_request(prompt, params)
         loop = asyncio.get_running_loop()
         seq = Sequence(prompt, params)
-        if images is not None:
-            if not self.model.takes_images:
-                raise ValueError(
-                    "images need a vision-language model (Qwen3-VL); this engine's model has none"
-                )
+        if images is not None:  # (a model without images refuses them: ValueError from image_positions)
             seq.images = SequenceImages(prompt, images, self.model)
             self._check_image_bytes(seq.images)
         if on_start is not None:
@@ -246,8 +242,8 @@ class RZEngine:
             "images_encoded": self.runner.images_encoded,
             "images_reused": self.runner.images_reused,
             "images_prefix_reused": self.scheduler.images_prefix_reused,  # their K/V reused: not even read
-            # a vision-language model's encoded images (engine/images.py)
-            **(self.runner.image_cache.stats() if self.model.takes_images else {}),
+            # encoded images (engine/images.py; a text model's cache stays empty)
+            **self.runner.image_cache.stats(),
             **self.counters,
         }
 

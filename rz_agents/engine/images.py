@@ -23,9 +23,13 @@ from __future__ import annotations
 import bisect
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from rz_agents.model.forward_inputs import Segment
+from rz_agents.model.vision import ImageEmbeddings
 
 
 @dataclass
@@ -88,6 +92,21 @@ class SequenceImages:
         last = bisect.bisect_right(self.token_rows, int(rows[-1])) - 1
         return range(first, last + 1)
 
+    def segment(
+        self, start: int, end: int, encodings: Callable[[SequenceImages, range], list[ImageEmbeddings]]
+    ) -> Segment:
+        """The forward segment of tokens start..end-1 (model/forward_inputs.py): their 3D positions and the
+        rows of the images their placeholders belong to (``encodings(self, span)``: the encodings of images
+        ``span``, from the engine's cache or encoded now)."""
+        rows, index = self.placeholder_rows(start, end)
+        images = slots = None
+        if rows.numel():
+            span = self.images_of_rows(rows)
+            got = ImageEmbeddings.cat(encodings(self, span))
+            images = got.rows((rows - self.token_rows[span[0]]).to(got.embeds.device))
+            slots = index - start
+        return Segment(start, end - start, self.rope_columns(start, end), images, slots)
+
     def needed_keys(self, num_cached: int) -> set[tuple]:
         """Keys of the images whose placeholders are not all in the K/V yet (``num_cached`` tokens are)."""
         return {k for k, last in zip(self.keys, self.last_slot, strict=True) if last >= num_cached}
@@ -101,11 +120,6 @@ class SequenceImages:
         if bool((column != column[0]).any()) or bool((self.slots == index).any()):
             return None
         return int(column[0])
-
-
-def text_rope_columns(start: int, end: int) -> torch.Tensor:
-    """[3, end - start] positions of a text-only sequence's tokens in a multimodal model (all axes equal)."""
-    return torch.arange(start, end).view(1, -1).expand(3, -1)
 
 
 def image_key(pixels: torch.Tensor, grid: torch.Tensor) -> tuple:

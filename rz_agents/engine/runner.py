@@ -14,8 +14,9 @@ import torch
 from rz_agents.engine.config import EngineConfig
 from rz_agents.engine.cuda_graphs import DecodeGraphs
 from rz_agents.engine.decode_step import DecodeStep
-from rz_agents.engine.images import ImageCache, SequenceImages, text_rope_columns
+from rz_agents.engine.images import ImageCache, SequenceImages
 from rz_agents.engine.scheduler import ScheduledBatch
+from rz_agents.model.forward_inputs import Segment
 from rz_agents.model.kv_cache import pages_for
 from rz_agents.model.vision import ImageEmbeddings
 
@@ -128,8 +129,8 @@ class ModelRunner:
         """Feed every chunk; return the final hidden states [k, hidden] of the k chunks that end at a
         sampling point (rows in the order of ``batch.sampling``)."""
         if self.decode_step is not None and all(c.length == 1 and c.samples for c in batch.chunks):
-            rope = self._text_rope_positions(batch) if self.decode_step.multimodal else None
-            if rope is not None or not self.decode_step.multimodal:
+            rope = self._text_rope_positions(batch)
+            if rope is not None:
                 run = self.graphs.run if self.graphs is not None else self.decode_step.run
                 self.static_decode_steps += 1
                 rows = (
@@ -137,11 +138,11 @@ class ModelRunner:
                     [c.start for c in batch.chunks],
                     [c.seq.pages for c in batch.chunks],
                 )
-                return run(*rows, rope) if rope is not None else run(*rows)
+                return run(*rows, rope)
         inputs = self.step_inputs(batch)
         # one token per chunk: a decode step (each chunk one row), planned without read-back
         decode = [c.start for c in batch.chunks] if all(c.length == 1 for c in batch.chunks) else None
-        extra = self._multimodal_inputs(batch) if self.model.takes_images else {}
+        extra = self._extra_inputs(batch)
         hidden = self.model(
             inputs.tokens,
             inputs.positions,
@@ -153,9 +154,9 @@ class ModelRunner:
 
     @staticmethod
     def _text_rope_positions(batch: ScheduledBatch) -> list[int] | None:
-        """A vision-language model's decode rows' RoPE positions (index + the sequence's M-RoPE delta, all
-        three axes alike), or None when a row is a prompt's image placeholder (its 3D rotation and image
-        embedding need the general forward)."""
+        """The decode rows' RoPE positions: a text sequence's positions; a sequence with images (a
+        vision-language model's): index + its M-RoPE delta, all three axes alike. None when a row is a
+        prompt's image placeholder (its 3D rotation and image embedding need the general forward)."""
         out = []
         for chunk in batch.chunks:
             images = chunk.seq.images
@@ -165,32 +166,22 @@ class ModelRunner:
             out.append(got)
         return out
 
-    def _multimodal_inputs(self, batch: ScheduledBatch) -> dict:
-        """A vision-language model's extra forward inputs: every token's 3D RoPE positions, and the image
-        embeddings of the prompt placeholders the chunks hold (taken from the image cache, the missing ones
-        encoded now: engine/images.py)."""
-        device = self.kv_cache.device
-        ropes, parts, slots = [], [], []
-        offset = 0
+    def _extra_inputs(self, batch: ScheduledBatch) -> dict:
+        """The model's extra forward inputs for the batch's chunks (``extra_inputs``, the forward contract's
+        hook): a chunk of a sequence with images brings its 3D positions and the embeddings of the prompt
+        placeholders it holds (from the image cache, the missing ones encoded now: engine/images.py)."""
         step_keys: set[tuple] = set()  # this step's images: never evicted while it builds its inputs
-        for chunk in batch.chunks:
-            a, b, images = chunk.start, chunk.start + chunk.length, chunk.seq.images
-            if images is None:
-                ropes.append(text_rope_columns(a, b))
-            else:
-                ropes.append(images.rope_columns(a, b))
-                rows, index = images.placeholder_rows(a, b)
-                if rows.numel():
-                    span = images.images_of_rows(rows)
-                    got = ImageEmbeddings.cat(self._encodings(images, span, step_keys))
-                    parts.append(got.rows((rows - images.token_rows[span[0]]).to(device)))
-                    slots.append(index - a + offset)
-            offset += chunk.length
-        return dict(
-            rope_positions=torch.cat(ropes, dim=1).to(device),
-            images=ImageEmbeddings.cat(parts) if parts else None,
-            image_slots=torch.cat(slots).to(device) if slots else None,
-        )
+
+        def encodings(images: SequenceImages, span: range) -> list[ImageEmbeddings]:
+            return self._encodings(images, span, step_keys)
+
+        segments = [
+            Segment(c.start, c.length)
+            if c.seq.images is None
+            else c.seq.images.segment(c.start, c.start + c.length, encodings)
+            for c in batch.chunks
+        ]
+        return self.model.extra_inputs(segments)
 
     @property
     def images_encoded(self) -> int:

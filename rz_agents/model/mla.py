@@ -75,7 +75,7 @@ class LatentAttention(nn.Module):
             if perm is None:  # copied to a device once (no host-device copy per layer call)
                 perm = self._perm_on[x.device] = self.rope_perm.to(x.device)
             x = x[..., perm]
-        return ctx.ops.rope(ctx.rope, x.contiguous(), ctx.positions)
+        return ctx.ops.rope(ctx.rope, x.contiguous(), ctx.rope_positions)
 
     def forward(self, x: torch.Tensor, ctx, layer: int) -> torch.Tensor:
         ops = ctx.ops

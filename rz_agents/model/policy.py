@@ -47,6 +47,10 @@ class PolicySpec:
     adapter: str | os.PathLike | None = None  # a PEFT LoRA directory loaded on top (base + adapter)
     lora: LoraConfig | None = None  # the adapters a learner trains (None or rank 0: none)
     freeze_vision: bool = False  # the vision tower does not train (a vision-language policy)
+    # a model config (ModelConfig, Qwen3VLConfig, Qwen35Config) instead of a checkpoint: the policy's shapes
+    # on the meta device, adapters included (the compile check's recipe shapes; the config's own
+    # activation_checkpointing holds)
+    config: Any = None
 
 
 def build_policy(spec: PolicySpec, device: torch.device | str = "cpu") -> nn.Module:
@@ -55,15 +59,40 @@ def build_policy(spec: PolicySpec, device: torch.device | str = "cpu") -> nn.Mod
     checkpoint's saved ``lora_adapter/``, ``spec.adapter`` and ``spec.lora``: the first attaches them, the
     others must have their shape (ValueError naming both otherwise); files fill their values. With
     adapters only they train; ``spec.freeze_vision`` stops the vision tower training."""
-    if _is_deepseek_v4(spec):  # its own model class (model/deepseek_v4.py): no adapters yet
+    if spec.config is not None:
+        model = _of_config(spec, device)
+    elif _is_deepseek_v4(spec):  # its own model class (model/deepseek_v4.py): no adapters yet
         return _deepseek_v4(spec, device)
-    if str(device) == "meta":
+    elif str(device) == "meta":
         model = _skeleton(spec)
     else:
         model = _base(spec, device)
         _attach_adapters(model, spec)
     if spec.freeze_vision:
         freeze_vision_tower(model)
+    return model
+
+
+def _of_config(spec: PolicySpec, device: torch.device | str) -> nn.Module:
+    """The shapes of ``spec.config``'s model on the meta device (no weights), its adapters attached."""
+    from rz_agents.model import Transformer
+    from rz_agents.model.qwen3_5 import Qwen35ForCausalLM
+    from rz_agents.model.qwen3_vl import Qwen3VLModel
+    from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
+
+    if str(device) != "meta" or spec.checkpoint or spec.adapter:
+        raise ValueError(
+            "PolicySpec.config builds shapes only: on the meta device, with no checkpoint or adapter"
+        )
+    cfg = spec.config
+    with torch.device("meta"):
+        if isinstance(cfg, Qwen3VLConfig):
+            model = Qwen3VLModel(cfg, kernels=spec.kernels, init=False)
+        elif isinstance(cfg, Qwen35Config):
+            model = Qwen35ForCausalLM(cfg, kernels=spec.kernels)
+        else:
+            model = Transformer(cfg, kernels=spec.kernels, init=False)
+        _attach_adapters(model, spec)  # (the config says itself whether activations are recomputed)
     return model
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from rz_agents.model.forward_inputs import Segment, refuse_images
 from rz_agents.model.kv_cache import PAGE_SIZE, CacheView
 from rz_agents.model.qwen3_5_cache import SNAPSHOT_EVERY, HybridCache, hybrid_bytes_per_page
 from rz_agents.model.qwen3_5_config import Qwen35Config
@@ -97,6 +98,7 @@ class _Batch:
         self.states = list(states) if states is not None else None
         self.view, self.rows = view, list(rows) if rows is not None else None
         self.positions, self.seq_ids = positions, seq_index
+        self.rope_positions = positions  # the RoPE rows each token rotates by (forward's text_rope_positions)
         top = max((a + n for a, n in zip(self.starts, self.seq_lens, strict=True)), default=1) - 1
         model.rope.check_top(top)
         self.rope = model.rope
@@ -241,7 +243,7 @@ class FullAttention(nn.Module):
 
     def _rotate(self, x: torch.Tensor, batch: _Batch) -> torch.Tensor:
         r = self.rotary_dim
-        return torch.cat([batch.ops.rope(batch.rope, x[..., :r], batch.positions), x[..., r:]], dim=-1)
+        return torch.cat([batch.ops.rope(batch.rope, x[..., :r], batch.rope_positions), x[..., r:]], dim=-1)
 
     def forward(self, x: torch.Tensor, batch: _Batch) -> torch.Tensor:
         ops, t, d = batch.ops, x.shape[0], self.head_dim
@@ -464,7 +466,7 @@ class Qwen35ForCausalLM(nn.Module):
         Standalone calls pass ``seq_lens`` (and ``states``, each sequence's ``SequenceState``, updated in
         place) without positions.
         """
-        if any(v is not None for v in (rope_positions, images, image_slots, text_rope_positions)):
+        if any(v is not None for v in (rope_positions, images, image_slots)):
             raise ValueError(f"{type(self).__name__} takes no rope_positions or image inputs (a text model)")
         shape = tokens.shape
         if positions is None:
@@ -474,6 +476,10 @@ class Qwen35ForCausalLM(nn.Module):
                 raise ValueError("states go with seq_lens and no positions (a standalone call)")
             tokens, positions, seq_ids = flat_stream(tokens, positions, seq_ids)
             batch = self._contract_batch(positions, seq_ids, kv_cache, seq_lens)
+        if text_rope_positions is not None:  # (the engine's decode step: equal to the positions here)
+            if text_rope_positions.shape != tokens.shape:
+                raise ValueError(f"text_rope_positions must be [{tokens.shape[0]}] (one per token)")
+            batch.rope_positions = text_rope_positions
         x = self.model.embed_tokens(tokens)
         recompute = self.config.activation_checkpointing and torch.is_grad_enabled() and not batch.keeps_state
         for layer in self.model.layers:
@@ -542,6 +548,10 @@ class Qwen35ForCausalLM(nn.Module):
         if any(getattr(s, "pixel_values", None) is not None or getattr(s, "images", None) for s in sequences):
             raise ValueError(f"{type(self).__name__} takes no images (it is a text model)")
         return {"seq_lens": [int(i.numel()) for i in ids]}
+
+    def extra_inputs(self, segments: list[Segment]) -> dict:
+        """Transformer.extra_inputs: none (a text model; an engine chunk's start comes with its cache)."""
+        return refuse_images(type(self).__name__, segments)
 
     def image_positions(self, prompt: list[int], grids: torch.Tensor):
         raise ValueError("images need a vision-language model (Qwen3-VL); this model has none")

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from rz_agents.model.forward_inputs import Segment
 from rz_agents.model.logprobs import packed_token_logprobs
 from rz_agents.model.mrope import ImagePositions, mrope_positions, mrope_table
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
@@ -98,47 +99,65 @@ class Qwen3VLModel(Transformer):
         return VLSequence(tokens, grids, pixels, placeholders=marks)
 
     def packed_inputs(self, sequences: Sequence, ids: list[torch.Tensor]) -> dict:
-        """Transformer.packed_inputs: every token's 3D positions, the sequences' images (the pixel ones
-        encoded in one vision call: an image's encoding does not depend on its batch, so this equals
-        encoding each alone, bit for bit) and their placeholders' stream indices. Sequences may mix pixels,
-        cached embeddings and no images at all (token lists)."""
+        """Transformer.packed_inputs: the packed whole sequences as ``extra_inputs`` segments: every token's
+        3D positions, the sequences' images (the pixel ones encoded in one vision call: an image's encoding
+        does not depend on its batch, so this equals encoding each alone, bit for bit) and their
+        placeholders. Sequences may mix pixels, cached embeddings and no images at all (token lists)."""
         if min(i.numel() for i in ids) < 1:
             raise ValueError("every sequence needs at least one token")
-        device = self.device
         seqs = [
             s if isinstance(s, VLSequence) else VLSequence(i) for s, i in zip(sequences, ids, strict=True)
         ]
-        pairs = zip(ids, seqs, strict=True)
-        ropes = [self.rope_positions(i, s.image_grid_thw, s.placeholders)[0] for i, s in pairs]
+        for s in seqs:
+            if s.pixel_values is not None and s.images is not None:
+                raise ValueError("a VLSequence carries pixel_values or images (already encoded), not both")
         pixel_seqs = [s for s in seqs if s.pixel_values is not None]
         encoded: list[ImageEmbeddings] = []
         if pixel_seqs:
             grids = torch.cat([torch.as_tensor(s.image_grid_thw).reshape(-1, 3) for s in pixel_seqs])
-            pixels = torch.cat([s.pixel_values for s in pixel_seqs]).to(device)
+            pixels = torch.cat([s.pixel_values for s in pixel_seqs]).to(self.device)
             encoded = self.encode_images(pixels, grids).split()
-        parts: list[ImageEmbeddings] = []
-        for s in seqs:
-            if s.pixel_values is not None and s.images is not None:
-                raise ValueError("a VLSequence carries pixel_values or images (already encoded), not both")
+        segments = []
+        for i, s in zip(ids, seqs, strict=True):
+            rope = (
+                None
+                if s.image_grid_thw is None
+                else self.rope_positions(i, s.image_grid_thw, s.placeholders)[0]
+            )
+            images = slots = None
             if s.pixel_values is not None:
                 n = torch.as_tensor(s.image_grid_thw).reshape(-1, 3).shape[0]
-                parts.extend(encoded[:n])
-                encoded = encoded[n:]
+                images, encoded = ImageEmbeddings.cat(encoded[:n]), encoded[n:]
             elif s.images is not None:
-                parts.append(s.images)
-        # the stream indices of each sequence's image rows (only sequences with images hold placeholders)
-        slots, offset = [], 0
-        for i, s in zip(ids, seqs, strict=True):
-            if s.pixel_values is not None or s.images is not None:
+                images = s.images
+            if images is not None:
                 mark = (i == self.vl_config.image_token_id) if s.placeholders is None else s.placeholders
-                slots.append(
-                    torch.as_tensor(mark, dtype=torch.bool).reshape(-1).nonzero().squeeze(1) + offset
-                )
-            offset += i.numel()
+                slots = torch.as_tensor(mark, dtype=torch.bool).reshape(-1).nonzero().squeeze(1)
+            segments.append(Segment(0, i.numel(), rope, images, slots))
+        return self.extra_inputs(segments)
+
+    def extra_inputs(self, segments: list[Segment]) -> dict:
+        """Transformer.extra_inputs: the segments' 3D positions (a plain segment's: its indices on every
+        axis), their image rows and the stream indices those rows go to, on this model's device. None
+        needed when every segment is plain (the forward then rotates by the positions, the same rows)."""
+        if all(s.plain for s in segments):
+            return {}
+        device = self.device
+        ropes, parts, slots = [], [], []
+        offset = 0
+        for s in segments:
+            if s.rope is not None:
+                ropes.append(s.rope)
+            else:
+                ropes.append(torch.arange(s.start, s.start + s.length).view(1, -1).expand(3, -1))
+            if s.images is not None:
+                parts.append(s.images)
+                slots.append(s.slots.to(device) + offset)
+            offset += s.length
         return dict(
             rope_positions=torch.cat(ropes, dim=1).to(device),
             images=ImageEmbeddings.cat(parts) if parts else None,
-            image_slots=torch.cat(slots).to(device) if slots else None,
+            image_slots=torch.cat(slots) if slots else None,
         )
 
     def get_input_embeddings(self) -> nn.Embedding:

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rz_agents.model.config import ModelConfig
 from rz_agents.model.deepseek_moe import DeepseekMoE
+from rz_agents.model.forward_inputs import Segment, refuse_images
 from rz_agents.model.fused import FusedLinears, project
 from rz_agents.model.kv_cache import PAGE_SIZE, CacheView, KVCache, bytes_per_page
 from rz_agents.model.layers import MLP, RMSNorm, _linear  # noqa: F401 (their public home was this file)
@@ -347,6 +348,12 @@ class Transformer(nn.Module):
             raise ValueError(f"{type(self).__name__} takes no images (it is a text model)")
         return {}
 
+    def extra_inputs(self, segments: list[Segment]) -> dict:
+        """The forward's extra inputs for a packed batch's ``segments`` (model/forward_inputs.py: the hook the
+        engine runner and the learner's packer both call). A text model has none; a segment with images or
+        3D RoPE positions is refused (ValueError)."""
+        return refuse_images(type(self).__name__, segments)
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
 
@@ -410,8 +417,11 @@ class Transformer(nn.Module):
         for a [B, S] batch each row is a sequence. Without kv_cache, each sequence attends to its own
         tokens in this call; with it, to its cached positions 0..position (the prefix must be cached).
 
-        The optional inputs ``rope_positions``, ``images``, ``image_slots`` and ``text_rope_positions`` are a
-        model's that ``takes_images`` (Qwen3VLModel documents them); a text model refuses them.
+        text_rope_positions: [T] the RoPE row each token rotates by (None: its position). The engine's decode
+        step passes them for every family (one buffer layout): a text model's are its positions, a
+        vision-language model's index + the sequence's M-RoPE delta. They lie in [0, position].
+        The optional inputs ``rope_positions`` ([3, T]), ``images`` and ``image_slots`` are a model's that
+        ``takes_images`` (Qwen3VLModel documents them); a text model refuses them.
         """
         shape = tokens.shape
         tokens, positions, seq_ids = flat_stream(tokens, positions, seq_ids)
@@ -445,12 +455,17 @@ class Transformer(nn.Module):
         image_slots: torch.Tensor | None,
         text_rope_positions: torch.Tensor | None,
     ) -> torch.Tensor | None:
-        """The forward's image inputs: a model that takes images sets its tokens' rotation on ``ctx`` and
-        returns the stream indices of the image rows (None: no images). A text model takes none."""
-        if any(v is not None for v in (rope_positions, images, image_slots, text_rope_positions)):
+        """The forward's rotation and image inputs: sets the tokens' rotation on ``ctx`` and returns the
+        stream indices of the image rows (None: no images). A text model takes only ``text_rope_positions``
+        (one RoPE row per token)."""
+        if any(v is not None for v in (rope_positions, images, image_slots)):
             raise ValueError(
                 f"{type(self).__name__} takes no rope_positions or image inputs (it is a text model)"
             )
+        if text_rope_positions is not None:
+            if text_rope_positions.shape != tokens.shape:
+                raise ValueError(f"text_rope_positions must be [{tokens.shape[0]}] (one per token)")
+            ctx.rope_positions = text_rope_positions  # (rows of the prechecked table: callers keep <= top)
         return None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

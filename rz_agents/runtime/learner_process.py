@@ -63,8 +63,8 @@ def _serve(conn, spec: PolicySpec, plan: RunPlan, shared, version: int, cpus) ->
                 learner.load_state(*arg)
                 publish()
                 conn.send(("ok", (learner.version, learner.skipped_steps)))
-            elif cmd == "load_weights":
-                learner.load_weights(arg)
+            elif cmd == "replace_weights":
+                learner.replace_weights(arg)
                 publish()
                 conn.send(("ok", None))
             else:
@@ -154,9 +154,9 @@ class LearnerProcess:
         where = None if folder is None else str(folder)
         self.version, self.skipped_steps = self._call("load_state", (state, where))
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Learner.load_weights in the child."""
-        self._call("load_weights", {k: v.detach().clone() for k, v in weights.items()})
+    def replace_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Learner.replace_weights in the child."""
+        self._call("replace_weights", {k: v.detach().clone() for k, v in weights.items()})
 
     def close(self) -> None:
         """Stop the child process."""

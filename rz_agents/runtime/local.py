@@ -201,7 +201,7 @@ class LocalRun(RunHandle):
     def push_model_weights(self) -> None:
         """``model`` was changed in place (a supervised warm start): the learner takes its weights (fp32
         masters included), keeping its version, and the engine samples with them."""
-        self.learner.load_weights({k: v.detach() for k, v in self.model.state_dict().items()})
+        self.learner.replace_weights({k: v.detach() for k, v in self.model.state_dict().items()})
         self.loop_runtime.load_engine_base()  # LoRA: the warm start changed the (otherwise frozen) base
         self.loop_runtime.load_engine_weights(*self.loop.weights_to_publish())
 

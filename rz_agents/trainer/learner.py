@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -572,11 +573,22 @@ class Learner:
             for k, v in self.model.state_dict().items()
         }
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def replace_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Replace the weights (and fp32 masters) with ``weights``, keeping version and optimizer state
-        (the policy changed outside the learner, e.g. by a supervised warm start)."""
+        (the policy changed outside the learner, e.g. by a supervised warm start). Not an engine's
+        ``load_weights`` (weights sampled as a version): hence its own name."""
         state = {"model": weights, "masters": None}
         self._load_model(state)
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Deprecated name of ``replace_weights`` (``load_weights`` is the engines' method: a version's
+        weights to sample with)."""
+        warnings.warn(
+            "Learner.load_weights is deprecated: call Learner.replace_weights",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.replace_weights(weights)
 
     def counters(self) -> dict[str, Any]:
         """The schedule, version, counters and lr scale: the part of the state ``save_state`` returns as plain
@@ -618,7 +630,7 @@ class Learner:
     @torch.no_grad()
     def _load_model(self, state: dict[str, Any]) -> None:
         """Weights from ``state["model"]``, fp32 masters from ``state["masters"]`` (or the weights); for
-        ``load_weights`` and the whole-tensor checkpoints (trainer/learner_checkpoint.py)."""
+        ``replace_weights`` and the whole-tensor checkpoints (trainer/learner_checkpoint.py)."""
         if self.ranks.keeps_fp32_shards:  # the shards take their part of each whole tensor
             names = {id(p): n for n, p in self.model.named_parameters()}
             weights = _Lookup(state["model"], [names[id(p)] for p in self.params])  # one tensor at a time

@@ -191,7 +191,7 @@ class ShardedRanks(SingleProcess):
         """Shard ``model`` in place: each decoder layer is one FSDP2 unit, the root holds the embeddings,
         final norm and LM head (tied embeddings stay one parameter). The sharded parameters are fp32 (the
         master weights); the forward computes in the model's own dtype. A model on the meta device gets
-        storage for this rank's shards only, uninitialised: load its weights next (``Learner.load_weights``
+        storage for this rank's shards only, uninitialised: load its weights next (``Learner.replace_weights``
         with a ``LazyState`` reads one whole tensor at a time)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 

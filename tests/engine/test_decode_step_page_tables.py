@@ -2,7 +2,7 @@
 changed: after every step of a run with admissions, growth by a page, finishes, reordering, a page replaced in
 place (copy-on-write of a shared page) and a bucket change, each bucket's table equals the one rebuilt from
 scratch (real rows: their pages, then the scratch page; padding rows: all scratch), and so do the tokens,
-positions and rows. A step that changes no page table does not rewrite one."""
+positions, rows and RoPE positions. A step that changes no page table does not rewrite one."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ def _step(tiny_model, width: int = 6) -> DecodeStep:
 def _rebuilt(buf, tokens, positions, tables) -> torch.Tensor:
     """What the buffer must hold: the step's metadata written from scratch."""
     b, w = buf.batch, buf.width
-    flat = [0] * (3 * b)
+    flat = [0] * (4 * b)  # tokens, positions, rows, RoPE positions (a text model's: its positions)
     flat[: len(tokens)] = tokens
     flat[b : b + len(positions)] = positions
-    flat[2 * b :] = range(b)
+    flat[2 * b : 3 * b] = range(b)
+    flat[3 * b : 3 * b + len(positions)] = positions
     table = [SCRATCH] * (b * w)
     for i, pages in enumerate(tables):
         table[i * w : i * w + len(pages)] = pages

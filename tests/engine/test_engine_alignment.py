@@ -330,9 +330,11 @@ def test_static_decode_step_padding_changes_no_bit(tiny_model, model_type):
         rows = []
         real_run = static.runner.decode_step.run
 
-        def run(tokens, positions, tables, real_run=real_run, rows=rows, step=static.runner.decode_step):
+        def run(
+            tokens, positions, tables, rope, real_run=real_run, rows=rows, step=static.runner.decode_step
+        ):
             rows.append(step.bucket(len(tokens)))
-            return real_run(tokens, positions, tables)
+            return real_run(tokens, positions, tables, rope)
 
         static.runner.decode_step.run = run
         a = generate_batch(static, prompts[:n], params[:n])

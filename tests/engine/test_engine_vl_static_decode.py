@@ -1,9 +1,9 @@
 """The static (CUDA-graph-capturable) decode step with a vision-language model (Qwen3-VL): text tokens
-decoded after an image prefill rotate by index + the sequence's M-RoPE delta, fed as one more int64 row of
-the step's static buffers (engine/decode_step.py). Its log-probs equal the eager general forward's and the
-learner's packed forward's bit for bit (torch.equal), padding rows included; its forward reads nothing back
-to the host (what a CUDA-graph capture needs: engine/cuda_graphs.py). Negative control: without the delta
-(RoPE at the token index) the log-probs differ from the learner's.
+decoded after an image prefill rotate by index + the sequence's M-RoPE delta, fed as the RoPE row of the
+step's static buffers (engine/decode_step.py: one layout for every family). Its log-probs equal the eager
+general forward's and the learner's packed forward's bit for bit (torch.equal), padding rows included; its
+forward reads nothing back to the host (what a CUDA-graph capture needs: engine/cuda_graphs.py). Negative
+control: without the delta (RoPE at the token index) the log-probs differ from the learner's.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def test_static_decode_after_images_equals_eager_and_the_learner(dtype):
     static, reqs, outs = _run(model, static_decode=True)
     eager, _, ref = _run(model, static_decode=False)
     assert static.stats()["static_decode_steps"] >= 6 and eager.stats()["static_decode_steps"] == 0
-    assert static.runner.decode_step.multimodal and 4 in static.buckets_run  # 3 rows + 1 padding row
+    assert 4 in static.buckets_run  # 3 rows + 1 padding row
     assert [r.delta for r in (SequenceImages(p, im, model) for p, im in reqs[:2])] == [-3, -6]
     for a, b, c in zip(outs, ref, _learner(model, reqs, outs), strict=True):
         assert a.tokens == b.tokens and len(a.tokens) == 8
@@ -110,7 +110,7 @@ def test_vl_decode_step_reads_nothing_back_and_refuses_bad_rope_positions():
     buf = step.buffers(4)
     warm_up(step, buf)  # raises CaptureRefused naming the read if the forward read a device value back
     with pytest.raises(ValueError, match="needs one RoPE position per token"):
-        step.fill([1], [5], [[0]])
+        step.fill([1], [5], [[0]], rope_positions=[5, 5])
     with pytest.raises(ValueError, match=r"must lie in \[0, position\]"):
         step.fill([1], [5], [[0]], rope_positions=[6])
     # a prompt's placeholder (length-1 final chunk) is not a text row: the general forward takes it

@@ -75,3 +75,19 @@ def test_the_meta_device_gives_a_checkpoints_shapes_and_refuses_adapters(tmp_pat
     assert all(p.is_meta for p in skeleton.parameters())
     with pytest.raises(ValueError, match="meta device: adapters"):
         build_policy(PolicySpec(checkpoint=ckpt, lora=LORA), "meta")
+
+
+def test_a_config_spec_gives_its_shapes_on_meta_with_the_adapters_a_run_attaches():
+    from rz_agents.model.config import ModelConfig
+    from rz_agents.model.qwen3_vl import Qwen3VLModel
+    from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
+
+    text = ModelConfig.tiny("qwen3", vocab_size=64)
+    model = build_policy(PolicySpec(config=text, kernels="standard", lora=LORA), "meta")
+    assert model.lm_head.weight.is_meta and model.kernels == "standard"
+    tiny = build_policy(PolicySpec(vocab_size=64, lora=LORA))  # the same adapters on a real tiny model
+    assert adapter_names(model) == adapter_names(tiny) and _trained(model) == _trained(tiny)
+    vl = build_policy(PolicySpec(config=Qwen3VLConfig.tiny(vocab_size=320), freeze_vision=True), "meta")
+    assert isinstance(vl, Qwen3VLModel) and not any(p.requires_grad for p in vl.visual.parameters())
+    with pytest.raises(ValueError, match="shapes only: on the meta device"):
+        build_policy(PolicySpec(config=text))

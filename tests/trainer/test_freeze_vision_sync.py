@@ -137,13 +137,13 @@ def test_a_partial_update_is_refused_by_an_engine_whose_tower_differs():
 
 
 def test_a_changed_frozen_tower_changes_the_claim_and_needs_the_whole_weights():
-    """A warm start or a resumed checkpoint with another tower (learner.load_weights): the learner's claim
+    """A warm start or a resumed checkpoint with another tower (learner.replace_weights): the learner's claim
     follows its tower, so the engine refuses the next partial update until it got the whole weights."""
     learner, engine = _pair()
     engine.load_weights(learner.published_weights(), 0)
     weights = {k: v.clone() for k, v in learner.weights().items()}
     weights["model.visual.patch_embed.proj.weight"] += 1e-3
-    learner.load_weights(weights)
+    learner.replace_weights(weights)
     with pytest.raises(ValueError, match="partial update"):
         engine.load_weights(learner.published_weights(), 0)
     engine.load_weights(learner.weights(), 0)

@@ -317,19 +317,27 @@ def test_bf16_resume_restores_the_masters_bitwise(tmp_path):
         assert torch.equal(v, learner_c.model.state_dict()[k]), k
 
 
-def test_load_weights_replaces_weights_and_fp32_masters_and_keeps_the_version():
+def test_replace_weights_replaces_weights_and_fp32_masters_and_keeps_the_version():
     """A warm start changes the policy outside the learner: the masters must follow, or the next step
     would round the old masters back into the model."""
     learner = Learner(_bf16_model(), _cfg(assert_lag0_exact=False, optim=OptimConfig(lr=1e-3)))
     learner.step(_batch(learner.model))
     new = {k: v.clone() for k, v in _bf16_model(seed=4).state_dict().items()}
-    learner.load_weights(new)
+    learner.replace_weights(new)
     assert learner.version == 1
     for k, v in learner.model.state_dict().items():
         assert torch.equal(v, new[k]), k
     for p, master in zip(learner.params, learner.masters, strict=True):
         assert torch.equal(master, p.float())
     assert learner.step(_batch(learner.model, version=1, seed=5))["step_skipped_nonfinite"] == 0
+
+
+def test_the_old_load_weights_name_warns_and_still_replaces_the_weights():
+    learner = Learner(_bf16_model(), _cfg(assert_lag0_exact=False))
+    new = {k: v.clone() for k, v in _bf16_model(seed=4).state_dict().items()}
+    with pytest.warns(DeprecationWarning, match="call Learner.replace_weights"):
+        learner.load_weights(new)
+    assert all(torch.equal(v, new[k]) for k, v in learner.model.state_dict().items())
 
 
 def test_decoupled_ppo_proximal_snapshot_is_refreshed_every_k_versions():

@@ -49,7 +49,7 @@ def _worker(rank: int, world: int, store: str, ckpt: str, out_dir: str) -> None:
                 skeleton = model_skeleton(ckpt, dtype="bfloat16")
                 assert next(skeleton.parameters()).is_meta
                 learner = Learner(skeleton, cfg, ranks=ShardedRanks())
-                learner.load_weights(LazyState(ckpt, torch.bfloat16))
+                learner.replace_weights(LazyState(ckpt, torch.bfloat16))
             start = whole_state(learner)
             metrics = learner.step(_batch())
             results[way] = (start, metrics, whole_state(learner))

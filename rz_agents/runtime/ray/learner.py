@@ -86,7 +86,7 @@ class LearnerRank:
             # (With LoRA each rank builds the whole model, adapters included, then keeps its base shards.)
             skeleton = checkpoint_skeleton(self.spec, freeze_vision=self.plan.learner.freeze_vision)
             self.learner = self.plan.build_learner(skeleton, ranks=ranks)
-            self.learner.load_weights(checkpoint_weights(self.spec))
+            self.learner.replace_weights(checkpoint_weights(self.spec))
             return node_id()
         learner = self.plan.learner
         spec = dataclasses.replace(self.spec, device=self.device)
@@ -149,9 +149,9 @@ class LearnerRank:
         whole tensors of a checkpoint from before folders)."""
         self.learner.load_state(state, folder)
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Learner.load_weights."""
-        self.learner.load_weights(weights)
+    def replace_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Learner.replace_weights."""
+        self.learner.replace_weights(weights)
 
     def open_broadcast(self, address: str, world: int, backend: str) -> None:
         """(rank 0) Serve the weights group's rendezvous at ``address`` and join it as its root."""
@@ -307,10 +307,10 @@ class LearnerGroup:
         self._ref = None
         self.weights_ref()
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Every rank takes ``weights`` (same version)."""
+    def replace_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Every rank takes ``weights`` (same version: Learner.replace_weights)."""
         ref = ray.put(weights)
-        self._get([a.load_weights.remote(ref) for a in self.actors])
+        self._get([a.replace_weights.remote(ref) for a in self.actors])
         self._ref = None
         self.weights_ref()
 

@@ -143,7 +143,7 @@ class RayRun(RunHandle):
         """``model`` was changed in place (a supervised warm start): the learner ranks take its weights
         (fp32 masters included), keeping their version, and the engines sample with them (with LoRA the
         whole weights once: the warm start changed the otherwise frozen base)."""
-        self.learner.load_weights({k: v.detach() for k, v in self.model.state_dict().items()})
+        self.learner.replace_weights({k: v.detach() for k, v in self.model.state_dict().items()})
         self.loop_runtime.load_engine_base()
         self.engine.load_weights(*self.loop.weights_to_publish())
 
