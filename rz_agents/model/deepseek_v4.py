@@ -185,6 +185,9 @@ class DeepseekV4ForCausalLM(nn.Module):
         ``seq_ids == i`` continues ``states[i]`` from its position, and the states are updated in place. The
         engine passes a ``kv_cache`` view of ``new_kv_cache``'s pages instead (each table row a sequence
         continuing from its pages: a prefill chunk or a decode token)."""
+        rope = extra.pop("text_rope_positions", None)  # (the engine's decode step passes the RoPE rows)
+        if rope is not None and not torch.equal(rope.reshape(-1), positions.reshape(-1)):
+            raise ValueError("DeepseekV4ForCausalLM rotates by its positions: text_rope_positions differ")
         if any(v is not None for v in extra.values()):
             raise ValueError(
                 f"DeepseekV4ForCausalLM takes no {sorted(k for k, v in extra.items() if v is not None)}"
