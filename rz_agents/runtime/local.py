@@ -30,6 +30,7 @@ from rz_agents.runtime.factories import (
     policy_spec,
     policy_template,
     run_env_factory,
+    spec_vl_config,
     tokenizer_files,
     vocab_size,
 )
@@ -163,8 +164,8 @@ class LocalRun(RunHandle):
             cfg.model, vocab, lora=plan.learner.lora, freeze_vision=plan.learner.freeze_vision
         )
         self.model = build_policy(self.policy, resolve_device(cfg.model.device, "model.device"))
-        # a vision-language model's template renders images
-        self.template = policy_template(self.template, getattr(self.model, "vl_config", None))
+        # a vision-language model's template renders images (from the spec, as the Ray runtime decides it)
+        self.template = policy_template(self.template, spec_vl_config(cfg.model, vocab))
         # The engine samples from its own copy (the adapters' initial values with it); the learner publishes
         # into it after each step.
         engine_model = copy.deepcopy(self.model)
