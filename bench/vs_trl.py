@@ -63,6 +63,8 @@ def rz_config(a, run_dir: Path) -> dict:
         "report": False,
         "export_final_model": False,
         "output_dir": str(run_dir),
+        # no stall watchdog (TRL has none): on a loaded shared machine one learner step can outlast its 600 s
+        "watchdog_s": 0,
         "model": {
             "checkpoint": "smollm2-135m-instruct",
             "kernels": "aligned",

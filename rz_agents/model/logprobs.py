@@ -73,10 +73,16 @@ def packed_token_logprobs(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    scored: Sequence[Sequence[bool]] | None = None,
 ) -> list[torch.Tensor]:
     """For each sequence, fp32 [len-1] log-probs of tokens[1:] (one packed, differentiable forward). A
     sequence is its token ids, or a ``VLSequence`` with its images for a model that takes them (the one
     packer of every family: the model adds its extra forward inputs, ``Transformer.packed_inputs``).
+
+    ``scored``: per sequence, a flag per token of tokens[1:] (e.g. the loss mask's): only the flagged
+    tokens' log-probs are computed (the LM head and log-softmax skip the other rows, a prompt's included),
+    the others are 0.0 with no gradient. A row's bits do not depend on which rows share the LM head's GEMM
+    (the aligned op set is row-invariant), so a flagged token gets the value it gets without ``scored``.
 
     Nothing is read back from the device here: every index is made on the host and the inputs go up in one
     copy (pinned, non-blocking on CUDA: a copy from pageable memory would wait for the device's queue), and
@@ -99,14 +105,33 @@ def packed_token_logprobs(
     rows = torch.cat([torch.arange(a, a + n - 1) for a, n in zip(starts, lengths, strict=True) if n > 1] or
                      [torch.zeros(0, dtype=torch.long)])  # fmt: skip
     targets = torch.cat([s[1:] for s in seqs])
-    host = torch.cat([tokens, positions, seq_ids, rows, targets])
+    picked = None if scored is None else _scored_entries(scored, lengths)
+    if picked is not None:  # only these entries of the [sum(len-1)] output are computed
+        rows, targets = rows[picked], targets[picked]
+    host = torch.cat([tokens, positions, seq_ids, rows, targets] + ([picked] if picked is not None else []))
     if device.type == "cuda":
         host = host.pin_memory()
     flat = host.to(device, non_blocking=True)  # one upload of everything the forward needs
     t, r = tokens.numel(), rows.numel()
     tokens_d, positions_d, seq_ids_d = flat[:t], flat[t : 2 * t], flat[2 * t : 3 * t]
-    rows_d, targets_d = flat[3 * t : 3 * t + r], flat[3 * t + r :]
+    rows_d, targets_d = flat[3 * t : 3 * t + r], flat[3 * t + r : 3 * t + 2 * r]
     top = max(lengths) - 1 if t else None
     hidden = model(tokens_d, positions_d, seq_ids_d, max_position=top, num_sequences=len(seqs), **extra)
     logp = token_logprobs(model, hidden[rows_d], targets_d, temperature, top_k, top_p)
-    return list(torch.split(logp, [max(n - 1, 0) for n in lengths]))
+    sizes = [max(n - 1, 0) for n in lengths]
+    if picked is not None:  # the computed entries in place, zeros elsewhere (differentiable scatter)
+        logp = logp.new_zeros(sum(sizes)).index_copy(0, flat[3 * t + 2 * r :], logp)
+    return list(torch.split(logp, sizes))
+
+
+def _scored_entries(scored: Sequence[Sequence[bool]], lengths: list[int]) -> torch.Tensor:
+    """Indices into the packed [sum(len-1)] output of the flagged entries (``packed_token_logprobs``)."""
+    if len(scored) != len(lengths):
+        raise ValueError(f"scored: {len(scored)} masks for {len(lengths)} sequences")
+    flags = []
+    for f, n in zip(scored, lengths, strict=True):
+        f = torch.as_tensor(f, dtype=torch.bool).reshape(-1)
+        if f.numel() != max(n - 1, 0):
+            raise ValueError(f"scored: {f.numel()} flags for a {n}-token sequence (it needs {n - 1})")
+        flags.append(f)
+    return torch.cat(flags).nonzero().reshape(-1) if flags else torch.zeros(0, dtype=torch.long)

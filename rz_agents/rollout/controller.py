@@ -4,13 +4,15 @@ Admission control: a group may start only while
 
     groups_started - groups_dropped < (steps_done + ahead) * groups_per_batch
 
-where steps_done counts finished learner steps and ahead is the run's ``LagPolicy.ahead_batches()``
-(min(max_lag + 1, max_ahead_batches); 1 with a fixed lag), max_lag its ``bound``. A group admitted under this
-rule is, in order of start, among the next max_lag + 1 batches, so its tokens would be trained at most max_lag
-versions later. Groups finish out of order, so ``TrajectoryQueue.take`` also drops (and counts) any group
-whose oldest token has lag > max_lag (or > the lag governor's bound, when it is lower: ``LagBound.train``): no
-trained token ever exceeds the bound. max_lag = 0 is the synchronous mode:
-one batch is generated with the current weights, trained, published, then the next one starts.
+(the right side capped at ``last_batch`` * groups_per_batch when the run's length is known: no rollouts for
+batches no step will train), where steps_done counts finished learner steps and ahead is the run's
+``LagPolicy.ahead_batches()`` (min(max_lag + 1, max_ahead_batches); 1 with a fixed lag), max_lag its
+``bound``. A group admitted under this rule is, in order of start, among the next max_lag + 1 batches, so its
+tokens would be trained at most max_lag versions later. Groups finish out of order, so
+``TrajectoryQueue.take`` also drops (and counts) any group whose oldest token has lag > max_lag (or > the lag
+governor's bound, when it is lower: ``LagBound.train``): no trained token ever exceeds the bound. max_lag = 0
+is the synchronous mode: one batch is generated with the current weights, trained, published, then the next
+one starts.
 
 Accounting: every started group is in exactly one place: in flight (or waiting to be relaunched after a
 resume), queued, taken by the learner (``next_batch`` returned it, ``step_done`` not yet called), trained,
@@ -211,6 +213,9 @@ class RolloutController:
         self.learner_version = 0
         self._admitted_at: dict[int, int] = {}
         self.episode_lengths = EpisodeLengths()  # tokens of finished and of trained episodes
+        # The batches the run trains in all (the loop sets its ``steps``): admission starts no group past
+        # them, so the last steps do not pay for rollouts that no step will train. None: no end.
+        self.last_batch: int | None = None
 
     # ---- the ledger's figures, as callers read them -------------------------------------------------
     @property
@@ -236,7 +241,10 @@ class RolloutController:
     def may_start_group(self) -> bool:
         """True while starting one more group keeps the lag bound (see the module docstring); when pacing,
         also while no group in flight would be past the admission bound after the next step."""
-        if self.ledger.live >= (self.steps_done + self.lag.ahead_batches()) * self.cfg.groups_per_batch:
+        batches = self.steps_done + self.lag.ahead_batches()
+        if self.last_batch is not None:
+            batches = min(batches, self.last_batch)
+        if self.ledger.live >= batches * self.cfg.groups_per_batch:
             return False
         return not (self.lag.paced and self._oldest_in_flight_lag(1) > self.lag.admission)
 

@@ -128,6 +128,7 @@ class TrainLoop:
         """
         cfg = self.cfg
         self.loop_runtime.before_train()
+        self.controller.last_batch = cfg.steps  # no rollouts past the run's last step
         producer = asyncio.ensure_future(self.controller.run())
         t_start = time.perf_counter()
         start_step = self.steps_done

@@ -390,7 +390,12 @@ class Learner:
             return idle_pass(self.model), [], 0
         cfg = self.cfg
         trajs, masks, behavior = kept.trajs, kept.masks, kept.behavior
-        mb_logps = trajectory_logprobs(self.model, [trajs[i] for i in mb], self.sampling.scoring())
+        # Only the sampled tokens' rows go through the LM head (the loss reads no other; same bits), unless
+        # an estimator's per-token extra would meet the 0.0 the others get (a proximal ratio could overflow).
+        sampled_only = all(aux[i] is None for i in mb)
+        mb_logps = trajectory_logprobs(
+            self.model, [trajs[i] for i in mb], self.sampling.scoring(), sampled_only=sampled_only
+        )
         # Per-token data lives on the CPU; the loss is computed where the model is (a no-op on CPU).
         terms = [
             sequence_terms(

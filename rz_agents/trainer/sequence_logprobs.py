@@ -19,25 +19,33 @@ from rz_agents.trajectory import SEGMENTS_WITH_IMAGES, Trajectory
 
 
 def trajectory_logprobs(
-    model: torch.nn.Module, trajs: Sequence[Trajectory], scoring: Mapping[str, Any]
+    model: torch.nn.Module,
+    trajs: Sequence[Trajectory],
+    scoring: Mapping[str, Any],
+    sampled_only: bool = False,
 ) -> list[torch.Tensor]:
     """fp32 [len-1] log-probs of tokens[1:] of each trajectory under ``scoring`` (the sampling distribution's
     temperature / top_k / top_p), from one packed forward.
 
     A trajectory of several segments (``Trajectory.segment_starts``: an agent that compacted its history) is
     scored as one packed sequence per segment, each from position 0 as the engine sampled it; the entry that
-    would predict a segment's first token from the previous segment is 0.0 (that token is never sampled)."""
+    would predict a segment's first token from the previous segment is 0.0 (that token is never sampled).
+
+    ``sampled_only``: compute only the sampled tokens' log-probs (``loss_mask``; the same bits), the other
+    entries are 0.0: the learner's loss reads no other, and the LM head then skips every prompt and
+    observation row."""
     # (warm-start demonstrations and other trajectory-shaped records have no segments)
     if any(getattr(t, "segment_starts", None) for t in trajs):
-        return _segmented_logprobs(model, trajs, scoring)
+        return _segmented_logprobs(model, trajs, scoring, sampled_only)
     # the model turns each trajectory into what the packer takes (its images too, for a model that takes
     # them; a text model refuses images): the forward contract, model/transformer.py
     seqs = [model.scored_sequence(t.tokens, t.images, t.loss_mask) for t in trajs]
-    return packed_token_logprobs(model, seqs, **scoring)
+    scored = [t.loss_mask[1:] for t in trajs] if sampled_only else None
+    return packed_token_logprobs(model, seqs, **scoring, scored=scored)
 
 
 def _segmented_logprobs(
-    model: torch.nn.Module, trajs: Sequence[Trajectory], scoring: Mapping[str, Any]
+    model: torch.nn.Module, trajs: Sequence[Trajectory], scoring: Mapping[str, Any], sampled_only: bool
 ) -> list[torch.Tensor]:
     if any(t.segment_starts and t.images for t in trajs):
         raise ValueError(SEGMENTS_WITH_IMAGES)  # Trajectory.validate drops these at their producer
@@ -47,7 +55,7 @@ def _segmented_logprobs(
             pieces.append(Trajectory(t.tokens[a:b], t.loss_mask[a:b], t.behavior_logprobs[a:b],
                                      t.versions[a:b], t.reward, t.group_id))  # fmt: skip
             owners.append(i)
-    scored = trajectory_logprobs(model, pieces, scoring)
+    scored = trajectory_logprobs(model, pieces, scoring, sampled_only)
     out: list[list[torch.Tensor]] = [[] for _ in trajs]
     for i, lp in zip(owners, scored, strict=True):
         if out[i]:  # the row predicting this segment's first token across the boundary: never sampled

@@ -58,3 +58,13 @@ def test_max_ahead_batches_limits_run_ahead_below_the_lag_bound():
     # At most two batches beyond the ones trained were ever started, so lag stays far below 64.
     assert s["rollout"]["groups_started"] <= (6 + 2) * 2
     assert s["max_lag_seen"] <= 2
+
+
+def test_no_group_starts_past_the_runs_last_batch():
+    # The engine outruns the learner (rollouts run ahead up to the bound) but never starts a group for a batch
+    # past the run's last step: those rollouts would be cut at the end, CPU spent on nothing.
+    s = run_training(_cfg(3, learner_delay=0.25, env_latency=0.0, steps=6))
+    assert s["steps"] == 6 and s["max_lag_seen"] == 3  # it did run ahead
+    started = s["rollout"]["groups_started"]
+    dropped = s["rollout"]["groups_dropped_stale"] + s["rollout"]["groups_dropped_failed"]
+    assert started - dropped == 6 * 2

@@ -133,11 +133,28 @@ def test_a_prompt_longer_than_the_episode_budget_is_a_clear_episode_error():
 
 
 def test_async_checkpoint_keeps_queued_groups_and_relaunches_those_in_flight(tmp_path):
+    import asyncio
+
+    from rz_agents.runtime.stop import StopRequest
     from rz_agents.trainer.checkpoint import load_checkpoint
 
-    cfg = _cfg(mode="async", steps=3, output_dir=str(tmp_path), checkpoint_every=3)
+    # A run of 5 steps stopped after its third: its checkpoint holds the groups started for steps 4 and 5
+    # (a run's own last step admits nothing past its end, so that checkpoint would hold none).
+    cfg = _cfg(mode="async", steps=5, output_dir=str(tmp_path))
     cfg.learner_step_delay_s = 0.2  # let the engine run ahead so that groups are queued and in flight
-    run_training(cfg)
+    first, stop = LocalRun(cfg), StopRequest()
+    one_step = first.loop._train_one_step
+
+    async def step_then_maybe_stop(s):
+        await one_step(s)
+        if first.loop.steps_done == 3:
+            stop.request()
+
+    first.loop._train_one_step = step_then_maybe_stop
+    try:
+        assert asyncio.run(first.train(stop))["steps"] == 3
+    finally:
+        first.close()
     state = load_checkpoint(tmp_path / "checkpoint.pt", restore_rng=False)["runtime"]["controller"]
     queued, in_flight = len(state["queued"]), len(state["in_flight"])
     assert queued + in_flight > 0
@@ -147,8 +164,6 @@ def test_async_checkpoint_keeps_queued_groups_and_relaunches_those_in_flight(tmp
     run = LocalRun(resumed)
     try:
         assert len(run.controller.queue) == queued and len(run.controller._relaunch) == in_flight
-        import asyncio
-
         s = asyncio.run(run.train())
     finally:
         run.close()
