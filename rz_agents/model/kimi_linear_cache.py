@@ -22,10 +22,7 @@ import torch
 
 from rz_agents.model.kimi_linear_config import KimiLinearConfig
 from rz_agents.model.kv_cache import PAGE_SIZE
-from rz_agents.model.qwen3_5_cache import SNAPSHOT_EVERY, HybridCache, snapshot_slots
-from rz_agents.model.qwen3_5_snapshots import SnapshotSlots
-
-F32 = torch.float32
+from rz_agents.model.qwen3_5_cache import SNAPSHOT_EVERY, HybridCache
 
 
 def kimi_bytes_per_page(
@@ -48,7 +45,7 @@ class KimiLinearCache(HybridCache):
     """The pages of a Kimi Linear model's cache (see the module docstring): the tensors Qwen3.5's
     ``HybridCache`` holds, in this family's shapes, so its ``view``, ``copy_page`` and ``buffers`` serve."""
 
-    def __init__(  # (HybridCache's own __init__ reads a Qwen3.5 config: not called)
+    def __init__(  # (HybridCache's own __init__ reads a Qwen3.5 config: its allocation is shared)
         self,
         config: KimiLinearConfig,
         num_pages: int,
@@ -56,31 +53,11 @@ class KimiLinearCache(HybridCache):
         device: torch.device | str = "cpu",
         snapshot_every: int = SNAPSHOT_EVERY,
     ) -> None:
-        if num_pages < 1:
-            raise ValueError(f"KimiLinearCache needs at least one page, got {num_pages}")
-        self.num_pages = num_pages
-        self.device = torch.device(device)
-        self.snapshot_every = snapshot_every
-        self.slots = SnapshotSlots(num_pages, snapshot_slots(num_pages, snapshot_every))
         dtype = dtype or config.torch_dtype
         h, d = config.linear_num_heads, config.linear_head_dim
-        kv_shape = (num_pages, config.num_attention_heads, PAGE_SIZE, config.head_dim)
-
-        def zeros(*shape, dt=F32):
-            return torch.zeros(shape, dtype=dt, device=device)
-
-        self.k: dict[int, torch.Tensor] = {}
-        self.v: dict[int, torch.Tensor] = {}
-        self.conv_in: dict[int, torch.Tensor] = {}
-        self.dr_g: dict[int, torch.Tensor] = {}
-        self.dr_beta: dict[int, torch.Tensor] = {}
-        self.state: dict[int, torch.Tensor] = {}
-        for i, kind in enumerate(config.layer_types):
-            if kind == "full_attention":
-                self.k[i], self.v[i] = zeros(*kv_shape, dt=dtype), zeros(*kv_shape, dt=dtype)
-            else:
-                self.conv_in[i] = zeros(num_pages, PAGE_SIZE, config.conv_dim, dt=dtype)
-                self.dr_g[i] = zeros(num_pages, PAGE_SIZE, h, d)
-                self.dr_beta[i] = zeros(num_pages, PAGE_SIZE, h)
-                self.state[i] = zeros(self.slots.num_slots, h, d, d)
+        self._allocate(
+            config.layer_types, num_pages, dtype, device, snapshot_every,
+            kv=(config.num_attention_heads, PAGE_SIZE, config.head_dim), conv_dim=config.conv_dim,
+            g=(h, d), beta=(h,), state=(h, d, d),
+        )  # fmt: skip
         self.bytes_per_page = kimi_bytes_per_page(config, dtype, snapshot_every)

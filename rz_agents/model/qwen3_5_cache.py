@@ -91,13 +91,35 @@ class HybridCache:
         device: torch.device | str = "cpu",
         snapshot_every: int = SNAPSHOT_EVERY,
     ) -> None:
-        if num_pages < 1:
-            raise ValueError(f"HybridCache needs at least one page, got {num_pages}")
-        self.num_pages = num_pages
-        self.device = torch.device(device)
         dtype = dtype or config.torch_dtype
         hv, dk, dv = config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim
-        kv_shape = (num_pages, config.num_key_value_heads, PAGE_SIZE, config.head_dim)
+        self._allocate(
+            config.layer_types, num_pages, dtype, device, snapshot_every,
+            kv=(config.num_key_value_heads, PAGE_SIZE, config.head_dim), conv_dim=config.conv_dim,
+            g=(hv,), beta=(hv,), state=(hv, dk, dv),
+        )  # fmt: skip
+        self.bytes_per_page = hybrid_bytes_per_page(config, dtype, snapshot_every)
+
+    def _allocate(
+        self,
+        layer_types: list[str],
+        num_pages: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        snapshot_every: int,
+        *,
+        kv: tuple[int, ...],
+        conv_dim: int,
+        g: tuple[int, ...],
+        beta: tuple[int, ...],
+        state: tuple[int, ...],
+    ) -> None:
+        """The tensors of every layer, in a family's shapes (per page: ``kv`` [heads, 64, dim] of a full-
+        attention layer; per position: the conv input, ``g`` and ``beta``; per snapshot slot: ``state``)."""
+        if num_pages < 1:
+            raise ValueError(f"{type(self).__name__} needs at least one page, got {num_pages}")
+        self.num_pages = num_pages
+        self.device = torch.device(device)
         self.snapshot_every = snapshot_every
         self.slots = SnapshotSlots(num_pages, snapshot_slots(num_pages, snapshot_every))
 
@@ -110,15 +132,14 @@ class HybridCache:
         self.dr_g: dict[int, torch.Tensor] = {}
         self.dr_beta: dict[int, torch.Tensor] = {}
         self.state: dict[int, torch.Tensor] = {}
-        for i, kind in enumerate(config.layer_types):
+        for i, kind in enumerate(layer_types):
             if kind == "full_attention":
-                self.k[i], self.v[i] = zeros(*kv_shape, dt=dtype), zeros(*kv_shape, dt=dtype)
+                self.k[i], self.v[i] = zeros(num_pages, *kv, dt=dtype), zeros(num_pages, *kv, dt=dtype)
             else:
-                self.conv_in[i] = zeros(num_pages, PAGE_SIZE, config.conv_dim, dt=dtype)
-                self.dr_g[i] = zeros(num_pages, PAGE_SIZE, hv)
-                self.dr_beta[i] = zeros(num_pages, PAGE_SIZE, hv)
-                self.state[i] = zeros(self.slots.num_slots, hv, dk, dv)
-        self.bytes_per_page = hybrid_bytes_per_page(config, dtype, snapshot_every)
+                self.conv_in[i] = zeros(num_pages, PAGE_SIZE, conv_dim, dt=dtype)
+                self.dr_g[i] = zeros(num_pages, PAGE_SIZE, *g)
+                self.dr_beta[i] = zeros(num_pages, PAGE_SIZE, *beta)
+                self.state[i] = zeros(self.slots.num_slots, *state)
 
     @property
     def bytes_total(self) -> int:
