@@ -48,3 +48,39 @@ def check_messages(messages: Sequence[Message]) -> None:
         reasoning = message.get("reasoning_content")
         if reasoning is not None and not isinstance(reasoning, str):
             raise TypeError(f"message {i}: reasoning_content must be a str, got {type(reasoning).__name__}")
+
+
+class RenderedTemplate:
+    """Token ids of a chat template's text: ``encode_prompt`` of ``render``, ``encode_continuation`` of
+    ``render_continuation`` with the turn-end token put in front when the sampled turn was cut off. Shared
+    by ChatML (model/chat_template.py) and DeepSeek's formats (model/deepseek_chat.py, deepseek_dsml.py),
+    each naming its turn-end id (``turn_end_id``)."""
+
+    def turn_end_id(self, tokenizer: TextEncoder) -> int:  # (each template's own)
+        raise NotImplementedError
+
+    def encode_prompt(
+        self,
+        tokenizer: TextEncoder,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = True,
+    ) -> list[int]:
+        """Token ids of `render(...)`: the prompt a rollout starts from."""
+        return tokenizer.encode(self.render(messages, tools, add_generation_prompt, enable_thinking))
+
+    def encode_continuation(
+        self,
+        tokenizer: TextEncoder,
+        new_messages: Sequence[Message],
+        enable_thinking: bool = True,
+        assistant_closed: bool = True,
+    ) -> list[int]:
+        """Tokens to append after the assistant's sampled tokens: ``encode(render_continuation(...))``; when
+        the turn was cut off (``assistant_closed=False``) the turn-end id is put in front, so prompt + sampled
+        + continuation equals the tokens of the re-rendered conversation."""
+        ids = tokenizer.encode(self.render_continuation(new_messages, enable_thinking))
+        if not assistant_closed:
+            ids = [self.turn_end_id(tokenizer), *ids]
+        return ids

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from rz_agents.deepseek_tokens import ASSISTANT, THINK_CLOSE
-from rz_agents.model.chat_messages import Message, TextEncoder
+from rz_agents.model.chat_messages import Message, RenderedTemplate, TextEncoder
 from rz_agents.model.chat_messages import check_messages as _check_messages
 from rz_agents.model.chat_messages import message_content as _content
 from rz_agents.model.deepseek_chat import DEEPSEEK_V31_CHAT_TEMPLATE, DeepSeekChatTemplate
@@ -103,7 +103,7 @@ def _render_tool_call(call: Any, index: int) -> str:
 
 
 @dataclass(frozen=True)
-class ChatTemplate:
+class ChatTemplate(RenderedTemplate):
     """Qwen3-style ChatML rendering.
 
     Args:
@@ -223,38 +223,13 @@ class ChatTemplate:
 
     # ---- tokens -------------------------------------------------------------------------------
 
-    def encode_prompt(
-        self,
-        tokenizer: TextEncoder,
-        messages: Sequence[Message],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        enable_thinking: bool = True,
-    ) -> list[int]:
-        """Token ids of `render(...)`: the prompt a rollout starts from."""
-        return tokenizer.encode(self.render(messages, tools, add_generation_prompt, enable_thinking))
-
-    def encode_continuation(
-        self,
-        tokenizer: TextEncoder,
-        new_messages: Sequence[Message],
-        enable_thinking: bool = True,
-        assistant_closed: bool = True,
-    ) -> list[int]:
-        """Tokens to append after the assistant's sampled tokens: the observation turns + generation prompt.
-
-        With `assistant_closed` (the sampled tokens end with ``<|im_end|>``) this is
-        ``encode(render_continuation(new_messages))``; when the turn was cut off (length limit), pass
-        ``assistant_closed=False`` and the ``<|im_end|>`` id is put in front. Because ``<|im_end|>`` is an
-        atomic token, ``prompt + sampled + continuation`` equals the tokens of the full re-rendered
-        conversation (tested over random conversations), so nothing is ever re-tokenized.
-        A turn that stopped on ``<|endoftext|>`` (end of document) has no ChatML continuation: end the
-        episode there.
-        """
-        ids = tokenizer.encode(self.render_continuation(new_messages, enable_thinking))
-        if not assistant_closed:
-            ids = [_required_id(tokenizer, IM_END), *ids]
-        return ids
+    def turn_end_id(self, tokenizer: TextEncoder) -> int:
+        """``<|im_end|>``: put in front of a continuation after a cut-off turn (``encode_continuation``,
+        RenderedTemplate). Because it is an atomic token, prompt + sampled + continuation equals the tokens
+        of the full re-rendered conversation (tested over random conversations): nothing is re-tokenized. A
+        turn that stopped on ``<|endoftext|>`` (end of document) has no ChatML continuation: end the episode
+        there."""
+        return _required_id(tokenizer, IM_END)
 
     def stop_token_ids(self, tokenizer: TextEncoder) -> list[int]:
         """Ids that end an assistant turn: ``<|im_end|>``, then ``<|endoftext|>`` if the vocabulary has it."""

@@ -47,7 +47,7 @@ from rz_agents.deepseek_tokens import (
     TOOL_SEP,
     USER,
 )
-from rz_agents.model.chat_messages import Message, TextEncoder
+from rz_agents.model.chat_messages import Message, RenderedTemplate, TextEncoder
 from rz_agents.model.chat_messages import check_messages as _check_messages
 from rz_agents.model.chat_messages import message_content as _content
 
@@ -96,34 +96,13 @@ def _tools_block(tools: Sequence[Mapping[str, Any]]) -> str:
     return "".join(parts) + TOOLS_FOOTER
 
 
-class DeepSeekEncoding:
+class DeepSeekEncoding(RenderedTemplate):
     """Token ids of a DeepSeek template's text (`render`, `render_continuation`) and its stop token; shared by
     V3.1's format and V3.2 / V4's DSML one (`rz_agents.model.deepseek_dsml`)."""
 
-    def encode_prompt(
-        self,
-        tokenizer: TextEncoder,
-        messages: Sequence[Message],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        enable_thinking: bool = True,
-    ) -> list[int]:
-        """Token ids of `render(...)`: the prompt a rollout starts from."""
-        return tokenizer.encode(self.render(messages, tools, add_generation_prompt, enable_thinking))
-
-    def encode_continuation(
-        self,
-        tokenizer: TextEncoder,
-        new_messages: Sequence[Message],
-        enable_thinking: bool = True,
-        assistant_closed: bool = True,
-    ) -> list[int]:
-        """Tokens to append after the assistant's sampled tokens (``assistant_closed=False``: the turn was cut
-        off, so ``<｜end▁of▁sentence｜>`` is put in front)."""
-        ids = tokenizer.encode(self.render_continuation(new_messages, enable_thinking))
-        if not assistant_closed:
-            ids = [_eos_id(tokenizer), *ids]
-        return ids
+    def turn_end_id(self, tokenizer: TextEncoder) -> int:
+        """``<｜end▁of▁sentence｜>``: put in front of a continuation after a cut-off turn."""
+        return _eos_id(tokenizer)
 
     def stop_token_ids(self, tokenizer: TextEncoder) -> list[int]:
         """Ids that end an assistant turn: ``<｜end▁of▁sentence｜>``."""
