@@ -17,6 +17,8 @@ from rz_agents.model.kimi_linear_config import KimiLinearConfig
 from rz_agents.model.peft_files import ADAPTER_DIR
 from rz_agents.model.qwen3_5_config import MODEL_TYPES as QWEN3_5_TYPES
 from rz_agents.model.qwen3_5_config import Qwen35Config
+from rz_agents.model.qwen3_5_vl_config import VL_MODEL_TYPES as QWEN3_5_VL_TYPES
+from rz_agents.model.qwen3_5_vl_config import Qwen35VLConfig
 from rz_agents.model.qwen3_vl_config import ImageProcessing, Qwen3VLConfig
 from rz_agents.model.safetensors_dir import (  # noqa: F401 (public names of checkpoint reading)
     INDEX_NAME,
@@ -35,14 +37,14 @@ PREPROCESSOR_NAME = "preprocessor_config.json"  # HF image processors read it (Q
 def read_config(ckpt_dir: str | os.PathLike, dtype: str | None = None) -> ModelConfig:
     """The checkpoint's ModelConfig (for Qwen3-VL: its language model's; `read_model_config` the whole)."""
     config = read_model_config(ckpt_dir, dtype)
-    return config.text if isinstance(config, Qwen3VLConfig) else config
+    return config.text if isinstance(config, (Qwen3VLConfig, Qwen35VLConfig)) else config
 
 
 def read_model_config(
     ckpt_dir: str | os.PathLike, dtype: str | None = None
 ) -> ModelConfig | Qwen3VLConfig | Qwen35Config:
-    """The checkpoint's config: a ModelConfig, a Qwen3VLConfig for model_type qwen3_vl, or a Qwen35Config for
-    qwen3_5 / qwen3_5_text (its text decoder)."""
+    """The checkpoint's config: a ModelConfig, a Qwen3VLConfig for model_type qwen3_vl, a Qwen35Config for
+    qwen3_5 / qwen3_5_text (its text decoder) or a Qwen35VLConfig for a qwen3_5 one with a vision tower."""
     path = Path(ckpt_dir) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{ckpt_dir}: no config.json")
@@ -51,6 +53,11 @@ def read_model_config(
         config = KimiLinearConfig.from_hf(d)
         if dtype is not None:
             config.dtype = dtype
+        return config
+    if d.get("model_type") in QWEN3_5_VL_TYPES and d.get("vision_config"):  # with its vision tower
+        config = Qwen35VLConfig.from_hf(d)
+        if dtype is not None:
+            config.text.dtype = dtype
         return config
     if d.get("model_type") in QWEN3_5_TYPES:
         config = Qwen35Config.from_hf(d)
@@ -77,6 +84,10 @@ def build_model(
         from rz_agents.model.qwen3_vl import Qwen3VLModel
 
         return Qwen3VLModel(config, kernels=kernels, init=init)
+    if isinstance(config, Qwen35VLConfig):
+        from rz_agents.model.qwen3_5_vl import Qwen35VLForConditionalGeneration
+
+        return Qwen35VLForConditionalGeneration(config, kernels=kernels)
     if isinstance(config, Qwen35Config):
         from rz_agents.model.qwen3_5 import Qwen35ForCausalLM
 
@@ -90,7 +101,7 @@ def build_model(
 
 def model_config_of(config: ModelConfig | Qwen3VLConfig) -> ModelConfig:
     """The decoder's ModelConfig of a model config (Qwen3-VL: its language model's)."""
-    return config.text if isinstance(config, Qwen3VLConfig) else config
+    return config.text if isinstance(config, (Qwen3VLConfig, Qwen35VLConfig)) else config
 
 
 def _prediction_layer(name: str, config: ModelConfig) -> bool:
@@ -120,6 +131,10 @@ def load_hf_base(
     """The checkpoint's base model on `device` (every tensor of the directory, none of its saved adapter:
     ``saved_adapter`` names that folder); every parameter must be present."""
     full_config = read_model_config(ckpt_dir, dtype)
+    if isinstance(full_config, Qwen35VLConfig):  # its own reader, as the text model's
+        from rz_agents.model.qwen3_5_vl import load_qwen3_5_vl
+
+        return load_qwen3_5_vl(ckpt_dir, kernels, dtype=full_config.text.torch_dtype).to(device)
     if isinstance(full_config, Qwen35Config):  # its own reader: HF's VL prefixes and mtp.* tensors
         from rz_agents.model.qwen3_5 import load_qwen3_5
 

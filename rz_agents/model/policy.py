@@ -28,6 +28,7 @@ from rz_agents.model.peft_files import load_peft_adapter, read_peft_config
 from rz_agents.model.qwen3_5_config import MODEL_TYPES as QWEN3_5_TYPES
 from rz_agents.model.qwen3_5_config import MOE_TYPES as QWEN3_5_MOE_TYPES
 from rz_agents.model.qwen3_5_config import Qwen35Config
+from rz_agents.model.qwen3_5_vl_config import Qwen35VLConfig
 
 
 @dataclass
@@ -90,6 +91,10 @@ def _of_config(spec: PolicySpec, device: torch.device | str) -> nn.Module:
             model = Qwen3VLModel(cfg, kernels=spec.kernels, init=False)
         elif isinstance(cfg, Qwen35Config):
             model = Qwen35ForCausalLM(cfg, kernels=spec.kernels)
+        elif isinstance(cfg, Qwen35VLConfig):
+            from rz_agents.model.qwen3_5_vl import Qwen35VLForConditionalGeneration
+
+            model = Qwen35VLForConditionalGeneration(cfg, kernels=spec.kernels)
         else:
             model = Transformer(cfg, kernels=spec.kernels, init=False)
         _attach_adapters(model, spec)  # (the config says itself whether activations are recomputed)
@@ -179,7 +184,13 @@ def _base(spec: PolicySpec, device: torch.device | str) -> nn.Module:
         from rz_agents.model.qwen3_5 import Qwen35ForCausalLM
 
         moe = spec.model_type in QWEN3_5_MOE_TYPES
-        model = Qwen35ForCausalLM(Qwen35Config.tiny(moe=moe, **overrides), kernels=spec.kernels)
+        if "vision" in overrides:  # tiny_overrides.vision: with a vision tower (model/qwen3_5_vl.py)
+            from rz_agents.model.qwen3_5_vl import Qwen35VLForConditionalGeneration
+
+            vl = Qwen35VLConfig.tiny(moe=moe, **overrides)
+            model = Qwen35VLForConditionalGeneration(vl, kernels=spec.kernels)
+        else:
+            model = Qwen35ForCausalLM(Qwen35Config.tiny(moe=moe, **overrides), kernels=spec.kernels)
     elif spec.model_type == "kimi_linear":  # KDA + MLA + MoE (model/kimi_linear.py)
         from rz_agents.model.kimi_linear import KimiLinearForCausalLM
 

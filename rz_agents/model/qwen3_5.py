@@ -388,7 +388,7 @@ class Qwen35ForCausalLM(nn.Module):
     gives final hidden states, `logits` the LM head; the engine's paged cache is the model's own kind
     (``new_kv_cache``: K/V pages plus the Gated DeltaNet layers' recurrent state, model/qwen3_5_cache.py)."""
 
-    takes_images = False  # (the vision tower of qwen3_5 vision-language checkpoints is not loaded yet)
+    takes_images = False  # (the vision-language model: Qwen35VLForConditionalGeneration, qwen3_5_vl.py)
     fused_projections = False  # no stacked q/k/v GEMMs for this family yet (``fuse_projections``: a no-op)
     # what one forward's layers share, and the engine cache's kind (a hybrid family built on this class,
     # Kimi Linear, brings its own)
@@ -396,14 +396,18 @@ class Qwen35ForCausalLM(nn.Module):
     cache_type: type = HybridCache
     snapshot_every = SNAPSHOT_EVERY  # the engine cache's pages per delta-rule state snapshot slot
 
-    def __init__(self, config: Qwen35Config, kernels: str = "aligned") -> None:
+    def __init__(
+        self, config: Qwen35Config, kernels: str = "aligned", stack: nn.Module | None = None
+    ) -> None:
+        """``stack``: the ``model.`` module when it is more than the decoder (a vision-language model's tower
+        and ``language_model``: model/qwen3_5_vl.py); ``decoder`` names the decoder within it."""
         super().__init__()
         get_ops(kernels)  # reject an unknown name now
         self.config = config
-        self.model = _Stack(config)
+        self.model = _Stack(config) if stack is None else stack
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.weight = self.decoder.embed_tokens.weight
         self.kernels = kernels
         self.rope = RopeTable(config.rotary_dim, config.rope_theta, config.max_position_embeddings)
         self.to(config.torch_dtype)
@@ -466,8 +470,6 @@ class Qwen35ForCausalLM(nn.Module):
         Standalone calls pass ``seq_lens`` (and ``states``, each sequence's ``SequenceState``, updated in
         place) without positions.
         """
-        if any(v is not None for v in (rope_positions, images, image_slots)):
-            raise ValueError(f"{type(self).__name__} takes no rope_positions or image inputs (a text model)")
         shape = tokens.shape
         if positions is None:
             batch, tokens = self._standalone_batch(tokens, seq_lens, states)
@@ -476,18 +478,26 @@ class Qwen35ForCausalLM(nn.Module):
                 raise ValueError("states go with seq_lens and no positions (a standalone call)")
             tokens, positions, seq_ids = flat_stream(tokens, positions, seq_ids)
             batch = self._contract_batch(positions, seq_ids, kv_cache, seq_lens)
-        if text_rope_positions is not None:  # (the engine's decode step: equal to the positions here)
-            if text_rope_positions.shape != tokens.shape:
-                raise ValueError(f"text_rope_positions must be [{tokens.shape[0]}] (one per token)")
-            batch.rope_positions = text_rope_positions
-        x = self.model.embed_tokens(tokens)
+        x = self._embed(tokens, shape, batch, rope_positions, images, image_slots, text_rope_positions)
         recompute = self.config.activation_checkpointing and torch.is_grad_enabled() and not batch.keeps_state
-        for layer in self.model.layers:
+        for layer in self.decoder.layers:
             x = checkpoint(layer, x, batch, use_reentrant=False) if recompute else layer(x, batch)
         if states is not None:
             for st, n in zip(states, batch.seq_lens, strict=True):
                 st.position += n
-        return in_token_shape(self.model.norm(x), shape)
+        return in_token_shape(self.decoder.norm(x), shape)
+
+    def _embed(self, tokens, shape, batch: _Batch, rope_positions, images, image_slots, text_rope_positions):
+        """The stream's input embeddings; sets the rotation rows on ``batch`` (a text model: each token's
+        position, or ``text_rope_positions`` in the engine's decode step, equal to them here). A text model
+        refuses image inputs (a vision-language one overrides this: model/qwen3_5_vl.py)."""
+        if any(v is not None for v in (rope_positions, images, image_slots)):
+            raise ValueError(f"{type(self).__name__} takes no rope_positions or image inputs (a text model)")
+        if text_rope_positions is not None:
+            if text_rope_positions.shape != tokens.shape:
+                raise ValueError(f"text_rope_positions must be [{tokens.shape[0]}] (one per token)")
+            batch.rope_positions = text_rope_positions
+        return self.decoder.embed_tokens(tokens)
 
     def _standalone_batch(self, tokens, seq_lens, states) -> tuple[_Batch, torch.Tensor]:
         if seq_lens is None:
@@ -576,10 +586,11 @@ class Qwen35ForCausalLM(nn.Module):
 
     # ---- weights ----------------------------------------------------------------------------------------
     def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
+        return self.decoder.embed_tokens
 
     @property
     def decoder(self) -> nn.Module:
+        """The decoder's embedding, layers and final norm."""
         return self.model
 
     @torch.no_grad()
