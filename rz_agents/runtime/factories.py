@@ -10,6 +10,8 @@ import torch
 from rz_agents.model.lora import LoraConfig
 from rz_agents.model.packaged import resolve_checkpoint
 from rz_agents.model.policy import PolicySpec, build_policy, tiny_vl_config  # noqa: F401 (tiny_vl_config: moved)
+from rz_agents.model.qwen3_5_config import MODEL_TYPES as QWEN3_5_TYPES
+from rz_agents.model.qwen3_5_config import MOE_TYPES as QWEN3_5_MOE_TYPES
 from rz_agents.rollout.controller import RolloutController
 from rz_agents.rollout.policy_template import policy_template  # noqa: F401 (moved to rollout/)
 from rz_agents.rollout.task_source import TaskSource
@@ -52,12 +54,20 @@ def build_model(
 
 
 def spec_vl_config(spec: ModelSpec, vocab_size: int):
-    """The Qwen3-VL config of ``spec``'s model without building it (None for a text model)."""
+    """The vision-language config (Qwen3-VL's, or Qwen3.5's with its tower) of ``spec``'s model without
+    building it (None for a text model)."""
     if spec.checkpoint:
         from rz_agents.model.checkpoint import read_model_config
 
         config = read_model_config(resolve_checkpoint(spec.checkpoint), spec.dtype)
-        return config if config.model_type == "qwen3_vl" else None
+        return config if hasattr(config, "vision") else None
+    if spec.model_type in QWEN3_5_TYPES and "vision" in spec.tiny_overrides:
+        from rz_agents.model.qwen3_5_vl_config import Qwen35VLConfig
+
+        moe = spec.model_type in QWEN3_5_MOE_TYPES
+        return Qwen35VLConfig.tiny(
+            moe=moe, **{"vocab_size": vocab_size, "dtype": spec.dtype, **spec.tiny_overrides}
+        )
     if spec.model_type != "qwen3_vl":
         return None
     return tiny_vl_config({"vocab_size": vocab_size, "dtype": spec.dtype, **spec.tiny_overrides})

@@ -652,6 +652,8 @@ def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, s
 
     if spec.model_type in MODEL_TYPES:  # hybrid linear attention (model/qwen3_5_memory.py), dense or MoE
         moe = spec.model_type in MOE_TYPES
+        if overrides.pop("vision", None) is not None:  # (a vision tower: its memory is not estimated yet)
+            return Qwen35Config.tiny(moe=moe, **overrides), "tiny random model (Qwen3.5, text decoder only)"
         return Qwen35Config.tiny(moe=moe, **overrides), f"tiny random model (Qwen3.5{'-MoE' if moe else ''})"
     if spec.model_type == "deepseek_v4":
         return DeepseekV4Config.tiny(**overrides), "tiny random model (DeepSeek-V4)"

@@ -145,3 +145,20 @@ def test_a_text_model_refuses_images_and_the_vl_model_counts_placeholders(checkp
     bad = VLSequence(seqs[0].tokens[:10] + [IMAGE] * 5, GRIDS[:1], seqs[0].pixel_values)  # 5 for 6 rows
     with pytest.raises(ValueError, match="image 0 .* needs 6 consecutive image tokens"):
         packed_token_logprobs(model, [bad])
+
+
+def test_the_screenshot_config_builds_a_vision_language_policy_and_its_template():
+    """configs/qwen3_5-visual-click-demo.yaml (a tiny Qwen3.5 with a tower, `tiny_overrides.vision`): the
+    spec's config, which the Ray driver's template reads without building the model, equals the built
+    model's, so the template's placeholder runs match the engines' and learners' models."""
+    from rz_agents.cli.train import load_run_config
+    from rz_agents.rollout.byte_chat import ByteChatTemplate
+    from rz_agents.rollout.byte_vl_chat import ByteVLChatTemplate
+    from rz_agents.runtime.factories import build_model, policy_template, spec_vl_config
+
+    spec = load_run_config("qwen3_5-visual-click-demo").model
+    vl = spec_vl_config(spec, 320)
+    model = build_model(spec, 320)
+    assert isinstance(model, Qwen35VLForConditionalGeneration) and vl == model.vl_config
+    assert vl.image_token_id == 300 and vl.mrope_section == [2, 1, 1] and vl.vision.patch_size == 16
+    assert isinstance(policy_template(ByteChatTemplate(), vl), ByteVLChatTemplate)
