@@ -1,7 +1,7 @@
 """Kimi's chat format with `tokenizer: checkpoint`: rendered text and token ids equal the checkpoint's own
 jinja (Kimi K2 Instruct's template, rendered by transformers' jinja) on random conversations (system or the
-default one, tools, multi-turn tool calls and results, named messages); rollouts stay append-only; the calls the
-template writes parse back; malformed ones are error observations."""
+default one, tools, multi-turn tool calls and results, named messages); rollouts stay append-only; the calls
+the template writes parse back; malformed ones are error observations."""
 
 from __future__ import annotations
 
