@@ -15,7 +15,9 @@ from typing import Any
 from rz_agents.envs.base import ToolSpec
 from rz_agents.envs.deepseek_tool_calls import is_deepseek_turn, parse_deepseek_tool_calls
 from rz_agents.envs.dsml_tool_calls import is_dsml_turn, parse_dsml_tool_calls
+from rz_agents.envs.kimi_tool_calls import is_kimi_turn, parse_kimi_tool_calls
 from rz_agents.envs.tool_call_types import ParsedTurn, ToolCall, ToolCallError, tool_names, validate_call
+from rz_agents.envs.xml_tool_calls import is_xml_call, parse_xml_call
 
 __all__ = [
     "CLOSE",
@@ -35,6 +37,8 @@ _FENCE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(```|$)", re.DOTALL)
 
 
 def _parse_call(body: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | ToolCallError:
+    if is_xml_call(body):  # Qwen3.5 / Qwen3-Coder: <function=NAME><parameter=KEY>...
+        return parse_xml_call(body, schemas)
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as exc:
@@ -65,14 +69,21 @@ def parse_tool_calls(
     ``tools`` are the env's tool specs. With ``code_blocks`` a fenced python block is a call of
     ``code_tool`` with ``{"code": ...}``. A turn in DeepSeek's format (``<｜tool▁calls▁begin｜>``) is parsed
     by `rz_agents.envs.deepseek_tool_calls` instead, one with DeepSeek-V3.2/V4 DSML elements by
-    `rz_agents.envs.dsml_tool_calls`.
+    `rz_agents.envs.dsml_tool_calls`, one with Kimi's tool-call tokens by `rz_agents.envs.kimi_tool_calls`.
+    A ``<tool_call>`` holding ``<function=NAME>`` (Qwen3.5's XML form) is read by
+    `rz_agents.envs.xml_tool_calls`. Text before a ``</think>`` with no ``<think>`` (a turn that began after
+    a generation prompt's ``<think>``) is reasoning, ignored too.
     """
+    if is_kimi_turn(text):
+        return parse_kimi_tool_calls(text, tools)
     if is_dsml_turn(text):
         return parse_dsml_tool_calls(text, tools)
     if is_deepseek_turn(text):
         return parse_deepseek_tool_calls(text, tools)
     schemas = tool_names(tools)
     visible = _THINK.sub("", text)
+    if "</think>" in visible:  # reasoning opened by the generation prompt (Qwen3.5, Qwen3-Thinking-2507)
+        visible = visible.split("</think>", 1)[1]
     found: list[tuple[int, ToolCall | ToolCallError]] = []
     pos = 0
     last_close = -1

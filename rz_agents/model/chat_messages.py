@@ -50,6 +50,24 @@ def check_messages(messages: Sequence[Message]) -> None:
             raise TypeError(f"message {i}: reasoning_content must be a str, got {type(reasoning).__name__}")
 
 
+def required_id(tokenizer: TextEncoder, token: str, format_name: str = "ChatML") -> int:
+    """The id of `token`, or a one-line error saying the tokenizer does not use `format_name`."""
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise ValueError(f"the tokenizer has no {token} token: it does not use the {format_name} format")
+    return token_id
+
+
+def stop_ids(tokenizer: TextEncoder, turn_end: str, others: Sequence[str], format_name: str) -> list[int]:
+    """Ids that end an assistant turn: `turn_end` (required), then each of `others` the vocabulary has."""
+    ids = [required_id(tokenizer, turn_end, format_name)]
+    for token in others:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is not None and token_id not in ids:
+            ids.append(token_id)
+    return ids
+
+
 class RenderedTemplate:
     """Token ids of a chat template's text: ``encode_prompt`` of ``render``, ``encode_continuation`` of
     ``render_continuation`` with the turn-end token put in front when the sampled turn was cut off. Shared

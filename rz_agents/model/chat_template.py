@@ -47,11 +47,13 @@ from pathlib import Path
 from typing import Any
 
 from rz_agents.deepseek_tokens import ASSISTANT, THINK_CLOSE
-from rz_agents.model.chat_messages import Message, RenderedTemplate, TextEncoder
+from rz_agents.model.chat_messages import Message, RenderedTemplate, TextEncoder, required_id, stop_ids
 from rz_agents.model.chat_messages import check_messages as _check_messages
 from rz_agents.model.chat_messages import message_content as _content
 from rz_agents.model.deepseek_chat import DEEPSEEK_V31_CHAT_TEMPLATE, DeepSeekChatTemplate
 from rz_agents.model.deepseek_dsml import DSML_MODEL_TYPES, DsmlChatTemplate
+from rz_agents.model.kimi_chat import KIMI_CHAT_TEMPLATE, KIMI_MODEL_TYPES, KimiChatTemplate
+from rz_agents.model.qwen3_5_chat import QWEN3_5_CHAT_TEMPLATE, QWEN3_5_MODEL_TYPES, Qwen35ChatTemplate
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -229,15 +231,11 @@ class ChatTemplate(RenderedTemplate):
         of the full re-rendered conversation (tested over random conversations): nothing is re-tokenized. A
         turn that stopped on ``<|endoftext|>`` (end of document) has no ChatML continuation: end the episode
         there."""
-        return _required_id(tokenizer, IM_END)
+        return required_id(tokenizer, IM_END)
 
     def stop_token_ids(self, tokenizer: TextEncoder) -> list[int]:
         """Ids that end an assistant turn: ``<|im_end|>``, then ``<|endoftext|>`` if the vocabulary has it."""
-        ids = [_required_id(tokenizer, IM_END)]
-        eot = tokenizer.token_to_id(END_OF_TEXT)
-        if eot is not None and eot not in ids:
-            ids.append(eot)
-        return ids
+        return stop_ids(tokenizer, IM_END, [END_OF_TEXT], "ChatML")
 
     # ---- jinja for other tools ----------------------------------------------------------------
 
@@ -252,13 +250,6 @@ class ChatTemplate(RenderedTemplate):
         # the thinking style as a jinja variable: "switch" follows enable_thinking
         style = "{%- set style = " + json.dumps(self.thinking) + " %}\n"
         return style + _JINJA.replace("@DEFAULT_SYSTEM@", default)
-
-
-def _required_id(tokenizer: TextEncoder, token: str) -> int:
-    token_id = tokenizer.token_to_id(token)
-    if token_id is None:
-        raise ValueError(f"the tokenizer has no {token} token: it does not use the ChatML format")
-    return token_id
 
 
 # The rules of ChatTemplate.render as jinja (transformers' sandbox: `tojson` and str methods available).
@@ -350,16 +341,41 @@ def thinking_style(jinja: str) -> str:
     return "switch"
 
 
-def template_for(
-    tokenizer: Any, model_type: str | None = None
-) -> ChatTemplate | DeepSeekChatTemplate | DsmlChatTemplate:
-    """The chat template that renders like the tokenizer's own jinja ``chat_template``: SmolLM2's or
+AnyTemplate = ChatTemplate | DeepSeekChatTemplate | DsmlChatTemplate | Qwen35ChatTemplate | KimiChatTemplate
+KIMI_MARKER = "<|im_middle|>"  # Kimi's role separator: in its jinja and its vocabulary
+QWEN3_5_MARKER = "<function="  # the Qwen3-Coder XML tool-call form Qwen3.5's jinja writes
+
+
+def _family_template(tokenizer: Any, jinja: str, model_type: str | None) -> AnyTemplate | None:
+    """Kimi's or Qwen3.5's format when the jinja (or, with no jinja, the model_type) says so; else None."""
+    token_to_id = getattr(tokenizer, "token_to_id", None)
+    if KIMI_MARKER in jinja or (
+        not jinja and model_type in KIMI_MODEL_TYPES and token_to_id and token_to_id(KIMI_MARKER) is not None
+    ):
+        return KIMI_CHAT_TEMPLATE
+    if QWEN3_5_MARKER in jinja and "<think>" in jinja or (not jinja and model_type in QWEN3_5_MODEL_TYPES):
+        if "reasoning_effort" in jinja:
+            raise ValueError(
+                "the tokenizer's chat template has a reasoning_effort setting (Qwen3.8's), whose system "
+                "prompt the Qwen3.5 format here does not render: not supported; use raw prompts"
+            )
+        return QWEN3_5_CHAT_TEMPLATE
+    return None
+
+
+def template_for(tokenizer: Any, model_type: str | None = None) -> AnyTemplate:
+    """The chat template that renders like the tokenizer's own jinja ``chat_template``: Kimi's
+    (`rz_agents.model.kimi_chat`) or Qwen3.5's (XML tool calls; `rz_agents.model.qwen3_5_chat`) when the
+    jinja writes their markers, or has no jinja and the checkpoint's `model_type` names them; SmolLM2's or
     Qwen2.5's (their default system prompts) when the jinja names them; DeepSeek-V3.1's (its ``thinking``
     switch and tool-call tokens; `rz_agents.model.deepseek_chat`); else Qwen3's, in the jinja's thinking
     style. A DeepSeek tokenizer with no jinja gets DeepSeek-V3.2's or V4's DSML format
     (`rz_agents.model.deepseek_dsml`) when the checkpoint's `model_type` (config.json) says which. Other
     DeepSeek formats (R1-Distill's; a jinja-less one of an unknown model type) are refused in one line."""
     jinja = tokenizer.chat_template or ""
+    family = _family_template(tokenizer, jinja, model_type)
+    if family is not None:
+        return family
     if SMOLLM2_DEFAULT_SYSTEM_PROMPT in jinja:
         return SMOLLM2_CHAT_TEMPLATE
     if QWEN25_DEFAULT_SYSTEM_PROMPT in jinja:
@@ -387,11 +403,9 @@ def template_for(
     }[thinking_style(jinja)]
 
 
-def checkpoint_template(
-    tokenizer: Any, directory: str | Path
-) -> ChatTemplate | DeepSeekChatTemplate | DsmlChatTemplate:
+def checkpoint_template(tokenizer: Any, directory: str | Path) -> AnyTemplate:
     """`template_for` the tokenizer of checkpoint `directory`, told the model_type of its config.json (which
-    picks DeepSeek-V3.2's or V4's format for their jinja-less tokenizers)."""
+    picks DeepSeek-V3.2's or V4's format, Qwen3.5's or Kimi's, for jinja-less tokenizers)."""
     config = Path(directory) / "config.json"
     model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
     return template_for(tokenizer, model_type)
