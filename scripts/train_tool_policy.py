@@ -257,6 +257,8 @@ def train(demos: list[dict[str, Any]], args: argparse.Namespace) -> tuple[Transf
             print(f"step {step}/{total} loss {loss:.4f} {time.perf_counter() - t0:.0f}s", flush=True)
         if step % args.save_every == 0 and step < total:
             save_hf_checkpoint(model, args.out / "final_model")
+            saved = {"saved_step": step, "steps": total, "loss": loss, "wall_s": time.perf_counter() - t0}
+            args.out.joinpath("progress.json").write_text(json.dumps(saved) + "\n")
 
     stats = supervised_warm_start(model, rendered[: args.steps * args.batch], cfg, on_step=on_step)
     return model, stats
@@ -264,7 +266,7 @@ def train(demos: list[dict[str, Any]], args: argparse.Namespace) -> tuple[Transf
 
 async def _answers(engine: RZEngine, prompts: list[list[int]]) -> list[str]:
     tok = ByteTokenizer()
-    params = SamplingParams(temperature=0.0, max_tokens=120)
+    params = SamplingParams(temperature=0.0, max_tokens=100)  # the longest call is ~90 bytes
     outs = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
     return [tok.decode(o.tokens, skip_special_tokens=True) for o in outs]
 
@@ -273,7 +275,7 @@ def evaluate(directory: Path, n: int, seed: int) -> dict[str, Any]:
     """Held-out figures through the aligned engine (greedy): the call, then the reply after the result."""
     tok, tpl = ByteTokenizer(), ByteChatTemplate()
     model = load_hf_checkpoint(directory, kernels="aligned").eval().requires_grad_(False)
-    config = EngineConfig(max_running=32, max_len=2048, max_batch_tokens=4096)
+    config = EngineConfig(max_running=n, max_len=2048, max_batch_tokens=8192)  # one wave per turn
     engine = RZEngine(model, config, decode=tok.decode)
     rng = random.Random(seed + 1)
     held = [conversation(rng, held_out=True) for _ in range(n)]
@@ -317,45 +319,48 @@ def write_config(out: Path, model_shape: dict[str, int]) -> None:
     )
 
 
+def measure(out: Path, held_out: int, seed: int, extra: dict[str, Any]) -> None:
+    """Held-out figures of OUT/final_model into OUT/report.json (beside what ``extra`` says of training)."""
+    report = {**extra, **evaluate(out / "final_model", held_out, seed)}
+    report["size_bytes"] = sum(f.stat().st_size for f in (out / "final_model").iterdir())
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "examples"}, indent=2))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--steps", type=int, default=1500, help="SFT steps")
+    p.add_argument("--steps", type=int, default=900, help="SFT steps")
     p.add_argument("--batch", type=int, default=8, help="conversations per step")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (cosine after 50 warmup steps)")
-    p.add_argument("--held-out", type=int, default=100)
+    p.add_argument("--lr", type=float, default=6e-3, help="peak learning rate (cosine after 50 warmup steps)")
+    p.add_argument("--held-out", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hidden", type=int, default=96, help="model width")
-    p.add_argument("--layers", type=int, default=3, help="model depth")
+    p.add_argument("--hidden", type=int, default=64, help="model width")
+    p.add_argument("--layers", type=int, default=2, help="model depth")
     # one thread: on this machine's two shared cores a second thread made each step 2-3x slower
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--eval-only", action="store_true", help="only measure OUT/final_model")
     p.add_argument("--save-every", type=int, default=100, help="steps between saved weights")
+    p.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="only measure OUT/final_model (e.g. a stopped run's last save)",
+    )
     args = p.parse_args()
     t0 = time.perf_counter()
-    if args.eval_only:
-        torch.set_num_threads(args.threads)
-        report = evaluate(args.out / "final_model", args.held_out, args.seed)
-        print(json.dumps({k: v for k, v in report.items() if k != "examples"}, indent=2))
+    torch.set_num_threads(args.threads)
+    run = {"seed": args.seed, "batch": args.batch, "lr": args.lr, "shape": shape(args.hidden, args.layers)}
+    if args.eval_only:  # the weights of the last save: progress.json says which step
+        progress = args.out / "progress.json"
+        saved = json.loads(progress.read_text()) if progress.is_file() else {}
+        measure(args.out, args.held_out, args.seed, {"train": {**run, **saved}})
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    write_config(args.out, shape(args.hidden, args.layers))
+    write_config(args.out, run["shape"])
     model, stats = train(training_set(args.steps * args.batch, args.seed), args)
     save_hf_checkpoint(model, args.out / "final_model")
-    report = {
-        "train": {
-            **stats,
-            "seed": args.seed,
-            "batch": args.batch,
-            "lr": args.lr,
-            "shape": shape(args.hidden, args.layers),
-        }
-    }
-    report.update(evaluate(args.out / "final_model", args.held_out, args.seed))
-    report["size_bytes"] = sum(f.stat().st_size for f in (args.out / "final_model").iterdir())
-    report["wall_s"] = time.perf_counter() - t0
-    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if k != "examples"}, indent=2))
+    measure(
+        args.out, args.held_out, args.seed, {"train": {**run, **stats}, "wall_s": time.perf_counter() - t0}
+    )
 
 
 if __name__ == "__main__":
