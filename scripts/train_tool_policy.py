@@ -5,19 +5,28 @@ request lists.
 Each conversation lists 1-2 tools in the system prompt the way the byte chat template advertises them
 (``tools: [...]``, the OpenAI tool schemas a client sends), asks for something one of them does, and has the
 assistant write a ``<tool_call>`` to that tool with the arguments taken from the request, then, after the
-tool's result, answer in text. Twelve kinds of tool, each under a few names; one name per kind and every
-argument value in the held-out set are never seen in training, so the held-out figures measure what carries
-over to new tool names and values, not recall.
+tool's result, answer in text. Twelve kinds of tool, told apart by their descriptions and arguments.
+
+The task is built to be learned by copying, what a tiny model can do: training tools get made-up names
+(random identifiers, never a real tool's name) and most argument values are made-up words and random
+integers, so remembering a name or a value never pays and copying it from the tool list / the request does.
+The held-out requests use the tools' real names (``get_weather``, ``add``, ...: none of them is ever a
+training name) and values from pools (and integers) that no training conversation contains, so the held-out
+figures measure what carries over to new tool names and values, not recall.
 
     python scripts/train_tool_policy.py                   # writes the package's policy and its report
     python scripts/train_tool_policy.py --out /tmp/tt     # elsewhere (seeded: same weights, same torch build)
 
 Output: OUT/config.yaml (tokenizer and shape, what ``rz serve tool-tiny`` reads), OUT/final_model/
-(config.json + model.safetensors) and OUT/report.json (the held-out figures, measured through the aligned
-engine with greedy decoding). The name ``tool-tiny`` goes into rz_agents/model/packaged.py's PACKAGED_MODELS
-once a run's report shows usable calls: the defaults here (260 steps of 8 conversations, a 64-wide model,
-what this machine's shared CPUs allowed) do not get there yet: greedy calls have the format but not the
-right names or values, and the turn does not stop after ``</tool_call>``.
+(config.json + model.safetensors, rewritten every ``--save-every`` steps, so a stopped run leaves a servable
+policy) and OUT/report.json (the held-out figures, measured through the aligned engine with greedy decoding).
+
+Not there yet, so ``tool-tiny`` is not in rz_agents/model/packaged.py's PACKAGED_MODELS: the defaults (900
+steps of 8 conversations, 2 layers 64 wide, 36 min on this machine's shared cores, one thread) gave, on 40
+held-out requests (experiments/results/tool_policy_2l64_900/report.json): every reply a well-formed call that
+ends its turn, the target tool's argument names 0.925, but no listed tool's name and no right value (0.0):
+the model writes made-up names and values of the training distribution instead of copying them. It has not
+learned to copy; a wider/deeper model and several times more steps (a GPU, or an idle machine) are next.
 """
 
 from __future__ import annotations
@@ -43,28 +52,31 @@ from rz_agents.warmstart.episodes import render_episode
 from rz_agents.warmstart.sft import WarmStartConfig, supervised_warm_start
 
 OUT = Path(__file__).resolve().parent.parent / "rz_agents" / "data" / "policies" / "tool-tiny"
-SHAPE = dict(
-    hidden_size=64,
-    intermediate_size=192,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=2048,
-)
 
-# Value pools: the first part trains, the rest is held out (never in a training conversation)
-CITIES = "Paris Tokyo Lima Oslo Cairo Delhi Rome Quito Dakar Hanoi Perth Kyiv Seoul Bern Accra Riga".split()
-CITIES += "Madrid Nairobi Lisbon Havana Dublin Manila Sofia Tunis".split()
-WORDS = "cats jazz tea rust chess bees tides maps salt owls kites moss opals figs yaks".split()
-WORDS += "comets tulips lemurs glaciers violins".split()
-NAMES = "ana bo cy dee eli fay gus hal ivy jon kim lu max ned".split() + "oli pam quin ray sue".split()
-ZONES = "UTC EST PST CET JST IST AEST MSK GMT EET".split() + "CST HST WAT".split()
-LANGS = "French Spanish German Italian Dutch Polish Swedish".split() + "Turkish Greek Czech".split()
-SYMBOLS = "AAPL MSFT IBM ORCL SAP INTC AMD NVDA".split() + "TSLA SONY ADBE".split()
-PATHS = "notes.txt todo.md main.py data.csv README log.txt setup.cfg".split() + "a.json run.sh".split()
-DATES = "May 3|June 9|July 14|Aug 2|Sep 21|Oct 5|Nov 30|Dec 12".split("|") + "Jan 8|Feb 17|Mar 25".split("|")
-HELD_OUT_SHARE = 0.25
+
+def shape(hidden: int, layers: int) -> dict[str, int]:
+    """The model's shape: ``layers`` Qwen3 blocks ``hidden`` wide (4 query heads, 2 KV heads)."""
+    return dict(hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                max_position_embeddings=2048)  # fmt: skip
+
+
+# Held-out values: real words (none is ever a training value) and 100 of the integers 0-999
+CITIES = "Paris Tokyo Lima Oslo Cairo Delhi Rome Quito Madrid Nairobi Lisbon Havana Dublin Manila".split()
+WORDS = "cats jazz tea rust chess bees tides maps salt owls comets tulips lemurs glaciers violins".split()
+NAMES = "ana bob cy dee eli fay gus hal oli pam quin ray sue".split()
+ZONES = "UTC EST PST CET JST IST CST HST WAT".split()
+LANGS = "French Spanish German Italian Turkish Greek Czech".split()
+SYMBOLS = "AAPL MSFT IBM TSLA SONY ADBE".split()
+PATHS = "notes.txt todo.md main.py data.csv a.json run.sh".split()
+MONTHS = "Jan Feb Mar Apr May June July Aug Sep Oct Nov Dec".split()
+DATES = "May 3|June 9|July 14|Aug 2|Jan 8|Feb 17|Mar 25".split("|")
+HELD_OUT_INTS = frozenset(random.Random(1234).sample(range(1000), 100))
+POOLS = {"city": CITIES, "query": WORDS, "to": NAMES, "subject": WORDS, "timezone": ZONES,
+         "language": LANGS, "symbol": SYMBOLS, "path": PATHS, "date": DATES, "title": WORDS}  # fmt: skip
+HELD_OUT_STRINGS = frozenset(v.lower() for pool in POOLS.values() for v in pool)
+CONSONANTS, VOWELS = "bcdfghjklmnprstvwz", "aeiou"
+NAME_PARTS = "get set find run do make check lookup fetch query call api tool info data item my".split()
 
 
 @dataclass(frozen=True)
@@ -115,20 +127,61 @@ KINDS = (
 CHATS = (("Hi", "Hello! How can I help?"), ("Say hi.", "Hi!"), ("Thanks!", "You are welcome."))
 
 
-def _split(pool: list[str], held_out: bool) -> list[str]:
-    cut = len(pool) - max(1, round(len(pool) * HELD_OUT_SHARE))
-    return pool[cut:] if held_out else pool[:cut]
+def _pseudo_word(rng: random.Random, syllables: tuple[int, int] = (1, 3)) -> str:
+    """A made-up lowercase word (consonant-vowel syllables): nothing to remember, only to copy."""
+    n = rng.randint(*syllables)
+    word = "".join(rng.choice(CONSONANTS) + rng.choice(VOWELS) for _ in range(n))
+    return word + (rng.choice(CONSONANTS) if rng.random() < 0.5 else "")
+
+
+def _training_word(rng: random.Random) -> str:
+    while (word := _pseudo_word(rng)) in HELD_OUT_STRINGS:
+        pass
+    return word
+
+
+def tool_name(rng: random.Random) -> str:
+    """A training tool's made-up name (an identifier like ``fetch_kovi`` or ``tamero``), never a real one."""
+    held_out = {name for kind in KINDS for name in kind.names}
+    while True:
+        parts = [_pseudo_word(rng) if rng.random() < 0.6 else rng.choice(NAME_PARTS)
+                 for _ in range(rng.randint(1, 3))]  # fmt: skip
+        name = "_".join(parts)
+        if name not in held_out and len(name) > 2:
+            return name
+
+
+def _styled(word: str, arg: str) -> str:
+    """A made-up training value written the way the argument's real values are."""
+    if arg in ("city", "language"):
+        return word.capitalize()
+    if arg in ("symbol", "timezone"):
+        return word.upper()[:5]
+    if arg == "path":
+        return word + "." + ("txt", "md", "py", "csv", "json", "sh")[len(word) % 6]
+    return word
 
 
 def _value(kind: Kind, arg: str, rng: random.Random, held_out: bool) -> Any:
-    """An argument value: integers from disjoint ranges, strings from disjoint pools."""
+    """An argument value: held-out ones from the pools and HELD_OUT_INTS, training ones made up."""
     if kind.params[arg] == "integer":
-        return rng.randint(70, 99) if held_out else rng.randint(0, 69)
-    pools = {"city": CITIES, "query": WORDS, "to": NAMES, "subject": WORDS, "timezone": ZONES,
-             "language": LANGS, "symbol": SYMBOLS, "path": PATHS, "date": DATES, "title": WORDS}  # fmt: skip
+        if held_out:
+            return rng.choice(sorted(HELD_OUT_INTS))
+        while (n := rng.randint(0, 999)) in HELD_OUT_INTS:
+            pass
+        return n
     if arg == "text":
-        return " ".join(rng.choice(_split(WORDS, held_out)) for _ in range(rng.randint(1, 3)))
-    return rng.choice(_split(pools[arg], held_out))
+        pick = (lambda: rng.choice(WORDS)) if held_out else (lambda: _training_word(rng))
+        return " ".join(pick() for _ in range(rng.randint(1, 3)))
+    if held_out:
+        return rng.choice(POOLS[arg])
+    if arg == "date":
+        while (date := f"{rng.choice(MONTHS)} {rng.randint(1, 28)}") in DATES:
+            pass
+        return date
+    while (value := _styled(_training_word(rng), arg)).lower() in HELD_OUT_STRINGS:
+        pass
+    return value
 
 
 def _result(kind: Kind, args: dict[str, Any], rng: random.Random) -> str:
@@ -137,14 +190,17 @@ def _result(kind: Kind, args: dict[str, Any], rng: random.Random) -> str:
         return str(args["a"] + args["b"] if kind.names[0] == "add" else args["a"] * args["b"])
     if kind.names[0] == "word_count":
         return str(len(args["text"].split()))
-    results = ("ok", "done", f"{rng.randint(1, 40)}C sunny", f"{rng.randint(10, 99)}.5", "yes", "12:30")
+    results = ("ok", "done", f"{rng.randint(1, 40)}C sunny", f"{rng.randint(10, 999)}.{rng.randint(0, 9)}",
+               f"{rng.randint(0, 23)}:{rng.randint(10, 59)}", _pseudo_word(rng), "yes")  # fmt: skip
     return rng.choice(results)
 
 
-def schema(name: str, kind: Kind) -> dict[str, Any]:
+def schema(name: str, kind: Kind, required: bool = False) -> dict[str, Any]:
     """The OpenAI tool schema a client lists for a tool of ``kind`` named ``name``."""
     props = {arg: {"type": typ} for arg, typ in kind.params.items()}
     parameters = {"type": "object", "properties": props}
+    if required:  # many clients list the required arguments; the policy sees both forms
+        parameters["required"] = list(kind.params)
     function = {"name": name, "description": kind.description, "parameters": parameters}
     return {"type": "function", "function": function}
 
@@ -152,10 +208,11 @@ def schema(name: str, kind: Kind) -> dict[str, Any]:
 def conversation(rng: random.Random, held_out: bool) -> dict[str, Any]:
     """One tool-use conversation: tools listed, the request, the call, the result, the reply."""
     kinds = rng.sample(range(len(KINDS)), rng.randint(1, 2))
-    names = {k: (KINDS[k].names[-1] if held_out else rng.choice(KINDS[k].names[:-1])) for k in kinds}
+    names = {k: (rng.choice(KINDS[k].names) if held_out else tool_name(rng)) for k in kinds}
     target = KINDS[kinds[0]]
     rng.shuffle(kinds)
-    tools = [schema(names[k], KINDS[k]) for k in kinds]
+    required = rng.random() < 0.5
+    tools = [schema(names[k], KINDS[k], required) for k in kinds]
     args = {arg: _value(target, arg, rng, held_out) for arg in target.params}
     result = _result(target, args, rng)
     name = names[KINDS.index(target)]
@@ -188,45 +245,69 @@ def _byte_text(message: dict[str, Any]) -> dict[str, Any]:
     return {"role": "assistant", "content": bytes(rendered[1:-2]).decode()[len("assistant\n") :]}
 
 
-def _log(step: int, total: int, loss: float) -> None:
-    if step % 10 == 0:
-        print(f"step {step}/{total} loss {loss:.4f}", flush=True)
-
-
-def train(demos: list[dict[str, Any]], steps_cap: int, seed: int, threads: int) -> tuple[Transformer, dict]:
+def train(demos: list[dict[str, Any]], args: argparse.Namespace) -> tuple[Transformer, dict]:
+    """Supervised steps (cosine LR, loss on the assistant's tokens, each turn's <|im_end|> included), the
+    weights saved to OUT every ``args.save_every`` steps."""
     tok, tpl = ByteTokenizer(), ByteChatTemplate()
     rendered = [
         render_episode(tok, tpl, [_byte_text(m) for m in d["messages"]], d.get("tools")) for d in demos
     ]
-    torch.manual_seed(seed)
-    model = Transformer(ModelConfig.tiny("qwen3", **SHAPE), kernels="standard")
-    model.reset_parameters(std=0.02, seed=seed)
-    torch.set_num_threads(threads)
-    cfg = WarmStartConfig(epochs=1, batch_size=8, lr=8e-3, warmup_steps=20, seed=seed)
-    stats = supervised_warm_start(model, rendered[: steps_cap * cfg.batch_size], cfg, on_step=_log)
+    torch.manual_seed(args.seed)
+    model = Transformer(ModelConfig.tiny("qwen3", **shape(args.hidden, args.layers)), kernels="standard")
+    model.reset_parameters(std=0.02, seed=args.seed)
+    torch.set_num_threads(args.threads)
+    cfg = WarmStartConfig(epochs=1, batch_size=args.batch, lr=args.lr, warmup_steps=50, seed=args.seed)
+    t0 = time.perf_counter()
+
+    def on_step(step: int, total: int, loss: float) -> None:
+        if step % 10 == 0:
+            print(f"step {step}/{total} loss {loss:.4f} {time.perf_counter() - t0:.0f}s", flush=True)
+        if step % args.save_every == 0 and step < total:
+            save_hf_checkpoint(model, args.out / "final_model")
+            saved = {"saved_step": step, "steps": total, "loss": loss, "wall_s": time.perf_counter() - t0}
+            args.out.joinpath("progress.json").write_text(json.dumps(saved) + "\n")
+
+    stats = supervised_warm_start(model, rendered[: args.steps * args.batch], cfg, on_step=on_step)
     return model, stats
 
 
 async def _answers(engine: RZEngine, prompts: list[list[int]]) -> list[str]:
-    tok = ByteTokenizer()
-    params = SamplingParams(temperature=0.0, max_tokens=120)
+    tok, tpl = ByteTokenizer(), ByteChatTemplate()
+    # the turn ends at <|im_end|> as `rz serve` ends it (without the stop ids the engine decoded past it,
+    # and skip_special_tokens hid where the model had stopped: the earlier "does not stop" reading)
+    stops = tuple(tpl.stop_token_ids(tok))
+    params = SamplingParams(temperature=0.0, max_tokens=100, stop_token_ids=stops)  # a call is <= ~90 bytes
     outs = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
     return [tok.decode(o.tokens, skip_special_tokens=True) for o in outs]
+
+
+def _written_call(text: str) -> dict[str, Any] | None:
+    """The call ``text`` writes when it is one ``<tool_call>`` block of JSON with a name and arguments."""
+    body = text.strip().removeprefix("<tool_call>").removesuffix("</tool_call>")
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    named = isinstance(call, dict) and isinstance(call.get("name"), str)
+    return call if named and isinstance(call.get("arguments"), dict) else None
 
 
 def evaluate(directory: Path, n: int, seed: int) -> dict[str, Any]:
     """Held-out figures through the aligned engine (greedy): the call, then the reply after the result."""
     tok, tpl = ByteTokenizer(), ByteChatTemplate()
     model = load_hf_checkpoint(directory, kernels="aligned").eval().requires_grad_(False)
-    config = EngineConfig(max_running=32, max_len=2048, max_batch_tokens=4096)
+    config = EngineConfig(max_running=n, max_len=2048, max_batch_tokens=8192)  # one wave per turn
     engine = RZEngine(model, config, decode=tok.decode)
     rng = random.Random(seed + 1)
     held = [conversation(rng, held_out=True) for _ in range(n)]
     first = [tpl.encode_prompt(tok, c["messages"][:1], tools=c["tools"]) for c in held]
     second = [tpl.encode_prompt(tok, c["messages"][:3], tools=c["tools"]) for c in held]
     calls, replies = asyncio.run(_answers(engine, first)), asyncio.run(_answers(engine, second))
-    valid = right = exact = answered = quoted = 0
+    formed = keys = valid = right = exact = answered = quoted = 0
     for c, text, reply in zip(held, calls, replies, strict=True):
+        written = _written_call(text)
+        formed += written is not None
+        keys += written is not None and written["arguments"].keys() == c["arguments"].keys()
         turn = parse_tool_calls(text, c["tools"])  # the OpenAI schemas are the env's ToolSpec
         if turn.calls and not turn.errors:
             valid += 1
@@ -237,7 +318,9 @@ def evaluate(directory: Path, n: int, seed: int) -> dict[str, Any]:
             quoted += c["result"] in reply
     return {
         "held_out_requests": n,
-        "valid_call_share": valid / n,
+        "well_formed_call_share": formed / n,  # the format, whatever the name (a listed tool or not)
+        "right_argument_names_share": keys / n,  # the target tool's argument names, whatever the values
+        "valid_call_share": valid / n,  # a call of a listed tool that parses
         "right_tool_share": right / n,
         "exact_arguments_share": exact / n,
         "text_reply_after_result_share": answered / n,
@@ -250,9 +333,9 @@ def evaluate(directory: Path, n: int, seed: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def write_config(out: Path) -> None:
+def write_config(out: Path, model_shape: dict[str, int]) -> None:
     """The run-shaped config beside final_model: the tokenizer and model shape ``rz serve`` builds."""
-    shape = "\n".join(f"    {k}: {v}" for k, v in SHAPE.items())
+    shape = "\n".join(f"    {k}: {v}" for k, v in model_shape.items())
     out.joinpath("config.yaml").write_text(
         "# The packaged tool-calling policy (scripts/train_tool_policy.py wrote this and final_model/):\n"
         "# `rz serve tool-tiny`. The byte tokenizer has no files: this config names it.\n"
@@ -262,26 +345,48 @@ def write_config(out: Path) -> None:
     )
 
 
+def measure(out: Path, held_out: int, seed: int, extra: dict[str, Any]) -> None:
+    """Held-out figures of OUT/final_model into OUT/report.json (beside what ``extra`` says of training)."""
+    report = {**extra, **evaluate(out / "final_model", held_out, seed)}
+    report["size_bytes"] = sum(f.stat().st_size for f in (out / "final_model").iterdir())
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "examples"}, indent=2))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--demos", type=int, default=2080)
-    p.add_argument("--steps", type=int, default=260, help="at most this many SFT steps (8 conversations)")
-    p.add_argument("--held-out", type=int, default=100)
+    p.add_argument("--steps", type=int, default=900, help="SFT steps")
+    p.add_argument("--batch", type=int, default=8, help="conversations per step")
+    p.add_argument("--lr", type=float, default=6e-3, help="peak learning rate (cosine after 50 warmup steps)")
+    p.add_argument("--held-out", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=64, help="model width")
+    p.add_argument("--layers", type=int, default=2, help="model depth")
+    # one thread: on this machine's two shared cores a second thread made each step 2-3x slower
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--save-every", type=int, default=100, help="steps between saved weights")
+    p.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="only measure OUT/final_model (e.g. a stopped run's last save)",
+    )
     args = p.parse_args()
     t0 = time.perf_counter()
-    model, stats = train(training_set(args.demos, args.seed), args.steps, args.seed, args.threads)
+    torch.set_num_threads(args.threads)
+    run = {"seed": args.seed, "batch": args.batch, "lr": args.lr, "shape": shape(args.hidden, args.layers)}
+    if args.eval_only:  # the weights of the last save: progress.json says which step
+        progress = args.out / "progress.json"
+        saved = json.loads(progress.read_text()) if progress.is_file() else {}
+        measure(args.out, args.held_out, args.seed, {"train": {**run, **saved}})
+        return
     args.out.mkdir(parents=True, exist_ok=True)
-    write_config(args.out)
+    write_config(args.out, run["shape"])
+    model, stats = train(training_set(args.steps * args.batch, args.seed), args)
     save_hf_checkpoint(model, args.out / "final_model")
-    report = {"train": {**stats, "seed": args.seed, "shape": SHAPE}}
-    report.update(evaluate(args.out / "final_model", args.held_out, args.seed))
-    report["size_bytes"] = sum(f.stat().st_size for f in (args.out / "final_model").iterdir())
-    report["wall_s"] = time.perf_counter() - t0
-    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if k != "examples"}, indent=2))
+    measure(
+        args.out, args.held_out, args.seed, {"train": {**run, **stats}, "wall_s": time.perf_counter() - t0}
+    )
 
 
 if __name__ == "__main__":

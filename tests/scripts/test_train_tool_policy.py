@@ -1,0 +1,48 @@
+"""scripts/train_tool_policy.py's held-out claim: no training conversation names a tool by a held-out (real)
+name or carries a held-out argument value, and a held-out conversation uses only those."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_tool_policy.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("train_tool_policy", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def _values(args: dict) -> list:
+    """Argument values but the date, a text split into its words (each word is held out or not)."""
+    return [w for k, v in args.items() if k != "date" for w in (v.split() if k == "text" else [v])]
+
+
+def test_training_conversations_never_contain_a_held_out_name_or_value():
+    tp = _script()
+    real_names = {name for kind in tp.KINDS for name in kind.names}
+    training = [c for c in tp.training_set(600, seed=0) if "tools" in c]
+    assert len(training) > 500
+    for c in training:
+        assert not {t["function"]["name"] for t in c["tools"]} & real_names
+        for v in _values(c["arguments"]):
+            held = v in tp.HELD_OUT_INTS if isinstance(v, int) else v.lower() in tp.HELD_OUT_STRINGS
+            assert not held, (c["messages"][0]["content"], v)
+        assert c["arguments"].get("date") not in tp.DATES
+
+
+def test_held_out_conversations_use_real_names_and_held_out_values():
+    tp = _script()
+    rng = random.Random(1)
+    for _ in range(300):
+        c = tp.conversation(rng, held_out=True)
+        assert c["name"] in {name for kind in tp.KINDS for name in kind.names}
+        for v in _values(c["arguments"]):
+            assert v in tp.HELD_OUT_INTS if isinstance(v, int) else v.lower() in tp.HELD_OUT_STRINGS
+        assert c["arguments"].get("date", tp.DATES[0]) in tp.DATES
