@@ -21,9 +21,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from rz_agents.model.forward_inputs import Segment  # noqa: F401 (re-exported)
 from rz_agents.model.logprobs import packed_token_logprobs
-from rz_agents.model.mrope import ImagePositions, mrope_positions, mrope_table  # noqa: F401 (re-exported)
+from rz_agents.model.mrope import mrope_table
 from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 from rz_agents.model.transformer import (
     DecoderStack,

@@ -52,7 +52,7 @@ def _request(grids, seed: int, text_len: int) -> tuple[list[int], ImagePrompt | 
 
 
 REQUESTS = [
-    ([(1, 8, 6), (1, 2, 4)], 0, 50),  # 85 prompt tokens: the first image crosses the 64-token chunk edge
+    ([(1, 8, 6), (1, 2, 4)], 0, 56),  # 84 prompt tokens: the first image (tokens 56-69) crosses token 64
     ([], 1, 20),  # text only
     ([(1, 6, 6)], 2, 3),
 ]
@@ -63,23 +63,24 @@ PARAMS = [
 ]
 
 
-def _run(model):
-    engine = RZEngine(model, EngineConfig(max_running=3, max_len=128, max_batch_tokens=23, num_threads=1))
-    reqs = [_request(*r) for r in REQUESTS]
+def _run(model, engine=None, reqs=None, params=PARAMS):
+    if engine is None:
+        engine = RZEngine(model, EngineConfig(max_running=3, max_len=128, max_batch_tokens=23, num_threads=1))
+    reqs = reqs or [_request(*r) for r in REQUESTS]
 
     async def go():
         return await asyncio.gather(
-            *(engine.generate(p, sp, images=im) for (p, im), sp in zip(reqs, PARAMS, strict=True))
+            *(engine.generate(p, sp, images=im) for (p, im), sp in zip(reqs, params, strict=True))
         )
 
     return engine, reqs, asyncio.run(go())
 
 
-def _learner(model, reqs, outs) -> list[torch.Tensor]:
+def _learner(model, reqs, outs, params=PARAMS) -> list[torch.Tensor]:
     """The learner's log-probs of the sampled tokens: one packed forward per sequence (its own sampling
     parameters), images re-encoded there."""
     out = []
-    for (p, im), o, sp in zip(reqs, outs, PARAMS, strict=True):
+    for (p, im), o, sp in zip(reqs, outs, params, strict=True):
         seq = VLSequence(p + o.tokens, im.image_grid_thw if im else None, im.pixel_values if im else None)
         with torch.no_grad():
             (lp,) = packed_token_logprobs(model, [seq], sp.temperature, sp.top_k, sp.top_p)
@@ -110,3 +111,30 @@ def test_images_matter_and_the_standard_op_set_differs():
     refs = _learner(model, reqs, outs)
     assert not all(torch.equal(o.logprobs, r) for o, r in zip(outs, refs, strict=True))
     assert max((o.logprobs - r).abs().max().item() for o, r in zip(outs, refs, strict=True)) < 1e-3
+
+
+def test_a_second_turn_reuses_the_screenshot_pages_and_preemption_recomputes_exactly():
+    """Turn 2 repeats turn 1's prompt (two images), its reply and a new image: the prefix index reuses the
+    pages (their recurrent-state snapshots with them); then too few pages for 2 sequences with images: one
+    is preempted and recomputes. Every log-prob equals the learner's."""
+    model = _model()
+    engine = RZEngine(model, EngineConfig(max_running=3, max_len=192, max_batch_tokens=200, num_threads=1))
+    _, (first,), (out,) = _run(model, engine, [_request(*REQUESTS[0])], PARAMS[:1])
+    (grid_c,), seed = [(1, 2, 2)], 7
+    tail, im_c = _request([grid_c], seed, 4)
+    pixels = torch.cat([first[1].pixel_values, im_c.pixel_values])
+    second = (first[0] + out.tokens + tail, ImagePrompt(pixels, [*first[1].image_grid_thw, grid_c]))
+    _, _, (again,) = _run(model, engine, [second], PARAMS[:1])
+    assert engine.stats()["prefix_tokens_reused"] >= 64  # whole pages by reference
+    for o, ref in zip(
+        [out, again], _learner(model, [first, second], [out, again], PARAMS[:1] * 2), strict=True
+    ):
+        assert torch.equal(o.logprobs, ref)
+    # 3 pages (and the scratch page) for 2 sequences with images growing to 3 + 2 pages: preemptions
+    params = [SamplingParams(temperature=1.0, max_tokens=50, seed=i) for i in range(2)]
+    page = model.kv_page_bytes()
+    tight = RZEngine(model, EngineConfig(max_len=192, max_batch_tokens=48, kv_cache_bytes=4 * page))
+    _, reqs, outs = _run(model, tight, [_request(*REQUESTS[0]), _request(*REQUESTS[2])], params)
+    assert tight.stats()["preemptions"] > 0
+    for o, ref in zip(outs, _learner(model, reqs, outs, params), strict=True):
+        assert torch.equal(o.logprobs, ref)

@@ -162,3 +162,45 @@ def test_the_screenshot_config_builds_a_vision_language_policy_and_its_template(
     assert isinstance(model, Qwen35VLForConditionalGeneration) and vl == model.vl_config
     assert vl.image_token_id == 300 and vl.mrope_section == [2, 1, 1] and vl.vision.patch_size == 16
     assert isinstance(policy_template(ByteChatTemplate(), vl), ByteVLChatTemplate)
+
+
+def test_a_moe_vision_language_checkpoint_loads_equal_to_transformers_and_saves_back_exactly(tmp_path):
+    """qwen3_5_moe with its tower (transformers' Qwen3_5MoeForConditionalGeneration): the same model class,
+    every MLP routed experts (model/qwen3_5_moe.py); one image, sharp logits (std ~7.6)."""
+    from rz_agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+
+    cfg = _hf_config().to_dict()
+    text = {k: v for k, v in cfg["text_config"].items() if k != "intermediate_size"}
+    text.update(model_type="qwen3_5_moe_text", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                shared_expert_intermediate_size=64)  # fmt: skip
+    vision = {**cfg["vision_config"], "model_type": "qwen3_5_moe_vision"}
+    ids = {
+        k: cfg[k]
+        for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    }
+    moe_cfg = hf_models.Qwen3_5MoeConfig(text_config=text, vision_config=vision, **ids)
+    for c in (moe_cfg, moe_cfg.text_config, moe_cfg.vision_config):
+        c._attn_implementation = "eager"
+    torch.manual_seed(1)
+    hf = hf_models.Qwen3_5MoeForConditionalGeneration(moe_cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.startswith("model.visual.") and (name.endswith("bias") or "norm" in name):
+                p.add_(torch.randn_like(p) * 0.2)
+            elif p.dim() >= 2:
+                p.mul_(3 * (16 if name == "lm_head.weight" else 1))
+    hf.save_pretrained(tmp_path / "hf")
+    gen = torch.Generator().manual_seed(1)
+    pixels = torch.randn(24, 3 * 2 * 8 * 8, generator=gen)
+    seq = VLSequence(_prompt([0], gen), GRIDS[:1], pixels)
+    ids_t = torch.tensor([seq.tokens])
+    with torch.no_grad():
+        logits = hf(input_ids=ids_t, pixel_values=pixels, image_grid_thw=GRIDS[:1],
+                    mm_token_type_ids=(ids_t == IMAGE).int()).logits[0].float()  # fmt: skip
+    ref = logits.log_softmax(-1)[:-1].gather(1, ids_t[0, 1:, None])[:, 0]
+    model = load_hf_checkpoint(tmp_path / "hf")
+    assert model.vl_config.model_type == "qwen3_5_moe" and model.config.num_experts == 8
+    assert logits.std() > 3 and _figure(model, [seq], [ref]) <= TOL
+    save_hf_checkpoint(model, tmp_path / "saved")
+    a, b = model.state_dict(), load_hf_checkpoint(tmp_path / "saved").state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
