@@ -214,7 +214,9 @@ class ShardedRanks(SingleProcess):
         model.to(dtype=dtype) if on_meta else model.to(device=self.device, dtype=dtype)
         policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
         ignored = set(adapters) or None
-        for layer in model.model.layers:
+        # the decoder's layers: a vision-language model keeps them under its language model
+        stack = model.decoder if hasattr(model, "decoder") else model.model
+        for layer in stack.layers:
             fully_shard(layer, mesh=self.mesh, mp_policy=policy, ignored_params=ignored)
         fully_shard(model, mesh=self.mesh, mp_policy=policy, ignored_params=ignored)
         if on_meta:  # storage for the local shards only (tied embeddings stay tied); the caller loads them
