@@ -7,13 +7,15 @@ step holds per running sequence. Estimates of what autograd and the forward keep
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
 from rz_agents.model.kimi_linear_cache import kimi_page_terms, kimi_sequence_state_bytes
 from rz_agents.model.kimi_linear_config import KimiLinearConfig
 from rz_agents.model.kv_cache import PAGE_SIZE
-from rz_agents.model.qwen3_5_cache import SNAPSHOT_EVERY, snapshot_slots
+from rz_agents.model.qwen3_5_cache import SNAPSHOT_EVERY
+from rz_agents.model.qwen3_5_memory import paged_cache_terms
 
 F32 = 4  # bytes of the fp32 tensors KDA computes in (l2-normed q/k, decay, beta, the chunk matrices)
 
@@ -80,14 +82,9 @@ def engine_cache_terms(c: KimiLinearConfig, pages: int, running: int, dtype: tor
     """The engine's: ``pages`` cache pages split by kind (the MLA layers' K/V, the KDA layers' per-position
     recurrent inputs, the state snapshot slots: one per SNAPSHOT_EVERY pages) and the live recurrent state
     of ``running`` sequences in one layer of a step."""
-    page = kimi_page_terms(c, dtype)
-    one_slot = kimi_page_terms(c, dtype, snapshot_every=1)["state_snapshots"]
-    return {
-        "kv_cache": pages * page["kv"],
-        "recurrent_inputs": pages * page["recurrent_inputs"],
-        "state_snapshots": snapshot_slots(pages) * one_slot,
-        "recurrent_step_state": running * kimi_sequence_state_bytes(c, dtype),
-    }
+    return paged_cache_terms(
+        partial(kimi_page_terms, c, dtype), pages, running, kimi_sequence_state_bytes(c, dtype)
+    )
 
 
 def cache_note(c: KimiLinearConfig, dtype: torch.dtype) -> str:
