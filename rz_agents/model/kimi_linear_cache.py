@@ -25,20 +25,38 @@ from rz_agents.model.kv_cache import PAGE_SIZE
 from rz_agents.model.qwen3_5_cache import SNAPSHOT_EVERY, HybridCache
 
 
-def kimi_bytes_per_page(
+def kimi_page_terms(
     config: KimiLinearConfig, dtype: torch.dtype | None = None, snapshot_every: int = SNAPSHOT_EVERY
-) -> int:
-    """Bytes one page (64 positions) holds over all layers: the MLA layers' K/V and, per KDA layer, the
-    per-position conv input, g [heads, dk] and beta plus its share of the state snapshot slots (one per
-    ``snapshot_every`` pages)."""
+) -> dict[str, int]:
+    """Bytes one page (64 positions) holds over all layers, by what they are: ``kv`` (the MLA layers'
+    expanded K/V), ``recurrent_inputs`` (each KDA layer's per-position conv input, g [heads, dk] and beta,
+    fp32) and ``state_snapshots`` (its share of the snapshot slots: each KDA layer's fp32 [heads, dk, dv]
+    state, one slot per ``snapshot_every`` pages). The keys are Qwen3.5's (``hybrid_page_terms``)."""
     item = torch.empty(0, dtype=dtype or config.torch_dtype).element_size()
     full = config.layer_types.count("full_attention")
     linear = config.num_hidden_layers - full
     h, d = config.linear_num_heads, config.linear_head_dim
-    kv = 2 * config.num_attention_heads * PAGE_SIZE * config.head_dim * item
-    inputs = PAGE_SIZE * (config.conv_dim * item + 4 * (h * d + h))
-    state = 4 * h * d * d // snapshot_every
-    return full * kv + linear * (inputs + state)
+    return {
+        "kv": full * 2 * config.num_attention_heads * PAGE_SIZE * config.head_dim * item,
+        "recurrent_inputs": linear * PAGE_SIZE * (config.conv_dim * item + 4 * (h * d + h)),
+        "state_snapshots": linear * (4 * h * d * d // snapshot_every),
+    }
+
+
+def kimi_bytes_per_page(
+    config: KimiLinearConfig, dtype: torch.dtype | None = None, snapshot_every: int = SNAPSHOT_EVERY
+) -> int:
+    """Bytes one page (64 positions) holds over all layers (the sum of ``kimi_page_terms``)."""
+    return sum(kimi_page_terms(config, dtype, snapshot_every).values())
+
+
+def kimi_sequence_state_bytes(config: KimiLinearConfig, dtype: torch.dtype | None = None) -> int:
+    """Bytes of one sequence's live recurrent state in one KDA layer while a forward continues it: the state
+    read from its page snapshot and the one the chunks advance (fp32 [heads, dk, dv] each) and the conv
+    window (K - 1 positions of the three convs' input)."""
+    item = torch.empty(0, dtype=dtype or config.torch_dtype).element_size()
+    h, d = config.linear_num_heads, config.linear_head_dim
+    return 2 * 4 * h * d * d + (config.linear_conv_kernel_dim - 1) * config.conv_dim * item
 
 
 class KimiLinearCache(HybridCache):

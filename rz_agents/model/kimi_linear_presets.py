@@ -56,11 +56,27 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# The released checkpoints' directory names (moonshotai/Kimi-Linear-48B-A3B-Instruct, -Base), lowercased: a
+# checkpoint path of that name that is not on this machine is sized by the preset (`rz train --dry-run`)
+CHECKPOINT_NAMES: dict[str, str] = {
+    "kimi-linear-48b-a3b-instruct": "kimi-linear-48b-a3b",
+    "kimi-linear-48b-a3b-base": "kimi-linear-48b-a3b",
+}
+
+
+def kimi_linear_preset_name(name: str) -> str | None:
+    """The preset a name (a preset's own, or a released checkpoint directory's, any case) stands for."""
+    key = name.lower()
+    return key if key in PRESETS else CHECKPOINT_NAMES.get(key)
+
+
 def kimi_linear_preset(name: str, dtype: str | None = None) -> KimiLinearConfig:
-    """The config of a published Kimi Linear model by preset name (ValueError naming the known ones)."""
-    if name not in PRESETS:
+    """The config of a published Kimi Linear model by preset name or released checkpoint name (ValueError
+    naming the known ones)."""
+    key = kimi_linear_preset_name(name)
+    if key is None:
         raise ValueError(f"unknown Kimi Linear preset {name!r}; known: {sorted(PRESETS)}")
-    config = KimiLinearConfig.from_hf(PRESETS[name])
+    config = KimiLinearConfig.from_hf(PRESETS[key])
     if dtype is not None:
         config.dtype = dtype
     return config

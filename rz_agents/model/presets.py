@@ -277,8 +277,17 @@ def preset_config(name: str, **overrides: Any):
     `qwen2.5-1.5b-instruct`, `deepseek-r1-distill-qwen-1.5b`, `deepseek-v3`, ...), a Qwen3VLConfig for one of
     VL_PRESETS (`qwen3-vl-4b-instruct`, ...; ``overrides`` then apply to its language model's fields, with
     ``dtype`` for the whole model), a Qwen35Config for one of QWEN3_5_PRESETS (`qwen3.5-4b`, ...; overrides
-    are config.json fields)."""
+    are config.json fields), a KimiLinearConfig for a Kimi Linear preset (`kimi-linear-48b-a3b`, or a released
+    checkpoint's name; only ``dtype`` overrides)."""
+    from rz_agents.model.kimi_linear_presets import PRESETS as KIMI_PRESETS
+    from rz_agents.model.kimi_linear_presets import kimi_linear_preset, kimi_linear_preset_name
+
     key = name.lower()
+    if kimi_linear_preset_name(key) is not None:
+        unknown = sorted(set(overrides) - {"dtype"})
+        if unknown:
+            raise KeyError(f"preset {name!r}: only dtype can be overridden, got {unknown}")
+        return kimi_linear_preset(key, dtype=overrides.get("dtype"))
     if key in QWEN3_5_PRESETS:
         from rz_agents.model.qwen3_5_config import Qwen35Config
 
@@ -292,13 +301,18 @@ def preset_config(name: str, **overrides: Any):
         config.vision.image_processing = _released_qwen3_vl_images()
         return config
     if key not in PRESETS:
-        known = sorted(PRESETS) + sorted(VL_PRESETS) + sorted(QWEN3_5_PRESETS)
+        known = sorted(PRESETS) + sorted(VL_PRESETS) + sorted(QWEN3_5_PRESETS) + sorted(KIMI_PRESETS)
         raise KeyError(f"no preset {name!r}; known: {known}")
     return ModelConfig(**{**PRESETS[key], **overrides})
 
 
 def preset_for_checkpoint(path: str) -> str | None:
     """The preset whose name is the checkpoint directory's name (e.g. /models/Qwen3-4B -> qwen3-4b,
-    /models/Qwen3-VL-4B-Instruct -> qwen3-vl-4b-instruct, /models/Qwen3.5-4B -> qwen3.5-4b)."""
+    /models/Qwen3-VL-4B-Instruct -> qwen3-vl-4b-instruct, /models/Qwen3.5-4B -> qwen3.5-4b,
+    /models/Kimi-Linear-48B-A3B-Instruct -> kimi-linear-48b-a3b)."""
+    from rz_agents.model.kimi_linear_presets import kimi_linear_preset_name
+
     key = PurePath(path).name.lower()
-    return key if key in PRESETS or key in VL_PRESETS or key in QWEN3_5_PRESETS else None
+    if key in PRESETS or key in VL_PRESETS or key in QWEN3_5_PRESETS:
+        return key
+    return kimi_linear_preset_name(key)

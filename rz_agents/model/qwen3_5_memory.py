@@ -6,6 +6,8 @@ from the config alone (no weights)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -70,13 +72,24 @@ def engine_cache_terms(c: Qwen35Config, pages: int, running: int, dtype: torch.d
     """The engine's: ``pages`` cache pages split by kind (full-attention K/V, the Gated DeltaNet layers'
     per-position recurrent inputs, the delta-rule state snapshot slots: one per SNAPSHOT_EVERY pages) and
     the live recurrent state of ``running`` sequences in one layer of a step."""
-    page = hybrid_page_terms(c, dtype)
-    one_slot = hybrid_page_terms(c, dtype, snapshot_every=1)["state_snapshots"]
+    return paged_cache_terms(
+        partial(hybrid_page_terms, c, dtype), pages, running, sequence_state_bytes(c, dtype)
+    )
+
+
+def paged_cache_terms(
+    page_terms: Callable[[int], dict[str, int]], pages: int, running: int, state_bytes: int
+) -> dict[str, int]:
+    """A hybrid family's engine cache terms from its page terms (``page_terms(snapshot_every)``: bytes of
+    ``kv``, ``recurrent_inputs``, ``state_snapshots`` per page) and one sequence's live state in one layer
+    (``state_bytes``): ``pages`` pages, their snapshot slots (one per SNAPSHOT_EVERY pages) and ``running``
+    sequences' live state."""
+    page = page_terms(SNAPSHOT_EVERY)
     return {
         "kv_cache": pages * page["kv"],
         "recurrent_inputs": pages * page["recurrent_inputs"],
-        "state_snapshots": snapshot_slots(pages) * one_slot,
-        "recurrent_step_state": running * sequence_state_bytes(c, dtype),
+        "state_snapshots": snapshot_slots(pages) * page_terms(1)["state_snapshots"],
+        "recurrent_step_state": running * state_bytes,
     }
 
 

@@ -234,18 +234,22 @@ def _meta_model(config):
 
 def largest_tensors(config: ModelConfig) -> tuple[int, int]:
     """(elements of the largest parameter, elements of the largest decoder layer), from the meta device."""
-    model = _meta_model(config)
+    return _largest_of(_meta_model(config))
+
+
+def _largest_of(model) -> tuple[int, int]:
+    """``largest_tensors`` of a model already built."""
     largest = max(p.numel() for p in model.parameters())
     layer = max(sum(p.numel() for p in layer.parameters()) for layer in model.decoder.layers)
     return largest, layer
 
 
-def _hybrid(c) -> bool:
-    """A hybrid linear-attention language model (Qwen3.5): its layers and cache size themselves
-    (model/qwen3_5_memory.py)."""
-    from rz_agents.model.qwen3_5_config import Qwen35Config
+def _hybrid(c):
+    """A hybrid linear-attention language model's own memory terms (Qwen3.5, Kimi Linear: its layers and
+    cache size themselves, model/memory_terms.py), or None."""
+    from rz_agents.model.memory_terms import hybrid_memory_terms
 
-    return isinstance(c, Qwen35Config)
+    return hybrid_memory_terms(c)
 
 
 # -- the terms, each from the part of the system that holds the memory ------------------------------------
@@ -391,10 +395,9 @@ def model_activation_bytes(z: _Sizing, est: MemoryEstimate) -> dict[str, int]:
     (with checkpointing: each layer's input, and one layer's graph rebuilt at a time), plus the embeddings
     and the final norm."""
     c, tokens, e = z.c, z.tokens, z.e
-    if _hybrid(c):
-        from rz_agents.model.qwen3_5_memory import layer_activation_bytes
-
-        per_layer = layer_activation_bytes(c, tokens)
+    hybrid = _hybrid(c)
+    if hybrid is not None:
+        per_layer = hybrid.layer_activation_bytes(c, tokens)
     else:
         layers = range(c.num_hidden_layers)
         per_layer = [_layer_activation_bytes(c, tokens, c.is_moe_layer(i)) for i in layers]
@@ -456,9 +459,8 @@ def engine_bytes(z: _Sizing, eng, est: MemoryEstimate) -> dict[str, int]:
     packed weight copies; a vision-language model adds the encoded-image budget and the tower's activations
     while it encodes a chunk's images."""
     c, e = z.c, z.e
-    if _hybrid(c):  # K/V, recurrent inputs and state snapshots per page, the step's live recurrent state
-        from rz_agents.model import qwen3_5_memory as hybrid
-
+    hybrid = _hybrid(c)
+    if hybrid is not None:  # K/V, recurrent inputs and state snapshots per page, the step's recurrent state
         page = hybrid.page_bytes(c, c.torch_dtype)
         pages = eng.num_kv_pages(page)
         running = min(eng.max_running, eng.max_batch_tokens)
@@ -564,7 +566,13 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
         return estimate_deepseek_v4(cfg, model_config, model_name)
     c = model_config.text if hasattr(model_config, "vision") else model_config
     name = model_name or getattr(model_config, "model_type", c.model_type)
-    n = count_parameters(model_config)
+    tensors = None
+    if c is model_config:  # one meta build (slow for 256-expert models) counts and finds the largest tensors
+        meta = _meta_model(model_config)
+        n, tensors = meta.num_parameters(), _largest_of(meta)
+        del meta
+    else:
+        n = count_parameters(model_config)
     est = MemoryEstimate(name, n, c.dtype, cfg.model.activation_checkpointing)
     z = _sizing(cfg, model_config, est)
     ray = getattr(cfg, "runtime", "local") == "ray"
@@ -596,7 +604,7 @@ def estimate_memory(cfg, model_config, model_name: str = "") -> MemoryEstimate:
         if z.cpu:  # an engine replica is a process of its own
             est.engine.update(process_baseline_bytes(z))
         if sharded:
-            est.learner.update(sharded_learner_bytes(z, cfg.actors, est))
+            est.learner.update(sharded_learner_bytes(z, cfg.actors, est, tensors))
     return est
 
 

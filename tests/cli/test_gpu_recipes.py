@@ -43,3 +43,26 @@ def test_a_gpu_recipe_passes_its_dry_run_and_fits_its_card(path, capsys):
     else:
         assert gpus == 1 and est.one_device_total <= cap
         assert "H100 80GB: fits" in printed
+
+
+KIMI_RECIPE = "configs/kimi-linear-48b-a3b-python-tool-h200.yaml"
+
+
+def test_the_kimi_linear_recipe_fits_16_h200s_with_the_kda_state_in_its_dry_run(capsys):
+    """Issue 51: Kimi-Linear-48B-A3B sized from its preset (the checkpoint is not here), the KDA recurrent
+    state as terms of its own (model/kimi_linear_memory.py). One dry run (the 256-expert meta build is the
+    slow part), its printed per-GPU totals read back."""
+    assert main(["train", KIMI_RECIPE, "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "kimi-linear-48b-a3b (published config" in printed and "49.12B parameters" in printed
+    for term in ("kv_cache", "recurrent_inputs", "state_snapshots", "recurrent_step_state"):
+        assert f"    {term} " in printed
+    assert "7 MLA + 20 KDA layers" in printed
+    cfg = load_run_config(KIMI_RECIPE)
+    p = cfg.actors
+    assert p.engines * p.engine_gpus + p.learner_ranks * p.learner_gpus == 16
+    cap = USABLE * 141
+    for side in ("engine replica", "learner rank"):
+        line = next(x for x in printed.splitlines() if x.strip().startswith(f"per {side}"))
+        assert float(line.split("): ")[1].split(" GiB")[0]) <= cap, line
+        assert "H200 141GB: fits" in line
