@@ -716,16 +716,10 @@ def cpu_memory_warning(cfg, available: int | None = None) -> str | None:
 # -- DeepSeek-V4: its own cache kinds and layer shapes, from model/deepseek_v4_memory.py --------------------
 def _v4_shapes(v4: DeepseekV4Config) -> tuple[int, int, int, int]:
     """(parameters, elements of the linear weights, of the largest parameter, of the largest layer) of a
-    DeepSeek-V4 model built on the meta device."""
-    from rz_agents.model.deepseek_v4 import DeepseekV4ForCausalLM
+    DeepSeek-V4 model (model/deepseek_v4_memory.py: a meta-device build, the experts past two counted)."""
+    from rz_agents.model.deepseek_v4_memory import parameter_shapes
 
-    with torch.device("meta"):
-        model = DeepseekV4ForCausalLM(v4, init=False)
-    embed = model.get_input_embeddings().weight
-    params = list({id(p): p for p in model.parameters()}.values())
-    linear = sum(p.numel() for p in params if p.dim() == 2 and p is not embed)
-    layer = max(sum(p.numel() for p in layer.parameters()) for layer in model.model.layers)
-    return model.num_parameters(), linear, max(p.numel() for p in params), layer
+    return parameter_shapes(v4)
 
 
 def deepseek_v4_activation_bytes(z: _Sizing, v4: DeepseekV4Config, est: MemoryEstimate) -> dict[str, int]:

@@ -85,3 +85,13 @@ def test_rz_train_dry_run_prints_the_v4_flash_caches_per_device(capsys):
     replica = next(line for line in out.splitlines() if "per engine replica" in line)
     assert "FSDP2 over 128 ranks" in rank and "H200 141GB: fits" in rank
     assert "H200 141GB: does NOT fit" in replica  # 530 GiB of bf16 weights on one GPU: stated, not hidden
+
+
+def test_rz_train_dry_run_sizes_v4_pro_and_says_it_does_not_fit(capsys):
+    config = Path(__file__).resolve().parents[2] / "configs" / "deepseek-v4-pro-h200.yaml"
+    assert rz_main(["train", str(config), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "deepseek-v4-pro (published config; absent here), 1572.97B parameters" in out
+    assert "csa_compressed_kv 7,424, hca_compressed_kv 256, indexer_keys 1,856 bytes" in out
+    rank = next(line for line in out.splitlines() if "per learner rank" in line)
+    assert "FSDP2 over 512 ranks" in rank and "H200 141GB: does NOT fit" in rank  # two gathered 25.8B layers
