@@ -18,8 +18,8 @@ ratio last/first window.
     python3 experiments/mismatch.py             # the documented run
     python3 experiments/mismatch.py --parts a --tiny qwen2   # part A on a tiny random model of one family
                                                 # (qwen2, deepseek_v3, ...; random-token prompts, no vLLM)
-    python3 experiments/mismatch.py --parts a --tiny deepseek_v4   # DeepSeek-V4: sampled through the
-                                                # model's standalone cached path (no engine caches yet)
+    python3 experiments/mismatch.py --parts a --tiny deepseek_v4   # DeepSeek-V4, through the engine's
+                                                # paged V4 cache like every other family
 """
 
 from __future__ import annotations
@@ -107,37 +107,6 @@ def deepseek_v4_model(kernels: str, dtype: str):
         model.reset_parameters(std=0.05, seed=0)
         save_hf_checkpoint(model, path)
     return build_policy(PolicySpec(checkpoint=str(path), kernels=kernels, dtype=dtype)), path
-
-
-def cached_rollouts(model, prompts, max_tokens: int, seed: int) -> list[dict[str, Any]]:
-    """Sample every prompt through the model's standalone cached path (DeepSeek-V4, whose engine caches are
-    not built yet): one prefill call of all prompts packed, then one decode call per step of every sequence
-    at once, each continuing its `SequenceState`; log-probs as the engine's sampler computes them."""
-    import torch
-
-    from rz_agents.model.deepseek_v4_attention import SequenceState
-    from rz_agents.model.logprobs import sampling_logprobs
-
-    states = [SequenceState() for _ in prompts]
-    gens = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
-    outs: list[dict[str, Any]] = [{"tokens": [], "logprobs": []} for _ in prompts]
-    new = [list(p) for p in prompts]
-    with torch.no_grad():
-        for _ in range(max_tokens):
-            positions = torch.cat(
-                [torch.arange(st.position, st.position + len(n)) for st, n in zip(states, new, strict=True)]
-            )
-            seq_ids = torch.cat([torch.full((len(n),), i, dtype=torch.long) for i, n in enumerate(new)])
-            tokens = torch.tensor([t for n in new for t in n])
-            hidden = model(tokens, positions, seq_ids, states=states)
-            last = torch.tensor([int((seq_ids <= i).sum()) - 1 for i in range(len(new))])
-            lp = sampling_logprobs(model.logits(hidden[last]), 1.0, 0, 1.0)
-            for i, out in enumerate(outs):
-                tok = int(torch.multinomial(lp[i].exp(), 1, generator=gens[i]))
-                out["tokens"].append(tok)
-                out["logprobs"].append(float(lp[i, tok]))
-                new[i] = [tok]
-    return outs
 
 
 def build_prompts(checkpoint_dir: Path, n: int, quick: bool, vocab: int) -> list[list[int]]:
@@ -258,11 +227,9 @@ def part_a(args, out_dir: Path) -> dict[str, Any]:
     standard, _ = load_model(args.checkpoint, "standard", dtype, tiny, arch)
     prompts = build_prompts(ckpt, args.prompts, tiny, aligned.config.vocab_size)
     log(f"part A: {len(prompts)} prompts x {args.max_tokens} tokens, {dtype}, model {ckpt}")
-    # DeepSeek-V4 has no engine caches yet: its rollouts come from the model's standalone cached path
-    sample = cached_rollouts if arch == "deepseek_v4" else rz_rollouts
     rollouts = {
-        "rz_aligned": sample(aligned, prompts, args.max_tokens, args.seed),
-        "rz_standard": sample(standard, prompts, args.max_tokens, args.seed),
+        "rz_aligned": rz_rollouts(aligned, prompts, args.max_tokens, args.seed),
+        "rz_standard": rz_rollouts(standard, prompts, args.max_tokens, args.seed),
     }
     vllm = (
         vllm_rollouts(ckpt, prompts, args.max_tokens, args.seed, dtype)
@@ -282,9 +249,7 @@ def part_a(args, out_dir: Path) -> dict[str, Any]:
         "dtype": dtype,
         "prompts": len(prompts),
         "max_tokens": args.max_tokens,
-        "sampler": "standalone SequenceState (prefill + batched decode; no engine caches yet)"
-        if arch == "deepseek_v4"
-        else "rz engine",
+        "sampler": "rz engine",
     }
     per_token: dict[str, list[float]] = {}
     for engine, rolls in rollouts.items():

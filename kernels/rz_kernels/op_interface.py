@@ -20,7 +20,9 @@ class OpSet:
     linear: Callable
     plan_attention: Callable
     attention: Callable
-    moe: Callable  # (x, weights, experts, num_experts, expert_fn, expert_weights=None)
+    # (x, weights, experts, num_experts, expert_fn, expert_weights=None, swiglu_limit=None): the CPU op sets
+    # call expert_fn per expert; the grouped Triton MoE reads expert_weights and clamps by swiglu_limit (V4)
+    moe: Callable
     rms_norm: Callable = norm.rms_norm  # (x, weight, eps)
     rope: Callable = RopeTable.apply  # (table, x, positions)
     silu_mul: Callable = activation.silu_mul  # (gate, up)

@@ -20,9 +20,10 @@ __all__ = ["ALIGNED", "KERNELS", "STANDARD", "OpSet", "get_ops"]
 
 
 def _per_expert(fn: Callable) -> Callable:
-    """The CPU MoE runs one expert callable at a time; the grouped (Triton) one reads the weights."""
+    """The CPU MoE runs one expert callable at a time (its activation included); the grouped (Triton) one
+    reads the weights and the activation's swiglu_limit."""
 
-    def run(x, weights, experts, num_experts, expert_fn, expert_weights=None):
+    def run(x, weights, experts, num_experts, expert_fn, expert_weights=None, swiglu_limit=None):
         return fn(x, weights, experts, num_experts, expert_fn)
 
     return run

@@ -10,7 +10,8 @@ attention of these layers are the existing kernels, recorded by the model recipe
 Shapes: Gated DeltaNet as transformers' ``Qwen3_5TextConfig()`` defaults (16 key heads repeated to 32 value
 heads, head dims 128, conv kernel 4: 8192 conv channels); DeepSeek-V4 as ``DeepseekV4Config()`` (V4-Flash:
 64 heads of 512, window 128, CSA rate 4 with overlapping windows of 8, HCA rate 128, an indexer of 64 heads
-of 128 picking 512 entries). bf16 activations, fp32 where the layer computes in fp32 (log decay, scores).
+of 128 picking 512 entries; the MoE: 256 experts of 4096 -> 2048, top 6, SwiGLU clamped at 10). bf16
+activations, fp32 where the layer computes in fp32 (log decay, scores).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rz_kernels.delta_rule import CHUNK, DeltaRuleCache
 
 GDN = dict(heads=32, dk=128, dv=128, channels=8192, taps=4)
 V4 = dict(heads=64, dim=512, window=128, csa=4, hca=128, index_heads=64, index_dim=128, top_k=512)
+V4_MOE = dict(hidden=4096, inter=2048, experts=256, top_k=6, limit=10.0)
 BF16 = torch.bfloat16
 MICRO_BATCHES = ([4096], [2048, 1024, 512, 512])  # the 4B recipe's learner micro-batch, one and packed
 BUCKETS = (1, 16, 48, 128)
@@ -95,6 +97,22 @@ def deepseek_v4_layer(lens: list[int], contexts: list[int]) -> None:
         )
 
 
+def deepseek_v4_moe(t: int) -> None:
+    """A V4 MoE layer's expert launches over t tokens: the routed experts' grouped GEMMs with the clamped
+    SwiGLU between them, and the shared expert's clamped SwiGLU (its GEMMs are the dense linear's). The
+    experts are a real CPU tensor (the grouping is planned on real values; the launch grid is an upper bound
+    from the shapes alone, so which experts the tokens pick changes no launch)."""
+    from rz_kernels.triton_ops import clamped_swiglu, moe
+
+    hidden, inter, e, k = V4_MOE["hidden"], V4_MOE["inter"], V4_MOE["experts"], V4_MOE["top_k"]
+    experts = (torch.arange(t * k) % e).view(t, k)
+    shapes = ((inter, hidden), (inter, hidden), (hidden, inter))
+    gate, up, down = ([_meta(*shape) for _ in range(e)] for shape in shapes)
+    moe.aligned_moe(_meta(t, hidden), _meta(t, k, dtype=torch.float32), experts, e,
+                    expert_weights=(gate, up, down), swiglu_limit=V4_MOE["limit"])  # fmt: skip
+    clamped_swiglu.clamped_swiglu(_meta(t, inter), _meta(t, inter), V4_MOE["limit"])
+
+
 def _record(
     name: str, rec: LaunchRecorder, prefill: Callable, chunk: Callable, decode: Callable, train
 ) -> None:
@@ -128,14 +146,20 @@ def record_qwen3_5_ops(name: str = "qwen3.5-gdn") -> list[Launch]:
 
 
 def record_deepseek_v4_ops(name: str = "deepseek-v4-sparse") -> list[Launch]:
-    """Every launch of a CSA and an HCA layer's pooling, indexer scores, top-k and sink attention."""
+    """Every launch of a CSA and an HCA layer's pooling, indexer scores, top-k and sink attention, and of an
+    MoE layer's grouped expert GEMMs and clamped SwiGLU."""
+
+    def both(lens: list[int], contexts: list[int]) -> None:
+        deepseek_v4_layer(lens, contexts)
+        deepseek_v4_moe(sum(lens))
+
     with record_launches() as rec:
         _record(
             name, rec,
-            prefill=lambda: deepseek_v4_layer([2048], [2048]),
-            chunk=lambda: deepseek_v4_layer([4096] + [1] * 16, [8192] + [1000] * 16),
-            decode=lambda b, ctx: deepseek_v4_layer([1] * b, [ctx] * b),
-            train=lambda lens: deepseek_v4_layer(lens, list(lens)),
+            prefill=lambda: both([2048], [2048]),
+            chunk=lambda: both([4096] + [1] * 16, [8192] + [1000] * 16),
+            decode=lambda b, ctx: both([1] * b, [ctx] * b),
+            train=lambda lens: both(lens, list(lens)),
         )  # fmt: skip
     return rec.launches
 

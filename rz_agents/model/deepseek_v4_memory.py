@@ -13,8 +13,12 @@ The first kind is per sequence whatever its length, the second grows with it: by
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+import torch
+
+from rz_agents.model.deepseek_v4 import DeepseekV4ForCausalLM
 from rz_agents.model.deepseek_v4_attention import Reach
 from rz_agents.model.deepseek_v4_config import ATTENTION_KINDS, DeepseekV4Config
 
@@ -85,3 +89,23 @@ def activation_bytes_per_token(cfg: DeepseekV4Config, dtype_bytes: int, tokens: 
     }
     layers = [streams + attn + moe + read[cfg.layer_types[i]] for i in range(cfg.num_hidden_layers)]
     return {"per_layer": float(sum(layers)), "max_layer": float(max(layers)), "layer_input": float(n * h * e)}
+
+
+def parameter_shapes(cfg: DeepseekV4Config) -> tuple[int, int, int, int]:
+    """(parameters, elements of the 2-D weights but the embedding, of the largest parameter, of the largest
+    layer) of the model `cfg` describes, built on the meta device with two routed experts a layer and the
+    others counted (each expert 3 x hidden x moe_intermediate, each a gate row of hidden): V4-Pro's 23k
+    expert modules would take minutes to construct, and every expert of a layer has the same shapes."""
+    kept = min(cfg.n_routed_experts, 2)
+    with torch.device("meta"):
+        model = DeepseekV4ForCausalLM(dataclasses.replace(cfg, n_routed_experts=kept), init=False)
+    embed = model.get_input_embeddings().weight
+    params = list({id(p): p for p in model.parameters()}.values())
+    linear = sum(p.numel() for p in params if p.dim() == 2 and p is not embed)
+    layer = max(sum(p.numel() for p in layer.parameters()) for layer in model.model.layers)
+    h = cfg.hidden_size
+    per_layer = (cfg.n_routed_experts - kept) * (3 * h * cfg.moe_intermediate_size + h)  # experts + gate rows
+    layers = cfg.num_hidden_layers
+    largest = max(max(p.numel() for p in params), cfg.n_routed_experts * h)  # (the gate, were it largest)
+    extra = layers * per_layer
+    return model.num_parameters() + extra, linear + extra, largest, layer + per_layer

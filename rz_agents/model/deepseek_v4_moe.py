@@ -7,7 +7,10 @@ Names are the checkpoint's (`ffn.gate.weight`, `ffn.gate.bias` / `ffn.gate.tid2e
 `ffn.experts.N.w1|w2|w3.weight`, `ffn.shared_experts.w1|w2|w3.weight`; w1 gate, w3 up, w2 down). Aligned:
 scores on the vector path, selection by a stable descending sort (ties to the lowest expert), the weight sum
 in a fixed order, dispatch and combine by the op set's `moe` (stable, fp32 combine in top-k order): a token's
-experts and output never depend on the other tokens of the call. Standard: torch.topk, stock MoE.
+experts and output never depend on the other tokens of the call. Standard: torch.topk, stock MoE. On the
+Triton op set the routed experts run as the grouped GEMMs of every family's MoE with the clamp in their
+activation kernel (`swiglu_limit`), and the shared expert's activation is that kernel too
+(rz_kernels.triton_ops.clamped_swiglu): row-wise, so engine and learner get the same bits there as well.
 """
 
 from __future__ import annotations
@@ -32,8 +35,17 @@ class Expert(nn.Module):
         self.limit = limit
 
     def run(self, x: torch.Tensor, ops: OpSet) -> torch.Tensor:
-        h = clamped_swiglu(ops.linear(x, self.w1.weight), ops.linear(x, self.w3.weight), self.limit)
+        h = swiglu_form(ops)(ops.linear(x, self.w1.weight), ops.linear(x, self.w3.weight), self.limit)
         return ops.linear(h, self.w2.weight)
+
+
+def swiglu_form(ops: OpSet):
+    """The clamped SwiGLU of an op set: the Triton kernel on the Triton op set, else the torch form."""
+    if ops.name == "triton":  # imported here: the Triton op set is only importable where triton is
+        from rz_kernels.triton_ops.clamped_swiglu import clamped_swiglu as triton_clamped_swiglu
+
+        return triton_clamped_swiglu
+    return clamped_swiglu
 
 
 class Router(nn.Module):
@@ -103,5 +115,9 @@ class MoE(nn.Module):
         weights, experts = self.route(x, tokens, ops)
         if trace is not None and not self.gate.hashed:
             trace.append(("router", experts))
-        out = ops.moe(x, weights, experts, self.num_experts, lambda e, xe: self.experts[e].run(xe, ops))
+        expert_weights = tuple([getattr(e, w).weight for e in self.experts] for w in ("w1", "w3", "w2"))
+        out = ops.moe(
+            x, weights, experts, self.num_experts, lambda e, xe: self.experts[e].run(xe, ops),
+            expert_weights=expert_weights, swiglu_limit=self.shared_experts.limit,
+        )  # fmt: skip
         return out + self.shared_experts.run(x, ops)

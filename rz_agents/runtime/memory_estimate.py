@@ -726,16 +726,10 @@ def cpu_memory_warning(cfg, available: int | None = None) -> str | None:
 # -- DeepSeek-V4: its own cache kinds and layer shapes, from model/deepseek_v4_memory.py --------------------
 def _v4_shapes(v4: DeepseekV4Config) -> tuple[int, int, int, int]:
     """(parameters, elements of the linear weights, of the largest parameter, of the largest layer) of a
-    DeepSeek-V4 model built on the meta device."""
-    from rz_agents.model.deepseek_v4 import DeepseekV4ForCausalLM
+    DeepSeek-V4 model (model/deepseek_v4_memory.py: a meta-device build, the experts past two counted)."""
+    from rz_agents.model.deepseek_v4_memory import parameter_shapes
 
-    with torch.device("meta"):
-        model = DeepseekV4ForCausalLM(v4, init=False)
-    embed = model.get_input_embeddings().weight
-    params = list({id(p): p for p in model.parameters()}.values())
-    linear = sum(p.numel() for p in params if p.dim() == 2 and p is not embed)
-    layer = max(sum(p.numel() for p in layer.parameters()) for layer in model.model.layers)
-    return model.num_parameters(), linear, max(p.numel() for p in params), layer
+    return parameter_shapes(v4)
 
 
 def deepseek_v4_activation_bytes(z: _Sizing, v4: DeepseekV4Config, est: MemoryEstimate) -> dict[str, int]:
@@ -756,17 +750,21 @@ def deepseek_v4_activation_bytes(z: _Sizing, v4: DeepseekV4Config, est: MemoryEs
 
 
 def deepseek_v4_engine_bytes(z: _Sizing, v4: DeepseekV4Config, eng, est: MemoryEstimate) -> dict[str, int]:
-    """The engine's for a DeepSeek-V4 model: its weights, the per-sequence caches the model reports
-    (`deepseek_v4_memory.cache_sizes`: the sliding window's K/V and the compressors' unpooled windows per
-    sequence, CSA / HCA compressed K/V and indexer keys per token) for engine.max_running sequences of
-    max_len (or the engine.kv_cache_bytes budget), one step's activations and the sampler's logits."""
+    """The engine's for a DeepSeek-V4 model: its weights, its paged cache (model/deepseek_v4_cache.py: a page
+    holds every position's rows and the entries of the windows ending in it; `v4_bytes_per_page`) for
+    engine.max_running sequences of max_len (or the engine.kv_cache_bytes budget), one step's activations and
+    the sampler's logits. The model's own bounded figures (`deepseek_v4_memory.cache_sizes`: the sliding
+    window's K/V and the compressors' unpooled windows per sequence, entries per token) are noted beside it:
+    what the cache would hold if the pages behind the window were freed (they are not yet)."""
+    from rz_agents.model.deepseek_v4_cache import v4_bytes_per_page
     from rz_agents.model.deepseek_v4_memory import activation_bytes_per_token, cache_sizes
 
     sizes = cache_sizes(v4, z.e)
-    longest = sizes.sequence_bytes(eng.max_len)
+    page = v4_bytes_per_page(v4) // v4.torch_dtype.itemsize * z.e
+    longest = pages_for(eng.max_len) * page
     mean = expected_sequence_positions(eng.max_len)
     budget = eng.kv_cache_bytes if eng.kv_cache_bytes is not None else int(eng.max_running * longest)
-    est.concurrent_sequences = min(eng.max_running, int(budget // sizes.sequence_bytes(mean)))
+    est.concurrent_sequences = min(eng.max_running, int(budget // (pages_for(math.ceil(mean)) * page)))
     est.slot_cache_sequences = int(budget // longest)
     step = eng.max_batch_tokens * activation_bytes_per_token(v4, z.e, eng.max_len)["max_layer"]
     sampled = min(eng.max_running, eng.max_batch_tokens)
@@ -775,18 +773,20 @@ def deepseek_v4_engine_bytes(z: _Sizing, v4: DeepseekV4Config, eng, est: MemoryE
     est.notes.append(
         f"DeepSeek-V4 caches per token: {token_parts} bytes ({sum(sizes.per_token.values()):,.0f} in all); "
         f"per sequence whatever its length ({sizes.rows_held} positions of rows): {seq_parts}; a max_len "
-        f"({eng.max_len}) sequence {longest / 2**20:.1f} MiB"
+        f"({eng.max_len}) sequence {sizes.sequence_bytes(eng.max_len) / 2**20:.1f} MiB, were the pages "
+        "behind the sliding window freed"
     )
     source = "engine.kv_cache_bytes" if eng.kv_cache_bytes is not None else "engine.max_running x max_len"
     est.notes.append(
-        f"compressed caches {budget / GIB:.1f} GiB ({source}): {est.slot_cache_sequences} sequences of "
-        f"max_len, {est.concurrent_sequences} at the mean length {mean:.0f} (capped by engine.max_running "
-        f"{eng.max_running}); sized from the standalone SequenceState (the engine's paged V4 caches are not "
-        "in the engine yet)"
+        f"paged caches {budget / GIB:.1f} GiB ({source}): the engine's pages keep every position's rows "
+        f"(the window's pages are not freed yet): {page / PAGE_SIZE:,.0f} bytes per position, a max_len "
+        f"sequence {longest / 2**20:.1f} MiB; {est.slot_cache_sequences} sequences of max_len, "
+        f"{est.concurrent_sequences} at the mean length {mean:.0f} (capped by engine.max_running "
+        f"{eng.max_running})"
     )
     return {
         "weights": z.n * z.e,
-        "compressed_caches": int(budget),
+        "paged_caches": int(budget),
         **packed_weight_bytes(z),
         "step_activations": int(step),
         "sampling_logits": 4 * sampled * v4.vocab_size * 4,

@@ -66,11 +66,11 @@ def test_mismatch_quick_separates_aligned_from_standard(dirs):
 
 
 def test_mismatch_quick_on_deepseek_v4_is_bit_identical_on_the_aligned_op_set(dirs):
-    """DeepSeek-V4 sampled through its standalone cached path (prefill, batched decode: no engine caches
-    yet), scored by the learner's packed forward."""
+    """DeepSeek-V4 sampled through the rz engine (its paged V4 cache: chunked prefill, continuous-batching
+    decode), scored by the learner's packed forward."""
     _run("mismatch.py", dirs, "--parts", "a", "--tiny", "deepseek_v4")
     a = json.loads((dirs[1] / "mismatch_quick_deepseek_v4" / "summary.json").read_text())["part_a"]
-    assert a["sampler"].startswith("standalone SequenceState")
+    assert a["sampler"] == "rz engine"
     assert a["rz_aligned__trainer_aligned"]["bit_identical_fraction"] == 1.0
     assert a["rz_aligned__trainer_aligned"]["tokens"] == 6 * 12
     assert a["rz_standard__trainer_aligned"]["bit_identical_fraction"] < 1.0

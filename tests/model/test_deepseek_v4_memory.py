@@ -11,6 +11,7 @@ import torch
 from rz_agents.cli import main as rz_main
 from rz_agents.model.deepseek_v4 import DeepseekV4ForCausalLM
 from rz_agents.model.deepseek_v4_attention import Reach, SequenceState
+from rz_agents.model.deepseek_v4_cache import v4_bytes_per_page
 from rz_agents.model.deepseek_v4_config import DeepseekV4Config
 from rz_agents.model.deepseek_v4_memory import cache_sizes, rows_held
 from rz_agents.model.deepseek_v4_presets import deepseek_v4_preset
@@ -78,10 +79,23 @@ def test_rz_train_dry_run_prints_the_v4_flash_caches_per_device(capsys):
     config = Path(__file__).resolve().parents[2] / "configs" / "deepseek-v4-flash-h200.yaml"
     assert rz_main(["train", str(config), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "284.33B parameters" in out and "compressed_caches" in out
+    assert "284.33B parameters" in out and "paged_caches" in out
     assert "csa_compressed_kv 5,120, hca_compressed_kv 184, indexer_keys 1,280 bytes" in out
     assert "sliding_window_kv 5.3 MiB" in out
+    # the engine's paged cache as allocated (model/deepseek_v4_cache.py): every position's rows are kept
+    page = v4_bytes_per_page(deepseek_v4_preset("deepseek-v4-flash"))
+    assert page // 64 == 200_304 and "200,304 bytes per position" in out
     rank = next(line for line in out.splitlines() if "per learner rank" in line)
     replica = next(line for line in out.splitlines() if "per engine replica" in line)
     assert "FSDP2 over 128 ranks" in rank and "H200 141GB: fits" in rank
     assert "H200 141GB: does NOT fit" in replica  # 530 GiB of bf16 weights on one GPU: stated, not hidden
+
+
+def test_rz_train_dry_run_sizes_v4_pro_and_says_it_does_not_fit(capsys):
+    config = Path(__file__).resolve().parents[2] / "configs" / "deepseek-v4-pro-h200.yaml"
+    assert rz_main(["train", str(config), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "deepseek-v4-pro (published config; absent here), 1572.97B parameters" in out
+    assert "csa_compressed_kv 7,424, hca_compressed_kv 256, indexer_keys 1,856 bytes" in out
+    rank = next(line for line in out.splitlines() if "per learner rank" in line)
+    assert "FSDP2 over 512 ranks" in rank and "H200 141GB: does NOT fit" in rank  # two gathered 25.8B layers

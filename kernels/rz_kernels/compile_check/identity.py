@@ -37,6 +37,7 @@ SHARED_OPS = {
     "_index_scores_kernel": "index_scores",
     "_top_k_kernel": "index_top_k",
     "_sink_attention_kernel": "sink_attention",
+    "_clamped_swiglu_kernel": "clamped_swiglu",  # DeepSeek-V4's expert activation
 }
 
 # Why a named difference keeps each element's reduction order (checked against the kernels' source).
@@ -66,6 +67,7 @@ REASONS = {
     ),
     "rope": ("elementwise per (token, head): no reduction; a specialization difference cannot reorder one."),
     "silu_mul": ("elementwise per row: no reduction; a specialization difference cannot reorder one."),
+    "clamped_swiglu": ("elementwise per row: no reduction; a specialization difference cannot reorder one."),
     "moe_grouped_gemm": ("one tile config whatever the rows: a difference here is a defect."),
     "moe_route_softmax": ("one program per row, fixed column blocks: a difference is a defect."),
     "moe_route_sigmoid": ("elementwise: no reduction; a specialization difference cannot reorder one."),

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from rz_kernels.moe import top_k_of
+from rz_kernels.triton_ops.clamped_swiglu import clamped_swiglu
 from rz_kernels.triton_ops.gemm import precision_for
 from rz_kernels.triton_ops.rowwise import silu_mul
 from rz_kernels.triton_ops.softmax import softmax
@@ -412,10 +413,12 @@ def aligned_moe(
     expert_fn=None,
     expert_weights: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor], Sequence[torch.Tensor]]
     | None = None,
+    swiglu_limit: float | None = None,
 ) -> torch.Tensor:
     """SwiGLU experts over x [T, H] by grouped GEMMs; expert_weights = (gate, up, down) weight lists.
 
     (expert_fn is the CPU op sets' per-expert callable; the grouped path reads the weights instead.)
+    swiglu_limit: DeepSeek-V4's clamped activation, silu(min(gate, limit)) * clamp(up, -limit, limit).
     """
     if expert_weights is None:
         raise ValueError("the Triton MoE needs expert_weights (gate, up, down lists)")
@@ -427,7 +430,8 @@ def aligned_moe(
         xs = _GatherRows.apply(x, order, top_k)
     else:
         xs = x.index_select(0, order // top_k)
-    h = silu_mul(grouped_linear(xs, gate_w, grouping), grouped_linear(xs, up_w, grouping))
+    gate, up = grouped_linear(xs, gate_w, grouping), grouped_linear(xs, up_w, grouping)
+    h = silu_mul(gate, up) if swiglu_limit is None else clamped_swiglu(gate, up, swiglu_limit)
     y = grouped_linear(h, down_w, grouping)
     outputs = x.new_zeros(t * top_k, x.shape[-1], dtype=torch.float32).index_copy(0, order, y.float())
     outputs = outputs.view(t, top_k, -1)
