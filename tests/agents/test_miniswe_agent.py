@@ -6,10 +6,12 @@ log-probs. The tests that run mini-swe-agent skip when its venv (scripts/install
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +31,7 @@ from rz_agents.trainer.optim import OptimConfig
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"no sandbox: {bwrap_problem()}")
 MINISWE_PROBLEM = miniswe_problem()
 needs_miniswe = pytest.mark.skipif(MINISWE_PROBLEM is not None, reason=f"mini-swe-agent: {MINISWE_PROBLEM}")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -143,6 +146,25 @@ def test_the_unmodified_mini_cli_solves_a_packaged_task_in_the_sandbox_and_the_v
     finally:
         endpoint.close()
         env.close()
+
+
+@needs_bwrap
+@needs_miniswe
+def test_the_warm_start_episodes_are_the_unmodified_agents_own_conversation_with_todays_prompts(monkeypatch):
+    # configs/miniswe-tiny.yaml warm-starts on these: a change to rz_terminal.yaml's templates (or to how
+    # mini-swe-agent renders them) without rerunning the script would teach the policy a prompt it never sees
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # the script imports make_terminal_demos by name
+    spec = importlib.util.spec_from_file_location(
+        "make_miniswe_demos", ROOT / "scripts" / "make_miniswe_demos.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    messages, reward = script.scripted_episode("hello-file", script.COMMANDS["hello-file"][0])
+    roles = [m["role"] for m in messages]
+    assert reward == 1.0 and roles == ["system", "user", "assistant", "user", "assistant"]
+    assert messages[2]["content"] == "```bash\necho 'Hello, world!' > /app/hello.txt\n```"
+    committed = (ROOT / "configs" / "miniswe-tiny-demos.jsonl").read_text().splitlines()
+    assert json.dumps({"messages": messages, "tools": []}) in committed
 
 
 def _cfg(steps: int) -> TrainConfig:

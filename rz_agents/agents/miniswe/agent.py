@@ -215,8 +215,7 @@ class MiniSweAgent:
                 "wall_time_limit_seconds": int(self.timeout_s),
                 "output_path": str(out),
             },
-            "model": {
-                "model_class": "litellm",
+            "model": {  # its model class is the configs' (rz_terminal.yaml: litellm_textbased)
                 "model_name": f"openai/{self.model_name}",
                 "model_kwargs": {"api_base": base_url, "api_key": "rz"},
                 "cost_tracking": "ignore_errors",
@@ -253,13 +252,16 @@ class MiniSweAgent:
                 raise EpisodeError(f"mini-swe-agent's interpreter {self.python}: {e}") from e
             except subprocess.TimeoutExpired as e:
                 raise EpisodeError(f"mini-swe-agent ran past timeout_s ({self.timeout_s:g} s)") from e
-            exit_status = None
+            exit_status, messages = None, []
             if out.is_file():
                 try:
-                    exit_status = json.loads(out.read_text()).get("info", {}).get("exit_status") or None
+                    saved = json.loads(out.read_text())
+                    exit_status = saved.get("info", {}).get("exit_status") or None
+                    messages = saved.get("messages") or []
                 except (json.JSONDecodeError, AttributeError):
                     exit_status = None
+            # messages: the agent's own history as it saved it (scripts/make_miniswe_demos.py keeps it)
             return {"returncode": done.returncode, "stderr": done.stderr + done.stdout[-2000:],
-                    "exit_status": exit_status, "task_id": task_id}  # fmt: skip
+                    "exit_status": exit_status, "task_id": task_id, "messages": messages}  # fmt: skip
         finally:
             shutil.rmtree(work, ignore_errors=True)
