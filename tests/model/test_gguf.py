@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -153,8 +154,11 @@ def test_greedy_answer_to_two_plus_three_is_sensible(converted_model, tokenizer)
 
 
 @pytest.mark.slow
-def test_cached_conversion_is_reused_and_a_damaged_one_is_redone(tmp_path):
-    first = smollm2_checkpoint_dir(tmp_path)  # a real conversion into a private cache
+def test_cached_conversion_is_reused_and_a_damaged_one_is_redone(checkpoint, tmp_path):
+    # The private cache starts as a copy of the shared conversion (the `checkpoint` fixture's, converted into
+    # an empty cache on a fresh machine): one real conversion here, the redo, instead of two.
+    first = tmp_path / checkpoint.name
+    shutil.copytree(checkpoint, first)
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     assert smollm2_checkpoint_dir(tmp_path) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rewritten
