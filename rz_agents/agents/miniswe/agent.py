@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -69,6 +70,40 @@ def miniswe_problem(python: str | None = None) -> str | None:
     if probe.returncode != 0:
         return f"{exe} cannot import mini-swe-agent: {probe.stderr.strip()[-300:]}"
     return None
+
+
+def run_killable(
+    argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float, children: list | None = None
+) -> subprocess.CompletedProcess:
+    """``subprocess.run`` in a process group of its own, appended to ``children`` while it runs, so a
+    cancelled episode can kill it (and litellm's helpers) at once (``kill_process_groups``); past
+    ``timeout_s`` the whole group is killed and TimeoutExpired raised."""
+    proc = subprocess.Popen(
+        argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    if children is not None:
+        children.append(proc)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_process_groups([proc])
+        proc.communicate()
+        raise
+    finally:
+        if children is not None and proc in children:
+            children.remove(proc)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def kill_process_groups(children: Sequence[subprocess.Popen]) -> None:
+    """SIGKILL each still-running child's process group (its own session: nothing else is in it)."""
+    for proc in list(children):
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _base_env() -> dict[str, str]:
@@ -176,10 +211,16 @@ class MiniSweAgent:
         session_id = f"miniswe-{spec.group_id}-{spec.member}-{spec.seed}"
         session = store.open(session_id, episode_session_policy(spec, sampling, limits))
         commands = CommandEndpoint(shell)
+        # the episode's mini process: killed if the episode is cancelled
+        children: list[subprocess.Popen] = []
         try:
-            run = await loop.run_in_executor(
-                executor, self._run_mini, http.session_url(session_id), commands, shell, limits
-            )
+            try:
+                run = await loop.run_in_executor(
+                    executor, self._run_mini, http.session_url(session_id), commands, shell, limits, children
+                )
+            except asyncio.CancelledError:  # a stopping run: its worker thread must not wait up to timeout_s
+                kill_process_groups(children)
+                raise
             if run["returncode"] != 0 and session.limit_reached is None:
                 raise EpisodeError(f"mini-swe-agent exited {run['returncode']}: {run['stderr'][-500:]}")
             if not session.turns:
@@ -229,7 +270,12 @@ class MiniSweAgent:
         }
 
     def _run_mini(
-        self, base_url: str, commands: CommandEndpoint, shell: ShellTaskEnv, limits: EpisodeLimits
+        self,
+        base_url: str,
+        commands: CommandEndpoint,
+        shell: ShellTaskEnv,
+        limits: EpisodeLimits,
+        children: list[subprocess.Popen] | None = None,
     ) -> dict[str, Any]:
         assert shell.task is not None
         task_id, instruction = shell.task.name, shell.task.instruction
@@ -244,10 +290,7 @@ class MiniSweAgent:
             argv += ["-t", instruction, "-y", "--exit-immediately", "-o", str(out)]
             env = {**_base_env(), "HOME": str(work), "MSWEA_GLOBAL_CONFIG_DIR": str(work / "config")}
             try:
-                done = subprocess.run(
-                    argv, env=env, cwd=work, capture_output=True, text=True, timeout=self.timeout_s,
-                    stdin=subprocess.DEVNULL,
-                )  # fmt: skip
+                done = run_killable(argv, env, work, self.timeout_s, children)
             except FileNotFoundError as e:
                 raise EpisodeError(f"mini-swe-agent's interpreter {self.python}: {e}") from e
             except subprocess.TimeoutExpired as e:
