@@ -20,6 +20,9 @@ ratio last/first window.
                                                 # (qwen2, deepseek_v3, ...; random-token prompts, no vLLM)
     python3 experiments/mismatch.py --parts a --tiny deepseek_v4   # DeepSeek-V4, through the engine's
                                                 # paged V4 cache like every other family
+    python3 experiments/mismatch.py --parts a --tiny qwen3_5       # hybrid linear attention (Gated DeltaNet;
+    python3 experiments/mismatch.py --parts a --tiny kimi_linear   # KDA + MLA): sampled through the rz
+                                                # engine, its recurrent state beside the paged K/V
 """
 
 from __future__ import annotations
@@ -64,8 +67,8 @@ def load_model(checkpoint: str | None, kernels: str, dtype: str, quick: bool, ar
     from rz_agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
     from rz_agents.model.packaged import resolve_checkpoint
 
-    if quick and arch == "deepseek_v4":
-        return deepseek_v4_model(kernels, dtype)
+    if quick and arch in POLICY_FAMILIES:
+        return policy_model(arch, kernels, dtype)
     if quick:
         path = Path(tempfile.gettempdir()) / ("rz-mismatch-tiny" + ("" if arch == "qwen3" else f"-{arch}"))
         if not (path / "config.json").is_file():
@@ -93,18 +96,35 @@ V4_SHAPE = dict(
 )  # fmt: skip
 
 
-def deepseek_v4_model(kernels: str, dtype: str):
-    """(model, checkpoint dir) of a tiny random DeepSeek-V4 (every layer kind: sliding, CSA, HCA; hash and
-    learned MoE) with weights scaled so its logits are not flat, saved once and loaded with `kernels`."""
+# Families built through the policy contract (build_policy), with (tiny shape overrides, weight std):
+# DeepSeek-V4 (every layer kind: sliding, CSA, HCA; hash and learned MoE) and the hybrid linear-attention
+# families (Qwen3.5: Gated DeltaNet + gated attention; Kimi Linear: KDA + MLA) at their default tiny shapes.
+POLICY_FAMILIES: dict[str, tuple[dict, float]] = {
+    "deepseek_v4": (V4_SHAPE, 0.05),
+    "qwen3_5": ({}, 0.2),
+    "kimi_linear": ({}, 0.2),
+}
+
+
+def policy_model(arch: str, kernels: str, dtype: str):
+    """(model, checkpoint dir) of a tiny random model of `arch` with weights scaled so its logits are not
+    flat, saved once and loaded with `kernels`."""
+    import torch
+
     from rz_agents.model.checkpoint import save_hf_checkpoint
     from rz_agents.model.policy import PolicySpec, build_policy
 
-    path = Path(tempfile.gettempdir()) / "rz-mismatch-tiny-deepseek_v4"
+    path = Path(tempfile.gettempdir()) / f"rz-mismatch-tiny-{arch}"
     if not (path / "config.json").is_file():
+        overrides, std = POLICY_FAMILIES[arch]
         model = build_policy(
-            PolicySpec(model_type="deepseek_v4", vocab_size=512, dtype="float32", tiny_overrides=V4_SHAPE)
+            PolicySpec(model_type=arch, vocab_size=512, dtype="float32", tiny_overrides=overrides)
         )
-        model.reset_parameters(std=0.05, seed=0)
+        model.reset_parameters(std=std, seed=0)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("A_log"):  # slow decay: the recurrent state carries across chunks
+                    p.fill_(-3.0)
         save_hf_checkpoint(model, path)
     return build_policy(PolicySpec(checkpoint=str(path), kernels=kernels, dtype=dtype)), path
 
@@ -396,9 +416,18 @@ def main() -> int:
     p.add_argument(
         "--tiny",
         default=None,
-        choices=["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "deepseek_v4"],
+        choices=[
+            "llama",
+            "qwen2",
+            "qwen3",
+            "qwen3_moe",
+            "deepseek_v3",
+            "deepseek_v4",
+            "qwen3_5",
+            "kimi_linear",
+        ],
         help="part A on a tiny random model of this family (random-token prompts; results in "
-             "mismatch_tiny_ARCH)",
+        "mismatch_tiny_ARCH)",
     )
     args = p.parse_args()
     if args.quick:
@@ -406,7 +435,7 @@ def main() -> int:
     out_dir = RESULTS / (
         ("mismatch_quick" + (f"_{args.tiny}" if args.tiny else ""))
         if args.quick
-        else f"mismatch_tiny_{args.tiny}"
+        else f"mismatch_tiny_{args.tiny}" + ("_fp32" if args.dtype == "float32" else "")
         if args.tiny
         else "mismatch"
     )

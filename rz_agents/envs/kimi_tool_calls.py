@@ -10,16 +10,14 @@ unknown tool, arguments against the schema); well-formed calls beside it are kep
 
 from __future__ import annotations
 
-import json
-
 from rz_agents.envs.base import ToolSpec
 from rz_agents.envs.tool_call_types import (
     ParsedTurn,
     ToolCall,
     ToolCallError,
-    scan_calls,
+    json_call,
+    parse_section,
     tool_names,
-    validate_call,
 )
 from rz_agents.kimi_tokens import (
     CALL_ID_PREFIX,
@@ -29,8 +27,6 @@ from rz_agents.kimi_tokens import (
     TOOL_CALLS_SECTION_BEGIN,
     TOOL_CALLS_SECTION_END,
 )
-
-THINK_CLOSE = "</think>"
 
 
 def is_kimi_turn(text: str) -> bool:
@@ -52,30 +48,16 @@ def _parse_one(body: str, schemas: dict) -> ToolCall | ToolCallError:
         return ToolCallError(
             "a tool call needs <|tool_call_argument_begin|> between its id and its JSON", body
         )
-    name = tool_name(call_id)
-    try:
-        arguments = json.loads(arguments_text)
-    except json.JSONDecodeError as exc:
-        return ToolCallError(f"invalid JSON arguments for {name!r}: {exc.msg} at position {exc.pos}", body)
-    except RecursionError:
-        return ToolCallError(f"invalid JSON arguments for {name!r}: nested too deeply", body[:200])
-    problem = validate_call(name, arguments, schemas)
-    if problem:
-        return ToolCallError(problem, body)
-    return ToolCall(name, arguments)
+    return json_call(tool_name(call_id), arguments_text, body, schemas)
 
 
 def parse_kimi_tool_calls(text: str, tools: list[ToolSpec]) -> ParsedTurn:
     """All Kimi-format tool calls in `text`, in order; reasoning before ``</think>`` is ignored."""
     schemas = tool_names(tools)
-    visible = text.split(THINK_CLOSE, 1)[1] if THINK_CLOSE in text else text
-    message = "unterminated tool call (missing <|tool_call_end|>)"
-    turn, last_close = scan_calls(
-        visible, TOOL_CALL_BEGIN, TOOL_CALL_END, lambda body: _parse_one(body, schemas), message
+    return parse_section(
+        text,
+        (TOOL_CALLS_SECTION_BEGIN, TOOL_CALLS_SECTION_END, TOOL_CALL_BEGIN, TOOL_CALL_END),
+        lambda body: _parse_one(body, schemas),
+        "unterminated tool call (missing <|tool_call_end|>)",
+        "tool calls section without a tool call",
     )
-    if not turn.items and TOOL_CALLS_SECTION_BEGIN in visible:
-        turn.items.append(ToolCallError("tool calls section without a tool call", visible))
-        turn.errors = list(turn.items)
-    if last_close != -1:
-        turn.trailing_text = visible[last_close:].replace(TOOL_CALLS_SECTION_END, "", 1).strip()
-    return turn

@@ -3,6 +3,7 @@ every format shares; the Qwen3/Hermes parser (`tool_calls`) and DeepSeek's (`dee
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +84,44 @@ def validate_call(name: Any, arguments: Any, schemas: dict[str, dict[str, Any]])
         ):
             return f"argument {key!r} of {name} must be of type {props[key]['type']}"
     return None
+
+
+def json_call(
+    name: str, arguments_text: str, body: str, schemas: dict[str, dict[str, Any]]
+) -> ToolCall | ToolCallError:
+    """A call of `name` whose arguments are the JSON object `arguments_text`, or what is wrong with it (bad
+    JSON, against the schema); `body` is the call's raw text for the error."""
+    try:
+        arguments = json.loads(arguments_text)
+    except json.JSONDecodeError as exc:
+        return ToolCallError(f"invalid JSON arguments for {name!r}: {exc.msg} at position {exc.pos}", body)
+    except RecursionError:
+        return ToolCallError(f"invalid JSON arguments for {name!r}: nested too deeply", body[:200])
+    problem = validate_call(name, arguments, schemas)
+    if problem:
+        return ToolCallError(problem, body)
+    return ToolCall(name, arguments)
+
+
+def parse_section(
+    text: str,
+    markers: tuple[str, str, str, str],
+    parse: Callable[[str], ToolCall | ToolCallError],
+    unterminated: str,
+    empty: str,
+) -> ParsedTurn:
+    """The calls of a turn in a token-delimited format: `markers` are (section begin, section end, call begin,
+    call end); reasoning before ``</think>`` is ignored; each call's text goes to `parse`; a section with no
+    call is one `ToolCallError` (`empty`); text after the last call (section end removed) is trailing."""
+    section_begin, section_end, call_begin, call_end = markers
+    visible = text.split("</think>", 1)[1] if "</think>" in text else text
+    turn, last_close = scan_calls(visible, call_begin, call_end, parse, unterminated)
+    if not turn.items and section_begin in visible:
+        turn.items.append(ToolCallError(empty, visible))
+        turn.errors = list(turn.items)
+    if last_close != -1:
+        turn.trailing_text = visible[last_close:].replace(section_end, "", 1).strip()
+    return turn
 
 
 def scan_calls(

@@ -3,6 +3,7 @@ tokenizer; shared by the ChatML template (`chat_template`) and DeepSeek's (`deep
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -66,6 +67,46 @@ def stop_ids(tokenizer: TextEncoder, turn_end: str, others: Sequence[str], forma
         if token_id is not None and token_id not in ids:
             ids.append(token_id)
     return ids
+
+
+def check_tools(tools: Any) -> None:
+    """Refuse `tools` that are not a list of tool dicts."""
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise TypeError(f"tools must be a list of dicts, got {type(tools).__name__}")
+
+
+def tool_calls_of(message: Message, index: int) -> Sequence[Any]:
+    """An assistant message's ``tool_calls`` (empty when it has none); anything but a list is refused."""
+    tool_calls = message.get("tool_calls") or []
+    if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Sequence):
+        raise TypeError(f"message {index}: tool_calls must be a list, got {type(tool_calls).__name__}")
+    return tool_calls
+
+
+def call_function(call: Any, index: int) -> tuple[str, Any]:
+    """(name, arguments) of one tool call in the OpenAI shape ``{"function": {...}}`` or the bare
+    ``{"name", "arguments"}`` one (arguments as given: a dict or a JSON string)."""
+    if not isinstance(call, Mapping):
+        raise TypeError(f"message {index}: each tool call must be a dict, got {type(call).__name__}")
+    call = call.get("function") or call
+    name = call.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"message {index}: tool call without a function name: {call!r}")
+    if "arguments" not in call:
+        raise ValueError(f"message {index}: tool call {name!r} has no 'arguments'")
+    return name, call["arguments"]
+
+
+def object_arguments(arguments: Any, name: str, index: int) -> Mapping[str, Any]:
+    """A call's arguments as a mapping (a JSON string is parsed); anything else is refused in one line."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"message {index}: tool call {name!r} has arguments that are not JSON") from exc
+    if not isinstance(arguments, Mapping):
+        raise ValueError(f"message {index}: tool call {name!r} needs a JSON object of arguments")
+    return arguments
 
 
 class RenderedTemplate:

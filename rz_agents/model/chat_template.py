@@ -47,7 +47,16 @@ from pathlib import Path
 from typing import Any
 
 from rz_agents.deepseek_tokens import ASSISTANT, THINK_CLOSE
-from rz_agents.model.chat_messages import Message, RenderedTemplate, TextEncoder, required_id, stop_ids
+from rz_agents.model.chat_messages import (
+    Message,
+    RenderedTemplate,
+    TextEncoder,
+    call_function,
+    check_tools,
+    required_id,
+    stop_ids,
+    tool_calls_of,
+)
 from rz_agents.model.chat_messages import check_messages as _check_messages
 from rz_agents.model.chat_messages import message_content as _content
 from rz_agents.model.deepseek_chat import DEEPSEEK_V31_CHAT_TEMPLATE, DeepSeekChatTemplate
@@ -88,18 +97,7 @@ def _tojson(value: Any) -> str:
 
 
 def _render_tool_call(call: Any, index: int) -> str:
-    if not isinstance(call, Mapping):
-        raise TypeError(f"message {index}: each tool call must be a dict, got {type(call).__name__}")
-    # OpenAI shape {"type": "function", "function": {...}} or the bare {"name", "arguments"}.
-    function = call.get("function")
-    if function:
-        call = function
-    name = call.get("name")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"message {index}: tool call without a function name: {call!r}")
-    if "arguments" not in call:
-        raise ValueError(f"message {index}: tool call {name!r} has no 'arguments'")
-    arguments = call["arguments"]
+    name, arguments = call_function(call, index)  # the OpenAI shape or the bare {"name", "arguments"}
     arguments_text = arguments if isinstance(arguments, str) else _tojson(arguments)
     return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments_text}}}\n</tool_call>'
 
@@ -174,8 +172,7 @@ class ChatTemplate(RenderedTemplate):
         else:
             system = self.default_system_prompt
         if tools:
-            if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
-                raise TypeError(f"tools must be a list of dicts, got {type(tools).__name__}")
+            check_tools(tools)
             body = "" if system is None else system + "\n\n"
             body += TOOLS_HEADER + "".join("\n" + _tojson(tool) for tool in tools) + TOOLS_FOOTER
             return f"{IM_START}system\n{body}{IM_END}\n"
@@ -214,9 +211,7 @@ class ChatTemplate(RenderedTemplate):
             body = EMPTY_THINK + content
         else:
             body = content
-        tool_calls = message.get("tool_calls") or []
-        if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Sequence):
-            raise TypeError(f"message {index}: tool_calls must be a list, got {type(tool_calls).__name__}")
+        tool_calls = tool_calls_of(message, index)
         for k, call in enumerate(tool_calls):
             if k > 0 or content:
                 body += "\n"

@@ -47,7 +47,14 @@ from rz_agents.deepseek_tokens import (
     TOOL_SEP,
     USER,
 )
-from rz_agents.model.chat_messages import Message, RenderedTemplate, TextEncoder
+from rz_agents.model.chat_messages import (
+    Message,
+    RenderedTemplate,
+    TextEncoder,
+    call_function,
+    check_tools,
+    tool_calls_of,
+)
 from rz_agents.model.chat_messages import check_messages as _check_messages
 from rz_agents.model.chat_messages import message_content as _content
 
@@ -70,22 +77,13 @@ def _tojson(value: Any) -> str:
 def render_tool_call(call: Any, index: int) -> str:
     """One call as ``<｜tool▁call▁begin｜>name<｜tool▁sep｜>{json}<｜tool▁call▁end｜>``
     (the OpenAI or the bare ``{"name", "arguments"}`` shape)."""
-    if not isinstance(call, Mapping):
-        raise TypeError(f"message {index}: each tool call must be a dict, got {type(call).__name__}")
-    call = call.get("function") or call
-    name = call.get("name")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"message {index}: tool call without a function name: {call!r}")
-    if "arguments" not in call:
-        raise ValueError(f"message {index}: tool call {name!r} has no 'arguments'")
-    arguments = call["arguments"]
+    name, arguments = call_function(call, index)
     text = arguments if isinstance(arguments, str) else _tojson(arguments)
     return f"{TOOL_CALL_BEGIN}{name}{TOOL_SEP}{text}{TOOL_CALL_END}"
 
 
 def _tools_block(tools: Sequence[Mapping[str, Any]]) -> str:
-    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
-        raise TypeError(f"tools must be a list of dicts, got {type(tools).__name__}")
+    check_tools(tools)
     parts = [TOOLS_HEADER]
     for tool in tools:
         fn = tool.get("function", tool)
@@ -173,9 +171,7 @@ class DeepSeekChatTemplate(DeepSeekEncoding):
         reasoning = message.get("reasoning_content")
         # With thinking on the turn opened "<think>": the model wrote its reasoning, "</think>", the answer.
         body = (reasoning + THINK_CLOSE + content) if thinking and isinstance(reasoning, str) else content
-        tool_calls = message.get("tool_calls") or []
-        if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Sequence):
-            raise TypeError(f"message {index}: tool_calls must be a list, got {type(tool_calls).__name__}")
+        tool_calls = tool_calls_of(message, index)
         if tool_calls:
             calls = "".join(render_tool_call(call, index) for call in tool_calls)
             body += TOOL_CALLS_BEGIN + calls + TOOL_CALLS_END

@@ -46,7 +46,7 @@ from rz_agents.deepseek_tokens import (
     THINK_OPEN,
     USER,
 )
-from rz_agents.model.chat_messages import Message
+from rz_agents.model.chat_messages import Message, call_function, check_tools, object_arguments, tool_calls_of
 from rz_agents.model.chat_messages import check_messages as _check_messages
 from rz_agents.model.chat_messages import message_content as _content
 from rz_agents.model.deepseek_chat import DeepSeekEncoding
@@ -93,31 +93,12 @@ def _tojson(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)  # the encoders' to_json
 
 
-def _arguments(call: Mapping[str, Any], name: str, index: int) -> Mapping[str, Any]:
-    if "arguments" not in call:
-        raise ValueError(f"message {index}: tool call {name!r} has no 'arguments'")
-    arguments = call["arguments"]
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"message {index}: tool call {name!r} has arguments that are not JSON") from exc
-    if not isinstance(arguments, Mapping):
-        raise ValueError(f"message {index}: tool call {name!r} needs a JSON object of arguments")
-    return arguments
-
-
 def render_dsml_call(call: Any, index: int) -> str:
     """One call as a ``<｜DSML｜invoke>`` element (the OpenAI or the bare ``{"name", "arguments"}`` shape;
     arguments as a dict or a JSON string): one parameter element per argument, strings written as they are."""
-    if not isinstance(call, Mapping):
-        raise TypeError(f"message {index}: each tool call must be a dict, got {type(call).__name__}")
-    call = call.get("function") or call
-    name = call.get("name")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"message {index}: tool call without a function name: {call!r}")
+    name, arguments = call_function(call, index)
     params = []
-    for key, value in _arguments(call, name, index).items():
+    for key, value in object_arguments(arguments, name, index).items():
         text, is_str = (value, "true") if isinstance(value, str) else (_tojson(value), "false")
         params.append(f'{DSML_PARAMETER_OPEN} name="{key}" string="{is_str}">{text}{DSML_PARAMETER_CLOSE}')
     return f'{DSML_INVOKE_OPEN} name="{name}">\n' + "\n".join(params) + f"\n{DSML_INVOKE_CLOSE}"
@@ -131,8 +112,7 @@ def render_dsml_calls(calls: Sequence[Any], index: int, version: str) -> str:
 
 
 def _tools_block(tools: Sequence[Mapping[str, Any]], version: str) -> str:
-    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
-        raise TypeError(f"tools must be a list of dicts, got {type(tools).__name__}")
+    check_tools(tools)
     schemas = "\n".join(_tojson(tool.get("function", tool)) for tool in tools)
     return (_TOOLS_V32 if version == "v3.2" else _TOOLS_V4).replace("{schemas}", schemas)
 
@@ -234,9 +214,7 @@ class DsmlChatTemplate(DeepSeekEncoding):
         content = _content(message, index)
         # In thinking mode the turn opened "<think>": the model writes its reasoning (maybe none), "</think>".
         reasoning = (message.get("reasoning_content") or "") + THINK_CLOSE if content_thinking else ""
-        tool_calls = message.get("tool_calls") or []
-        if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Sequence):
-            raise TypeError(f"message {index}: tool_calls must be a list, got {type(tool_calls).__name__}")
+        tool_calls = tool_calls_of(message, index)
         calls = render_dsml_calls(tool_calls, index, self.version) if tool_calls else ""
         return reasoning + content + calls + EOS
 

@@ -43,7 +43,16 @@ from rz_agents.kimi_tokens import (
     TOOL_CALLS_SECTION_BEGIN,
     TOOL_CALLS_SECTION_END,
 )
-from rz_agents.model.chat_messages import Message, RenderedTemplate, TextEncoder, required_id, stop_ids
+from rz_agents.model.chat_messages import (
+    Message,
+    RenderedTemplate,
+    TextEncoder,
+    call_function,
+    check_tools,
+    required_id,
+    stop_ids,
+    tool_calls_of,
+)
 from rz_agents.model.chat_messages import check_messages as _check_messages
 from rz_agents.model.chat_messages import message_content as _content
 
@@ -58,15 +67,7 @@ def _tojson(value: Any) -> str:
 
 def render_kimi_call(call: Any, index: int, call_index: int) -> str:
     """One call as ``<|tool_call_begin|>{id}<|tool_call_argument_begin|>{arguments}<|tool_call_end|>``."""
-    if not isinstance(call, Mapping):
-        raise TypeError(f"message {index}: each tool call must be a dict, got {type(call).__name__}")
-    function = call.get("function") or call
-    name = function.get("name")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"message {index}: tool call without a function name: {call!r}")
-    if "arguments" not in function:
-        raise ValueError(f"message {index}: tool call {name!r} has no 'arguments'")
-    arguments = function["arguments"]
+    name, arguments = call_function(call, index)
     call_id = call.get("id") or f"{CALL_ID_PREFIX}{name}:{call_index}"
     text = arguments if isinstance(arguments, str) else _tojson(arguments)
     return f"{TOOL_CALL_BEGIN}{call_id}{TOOL_CALL_ARGUMENT_BEGIN}{text}{TOOL_CALL_END}"
@@ -89,8 +90,7 @@ class KimiChatTemplate(RenderedTemplate):
         _check_messages(messages)
         parts = []
         if tools:
-            if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
-                raise TypeError(f"tools must be a list of dicts, got {type(tools).__name__}")
+            check_tools(tools)
             parts.append(f"{IM_SYSTEM}tool_declare{IM_MIDDLE}\n  # Tools\n  {_tojson(list(tools))}{IM_END}")
         if messages and messages[0]["role"] != "system":
             parts.append(f"{IM_SYSTEM}system{IM_MIDDLE}{KIMI_DEFAULT_SYSTEM_PROMPT}{IM_END}")
@@ -117,9 +117,7 @@ class KimiChatTemplate(RenderedTemplate):
             else:
                 parts.append(f"{IM_SYSTEM}{name}{IM_MIDDLE}\n")
             content = _content(message, i)
-            tool_calls = message.get("tool_calls") or [] if role == "assistant" else []
-            if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Sequence):
-                raise TypeError(f"message {i}: tool_calls must be a list, got {type(tool_calls).__name__}")
+            tool_calls = tool_calls_of(message, i) if role == "assistant" else []
             if tool_calls:
                 calls = "".join(render_kimi_call(c, i, calls_so_far + k) for k, c in enumerate(tool_calls))
                 calls_so_far += len(tool_calls)

@@ -31,7 +31,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rz_agents.model.chat_messages import Message, RenderedTemplate, TextEncoder, required_id, stop_ids
+from rz_agents.model.chat_messages import (
+    Message,
+    RenderedTemplate,
+    TextEncoder,
+    call_function,
+    check_tools,
+    object_arguments,
+    required_id,
+    stop_ids,
+    tool_calls_of,
+)
 from rz_agents.model.chat_messages import check_messages as _check_messages
 from rz_agents.model.chat_messages import message_content as _content
 
@@ -63,26 +73,6 @@ def parameter_text(value: Any) -> str:
     if isinstance(value, (Mapping, list, tuple)):
         return _tojson(value)
     return str(value)
-
-
-def _call_parts(call: Any, index: int) -> tuple[str, Mapping[str, Any]]:
-    if not isinstance(call, Mapping):
-        raise TypeError(f"message {index}: each tool call must be a dict, got {type(call).__name__}")
-    call = call.get("function") or call  # the OpenAI shape or the bare {"name", "arguments"}
-    name = call.get("name")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"message {index}: tool call without a function name: {call!r}")
-    if "arguments" not in call:
-        raise ValueError(f"message {index}: tool call {name!r} has no 'arguments'")
-    arguments = call["arguments"]
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"message {index}: tool call {name!r} has arguments that are not JSON") from exc
-    if not isinstance(arguments, Mapping):
-        raise ValueError(f"message {index}: tool call {name!r} needs a JSON object of arguments")
-    return name, arguments
 
 
 def render_xml_call(name: str, arguments: Mapping[str, Any]) -> str:
@@ -123,8 +113,7 @@ class Qwen35ChatTemplate(RenderedTemplate):
     def _system_header(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None) -> str:
         system = _content(messages[0], 0).strip() if messages and messages[0]["role"] == "system" else None
         if tools:
-            if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
-                raise TypeError(f"tools must be a list of dicts, got {type(tools).__name__}")
+            check_tools(tools)
             body = TOOLS_HEADER + "".join("\n" + _tojson(tool) for tool in tools) + TOOLS_FOOTER
             return f"{IM_START}system\n{body}" + (f"\n\n{system}" if system else "") + f"{IM_END}\n"
         return "" if system is None else f"{IM_START}system\n{system}{IM_END}\n"
@@ -161,12 +150,10 @@ class Qwen35ChatTemplate(RenderedTemplate):
         else:
             answer = content.strip()
             body = EMPTY_THINK + answer
-        tool_calls = message.get("tool_calls") or []
-        if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Sequence):
-            raise TypeError(f"message {index}: tool_calls must be a list, got {type(tool_calls).__name__}")
-        for k, call in enumerate(tool_calls):
+        for k, call in enumerate(tool_calls_of(message, index)):
+            name, arguments = call_function(call, index)
             body += ("\n\n" if answer.strip() else "") if k == 0 else "\n"
-            body += render_xml_call(*_call_parts(call, index))
+            body += render_xml_call(name, object_arguments(arguments, name, index))
         return f"{IM_START}assistant\n{body}{IM_END}\n"
 
     def turn_end_id(self, tokenizer: TextEncoder) -> int:
