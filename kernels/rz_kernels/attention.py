@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rz_kernels import attention_grad
 from rz_kernels.elementwise import aligned_unary
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,7 @@ class BlockedPlan:
         self.num_tokens = q_seq.shape[0]
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self._buckets: dict[int, list[_Bucket]] = {}
+        self._span_groups: list[attention_grad.SpanGroup] | None | bool = False  # False: not built yet
 
     def buckets(self, head_dim: int) -> list[_Bucket]:
         """The tiles, grouped by (rows, key blocks); the tile size depends on the guard for head_dim."""
@@ -179,6 +181,12 @@ class BlockedPlan:
                 got = _layout(self.q_seq, self.q_pos, self.num_heads, self.num_kv_heads, head_dim)
             self._buckets[head_dim] = got
         return got
+
+    def span_groups(self) -> list[attention_grad.SpanGroup] | None:
+        """The flash backward's layout of this call's queries (attention_grad.span_groups), built once."""
+        if self._span_groups is False:
+            self._span_groups = attention_grad.span_groups(self.q_seq, self.q_pos)
+        return self._span_groups
 
 
 def verify_attention(group: int, head_dim: int) -> bool:
@@ -400,11 +408,12 @@ def _tile_group(qf, k, v, b: _Bucket, sel, scale: float, page_table=None):
     scores = torch.bmm(q_blocks, kb.reshape(n * nb, KEY_BLOCK, d).transpose(1, 2)).view(
         n, nb, rows, KEY_BLOCK
     )
-    scores = scores * scale
+    # in place: the same elementwise kernels (so the same bits) without a fresh [n, nb, R, 64] buffer each
+    scores.mul_(scale)
     key_pos = torch.arange(span, device=qf.device).view(1, nb, 1, KEY_BLOCK)
-    scores = scores.masked_fill(key_pos > b.row_pos[sel].view(n, 1, rows, 1), float("-inf"))
+    scores.masked_fill_(key_pos > b.row_pos[sel].view(n, 1, rows, 1), float("-inf"))
     row_max = scores.amax(dim=(1, 3), keepdim=True)
-    p = aligned_unary(torch.exp, scores - row_max)
+    p = aligned_unary(torch.exp_, scores.sub_(row_max))
     block_sums = p.sum(-1)  # [n, nb, R], each a sum over one fixed-size block
     block_out = torch.bmm(p.view(n * nb, rows, KEY_BLOCK), vb.reshape(n * nb, KEY_BLOCK, d)).view(
         n, nb, rows, d
@@ -493,8 +502,34 @@ class _BlockedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, stats = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, out, stats, grad_out, ctx.plan, ctx.scale)
-        return dq, dk, dv, None, None
+        groups = ctx.plan.span_groups() if flash_backward_usable(q, ctx.plan) else None
+        if groups is not None:  # any algorithm may give the gradient: the flash kernel's is the fastest here
+            lse = (stats[:, 0] + stats[:, 1].log()).view(q.shape[0], q.shape[1])
+            dq, dk, dv = attention_grad.flash_backward(q, k, v, out, lse, grad_out, groups, ctx.scale)
+        else:
+            dq, dk, dv = _backward(q, k, v, out, stats, grad_out, ctx.plan, ctx.scale)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+_flash_backward_on = True
+
+
+def set_flash_backward(enabled: bool) -> None:
+    """Use the flash kernel for the blocked attention's backward where it applies (default) or always the
+    tile-by-tile recompute (``_backward``; tests compare the two). Gradients only: the forward's bits never
+    change."""
+    global _flash_backward_on
+    _flash_backward_on = enabled
+
+
+def flash_backward_usable(q: torch.Tensor, plan: BlockedPlan) -> bool:
+    """Whether the backward of this call runs on the flash kernel: on, available, CPU, contiguous K/V."""
+    return (
+        _flash_backward_on
+        and attention_grad.FLASH_BACKWARD is not None
+        and q.device.type == "cpu"
+        and plan.page_table is None
+    )
 
 
 def blocked_attention(

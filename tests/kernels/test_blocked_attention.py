@@ -76,7 +76,16 @@ def test_tile_guard_accepts_this_blas_from_four_rows(fresh_guard):
     assert attn.verify_tile_rows(16, 64)
 
 
-def test_gradients_match_sdpa():
+@pytest.fixture
+def flash_backward(request):
+    attn.set_flash_backward(request.param)
+    yield request.param
+    attn.set_flash_backward(True)
+
+
+@pytest.mark.parametrize("flash_backward", [True, False], indirect=True, ids=["flash", "tiles"])
+def test_gradients_match_sdpa(flash_backward):
+    # seq 2's queries start at position 30 (a chunk over earlier keys); seq 1 has no queries (zero grads)
     gen = torch.Generator().manual_seed(3)
     q, k, v = _case(gen, 150, h=4, hkv=2, length=192)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
@@ -167,3 +176,40 @@ def test_the_decode_layout_grouped_on_the_host_gives_the_general_layouts_bits():
     )
     ref = attn.sdpa_attention(q, k, v, attn.plan_sdpa(seq, pos, 8, 2, page_table=table), 0.25)
     assert torch.equal(attn.sdpa_attention(q, k, v, sdpa, 0.25), ref)
+
+
+def test_the_backward_runs_the_flash_kernel_and_leaves_the_forward_bits_alone():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = _case(gen, 150, h=6, hkv=2, length=192)
+    seq = torch.tensor([0] * 60 + [2] * 90)
+    pos = torch.cat([torch.arange(60), torch.arange(30, 120)])
+    plan = attn.plan_blocked(seq, pos, 6, 2)
+    g = torch.randn(150, 6, 16, generator=gen)
+    grads, outs = {}, {}
+    for flash in (True, False):
+        attn.set_flash_backward(flash)
+        try:
+            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+            outs[flash] = attn.blocked_attention(*leaves, plan, 0.25)
+            grads[flash] = torch.autograd.grad(outs[flash], leaves, g)
+        finally:
+            attn.set_flash_backward(True)
+    assert torch.equal(outs[True], outs[False])  # the forward (the aligned bits) does not change
+    # the flash path's gradients are the kernel's, bit for bit (lse from the forward's row max and sum)
+    _, stats = attn._forward(q, k, v, plan, 0.25, with_stats=True)
+    lse = (stats[:, 0] + stats[:, 1].log()).view(150, 6)
+    direct = attn.attention_grad.flash_backward(q, k, v, outs[True], lse, g, plan.span_groups(), 0.25)
+    for a, b, c in zip(grads[True], direct, grads[False], strict=True):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)
+
+
+def test_repeated_query_positions_keep_the_tile_backward():
+    # two queries at one (sequence, position) cannot share a grid row: no span groups, the tile backward runs
+    seq, pos = torch.tensor([0, 0, 0]), torch.tensor([0, 1, 1])
+    assert attn.plan_blocked(seq, pos, 2, 1).span_groups() is None
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (x.requires_grad_() for x in _case(gen, 3, h=2, hkv=1, seqs=1, length=64))
+    out = blocked(q, k, v, seq, pos)
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
