@@ -29,19 +29,10 @@ from torch import nn
 from rz_agents.model.mrope import mrope_table
 from rz_agents.model.qwen3_5 import Qwen35ForCausalLM, _Batch, _Stack
 from rz_agents.model.qwen3_5_vl_config import Qwen35VLConfig
-from rz_agents.model.vision import LayerNorm, VisionTower
-from rz_agents.model.vl_inputs import VisionLanguageInputs
+from rz_agents.model.vision import LayerNorm
+from rz_agents.model.vl_inputs import VisionLanguageInputs, VisionLanguageStack
 from rz_kernels import RopeTable, get_ops
 from rz_kernels.attention import verify_attention
-
-
-class _VisionLanguageStack(nn.Module):
-    """transformers' ``model.`` of Qwen3.5-VL: ``visual`` and ``language_model`` (registered in its order)."""
-
-    def __init__(self, config: Qwen35VLConfig) -> None:
-        super().__init__()
-        self.visual = VisionTower(config.vision)
-        self.language_model = _Stack(config.text)
 
 
 class Qwen35VLForConditionalGeneration(VisionLanguageInputs, Qwen35ForCausalLM):
@@ -50,7 +41,7 @@ class Qwen35VLForConditionalGeneration(VisionLanguageInputs, Qwen35ForCausalLM):
 
     def __init__(self, config: Qwen35VLConfig, kernels: str = "aligned") -> None:
         get_ops(kernels)  # reject an unknown name before building the tower
-        super().__init__(config.text, kernels, stack=_VisionLanguageStack(config))
+        super().__init__(config.text, kernels, stack=VisionLanguageStack(config.vision, _Stack(config.text)))
         self.vl_config = config
 
     @property

@@ -30,19 +30,10 @@ from rz_agents.model.transformer import (
     _Context,
 )
 from rz_agents.model.vision import ImageEmbeddings, LayerNorm, VisionTower, VLSequence  # noqa: F401 (its home)
-from rz_agents.model.vl_inputs import VisionLanguageInputs
+from rz_agents.model.vl_inputs import VisionLanguageInputs, VisionLanguageStack
 from rz_kernels import get_ops
 from rz_kernels.attention import verify_attention
 from rz_kernels.logprobs import token_logprobs_of_logits
-
-
-class _VisionLanguageStack(nn.Module):
-    """HF's `model.` prefix of Qwen3-VL: `visual` and `language_model` (registered in HF's order)."""
-
-    def __init__(self, config: Qwen3VLConfig) -> None:
-        super().__init__()
-        self.visual = VisionTower(config.vision)
-        self.language_model = DecoderStack(config.text)
 
 
 class Qwen3VLModel(VisionLanguageInputs, Transformer):
@@ -52,7 +43,8 @@ class Qwen3VLModel(VisionLanguageInputs, Transformer):
     def __init__(self, config: Qwen3VLConfig, kernels: str = "aligned", init: bool = True) -> None:
         get_ops(kernels)  # reject an unknown name before building the tower
         # the decoder's Transformer (its config: the text part) over the tower + language model stack
-        super().__init__(config.text, kernels, init, stack=_VisionLanguageStack(config))
+        stack = VisionLanguageStack(config.vision, DecoderStack(config.text))
+        super().__init__(config.text, kernels, init, stack=stack)
         self.vl_config = config
 
     def hf_config(self) -> dict:

@@ -14,10 +14,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 from rz_agents.model.forward_inputs import Segment
 from rz_agents.model.mrope import ImagePositions, mrope_positions
 from rz_agents.model.vision import ImageEmbeddings, VisionTower, VLSequence
+
+
+class VisionLanguageStack(nn.Module):
+    """transformers' ``model.`` of a Qwen vision-language checkpoint: ``visual`` and ``language_model``
+    (registered in its order); Qwen3-VL and Qwen3.5-VL differ only in the language model."""
+
+    def __init__(self, vision_config, language_model: nn.Module) -> None:
+        super().__init__()
+        self.visual = VisionTower(vision_config)
+        self.language_model = language_model
 
 
 class VisionLanguageInputs:
