@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from rz_agents.model.mrope import mrope_table
 from rz_agents.model.qwen3_5 import Qwen35ForCausalLM, _Batch, _Stack
@@ -43,11 +42,6 @@ class Qwen35VLForConditionalGeneration(VisionLanguageInputs, Qwen35ForCausalLM):
         get_ops(kernels)  # reject an unknown name before building the tower
         super().__init__(config.text, kernels, stack=VisionLanguageStack(config.vision, _Stack(config.text)))
         self.vl_config = config
-
-    @property
-    def decoder(self) -> nn.Module:
-        """The language model's embedding, layers and final norm."""
-        return self.model.language_model
 
     def hf_config(self) -> dict:
         """This model's config.json (``Qwen3_5ForConditionalGeneration`` reads it)."""

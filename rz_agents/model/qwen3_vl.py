@@ -67,11 +67,6 @@ class Qwen3VLModel(VisionLanguageInputs, Transformer):
         if self.kernels == "aligned" and self.device.type == "cpu":
             verify_attention(1, self.vl_config.vision.head_dim)
 
-    @property
-    def decoder(self) -> nn.Module:
-        """Transformer.decoder: the language model's embedding, layers and final norm."""
-        return self.model.language_model
-
     def _image_inputs(
         self,
         ctx: _Context,

@@ -38,6 +38,11 @@ class VisionLanguageInputs:
     def visual(self) -> VisionTower:
         return self.model.visual
 
+    @property
+    def decoder(self) -> nn.Module:
+        """The forward's decoder (embedding, layers, final norm): the language model's."""
+        return self.model.language_model
+
     # ---- the forward contract's image inputs (Transformer's, for a model that takes them) -------------
     takes_images = True
 
