@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rz_agents.agents.miniswe.agent import kill_process_groups, run_killable
+from rz_agents.agents.miniswe.processes import Cancelled, EpisodeChildren
 
 # a child that starts a grandchild, writes its pid, and then both sleep far past the test
 SCRIPT = (
@@ -77,3 +78,19 @@ def test_a_timeout_kills_the_group_and_raises(tmp_path):
         while _alive(grandchild) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(grandchild)
+
+
+def test_a_child_started_after_the_cancel_is_killed_or_never_started(tmp_path):
+    """The race of an episode cancelled before its thread reached ``Popen``: the cancellation holds for a
+    child added later (killed as it is added), and a cancelled set starts nothing at all."""
+    children = EpisodeChildren()
+    children.kill_all()  # the episode is cancelled first: nothing was running yet
+    with pytest.raises(Cancelled):
+        run_killable([sys.executable, "-c", SCRIPT, str(tmp_path / "never")], dict(os.environ), tmp_path,
+                     300.0, children)  # fmt: skip
+    assert not (tmp_path / "never").exists()
+    late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    started = time.monotonic()
+    children.add(late)  # the thread got past its check just before the cancel: killed on arrival
+    assert late.wait(timeout=30) < 0 and time.monotonic() - started < 30
+    assert len(children) == 0

@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -32,6 +31,12 @@ from typing import Any
 import yaml
 
 from rz_agents.agents.miniswe.command_endpoint import CommandEndpoint
+from rz_agents.agents.miniswe.processes import (  # noqa: F401 (run_killable: public here too)
+    Cancelled,
+    EpisodeChildren,
+    kill_process_groups,
+    run_killable,
+)
 from rz_agents.agents.openai_api.agent import episode_session_policy
 from rz_agents.agents.openai_api.endpoint import served_endpoint
 from rz_agents.envs.harbor.env import ShellTaskEnv
@@ -70,40 +75,6 @@ def miniswe_problem(python: str | None = None) -> str | None:
     if probe.returncode != 0:
         return f"{exe} cannot import mini-swe-agent: {probe.stderr.strip()[-300:]}"
     return None
-
-
-def run_killable(
-    argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float, children: list | None = None
-) -> subprocess.CompletedProcess:
-    """``subprocess.run`` in a process group of its own, appended to ``children`` while it runs, so a
-    cancelled episode can kill it (and litellm's helpers) at once (``kill_process_groups``); past
-    ``timeout_s`` the whole group is killed and TimeoutExpired raised."""
-    proc = subprocess.Popen(
-        argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-    )  # fmt: skip
-    if children is not None:
-        children.append(proc)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_process_groups([proc])
-        proc.communicate()
-        raise
-    finally:
-        if children is not None and proc in children:
-            children.remove(proc)
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
-def kill_process_groups(children: Sequence[subprocess.Popen]) -> None:
-    """SIGKILL each still-running child's process group (its own session: nothing else is in it)."""
-    for proc in list(children):
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def _base_env() -> dict[str, str]:
@@ -212,7 +183,7 @@ class MiniSweAgent:
         session = store.open(session_id, episode_session_policy(spec, sampling, limits))
         commands = CommandEndpoint(shell)
         # the episode's mini process: killed if the episode is cancelled
-        children: list[subprocess.Popen] = []
+        children = EpisodeChildren()
         try:
             try:
                 run = await loop.run_in_executor(
@@ -275,7 +246,7 @@ class MiniSweAgent:
         commands: CommandEndpoint,
         shell: ShellTaskEnv,
         limits: EpisodeLimits,
-        children: list[subprocess.Popen] | None = None,
+        children: EpisodeChildren | None = None,
     ) -> dict[str, Any]:
         assert shell.task is not None
         task_id, instruction = shell.task.name, shell.task.instruction
