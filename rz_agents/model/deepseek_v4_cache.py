@@ -31,7 +31,7 @@ starts at or after position p, no call reads rows before ``Reach.first_needed(p)
 keeps only its entries worth holding. The engine then copies those entries into an *archive page* and gives
 the page back to the pool: an archive page is an ordinary page of the pool whose storage is read as
 ``archive_span`` pages' entry slots side by side (``archive``: the same bytes viewed another way), so the
-sequence holds one archive page per ``archive_span`` pages behind its window (V4-Flash bf16: 30) instead of
+sequence holds one archive page per ``archive_span`` pages behind its window (V4-Flash bf16: 29) instead of
 every page. The page table keeps the archive page's id in each of those columns; ``archived[page]`` (on the
 device, so nothing reads back) says how a column's entries are read: from the archive at (page, column mod
 span, slot), or from the page itself. Writing rows to a page marks it an ordinary page again.
@@ -159,7 +159,7 @@ class DeepseekV4Cache:
             size = s.slots * s.dim
             self.entries[k] = self.storage[:, offset : offset + size].view(num_pages, s.slots, s.dim)
             offset += size
-        # the archive: a whole page read as archive_span pages' entries (a page's entries are ~1/30 of it)
+        # the archive: a whole page read as archive_span pages' entries (V4-Flash: 1/29 of a page each)
         self.archive_span = archive_span(config)
         self.archive, offset = {}, 0
         for k, s in self.specs.items():
