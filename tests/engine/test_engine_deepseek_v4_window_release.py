@@ -9,7 +9,12 @@ from __future__ import annotations
 import dataclasses
 
 from rz_agents.engine import EngineConfig, RZEngine, generate_batch
-from tests.engine.engine_alignment import assert_equal_to_learner, learner_logprobs, seeded_params
+from tests.engine.engine_alignment import (
+    assert_equal_to_learner,
+    assert_update_recomputes_exactly,
+    learner_logprobs,
+    seeded_params,
+)
 from tests.engine.test_engine_deepseek_v4_alignment import _model, _prompts
 
 
@@ -89,3 +94,26 @@ def test_giving_back_a_page_the_window_still_reads_corrupts_the_logprobs():
     (lp,) = learner_logprobs(model, prompts, outs)
     assert wrong.stats()["kv_pages_released_behind_window"] == 2
     assert (outs[0].logprobs - lp).abs().max() > 1e-3
+
+
+def test_a_later_prompt_reuses_given_back_pages_exactly():
+    """A finished sequence's pages, one of them given back while it ran (kept in the prefix cache, its
+    content intact), serve the next turn's prompt: the match runs through them and the log-probs equal the
+    learner's."""
+    model = _model("float32")
+    engine = RZEngine(model, EngineConfig(max_len=256, max_batch_tokens=64, num_threads=1))
+    (first,) = _prompts([150], seed=7)
+    (out,) = generate_batch(engine, [first], _long(1, [20]))
+    assert engine.stats()["kv_pages_released_behind_window"] >= 1
+    prompts = [first + out.tokens + _prompts([10], seed=8)[0]]
+    again = generate_batch(engine, prompts, _long(1, [8]))
+    assert again[0].num_cached_prompt_tokens >= 128  # through the given-back page 0 and page 1
+    assert_equal_to_learner(model, prompts, again)
+
+
+def test_a_weight_update_recomputes_a_sequence_that_gave_pages_back():
+    model, new = _model("float32"), _model("float32", seed=1)
+    engine = RZEngine(model, EngineConfig(max_len=256, max_batch_tokens=64, num_threads=1))
+    # the 150-token prompt gives page 0 back right after its prefill, before the update at 5 tokens
+    assert_update_recomputes_exactly(engine, new, _prompts([150, 30], seed=9), _long(2, [15, 15]), 5)
+    assert engine.stats()["kv_pages_released_behind_window"] >= 2  # once per version
