@@ -307,6 +307,9 @@ def paged_forward(
     if top >= view.capacity:
         raise ValueError(f"position {top} is past the page table's {view.capacity} positions")
     states = read_states(view.cache, view, starts)
-    hidden = model(tokens, positions, seq_ids, states=states)
+    if view.decode_positions is not None:  # token i is row i's one token: nothing to check on the device
+        hidden = model.decode_states(tokens, positions, states, top)
+    else:
+        hidden = model(tokens, positions, seq_ids, states=states)
     write_states(view.cache, view, starts, states)
     return hidden
