@@ -103,6 +103,12 @@ class _Forward:
         self.trace = trace
 
 
+def _check_rope(rope: torch.Tensor | None, positions: torch.Tensor) -> None:
+    """Refuse RoPE rows other than the positions (this model rotates by its positions)."""
+    if rope is not None and not torch.equal(rope.reshape(-1), positions.reshape(-1)):
+        raise ValueError("DeepseekV4ForCausalLM rotates by its positions: text_rope_positions differ")
+
+
 class DeepseekV4ForCausalLM(nn.Module):
     """DeepSeek-V4 causal LM: `forward` gives final hidden states [T, hidden], `logits` the fp32 LM head."""
 
@@ -186,10 +192,6 @@ class DeepseekV4ForCausalLM(nn.Module):
         engine passes a ``kv_cache`` view of ``new_kv_cache``'s pages instead (each table row a sequence
         continuing from its pages: a prefill chunk or a decode token)."""
         rope = extra.pop("text_rope_positions", None)  # (the engine's decode step passes the RoPE rows)
-        decode = kv_cache is not None and kv_cache.decode_positions is not None
-        # (a decode step's RoPE rows are its positions for a model without images: not read back to check)
-        if rope is not None and not decode and not torch.equal(rope.reshape(-1), positions.reshape(-1)):
-            raise ValueError("DeepseekV4ForCausalLM rotates by its positions: text_rope_positions differ")
         if any(v is not None for v in extra.values()):
             raise ValueError(
                 f"DeepseekV4ForCausalLM takes no {sorted(k for k, v in extra.items() if v is not None)}"
@@ -197,7 +199,11 @@ class DeepseekV4ForCausalLM(nn.Module):
         if kv_cache is not None:
             if states is not None or seq_ids is None:
                 raise ValueError("a kv_cache forward takes seq_ids (rows of its page table) and no states")
+            # a decode step's RoPE rows are its positions for a model without images: not read back to check
+            if kv_cache.decode_positions is None:
+                _check_rope(rope, positions)
             return paged_forward(self, tokens, positions, seq_ids, kv_cache)
+        _check_rope(rope, positions)
         shape = tokens.shape
         tokens, positions = tokens.reshape(-1), positions.reshape(-1)
         if seq_ids is None:

@@ -6,7 +6,10 @@ still reads are lost and its log-probs move."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+
+import torch
 
 from rz_agents.engine import EngineConfig, RZEngine, generate_batch
 from tests.engine.engine_alignment import (
@@ -117,3 +120,31 @@ def test_a_weight_update_recomputes_a_sequence_that_gave_pages_back():
     # the 150-token prompt gives page 0 back right after its prefill, before the update at 5 tokens
     assert_update_recomputes_exactly(engine, new, _prompts([150, 30], seed=9), _long(2, [15, 15]), 5)
     assert engine.stats()["kv_pages_released_behind_window"] >= 2  # once per version
+
+
+def test_a_kept_cache_across_a_weight_update_gives_the_same_bits_with_pages_given_back():
+    """kv_on_update "keep": the sequences go on over their old-weight pages (no learner to equal); giving
+    pages back (before and after the update) changes no bit of what they sample."""
+    new = _model("float32", seed=1)
+    outs, released = [], []
+    for free in (True, False):
+        config = EngineConfig(
+            max_len=256, max_batch_tokens=64, num_threads=1, kv_on_update="keep", free_behind_window=free
+        )
+        engine = RZEngine(_model("float32"), config)
+        prompts, params = _prompts([140, 20], seed=9), _long(2, [8, 8])
+
+        async def run(engine=engine, prompts=prompts, params=params):
+            tasks = [
+                asyncio.ensure_future(engine.generate(p, q)) for p, q in zip(prompts, params, strict=True)
+            ]
+            while engine.counters["generated_tokens"] < 5:
+                await asyncio.sleep(0)
+            engine.load_weights(new.state_dict(), version=1)
+            return await asyncio.gather(*tasks)
+
+        outs.append(asyncio.run(run()))
+        released.append(engine.stats()["kv_pages_released_behind_window"])
+    assert released[0] >= 2 and released[1] == 0
+    assert all(1 in o.versions for o in outs[0])
+    assert all(torch.equal(a.logprobs, b.logprobs) for a, b in zip(*outs, strict=True))
