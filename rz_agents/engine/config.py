@@ -51,6 +51,10 @@ class EngineConfig:
     share_prefix_min_tokens: a request whose prompt shares at least this many leading tokens with a
       running sequence copies that sequence's K/V instead of prefilling them (it waits until they are
       computed); groups of samples of one prompt then prefill it once. 0 turns this off.
+    free_behind_window: give back, while a sequence runs, the pages a cache kind says no later token reads
+      (DeepSeek-V4's sliding window: the compressed entries of those pages are kept in an archive page per
+      ``archive_span`` pages; engine/window_release.py). Same bits either way; a cache whose every position
+      stays readable (plain K/V, recurrent state) ignores it. ``stats()`` counts the pages given back.
     num_threads: torch intra-op threads, pinned before every step (results can differ with the
       thread count; engine and trainer must use the same). None leaves torch's setting alone.
     step_in_thread: run each model step in a worker thread so the event loop (environments, tools)
@@ -77,6 +81,7 @@ class EngineConfig:
     image_cache_bytes: int = 1 << 30
     static_decode: bool = True
     cuda_graphs: bool = True
+    free_behind_window: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -97,7 +102,7 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")
-        for name in ("static_decode", "cuda_graphs"):
+        for name in ("static_decode", "cuda_graphs", "free_behind_window"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.num_threads is not None and self.num_threads < 1:

@@ -94,6 +94,7 @@ class RZEngine:
             copy_page=self.runner.copy_page,
             share_min_tokens=self.config.share_prefix_min_tokens,
             max_running=self.config.max_running,
+            window=self.kv_cache.window_release() if self.config.free_behind_window else None,
         )
         eos = self.config.eos_token_ids
         if eos is None:
@@ -231,6 +232,9 @@ class RZEngine:
             "prefix_tokens_reused": pages.prefix_tokens_reused,
             "shared_prefix_tokens": self.scheduler.shared_prefix_tokens,
             "preemptions": self.scheduler.preemptions,
+            # pages given back behind a sliding window, and the archive pages taken for what they still held
+            "kv_pages_released_behind_window": self.scheduler.pages_released_behind_window,
+            "kv_archive_pages": self.scheduler.archive_pages,
             "kv_bytes_total": pages.bytes_total,
             "kv_bytes_held": pages.bytes_held,
             "kv_bytes_prefix_cache": pages.bytes_prefix_cache,

@@ -230,6 +230,15 @@ class PagePool:
                 self._freeze(node)
         self.unref(seq.pages, keep=keep)
 
+    def give_back(self, seq: Sequence, page: int) -> None:
+        """``seq`` lets go of one page of its table while it runs (behind its window:
+        engine/window_release.py); the page keeps its content and its place in the index, cached or freed
+        when nobody holds it."""
+        node = self._nodes.get(page)
+        if node is not None and node.owner is seq:
+            self._freeze(node)
+        self.unref([page])
+
     # -- the prefix index -------------------------------------------------------------------
     def track(self, seq: Sequence, version: int) -> None:
         """Index the pages of ``seq``'s table that have no node yet (fresh pages it writes), and give each

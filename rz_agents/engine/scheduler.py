@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from rz_agents.engine.pages import PagePool, PrefixMatch
 from rz_agents.engine.sequence import Sequence, SequenceStatus
+from rz_agents.engine.window_release import WindowRelease, release_behind
 from rz_agents.model.kv_cache import pages_for
 
 CopyPage = Callable[[int, int, int], None]  # (src_page, dst_page, num_positions)
@@ -75,6 +76,7 @@ class Scheduler:
         copy_page: CopyPage | None = None,
         share_min_tokens: int = 32,
         max_running: int | None = None,
+        window: WindowRelease | None = None,
     ) -> None:
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
@@ -85,6 +87,10 @@ class Scheduler:
         self.copy_page = copy_page
         self.share_min_tokens = share_min_tokens
         self.max_running = max_running
+        # the cache's pages behind a sliding window, given back after each step (engine/window_release.py)
+        self.window = window
+        self.pages_released_behind_window = 0  # page-table columns given back
+        self.archive_pages = 0  # pages taken to archive what later tokens still read of them
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self.shared_prefix_tokens = 0  # prompt tokens shared from running sequences instead of prefilled
@@ -142,7 +148,7 @@ class Scheduler:
         if source:
             self.copy_page(source[0], fresh[0], match.partial)
             self.pages.unref(source)
-        seq.pages, seq.indexed_pages = held + fresh, 0
+        seq.pages, seq.indexed_pages, seq.pages_released = held + fresh, 0, 0
         seq.num_cached = reuse = match.computed
         self.pages.track(seq, version)
         if not seq.admitted:  # what the first admission found (re-admissions recompute, not report)
@@ -204,7 +210,7 @@ class Scheduler:
         """Free a running sequence's pages and queue it first: it recomputes its K/V when re-admitted."""
         self.running.remove(seq)
         self.pages.release(seq, keep=False)
-        seq.pages, seq.indexed_pages = [], 0
+        seq.pages, seq.indexed_pages, seq.pages_released = [], 0, 0
         seq.num_cached = 0
         seq.kv_from_old_weights = False
         seq.status = SequenceStatus.WAITING
@@ -244,6 +250,12 @@ class Scheduler:
                 seq.finish(*got)
                 self.remove(seq, keep_prefix=got[0] != "error", version=version)
                 finished.append(seq)
+        if self.window is not None:
+            for chunk in batch.chunks:
+                if chunk.seq.status is SequenceStatus.RUNNING:
+                    given, taken = release_behind(self.pages, chunk.seq, self.window)
+                    self.pages_released_behind_window += given
+                    self.archive_pages += taken
         return finished
 
     def remove(self, seq: Sequence, keep_prefix: bool, version: int) -> None:
@@ -254,7 +266,7 @@ class Scheduler:
             self.running.remove(seq)
         if seq.pages:
             self.pages.release(seq, keep=keep_prefix and not seq.kv_from_old_weights)
-            seq.pages, seq.indexed_pages = [], 0
+            seq.pages, seq.indexed_pages, seq.pages_released = [], 0, 0
 
     def on_weights_updated(self, recompute: bool) -> None:
         """Apply the kv_on_update policy to running sequences after a weight swap.

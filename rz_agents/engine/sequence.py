@@ -53,6 +53,9 @@ class Sequence:
     admitted: bool = False  # set at its first admission (num_cached_prompt_tokens is from then)
     num_preemptions: int = 0  # times its pages were taken back (it then recomputes its K/V)
     indexed_pages: int = 0  # leading pages of ``pages`` the page pool's prefix index is done with
+    # leading columns of ``pages`` given back behind a sliding window (each now an archive page's id:
+    # engine/window_release.py)
+    pages_released: int = 0
     generator: torch.Generator | None = None
     images: SequenceImages | None = None  # a vision-language request's images (engine/images.py)
     _index: list[int | str] | None = field(default=None, init=False, repr=False)

@@ -91,16 +91,22 @@ class _Forward:
     """What every layer of one forward shares: op set, token layout, rotations, and the selection trace."""
 
     def __init__(
-        self, model: DeepseekV4ForCausalLM, positions, seq_ids, num_sequences, top, trace, states
+        self, model: DeepseekV4ForCausalLM, positions, seq_ids, num_sequences, top, trace, states, runs=None
     ) -> None:
         self.ops = model.ops_for(positions.device)
         cfg = model.config
         reach = Reach(cfg.sliding_window, cfg.csa_rate, cfg.hca_rate)
-        self.layout = Layout(positions, seq_ids, num_sequences, top, states, reach)
+        self.layout = Layout(positions, seq_ids, num_sequences, top, states, reach, runs)
         self.ropes = model.ropes
         for kind, rope in self.ropes.items():
             self.layout.angles[kind] = rope.angles(positions)
         self.trace = trace
+
+
+def _check_rope(rope: torch.Tensor | None, positions: torch.Tensor) -> None:
+    """Refuse RoPE rows other than the positions (this model rotates by its positions)."""
+    if rope is not None and not torch.equal(rope.reshape(-1), positions.reshape(-1)):
+        raise ValueError("DeepseekV4ForCausalLM rotates by its positions: text_rope_positions differ")
 
 
 class DeepseekV4ForCausalLM(nn.Module):
@@ -186,8 +192,6 @@ class DeepseekV4ForCausalLM(nn.Module):
         engine passes a ``kv_cache`` view of ``new_kv_cache``'s pages instead (each table row a sequence
         continuing from its pages: a prefill chunk or a decode token)."""
         rope = extra.pop("text_rope_positions", None)  # (the engine's decode step passes the RoPE rows)
-        if rope is not None and not torch.equal(rope.reshape(-1), positions.reshape(-1)):
-            raise ValueError("DeepseekV4ForCausalLM rotates by its positions: text_rope_positions differ")
         if any(v is not None for v in extra.values()):
             raise ValueError(
                 f"DeepseekV4ForCausalLM takes no {sorted(k for k, v in extra.items() if v is not None)}"
@@ -195,7 +199,11 @@ class DeepseekV4ForCausalLM(nn.Module):
         if kv_cache is not None:
             if states is not None or seq_ids is None:
                 raise ValueError("a kv_cache forward takes seq_ids (rows of its page table) and no states")
+            # a decode step's RoPE rows are its positions for a model without images: not read back to check
+            if kv_cache.decode_positions is None:
+                _check_rope(rope, positions)
             return paged_forward(self, tokens, positions, seq_ids, kv_cache)
+        _check_rope(rope, positions)
         shape = tokens.shape
         tokens, positions = tokens.reshape(-1), positions.reshape(-1)
         if seq_ids is None:
@@ -219,6 +227,28 @@ class DeepseekV4ForCausalLM(nn.Module):
             num_sequences = int(seq_ids.max()) + 1 if seq_ids.numel() else 0
         top = max_position if max_position is not None else (int(positions.max()) if positions.numel() else 0)
         fwd = _Forward(self, positions, seq_ids, num_sequences, top, self.selection_trace, states)
+        hidden = self._layers(tokens, fwd)
+        for s, (st, n) in enumerate(zip(states or [], counts if states is not None else [], strict=True)):
+            st.position += n
+            st.start = fwd.layout.keep_from[s]
+        return hidden if len(shape) == 1 else hidden.view(*shape, -1)
+
+    def decode_states(
+        self, tokens: torch.Tensor, positions: torch.Tensor, states: list[SequenceState], top: int
+    ) -> torch.Tensor:
+        """One decode token per state, token i continuing states[i] (the engine's decode step: positions known
+        on the host, so nothing is checked by reading the device back). Final hidden states [T, hidden]."""
+        rows = torch.arange(len(states), device=tokens.device)
+        runs = [1] * len(states)
+        fwd = _Forward(self, positions, rows, len(states), top, self.selection_trace, states, runs)
+        hidden = self._layers(tokens, fwd)
+        for s, st in enumerate(states):
+            st.position += 1
+            st.start = fwd.layout.keep_from[s]
+        return hidden
+
+    def _layers(self, tokens: torch.Tensor, fwd: _Forward) -> torch.Tensor:
+        """Embedding, every layer and the hyper head: the final hidden states [T, hidden]."""
         x = self.model.embed_tokens(tokens)
         streams = x.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
         recompute = self.config.activation_checkpointing and torch.is_grad_enabled()
@@ -228,11 +258,7 @@ class DeepseekV4ForCausalLM(nn.Module):
                 if recompute
                 else layer(streams, tokens, fwd)
             )
-        hidden = self.model.norm(self.model.hc_head(streams, fwd.ops), fwd.ops)
-        for s, (st, n) in enumerate(zip(states or [], counts if states is not None else [], strict=True)):
-            st.position += n
-            st.start = fwd.layout.keep_from[s]
-        return hidden if len(shape) == 1 else hidden.view(*shape, -1)
+        return self.model.norm(self.model.hc_head(streams, fwd.ops), fwd.ops)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head in the op set's GEMM, as fp32 [..., vocab]."""

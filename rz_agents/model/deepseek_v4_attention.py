@@ -119,9 +119,18 @@ class Layout:
         top: int,
         states: list[SequenceState] | None = None,
         reach: Reach | None = None,
+        runs: list[int] | None = None,
     ) -> None:
+        """``runs`` (host, with states): each sequence's token count in this call, the stream ordered by
+        sequence (a decode step: token i is sequence i's): then nothing reads the device back."""
         device = positions.device
         self.positions, self.seq_ids = positions, seq_ids
+        self.firsts: list[int] | None = None  # None: rows picked by mask (the stream's order not known)
+        if states is not None and runs is None:
+            runs = [int((seq_ids == s).sum()) for s in range(len(states))]
+        elif runs is not None:
+            self.firsts = [sum(runs[:s]) for s in range(len(runs))]
+        self.runs = runs
         # (a state without tokens in this call still has its rows addressed)
         self.length = max([top + 1] + [st.position for st in states or []])
         self.states = states
@@ -132,12 +141,13 @@ class Layout:
             held = st.position - st.start
             index[s, st.start : st.position] = torch.arange(cached, cached + held, device=device)
             cached += held
-            end = st.position + int((seq_ids == s).sum())
+            end = st.position + runs[s]
             keep = st.start if st.keep_all else reach.first_needed(end) if reach is not None else 0
             self.keep_from.append(keep)
         index[seq_ids, positions] = cached + torch.arange(positions.numel(), device=device)
         self.index = index
-        if device.type == "cpu" and positions.numel():  # (a GPU caller's stream is the packer's, trusted)
+        if device.type == "cpu" and positions.numel() and self.firsts is None:
+            # (a GPU caller's stream is the packer's, a decode step's the engine's host bookkeeping: trusted)
             top_of = torch.full((num_sequences,), -1, dtype=torch.long).scatter_reduce(
                 0, seq_ids, positions, "amax"
             )
@@ -160,7 +170,12 @@ class Layout:
             return new
         cached = [st.rows.get(key, new[:0]) for st in self.states]
         for s, st in enumerate(self.states):
-            held = torch.cat([cached[s], new[self.seq_ids == s]]).detach()
+            mine = (
+                new[self.seq_ids == s]
+                if self.firsts is None
+                else new[self.firsts[s] : self.firsts[s] + self.runs[s]]
+            )
+            held = torch.cat([cached[s], mine]).detach()
             st.rows[key] = held[self.keep_from[s] - st.start :]
         return torch.cat([*cached, new])
 
@@ -177,7 +192,7 @@ class Layout:
             done = st.position // rate
             if done:
                 out[i, :done] = st.entries[key][:done]
-            total = (st.position + int((self.seq_ids == i).sum())) // rate
+            total = (st.position + self.runs[i]) // rate
             st.entries[key] = out[i, :total].detach().clone()
         return out[:, :nw]
 

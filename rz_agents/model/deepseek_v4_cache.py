@@ -24,8 +24,17 @@ entry so far), runs it, and writes the call's new rows and newly completed entri
 arithmetic is the standalone path's (bit-equal to the learner's packed forward); only where the state lives
 changes, so chunked prefill, decode (static buffers included: padding rows write the scratch page),
 preemption (recompute), prefix reuse and weight updates (keep or recompute) all go through the page pool
-unchanged. The price: the per-position rows are kept for every position, not only the sliding window's last
-ones (pages are not freed behind the window), which ``bytes_per_page`` counts.
+unchanged.
+
+Pages behind the window (``window_release``, engine/window_release.py): once every later call of a sequence
+starts at or after position p, no call reads rows before ``Reach.first_needed(p)``, so a page wholly before it
+keeps only its entries worth holding. The engine then copies those entries into an *archive page* and gives
+the page back to the pool: an archive page is an ordinary page of the pool whose storage is read as
+``archive_span`` pages' entry slots side by side (``archive``: the same bytes viewed another way), so the
+sequence holds one archive page per ``archive_span`` pages behind its window (V4-Flash bf16: 29) instead of
+every page. The page table keeps the archive page's id in each of those columns; ``archived[page]`` (on the
+device, so nothing reads back) says how a column's entries are read: from the archive at (page, column mod
+span, slot), or from the page itself. Writing rows to a page marks it an ordinary page again.
 """
 
 from __future__ import annotations
@@ -89,16 +98,37 @@ def check_rates(config: DeepseekV4Config) -> None:
 
 
 def v4_bytes_per_page(config: DeepseekV4Config, dtype: torch.dtype | None = None) -> int:
-    """Bytes one page (64 positions) holds over all layers: the per-position rows and the entry slots."""
+    """Bytes one page (64 positions) holds over all layers: the per-position rows and the entry slots, and
+    the byte saying whether it is an archive page."""
     item = torch.empty(0, dtype=dtype or config.torch_dtype).element_size()
     rows = sum(row_specs(config).values()) * PAGE_SIZE
     entries = sum(s.slots * s.dim for s in entry_specs(config).values())
-    return (rows + entries) * item
+    return (rows + entries) * item + 1
+
+
+def archive_span(config: DeepseekV4Config) -> int:
+    """How many pages' entry slots one page holds when read as an archive page (0: no entries)."""
+    entries = sum(s.slots * s.dim for s in entry_specs(config).values())
+    return (sum(row_specs(config).values()) * PAGE_SIZE + entries) // entries if entries else 0
+
+
+def pages_held(config: DeepseekV4Config, positions: int, released: bool = True) -> int:
+    """Pages a sequence of `positions` tokens holds in the engine at its end: every page, or (``released``,
+    engine/window_release.py) the pages from the first one a later call reads (and the last indexed one
+    before the newest), plus one archive page per `archive_span` pages given back."""
+    total = -(-positions // PAGE_SIZE)
+    span = archive_span(config)
+    if not released or span < 2:
+        return total
+    reach = Reach(config.sliding_window, config.csa_rate, config.hca_rate)
+    given = max(0, min(reach.first_needed(positions) // PAGE_SIZE, positions // PAGE_SIZE - 1))
+    return total - given + -(-given // span)
 
 
 class DeepseekV4Cache:
     """The pages of a DeepSeek-V4 engine cache (see the module docstring); ``view`` as ``KVCache``'s.
-    ``rows[key]``: [num_pages, 64, channels]; ``entries[key]``: [num_pages, slots, channels]."""
+    ``rows[key]``: [num_pages, 64, channels]; ``entries[key]``: [num_pages, slots, channels];
+    ``archive[key]``: [num_pages, archive_span, slots, channels]: views of one buffer ``storage``."""
 
     def __init__(
         self,
@@ -115,15 +145,30 @@ class DeepseekV4Cache:
         dtype = dtype or config.torch_dtype
         self.reach = Reach(config.sliding_window, config.csa_rate, config.hca_rate)
         self.specs = entry_specs(config)
+        widths = row_specs(config)
+        entry_elems = sum(s.slots * s.dim for s in self.specs.values())
+        page_elems = sum(widths.values()) * PAGE_SIZE + entry_elems
         # zeros: a masked slot multiplies a finite value by an exact 0 probability
-        self.rows = {
-            k: torch.zeros(num_pages, PAGE_SIZE, w, dtype=dtype, device=device)
-            for k, w in row_specs(config).items()
-        }
-        self.entries = {
-            k: torch.zeros(num_pages, s.slots, s.dim, dtype=dtype, device=device)
-            for k, s in self.specs.items()
-        }
+        self.storage = torch.zeros(num_pages, page_elems, dtype=dtype, device=device)
+        self.rows, offset = {}, 0
+        for k, w in widths.items():
+            self.rows[k] = self.storage[:, offset : offset + PAGE_SIZE * w].view(num_pages, PAGE_SIZE, w)
+            offset += PAGE_SIZE * w
+        self.entries = {}
+        for k, s in self.specs.items():
+            size = s.slots * s.dim
+            self.entries[k] = self.storage[:, offset : offset + size].view(num_pages, s.slots, s.dim)
+            offset += size
+        # the archive: a whole page read as archive_span pages' entries (V4-Flash: 1/29 of a page each)
+        self.archive_span = archive_span(config)
+        self.archive, offset = {}, 0
+        for k, s in self.specs.items():
+            size = self.archive_span * s.slots * s.dim
+            self.archive[k] = self.storage[:, offset : offset + size].view(
+                num_pages, self.archive_span, s.slots, s.dim
+            )
+            offset += size
+        self.archived = torch.zeros(num_pages, dtype=torch.bool, device=device)  # see the module docstring
         self.bytes_per_page = v4_bytes_per_page(config, dtype)
 
     @property
@@ -132,14 +177,32 @@ class DeepseekV4Cache:
 
     def buffers(self) -> list[torch.Tensor]:
         """Every tensor of the cache."""
-        return [*self.rows.values(), *self.entries.values()]
+        return [self.storage, self.archived]
 
     view = KVCache.view
+
+    def window_release(self) -> DeepseekV4Cache | None:
+        """This cache, whose pages behind the sliding window the engine may give back (``pages_behind``,
+        ``archive_page``); None when an archive page would hold no more than one page's entries (no gain)."""
+        return self if self.archive_span >= 2 else None
+
+    def pages_behind(self, position: int) -> int:
+        """Leading pages of a sequence whose rows no call starting at or after ``position`` reads."""
+        return self.reach.first_needed(position) // PAGE_SIZE
+
+    @torch.no_grad()
+    def archive_page(self, src: int, dst: int, index: int) -> None:
+        """Copy page src's entry slots into archive page dst as its ``index``-th page (src's rows are behind
+        every later call's reach; dst becomes, or already is, an archive page)."""
+        for key, buf in self.entries.items():
+            self.archive[key][dst, index].copy_(buf[src])
+        self.archived[dst] = True
 
     @torch.no_grad()
     def copy_page(self, src: int, dst: int, num_positions: int = PAGE_SIZE) -> None:
         """Copy the first num_positions rows of page src into page dst, every layer, and the entries whose
-        windows end within them (bit-exact)."""
+        windows end within them (bit-exact). src is an ordinary page (no prefix index holds an archive
+        page)."""
         n = num_positions
         for buf in self.rows.values():
             buf[dst, :n].copy_(buf[src, :n])
@@ -147,14 +210,26 @@ class DeepseekV4Cache:
             rate = self.specs[key].rate
             done = n // rate if rate <= PAGE_SIZE else int(n == PAGE_SIZE)
             buf[dst, :done].copy_(buf[src, :done])
+        self.archived[dst] = False
 
 
 def _entry_address(table: torch.Tensor, row: int, first: int, end: int, rate: int) -> tuple:
-    """(page, slot) [n] of entries first..end-1 of the sequence in table row `row`."""
+    """(page, page-table column, slot) [n] of entries first..end-1 of the sequence in table row `row`."""
     w = torch.arange(first, end, device=table.device)
-    page = table[row, torch.div((w + 1) * rate - 1, PAGE_SIZE, rounding_mode="floor")]
+    column = torch.div((w + 1) * rate - 1, PAGE_SIZE, rounding_mode="floor")
     slot = (w * rate % PAGE_SIZE) // rate if rate <= PAGE_SIZE else torch.zeros_like(w)
-    return page, slot
+    return table[row, column], column, slot
+
+
+def _read_entries(cache: DeepseekV4Cache, table: torch.Tensor, row: int, key: str, done: int) -> torch.Tensor:
+    """Entries 0..done-1 of `key` of table row `row`: from an archive page where the column's page is one,
+    else from the page itself (both gathered, one picked per entry on the device: no read-back)."""
+    page, column, slot = _entry_address(table, row, 0, done, cache.specs[key].rate)
+    live = cache.entries[key][page, slot]
+    if not cache.archive_span:
+        return live
+    kept = cache.archive[key][page, column % cache.archive_span, slot]
+    return torch.where(cache.archived[page].unsqueeze(1), kept, live)
 
 
 def _row_address(table: torch.Tensor, row: int, first: int, end: int) -> tuple:
@@ -185,10 +260,10 @@ def read_states(cache: DeepseekV4Cache, view: CacheView, starts: Sequence[int]) 
         st = SequenceState(position=p, start=first, keep_all=True)
         page, off = _row_address(table, r, first, p)
         st.rows = {k: buf[page, off] for k, buf in cache.rows.items()}
-        for key, buf in cache.entries.items():
+        for key in cache.entries:
             done = p // cache.specs[key].rate
             if done:
-                st.entries[key] = buf[_entry_address(table, r, 0, done, cache.specs[key].rate)]
+                st.entries[key] = _read_entries(cache, table, r, key, done)
         states.append(st)
     return states
 
@@ -202,13 +277,15 @@ def write_states(
     table = view.page_table
     for r, (p, st) in enumerate(zip(starts, states, strict=True)):
         page, off = _row_address(table, r, p, st.position)
+        cache.archived[page] = False  # a page whose rows are written is an ordinary page (again)
         for key, buf in cache.rows.items():
             buf[page, off] = st.rows[key][p - st.start :]
         for key, buf in cache.entries.items():
             rate = cache.specs[key].rate
             done, total = p // rate, st.position // rate
             if total > done:
-                buf[_entry_address(table, r, done, total, rate)] = st.entries[key][done:total]
+                at, _, slot = _entry_address(table, r, done, total, rate)
+                buf[at, slot] = st.entries[key][done:total]
 
 
 def paged_forward(
@@ -230,6 +307,9 @@ def paged_forward(
     if top >= view.capacity:
         raise ValueError(f"position {top} is past the page table's {view.capacity} positions")
     states = read_states(view.cache, view, starts)
-    hidden = model(tokens, positions, seq_ids, states=states)
+    if view.decode_positions is not None:  # token i is row i's one token: nothing to check on the device
+        hidden = model.decode_states(tokens, positions, states, top)
+    else:
+        hidden = model(tokens, positions, seq_ids, states=states)
     write_states(view.cache, view, starts, states)
     return hidden

@@ -96,6 +96,11 @@ class KVCache:
                 )
         return CacheView(self, table, max_position, decode_positions)
 
+    def window_release(self) -> None:
+        """None: every position's K/V stays readable by a later token (no page is given back behind a window;
+        model/deepseek_v4_cache.py's cache returns itself here)."""
+        return None
+
     @torch.no_grad()
     def copy_page(self, src: int, dst: int, num_positions: int = PAGE_SIZE) -> None:
         """Copy the first num_positions positions of page src into page dst (every layer; bit-exact)."""

@@ -152,6 +152,7 @@ class HybridCache:
 
     # what one forward reads and writes: the same page-table view as a plain K/V cache's
     view = KVCache.view
+    window_release = KVCache.window_release
 
     @torch.no_grad()
     def copy_page(self, src: int, dst: int, num_positions: int = PAGE_SIZE) -> None:

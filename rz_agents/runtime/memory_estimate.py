@@ -753,18 +753,21 @@ def deepseek_v4_engine_bytes(z: _Sizing, v4: DeepseekV4Config, eng, est: MemoryE
     """The engine's for a DeepSeek-V4 model: its weights, its paged cache (model/deepseek_v4_cache.py: a page
     holds every position's rows and the entries of the windows ending in it; `v4_bytes_per_page`) for
     engine.max_running sequences of max_len (or the engine.kv_cache_bytes budget), one step's activations and
-    the sampler's logits. The model's own bounded figures (`deepseek_v4_memory.cache_sizes`: the sliding
-    window's K/V and the compressors' unpooled windows per sequence, entries per token) are noted beside it:
-    what the cache would hold if the pages behind the window were freed (they are not yet)."""
-    from rz_agents.model.deepseek_v4_cache import v4_bytes_per_page
+    the sampler's logits. With engine.free_behind_window (the default) a sequence holds only the pages from
+    its window on plus one archive page per `archive_span` pages given back (`deepseek_v4_cache.pages_held`),
+    close to the model's own bounded figures (`deepseek_v4_memory.cache_sizes`: the sliding window's K/V and
+    the compressors' unpooled windows per sequence, entries per token), which are noted beside it."""
+    from rz_agents.model.deepseek_v4_cache import pages_held, v4_bytes_per_page
     from rz_agents.model.deepseek_v4_memory import activation_bytes_per_token, cache_sizes
 
     sizes = cache_sizes(v4, z.e)
-    page = v4_bytes_per_page(v4) // v4.torch_dtype.itemsize * z.e
-    longest = pages_for(eng.max_len) * page
+    page = (v4_bytes_per_page(v4) - 1) // v4.torch_dtype.itemsize * z.e + 1
+    freed = eng.free_behind_window
+    longest = pages_held(v4, eng.max_len, freed) * page
     mean = expected_sequence_positions(eng.max_len)
     budget = eng.kv_cache_bytes if eng.kv_cache_bytes is not None else int(eng.max_running * longest)
-    est.concurrent_sequences = min(eng.max_running, int(budget // (pages_for(math.ceil(mean)) * page)))
+    at_mean = pages_held(v4, math.ceil(mean), freed) * page
+    est.concurrent_sequences = min(eng.max_running, int(budget // at_mean))
     est.slot_cache_sequences = int(budget // longest)
     step = eng.max_batch_tokens * activation_bytes_per_token(v4, z.e, eng.max_len)["max_layer"]
     sampled = min(eng.max_running, eng.max_batch_tokens)
@@ -773,14 +776,19 @@ def deepseek_v4_engine_bytes(z: _Sizing, v4: DeepseekV4Config, eng, est: MemoryE
     est.notes.append(
         f"DeepSeek-V4 caches per token: {token_parts} bytes ({sum(sizes.per_token.values()):,.0f} in all); "
         f"per sequence whatever its length ({sizes.rows_held} positions of rows): {seq_parts}; a max_len "
-        f"({eng.max_len}) sequence {sizes.sequence_bytes(eng.max_len) / 2**20:.1f} MiB, were the pages "
-        "behind the sliding window freed"
+        f"({eng.max_len}) sequence {sizes.sequence_bytes(eng.max_len) / 2**20:.1f} MiB (the bounded figure)"
     )
     source = "engine.kv_cache_bytes" if eng.kv_cache_bytes is not None else "engine.max_running x max_len"
+    kept = (
+        "pages behind the sliding window given back (engine.free_behind_window), their entries in archive "
+        "pages"
+        if freed
+        else "every position's rows kept (engine.free_behind_window false)"
+    )
     est.notes.append(
-        f"paged caches {budget / GIB:.1f} GiB ({source}): the engine's pages keep every position's rows "
-        f"(the window's pages are not freed yet): {page / PAGE_SIZE:,.0f} bytes per position, a max_len "
-        f"sequence {longest / 2**20:.1f} MiB; {est.slot_cache_sequences} sequences of max_len, "
+        f"paged caches {budget / GIB:.1f} GiB ({source}): {kept}; a page {page / PAGE_SIZE:,.0f} bytes per "
+        f"position, a max_len sequence {longest / 2**20:.1f} MiB; {est.slot_cache_sequences} sequences of "
+        "max_len, "
         f"{est.concurrent_sequences} at the mean length {mean:.0f} (capped by engine.max_running "
         f"{eng.max_running})"
     )

@@ -11,7 +11,7 @@ import torch
 from rz_agents.cli import main as rz_main
 from rz_agents.model.deepseek_v4 import DeepseekV4ForCausalLM
 from rz_agents.model.deepseek_v4_attention import Reach, SequenceState
-from rz_agents.model.deepseek_v4_cache import v4_bytes_per_page
+from rz_agents.model.deepseek_v4_cache import archive_span, pages_held, v4_bytes_per_page
 from rz_agents.model.deepseek_v4_config import DeepseekV4Config
 from rz_agents.model.deepseek_v4_memory import cache_sizes, rows_held
 from rz_agents.model.deepseek_v4_presets import deepseek_v4_preset
@@ -82,9 +82,16 @@ def test_rz_train_dry_run_prints_the_v4_flash_caches_per_device(capsys):
     assert "284.33B parameters" in out and "paged_caches" in out
     assert "csa_compressed_kv 5,120, hca_compressed_kv 184, indexer_keys 1,280 bytes" in out
     assert "sliding_window_kv 5.3 MiB" in out
-    # the engine's paged cache as allocated (model/deepseek_v4_cache.py): every position's rows are kept
-    page = v4_bytes_per_page(deepseek_v4_preset("deepseek-v4-flash"))
+    # the engine's paged cache as allocated (model/deepseek_v4_cache.py): 200,304 bytes per position of a
+    # page, and with the pages behind the window given back (the default) a max_len sequence holds
+    # pages_held pages: the 2 from the window on + 5 archive pages for the 126 given back (29 to a page)
+    flash = deepseek_v4_preset("deepseek-v4-flash")
+    page = v4_bytes_per_page(flash)
     assert page // 64 == 200_304 and "200,304 bytes per position" in out
+    assert archive_span(flash) == 29 and pages_held(flash, 8192) == 2 + 5
+    held = pages_held(flash, 8192) * page
+    assert f"a max_len sequence {held / 2**20:.1f} MiB" in out and "given back" in out
+    assert f"paged_caches                     {64 * held / 2**30:.2f} GiB" in out
     rank = next(line for line in out.splitlines() if "per learner rank" in line)
     replica = next(line for line in out.splitlines() if "per engine replica" in line)
     assert "FSDP2 over 128 ranks" in rank and "H200 141GB: fits" in rank
