@@ -1,29 +1,27 @@
 """``rz serve`` reads and writes tool calls in the format its policy's chat template names: Qwen3.5's XML form
 and Kimi's tool-call section, besides Qwen3's JSON.
 
-The servers here are built the way ``rz serve CHECKPOINT`` builds them (``cli.serve.build_server``) on tiny
-random qwen3_5 / kimi_linear checkpoints whose tokenizers carry the family's template. A reply is a real
-token stream: the tokens the template renders for an assistant tool call (with Kimi's call markers as
-special tokens), run through the server's own decode, parse and per-step streaming code; one request per
-family goes end to end through the openai SDK (history with calls and results rendered in the family's
-format; a named tool_choice forcing the call's opening in that format)."""
+The servers here are real ``OpenAIServer`` / ``RZEngine`` pairs over tiny random qwen3_5 / kimi_linear
+policies whose tokenizers get the family's template as a checkpoint's would (``template_for`` its
+model_type). A reply is a real token stream: the tokens the template renders for an assistant tool call
+(with Kimi's call markers as special tokens), run through the server's own decode, parse and per-step
+streaming code; one request per family goes end to end through the openai SDK (history with calls and
+results rendered in the family's format; a named tool_choice forcing the call's opening in that format)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from tokenizers import AddedToken
 
 from rz_agents import kimi_tokens as K
-from rz_agents.cli.serve import build_server
-from rz_agents.engine import Completion
-from rz_agents.model.checkpoint import save_hf_checkpoint
+from rz_agents.engine import Completion, EngineConfig, RZEngine
+from rz_agents.model.chat_template import template_for
 from rz_agents.model.policy import PolicySpec, build_policy
 from rz_agents.model.tokenizer import Tokenizer, qwen3_tokenizer
-from rz_agents.serve import ServerThread
+from rz_agents.serve import OpenAIServer, ServerThread
 from rz_agents.serve.openai_schema import OpenAIError, chat_messages, parse_chat
 from rz_agents.serve.tool_formats import FORMATS
 from rz_agents.serve.xml_tool_stream import XmlCallStream
@@ -57,31 +55,25 @@ KIMI_TOKENS = [K.IM_USER, K.IM_ASSISTANT, K.IM_SYSTEM, K.IM_MIDDLE, K.EOS, K.TOO
 KIMI_TOKENS += [K.TOOL_CALLS_SECTION_END, K.TOOL_CALL_BEGIN, K.TOOL_CALL_ARGUMENT_BEGIN, K.TOOL_CALL_END]
 
 
-def _checkpoint(directory: Path, family: str) -> Path:
-    """A tiny random checkpoint of `family` whose tokenizer has no jinja: its config's model_type picks the
-    family's chat template (as for a released checkpoint's own jinja)."""
+def _server(family: str) -> OpenAIServer:
+    """An rz serve server over a tiny random `family` policy whose tokenizer has no jinja, so the
+    checkpoint's model_type picks the family's chat template (``template_for``, as ``rz serve CHECKPOINT``
+    does through config.json; kept in memory: writing and reading the 151k-token checkpoint costs seconds)."""
     backend = qwen3_tokenizer().backend
     extra: tuple[str, ...] = ()
     if family == "kimi_linear":  # Kimi's control tokens are special: a plain decode drops them
         backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in KIMI_TOKENS])
         extra = (K.EOS,)
     tokenizer = Tokenizer(backend, eos_token="<|im_end|>", pad_token="<|endoftext|>", extra_eos_tokens=extra)
-    model = build_policy(PolicySpec(model_type=family, vocab_size=len(tokenizer)))
-    model.reset_parameters(std=0.3, seed=0)
-    save_hf_checkpoint(model, directory)
-    tokenizer.save(directory)
-    config = json.loads((directory / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    return directory
+    model = build_policy(PolicySpec(model_type=family, vocab_size=len(tokenizer)))  # seeded random weights
+    config = EngineConfig(max_running=2, max_len=1024, num_threads=1)
+    engine = RZEngine(model.eval().requires_grad_(False), config, decode=tokenizer.decode)
+    return OpenAIServer(engine, tokenizer, template_for(tokenizer, family), model_name="ckpt")
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "kimi_linear"])
-def served(request, tmp_path_factory):
-    family = request.param
-    directory = _checkpoint(tmp_path_factory.mktemp(family) / "ckpt", family)
-    server, engine = build_server(str(directory), max_len=1024, max_running=2, num_threads=1)
-    yield family, server
+def served(request):
+    return request.param, _server(request.param)
 
 
 def _request(messages, **body):
@@ -156,7 +148,7 @@ def test_an_end_to_end_request_renders_the_history_and_forces_the_named_call_in_
             {"role": "tool", "tool_call_id": "functions.add:0", "content": "5"},
         ]
         r = client.chat.completions.create(
-            model="ckpt", messages=messages, tools=[ADD], max_tokens=4, temperature=0,
+            model="ckpt", messages=messages, tools=[ADD], max_tokens=2, temperature=0,
             tool_choice={"type": "function", "function": {"name": "add"}},
             extra_body={"return_token_ids": True},
         )  # fmt: skip
@@ -173,7 +165,7 @@ def test_an_end_to_end_request_renders_the_history_and_forces_the_named_call_in_
         assert ("## Return of functions.add:0" if family == "kimi_linear" else "<parameter=a>\n2\n") in text
         chunks = list(
             client.chat.completions.create(
-                model="ckpt", messages=messages, tools=[ADD], max_tokens=4, temperature=0, stream=True
+                model="ckpt", messages=messages, tools=[ADD], max_tokens=2, temperature=0, stream=True
             )
         )
         assert chunks[-1].choices[0].finish_reason in ("length", "stop", "tool_calls")
