@@ -29,7 +29,7 @@ def is_xml_call(body: str) -> bool:
     return body.lstrip().startswith(FUNCTION_OPEN)
 
 
-def _typed(name: str, key: str, text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
+def typed_value(name: str, key: str, text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
     """The value of argument `key` read by its schema type, or what is wrong with it."""
     kind = schema.get("properties", {}).get(key, {}).get("type")
     try:
@@ -73,7 +73,7 @@ def _arguments(name: str, inner: str, schema: dict[str, Any]) -> dict[str, Any] 
         text = inner[head.end() : end]
         text = text[1:] if text.startswith("\n") else text  # the template puts the value on its own line
         text = text[:-1] if text.endswith("\n") else text
-        value, problem = _typed(name, key, text, schema)
+        value, problem = typed_value(name, key, text, schema)
         if problem:
             return problem
         arguments[key] = value

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -113,10 +113,24 @@ class RenderedTemplate:
     """Token ids of a chat template's text: ``encode_prompt`` of ``render``, ``encode_continuation`` of
     ``render_continuation`` with the turn-end token put in front when the sampled turn was cut off. Shared
     by ChatML (model/chat_template.py) and DeepSeek's formats (model/deepseek_chat.py, deepseek_dsml.py),
-    each naming its turn-end id (``turn_end_id``)."""
+    each naming its turn-end id (``turn_end_id``).
+
+    ``tool_call_format`` names the format the model writes its tool calls in, so a reader of replies (``rz
+    serve``'s ``serve/tool_formats.py``) picks the parser from the template, never from the model family:
+    ``"json"`` (Qwen3/Hermes ``<tool_call>`` JSON), ``"xml"`` (Qwen3-Coder / Qwen3.5), ``"kimi"``,
+    ``"deepseek"``, ``"dsml"``."""
+
+    tool_call_format: ClassVar[str] = "json"
 
     def turn_end_id(self, tokenizer: TextEncoder) -> int:  # (each template's own)
         raise NotImplementedError
+
+    def generation_prompt(self, enable_thinking: bool = True) -> str:  # (each template's own)
+        raise NotImplementedError
+
+    def opens_think(self, enable_thinking: bool = True) -> bool:
+        """True when the generation prompt leaves a think block open (the reply starts in the reasoning)."""
+        return self.generation_prompt(enable_thinking).endswith("<think>\n")
 
     def encode_prompt(
         self,

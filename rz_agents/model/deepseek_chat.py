@@ -112,6 +112,8 @@ class DeepSeekChatTemplate(DeepSeekEncoding):
     """DeepSeek-V3.1's chat and tool-call format, with `ChatTemplate`'s interface (render, encode_prompt,
     encode_continuation, stop_token_ids). ``enable_thinking`` is the official template's ``thinking``."""
 
+    tool_call_format = "deepseek"  # tool calls as rz_agents.envs parses them (RenderedTemplate)
+
     def render(
         self,
         messages: Sequence[Message],

@@ -123,6 +123,8 @@ class DsmlChatTemplate(DeepSeekEncoding):
     `ChatTemplate`'s interface (render, encode_prompt, encode_continuation, stop_token_ids).
     ``enable_thinking`` is the encoders' ``thinking_mode="thinking"`` (off: ``"chat"``)."""
 
+    tool_call_format = "dsml"  # tool calls as rz_agents.envs parses them (RenderedTemplate)
+
     version: str = "v4"
 
     def __post_init__(self) -> None:

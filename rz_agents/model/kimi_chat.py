@@ -78,6 +78,8 @@ class KimiChatTemplate(RenderedTemplate):
     """Kimi's chat format with `ChatTemplate`'s interface (render, render_continuation, encode_prompt,
     encode_continuation, stop_token_ids); see the module docstring."""
 
+    tool_call_format = "kimi"  # tool calls as rz_agents.envs parses them (RenderedTemplate)
+
     def render(
         self,
         messages: Sequence[Message],

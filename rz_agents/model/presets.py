@@ -265,6 +265,34 @@ QWEN3_5_PRESETS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+def _qwen3_5_vl(text: str, **vision: Any) -> dict[str, Any]:
+    """An HF config.json dict of a released Qwen3.5 checkpoint with its vision tower (model_type qwen3_5): the
+    text decoder of QWEN3_5_PRESETS[text] and a tower of the given sizes (Qwen3-VL's, without deepstack)."""
+    t = QWEN3_5_PRESETS[text]
+    return dict(
+        model_type="qwen3_5",
+        tie_word_embeddings=t["tie_word_embeddings"],
+        dtype=t["dtype"],
+        text_config=dict(t),
+        vision_config=dict(
+            hidden_act="gelu_pytorch_tanh", in_channels=3, num_heads=16, num_position_embeddings=2304,
+            patch_size=16, spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=t["hidden_size"],
+            **vision,
+        ),
+    )  # fmt: skip
+
+
+# Qwen3.5 with its vision tower (the released checkpoints are vision-language; QWEN3_5_PRESETS are their text
+# decoders): built by preset_config as a Qwen35VLConfig, so the dry run counts the tower. Sources (public code
+# quoting the config.json values, found through the search tool): Qwen3.5-4B's tower is Qwen3-VL-4B's size (24
+# blocks of 1024, MLP 4096: two independent readers' fixtures of the 4B config); the 27B's is transformers'
+# Qwen3_5VisionConfig default, documented with Qwen/Qwen3.5-27B (27 blocks of 1152, MLP 4304).
+QWEN3_5_VL_PRESETS: dict[str, dict[str, Any]] = {
+    "qwen3.5-4b-vl": _qwen3_5_vl("qwen3.5-4b", depth=24, hidden_size=1024, intermediate_size=4096),
+    "qwen3.5-27b-vl": _qwen3_5_vl("qwen3.5-27b", depth=27, hidden_size=1152, intermediate_size=4304),
+}
+
+
 def _released_qwen3_vl_images():
     from rz_agents.model.qwen3_vl_config import ImageProcessing
 
@@ -292,6 +320,14 @@ def preset_config(name: str, **overrides: Any):
         from rz_agents.model.qwen3_5_config import Qwen35Config
 
         return Qwen35Config.from_hf({**QWEN3_5_PRESETS[key], **overrides})
+    if key in QWEN3_5_VL_PRESETS:
+        from rz_agents.model.qwen3_5_vl_config import Qwen35VLConfig
+
+        d = dict(QWEN3_5_VL_PRESETS[key])
+        d["text_config"] = {**d["text_config"], **overrides}
+        config = Qwen35VLConfig.from_hf(d)
+        config.vision.image_processing = _released_qwen3_vl_images()
+        return config
     if key in VL_PRESETS:
         from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 
@@ -301,7 +337,8 @@ def preset_config(name: str, **overrides: Any):
         config.vision.image_processing = _released_qwen3_vl_images()
         return config
     if key not in PRESETS:
-        known = sorted(PRESETS) + sorted(VL_PRESETS) + sorted(QWEN3_5_PRESETS) + sorted(KIMI_PRESETS)
+        known = sorted(PRESETS) + sorted(VL_PRESETS) + sorted(QWEN3_5_PRESETS) + sorted(QWEN3_5_VL_PRESETS)
+        known += sorted(KIMI_PRESETS)
         raise KeyError(f"no preset {name!r}; known: {known}")
     return ModelConfig(**{**PRESETS[key], **overrides})
 
@@ -313,6 +350,6 @@ def preset_for_checkpoint(path: str) -> str | None:
     from rz_agents.model.kimi_linear_presets import kimi_linear_preset_name
 
     key = PurePath(path).name.lower()
-    if key in PRESETS or key in VL_PRESETS or key in QWEN3_5_PRESETS:
+    if key in PRESETS or key in VL_PRESETS or key in QWEN3_5_PRESETS or key in QWEN3_5_VL_PRESETS:
         return key
     return kimi_linear_preset_name(key)

@@ -88,6 +88,8 @@ class Qwen35ChatTemplate(RenderedTemplate):
     """Qwen3.5's chat format with `ChatTemplate`'s interface (render, render_continuation, encode_prompt,
     encode_continuation, stop_token_ids); see the module docstring."""
 
+    tool_call_format = "xml"  # tool calls as rz_agents.envs parses them (RenderedTemplate)
+
     def render(
         self,
         messages: Sequence[Message],

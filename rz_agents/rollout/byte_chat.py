@@ -71,6 +71,12 @@ def _content(m: dict[str, Any]) -> str:
 class ByteChatTemplate:
     """ChatML over byte tokens: <|im_start|>role\\ncontent<|im_end|>\\n ... <|im_start|>assistant\\n."""
 
+    tool_call_format = "json"  # the <tool_call> JSON form (RenderedTemplate.tool_call_format)
+
+    def opens_think(self, enable_thinking: bool = True) -> bool:
+        """False: the byte format has no think blocks (RenderedTemplate.opens_think)."""
+        return False
+
     def _message(self, tokenizer: ByteTokenizer, m: dict[str, Any]) -> list[int]:
         text = f"{m['role']}\n{_content(m)}"
         return [IM_START, *tokenizer.encode(text), IM_END, *tokenizer.encode("\n")]

@@ -436,6 +436,8 @@ def vision_learner_bytes(z: _Sizing, est: MemoryEstimate) -> dict[str, int]:
         return {}
     per = vision_token_bytes(z.vl, z.e)
     image = tokens_per_image(z.vl)
+    hybrid = _hybrid(z.c)  # a hybrid decoder's page holds its recurrent inputs and state snapshots too
+    page = hybrid.page_bytes(z.c, z.c.torch_dtype) if hybrid is not None else bytes_per_page(z.c)
     if z.tower_trained:
         kind = "checkpointed_activations" if z.ckpt else "trained_activations"
     else:
@@ -447,7 +449,7 @@ def vision_learner_bytes(z: _Sizing, est: MemoryEstimate) -> dict[str, int]:
         f"{image * per['encoding'] / 2**20:.1f} MiB encoded (engine), "
         f"{image * per['trained_activations'] / GIB:.2f} GiB of tower activations when trained "
         f"({image * per['checkpointed_activations'] / GIB:.2f} GiB checkpointed), "
-        f"{image * bytes_per_page(z.c) / PAGE_SIZE / 2**20:.0f} MiB of KV; vision_activations assume "
+        f"{image * page / PAGE_SIZE / 2**20:.0f} MiB of engine cache; vision_activations assume "
         f"the whole micro-batch ({z.tokens} tokens) is image tokens"
     )
     return {"vision_activations": z.tokens * per[kind]}
@@ -660,8 +662,12 @@ def model_config_of(spec, vocab_size: int | None = None) -> tuple[ModelConfig, s
 
     if spec.model_type in MODEL_TYPES:  # hybrid linear attention (model/qwen3_5_memory.py), dense or MoE
         moe = spec.model_type in MOE_TYPES
-        if overrides.pop("vision", None) is not None:  # (a vision tower: its memory is not estimated yet)
-            return Qwen35Config.tiny(moe=moe, **overrides), "tiny random model (Qwen3.5, text decoder only)"
+        vision = overrides.pop("vision", None)
+        if vision is not None:  # the whole model: the hybrid decoder and its tower (counted as Qwen3-VL's)
+            from rz_agents.model.qwen3_5_vl_config import Qwen35VLConfig
+
+            config = Qwen35VLConfig.tiny(vision=dict(vision), moe=moe, **overrides)
+            return config, "tiny random model (Qwen3.5 vision-language)"
         return Qwen35Config.tiny(moe=moe, **overrides), f"tiny random model (Qwen3.5{'-MoE' if moe else ''})"
     if spec.model_type == "deepseek_v4":
         return DeepseekV4Config.tiny(**overrides), "tiny random model (DeepSeek-V4)"

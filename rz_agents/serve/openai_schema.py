@@ -4,14 +4,14 @@ The server accepts what it can serve exactly and refuses the rest with a 400 tha
 would otherwise ignore silently (penalties, logit_bias) changes what the client believes was sampled, which
 an RL trainer must never be wrong about. ``tool_choice: "required"`` or a named function is served by
 starting the reply with the tool call's opening (and the name) as context tokens the model did not sample:
-the tokens it does sample are drawn from, and scored under, its own unconstrained distribution. A field the
-server does not know at all is ignored with a logged warning, as vLLM does (frameworks send their own
-extras), or refused with ``strict=True`` (``rz serve --strict-fields``).
+the tokens it does sample are drawn from, and scored under, its own unconstrained distribution. The opening
+is the policy's tool-call format's (serve/tool_formats.py): the server writes it (``ChatRequest.forced``).
+A field the server does not know at all is ignored with a logged warning, as vLLM does (frameworks send
+their own extras), or refused with ``strict=True`` (``rz serve --strict-fields``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -25,7 +25,6 @@ MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 4
 SESSION_HEADER = "x-rz-session"
-FORCED_CALL = '<tool_call>\n{"name": '  # the tool-call format envs/tool_calls.py parses
 SESSION_METADATA_KEY = "rz_session"
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -76,8 +75,10 @@ class ChatRequest:
     sampling: Sampling
     tools: list[dict[str, Any]] | None = None
     parse_tools: bool = True  # tool_choice "auto" (False for "none")
-    # tool_choice "required" or a named function: the reply's start, given to the model as context (not
-    # sampled), so every sampled token and its log-prob is still the model's own distribution
+    # tool_choice "required" (True) or a named function (its name): a call is forced
+    forced_tool: str | bool = False
+    # the forced call's opening in the policy's format (set by the server): the reply's start, given to the
+    # model as context (not sampled), so every sampled token and its log-prob is the model's own distribution
     forced: str = ""
     session: str | None = None
     enable_thinking: bool = True
@@ -270,18 +271,20 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
                 message["reasoning_content"] = reasoning
         elif message["content"] is None:
             raise _fail(f"messages[{i}] ({role}) needs a 'content'", f"messages[{i}].content")
+        if role == "tool" and isinstance(m.get("tool_call_id"), str):
+            message["tool_call_id"] = m["tool_call_id"]  # Kimi's template writes it ("## Return of ID")
         out.append(message)
     return out
 
 
-def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool, str]:
-    """(tools, parse the reply for calls, the forced start of the reply)."""
+def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool, str | bool]:
+    """(tools, parse the reply for calls, the forced call: True for any, a tool's name, False for none)."""
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if tools is None:
         if choice not in (None, "none"):
             raise _fail("'tool_choice' needs 'tools'", "tool_choice")
-        return None, False, ""
+        return None, False, False
     if not isinstance(tools, list):
         raise _fail("'tools' must be a list", "tools")
     for k, tool in enumerate(tools):
@@ -298,13 +301,13 @@ def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool, str
         if params is not None and not isinstance(params, dict):
             raise _fail(f"tools[{k}].function.parameters must be a JSON schema object", f"tools[{k}]")
     if choice in (None, "auto"):
-        return tools or None, True, ""
+        return tools or None, True, False
     if choice == "none":
-        return tools or None, False, ""
+        return tools or None, False, False
     if not tools:
         raise _fail("'tool_choice' needs a non-empty 'tools'", "tool_choice")
     if choice == "required":
-        return tools, True, FORCED_CALL
+        return tools, True, True
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
         raise _fail(
@@ -313,7 +316,7 @@ def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool, str
         )
     if name not in {t["function"]["name"] for t in tools}:
         raise _fail(f"tool_choice names {name!r}, which is not in 'tools'", "tool_choice")
-    return tools, True, f'{FORCED_CALL}{json.dumps(name)}, "arguments": '
+    return tools, True, name
 
 
 def parse_chat(body: Any, header_session: str | None = None, strict: bool = False) -> ChatRequest:
@@ -327,7 +330,7 @@ def parse_chat(body: Any, header_session: str | None = None, strict: bool = Fals
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise _fail("'response_format' other than {'type': 'text'} is not supported", "response_format")
-    tools, parse_tools, forced = _tools(body)
+    tools, parse_tools, forced_tool = _tools(body)
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict) or set(kwargs) - {"enable_thinking"}:
         raise _fail("'chat_template_kwargs' takes only 'enable_thinking'", "chat_template_kwargs")
@@ -347,7 +350,7 @@ def parse_chat(body: Any, header_session: str | None = None, strict: bool = Fals
         sampling=sampling,
         tools=tools,
         parse_tools=parse_tools,
-        forced=forced,
+        forced_tool=forced_tool,
         session=session,
         enable_thinking=_boolean(kwargs, "enable_thinking", True),
     )

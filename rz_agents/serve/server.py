@@ -3,8 +3,9 @@
 ``OpenAIServer.chat`` renders the messages with the model's chat template (or takes a session's token
 history, sessions.py), asks the engine for ``n`` completions at once (they batch continuously with every
 other request in flight), and turns each completion into an assistant message with the tool-call parser
-the envs use. Every token and log-prob it reports is the engine's own; ``return_token_ids`` adds the
-prompt and sampled token ids and the policy version of each sampled token.
+the envs use, in the format the chat template names (tool_formats.py). Every token and log-prob it
+reports is the engine's own; ``return_token_ids`` adds the prompt and sampled token ids and the policy
+version of each sampled token.
 
 All of it runs on the event loop that drives the engine: the engine's steps, weight updates and the
 optional top-logprobs forward are never concurrent with each other.
@@ -13,7 +14,6 @@ optional top-logprobs forward are never concurrent with each other.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -23,12 +23,11 @@ from typing import Any
 import torch
 
 from rz_agents.engine import Completion, SamplingParams
-from rz_agents.envs.tool_calls import CLOSE, OPEN, parse_tool_calls
 from rz_agents.images import has_images
 from rz_agents.rollout.agent_loop import image_request, message_pngs, turn_seed
 from rz_agents.serve.openai_schema import ChatRequest, CompletionRequest, OpenAIError, Sampling
 from rz_agents.serve.sessions import Session, SessionStore
-from rz_agents.serve.tool_stream import ToolCallStream
+from rz_agents.serve.tool_formats import THINK_CLOSE, format_of
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "abort"}
 STREAM_POLL_S = 0.002  # how often a stream looks for new tokens (the engine yields between steps)
@@ -62,6 +61,13 @@ class OpenAIServer:
         self.model_name = model_name
         self.model = model if model is not None else getattr(engine, "model", None)
         self.sessions = SessionStore(tokenizer, template)
+        self.tool_format = format_of(template)  # the template names how its model writes tool calls
+        # the format's special tokens the parser reads: kept when a reply is decoded (others are dropped)
+        self.kept_ids = {
+            i: token
+            for token in self.tool_format.kept_tokens
+            if (i := tokenizer.token_to_id(token)) is not None
+        }
         self.stops = tuple(template.stop_token_ids(tokenizer))
         self.max_len = int(getattr(getattr(engine, "config", None), "max_len", 0) or 1 << 30)
         self.created = int(time.time())
@@ -121,8 +127,8 @@ class OpenAIServer:
             live = not req.sampling.top_logprobs  # top logprobs come from a forward after sampling
             sent = [0] * req.sampling.n
             texts = [""] * req.sampling.n
-            names = {t["function"]["name"] for t in req.tools or ()} if req.parse_tools else set()
-            calls = [ToolCallStream(names) for _ in range(req.sampling.n)]
+            streams = bool(req.tools and req.parse_tools and self.tool_format.stream)
+            calls = [self.tool_format.stream(req.tools) if streams else None for _ in range(req.sampling.n)]
             while not task.done():
                 await asyncio.sleep(STREAM_POLL_S)
                 if live:
@@ -132,7 +138,7 @@ class OpenAIServer:
                             req, head, i, tokens, list(seq.logprobs), sent, texts, final=False
                         ):
                             yield chunk
-                        if names:
+                        if streams:
                             for chunk in self._call_deltas(head, i, calls[i], req.forced, tokens):
                                 yield chunk
             _, choices, prompt = task.result()
@@ -142,11 +148,11 @@ class OpenAIServer:
                     req, head, i, tokens, logprobs, sent, texts, final=True, top=choice.top
                 ):
                     yield chunk
-                if names:
+                if streams:
                     for chunk in self._call_deltas(head, i, calls[i], req.forced, tokens):
                         yield chunk
                 delta: dict[str, Any] = {}
-                streamed = [c.name for c in calls[i].calls]
+                streamed = [c.name for c in calls[i].calls] if streams else []
                 rest = [
                     {"index": k, **c}
                     for k, c in enumerate(choice.tool_calls)
@@ -166,8 +172,9 @@ class OpenAIServer:
                 task.cancel()  # the client went away: its sequences are cancelled, their pages freed
                 await asyncio.gather(task, return_exceptions=True)
 
-    def _call_deltas(self, head, i, calls: ToolCallStream, forced: str, tokens: list[int]):
-        """A chunk with choice ``i``'s tool-call pieces written since the last one (tool_stream.py)."""
+    def _call_deltas(self, head, i, calls, forced: str, tokens: list[int]):
+        """A chunk with choice ``i``'s tool-call pieces written since the last one (the format's stream:
+        tool_stream.py, xml_tool_stream.py)."""
         deltas = calls.update(forced + self._visible_text(tokens))
         if deltas:
             choice = {"index": i, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}
@@ -180,11 +187,13 @@ class OpenAIServer:
             return
         text = req.forced + self._visible_text(tokens[:n])
         if req.tools and req.parse_tools:
-            cut = text.find(OPEN)
+            opening = self.tool_format.opening
+            reasoning_end = text.rfind(THINK_CLOSE)
+            cut = text.find(opening, reasoning_end + len(THINK_CLOSE) if reasoning_end >= 0 else 0)
             if cut >= 0:
                 text = text[:cut].rstrip()
             elif not final:
-                text = text[: max(len(texts[i]), len(text) - len(OPEN))]  # a "<tool_c" may be starting
+                text = text[: max(len(texts[i]), len(text) - len(opening))]  # a "<tool_c" may be starting
         if not final and text.endswith("\ufffd"):
             text = text[:-1]  # half a UTF-8 character: wait for the rest
         delta_text = text[len(texts[i]) :] if text.startswith(texts[i]) else ""
@@ -213,6 +222,12 @@ class OpenAIServer:
     ) -> tuple[str, list[Choice], list[int]]:
         self.check_model(req.model)
         self.counters["chat_requests"] += 1
+        if req.forced_tool and not req.forced:  # the forced call's opening, in the policy's format
+            req.forced = self.tool_format.forced_start(
+                req.forced_tool if isinstance(req.forced_tool, str) else None,
+                sum(len(m.get("tool_calls") or ()) for m in req.messages),
+                self.template.opens_think(req.enable_thinking),
+            )
         if req.sampling.top_logprobs and self.model is None:
             raise OpenAIError("'top_logprobs' needs the engine's model in this process", "top_logprobs")
         rid = rid or f"chatcmpl-{uuid.uuid4().hex}"
@@ -340,31 +355,29 @@ class OpenAIServer:
         return choices
 
     def _visible_text(self, tokens: list[int]) -> str:
-        """The text a client sees: without the stop token that ended the turn and ids past the tokenizer."""
+        """The text a client sees: without the stop token that ended the turn, ids past the tokenizer and
+        special tokens, except those the tool-call format is written in (Kimi's call markers)."""
         ids = tokens[:-1] if tokens and tokens[-1] in self.stops else tokens
         known = int(getattr(self.tokenizer, "vocab_size", 0) or 0)
         if known:
             ids = [t for t in ids if t < known]
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        if not self.kept_ids:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        parts, run = [], []
+        for t in ids:
+            if t in self.kept_ids:
+                parts += [self.tokenizer.decode(run, skip_special_tokens=True), self.kept_ids[t]]
+                run = []
+            else:
+                run.append(t)
+        return "".join(parts) + self.tokenizer.decode(run, skip_special_tokens=True)
 
     def _choice(self, completion: Completion, req: ChatRequest | None) -> Choice:
         text = (req.forced if req is not None else "") + self._visible_text(completion.tokens)
         calls: list[dict[str, Any]] = []
         content: str | None = text
         if req is not None and req.tools and req.parse_tools:
-            parsed = parse_tool_calls(text, req.tools)
-            calls = [
-                {
-                    "id": f"call_{uuid.uuid4().hex[:24]}",
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
-                }
-                for c in parsed.calls
-            ]
-            if calls:
-                content = text[: text.find(OPEN)].rstrip() if OPEN in text else text
-                tail = text[text.rfind(CLOSE) + len(CLOSE) :].strip() if CLOSE in text else ""
-                content = (content + ("\n" + tail if tail else "")).strip() or None
+            content, calls = self.tool_format.reply(text, req.tools)
         return Choice(completion, text, calls, content)
 
     @staticmethod
