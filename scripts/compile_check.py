@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--models",
-        default="qwen3-4b,qwen3-30b-a3b,qwen2.5-1.5b,deepseek-v3,qwen3.5-gdn,deepseek-v4-sparse",
-        help="recipes (comma separated; qwen3.5-gdn and deepseek-v4-sparse: those families' own ops)",
+        default="qwen3-4b,qwen3-30b-a3b,qwen2.5-1.5b,deepseek-v3,qwen3.5-gdn,kimi-linear-kda,deepseek-v4-sparse",
+        help="recipes (comma separated; qwen3.5-gdn, kimi-linear-kda and deepseek-v4-sparse: those families' "
+        "own ops)",
     )
     ap.add_argument("--targets", default="sm_90a,sm_80", help="sm_90a and/or sm_80")
     ap.add_argument("--triton", action="append", default=None,

@@ -1,8 +1,8 @@
-"""The compile check's op recipes for the new families (qwen3.5-gdn, deepseek-v4-sparse: V4's sparse
-attention and its MoE's grouped GEMMs with the clamped SwiGLU): every new Triton
-kernel is recorded on the engine's side and the learner's, and each op's engine and learner launches bind to
-the same binary key (signature, constexprs, specialization), so the identity table can only say identical.
-Recording only (a subprocess without the interpreter: the recorder needs real @triton.jit functions)."""
+"""The compile check's op recipes for the new families (qwen3.5-gdn, kimi-linear-kda, deepseek-v4-sparse: V4's
+sparse attention and its MoE's grouped GEMMs with the clamped SwiGLU): every new Triton kernel is recorded on
+the engine's side and the learner's, and each op's engine and learner launches bind to the same binary key
+(signature, constexprs, specialization), so the identity table can only say identical. Recording only (a
+subprocess without the interpreter: the recorder needs real @triton.jit functions)."""
 
 import json
 import os
@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = {
     "qwen3.5-gdn": {"_causal_conv_kernel", "_delta_rule_kernel", "_gated_rms_norm_kernel"},
+    "kimi-linear-kda": {"_causal_conv_kernel", "_kda_kernel"},
     "deepseek-v4-sparse": {"_window_pool_kernel", "_index_scores_kernel", "_top_k_kernel",
                            "_sink_attention_kernel", "_grouped_matmul_kernel", "_clamped_swiglu_kernel"},
 }  # fmt: skip

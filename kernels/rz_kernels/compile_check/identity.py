@@ -32,6 +32,7 @@ SHARED_OPS = {
     # Gated DeltaNet (Qwen3.5) and DeepSeek-V4's sparse attention (recorded op by op: op_workloads.py)
     "_causal_conv_kernel": "causal_conv1d",
     "_delta_rule_kernel": "delta_rule",
+    "_kda_kernel": "delta_rule_kda",  # Kimi Linear: the delta rule with a per-channel decay
     "_gated_rms_norm_kernel": "gated_rms_norm",
     "_window_pool_kernel": "window_pool",
     "_index_scores_kernel": "index_scores",

@@ -16,6 +16,8 @@ o = (q exp(gc)) S + (q k^T * decay) v', and, for a complete chunk, S <- exp(gc_l
 gc))^T v'. All products are fp32 `tl.dot`s (PRECISION). The interpreter's result is close to the CPU
 kernel's, not equal (the CPU solves by blocked doubling, its GEMMs are BLAS's); the contract, as for the
 other Triton ops, is that the engine's and the learner's uses of this kernel agree bit for bit.
+With g [T, H, dk] (Kimi Delta Attention's per-channel decay) the same assembly runs the KDA kernel
+(triton_ops/kda.py) on the same grid and cache contract.
 Backward: autograd through the torch form.
 """
 
@@ -29,7 +31,9 @@ import triton.language as tl
 
 from rz_kernels.delta_rule import CHUNK, DeltaRuleCache
 from rz_kernels.delta_rule import gated_delta_rule as torch_gated_delta_rule
+from rz_kernels.triton_ops.kda import launch_kda
 from rz_kernels.triton_ops.recompute import with_reference_backward
+from rz_kernels.triton_ops.unit_lower import unit_lower_inverse
 
 # Value columns per program (the state block held is [dk, BLOCK_V] fp32).
 BLOCK_V = 32
@@ -55,7 +59,6 @@ def _delta_rule_kernel(
     vmask = vc < DV
     lower = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
-    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
     st_off = kc[:, None] * DV + vc[None, :]
     st_mask = kmask[:, None] & vmask[None, :]
     S = tl.load(s0_ptr + (s * H + h) * DK * DV + st_off, mask=st_mask, other=0.0)
@@ -77,13 +80,7 @@ def _delta_rule_kernel(
         kb = k * beta[:, None]
         kk = tl.dot(kb, tl.trans(k), input_precision=PRECISION)
         low = tl.where(strict, -(kk * decay), 0.0)
-        # (I - L)^-1 by forward substitution, row i = e_i + sum_j L[i, j] row j: a runtime loop (compiles
-        # small), each row a function of the rows before it (L[i, j >= i] are exact zeros)
-        inv = eye
-        for i in range(1, C):
-            pick = rows[:, None] == i
-            l_i = tl.sum(tl.where(pick, low, 0.0), axis=0)  # row i of L (exact: one nonzero per column)
-            inv = tl.where(pick, inv + tl.sum(l_i[:, None] * inv, axis=0)[None, :], inv)
+        inv = unit_lower_inverse(low, rows, C)  # (I - L)^-1 by forward substitution
         u = tl.dot(inv, v * beta[:, None], input_precision=PRECISION)
         w = tl.dot(inv, kb * egc[:, None], input_precision=PRECISION)
         v_new = u - tl.dot(w, S, input_precision=PRECISION)
@@ -139,14 +136,17 @@ def _forward(q, k, v, g, beta, seq_lens, caches, scale, keep_caches):
     f = torch.float32
     xs = tuple(x.to(f) for x in (q, k, v, g, beta))
     dev = q.device
-    caches = [c if c is not None else DeltaRuleCache.empty(h, dk, dv, dev) for c in caches]
+    channel = g.dim() == 3  # KDA: a log decay per key channel
+    caches = [c if c is not None else DeltaRuleCache.empty(h, dk, dv, dev, channel) for c in caches]
     bufs, pieces, (first, count), index, nc = _assemble(xs, seq_lens, caches, h, dk, dv)
     nseq = len(seq_lens)
     out = torch.empty(nc * CHUNK, h, dv, dtype=f, device=dev)
     state0 = torch.stack([c.state for c in caches]).contiguous() if nseq else q.new_zeros(0, h, dk, dv)
     state = torch.empty_like(state0)
     snaps = torch.empty(nc if keep_caches else 1, h, dk, dv, dtype=f, device=dev)
-    if nc:
+    if nc and channel:
+        launch_kda(bufs, state0, index, out, state, snaps, scale, keep_caches)
+    elif nc:
         bv = min(BLOCK_V, max(16, triton.next_power_of_2(dv)))
         grid = (nseq, h, triton.cdiv(dv, bv))
         _delta_rule_kernel[grid](
@@ -183,12 +183,16 @@ def gated_delta_rule(
     keep_caches: bool = False,
 ) -> tuple[torch.Tensor, list[DeltaRuleCache] | None]:
     """The gated delta rule over packed sequences on the fixed chunk grid; the interface of
-    rz_kernels.delta_rule.gated_delta_rule (q, k [T, H, dk], v [T, H, dv], g, beta [T, H])."""
+    rz_kernels.delta_rule.gated_delta_rule (q, k [T, H, dk], v [T, H, dv], g [T, H] or, KDA's per-channel
+    decay, [T, H, dk], beta [T, H])."""
     t, h, dk = q.shape
     if sum(seq_lens) != t:
         raise ValueError(f"seq_lens add up to {sum(seq_lens)} tokens, the inputs have {t}")
     if caches is not None and len(caches) != len(seq_lens):
         raise ValueError(f"{len(caches)} caches for {len(seq_lens)} sequences")
+    if tuple(g.shape) not in ((t, h), (t, h, dk)):
+        raise ValueError(f"g has shape {tuple(g.shape)}; expected ({t}, {h}) or, a decay per key channel "
+                         f"(KDA), ({t}, {h}, {dk})")  # fmt: skip
     lens = list(seq_lens)
     entering = list(caches) if caches is not None else [None] * len(lens)
     scale = dk**-0.5 if scale is None else scale
