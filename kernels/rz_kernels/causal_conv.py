@@ -42,21 +42,37 @@ def causal_conv1d(
     if len(windows) != len(seq_lens):
         raise ValueError(f"{len(windows)} windows for {len(seq_lens)} sequences")
     w = weight.float().t()  # [K, Ch]
-    outs, kept = [], []
-    start = 0
+    if not seq_lens:
+        out = x.new_zeros(0, ch, dtype=torch.float32)
+        return out.to(x.dtype), ([] if keep_windows else None)
+    # One gather lays each sequence out behind its K - 1 previous inputs (its window, or zeros): rows of
+    # [x; the windows; a zero row]. Per-sequence slices of x would each cost a full-size zero tensor and an
+    # add in the backward (quadratic in the number of sequences); one index's backward is one index_add.
+    given = [win.to(x.dtype) for win in windows if win is not None]
+    src = torch.cat([x, *given, x.new_zeros(1, ch)])
+    zero_row, next_window = src.shape[0] - 1, t
+    index, out_rows, window_at = [], [], []
+    start = padded = 0
     for n, win in zip(seq_lens, windows, strict=True):
         if win is None:
-            win = x.new_zeros(kw - 1, ch)
-        xs = torch.cat([win.to(x.dtype), x[start : start + n]])  # [K - 1 + n, Ch]
-        if keep_windows:
-            kept.append(xs[xs.shape[0] - (kw - 1) :].detach())
-        xf = xs.float()
-        acc = xf[0:n] * w[0]
-        for j in range(1, kw):
-            acc = acc + xf[j : j + n] * w[j]
-        outs.append(acc)
+            index.append(torch.full((kw - 1,), zero_row, dtype=torch.long))
+        else:
+            index.append(torch.arange(next_window, next_window + kw - 1))
+            next_window += kw - 1
+        index.append(torch.arange(start, start + n))
+        out_rows.append(torch.arange(padded, padded + n))  # row r of `acc` is padded row r + K - 1's output
+        window_at.append(padded + n)
         start += n
-    out = torch.cat(outs) if outs else x.new_zeros(0, ch, dtype=torch.float32)
+        padded += kw - 1 + n
+    xs = src[torch.cat(index).to(x.device)]  # [sum(K - 1 + n), Ch]
+    xf = xs.float()
+    # the same K multiply-adds per element as one sequence at a time: elementwise, so the same bits
+    m = padded - (kw - 1)
+    acc = xf[0:m] * w[0]
+    for j in range(1, kw):
+        acc = acc + xf[j : j + m] * w[j]
+    out = acc[torch.cat(out_rows).to(x.device)]
+    kept = [xs[p : p + kw - 1].detach() for p in window_at] if keep_windows else None
     if silu:
         out = aligned_unary(F.silu, out)
-    return out.to(x.dtype), (kept if keep_windows else None)
+    return out.to(x.dtype), kept

@@ -212,93 +212,130 @@ def gated_delta_rule(
     q = q * scale
     dev = q.device
 
-    # Each sequence's tokens on its grid: the pending tokens of its current chunk, then the new ones.
     caches = list(caches) if caches is not None else [None] * len(seq_lens)
     channel = g.dim() == 3
     caches = [c if c is not None else DeltaRuleCache.empty(h, dk, dv, dev, channel) for c in caches]
-    pieces: dict[str, list[torch.Tensor]] = {"q": [], "k": [], "v": [], "g": [], "beta": []}
-    chunk_seq: list[int] = []  # sequence of each chunk
-    chunk_pos: list[int] = []  # index of the chunk among its sequence's chunks in this call
-    out_rows: list[torch.Tensor] = []  # flat row (chunk * C + offset) of each new token
-    start = 0
-    for s, (n, cache) in enumerate(zip(seq_lens, caches, strict=True)):
-        p = cache.pending
-        span = p + n
-        nchunks = -(-span // CHUNK) if span else 0
-        pad = nchunks * CHUNK - span
-        base = len(chunk_seq) * CHUNK
-        for name, old, new in (
-            ("q", torch.zeros(p, h, dk, dtype=f, device=dev), q[start : start + n]),
-            ("k", cache.k, k[start : start + n]),
-            ("v", cache.v, v[start : start + n]),
-            ("g", cache.g, g[start : start + n]),
-            ("beta", cache.beta, beta[start : start + n]),
-        ):
-            zeros = new.new_zeros((pad, *new.shape[1:]))
-            pieces[name].append(torch.cat([old, new, zeros]))
-        chunk_seq += [s] * nchunks
-        chunk_pos += list(range(nchunks))
-        out_rows.append(torch.arange(base + p, base + span, device=dev))
-        start += n
-    nc = len(chunk_seq)
+    plan = _GridPlan.build(seq_lens, [c.pending for c in caches], t)
+    nc = len(plan.chunks)
     if nc == 0:
         return q.new_zeros(0, h, dv).to(out_dtype), caches if keep_caches else None
+
+    def on_grid(x: torch.Tensor, old: list[torch.Tensor] | None, rows: torch.Tensor) -> torch.Tensor:
+        src = torch.cat([x, *(old or []), x.new_zeros(1, *x.shape[1:])])
+        return src[rows.to(dev)]
+
+    grid = {
+        "q": on_grid(q, None, plan.q_index),
+        "k": on_grid(k, [c.k for c in caches], plan.index),
+        "v": on_grid(v, [c.v for c in caches], plan.index),
+        "g": on_grid(g, [c.g for c in caches], plan.index),
+        "beta": on_grid(beta, [c.beta for c in caches], plan.index),
+    }
 
     def heads_first(x: torch.Tensor) -> torch.Tensor:  # [nc * C, H, ...] -> [nc * H, C, ...]
         x = x.view(nc, CHUNK, h, *x.shape[2:]).transpose(1, 2)
         return x.reshape(nc * h, CHUNK, *x.shape[3:])
 
-    cq, ck, cv = (heads_first(torch.cat(pieces[n])) for n in ("q", "k", "v"))
-    cg, cb = (heads_first(torch.cat(pieces[n])) for n in ("g", "beta"))
+    cq, ck, cv = (heads_first(grid[n]) for n in ("q", "k", "v"))
+    cg, cb = (heads_first(grid[n]) for n in ("g", "beta"))
     prepare = _prepare_channel_decay if channel else _prepare
-    u, w, intra, qg, k_tail, decay_last = prepare(cq, ck, cv, cg, cb)
-
-    # Phase 2: walk the chunks in order, all sequences' chunk j together, carrying each sequence's state.
-    state = torch.stack([c.state for c in caches])  # [S, H, dk, dv]
-    states = list(state.unbind(0))
+    operands = prepare(cq, ck, cv, cg, cb)
+    states = [c.state for c in caches]
     completed: list[list[torch.Tensor]] = [[] for _ in caches]
-    out = torch.empty(nc, h, CHUNK, dv, dtype=f, device=dev)
-    pending_at_end = [(c.pending + n) % CHUNK for c, n in zip(caches, seq_lens, strict=True)]
-    full = [
-        (j + 1) * CHUNK <= caches[s].pending + seq_lens[s] for s, j in zip(chunk_seq, chunk_pos, strict=True)
-    ]
-    by_pos: dict[int, list[int]] = {}
-    for i, j in enumerate(chunk_pos):
-        by_pos.setdefault(j, []).append(i)
-    for j in sorted(by_pos):
-        idx = by_pos[j]
-        sel = torch.tensor(idx, device=dev)
-        rows = (sel.unsqueeze(1) * h + torch.arange(h, device=dev)).reshape(-1)  # [n * H]
-        st = torch.stack([states[chunk_seq[i]] for i in idx]).reshape(len(idx) * h, dk, dv)
-        v_new = u[rows] - torch.bmm(w[rows], st)
-        o = torch.bmm(qg[rows], st) + torch.bmm(intra[rows], v_new)
-        out[sel] = o.view(len(idx), h, CHUNK, dv)
-        done = [a for a, i in enumerate(idx) if full[i]]
-        if done:
-            di = torch.tensor(done, device=dev)
-            r = (di.unsqueeze(1) * h + torch.arange(h, device=dev)).reshape(-1)
-            new = st[r] * decay_last[rows[r]] + torch.bmm(k_tail[rows[r]].transpose(1, 2), v_new[r])
-            for a, ns in zip(done, new.view(len(done), h, dk, dv).unbind(0), strict=True):
-                states[chunk_seq[idx[a]]] = ns
-                completed[chunk_seq[idx[a]]].append(ns.detach())
-
-    flat = out.transpose(1, 2).reshape(nc * CHUNK, h, dv)
-    result = flat[torch.cat(out_rows)].to(out_dtype)
+    out = _walk_chunks(plan, operands, states, completed, h)
+    flat = out.view(nc, h, CHUNK, dv).transpose(1, 2).reshape(nc * CHUNK, h, dv)
+    result = flat[plan.out_rows.to(dev)].to(out_dtype)
     if not keep_caches:
         return result, None
     new_caches = []
-    for s, (cache, pend) in enumerate(zip(caches, pending_at_end, strict=True)):
-        seq_k, seq_v, seq_g, seq_b = (pieces[n][s] for n in ("k", "v", "g", "beta"))
-        span = cache.pending + seq_lens[s]
-        keep = slice(span - pend, span)
+    for s, keep in enumerate(plan.pending_rows):
         new_caches.append(
             DeltaRuleCache(
-                states[s].detach(),
-                seq_k[keep].detach(),
-                seq_v[keep].detach(),
-                seq_g[keep].detach(),
-                seq_b[keep].detach(),
-                completed[s],
+                states[s].detach(), *(grid[n][keep].detach() for n in ("k", "v", "g", "beta")), completed[s]
             )
         )
     return result, new_caches
+
+
+@dataclass
+class _GridPlan:
+    """Where each sequence's tokens sit on the chunk grid of one call.
+
+    Chunks are ordered by their index within their sequence (all sequences' chunk 0, then chunk 1, ...),
+    complete chunks before an incomplete one, so the chunks phase 2 handles together, and among them those
+    whose state it carries on, are contiguous: slices and splits, whose backward is a concatenation,
+    instead of index selections that each write a full-size gradient. `index` maps each grid row to a row
+    of [new tokens; the caches' pending tokens; a zero row] (k, v, g, beta), `q_index` to a row of
+    [new tokens; a zero row] (the pending tokens' queries are zeros: their outputs are not asked for).
+    """
+
+    chunks: list[tuple[int, bool, int]]  # (index within its sequence, incomplete, sequence), grid order
+    index: torch.Tensor
+    q_index: torch.Tensor
+    out_rows: torch.Tensor  # flat grid row (chunk * C + offset) of each new token, in input order
+    pending_rows: list[slice]  # per sequence: the grid rows of its tokens in its incomplete last chunk
+
+    @staticmethod
+    def build(seq_lens: Sequence[int], pendings: Sequence[int], t: int) -> _GridPlan:
+        zero_row = t + sum(pendings)
+        chunks, spans, rows, q_rows = [], [], [], []
+        start, cached = 0, t
+        for s, (n, p) in enumerate(zip(seq_lens, pendings, strict=True)):
+            span = p + n
+            nchunks = -(-span // CHUNK) if span else 0
+            pad = nchunks * CHUNK - span
+            new_rows = torch.arange(start, start + n)
+            rows.append(torch.cat([torch.arange(cached, cached + p), new_rows, torch.full((pad,), zero_row)]))
+            q_rows.append(torch.cat([torch.full((p,), t), new_rows, torch.full((pad,), t)]))
+            chunks += [(j, (j + 1) * CHUNK > span, s) for j in range(nchunks)]
+            spans.append((p, span))
+            start += n
+            cached += p
+        chunks.sort()
+        slot = {(s, j): i for i, (j, _, s) in enumerate(chunks)}
+        order = [(s, j) for j, _, s in chunks]
+        index = torch.cat([rows[s][j * CHUNK : (j + 1) * CHUNK] for s, j in order] or [torch.zeros(0)])
+        q_index = torch.cat([q_rows[s][j * CHUNK : (j + 1) * CHUNK] for s, j in order] or [torch.zeros(0)])
+        out_rows, pending_rows = [], []
+        for s, (p, span) in enumerate(spans):
+            for j in range(p // CHUNK, -(-span // CHUNK)):
+                lo, hi = max(p - j * CHUNK, 0), min(span - j * CHUNK, CHUNK)
+                out_rows.append(torch.arange(slot[s, j] * CHUNK + lo, slot[s, j] * CHUNK + hi))
+            last = slot.get((s, span // CHUNK))  # the incomplete chunk the sequence ends in, if any
+            at = 0 if last is None else last * CHUNK
+            pending_rows.append(slice(at, at + span % CHUNK))
+        return _GridPlan(
+            chunks, index.long(), q_index.long(), torch.cat(out_rows or [torch.zeros(0)]).long(), pending_rows
+        )
+
+
+def _walk_chunks(
+    plan: _GridPlan,
+    operands: tuple[torch.Tensor, ...],
+    states: list[torch.Tensor],
+    completed: list[list[torch.Tensor]],
+    h: int,
+) -> torch.Tensor:
+    """Phase 2: walk the chunks in order, all sequences' chunk j together, carrying each sequence's state
+    (``states`` [H, dk, dv] per sequence, replaced in place; each completed chunk's state appended to its
+    sequence's ``completed``). Returns the outputs [nc * H, C, dv] in grid order."""
+    by_pos: dict[int, list[tuple[bool, int]]] = {}
+    for j, incomplete, s in plan.chunks:
+        by_pos.setdefault(j, []).append((incomplete, s))
+    sizes = [len(by_pos[j]) * h for j in sorted(by_pos)]
+    u, w, intra, qg, k_tail, decay_last = (x.split(sizes) for x in operands)
+    outs = []
+    for gi, j in enumerate(sorted(by_pos)):
+        group = by_pos[j]
+        st = torch.stack([states[s] for _, s in group])
+        st = st.reshape(len(group) * h, *st.shape[2:])
+        v_new = u[gi] - torch.bmm(w[gi], st)
+        outs.append(torch.bmm(qg[gi], st) + torch.bmm(intra[gi], v_new))
+        done = sum(not incomplete for incomplete, _ in group) * h  # complete chunks come first
+        if done:
+            kt = k_tail[gi][:done].transpose(1, 2)
+            new = st[:done] * decay_last[gi][:done] + torch.bmm(kt, v_new[:done])
+            for (_, s), ns in zip(group, new.view(done // h, h, *new.shape[1:]).unbind(0), strict=False):
+                states[s] = ns
+                completed[s].append(ns.detach())
+    return torch.cat(outs)
