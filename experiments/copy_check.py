@@ -39,8 +39,13 @@ def batch(args: argparse.Namespace) -> tuple[torch.Tensor, int]:
     start = torch.full((b, 1), 256)
     if not args.variable_offset:
         return torch.cat([start, letters, letters], 1), 1 + n
-    p = int(torch.randint(0, n + 1, ()))
     noise = torch.randint(97, 97 + k, (b, n))
+    if args.per_row_offset:  # each sequence its own distance (no one distance fits a whole step)
+        offsets = torch.randint(0, n + 1, (b,)).tolist()
+        parts = [(noise[i, :q], letters[i], noise[i, q:], letters[i]) for i, q in enumerate(offsets)]
+        rows = [torch.cat(row) for row in parts]
+        return torch.cat([start, torch.stack(rows)], 1), 1 + 2 * n
+    p = int(torch.randint(0, n + 1, ()))  # one distance per step (the logs committed before the flag)
     return torch.cat([start, noise[:, :p], letters, noise[:, p:], letters], 1), 1 + 2 * n
 
 
@@ -56,6 +61,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--variable-offset", action="store_true")
+    p.add_argument("--per-row-offset", action="store_true", help="with --variable-offset: a distance per row")
     p.add_argument(
         "--qk-gain",
         type=float,
