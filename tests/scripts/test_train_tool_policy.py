@@ -46,3 +46,22 @@ def test_held_out_conversations_use_real_names_and_held_out_values():
         for v in _values(c["arguments"]):
             assert v in tp.HELD_OUT_INTS if isinstance(v, int) else v.lower() in tp.HELD_OUT_STRINGS
         assert c["arguments"].get("date", tp.DATES[0]) in tp.DATES
+
+
+def test_real_word_pools_hold_no_held_out_name_or_value_and_the_copy_test_is_unseen():
+    tp = _script()
+    real_names = {name for kind in tp.KINDS for name in kind.names}
+    assert len(tp.IDENTIFIERS) > 500 and len(tp.ENGLISH) > 1000  # real identifiers and words, many of them
+    assert not (set(tp.IDENTIFIERS) | set(tp.ENGLISH)) & (real_names | tp.HELD_OUT_STRINGS)
+    training = tp.training_set(300, seed=0, full_share=0.3, copy_share=0.5)
+    assert any(len(c["messages"]) == 2 for c in training) and any(len(c["messages"]) == 4 for c in training)
+    asks = [c["messages"] for c in training]
+    repeats = [m[1]["content"] for m in asks if m[0]["content"].startswith("Repeat: ")]
+    assert 100 < len(repeats) < 200
+    for word in (w for text in repeats for w in text.split()):
+        held = int(word) in tp.HELD_OUT_INTS if word.isdigit() else word.lower() in tp.HELD_OUT_STRINGS
+        assert not held and word not in real_names, word
+    seen = {t["function"]["name"] for c in training for t in c.get("tools", ())}
+    for c in tp.unseen_training_style(20, 0, training):
+        assert not {t["function"]["name"] for t in c["tools"]} & seen
+        assert not {t["function"]["name"] for t in c["tools"]} & real_names
