@@ -221,8 +221,11 @@ class ShardedRanks(SingleProcess):
         fully_shard(model, mesh=self.mesh, mp_policy=policy, ignored_params=ignored)
         if on_meta:  # storage for the local shards only (tied embeddings stay tied); the caller loads them
             model.to_empty(device=self.device)
-        # The LM head runs in Transformer.logits, outside forward: FSDP must see that call too.
+        # The LM head runs in Transformer.logits, outside forward: FSDP must see that call too. So must it see
+        # packed_inputs (every family has it): a vision-language model encodes its images there, with the
+        # root unit's vision tower, before forward (unseen, the tower's weights would still be shards).
         register_fsdp_forward_method(model, "logits")
+        register_fsdp_forward_method(model, "packed_inputs")
         for module in model.modules():
             if hasattr(module, "set_gradient_divide_factor"):
                 module.set_gradient_divide_factor(1.0)  # sum over ranks: the loss is normalised globally

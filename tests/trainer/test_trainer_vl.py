@@ -4,65 +4,18 @@ png_image_inputs the request was made with, re-encodes them in its packed forwar
 log-prob equals the engine's behavior log-prob exactly (assert_lag0_exact), and the step updates the vision
 tower too. Negative control: on the standard op set the same step measures a non-zero lag-0 |dlogp|."""
 
-import asyncio
-
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from rz_agents.engine import EngineConfig, ImagePrompt, RZEngine, SamplingParams
 from rz_agents.images import to_png
 from rz_agents.model.freeze import freeze_vision_tower
-from rz_agents.model.qwen3_vl import Qwen3VLModel
-from rz_agents.model.qwen3_vl_config import Qwen3VLConfig
 from rz_agents.model.vl_processor import png_image_inputs, preprocess_images
 from rz_agents.trainer.learner import Learner, LearnerConfig
 from rz_agents.trainer.optim import OptimConfig
 from rz_agents.trajectory import Trajectory
-
-IMG, START, END = 300, 302, 303
-
-
-def _model(kernels: str = "aligned") -> Qwen3VLModel:
-    model = Qwen3VLModel(Qwen3VLConfig.tiny(vocab_size=320), kernels=kernels)
-    model.reset_parameters(std=0.1, seed=4)
-    return model
-
-
-def _episodes(model, groups: int = 2, g: int = 2) -> list[Trajectory]:
-    """`groups` prompts with one image each, `g` samples per prompt, sampled by the engine."""
-    engine = RZEngine(model, EngineConfig(max_running=4, max_len=96, max_batch_tokens=12, num_threads=1))
-    rng = np.random.default_rng(0)
-    reqs = []
-    for gi, (h, w) in enumerate([(48, 80), (64, 64)][:groups]):
-        png = to_png(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
-        pixels, grids = png_image_inputs([png], model.vl_config.vision)
-        prompt = [5 + gi, 6, START] + [IMG] * (int(grids.prod()) // 4) + [END, 9]
-        for j in range(g):
-            params = SamplingParams(max_tokens=5, seed=10 * gi + j)
-            reqs.append((gi, prompt, ImagePrompt(pixels, grids), [png], params))
-
-    async def go():
-        return await asyncio.gather(*(engine.generate(p, sp, images=im) for _, p, im, _, sp in reqs))
-
-    outs = asyncio.run(go())
-    trajs = []
-    for (gi, prompt, _, pngs, _), out in zip(reqs, outs, strict=True):
-        n = len(out.tokens)
-        reward = float(sum(t % 2 == 0 for t in out.tokens))
-        trajs.append(
-            Trajectory(
-                prompt + out.tokens,
-                [False] * len(prompt) + [True] * n,
-                [0.0] * len(prompt) + out.logprobs.tolist(),
-                [-1] * len(prompt) + out.versions,
-                reward,
-                gi,
-                images=pngs,
-            )
-        )
-    return trajs
+from tests.trainer.vl_batch import sample_vl_batch, tiny_vl_model
 
 
 def _cfg(exact: bool) -> LearnerConfig:
@@ -70,8 +23,8 @@ def _cfg(exact: bool) -> LearnerConfig:
 
 
 def test_learner_lag0_exact_with_images_and_the_tower_trains():
-    model = _model()
-    trajs = _episodes(model)
+    model = tiny_vl_model()
+    trajs = sample_vl_batch(model)
     assert len({t.reward for t in trajs}) > 1  # a non-zero advantage somewhere: the step has a gradient
     before = model.visual.patch_embed.proj.weight.detach().clone()
     metrics = Learner(model, _cfg(exact=True)).step(trajs)
@@ -80,8 +33,8 @@ def test_learner_lag0_exact_with_images_and_the_tower_trains():
 
 
 def test_negative_control_standard_kernels_measure_a_mismatch():
-    model = _model(kernels="standard")
-    trajs = _episodes(model)
+    model = tiny_vl_model(kernels="standard")
+    trajs = sample_vl_batch(model)
     metrics = Learner(model, _cfg(exact=False)).step(trajs)
     assert 0.0 < metrics["lag0_abs_dlogp_max"] < 1e-3
 
@@ -89,7 +42,7 @@ def test_negative_control_standard_kernels_measure_a_mismatch():
 def test_png_round_trip_gives_the_engine_and_the_learner_the_same_pixel_values():
     """What the rollout sent (the image as the env rendered it) and what the learner re-derives from the
     trajectory's PNG bytes are the same tensors, bit for bit (PNG is lossless; one preprocessing)."""
-    vision = _model().vl_config.vision
+    vision = tiny_vl_model().vl_config.vision
     rng = np.random.default_rng(1)
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(40, 72), (64, 64), (33, 50)]]
     direct_pixels, direct_grids = preprocess_images([Image.fromarray(a) for a in images], vision)
@@ -121,8 +74,8 @@ def _tower_and_lm(model) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tenso
 def test_freeze_vision_keeps_the_tower_and_trains_the_language_model(freeze):
     """learner.freeze_vision: after a step every tower tensor holds its bits and no tower parameter has an
     AdamW state, while the language model moved; unfrozen (the control), the same step moves the tower."""
-    model = _model()
-    trajs = _episodes(model)
+    model = tiny_vl_model()
+    trajs = sample_vl_batch(model)
     tower0, lm0 = _tower_and_lm(model)
     cfg = LearnerConfig(optim=OptimConfig(lr=1e-2), assert_lag0_exact=True, freeze_vision=freeze)
     if freeze:  # as model.policy.build_policy does for PolicySpec.freeze_vision
@@ -153,8 +106,8 @@ def test_vision_lr_moves_the_tower_at_its_own_rate():
     """optim.vision_lr: AdamW's first step moves each parameter with a gradient by about its group's rate
     (the update is lr * m / sqrt(v) = lr * sign(g)), so the largest change in the tower is ~vision_lr and in
     the language model ~lr."""
-    model = _model()
-    trajs = _episodes(model)
+    model = tiny_vl_model()
+    trajs = sample_vl_batch(model)
     tower0, lm0 = _tower_and_lm(model)
     cfg = LearnerConfig(optim=OptimConfig(lr=1e-4, vision_lr=1e-2, eps=1e-12, max_grad_norm=0.0))
     learner = Learner(model, cfg)
@@ -167,7 +120,7 @@ def test_vision_lr_moves_the_tower_at_its_own_rate():
 
 
 def test_vision_lr_needs_a_trained_tower():
-    model = _model()
+    model = tiny_vl_model()
     freeze_vision_tower(model)
     with pytest.raises(ValueError, match="vision_lr.*no trained vision tower"):
         Learner(model, LearnerConfig(optim=OptimConfig(vision_lr=1e-3), freeze_vision=True))
@@ -179,4 +132,4 @@ def test_freeze_vision_refuses_a_tower_that_trains():
     with pytest.raises(
         ValueError, match="freeze_vision is set but the model's vision tower trains.*build_policy"
     ):
-        Learner(_model(), LearnerConfig(freeze_vision=True))
+        Learner(tiny_vl_model(), LearnerConfig(freeze_vision=True))
