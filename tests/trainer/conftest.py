@@ -34,7 +34,7 @@ def spawn_ranks():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(RANK_PRELOAD)
 
-    def run(target, *args, world: int = 2, timeout: float = 300) -> None:
+    def run(target, *args, world: int = 2, timeout: float = 600) -> None:
         procs = [ctx.Process(target=target, args=(rank, world, *args)) for rank in range(world)]
         for p in procs:
             p.start()
