@@ -19,6 +19,8 @@ is the median over rounds of that round's ratio, by --metric (cpu: robust on a s
 
   python bench/learner_step.py --json                  # ~10 min on 2 shared cores
   python bench/learner_step.py --json --activation-checkpointing
+  python bench/learner_step.py --json --before /tmp/base   # + rz_aligned from another source tree
+                                                            # (e.g. `git archive BASE | tar -x -C /tmp/base`)
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 import torch
 
 SIDES = ("rz_aligned", "rz_standard", "hf")
+BEFORE = "rz_aligned_before"  # rz_aligned run from the --before source tree (a before/after in one run)
 GB = 2**30
 
 
@@ -131,7 +134,8 @@ def worker(a) -> None:
     """One side's process: print one JSON line with its timed steps and peak RSS."""
     torch.set_num_threads(a.threads)
     peak = PeakRss()
-    steps = hf_steps(a) if a.worker == "hf" else rz_steps(a, a.worker.removeprefix("rz_"))
+    kernels = "aligned" if a.worker == BEFORE else a.worker.removeprefix("rz_")
+    steps = hf_steps(a) if a.worker == "hf" else rz_steps(a, kernels)
     timed = steps[1:] or steps
     tokens = sum(s["tokens"] for s in timed)
     print(json.dumps({
@@ -150,6 +154,9 @@ def run_side(a, side: str) -> dict:
     if a.activation_checkpointing:
         argv.append("--activation-checkpointing")
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
+    if side == BEFORE:  # the other tree's package and kernels first on the path (ahead of any install)
+        tree = Path(a.before).resolve()
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), str(tree / "kernels"), env.get("PYTHONPATH", "")])
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=a.timeout)
     if done.returncode != 0:
         raise SystemExit(f"{side} failed (rc {done.returncode}):\n{done.stderr[-3000:]}")
@@ -170,11 +177,17 @@ def main() -> None:
     ap.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
     ap.add_argument("--metric", default="cpu", choices=["cpu", "wall"])
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per side process")
-    ap.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
+    ap.add_argument("--before", help="a source tree (repository root) whose rz_aligned also runs, as "
+                    f"side {BEFORE}, in the same alternating rounds")
+    ap.add_argument("--worker", choices=(*SIDES, BEFORE), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         worker(a)
         return
+    if a.before:
+        if not (Path(a.before) / "kernels" / "rz_kernels").is_dir():
+            raise SystemExit(f"--before {a.before}: not a source tree (no kernels/rz_kernels in it)")
+        a.sides = [*a.sides, BEFORE]
     t_start, load_start = time.time(), os.getloadavg()[0]
     rounds = []
     for r in range(a.rounds):
@@ -206,6 +219,8 @@ def main() -> None:
         },
         "rz_over_hf_tokens_per_s": ratio("rz_aligned", "hf"),
         "rz_standard_over_hf_tokens_per_s": ratio("rz_standard", "hf"),
+        "rz_aligned_over_before": ratio("rz_aligned", BEFORE),
+        "before_tree": a.before,
         "per_round": rounds,
         "loadavg_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
         "seconds": round(time.time() - t_start, 1),

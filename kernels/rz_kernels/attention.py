@@ -14,15 +14,15 @@ position order reads the same 64-key blocks, in the same order, as the contiguou
 arithmetic and therefore the bits do not depend on where the pages lie in memory.
 
 `blocked_attention` (aligned) gives each query row the same arithmetic whatever else is in the
-call. Rows of one (sequence, kv head) are cut into *tiles* (up to `TILE_ROWS` rows: consecutive
-tokens x the query heads that share the kv head). Keys are walked in fixed `KEY_BLOCK`-sized blocks
-from absolute position 0; per block, the scores and the probability-weighted values are GEMMs
-[rows, D] x [D, 64] and [rows, 64] x [64, D]; the softmax max is exact (order-free); each block's
-sum is one fixed-size reduction; and the per-block results are added in a fixed binary tree over
-the block index (adjacent pairs, level by level). Blocks past a row's position contribute exact
-zeros (masked to -inf -> p = 0), and a tree over absolute block indices gives the same bits
-whatever number of trailing zero blocks it is padded with. So a full prefill, a chunked prefill, a
-single-token decode and the packed training forward agree bitwise.
+call. Rows of one (sequence, kv head) are cut into *tiles* (consecutive tokens x the query heads that
+share the kv head: `TILE_TOKENS` tokens, halved until the tile fits `MAX_TILE_ROWS` rows). Keys are
+walked in fixed `KEY_BLOCK`-sized blocks from absolute position 0; per block, the scores and the
+probability-weighted values are GEMMs [rows, D] x [D, 64] and [rows, 64] x [64, D]; the softmax max
+is exact (order-free); each block's sum is one fixed-size reduction; and the per-block results are
+added in a fixed binary tree over the block index (adjacent pairs, level by level). Blocks past a
+row's position contribute exact zeros (masked to -inf -> p = 0), and a tree over absolute block
+indices gives the same bits whatever number of trailing zero blocks it is padded with. So a full
+prefill, a chunked prefill, a single-token decode and the packed training forward agree bitwise.
 
 The tile size only changes how many rows share a GEMM. That a row's result does not depend on it
 is an empirical property of the BLAS (measured: identical from 4 rows up; 1-3 rows take other
@@ -53,7 +53,12 @@ from rz_kernels.elementwise import aligned_unary
 log = logging.getLogger(__name__)
 
 KEY_BLOCK = 64
-TILE_ROWS = 64  # rows per prefill tile (tokens per tile = TILE_ROWS // group)
+# Tokens per prefill tile: a power of two dividing KEY_BLOCK, so that the tiles of a sequence that starts at
+# position 0 (the learner's packed forward, a first prefill chunk) each sit inside one key block and walk no
+# block past it. Halved until tokens x group fits MAX_TILE_ROWS. Only the speed depends on these (bigger
+# GEMMs, fewer Python-level ops per layer); every tile size is checked by the guard below.
+TILE_TOKENS = KEY_BLOCK
+MAX_TILE_ROWS = 192  # the guard's cost grows with this (~1 s at 192 rows, 6 s at 512, one thread)
 MIN_TILE_ROWS = 4  # tiles are padded to a multiple of this (BLAS takes GEMV-like paths below 4 rows)
 FIXED_TILE_ROWS = 16  # the guard's fallback: every tile exactly this many rows (times ceil(group / 16))
 # Score elements (rows x keys) computed at once; bounds the temporary memory of one tile group.
@@ -147,6 +152,21 @@ class _Bucket:
     tile_head: torch.Tensor  # [n] kv head of each tile
     row_index: torch.Tensor  # [n, R] index into the flat (token, head) rows; padding -> the zero row
     row_pos: torch.Tensor  # [n, R] absolute position of each row (padding rows: 0)
+    groups: list[_TileGroup] | None = None  # the forward's tile groups and masks (built on first use)
+
+
+@dataclass
+class _TileGroup:
+    """Tiles of a bucket computed together, with the causal mask of the blocks that need one.
+
+    Built once per plan and reused by every layer. Key blocks before `first_block` lie wholly at or
+    before every real row's position, so masking them would change nothing: only blocks from
+    `first_block` on are masked (padding rows, at position 0, then see more keys; they are discarded).
+    """
+
+    sel: torch.Tensor  # [n] tiles of the bucket
+    first_block: int
+    future: torch.Tensor  # [n, nb - first_block, R, 64] bool: the key lies past the row's position
 
 
 class BlockedPlan:
@@ -196,8 +216,10 @@ def verify_attention(group: int, head_dim: int) -> bool:
 
 def _tile_rows(group: int, head_dim: int) -> tuple[int, bool]:
     """(rows per full tile, whether partial tiles may be smaller) for this model shape."""
-    max_rows = max(TILE_ROWS // group, 1) * group
-    max_rows = -(-max_rows // MIN_TILE_ROWS) * MIN_TILE_ROWS
+    tokens = TILE_TOKENS
+    while tokens > 1 and tokens * group > MAX_TILE_ROWS:
+        tokens //= 2
+    max_rows = -(-(tokens * group) // MIN_TILE_ROWS) * MIN_TILE_ROWS
     if verify_tile_rows(head_dim, max_rows):
         return max_rows, True
     fixed = -(-group // FIXED_TILE_ROWS) * FIXED_TILE_ROWS
@@ -394,13 +416,14 @@ def _key_blocks(
     return blocks.float().reshape(seqs.numel(), span // KEY_BLOCK, KEY_BLOCK, d)
 
 
-def _tile_group(qf, k, v, b: _Bucket, sel, scale: float, page_table=None):
-    """Attention of the tiles `sel` of bucket b: (out [n, R, D], row max [n, R], denominator [n, R])."""
+def _tile_group(qf, k, v, b: _Bucket, group: _TileGroup, scale: float, page_table=None):
+    """Attention of one tile group of bucket b: (out [n, R, D], row max [n, R], denominator [n, R])."""
+    sel = group.sel
     n, rows, nb, d = sel.numel(), b.rows, b.num_blocks, qf.shape[-1]
     span = nb * KEY_BLOCK
     kb = _key_blocks(k, b.tile_seq[sel], b.tile_head[sel], span, page_table)
     vb = _key_blocks(v, b.tile_seq[sel], b.tile_head[sel], span, page_table)
-    q_tiles = qf[b.row_index[sel]]  # [n, R, D]
+    q_tiles = qf.index_select(0, b.row_index[sel].reshape(-1)).view(n, rows, d)  # (faster than qf[idx])
     if n == 1:  # one tile against its key blocks: a broadcast view, no copy (the guard checks both)
         q_blocks = q_tiles.expand(nb, rows, d)
     else:
@@ -410,8 +433,7 @@ def _tile_group(qf, k, v, b: _Bucket, sel, scale: float, page_table=None):
     )
     # in place: the same elementwise kernels (so the same bits) without a fresh [n, nb, R, 64] buffer each
     scores.mul_(scale)
-    key_pos = torch.arange(span, device=qf.device).view(1, nb, 1, KEY_BLOCK)
-    scores.masked_fill_(key_pos > b.row_pos[sel].view(n, 1, rows, 1), float("-inf"))
+    scores[:, group.first_block :].masked_fill_(group.future, float("-inf"))
     row_max = scores.amax(dim=(1, 3), keepdim=True)
     p = aligned_unary(torch.exp_, scores.sub_(row_max))
     block_sums = p.sum(-1)  # [n, nb, R], each a sum over one fixed-size block
@@ -432,6 +454,20 @@ def _groups(b: _Bucket):
     return [torch.arange(i, min(i + step, n)) for i in range(0, n, step)]
 
 
+def _tile_groups(b: _Bucket, padding_row: int) -> list[_TileGroup]:
+    """The forward's tile groups of bucket b with their masks (built on first use, shared by the layers)."""
+    if b.groups is None:
+        b.groups = []
+        for sel in _groups(b):
+            pos = b.row_pos[sel]  # [n, R]
+            real_pos = pos.masked_fill(b.row_index[sel] == padding_row, torch.iinfo(pos.dtype).max)
+            first = int(real_pos.min()) // KEY_BLOCK
+            key_pos = torch.arange(first * KEY_BLOCK, b.num_blocks * KEY_BLOCK, device=pos.device)
+            future = key_pos.view(1, -1, 1, KEY_BLOCK) > pos.view(sel.numel(), 1, b.rows, 1)
+            b.groups.append(_TileGroup(sel, first, future))
+    return b.groups
+
+
 def _forward(q, k, v, plan: BlockedPlan, scale: float, with_stats: bool):
     t, num_heads, d = q.shape
     qf = torch.cat([q.float().reshape(-1, d), q.new_zeros(1, d, dtype=torch.float32)])
@@ -444,12 +480,14 @@ def _forward(q, k, v, plan: BlockedPlan, scale: float, with_stats: bool):
             raise ValueError(
                 f"key buffer holds {capacity} positions, attention needs {b.num_blocks * KEY_BLOCK}"
             )
-        for sel in _groups(b):
-            o, m, den = _tile_group(qf, k, v, b, sel, scale, pages)
-            idx = b.row_index[sel].reshape(-1)
-            out[idx] = o.reshape(-1, d)  # padding rows all land on the discarded last row
+        for group in _tile_groups(b, t * num_heads):
+            o, m, den = _tile_group(qf, k, v, b, group, scale, pages)
+            idx = b.row_index[group.sel].reshape(-1)
+            # plain copies (index_copy_ is faster than index_put); padding rows all land on the discarded
+            # last row, so which of them is written last does not matter
+            out.index_copy_(0, idx, o.reshape(-1, d))
             if stats is not None:
-                stats[idx] = torch.stack([m.reshape(-1), den.reshape(-1)], dim=1)
+                stats.index_copy_(0, idx, torch.stack([m.reshape(-1), den.reshape(-1)], dim=1))
     out = out[:-1].view(t, num_heads, d).to(q.dtype)
     return out, (stats[:-1] if stats is not None else None)
 

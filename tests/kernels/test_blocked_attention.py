@@ -213,3 +213,42 @@ def test_repeated_query_positions_keep_the_tile_backward():
     out = blocked(q, k, v, seq, pos)
     out.sum().backward()
     assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+
+
+def test_tiles_of_a_sequence_from_position_zero_each_sit_inside_one_key_block():
+    # SmolLM2's shape (9 query heads on 3 kv heads): 64-token tiles of 192 rows, each walking exactly the
+    # key blocks up to its own (the old 21-token tiles crossed block boundaries and walked one more block)
+    seq = torch.arange(3).repeat_interleave(340)
+    plan = attn.plan_blocked(seq, torch.arange(340).repeat(3), 9, 3)
+    buckets = plan.buckets(16)  # head_dim 16: the tile-size guard's check stays cheap
+    assert max(b.rows for b in buckets) == 192
+    padding = 3 * 340 * 9
+    for b in buckets:
+        real = b.row_index != padding
+        assert torch.equal(
+            b.row_pos[real] // attn.KEY_BLOCK, torch.full_like(b.row_pos[real], b.num_blocks - 1)
+        )
+
+
+def test_rows_in_any_call_order_see_only_the_keys_up_to_their_own_position():
+    # a tile's masked blocks start at its earliest real row, wherever that row sits in the tile
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = _case(gen, 200, h=6, hkv=2, seqs=1, length=256)
+    seq, pos = torch.zeros(200, dtype=torch.long), torch.arange(200)
+    full = blocked(q, k, v, seq, pos)
+    for order in (torch.arange(199, -1, -1), torch.randperm(200, generator=gen)):
+        assert torch.equal(blocked(q[order], k, v, seq, pos[order]), full[order])
+    ref = attn.sdpa_attention(q, k, v, attn.plan_sdpa(seq, pos, 6, 2), 0.25)
+    torch.testing.assert_close(full, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_the_tile_masks_are_built_once_per_plan_and_shared_by_the_layers():
+    gen = torch.Generator().manual_seed(10)
+    q, k, v = _case(gen, 100, h=4, hkv=2, seqs=1, length=128)
+    plan = attn.plan_blocked(torch.zeros(100, dtype=torch.long), torch.arange(100), 4, 2)
+    first = attn.blocked_attention(q, k, v, plan, 0.25)
+    masks = [g.future for b in plan.buckets(16) for g in b.groups]
+    assert torch.equal(attn.blocked_attention(q, k, v, plan, 0.25), first)
+    assert all(
+        a is b for a, b in zip(masks, [g.future for b in plan.buckets(16) for g in b.groups], strict=True)
+    )
