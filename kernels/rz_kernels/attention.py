@@ -454,14 +454,19 @@ def _groups(b: _Bucket):
     return [torch.arange(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def _tile_groups(b: _Bucket, padding_row: int) -> list[_TileGroup]:
-    """The forward's tile groups of bucket b with their masks (built on first use, shared by the layers)."""
+def _tile_groups(b: _Bucket, padding_row: int, host_min_position: int | None = None) -> list[_TileGroup]:
+    """The forward's tile groups of bucket b with their masks (built on first use, shared by the layers).
+    ``host_min_position`` (a decode step: the lowest of its rows' host positions) bounds every group's first
+    masked block without reading a position back from the device; else each group's own minimum is read."""
     if b.groups is None:
         b.groups = []
         for sel in _groups(b):
             pos = b.row_pos[sel]  # [n, R]
-            real_pos = pos.masked_fill(b.row_index[sel] == padding_row, torch.iinfo(pos.dtype).max)
-            first = int(real_pos.min()) // KEY_BLOCK
+            if host_min_position is not None:
+                first = host_min_position // KEY_BLOCK
+            else:
+                real_pos = pos.masked_fill(b.row_index[sel] == padding_row, torch.iinfo(pos.dtype).max)
+                first = int(real_pos.min()) // KEY_BLOCK
             key_pos = torch.arange(first * KEY_BLOCK, b.num_blocks * KEY_BLOCK, device=pos.device)
             future = key_pos.view(1, -1, 1, KEY_BLOCK) > pos.view(sel.numel(), 1, b.rows, 1)
             b.groups.append(_TileGroup(sel, first, future))
@@ -475,12 +480,13 @@ def _forward(q, k, v, plan: BlockedPlan, scale: float, with_stats: bool):
     stats = torch.empty(t * num_heads + 1, 2, dtype=torch.float32, device=q.device) if with_stats else None
     pages = plan.page_table
     capacity = k.shape[2] if pages is None else pages.shape[1] * KEY_BLOCK
+    host_min = min(plan.decode_positions) if plan.decode_positions else None  # a decode step: no read-back
     for b in plan.buckets(d):
         if b.num_blocks * KEY_BLOCK > capacity:
             raise ValueError(
                 f"key buffer holds {capacity} positions, attention needs {b.num_blocks * KEY_BLOCK}"
             )
-        for group in _tile_groups(b, t * num_heads):
+        for group in _tile_groups(b, t * num_heads, host_min):
             o, m, den = _tile_group(qf, k, v, b, group, scale, pages)
             idx = b.row_index[group.sel].reshape(-1)
             # plain copies (index_copy_ is faster than index_put); padding rows all land on the discarded
