@@ -148,7 +148,7 @@ class Scheduler:
         if source:
             self.copy_page(source[0], fresh[0], match.partial)
             self.pages.unref(source)
-        seq.pages, seq.indexed_pages, seq.pages_released = held + fresh, 0, 0
+        seq.new_table(held + fresh)
         seq.num_cached = reuse = match.computed
         self.pages.track(seq, version)
         if not seq.admitted:  # what the first admission found (re-admissions recompute, not report)
@@ -210,7 +210,7 @@ class Scheduler:
         """Free a running sequence's pages and queue it first: it recomputes its K/V when re-admitted."""
         self.running.remove(seq)
         self.pages.release(seq, keep=False)
-        seq.pages, seq.indexed_pages, seq.pages_released = [], 0, 0
+        seq.new_table([])
         seq.num_cached = 0
         seq.kv_from_old_weights = False
         seq.status = SequenceStatus.WAITING
@@ -266,7 +266,7 @@ class Scheduler:
             self.running.remove(seq)
         if seq.pages:
             self.pages.release(seq, keep=keep_prefix and not seq.kv_from_old_weights)
-            seq.pages, seq.indexed_pages, seq.pages_released = [], 0, 0
+            seq.new_table([])
 
     def on_weights_updated(self, recompute: bool) -> None:
         """Apply the kv_on_update policy to running sequences after a weight swap.

@@ -60,6 +60,11 @@ class Sequence:
     images: SequenceImages | None = None  # a vision-language request's images (engine/images.py)
     _index: list[int | str] | None = field(default=None, init=False, repr=False)
 
+    def new_table(self, pages: list[int]) -> None:
+        """Take ``pages`` as the page table (admission; [] when preempted or removed): none of it is indexed
+        by the prefix index yet or given back behind a window."""
+        self.pages, self.indexed_pages, self.pages_released = pages, 0, 0
+
     def __post_init__(self) -> None:
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed)
