@@ -68,6 +68,10 @@ fp32_triton 25, decode_profile 10, rl_loop 20, rl_demo 10): bit identity first, 
   alignment        #23      60  `rz align-check`'s suite: dense + MoE, bf16; aligned bit-identical, standard
                                 differs
   fp32_triton      #23      40  the same suite in fp32 on the Triton op set (its fp32 paths, once)
+  frontier_alignment #51/52 25  the same suite on qwen3_5, kimi_linear, deepseek_v4, qwen3_5_moe (bf16, the
+                                Triton delta rule / KDA / sparse selection kernels; max_len 96 crosses the
+                                64-token chunk): aligned bit-identical with 0 selection flips, standard
+                                differs; families the budget cannot reach are named (the dry run: the hybrids)
   logprobs_vocab   #23      20  full 151,936-token vocabulary: engine log-softmax vs trainer
                                 log-softmax+gather (multi-block), bit for bit, and a row alone == the row in
                                 the batch
@@ -760,6 +764,52 @@ def section_fp32_triton(check: Check) -> dict:
     }
     fail_unless(out, out["aligned_tokens_checked"] > 0, "no aligned token compared")
     fail_unless(out, out["aligned_bit_identical"], "aligned log-probs not bit-identical")
+    return out
+
+
+# The frontier families, in the order the GPU run checks them (the dry run: the two hybrids only, ~2.5 min in
+# the Triton interpreter; V4 alone takes ~4.5 min there).
+FRONTIER_ARCHS = ("qwen3_5", "kimi_linear", "deepseek_v4", "qwen3_5_moe")
+FRONTIER_DRY_ARCHS = ("qwen3_5", "kimi_linear")
+
+
+def section_frontier_alignment(check: Check) -> dict:
+    """`rz align-check`'s suite on the frontier families (Gated DeltaNet, KDA + MLA, DeepSeek-V4's sparse
+    attention and hash/learned routers, Qwen3.5 MoE), bf16, on the Triton op set: every sampled token's
+    log-prob bit-identical between the cached (engine) path and the packed training forward, across batch
+    sizes, chunk cuts and decode (max_len 96 crosses the delta rule's 64-token chunk); 0 selection flips
+    (V4's indexer top-k, every router); the standard op set must differ somewhere. One family at a time;
+    those the section's budget cannot reach are named (the section then fails, so ``--resume`` reruns it with
+    the compiles cached)."""
+    from rz_agents.model.alignment import check_random_models
+
+    archs = FRONTIER_DRY_ARCHS if check.dry else FRONTIER_ARCHS
+    sizes, max_len = ((2,), 8) if check.dry else ((1, 3), 96)
+    out: dict = {"reports": [], "not_reached": []}
+    for arch in archs:
+        if out["reports"] and check.section_left() < 10.0:  # no room for another family's compiles
+            out["not_reached"].append(arch)
+            continue
+        reports = check_random_models(
+            archs=(arch,),
+            dtypes=("bfloat16",),
+            kernels=(check.aligned, "standard"),
+            batch_sizes=sizes,
+            max_len=max_len,
+            device=check.device,
+        )
+        out["reports"] += [r.to_json() for r in reports]
+    aligned = [r for r in out["reports"] if r["kernels"] == check.aligned]
+    out["aligned_bit_identical"] = bool(aligned) and all(r["bit_identical"] for r in aligned)
+    out["aligned_tokens_checked"] = sum(r["tokens_checked"] for r in aligned)
+    out["aligned_selection_flips"] = sum(sum(r["selection_flips"].values()) for r in aligned)
+    out["standard_differs_in"] = sorted(
+        {r["arch"] for r in out["reports"] if r["kernels"] == "standard" and not r["bit_identical"]}
+    )
+    fail_unless(out, not out["not_reached"], f"families not reached within the budget: {out['not_reached']}")
+    fail_unless(out, out["aligned_tokens_checked"] > 0, "no aligned token compared")
+    fail_unless(out, out["aligned_bit_identical"], "aligned log-probs not bit-identical (or a flip)")
+    fail_unless(out, bool(out["standard_differs_in"]), "the standard op set matched everywhere (no control)")
     return out
 
 
@@ -1564,7 +1614,7 @@ SECTIONS = {
     "gemm": (section_gemm, 50, ()),
     "attention": (section_attention, 25, ()),
     "logprobs_vocab": (section_logprobs_vocab, 15, ()),
-    "engine_decode": (section_engine_decode, 80, ()),
+    "engine_decode": (section_engine_decode, 55, ()),
     "nccl_one_rank": (section_nccl_one_rank, 25, ()),
     "grad_determinism": (section_grad_determinism, 35, ()),
     "engine_sync": (section_engine_sync, 15, ()),
@@ -1572,6 +1622,7 @@ SECTIONS = {
     "train_16k": (section_train_16k, 35, ()),
     "model_moe": (section_model_moe, 35, ()),
     "fp32_triton": (section_fp32_triton, 20, ()),
+    "frontier_alignment": (section_frontier_alignment, 25, ()),
     "decode_profile": (section_decode_profile, 10, ()),
     "rl_loop": (section_rl_loop, 20, ()),
     "rl_demo": (section_rl_demo, 10, ("yaml", "gymnasium")),
@@ -1599,6 +1650,7 @@ def goals(results: dict) -> dict:
         get("attention", "decode_rows_equal_trainer_rows"),
         get("alignment", "aligned_bit_identical"),
         get("fp32_triton", "aligned_bit_identical"),
+        get("frontier_alignment", "aligned_bit_identical"),
         get("logprobs_vocab", "engine_equals_trainer"),
         get("model_0.6b", "engine_vs_training_bit_identical"),
         get("model_moe", "engine_vs_training_bit_identical"),
@@ -1792,7 +1844,7 @@ def human_summary(payload: dict, out: Path) -> str:
     for name, result in payload["sections"].items():
         note = _note(result)
         seconds = payload["section_seconds"].get(name, 0.0)
-        lines.append(f"  {name:17s} {status_of(result):8s} {seconds:6.1f} s  {str(note)[:90]}")
+        lines.append(f"  {name:18s} {status_of(result):8s} {seconds:6.1f} s  {str(note)[:90]}")
     lines.append("  goals: " + ", ".join(f"{k}={v}" for k, v in payload["goals"].items()))
     compile_s = payload.get("triton_compile", {}).get("total_s")
     if compile_s:
