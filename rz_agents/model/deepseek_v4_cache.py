@@ -239,10 +239,8 @@ def _row_address(table: torch.Tensor, row: int, first: int, end: int) -> tuple:
 
 
 def _host_runs(positions: torch.Tensor, seq_ids: torch.Tensor, view: CacheView) -> tuple[list, list]:
-    """Each table row's first position in this call and its token count (host; a decode step's are known)."""
+    """Each table row's first position in this call and its token count (read back from the device)."""
     rows = view.page_table.shape[0]
-    if view.decode_positions is not None:
-        return list(view.decode_positions), [1] * rows
     ids, pos = seq_ids.cpu(), positions.cpu()
     counts = torch.bincount(ids, minlength=rows)
     starts = torch.full((rows,), 0, dtype=torch.long).scatter_reduce(0, ids, pos, "amin", include_self=False)
@@ -297,19 +295,23 @@ def paged_forward(
         raise TypeError(
             f"kv_cache must view a DeepseekV4Cache (new_kv_cache), got {type(view.cache).__name__}"
         )
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        # the pages are addressed by host positions: a replayed graph would keep the captured ones (the
-        # engine logs the capture failure and decodes eagerly, same bits)
-        raise RuntimeError("a DeepSeek-V4 cached forward cannot be captured in a CUDA graph yet")
     tokens, positions, seq_ids = tokens.reshape(-1), positions.reshape(-1), seq_ids.reshape(-1)
+    if view.decode_positions is not None:  # token i is row i's one token: the fixed-shape step over the pages
+        bound = view.max_position if view.max_position is not None else max(view.decode_positions)
+        if bound >= view.capacity:
+            raise ValueError(f"position {bound} is past the page table's {view.capacity} positions")
+        return model.paged_decode(tokens, positions, view.cache, view.page_table, bound)
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        # a general call's shapes follow its host positions: only the decode step is captured
+        raise RuntimeError(
+            "a DeepSeek-V4 cached forward is captured in a CUDA graph only as a decode step "
+            "(decode_positions)"
+        )
     starts, counts = _host_runs(positions, seq_ids, view)
     top = max(a + n for a, n in zip(starts, counts, strict=True)) - 1
     if top >= view.capacity:
         raise ValueError(f"position {top} is past the page table's {view.capacity} positions")
     states = read_states(view.cache, view, starts)
-    if view.decode_positions is not None:  # token i is row i's one token: nothing to check on the device
-        hidden = model.decode_states(tokens, positions, states, top)
-    else:
-        hidden = model(tokens, positions, seq_ids, states=states)
+    hidden = model(tokens, positions, seq_ids, states=states)
     write_states(view.cache, view, starts, states)
     return hidden
