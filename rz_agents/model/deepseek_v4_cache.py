@@ -22,9 +22,10 @@ A forward reads each sequence's state back into the standalone ``SequenceState``
 (``paged_forward``: rows from the first position a later token can read, `Reach.first_needed`, and every
 entry so far), runs it, and writes the call's new rows and newly completed entries to the pages. The model's
 arithmetic is the standalone path's (bit-equal to the learner's packed forward); only where the state lives
-changes, so chunked prefill, decode (static buffers included: padding rows write the scratch page),
-preemption (recompute), prefix reuse and weight updates (keep or recompute) all go through the page pool
-unchanged.
+changes, so chunked prefill, preemption (recompute), prefix reuse and weight updates (keep or recompute) all
+go through the page pool unchanged. A decode step (one token per row, ``decode_positions``) reads and writes
+the same pages in place instead, in shapes fixed by (batch, position bound), so a CUDA graph can capture it
+(model/deepseek_v4_decode.py; static buffers' padding rows write the scratch page).
 
 Pages behind the window (``window_release``, engine/window_release.py): once every later call of a sequence
 starts at or after position p, no call reads rows before ``Reach.first_needed(p)``, so a page wholly before it

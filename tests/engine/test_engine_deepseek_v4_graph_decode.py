@@ -168,3 +168,20 @@ def test_the_op_trace_tells_a_step_whose_shapes_follow_its_positions():
             model(torch.tensor([5]), torch.tensor([p]), seq_ids=torch.tensor([0]), kv_cache=view)
         traces.append(trace.ops)
     assert traces[0] != traces[1]
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+
+@needs_cuda
+def test_cuda_graph_replays_equal_eager_decode_and_the_learner_on_cuda():
+    model = _model("bfloat16").cuda()
+    prompts = _prompts(LENGTHS, seed=11)
+    graphed = _engine(model, cuda_graphs=True)
+    outs = generate_batch(graphed, prompts, _params())
+    assert graphed.stats()["cuda_graphs"], graphed.stats()["cuda_graphs_off"]
+    assert graphed.graphs.captures >= 1 and graphed.graphs.replays >= 14
+    assert_equal_to_learner(model, prompts, outs)
+    eager = generate_batch(_engine(model, cuda_graphs=False), prompts, _params())
+    for a, b in zip(outs, eager, strict=True):
+        assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
