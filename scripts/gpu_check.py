@@ -106,6 +106,11 @@ fp32_triton 25, decode_profile 10, rl_loop 20, rl_demo 10): bit identity first, 
                                 prefix, split-KV decode up to 5 splits (a dry run: 128-key splits, rows at
                                 1, 2 and 4), CUDA-graph replay, vs the learner's forward row by row
                                 (torch.equal); >= 3 splits reached; the standard op set must differ
+  v4_graph_decode  #52      25  a tiny DeepSeek-V4 (sliding, CSA, HCA; hash + learned MoE), bf16, through the
+                                engine with its decode step captured and replayed as CUDA graphs: log-probs
+                                torch.equal to the learner and to eager decode, across CSA / HCA blocks and
+                                a page given back behind the window; the standard op set must differ (its
+                                25 s taken from engine_decode, 80 -> 55, whose sizes follow its budget)
 
 Goals (from issue 23): aligned GEMM >= 0.8x cuBLAS at M >= 1024 (bf16); aligned train step >= 0.9x standard;
 every aligned row bit-identical; gradients bitwise reproducible.
@@ -1598,6 +1603,101 @@ def _production_rows(check: Check, cfg, lengths: tuple[int, ...], new: int, chun
     return out
 
 
+def _v4_model(check: Check, layers: tuple[str, ...], moe: tuple[str, ...]):
+    """A tiny random DeepSeek-V4 in bf16 with sharp logits (weights std 0.15, the head x3, random sinks,
+    pooling position biases, hyper-connection bases and router biases), on the check's device."""
+    from rz_agents.model.deepseek_v4 import DeepseekV4ForCausalLM
+    from rz_agents.model.deepseek_v4_config import DeepseekV4Config
+
+    cfg = DeepseekV4Config.tiny(
+        vocab_size=128, dtype="bfloat16", num_hidden_layers=len(layers), layer_types=layers,
+        mlp_layer_types=moe, max_position_embeddings=512,
+    )  # fmt: skip
+    model = DeepseekV4ForCausalLM(cfg, check.aligned)
+    model.reset_parameters(std=0.15, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        model.head.weight.mul_(3)
+        for name, p in model.named_parameters():
+            if name.endswith(("attn_sink", ".ape", "_base")):
+                p.copy_(torch.randn(p.shape, generator=gen).to(p.dtype) * 0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("gate.bias"):
+                b.copy_(torch.randn(b.shape, generator=gen).to(b.dtype) * 0.1)
+    return model.to(check.device).eval().requires_grad_(False)
+
+
+def section_v4_graph_decode(check: Check) -> dict:
+    """DeepSeek-V4's decode step by CUDA-graph replay (issue 52; model/deepseek_v4_decode.py: the pages read
+    in place in shapes fixed by (batch bucket, position bound)): a tiny V4 in bf16 (on the GPU sliding, CSA,
+    HCA, CSA with hash and learned MoE; prompts of 140, 60 and 2 tokens decoded across CSA (m=4) and HCA
+    (m'=16) blocks, a page boundary and the sliding window, page 0 given back behind it) through the engine
+    with CUDA graphs: every sampled log-prob torch.equal to the learner's packed forward and to an engine
+    decoding eagerly (cuda_graphs off); graphs captured and replayed (a capture the step refused, e.g. for a
+    host read, fails the section with its reason). Negative control: the standard op set's learner differs.
+    A dry run: CSA + HCA layers on the Triton op set in the interpreter, shorter prompts, no graphs."""
+    from rz_agents.engine import EngineConfig, RZEngine
+    from rz_agents.engine.batch import generate_batch
+    from rz_agents.engine.params import SamplingParams
+    from rz_agents.model.logprobs import packed_token_logprobs
+
+    if check.dry:
+        layers, moe = ("compressed_sparse_attention", "heavily_compressed_attention"), ("hash_moe", "moe")
+        lengths, new, max_len = (6, 2), (4, 6), 64
+    else:
+        layers = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                  "compressed_sparse_attention")  # fmt: skip
+        moe, lengths, new, max_len = ("hash_moe", "moe", "moe", "moe"), (140, 60, 2), (12, 8, 16), 256
+    model = _v4_model(check, layers, moe)
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in lengths]
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=n, seed=i, ignore_eos=True) for i, n in enumerate(new)
+    ]
+    runs = {}
+    for graphs in (True, False):
+        engine = RZEngine(model, EngineConfig(max_running=4, max_len=max_len, cuda_graphs=graphs))
+        runs[graphs] = (generate_batch(engine, prompts, params), engine.stats(), engine.graphs)
+    (done, stats, graphs), (eager, _, _) = runs[True], runs[False]
+    rows, standard_equal = [], []
+    for p, sp, c, e in zip(prompts, params, done, eager, strict=True):
+        (lp,) = packed_token_logprobs(model, [p + c.tokens], temperature=sp.logprob_temperature)
+        trainer = lp[len(p) - 1 :].cpu()
+        same = c.logprobs.shape == trainer.shape and bool(torch.equal(c.logprobs, trainer))
+        as_eager = c.tokens == e.tokens and bool(torch.equal(c.logprobs, e.logprobs))
+        rows.append({"prompt": len(p), "tokens": int(c.logprobs.numel()), "equal_learner": same,
+                     "equal_eager": as_eager})  # fmt: skip
+    model.set_kernels("standard")
+    for p, sp, c in zip(prompts, params, done, strict=True):
+        (lp,) = packed_token_logprobs(model, [p + c.tokens], temperature=sp.logprob_temperature)
+        standard_equal.append(bool(torch.equal(c.logprobs, lp[len(p) - 1 :].cpu())))
+    model.set_kernels(check.aligned)
+    out: dict = {
+        "layers": list(layers),
+        "rows": rows,
+        "tokens_compared": sum(r["tokens"] for r in rows),
+        "bit_identical": bool(rows) and all(r["equal_learner"] for r in rows),
+        "graph_equals_eager": all(r["equal_eager"] for r in rows),
+        "standard_differs": not all(standard_equal),
+        "static_decode_steps": stats["static_decode_steps"],
+        "pages_released_behind_window": stats["kv_pages_released_behind_window"],
+        "cuda_graphs": stats["cuda_graphs"],
+        "cuda_graphs_off": stats["cuda_graphs_off"],
+        "graph_captures": graphs.captures if graphs is not None else 0,
+        "graph_replays": graphs.replays if graphs is not None else 0,
+    }
+    check_completions(out, done, "length", None)
+    fail_unless(out, out["tokens_compared"] == sum(new), f"compared {out['tokens_compared']} tokens")
+    fail_unless(out, out["bit_identical"], "engine log-probs differ from the learner's")
+    fail_unless(out, out["graph_equals_eager"], "graph decode differs from eager decode")
+    fail_unless(out, out["standard_differs"], "negative control: the standard forward equals the engine")
+    if check.device.type == "cuda":
+        fail_unless(out, out["graph_replays"] > 0, f"no CUDA-graph replay ({out['cuda_graphs_off']})")
+        fail_unless(out, out["pages_released_behind_window"] > 0, "no page given back behind the window")
+    del model
+    return out
+
+
 def _missing(*modules: str) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
@@ -1626,6 +1726,7 @@ SECTIONS = {
     "decode_profile": (section_decode_profile, 10, ()),
     "rl_loop": (section_rl_loop, 20, ()),
     "rl_demo": (section_rl_demo, 10, ("yaml", "gymnasium")),
+    "v4_graph_decode": (section_v4_graph_decode, 25, ()),
 }
 
 
@@ -1674,6 +1775,7 @@ def goals(results: dict) -> dict:
             get("engine_decode", "b48_ctx2k_aligned_over_standard"), 0.85
         ),
         "graph_decode_equals_eager": get("engine_decode", "graph_equals_eager"),
+        "v4_graph_decode_equals_learner": get("v4_graph_decode", "bit_identical"),
         "decode_step_no_host_sync": get("engine_sync", "dense_no_host_sync"),
     }
 

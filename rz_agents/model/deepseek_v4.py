@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 from rz_agents.model.deepseek_v4_attention import Attention, Layout, Reach, SequenceState, rope_pair
 from rz_agents.model.deepseek_v4_cache import DeepseekV4Cache, paged_forward, v4_bytes_per_page
 from rz_agents.model.deepseek_v4_config import DeepseekV4Config
+from rz_agents.model.deepseek_v4_decode import PagedDecode
 from rz_agents.model.deepseek_v4_layers import hyper_head, hyper_merge, hyper_mix
 from rz_agents.model.deepseek_v4_moe import MoE
 from rz_agents.model.forward_inputs import Segment, refuse_images
@@ -88,18 +89,17 @@ class _Stack(nn.Module):
 
 
 class _Forward:
-    """What every layer of one forward shares: op set, token layout, rotations, and the selection trace."""
+    """What every layer of one forward shares: op set, token layout (a packed stream's ``Layout``, or a decode
+    step's ``PagedDecode`` over the engine's pages), rotations, and the selection trace."""
 
     def __init__(
-        self, model: DeepseekV4ForCausalLM, positions, seq_ids, num_sequences, top, trace, states, runs=None
+        self, model: DeepseekV4ForCausalLM, positions: torch.Tensor, layout: Layout | PagedDecode, trace
     ) -> None:
         self.ops = model.ops_for(positions.device)
-        cfg = model.config
-        reach = Reach(cfg.sliding_window, cfg.csa_rate, cfg.hca_rate)
-        self.layout = Layout(positions, seq_ids, num_sequences, top, states, reach, runs)
+        self.layout = layout
         self.ropes = model.ropes
         for kind, rope in self.ropes.items():
-            self.layout.angles[kind] = rope.angles(positions)
+            layout.angles[kind] = rope.angles(positions)
         self.trace = trace
 
 
@@ -226,26 +226,29 @@ class DeepseekV4ForCausalLM(nn.Module):
             _, seq_ids = torch.unique(seq_ids, return_inverse=True)
             num_sequences = int(seq_ids.max()) + 1 if seq_ids.numel() else 0
         top = max_position if max_position is not None else (int(positions.max()) if positions.numel() else 0)
-        fwd = _Forward(self, positions, seq_ids, num_sequences, top, self.selection_trace, states)
+        cfg = self.config
+        reach = Reach(cfg.sliding_window, cfg.csa_rate, cfg.hca_rate)
+        layout = Layout(positions, seq_ids, num_sequences, top, states, reach)
+        fwd = _Forward(self, positions, layout, self.selection_trace)
         hidden = self._layers(tokens, fwd)
         for s, (st, n) in enumerate(zip(states or [], counts if states is not None else [], strict=True)):
             st.position += n
             st.start = fwd.layout.keep_from[s]
         return hidden if len(shape) == 1 else hidden.view(*shape, -1)
 
-    def decode_states(
-        self, tokens: torch.Tensor, positions: torch.Tensor, states: list[SequenceState], top: int
+    def paged_decode(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: DeepseekV4Cache,
+        table: torch.Tensor,
+        bound: int,
     ) -> torch.Tensor:
-        """One decode token per state, token i continuing states[i] (the engine's decode step: positions known
-        on the host, so nothing is checked by reading the device back). Final hidden states [T, hidden]."""
-        rows = torch.arange(len(states), device=tokens.device)
-        runs = [1] * len(states)
-        fwd = _Forward(self, positions, rows, len(states), top, self.selection_trace, states, runs)
-        hidden = self._layers(tokens, fwd)
-        for s, st in enumerate(states):
-            st.position += 1
-            st.start = fwd.layout.keep_from[s]
-        return hidden
+        """The engine's decode step: token i at positions[i] continues the sequence whose pages are table row
+        i, read and written in place in shapes fixed by (batch, ``bound``), no host read
+        (model/deepseek_v4_decode.py: what a CUDA graph captures). Final hidden states [B, hidden]."""
+        step = PagedDecode(cache, table, positions, bound)
+        return self._layers(tokens, _Forward(self, positions, step, self.selection_trace))
 
     def _layers(self, tokens: torch.Tensor, fwd: _Forward) -> torch.Tensor:
         """Embedding, every layer and the hyper head: the final hidden states [T, hidden]."""

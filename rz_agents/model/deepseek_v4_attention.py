@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from rz_agents.model.deepseek_v4_config import DeepseekV4Config
+from rz_agents.model.deepseek_v4_decode import PagedDecode
 from rz_agents.model.deepseek_v4_layers import InterleavedRope, unweighted_rms_norm
 from rz_agents.model.layers import RMSNorm, _linear
 from rz_kernels import OpSet, sink_attention, sparse_select, window_pool
@@ -119,17 +120,10 @@ class Layout:
         top: int,
         states: list[SequenceState] | None = None,
         reach: Reach | None = None,
-        runs: list[int] | None = None,
     ) -> None:
-        """``runs`` (host, with states): each sequence's token count in this call, the stream ordered by
-        sequence (a decode step: token i is sequence i's): then nothing reads the device back."""
         device = positions.device
         self.positions, self.seq_ids = positions, seq_ids
-        self.firsts: list[int] | None = None  # None: rows picked by mask (the stream's order not known)
-        if states is not None and runs is None:
-            runs = [int((seq_ids == s).sum()) for s in range(len(states))]
-        elif runs is not None:
-            self.firsts = [sum(runs[:s]) for s in range(len(runs))]
+        runs = [int((seq_ids == s).sum()) for s in range(len(states))] if states is not None else None
         self.runs = runs
         # (a state without tokens in this call still has its rows addressed)
         self.length = max([top + 1] + [st.position for st in states or []])
@@ -146,8 +140,8 @@ class Layout:
             self.keep_from.append(keep)
         index[seq_ids, positions] = cached + torch.arange(positions.numel(), device=device)
         self.index = index
-        if device.type == "cpu" and positions.numel() and self.firsts is None:
-            # (a GPU caller's stream is the packer's, a decode step's the engine's host bookkeeping: trusted)
+        if device.type == "cpu" and positions.numel():
+            # (a GPU caller's stream is the packer's: trusted)
             top_of = torch.full((num_sequences,), -1, dtype=torch.long).scatter_reduce(
                 0, seq_ids, positions, "amax"
             )
@@ -170,12 +164,7 @@ class Layout:
             return new
         cached = [st.rows.get(key, new[:0]) for st in self.states]
         for s, st in enumerate(self.states):
-            mine = (
-                new[self.seq_ids == s]
-                if self.firsts is None
-                else new[self.firsts[s] : self.firsts[s] + self.runs[s]]
-            )
-            held = torch.cat([cached[s], mine]).detach()
+            held = torch.cat([cached[s], new[self.seq_ids == s]]).detach()
             st.rows[key] = held[self.keep_from[s] - st.start :]
         return torch.cat([*cached, new])
 
@@ -259,12 +248,36 @@ class Compressor(nn.Module):
             gate = torch.cat([prev_gate, gate[..., d:]], dim=2)
         slots = kv.shape[2]
         count = nw - first + lead
-        pooled = sparse_forms(ops).pool(kv.reshape(s * count, slots, d), gate.reshape(s * count, slots, d))
-        pooled = self.norm(pooled, ops)
         positions = (torch.arange(first - lead, nw, device=x.device) * r).repeat(s)
-        cos, sin = rope.angles(positions)
-        pooled = rope.rotate(pooled, cos, sin).view(s, count, d)[:, lead:]
+        pooled = self._pool(kv.reshape(s * count, slots, d), gate.reshape(s * count, slots, d), positions,
+                            rope, ops).view(s, count, d)[:, lead:]  # fmt: skip
         return pooled if layout.states is None else layout.entries(self.key + ".entries", pooled, first, r)
+
+    def decode(self, x: torch.Tensor, step: PagedDecode, rope: InterleavedRope, ops: OpSet) -> None:
+        """A decode step's part (one token per row): the token's projections go to its page, and the window
+        holding it (with CSA's window before) is pooled into that window's entry slot (final at the window's
+        last token: model/deepseek_v4_decode.py)."""
+        step.write_row(self.key + ".kv", ops.linear(x, self.wkv.weight))
+        step.write_row(self.key + ".gate", ops.linear(x, self.wgate.weight))
+        d, r, lead = self.dim, self.rate, int(self.overlap)
+        window = torch.div(step.positions, r, rounding_mode="floor")
+        kv, _ = step.read_rows(self.key + ".kv", (window - lead) * r, (1 + lead) * r)  # [B, (1+lead)r, width]
+        gate, _ = step.read_rows(self.key + ".gate", (window - lead) * r, (1 + lead) * r)
+        gate = gate.float() + self.ape.float().repeat(1 + lead, 1)
+        if self.overlap:  # as in forward: the window before's first half (none before window 0), then its own
+            first = (window == 0).view(-1, 1, 1)
+            prev_kv = kv[:, :r, :d].masked_fill(first, 0)
+            prev_gate = gate[:, :r, :d].masked_fill(first, float("-inf"))
+            kv = torch.cat([prev_kv, kv[:, r:, d:]], dim=1)
+            gate = torch.cat([prev_gate, gate[:, r:, d:]], dim=1)
+        step.write_entry(self.key + ".entries", self._pool(kv, gate, window * r, rope, ops), r)
+
+    def _pool(self, kv, gate, positions: torch.Tensor, rope: InterleavedRope, ops: OpSet) -> torch.Tensor:
+        """Entries [N, dim] of windows kv / gate [N, slots, dim] starting at `positions` [N]: pooled, normed,
+        rotated at the window's first position."""
+        pooled = self.norm(sparse_forms(ops).pool(kv, gate), ops)
+        cos, sin = rope.angles(positions)
+        return rope.rotate(pooled, cos, sin)
 
 
 class Indexer(nn.Module):
@@ -285,14 +298,27 @@ class Indexer(nn.Module):
         self, x: torch.Tensor, q_low: torch.Tensor, layout: Layout, rope: InterleavedRope, ops: OpSet
     ) -> torch.Tensor:
         """Selected entry indices [T, index_topk] (-1: none), best first."""
-        forms = sparse_forms(ops)
         entries = self.compressor(x, layout, rope, ops)  # [S, NW, c]
+        visible = layout.visible(self.rate, entries.shape[1])
+        return self._select(x, q_low, entries[layout.seq_ids], visible, layout.angles, rope, ops)
+
+    def decode(
+        self, x: torch.Tensor, q_low: torch.Tensor, step: PagedDecode, rope: InterleavedRope, ops: OpSet
+    ) -> torch.Tensor:
+        """A decode step's selections [B, index_topk] over a fixed candidate set (every entry slot up to the
+        step's bound; the ones not visible yet score -inf and are never selected)."""
+        self.compressor.decode(x, step, rope, ops)
+        keys, visible = step.entries(self.compressor.key + ".entries", self.rate)
+        return self._select(x, q_low, keys, visible, step.angles, rope, ops)
+
+    def _select(self, x, q_low, keys, visible, angles, rope: InterleavedRope, ops: OpSet) -> torch.Tensor:
+        """Top `index_topk` of each query's keys [T, NW, c] (the visible [T, NW] ones), best first."""
+        forms = sparse_forms(ops)
         t = x.shape[0]
         q = ops.linear(q_low, self.wq_b.weight).view(t, self.heads, self.dim)
-        q = rope.rotate(q, *layout.angles["compress"])
+        q = rope.rotate(q, *angles["compress"])
         weights = ops.linear(x, self.weights_proj.weight).float() * self.heads**-0.5
-        visible = layout.visible(self.rate, entries.shape[1])
-        scores = forms.scores(q, entries[layout.seq_ids], weights, visible, self.dim**-0.5)
+        scores = forms.scores(q, keys, weights, visible, self.dim**-0.5)
         return forms.top_k(scores, self.top_k)
 
 
@@ -334,9 +360,24 @@ class Attention(nn.Module):
         q = unweighted_rms_norm(ops.linear(q_low, self.wq_b.weight).view(t, h, d), self.eps)
         q = rope.rotate(q, cos, sin)
         kv = rope.rotate(self.norm(ops.linear(x, self.wkv.weight), ops), cos, sin)  # [T, D]
+        keys = self._paged_keys if isinstance(layout, PagedDecode) else self._keys
+        slide, slide_ok, comp, comp_ok, block = keys(x, q_low, kv, layout, rope, ops, trace)
+        out = sparse_forms(ops).attention(
+            q, slide, slide_ok, comp, comp_ok, self.attn_sink, self.scale, block
+        )
+        out = rope.rotate(out, cos, -sin)  # K = V carried the keys' rotation: undo it at the query's angle
+        grouped = out.reshape(t, self.groups, -1)
+        r = self.group_rank
+        parts = [ops.linear(grouped[:, g], self.wo_a.weight[g * r : (g + 1) * r]) for g in range(self.groups)]
+        return ops.linear(torch.cat(parts, dim=-1), self.wo_b.weight)
+
+    def _keys(self, x, q_low, kv, layout: Layout, rope: InterleavedRope, ops: OpSet, trace) -> tuple:
+        """(window keys [T, W, D], their mask, compressed keys [T, C, D], their mask, the compressed group's
+        summation block) of each query, from the layout's rows and this call's entries."""
+        t, d = x.shape[0], self.head_dim
         kv = layout.rows(self.key, kv)  # [rows, D]: cached positions too
         slots, slot_ok = layout.slide(self.window)
-        comp, comp_ok, block = q.new_zeros(t, 0, d), slot_ok.new_zeros(t, 0), None
+        comp, comp_ok, block = kv.new_zeros(t, 0, d), slot_ok.new_zeros(t, 0), None
         if self.rate:
             entries = self.compressor(x, layout, rope, ops)  # [S, NW, D]
             if self.kind == "compressed_sparse_attention":
@@ -353,14 +394,28 @@ class Attention(nn.Module):
                     layout.visible(self.rate, entries.shape[1]),
                     ENTRY_BLOCK,
                 )
-        out = sparse_forms(ops).attention(
-            q, kv[slots], slot_ok, comp, comp_ok, self.attn_sink, self.scale, block
-        )
-        out = rope.rotate(out, cos, -sin)  # K = V carried the keys' rotation: undo it at the query's angle
-        grouped = out.reshape(t, self.groups, -1)
-        r = self.group_rank
-        parts = [ops.linear(grouped[:, g], self.wo_a.weight[g * r : (g + 1) * r]) for g in range(self.groups)]
-        return ops.linear(torch.cat(parts, dim=-1), self.wo_b.weight)
+        return kv[slots], slot_ok, comp, comp_ok, block
+
+    def _paged_keys(self, x, q_low, kv, step: PagedDecode, rope: InterleavedRope, ops: OpSet, trace) -> tuple:
+        """``_keys`` of a decode step, read from the pages in shapes fixed by (batch, bound)
+        (model/deepseek_v4_decode.py): the token's K=V written, then its window read; the compressor's window
+        pooled, then every entry slot up to the bound read, masked, and on CSA the indexer's picks of them."""
+        step.write_row(self.key, kv)
+        slide, slide_ok = step.window(self.key, self.window)
+        t = x.shape[0]
+        comp, comp_ok, block = kv.new_zeros(t, 0, self.head_dim), slide_ok.new_zeros(t, 0), None
+        if self.rate:
+            self.compressor.decode(x, step, rope, ops)
+            entries, visible = step.entries(self.compressor.key + ".entries", self.rate)  # [B, N, D]
+            if self.kind == "compressed_sparse_attention":
+                chosen = self.indexer.decode(x, q_low, step, rope, ops)  # [B, k]
+                if trace is not None:
+                    trace.append(("indexer", chosen))
+                rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1)
+                comp, comp_ok = entries[rows, chosen.clamp(min=0)], chosen >= 0
+            else:
+                comp, comp_ok, block = entries, visible, ENTRY_BLOCK
+        return slide, slide_ok, comp, comp_ok, block
 
 
 def rope_pair(cfg: DeepseekV4Config) -> dict[str, InterleavedRope]:

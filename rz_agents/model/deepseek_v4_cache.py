@@ -22,9 +22,10 @@ A forward reads each sequence's state back into the standalone ``SequenceState``
 (``paged_forward``: rows from the first position a later token can read, `Reach.first_needed`, and every
 entry so far), runs it, and writes the call's new rows and newly completed entries to the pages. The model's
 arithmetic is the standalone path's (bit-equal to the learner's packed forward); only where the state lives
-changes, so chunked prefill, decode (static buffers included: padding rows write the scratch page),
-preemption (recompute), prefix reuse and weight updates (keep or recompute) all go through the page pool
-unchanged.
+changes, so chunked prefill, preemption (recompute), prefix reuse and weight updates (keep or recompute) all
+go through the page pool unchanged. A decode step (one token per row, ``decode_positions``) reads and writes
+the same pages in place instead, in shapes fixed by (batch, position bound), so a CUDA graph can capture it
+(model/deepseek_v4_decode.py; static buffers' padding rows write the scratch page).
 
 Pages behind the window (``window_release``, engine/window_release.py): once every later call of a sequence
 starts at or after position p, no call reads rows before ``Reach.first_needed(p)``, so a page wholly before it
@@ -239,10 +240,8 @@ def _row_address(table: torch.Tensor, row: int, first: int, end: int) -> tuple:
 
 
 def _host_runs(positions: torch.Tensor, seq_ids: torch.Tensor, view: CacheView) -> tuple[list, list]:
-    """Each table row's first position in this call and its token count (host; a decode step's are known)."""
+    """Each table row's first position in this call and its token count (read back from the device)."""
     rows = view.page_table.shape[0]
-    if view.decode_positions is not None:
-        return list(view.decode_positions), [1] * rows
     ids, pos = seq_ids.cpu(), positions.cpu()
     counts = torch.bincount(ids, minlength=rows)
     starts = torch.full((rows,), 0, dtype=torch.long).scatter_reduce(0, ids, pos, "amin", include_self=False)
@@ -297,19 +296,23 @@ def paged_forward(
         raise TypeError(
             f"kv_cache must view a DeepseekV4Cache (new_kv_cache), got {type(view.cache).__name__}"
         )
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        # the pages are addressed by host positions: a replayed graph would keep the captured ones (the
-        # engine logs the capture failure and decodes eagerly, same bits)
-        raise RuntimeError("a DeepSeek-V4 cached forward cannot be captured in a CUDA graph yet")
     tokens, positions, seq_ids = tokens.reshape(-1), positions.reshape(-1), seq_ids.reshape(-1)
+    if view.decode_positions is not None:  # token i is row i's one token: the fixed-shape step over the pages
+        bound = view.max_position if view.max_position is not None else max(view.decode_positions)
+        if bound >= view.capacity:
+            raise ValueError(f"position {bound} is past the page table's {view.capacity} positions")
+        return model.paged_decode(tokens, positions, view.cache, view.page_table, bound)
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        # a general call's shapes follow its host positions: only the decode step is captured
+        raise RuntimeError(
+            "a DeepSeek-V4 cached forward is captured in a CUDA graph only as a decode step "
+            "(decode_positions)"
+        )
     starts, counts = _host_runs(positions, seq_ids, view)
     top = max(a + n for a, n in zip(starts, counts, strict=True)) - 1
     if top >= view.capacity:
         raise ValueError(f"position {top} is past the page table's {view.capacity} positions")
     states = read_states(view.cache, view, starts)
-    if view.decode_positions is not None:  # token i is row i's one token: nothing to check on the device
-        hidden = model.decode_states(tokens, positions, states, top)
-    else:
-        hidden = model(tokens, positions, seq_ids, states=states)
+    hidden = model(tokens, positions, seq_ids, states=states)
     write_states(view.cache, view, starts, states)
     return hidden

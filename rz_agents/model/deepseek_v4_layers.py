@@ -35,10 +35,15 @@ class InterleavedRope:
             self.inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=cpu) / dim))
             self.scale = 1.0
         self.dim = dim
+        # inv_freq per device, copied once: a CUDA-graph capture of a decode step may not copy from the host
+        self._on_device: dict[torch.device, torch.Tensor] = {}
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [N, dim // 2] fp32 of positions [N]."""
-        freqs = positions.float().unsqueeze(-1) * self.inv_freq.to(positions.device)
+        inv_freq = self._on_device.get(positions.device)
+        if inv_freq is None:
+            inv_freq = self._on_device[positions.device] = self.inv_freq.to(positions.device)
+        freqs = positions.float().unsqueeze(-1) * inv_freq
         cos, sin = aligned_unary(torch.cos, freqs), aligned_unary(torch.sin, freqs)
         if self.scale != 1.0:
             cos, sin = cos * self.scale, sin * self.scale

@@ -1,11 +1,10 @@
 """DeepSeek-V4's static decode step (engine/decode_step.py over model/deepseek_v4_cache.py's pages) under the
 host-read recorder (engine/host_reads.py), as tests/engine/test_engine_cuda_graphs.py does for Qwen3: the V4
-model and its paged cache read nothing back from the device in a decode step (the rows' positions and token
-counts are the engine's host bookkeeping). What remains is the CPU op set's MoE, which groups tokens by expert
-with bincount().tolist() (kernels/rz_kernels/moe.py, as for qwen3_moe in test_engine_host_syncs.py).
-Not shown here: capture itself. A V4 cached forward's tensor shapes follow the host positions (the window's
-rows from `Reach.first_needed`, one entry per `rate` tokens), so paged_forward still refuses a CUDA-graph
-capture (the engine decodes eagerly, same bits)."""
+model and its paged cache read nothing back from the device in a decode step (the pages are addressed by the
+step's device positions and page tables: model/deepseek_v4_decode.py). What remains is the CPU op set's MoE,
+which groups tokens by expert with bincount().tolist() (kernels/rz_kernels/moe.py, as for qwen3_moe in
+test_engine_host_syncs.py). The step's shapes are fixed by (batch, position bound), so a CUDA graph captures
+it: the replays emulated on CPU are tests/engine/test_engine_deepseek_v4_graph_decode.py."""
 
 from __future__ import annotations
 
