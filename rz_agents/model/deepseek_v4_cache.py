@@ -115,14 +115,14 @@ def archive_span(config: DeepseekV4Config) -> int:
 
 def pages_held(config: DeepseekV4Config, positions: int, released: bool = True) -> int:
     """Pages a sequence of `positions` tokens holds in the engine at its end: every page, or (``released``,
-    engine/window_release.py) the pages from the first one a later call reads (and the last indexed one
-    before the newest), plus one archive page per `archive_span` pages given back."""
+    engine/window_release.py) the pages from the first one a later call reads, plus one archive page per
+    `archive_span` pages given back."""
     total = -(-positions // PAGE_SIZE)
     span = archive_span(config)
     if not released or span < 2:
         return total
     reach = Reach(config.sliding_window, config.csa_rate, config.hca_rate)
-    given = max(0, min(reach.first_needed(positions) // PAGE_SIZE, positions // PAGE_SIZE - 1))
+    given = reach.first_needed(positions) // PAGE_SIZE  # (every page before it is full, so indexed)
     return total - given + -(-given // span)
 
 

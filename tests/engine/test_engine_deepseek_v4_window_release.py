@@ -148,3 +148,20 @@ def test_a_kept_cache_across_a_weight_update_gives_the_same_bits_with_pages_give
     assert released[0] >= 2 and released[1] == 0
     assert all(1 in o.versions for o in outs[0])
     assert all(torch.equal(a.logprobs, b.logprobs) for a, b in zip(*outs, strict=True))
+
+
+def test_every_page_behind_the_window_goes_back_none_held_for_the_prefix_chain():
+    """At 170 positions (window 16) the first two pages lie behind every later call's reach: both go back,
+    the second although it is the last page the prefix index is done with (the index continues its chain from
+    the node the sequence keeps, not from the page). The log-probs equal the learner's, and the next turn's
+    prompt reuses the chain through both given-back pages and the finished sequence's partial third page."""
+    model = _model("float32")
+    engine = RZEngine(model, EngineConfig(max_len=256, max_batch_tokens=64, num_threads=1))
+    (first,) = _prompts([150], seed=10)
+    (out,) = generate_batch(engine, [first], _long(1, [20]))
+    assert engine.stats()["kv_pages_released_behind_window"] == 2  # (was 1: the last indexed page was held)
+    assert_equal_to_learner(model, [first], [out])
+    prompts = [first + out.tokens + _prompts([10], seed=11)[0]]
+    again = generate_batch(engine, prompts, _long(1, [8]))
+    assert again[0].num_cached_prompt_tokens >= 160
+    assert_equal_to_learner(model, prompts, again)
