@@ -144,8 +144,10 @@ def test_replayed_decode_steps_equal_the_learner_and_the_eager_step_with_one_tra
 def test_negative_control_a_mask_admitting_one_entry_slot_too_many_moves_the_logprobs(monkeypatch):
     entries = PagedDecode.entries
 
-    def one_too_many(self, key, rate):
-        out, visible = entries(self, key, rate)
+    def one_too_many(self, key, rate, picks=None):
+        out, visible = entries(self, key, rate, picks)
+        if picks is not None:  # (the indexer's picks of its candidates: the admitted slot is among those)
+            return out, visible
         limit = visible.sum(-1, keepdim=True)  # (on the device: no read)
         return out, visible | (torch.arange(visible.shape[1]).unsqueeze(0) == limit)
 
