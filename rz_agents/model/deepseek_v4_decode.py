@@ -87,19 +87,15 @@ class PagedDecode:
         """(entries [B, N, channels] 0..N-1 of `key` for N = max(1, (bound + 1) // rate), visible [B, N]: the
         window ended at or before the row's token); with ``picks`` [B, k] (entry indices, -1: none, read as
         entry 0), those entries only and whether each is a pick. An archived column's entries come from its
-        archive page (``archived`` on the device: both read, one taken per entry)."""
-        cache, b = self.cache, self.positions.shape[0]
+        archive page (``DeepseekV4Cache.read_entries``, picked on the device)."""
+        b = self.positions.shape[0]
         if picks is None:
             w = torch.arange(max(1, (self.bound + 1) // rate), device=self.positions.device).expand(b, -1)
         else:
             w = picks.clamp(min=0)
         column = torch.div((w + 1) * rate - 1, PAGE_SIZE, rounding_mode="floor").clamp(max=self.width - 1)
         slot = (w * rate % PAGE_SIZE) // rate if rate <= PAGE_SIZE else torch.zeros_like(w)
-        page = self.table.gather(1, column)  # [B, N]
-        out = cache.entries[key][page, slot]
-        if cache.archive_span:
-            kept = cache.archive[key][page, column % cache.archive_span, slot]
-            out = torch.where(cache.archived[page].unsqueeze(-1), kept, out)
+        out = self.cache.read_entries(key, self.table.gather(1, column), column, slot)  # [B, N, channels]
         if picks is not None:
             return out, picks >= 0
         limit = torch.div(self.positions + 1, rate, rounding_mode="floor")

@@ -165,3 +165,26 @@ def test_every_page_behind_the_window_goes_back_none_held_for_the_prefix_chain()
     again = generate_batch(engine, prompts, _long(1, [8]))
     assert again[0].num_cached_prompt_tokens >= 160
     assert_equal_to_learner(model, prompts, again)
+
+
+def test_entries_are_read_from_the_archive_page_or_their_own_page_in_one_gather():
+    """``DeepseekV4Cache.read_entries`` picks each entry's place on the device (an archive page's part
+    column % span, else the page's own slot) and reads it once: equal to reading both and choosing; a page
+    whose flag is flipped reads the other place."""
+    model = _model("bfloat16")
+    cache = model.new_kv_cache(5, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    cache.storage.copy_(torch.randn(cache.storage.shape, generator=gen).to(cache.storage.dtype))
+    cache.archived.copy_(torch.tensor([False, True, False, True, False]))
+    for key, spec in cache.specs.items():
+        page = torch.randint(0, 5, (3, 7), generator=gen)
+        column = torch.randint(0, 3 * cache.archive_span, (3, 7), generator=gen)
+        slot = torch.randint(0, spec.slots, (3, 7), generator=gen)
+        live = cache.entries[key][page, slot]
+        kept = cache.archive[key][page, column % cache.archive_span, slot]
+        both = torch.where(cache.archived[page].unsqueeze(-1), kept, live)
+        assert torch.equal(cache.read_entries(key, page, column, slot), both)
+    cache.archived.logical_not_()
+    assert torch.equal(cache.read_entries(key, page, column, slot), torch.where(
+        cache.archived[page].unsqueeze(-1), kept, live))  # fmt: skip
+    assert not torch.equal(cache.read_entries(key, page, column, slot), both)
