@@ -84,10 +84,13 @@ class OpTrace(HostReads):
 class ReplayEmulator:
     """Runs the engine's static decode steps as graph replays would (see the module docstring)."""
 
-    def __init__(self, engine: RZEngine, trace: bool = True, reads: bool = True) -> None:
+    def __init__(
+        self, engine: RZEngine, trace: bool = True, reads: bool = True, largest: bool = False
+    ) -> None:
         """``trace``: record each step's op trace and host reads; ``reads``: its host reads (~0.3 s of CPU a
-        step either way)."""
+        step either way); ``largest``: replay the graphs of the largest bound (``capture_all``'s first)."""
         self.step, self.trace, self.record_reads = engine.runner.decode_step, trace, reads
+        self.largest = largest
         self.captured: dict[tuple[int, int], list[tuple]] = {}  # (bucket, bound) -> the capture's op trace
         self.positions: dict[tuple[int, int], list[int]] = {}  # every real position replayed per key
         self.reads: list[tuple[str, str]] = []
@@ -97,7 +100,8 @@ class ReplayEmulator:
     def run(self, tokens, positions, page_tables, rope_positions=None) -> torch.Tensor:
         step = self.step
         buf = step.fill(tokens, positions, page_tables, rope_positions)
-        key = (buf.batch, step.graph_max_position(max(positions)))
+        bound = step.static_max_position if self.largest else step.graph_max_position(max(positions))
+        key = (buf.batch, bound)
         trace = OpTrace() if self.trace else HostReads()
         with trace if self.trace or self.record_reads else contextlib.nullcontext(), torch.inference_mode():
             out = step.forward(buf, key[1], [0] * buf.batch)
@@ -175,6 +179,19 @@ def test_an_hca_window_spanning_two_pages_completes_inside_a_decode_step(static_
     outs = generate_batch(engine, prompts, _params([12]))
     assert_equal_to_learner(model, prompts, outs)
     assert engine.stats()["static_decode_steps"] == (11 if static_decode else 0)
+
+
+def test_a_replay_at_a_far_larger_bound_reads_many_padded_entry_blocks_and_keeps_the_bits():
+    """The graphs of a 2,048-position bound replayed at positions 2..75: HCA (m'=16) reads 128 entry slots
+    (two of its 64-entry summation blocks, the learner one), the indexer ranks 512 candidates (the learner
+    at most 19): every padded slot masked, the log-probs the learner's."""
+    model = _model("float32", max_position_embeddings=2048)
+    prompts = _prompts([70, 2], seed=13)
+    engine = RZEngine(model, EngineConfig(max_len=2048, num_threads=1))
+    replays = ReplayEmulator(engine, trace=False, reads=False, largest=True)
+    outs = generate_batch(engine, prompts, _params([6, 6]))
+    assert_equal_to_learner(model, prompts, outs)
+    assert {bound for _, bound in replays.captured} == {2047}
 
 
 def test_the_op_trace_tells_a_step_whose_shapes_follow_its_positions():
