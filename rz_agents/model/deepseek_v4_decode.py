@@ -15,10 +15,11 @@ replay), and reads nothing back to the host:
   their window's last token on) and that the window's last token overwrites. A rate that 64 divides keeps
   the slot in the token's page; a rate that is a multiple of 64 stores its entry in its last page's one slot,
   so an earlier page's slot (never read) takes the partial pools;
-- the compressed entries (and indexer keys): ``(bound + 1) // rate`` of them for every row, each masked
-  unless its window ended at or before the row's token, so the indexer's top-k runs over a fixed candidate
-  set whose masked slots score -inf and are never selected (the stable sort puts them after every visible
-  block, as the learner's padded set does), and HCA's masked entries add exact zeros.
+- the compressed entries (HCA) and indexer keys (CSA): ``(bound + 1) // rate`` of them for every row, each
+  masked unless its window ended at or before the row's token, so the indexer's top-k runs over a fixed
+  candidate set whose masked slots score -inf and are never selected (the stable sort puts them after every
+  visible block, as the learner's padded set does), and HCA's masked entries add exact zeros; CSA's
+  attention then reads only the k entries the indexer picked (-1: entry 0, masked).
 
 Addresses follow the device positions and page tables alone, so a replay at other positions, other pages and
 other archive states reads and writes the right places. Padding rows (token 0 at position 0 on the scratch
