@@ -1565,15 +1565,9 @@ def _v4_model(check: Check, layers: tuple[str, ...], moe: tuple[str, ...]):
     )  # fmt: skip
     model = DeepseekV4ForCausalLM(cfg, check.aligned)
     model.reset_parameters(std=0.15, seed=0)
-    gen = torch.Generator().manual_seed(0)
+    model.randomize_biases(0)
     with torch.no_grad():
         model.head.weight.mul_(3)
-        for name, p in model.named_parameters():
-            if name.endswith(("attn_sink", ".ape", "_base")):
-                p.copy_(torch.randn(p.shape, generator=gen).to(p.dtype) * 0.5)
-        for name, b in model.named_buffers():
-            if name.endswith("gate.bias"):
-                b.copy_(torch.randn(b.shape, generator=gen).to(b.dtype) * 0.1)
     return model.to(check.device).eval().requires_grad_(False)
 
 

@@ -83,15 +83,9 @@ def _model(dtype: str, kernels: str) -> DeepseekV4ForCausalLM:
     torch.manual_seed(0)
     model = DeepseekV4ForCausalLM(_config(dtype), kernels)
     model.reset_parameters(std=0.3, seed=0)
-    gen = torch.Generator().manual_seed(0)
+    model.randomize_biases(0)
     with torch.no_grad():
         model.head.weight.mul_(3)
-        for name, p in model.named_parameters():
-            if name.endswith(("attn_sink", ".ape", "_base")):
-                p.copy_(torch.randn(p.shape, generator=gen).to(p.dtype) * 0.5)
-        for name, b in model.named_buffers():
-            if name.endswith("gate.bias"):
-                b.copy_(torch.randn(b.shape, generator=gen).to(b.dtype) * 0.1)
     return model.eval()
 
 
