@@ -1617,15 +1617,9 @@ def _v4_model(check: Check, layers: tuple[str, ...], moe: tuple[str, ...]):
     )  # fmt: skip
     model = DeepseekV4ForCausalLM(cfg, check.aligned)
     model.reset_parameters(std=0.15, seed=0)
-    gen = torch.Generator().manual_seed(0)
+    model.randomize_biases(0)
     with torch.no_grad():
         model.head.weight.mul_(3)
-        for name, p in model.named_parameters():
-            if name.endswith(("attn_sink", ".ape", "_base")):
-                p.copy_(torch.randn(p.shape, generator=gen).to(p.dtype) * 0.5)
-        for name, b in model.named_buffers():
-            if name.endswith("gate.bias"):
-                b.copy_(torch.randn(b.shape, generator=gen).to(b.dtype) * 0.1)
     return model.to(check.device).eval().requires_grad_(False)
 
 
@@ -1636,10 +1630,12 @@ def section_v4_graph_decode(check: Check) -> dict:
     (m'=16) blocks, a page boundary and the sliding window, page 0 given back behind it) through the engine
     with CUDA graphs: every sampled log-prob torch.equal to the learner's packed forward and to an engine
     decoding eagerly (cuda_graphs off); graphs captured and replayed (a capture the step refused, e.g. for a
-    host read, fails the section with its reason). Negative control: the standard op set's learner differs.
-    A dry run: CSA + HCA layers on the Triton op set in the interpreter, shorter prompts, no graphs."""
+    host read, fails the section with its reason; the host-read check a capture starts with also runs on its
+    own, so a dry run has it too). Negative control: the standard op set's learner differs. A dry run: CSA +
+    HCA layers (hash and learned MoE) on the Triton op set in the interpreter, shorter prompts, no graphs."""
     from rz_agents.engine import EngineConfig, RZEngine
     from rz_agents.engine.batch import generate_batch
+    from rz_agents.engine.cuda_graphs import CaptureRefused, warm_up
     from rz_agents.engine.params import SamplingParams
     from rz_agents.model.logprobs import packed_token_logprobs
 
@@ -1659,8 +1655,14 @@ def section_v4_graph_decode(check: Check) -> dict:
     runs = {}
     for graphs in (True, False):
         engine = RZEngine(model, EngineConfig(max_running=4, max_len=max_len, cuda_graphs=graphs))
-        runs[graphs] = (generate_batch(engine, prompts, params), engine.stats(), engine.graphs)
-    (done, stats, graphs), (eager, _, _) = runs[True], runs[False]
+        runs[graphs] = (generate_batch(engine, prompts, params), engine.stats(), engine)
+    (done, stats, engine), (eager, _, _) = runs[True], runs[False]
+    graphs, step = engine.graphs, engine.runner.decode_step
+    try:  # what a capture checks first (a dry run has no capture): the step reads nothing back
+        warm_up(step, step.buffers(step.buckets[-1]))
+        refused = None
+    except CaptureRefused as exc:
+        refused = str(exc)[:300]
     rows, standard_equal = [], []
     for p, sp, c, e in zip(prompts, params, done, eager, strict=True):
         (lp,) = packed_token_logprobs(model, [p + c.tokens], temperature=sp.logprob_temperature)
@@ -1687,8 +1689,10 @@ def section_v4_graph_decode(check: Check) -> dict:
         "cuda_graphs_off": stats["cuda_graphs_off"],
         "graph_captures": graphs.captures if graphs is not None else 0,
         "graph_replays": graphs.replays if graphs is not None else 0,
+        "capture_refused": refused,
     }
     check_completions(out, done, "length", None)
+    fail_unless(out, refused is None, f"the decode step reads back: {refused}")
     fail_unless(out, out["tokens_compared"] == sum(new), f"compared {out['tokens_compared']} tokens")
     fail_unless(out, out["bit_identical"], "engine log-probs differ from the learner's")
     fail_unless(out, out["graph_equals_eager"], "graph decode differs from eager decode")

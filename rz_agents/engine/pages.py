@@ -246,7 +246,7 @@ class PagePool:
         leading pages already done), so a decode step costs O(1) pages, not the whole table."""
         items = seq.index_tokens()  # an image placeholder is keyed by its image's content too
         start = seq.indexed_pages
-        parent = ROOT if start == 0 else self._nodes[seq.pages[start - 1]].block
+        parent = seq.index_parent if start else ROOT  # (page start - 1 may be given back: window_release.py)
         for j in range(start, len(seq.pages)):
             p = seq.pages[j]
             node = self._nodes.get(p)
@@ -264,6 +264,7 @@ class PagePool:
                 self._full.setdefault(key, p)
             if j == seq.indexed_pages and (node.key is not None or node.owner is not seq):
                 seq.indexed_pages += 1  # done for good: its key is set, or another sequence owns it
+                seq.index_parent = node.block
             parent = node.block
 
     def untrack(self, seq: Sequence) -> None:

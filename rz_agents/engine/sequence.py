@@ -53,6 +53,9 @@ class Sequence:
     admitted: bool = False  # set at its first admission (num_cached_prompt_tokens is from then)
     num_preemptions: int = 0  # times its pages were taken back (it then recomputes its K/V)
     indexed_pages: int = 0  # leading pages of ``pages`` the page pool's prefix index is done with
+    # the index node of the last of them (pages.ROOT = 0 before any): the parent of the next page it indexes,
+    # kept here because that page may already be given back behind a window (its column then names another)
+    index_parent: int = 0
     # leading columns of ``pages`` given back behind a sliding window (each now an archive page's id:
     # engine/window_release.py)
     pages_released: int = 0
@@ -63,7 +66,7 @@ class Sequence:
     def new_table(self, pages: list[int]) -> None:
         """Take ``pages`` as the page table (admission; [] when preempted or removed): none of it is indexed
         by the prefix index yet or given back behind a window."""
-        self.pages, self.indexed_pages, self.pages_released = pages, 0, 0
+        self.pages, self.indexed_pages, self.index_parent, self.pages_released = pages, 0, 0, 0
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:

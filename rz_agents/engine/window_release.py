@@ -13,8 +13,9 @@ page held, and no call reads the given-back rows (``pages_behind`` is the cache'
 calls only move forward). Preemption and a recompute after a weight update free the whole table and rebuild
 it from position 0. Prefix reuse: a given-back page keeps its content and its place in the prefix index
 (cached when nobody holds it), so a later prompt reuses it while it lasts; a match stops at the first page
-that was evicted (reused by another sequence), so reuse never reaches past what is kept. Only columns before
-the last indexed one are given back, so the index's chain over the table's later pages stays intact.
+that was evicted (reused by another sequence), so reuse never reaches past what is kept. Only columns the
+index is done with are given back (``indexed_pages``); the chain over the table's later pages continues from
+the node the sequence keeps (``index_parent``), so no page is held for the chain's sake.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def release_behind(pool: PagePool, seq: Sequence, cache: WindowRelease) -> tuple
     archive page cannot be found: it never preempts a sequence for this."""
     target = cache.pages_behind(seq.num_cached)
     if not seq.kv_from_old_weights:  # (its pages are out of the index: no chain to keep)
-        target = min(target, seq.indexed_pages - 1)
+        target = min(target, seq.indexed_pages)
     span, given, taken = cache.archive_span, 0, 0
     while seq.pages_released < target:
         column = seq.pages_released

@@ -129,6 +129,19 @@ class DeepseekV4ForCausalLM(nn.Module):
             self.reset_parameters()
         self.to(config.torch_dtype)
 
+    @torch.no_grad()
+    def randomize_biases(self, seed: int, scale: float = 0.5, router_scale: float = 0.1) -> None:
+        """What ``reset_parameters`` leaves at zero, drawn at random: the attention sinks, the compressors'
+        position biases and the hyper-connection bases N(0, scale), the routers' selection biases
+        N(0, router_scale): a tiny random model whose attention and routing are not flat (tests, checks)."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith(("attn_sink", ".ape", "_base")):
+                p.copy_(torch.randn(p.shape, generator=gen).to(p.dtype) * scale)
+        for name, b in self.named_buffers():
+            if name.endswith("gate.bias"):
+                b.copy_(torch.randn(b.shape, generator=gen).to(b.dtype) * router_scale)
+
     @property
     def lm_head(self) -> nn.Linear:
         """The LM head (stored as `head.weight`, the checkpoint's name)."""

@@ -406,15 +406,14 @@ class Attention(nn.Module):
         comp, comp_ok, block = kv.new_zeros(t, 0, self.head_dim), slide_ok.new_zeros(t, 0), None
         if self.rate:
             self.compressor.decode(x, step, rope, ops)
-            entries, visible = step.entries(self.compressor.key + ".entries", self.rate)  # [B, N, D]
+            key = self.compressor.key + ".entries"
             if self.kind == "compressed_sparse_attention":
                 chosen = self.indexer.decode(x, q_low, step, rope, ops)  # [B, k]
                 if trace is not None:
                     trace.append(("indexer", chosen))
-                rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1)
-                comp, comp_ok = entries[rows, chosen.clamp(min=0)], chosen >= 0
+                comp, comp_ok = step.entries(key, self.rate, picks=chosen)  # only the picks: [B, k, D]
             else:
-                comp, comp_ok, block = entries, visible, ENTRY_BLOCK
+                (comp, comp_ok), block = step.entries(key, self.rate), ENTRY_BLOCK  # every slot: [B, N, D]
         return slide, slide_ok, comp, comp_ok, block
 
 

@@ -115,14 +115,14 @@ def archive_span(config: DeepseekV4Config) -> int:
 
 def pages_held(config: DeepseekV4Config, positions: int, released: bool = True) -> int:
     """Pages a sequence of `positions` tokens holds in the engine at its end: every page, or (``released``,
-    engine/window_release.py) the pages from the first one a later call reads (and the last indexed one
-    before the newest), plus one archive page per `archive_span` pages given back."""
+    engine/window_release.py) the pages from the first one a later call reads, plus one archive page per
+    `archive_span` pages given back."""
     total = -(-positions // PAGE_SIZE)
     span = archive_span(config)
     if not released or span < 2:
         return total
     reach = Reach(config.sliding_window, config.csa_rate, config.hca_rate)
-    given = max(0, min(reach.first_needed(positions) // PAGE_SIZE, positions // PAGE_SIZE - 1))
+    given = reach.first_needed(positions) // PAGE_SIZE  # (every page before it is full, so indexed)
     return total - given + -(-given // span)
 
 
@@ -155,19 +155,21 @@ class DeepseekV4Cache:
         for k, w in widths.items():
             self.rows[k] = self.storage[:, offset : offset + PAGE_SIZE * w].view(num_pages, PAGE_SIZE, w)
             offset += PAGE_SIZE * w
-        self.entries = {}
+        self.entries, self._entry_at = {}, {}  # (_at: where in a page each key's slots start)
         for k, s in self.specs.items():
             size = s.slots * s.dim
             self.entries[k] = self.storage[:, offset : offset + size].view(num_pages, s.slots, s.dim)
+            self._entry_at[k] = offset
             offset += size
         # the archive: a whole page read as archive_span pages' entries (V4-Flash: 1/29 of a page each)
         self.archive_span = archive_span(config)
-        self.archive, offset = {}, 0
+        self.archive, self._archive_at, offset = {}, {}, 0
         for k, s in self.specs.items():
             size = self.archive_span * s.slots * s.dim
             self.archive[k] = self.storage[:, offset : offset + size].view(
                 num_pages, self.archive_span, s.slots, s.dim
             )
+            self._archive_at[k] = offset
             offset += size
         self.archived = torch.zeros(num_pages, dtype=torch.bool, device=device)  # see the module docstring
         self.bytes_per_page = v4_bytes_per_page(config, dtype)
@@ -181,6 +183,22 @@ class DeepseekV4Cache:
         return [self.storage, self.archived]
 
     view = KVCache.view
+
+    def read_entries(
+        self, key: str, page: torch.Tensor, column: torch.Tensor, slot: torch.Tensor
+    ) -> torch.Tensor:
+        """Entries [..., channels] of `key` at (page, page-table column, slot) (index tensors of one shape):
+        an archive page's (``archived[page]``: its part ``column % archive_span``) or the page's own slot.
+        Each entry is read once: its start in the storage is picked on the device, then one gather from an
+        overlapping row view of the storage (row i: the `channels` elements from element i on)."""
+        dim = self.specs[key].dim
+        base = page * self.storage.shape[1]
+        at = base + self._entry_at[key] + slot * dim
+        if self.archive_span:
+            part = column % self.archive_span * self.specs[key].slots + slot
+            at = torch.where(self.archived[page], base + self._archive_at[key] + part * dim, at)
+        flat = self.storage.view(-1)
+        return flat.as_strided((flat.numel() - dim + 1, dim), (1, 1))[at]
 
     def window_release(self) -> DeepseekV4Cache | None:
         """This cache, whose pages behind the sliding window the engine may give back (``pages_behind``,
@@ -224,13 +242,8 @@ def _entry_address(table: torch.Tensor, row: int, first: int, end: int, rate: in
 
 def _read_entries(cache: DeepseekV4Cache, table: torch.Tensor, row: int, key: str, done: int) -> torch.Tensor:
     """Entries 0..done-1 of `key` of table row `row`: from an archive page where the column's page is one,
-    else from the page itself (both gathered, one picked per entry on the device: no read-back)."""
-    page, column, slot = _entry_address(table, row, 0, done, cache.specs[key].rate)
-    live = cache.entries[key][page, slot]
-    if not cache.archive_span:
-        return live
-    kept = cache.archive[key][page, column % cache.archive_span, slot]
-    return torch.where(cache.archived[page].unsqueeze(1), kept, live)
+    else from the page itself (picked on the device: no read-back)."""
+    return cache.read_entries(key, *_entry_address(table, row, 0, done, cache.specs[key].rate))
 
 
 def _row_address(table: torch.Tensor, row: int, first: int, end: int) -> tuple:

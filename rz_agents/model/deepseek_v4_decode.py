@@ -15,10 +15,11 @@ replay), and reads nothing back to the host:
   their window's last token on) and that the window's last token overwrites. A rate that 64 divides keeps
   the slot in the token's page; a rate that is a multiple of 64 stores its entry in its last page's one slot,
   so an earlier page's slot (never read) takes the partial pools;
-- the compressed entries (and indexer keys): ``(bound + 1) // rate`` of them for every row, each masked
-  unless its window ended at or before the row's token, so the indexer's top-k runs over a fixed candidate
-  set whose masked slots score -inf and are never selected (the stable sort puts them after every visible
-  block, as the learner's padded set does), and HCA's masked entries add exact zeros.
+- the compressed entries (HCA) and indexer keys (CSA): ``(bound + 1) // rate`` of them for every row, each
+  masked unless its window ended at or before the row's token, so the indexer's top-k runs over a fixed
+  candidate set whose masked slots score -inf and are never selected (the stable sort puts them after every
+  visible block, as the learner's padded set does), and HCA's masked entries add exact zeros; CSA's
+  attention then reads only the k entries the indexer picked (-1: entry 0, masked).
 
 Addresses follow the device positions and page tables alone, so a replay at other positions, other pages and
 other archive states reads and writes the right places. Padding rows (token 0 at position 0 on the scratch
@@ -81,22 +82,25 @@ class PagedDecode:
         slot = self.offset // rate if rate <= PAGE_SIZE else torch.zeros_like(self.offset)
         self.cache.entries[key][self.page, slot] = value
 
-    def entries(self, key: str, rate: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def entries(
+        self, key: str, rate: int, picks: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(entries [B, N, channels] 0..N-1 of `key` for N = max(1, (bound + 1) // rate), visible [B, N]: the
-        window ended at or before the row's token). An archived column's entries come from its archive page
-        (``archived`` on the device: both read, one picked per entry)."""
-        cache, device = self.cache, self.positions.device
-        n = max(1, (self.bound + 1) // rate)
-        w = torch.arange(n, device=device)
+        window ended at or before the row's token); with ``picks`` [B, k] (entry indices, -1: none, read as
+        entry 0), those entries only and whether each is a pick. An archived column's entries come from its
+        archive page (``DeepseekV4Cache.read_entries``, picked on the device)."""
+        b = self.positions.shape[0]
+        if picks is None:
+            w = torch.arange(max(1, (self.bound + 1) // rate), device=self.positions.device).expand(b, -1)
+        else:
+            w = picks.clamp(min=0)
         column = torch.div((w + 1) * rate - 1, PAGE_SIZE, rounding_mode="floor").clamp(max=self.width - 1)
         slot = (w * rate % PAGE_SIZE) // rate if rate <= PAGE_SIZE else torch.zeros_like(w)
-        page = self.table[:, column]  # [B, N]
-        out = cache.entries[key][page, slot]
-        if cache.archive_span:
-            kept = cache.archive[key][page, column % cache.archive_span, slot]
-            out = torch.where(cache.archived[page].unsqueeze(-1), kept, out)
+        out = self.cache.read_entries(key, self.table.gather(1, column), column, slot)  # [B, N, channels]
+        if picks is not None:
+            return out, picks >= 0
         limit = torch.div(self.positions + 1, rate, rounding_mode="floor")
-        return out, w.unsqueeze(0) < limit.unsqueeze(1)
+        return out, w < limit.unsqueeze(1)
 
 
 __all__ = ["PagedDecode"]

@@ -49,15 +49,9 @@ def _model(dtype: str = "float32", seed: int = 0, kernels: str = "aligned", **ov
     torch.manual_seed(seed)
     model = DeepseekV4ForCausalLM(_config(dtype, **overrides), kernels)
     model.reset_parameters(std=0.15, seed=seed)
-    gen = torch.Generator().manual_seed(seed)
+    model.randomize_biases(seed)
     with torch.no_grad():
         model.head.weight.mul_(3)
-        for name, p in model.named_parameters():
-            if name.endswith(("attn_sink", ".ape", "_base")):
-                p.copy_(torch.randn(p.shape, generator=gen).to(p.dtype) * 0.5)
-        for name, b in model.named_buffers():
-            if name.endswith("gate.bias"):
-                b.copy_(torch.randn(b.shape, generator=gen).to(b.dtype) * 0.1)
     return model.eval()
 
 

@@ -23,7 +23,6 @@ import sys
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from rz_agents.engine import EngineConfig, RZEngine, generate_batch
 from rz_agents.engine.host_reads import HostReads
@@ -65,17 +64,18 @@ def _inside_cpu_moe() -> bool:
     return False
 
 
-class OpTrace(TorchDispatchMode):
-    """Every aten op run inside, with its arguments' signatures and its outputs' shapes; the CPU MoE's inner
-    ops left out (it groups the tokens by expert on the host, by design of the CPU op set: the Triton MoE a
-    GPU graph captures has a launch grid fixed by the shapes, kernels/rz_kernels/triton_ops/moe.py)."""
+class OpTrace(HostReads):
+    """The host-read recorder that also keeps every aten op run inside, with its arguments' signatures and
+    its outputs' shapes; the CPU MoE's inner ops left out (it groups the tokens by expert on the host, by
+    design of the CPU op set: the Triton MoE a GPU graph captures has a launch grid fixed by the shapes,
+    kernels/rz_kernels/triton_ops/moe.py)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[tuple] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        out = super().__torch_dispatch__(func, types, args, kwargs)
         if not _inside_cpu_moe():
             self.ops.append((str(func), _signature(args), _signature(kwargs or {}), _signature(out)))
         return out
@@ -84,8 +84,13 @@ class OpTrace(TorchDispatchMode):
 class ReplayEmulator:
     """Runs the engine's static decode steps as graph replays would (see the module docstring)."""
 
-    def __init__(self, engine: RZEngine, trace: bool = True) -> None:
-        self.step, self.trace = engine.runner.decode_step, trace
+    def __init__(
+        self, engine: RZEngine, trace: bool = True, reads: bool = True, largest: bool = False
+    ) -> None:
+        """``trace``: record each step's op trace and host reads; ``reads``: its host reads (~0.3 s of CPU a
+        step either way); ``largest``: replay the graphs of the largest bound (``capture_all``'s first)."""
+        self.step, self.trace, self.record_reads = engine.runner.decode_step, trace, reads
+        self.largest = largest
         self.captured: dict[tuple[int, int], list[tuple]] = {}  # (bucket, bound) -> the capture's op trace
         self.positions: dict[tuple[int, int], list[int]] = {}  # every real position replayed per key
         self.reads: list[tuple[str, str]] = []
@@ -95,12 +100,14 @@ class ReplayEmulator:
     def run(self, tokens, positions, page_tables, rope_positions=None) -> torch.Tensor:
         step = self.step
         buf = step.fill(tokens, positions, page_tables, rope_positions)
-        key = (buf.batch, step.graph_max_position(max(positions)))
-        trace = OpTrace()  # (left empty when not tracing)
-        with trace if self.trace else contextlib.nullcontext(), HostReads() as reads, torch.inference_mode():
+        bound = step.static_max_position if self.largest else step.graph_max_position(max(positions))
+        key = (buf.batch, bound)
+        trace = OpTrace() if self.trace else HostReads()
+        with trace if self.trace or self.record_reads else contextlib.nullcontext(), torch.inference_mode():
             out = step.forward(buf, key[1], [0] * buf.batch)
-        self.reads += reads.reads
-        if trace.ops != self.captured.setdefault(key, trace.ops):
+        self.reads += trace.reads
+        ops = getattr(trace, "ops", [])
+        if ops != self.captured.setdefault(key, ops):
             self.mismatches.append((key, list(positions)))  # (the engine would retry a raising step alone)
         self.positions.setdefault(key, []).extend(positions)
         return out[: len(tokens)]
@@ -141,8 +148,10 @@ def test_replayed_decode_steps_equal_the_learner_and_the_eager_step_with_one_tra
 def test_negative_control_a_mask_admitting_one_entry_slot_too_many_moves_the_logprobs(monkeypatch):
     entries = PagedDecode.entries
 
-    def one_too_many(self, key, rate):
-        out, visible = entries(self, key, rate)
+    def one_too_many(self, key, rate, picks=None):
+        out, visible = entries(self, key, rate, picks)
+        if picks is not None:  # (the indexer's picks of its candidates: the admitted slot is among those)
+            return out, visible
         limit = visible.sum(-1, keepdim=True)  # (on the device: no read)
         return out, visible | (torch.arange(visible.shape[1]).unsqueeze(0) == limit)
 
@@ -150,10 +159,39 @@ def test_negative_control_a_mask_admitting_one_entry_slot_too_many_moves_the_log
     prompts = _prompts([40], seed=11)
     monkeypatch.setattr(PagedDecode, "entries", one_too_many)
     engine = _engine(model)
-    ReplayEmulator(engine, trace=False)
+    ReplayEmulator(engine, trace=False, reads=False)
     outs = generate_batch(engine, prompts, _params([8]))
     for o, lp in zip(outs, learner_logprobs(model, prompts, outs), strict=True):
         assert (o.logprobs - lp).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("static_decode", [True, False])
+def test_an_hca_window_spanning_two_pages_completes_inside_a_decode_step(static_decode):
+    """HCA m' = 128: a window's entry lives in its last page's one slot; decoding 120..131 pools window 0
+    partially into page 1's slot until its last token (127) completes it, then window 1's partial pools land
+    in page 2's unused slot. Replayed steps (static) and the runner's one-token-per-row forward (its page
+    tables padded with page 0, not the scratch page) both equal the learner."""
+    model = _model("float32", hca_rate=128)
+    prompts = _prompts([120], seed=12)
+    engine = _engine(model, static_decode=static_decode)
+    if static_decode:
+        ReplayEmulator(engine, trace=False, reads=False)
+    outs = generate_batch(engine, prompts, _params([12]))
+    assert_equal_to_learner(model, prompts, outs)
+    assert engine.stats()["static_decode_steps"] == (11 if static_decode else 0)
+
+
+def test_a_replay_at_a_far_larger_bound_reads_many_padded_entry_blocks_and_keeps_the_bits():
+    """The graphs of a 2,048-position bound replayed at positions 2..75: HCA (m'=16) reads 128 entry slots
+    (two of its 64-entry summation blocks, the learner one), the indexer ranks 512 candidates (the learner
+    at most 19): every padded slot masked, the log-probs the learner's."""
+    model = _model("float32", max_position_embeddings=2048)
+    prompts = _prompts([70, 2], seed=13)
+    engine = RZEngine(model, EngineConfig(max_len=2048, num_threads=1))
+    replays = ReplayEmulator(engine, trace=False, reads=False, largest=True)
+    outs = generate_batch(engine, prompts, _params([6, 6]))
+    assert_equal_to_learner(model, prompts, outs)
+    assert {bound for _, bound in replays.captured} == {2047}
 
 
 def test_the_op_trace_tells_a_step_whose_shapes_follow_its_positions():

@@ -148,3 +148,43 @@ def test_a_kept_cache_across_a_weight_update_gives_the_same_bits_with_pages_give
     assert released[0] >= 2 and released[1] == 0
     assert all(1 in o.versions for o in outs[0])
     assert all(torch.equal(a.logprobs, b.logprobs) for a, b in zip(*outs, strict=True))
+
+
+def test_every_page_behind_the_window_goes_back_none_held_for_the_prefix_chain():
+    """At 170 positions (window 16) the first two pages lie behind every later call's reach: both go back,
+    the second although it is the last page the prefix index is done with (the index continues its chain from
+    the node the sequence keeps, not from the page). The log-probs equal the learner's, and the next turn's
+    prompt reuses the chain through both given-back pages and the finished sequence's partial third page."""
+    model = _model("float32")
+    engine = RZEngine(model, EngineConfig(max_len=256, max_batch_tokens=64, num_threads=1))
+    (first,) = _prompts([150], seed=10)
+    (out,) = generate_batch(engine, [first], _long(1, [20]))
+    assert engine.stats()["kv_pages_released_behind_window"] == 2  # (was 1: the last indexed page was held)
+    assert_equal_to_learner(model, [first], [out])
+    prompts = [first + out.tokens + _prompts([10], seed=11)[0]]
+    again = generate_batch(engine, prompts, _long(1, [8]))
+    assert again[0].num_cached_prompt_tokens >= 160
+    assert_equal_to_learner(model, prompts, again)
+
+
+def test_entries_are_read_from_the_archive_page_or_their_own_page_in_one_gather():
+    """``DeepseekV4Cache.read_entries`` picks each entry's place on the device (an archive page's part
+    column % span, else the page's own slot) and reads it once: equal to reading both and choosing; a page
+    whose flag is flipped reads the other place."""
+    model = _model("bfloat16")
+    cache = model.new_kv_cache(5, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    cache.storage.copy_(torch.randn(cache.storage.shape, generator=gen).to(cache.storage.dtype))
+    cache.archived.copy_(torch.tensor([False, True, False, True, False]))
+    for key, spec in cache.specs.items():
+        page = torch.randint(0, 5, (3, 7), generator=gen)
+        column = torch.randint(0, 3 * cache.archive_span, (3, 7), generator=gen)
+        slot = torch.randint(0, spec.slots, (3, 7), generator=gen)
+        live = cache.entries[key][page, slot]
+        kept = cache.archive[key][page, column % cache.archive_span, slot]
+        both = torch.where(cache.archived[page].unsqueeze(-1), kept, live)
+        assert torch.equal(cache.read_entries(key, page, column, slot), both)
+    cache.archived.logical_not_()
+    assert torch.equal(cache.read_entries(key, page, column, slot), torch.where(
+        cache.archived[page].unsqueeze(-1), kept, live))  # fmt: skip
+    assert not torch.equal(cache.read_entries(key, page, column, slot), both)

@@ -10,6 +10,9 @@ plain fp32 formula; a clamped element passes no gradient (torch's clamp passes i
 
 from __future__ import annotations
 
+import math
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -33,8 +36,19 @@ def _clamped_swiglu_kernel(g_ptr, u_ptr, out_ptr, R, N, limit, BLOCK: tl.constex
 
 
 def _limit_in(dtype: torch.dtype, limit: float) -> float:
-    """The limit as torch's clamp applies it to a tensor of ``dtype``: rounded to that dtype."""
-    return float(torch.tensor(limit, dtype=torch.float32).to(dtype).float())
+    """The limit as torch's clamp applies it to a tensor of ``dtype``: rounded to fp32, then to that dtype
+    (round to nearest even), in plain Python: a tensor here would be read back with ``.item()``, which the
+    host-read check before a CUDA-graph capture refuses (engine/cuda_graphs.py)."""
+    bits = struct.unpack("<I", struct.pack("<f", limit))[0]
+    if dtype == torch.bfloat16:  # keep the upper 16 bits, rounded to nearest even (a finite limit)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    value = struct.unpack("<f", struct.pack("<I", bits))[0]
+    if dtype == torch.float16:
+        try:
+            return struct.unpack("<e", struct.pack("<e", value))[0]
+        except OverflowError:  # past fp16's range: torch rounds it to infinity
+            return math.copysign(math.inf, value)
+    return value
 
 
 def _forward(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:

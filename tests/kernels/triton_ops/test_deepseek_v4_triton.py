@@ -15,15 +15,17 @@ pytest.importorskip("triton")
 import torch  # noqa: E402
 
 from rz_agents.engine import EngineConfig, RZEngine, generate_batch  # noqa: E402
+from rz_agents.engine.host_reads import HostReads  # noqa: E402
 from rz_agents.model.deepseek_v4 import DeepseekV4ForCausalLM  # noqa: E402
 from rz_agents.model.deepseek_v4_config import DeepseekV4Config  # noqa: E402
 from rz_agents.model.deepseek_v4_layers import clamped_swiglu as torch_clamped_swiglu  # noqa: E402
 from rz_kernels import get_ops  # noqa: E402
 from rz_kernels.triton_ops import moe as triton_moe  # noqa: E402
-from rz_kernels.triton_ops.clamped_swiglu import clamped_swiglu  # noqa: E402
+from rz_kernels.triton_ops.clamped_swiglu import _limit_in, clamped_swiglu  # noqa: E402
 from rz_kernels.triton_ops.opset import TRITON  # noqa: E402
 from rz_kernels.triton_ops.rowwise import silu_mul  # noqa: E402
 from tests.engine.engine_alignment import assert_equal_to_learner, random_prompts, seeded_params  # noqa: E402
+from tests.engine.test_engine_deepseek_v4_graph_decode import ReplayEmulator  # noqa: E402
 
 VOCAB = 96
 LIMIT = 0.75  # small: the tiny model's expert pre-activations cross it, so the clamp is exercised
@@ -53,6 +55,18 @@ def test_clamped_swiglu_rows_are_batch_invariant_close_to_torch_and_clamped(dtyp
         torch.testing.assert_close(x.grad, y.grad)
 
 
+def test_the_clamp_limit_is_rounded_as_torch_rounds_it_without_a_tensor():
+    # (a tensor would be read back with .item(): the host-read check before a CUDA-graph capture refuses it)
+    gen = torch.Generator().manual_seed(0)
+    values = [0.75, 7.0, 10.0, 1 / 3, 1e-8, 65504.0, 65519.0, 65520.0, 1e5, 3e38]
+    values += (torch.rand(2000, generator=gen, dtype=torch.float64) * 200 - 100).tolist()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        torch_rounded = torch.tensor(values, dtype=torch.float32).to(dtype).float().tolist()
+        with HostReads() as reads:
+            ours = [_limit_in(dtype, v) for v in values]
+        assert ours == torch_rounded and reads.reads == []
+
+
 def _config(dtype: str) -> DeepseekV4Config:
     return DeepseekV4Config(
         vocab_size=VOCAB, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=1,
@@ -69,15 +83,9 @@ def _model(dtype: str, kernels: str) -> DeepseekV4ForCausalLM:
     torch.manual_seed(0)
     model = DeepseekV4ForCausalLM(_config(dtype), kernels)
     model.reset_parameters(std=0.3, seed=0)
-    gen = torch.Generator().manual_seed(0)
+    model.randomize_biases(0)
     with torch.no_grad():
         model.head.weight.mul_(3)
-        for name, p in model.named_parameters():
-            if name.endswith(("attn_sink", ".ape", "_base")):
-                p.copy_(torch.randn(p.shape, generator=gen).to(p.dtype) * 0.5)
-        for name, b in model.named_buffers():
-            if name.endswith("gate.bias"):
-                b.copy_(torch.randn(b.shape, generator=gen).to(b.dtype) * 0.1)
     return model.eval()
 
 
@@ -106,8 +114,14 @@ def test_v4_moe_runs_the_grouped_kernels_with_the_clamp_and_each_token_alone_get
 
 
 def test_engine_on_the_triton_op_set_equals_the_learner_bit_for_bit():
+    """Decode steps run as CUDA-graph replays would (tests/engine/test_engine_deepseek_v4_graph_decode.py's
+    emulator: the graph's position bound, the capture's host positions): equal to the learner, and on the
+    Triton op set the whole step reads nothing back to the host, its MoE included (a capture's condition)."""
     model = _model("bfloat16", "triton")
     prompts = random_prompts([6, 3], VOCAB, seed=0)  # decode from position 6 crosses the CSA block at 8
     engine = RZEngine(model, EngineConfig(max_running=4, max_len=64, max_batch_tokens=32, num_threads=1))
+    replays = ReplayEmulator(engine, trace=False)
     outs = generate_batch(engine, prompts, seeded_params(2, 3))
     assert_equal_to_learner(model, prompts, outs)
+    assert sorted(replays.captured) == [(2, 63)] and len(replays.positions[(2, 63)]) == 2 * 2
+    assert replays.reads == []
