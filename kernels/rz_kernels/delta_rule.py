@@ -37,6 +37,7 @@ rows only, so the row argument above holds unchanged).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -251,8 +252,8 @@ def gated_delta_rule(
 
 
 def _gated_delta_rule(q, k, v, g, beta, seq_lens, caches, scale, keep_caches, mode: str, keep_rows=True):
-    """`gated_delta_rule` with the row path's mode: "verified" (used where `_rows_verified`), "forced"
-    (used without the check: the check itself, tests) or "off"."""
+    """`gated_delta_rule` with the row path's mode: "verified" (in the form `_row_form` verified for the
+    shape, if any), one of ROW_FORMS (that form without the check: the check itself, tests) or "off"."""
     t, h, dk = q.shape
     dv = v.shape[-1]
     if sum(seq_lens) != t:
@@ -269,21 +270,27 @@ def _gated_delta_rule(q, k, v, g, beta, seq_lens, caches, scale, keep_caches, mo
     caches = list(caches) if caches is not None else [None] * len(seq_lens)
     caches = [c if c is not None else DeltaRuleCache.empty(h, dk, dv, q.device, channel) for c in caches]
     by_row = [_row_ready(n, c) for n, c in zip(seq_lens, caches, strict=True)]
+    form = mode if mode in ROW_FORMS else None
     rows = mode != "off" and (any(by_row) or (keep_caches and keep_rows))
     if rows and mode == "verified":
-        rows = _rows_verified(xs)
+        form = _row_form(xs)
+        rows = form is not None
     if not rows or (torch.is_grad_enabled() and any(x.requires_grad for x in xs)):
         by_row = [False] * len(seq_lens)  # (decode runs without autograd; a backward goes through chunks)
     if not any(by_row):
         out, new = _chunked(xs, seq_lens, caches, keep_caches, rows and keep_rows)
         return out.to(out_dtype), new
-    starts = torch.tensor([0, *seq_lens[:-1]]).cumsum(0).tolist()
+    if all(by_row):  # a decode step: one token per sequence, in order
+        out, new = _decoded(xs, caches, keep_caches, form == "truncated")
+        return out.to(out_dtype), new
+    starts = list(itertools.accumulate(seq_lens, initial=0))
     fast = [s for s, ok in enumerate(by_row) if ok]
     rest = [s for s, ok in enumerate(by_row) if not ok]
     out = q.new_empty(t, h, dv)
     new_caches: list[DeltaRuleCache | None] = [None] * len(seq_lens)
     at = torch.tensor([starts[s] for s in fast], device=q.device)
-    out[at], done = _decoded(tuple(x[at] for x in xs), [caches[s] for s in fast], keep_caches)
+    part = tuple(x[at] for x in xs)
+    out[at], done = _decoded(part, [caches[s] for s in fast], keep_caches, form == "truncated")
     for s, c in zip(fast, done or [], strict=False):
         new_caches[s] = c
     if rest:
@@ -308,10 +315,10 @@ def _row_ready(n: int, cache: DeltaRuleCache) -> bool:
     )
 
 
-def _decoded(xs, caches: list[DeltaRuleCache], keep: bool):
-    """One token per sequence (xs [B, H, *] fp32) by the row path: outputs [B, H, dv] and, with `keep`,
-    the caches after it. A batch that continues its store writes the new rows in place; otherwise (or
-    without `keep`) the rows are first copied into a fresh store."""
+def _decoded(xs, caches: list[DeltaRuleCache], keep: bool, truncate: bool):
+    """One token per sequence (xs [B, H, *] fp32) by the row path (`truncate`: its "truncated" form):
+    outputs [B, H, dv] and, with `keep`, the caches after it. A batch that continues its store writes the
+    new rows in place; otherwise (or without `keep`) the rows are first copied into a fresh store."""
     q, k, v, g, beta = xs
     b, h, dk = q.shape
     dv = v.shape[-1]
@@ -321,13 +328,14 @@ def _decoded(xs, caches: list[DeltaRuleCache], keep: bool):
     if store is None:
         shape = (CHUNK, dk, dv, g.dim() == 3, SOLVE_BLOCK, q.device)
         store = build_store(rows, [c.state for c in caches], counts, shape)
-    r = torch.tensor(counts, device=q.device).repeat_interleave(h)
-    out, done = decode_step(*(x.flatten(0, 1) for x in xs), store, r)
-    out = out.view(b, h, dv)
+    out = decode_step(*(x.flatten(0, 1) for x in xs), store, counts, truncate).view(b, h, dv)
     if not keep:
         return out, None
     ended = [s for s, n in enumerate(counts) if n + 1 == CHUNK]
-    advanced = advance(store, done).view(len(ended), h, dk, dv) if ended else None
+    advanced = None
+    if ended:
+        done = torch.tensor([n + 1 == CHUNK for n in counts for _ in range(h)], device=q.device)
+        advanced = advance(store, done).view(len(ended), h, dk, dv)
     new_caches = []
     for s, (c, count) in enumerate(zip(caches, counts, strict=True)):
         store.frontier[s] = count + 1
@@ -339,7 +347,7 @@ def _decoded(xs, caches: list[DeltaRuleCache], keep: bool):
             fresh.rows = ChunkRows(store, s, store.generation[s], 0, state, fresh.k)
             new_caches.append(fresh)
             continue
-        tokens, frontier = append_tokens(c, tuple(x[s] for x in xs))
+        tokens, frontier = append_tokens(c, tuple(x[s] for x in xs[1:]))
         fields = (tokens[n][: count + 1] for n in TOKEN_FIELDS)
         new = DeltaRuleCache(c.state, *fields)
         new.rows = ChunkRows(store, s, store.generation[s], count + 1, c.state, new.k, tokens, frontier)
@@ -348,19 +356,19 @@ def _decoded(xs, caches: list[DeltaRuleCache], keep: bool):
 
 
 def append_tokens(cache: DeltaRuleCache, token: tuple[torch.Tensor, ...]):
-    """The [C, H, *] buffers of a cache's chunk inputs with `token` (q, k, v, g, beta of one token) written
-    at row `pending`: in place where no other cache wrote there first, else into a copy."""
+    """The [C, H, *] buffers of a cache's chunk inputs with `token` (k, v, g, beta of one token) written at
+    row `pending`: in place where no other cache wrote there first, else into a copy."""
     rows, n = cache.rows, cache.pending
     if rows is not None and rows.tokens is not None and rows.token_frontier[0] == n:
         tokens, frontier = rows.tokens, rows.token_frontier
     else:
         tokens = {}
-        for name, x in zip(TOKEN_FIELDS, token[1:], strict=True):
+        for name, x in zip(TOKEN_FIELDS, token, strict=True):
             buf = x.new_zeros(CHUNK, *x.shape)
             buf[:n] = getattr(cache, name)
             tokens[name] = buf
         frontier = [n]
-    for name, x in zip(TOKEN_FIELDS, token[1:], strict=True):
+    for name, x in zip(TOKEN_FIELDS, token, strict=True):
         tokens[name][n] = x
     frontier[0] = n + 1
     return tokens, frontier
@@ -432,27 +440,34 @@ def _keep_rows(caches: list[DeltaRuleCache], steps: dict, pending_rows: list[sli
         cache.rows = ChunkRows(store, s, 0, cache.pending, cache.state, cache.k)
 
 
-_row_verdicts: dict[tuple, bool] = {}
+# The row path's forms, in the order the check tries them: "truncated" runs the products over a chunk's rows
+# on the rows written so far alone, "full" over all CHUNK rows (see delta_rule_rows.row_product).
+ROW_FORMS = ("truncated", "full")
+_row_verdicts: dict[tuple, str | None] = {}
 
 
-def _rows_verified(xs: tuple[torch.Tensor, ...]) -> bool:
-    """Whether the row path gives the chunk path's bits for this shape (dk, dv, decay kind) at this thread
-    count and device: checked once (`verify_rows`), remembered for the process."""
+def _row_form(xs: tuple[torch.Tensor, ...]) -> str | None:
+    """The row path's form that gives the chunk path's bits for this shape (dk, dv, decay kind) at this
+    thread count and device, or None: checked once (`verify_rows`), remembered for the process."""
     q, _, v, g, _ = xs
     key = (q.shape[-1], v.shape[-1], g.dim() == 3, torch.get_num_threads(), q.device.type)
-    verdict = _row_verdicts.get(key)
-    if verdict is None:
-        verdict = _row_verdicts[key] = verify_rows(*key[:3], device=q.device)
-        if not verdict:
+    if key not in _row_verdicts:
+        form = next((f for f in ROW_FORMS if verify_rows(*key[:3], device=q.device, form=f)), None)
+        _row_verdicts[key] = form
+        if form is None:
             log.warning("delta rule row path differs from the chunk path for %s: decoding by chunks", key)
-    return verdict
+    return _row_verdicts[key]
 
 
-def verify_rows(dk: int, dv: int, channel: bool, device: torch.device | str = "cpu") -> bool:
-    """Run the row path against the chunk path on random inputs, bit for bit: two sequences decoded token
-    by token in one batch, one from its start past its first chunk's end (every offset, the state's
-    advance), one from the rows a 23-token prefill kept (another solve block at each step)."""
-    h, t, cut = 2, CHUNK + 6, 23
+def verify_rows(
+    dk: int, dv: int, channel: bool, device: torch.device | str = "cpu", form: str = ROW_FORMS[0]
+) -> bool:
+    """Run the row path (in `form`) against the chunk path on random inputs, bit for bit: one sequence
+    decoded token by token through a whole chunk (every offset and solve block; the products over 1..CHUNK
+    rows), then beside a second one whose rows a 23-token prefill kept (copied into a new store; two
+    offsets, so two solve blocks, in each step) until that one completes its chunk too."""
+    h, cut = 2, 23
+    steps_a = 2 * CHUNK - cut  # a: all of chunk 0, then chunk 1 beside b until b's chunk 0 ends
     gen = torch.Generator().manual_seed(0)
 
     def draw(n: int):
@@ -462,23 +477,21 @@ def verify_rows(dk: int, dv: int, channel: bool, device: torch.device | str = "c
         g = -0.3 * torch.rand(n, h, *((dk,) if channel else ()), generator=gen)
         return tuple(x.to(device) for x in (q, k, v, g, torch.rand(n, h, generator=gen)))
 
-    a, b = draw(t), draw(t)
-    refs = [_gated_delta_rule(*x, [t], None, None, False, "off")[0] for x in (a, b)]
-    _, (cache_b,) = _gated_delta_rule(*(x[:cut] for x in b), [cut], None, None, True, "forced")
+    a, b = draw(steps_a), draw(CHUNK)
+    refs = [_gated_delta_rule(*x, [len(x[0])], None, None, False, "off")[0] for x in (a, b)]
+    _, (cache_b,) = _gated_delta_rule(*(x[:cut] for x in b), [cut], None, None, True, form)
     cache_a = None
-    for i in range(t):
-        both = i + cut < t
+    for i in range(steps_a):
+        j = cut + i - CHUNK  # b's token beside a's (from a's second chunk on)
+        both = i >= CHUNK
         xs = [
-            torch.cat([x[i : i + 1], y[i + cut : i + cut + 1]]) if both else x[i : i + 1]
+            torch.cat([x[i : i + 1], y[j : j + 1]]) if both else x[i : i + 1]
             for x, y in zip(a, b, strict=True)
         ]
-        lens, caches = ([1, 1], [cache_a, cache_b]) if both else ([1], [cache_a])
-        out, new = _gated_delta_rule(*xs, lens, caches, None, True, "forced")
-        if new[0].rows is None and new[0].pending or not torch.equal(out[0], refs[0][i]):
+        out, new = _gated_delta_rule(*xs, [1] * (1 + both), [cache_a, cache_b][: 1 + both], None, True, form)
+        if not torch.equal(out[0], refs[0][i]) or (both and not torch.equal(out[1], refs[1][j])):
             return False
-        if both and not torch.equal(out[1], refs[1][i + cut]):
-            return False
-        cache_a, cache_b = new[0], new[-1]
+        cache_a, cache_b = new[0], new[-1] if both else cache_b
     return True
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from rz_kernels.elementwise import aligned_unary
 
@@ -147,103 +148,182 @@ def in_place_store(rows: list[ChunkRows | None]) -> RowStore | None:
     return store
 
 
-def row_product(rows: torch.Tensor, rhs: torch.Tensor, full: int) -> torch.Tensor:
-    """rows [N, m, K] @ rhs [N, K, M] -> [N, m, M], each row computed as a row of the chunk's [N, full, K] x
-    rhs product computes it: the rows lead a zero-padded tile of TILE_ROWS (or more) rows, so BLAS runs the
-    kernel it runs for the chunk's product (see the module docstring)."""
+_zero_tiles: dict[tuple, torch.Tensor] = {}
+
+
+def row_product(rows: torch.Tensor, rhs: torch.Tensor, full: int, used: int | None = None) -> torch.Tensor:
+    """rows [N, m, K] (or [N, K]: one row) @ rhs [N, K, M] -> [N, m, M] (or [N, M]), each row computed as a
+    row of the chunk's [N, full, K] x rhs product computes it: the rows lead a zero-padded tile of TILE_ROWS
+    (or more) rows, so BLAS runs the kernel it runs for the chunk's product (see the module docstring).
+
+    `used`: every row is zero after its first `used` entries (a row of the chunk's lower-triangular
+    factors), so where the product may run over those alone it does: a BLAS that sums K in order adds only
+    exact zero terms after them (empirical too: the check verifies it, `decode_step`'s `truncate`)."""
+    one = rows.dim() == 2
+    if one:
+        rows = rows.unsqueeze(1)
     n, m, k = rows.shape
     cols = rhs.shape[-1]
+    blas = full * k * cols >= SMALL_BMM  # the chunk's product runs on BLAS (else torch's own loop)
+    if used is not None and used < k and (not blas or full * used * cols >= SMALL_BMM):
+        rows, rhs, k = rows[..., :used], rhs[:, :used], used
     tile = TILE_ROWS
     while tile < m:
         tile *= 2
-    if full * k * cols >= SMALL_BMM:
-        while tile * k * cols < SMALL_BMM and tile < full:
-            tile *= 2
-    padded = rows.new_zeros(n, tile, k)
-    padded[:, :m] = rows
-    return torch.bmm(padded, rhs)[:, :m]
+    while blas and tile * k * cols < SMALL_BMM and tile < full:
+        tile *= 2
+    key = (tile - m, k, rows.dtype, rows.device)
+    zeros = _zero_tiles.get(key)
+    if zeros is None or zeros.shape[0] < n:
+        zeros = _zero_tiles[key] = rows.new_zeros(n, tile - m, k)
+    out = torch.bmm(torch.cat([rows, zeros[:n]], 1), rhs)
+    return out[:, 0] if one else out[:, :m]
 
 
-def _pair_terms(t: dict, q, kb, decay, lower, strict, channel: bool):
-    """Row r of L (strictly lower) and of the intra-chunk q k^T * decay (lower), each [N, C], as the chunk's
-    `_prepare` (a product with k^T times the decay) or `_prepare_channel_decay` (a sum over channels)."""
-    c = t["k"].shape[1]
+class _Rows:
+    """Row r of each pair's chunk in the store's [N, C, ...] tensors: flat indices (one op a write) and the
+    pairs' current solve blocks (slices when they share one, the common lock-step batch; else gathers)."""
+
+    def __init__(self, store: RowStore, counts: list[int], block: int) -> None:
+        self.t = store.t
+        self.n, self.c = self.t["k"].shape[:2]
+        self.bs = block
+        self.r_host = [r for r in counts for _ in range(store.heads)]
+        device = self.t["k"].device
+        self.r = torch.tensor(self.r_host, device=device)
+        self.flat = torch.arange(self.n, device=device) * self.c + self.r
+        blocks = {r // block for r in counts}
+        self.one_block = blocks.pop() if len(blocks) == 1 else None
+        if self.one_block is None:
+            self.blk = torch.div(self.r, block, rounding_mode="floor")
+            start = self.flat - self.r + self.blk * block
+            self.block_rows = (start[:, None] + torch.arange(block, device=device)).flatten()
+
+    def put(self, name: str, x: torch.Tensor) -> None:
+        t = self.t[name]
+        t.view(self.n * self.c, *t.shape[2:]).index_copy_(0, self.flat, x)
+
+    def block_rows_of(self, t: torch.Tensor) -> torch.Tensor:
+        """Each pair's rows of its current solve block of t [N, C, ...] -> [N, bs, ...] (contiguous)."""
+        if self.one_block is not None:
+            lo = self.one_block * self.bs
+            return t[:, lo : lo + self.bs].contiguous()
+        flat = t.view(self.n * self.c, *t.shape[2:]).index_select(0, self.block_rows)
+        return flat.view(self.n, self.bs, *t.shape[2:])
+
+    def block_cols_of(self, x: torch.Tensor) -> torch.Tensor:
+        """Each pair's columns of its current solve block of x [N, ..., C] -> [N, ..., bs] (contiguous)."""
+        if self.one_block is not None:
+            lo = self.one_block * self.bs
+            return x[..., lo : lo + self.bs].contiguous()
+        x = x.reshape(*x.shape[:-1], self.c // self.bs, self.bs)
+        at = self.blk.view(-1, *([1] * (x.dim() - 1))).expand(*x.shape[:-2], 1, self.bs)
+        return x.gather(-2, at).squeeze(-2)
+
+    def spread(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, bs] placed at each pair's current solve block's columns of a zero [N, C]."""
+        if self.one_block is not None:
+            lo = self.one_block * self.bs
+            return F.pad(x, (lo, self.c - lo - self.bs))
+        out = x.new_zeros(self.n, self.c // self.bs, self.bs)
+        out.scatter_(1, self.blk.view(-1, 1, 1).expand(-1, 1, self.bs), x.unsqueeze(1))
+        return out.view(self.n, self.c)
+
+
+def _pair_terms(rows: _Rows, q, kb, decay, not_lower, not_strict, channel: bool):
+    """Row r of L (strictly lower) and of the intra-chunk q k^T * decay (lower), each [N, C] (zero from
+    column `used` on), as the chunk's `_prepare` (a product with k^T times the decay) or
+    `_prepare_channel_decay` (a sum over channels); `decay` [N, used(, dk)] holds the row's first columns."""
+    keys, used = rows.t["k"], decay.shape[1]
     both = torch.stack([kb, q], 1)  # [N, 2, dk]: one pass over k for both
     if channel:  # (a_r * k_j) * decay_rj summed over the last dim, as `_channel_pairs`
-        pairs = (both.unsqueeze(2) * t["k"].unsqueeze(1) * decay.unsqueeze(1)).sum(-1)
-    else:
-        pairs = row_product(both, t["k"].transpose(1, 2), c) * decay.unsqueeze(1)
-    neg = -pairs[:, 0].masked_fill(~strict, 0.0)
-    intra = pairs[:, 1].masked_fill(~lower, 0.0)
+        pairs = (both.unsqueeze(2) * keys[:, :used].unsqueeze(1) * decay.unsqueeze(1)).sum(-1)
+    else:  # (the product keeps all C columns: BLAS computes narrower outputs another way)
+        pairs = row_product(both, keys.transpose(1, 2), rows.c)[..., :used] * decay.unsqueeze(1)
+    if used < rows.c:
+        pairs = F.pad(pairs, (0, rows.c - used))
+    neg = -pairs[:, 0].masked_fill(not_strict, 0.0)
+    intra = pairs[:, 1].masked_fill(not_lower, 0.0)
     return neg, intra
 
 
-def _solve_row(t: dict, at: torch.Tensor, r: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+_eyes: dict[tuple, torch.Tensor] = {}
+
+
+def _solve_row(rows: _Rows, neg: torch.Tensor) -> torch.Tensor:
     """Row r of T = (I - L)^-1 as `_unit_lower_inverse` computes it (doubling inside the row's diagonal
     block, then block substitution from the rows of the blocks before it); writes the row's powers, its
-    substitution product and its T row into `t`. Returns the T rows [N, C]."""
-    powers = t["powers"]
-    levels, bs = powers.shape[2], powers.shape[3]
-    blk = torch.div(r, bs, rounding_mode="floor")
-    idx = blk[:, None] * bs + torch.arange(bs, device=r.device)  # [N, bs]: the block's rows (and columns)
-    row = neg.gather(1, idx)  # the row's part of its diagonal block of L
-    block = t["low"][at[:, None], idx].gather(2, idx[:, None, :].expand(-1, bs, -1))
-    eye = torch.eye(bs, dtype=neg.dtype, device=neg.device)[r - blk * bs]
-    inv, power, prev = row + eye, row, block  # as `_doubling_inverse`: inv = L + I, power = L
+    substitution product and its T row into the store. Returns the T rows [N, C]."""
+    t, n, c, bs = rows.t, rows.n, rows.c, rows.bs
+    levels = t["powers"].shape[2]
+    key = (bs, neg.device)
+    if key not in _eyes:
+        _eyes[key] = torch.eye(bs, dtype=neg.dtype, device=neg.device)
+    row = rows.block_cols_of(neg)  # the row's part of its diagonal block of L
+    inv = row + _eyes[key][rows.r % bs]  # as `_doubling_inverse`: inv = L + I, power = L
+    power, prev = row, rows.block_cols_of(rows.block_rows_of(t["low"]))  # the diagonal block of L
     for level in range(levels):
-        power = row_product(power.unsqueeze(1), prev, bs)[:, 0]  # row of power @ power
-        powers[at, r, level] = power
-        prev = powers[at[:, None], idx, level]
-        inv = inv + row_product(inv.unsqueeze(1), prev, bs)[:, 0]  # row of inv @ (I + power)
-    out = neg.new_zeros(neg.shape)
-    out.scatter_(1, idx, inv)
-    for b in sorted(set(blk.tolist()) - {0}):  # block substitution, per block index (its product shapes)
-        sel = (blk == b).nonzero().flatten()
+        power = row_product(power, prev, bs)  # row of power @ power
+        t["powers"].view(n * c, levels, bs)[:, level].index_copy_(0, rows.flat, power)
+        prev = rows.block_rows_of(t["powers"][:, :, level])
+        inv = inv + row_product(inv, prev, bs)  # row of inv @ (I + power)
+    out = rows.spread(inv)
+    blocks = sorted({r // bs for r in rows.r_host})
+    for b in blocks:  # block substitution, per block index (its product shapes); block 0 has none
+        if b == 0:
+            continue
+        sel = (
+            slice(None)
+            if len(blocks) == 1
+            else torch.tensor([r // bs == b for r in rows.r_host]).nonzero()[:, 0]
+        )
         w = b * bs
         done = t["inv"][sel, :w, :w].contiguous()  # T[:w, :w], the blocks before
-        t["subst"][sel, r[sel], :w] = row_product(neg[sel, None, :w], done, bs)[:, 0]
+        t["subst"].view(n * c, c)[rows.flat[sel], :w] = row_product(neg[sel, :w], done, bs)
         below = t["subst"][sel, w : w + bs, :w].contiguous()  # the block's substitution rows so far
-        out[sel, :w] = row_product(inv[sel, None], below, bs)[:, 0]
-    t["inv"][at, r] = out
+        out[sel, :w] = row_product(inv[sel], below, bs)
+    rows.put("inv", out)
     return out
 
 
-def decode_step(q, k, v, g, beta, store: RowStore, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per pair (N = slots x heads, the store's order): q, k [N, dk], v [N, dv], g [N] (or [N, dk],
-    KDA), beta [N] (fp32, q already scaled) at chunk offsets r [N]; writes row r into the store. Returns the
-    outputs [N, dv] and which pairs completed their chunk (bool [N]); for those, the store's state has
-    advanced past the chunk (`advance`) and their rows are still the completed chunk's."""
-    t = store.t
-    n, c = t["k"].shape[:2]
+def decode_step(q, k, v, g, beta, store: RowStore, counts: list[int], truncate: bool = False) -> torch.Tensor:
+    """One token per sequence of the store (its slots in order; N = slots x heads pairs): q, k [N, dk],
+    v [N, dv], g [N] (or [N, dk], KDA), beta [N] (fp32, q already scaled), at chunk offsets `counts` (per
+    sequence); writes the token's row into the store. Returns the outputs [N, dv]. A sequence whose chunk
+    this completes is advanced by `advance`. `truncate`: products over the chunk's rows run over the rows up
+    to the furthest token's alone (`row_product`'s `used`), the elementwise terms over those columns."""
+    rows = _Rows(store, counts, store.t["powers"].shape[-1])
+    t, c = rows.t, rows.c
+    used = max(counts) + 1 if truncate else c
     channel = g.dim() == 2
-    at = torch.arange(n, device=q.device)
-    t["k"][at, r] = k
+    rows.put("k", k)
     # the chunk's cumsum: a float64 running sum, each row rounded to fp32
-    acc = t["acc"][at, (r - 1).clamp(min=0)].masked_fill((r == 0).view(-1, *([1] * (g.dim() - 1))), 0.0)
-    acc = acc + g.double()
-    t["acc"][at, r] = acc
+    acc = g.double()
+    if any(rows.r_host):
+        prev = t["acc"].view(rows.n * c, *g.shape[1:]).index_select(0, (rows.flat - 1).clamp(min=0))
+        acc = prev.masked_fill((rows.r == 0).view(-1, *([1] * (g.dim() - 1))), 0.0) + acc
+    rows.put("acc", acc)
     gr = acc.float()
-    t["gc"][at, r] = gr
+    rows.put("gc", gr)
     cols = torch.arange(c, device=q.device)
-    lower, strict = cols <= r[:, None], cols < r[:, None]
-    mask = lower.unsqueeze(-1) if channel else lower
-    diff = (gr.unsqueeze(1) - t["gc"]).masked_fill(~mask, 0.0)  # gc_r - gc_j, j <= r
-    decay = aligned_unary(torch.exp, diff).masked_fill(~mask, 0.0)
+    not_lower, not_strict = cols > rows.r[:, None], cols >= rows.r[:, None]
+    mask = not_lower[:, :used]
+    mask = mask.unsqueeze(-1) if channel else mask
+    diff = (gr.unsqueeze(1) - t["gc"][:, :used]).masked_fill(mask, 0.0)  # gc_r - gc_j, j <= r
+    decay = aligned_unary(torch.exp, diff).masked_fill(mask, 0.0)
     egc = aligned_unary(torch.exp, gr)
     egc = egc if channel else egc.unsqueeze(-1)
     kb = k * beta.unsqueeze(-1)
-    t["vb"][at, r] = v * beta.unsqueeze(-1)
-    t["kbg"][at, r] = kb * egc
-    neg, intra = _pair_terms(t, q, kb, decay, lower, strict, channel)
-    t["low"][at, r] = neg
-    t_row = _solve_row(t, at, r, neg)
-    u = row_product(t_row.unsqueeze(1), t["vb"], c)[:, 0]
-    w = row_product(t_row.unsqueeze(1), t["kbg"], c)[:, 0]
+    rows.put("vb", v * beta.unsqueeze(-1))
+    rows.put("kbg", kb * egc)
+    neg, intra = _pair_terms(rows, q, kb, decay, not_lower, not_strict, channel)
+    rows.put("low", neg)
+    t_row = _solve_row(rows, neg)
+    u, w = row_product(t_row, t["vb"], c, used), row_product(t_row, t["kbg"], c, used)
     by_state = row_product(torch.stack([w, q * egc], 1), t["state"], c)  # w S and (q exp(gc)) S, one pass
     v_new = u - by_state[:, 0]
-    t["v_new"][at, r] = v_new
-    out = by_state[:, 1] + row_product(intra.unsqueeze(1), t["v_new"], c)[:, 0]
-    return out, r == c - 1
+    rows.put("v_new", v_new)
+    return by_state[:, 1] + row_product(intra, t["v_new"], c, used)
 
 
 def advance(store: RowStore, done: torch.Tensor) -> torch.Tensor:

@@ -126,12 +126,13 @@ def test_negative_control_one_row_gemms_differ_and_the_check_falls_back_to_chunk
     full, _ = gated_delta_rule(*xs, [t])
     monkeypatch.setattr(rows_mod, "TILE_ROWS", 1)  # a row as a 1-row GEMM: MKL sums it in another order
     monkeypatch.setattr(dr, "_row_verdicts", {})
-    cache, forced = None, []
-    for i in range(t):
-        out, (cache,) = dr._gated_delta_rule(*_cut(xs, i, i + 1), [1], [cache], None, True, "forced")
-        forced.append(out)
-    assert not torch.equal(torch.cat(forced), full)  # the row path alone would break the bits
-    assert not verify_rows(DK, DV, kind == "kda")  # which the check sees
+    for form in dr.ROW_FORMS:
+        cache, forced = None, []
+        for i in range(t):
+            out, (cache,) = dr._gated_delta_rule(*_cut(xs, i, i + 1), [1], [cache], None, True, form)
+            forced.append(out)
+        assert not torch.equal(torch.cat(forced), full), form  # the row path alone would break the bits
+        assert not verify_rows(DK, DV, kind == "kda", form=form)  # which the check sees
     cache, outs = None, []
     for i in range(t):
         out, (cache,) = gated_delta_rule(*_cut(xs, i, i + 1), [1], [cache], keep_caches=True)
