@@ -33,6 +33,7 @@ from transformers.models.kimi_linear.modeling_kimi_linear import (
     recurrent_kimi_delta_attention,
 )
 
+from rz_kernels import delta_rule
 from rz_kernels.delta_rule import gated_delta_rule, l2_normalize
 
 
@@ -129,6 +130,8 @@ def main() -> None:
                 continue
             ratios = [a / o for a, o in zip(times[p]["aligned"], times[p][other], strict=True)]
             result[p][f"aligned_time_over_{other}"] = round(statistics.median(ratios), 3)
+    # which row-path form decoded (the check's verdict per shape; None: decoded by chunks)
+    result["decode"]["row_form"] = {str(k): f for k, f in delta_rule._row_verdicts.items()}
     print(json.dumps(result, indent=2) if args.json else result)
 
 

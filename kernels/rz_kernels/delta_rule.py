@@ -36,7 +36,6 @@ rows only, so the row argument above holds unchanged).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
@@ -49,9 +48,11 @@ from rz_kernels.delta_rule_rows import (
     TOKEN_FIELDS,
     ChunkRows,
     advance,
+    append_tokens,
     build_store,
     chunk_parts,
     decode_step,
+    hold,
     in_place_store,
     new_store,
     restart_slot,
@@ -323,14 +324,15 @@ def _decoded(xs, caches: list[DeltaRuleCache], keep: bool, truncate: bool):
     b, h, dk = q.shape
     dv = v.shape[-1]
     counts = [c.pending for c in caches]
-    rows = [c.rows for c in caches]
-    store = in_place_store(rows) if keep else None
+    store = in_place_store([c.rows for c in caches]) if keep else None
     if store is None:
         shape = (CHUNK, dk, dv, g.dim() == 3, SOLVE_BLOCK, q.device)
-        store = build_store(rows, [c.state for c in caches], counts, shape)
+        inputs = [tuple(getattr(c, n) for n in TOKEN_FIELDS) for c in caches]
+        store = build_store([c.rows for c in caches], [c.state for c in caches], inputs, shape)
     out = decode_step(*(x.flatten(0, 1) for x in xs), store, counts, truncate).view(b, h, dv)
     if not keep:
         return out, None
+    append_tokens(store, counts, xs[1:])
     ended = [s for s, n in enumerate(counts) if n + 1 == CHUNK]
     advanced = None
     if ended:
@@ -342,36 +344,14 @@ def _decoded(xs, caches: list[DeltaRuleCache], keep: bool, truncate: bool):
         if s in ended:  # the chunk is complete: the state moves on, the slot starts the next chunk
             restart_slot(store, s)
             state = advanced[ended.index(s)]
-            fresh = DeltaRuleCache.empty(h, dk, dv, q.device, g.dim() == 3)
-            fresh = dataclasses.replace(fresh, state=state, completed=[state])
-            fresh.rows = ChunkRows(store, s, store.generation[s], 0, state, fresh.k)
-            new_caches.append(fresh)
-            continue
-        tokens, frontier = append_tokens(c, tuple(x[s] for x in xs[1:]))
-        fields = (tokens[n][: count + 1] for n in TOKEN_FIELDS)
-        new = DeltaRuleCache(c.state, *fields)
-        new.rows = ChunkRows(store, s, store.generation[s], count + 1, c.state, new.k, tokens, frontier)
+            new = DeltaRuleCache(state, *store.inputs(s, 0), [state])
+            new.rows = ChunkRows(store, s, store.generation[s], 0, state, new.k)
+        else:
+            new = DeltaRuleCache(c.state, *store.inputs(s, count + 1))
+            new.rows = ChunkRows(store, s, store.generation[s], count + 1, c.state, new.k)
+            hold(store, s, new)
         new_caches.append(new)
     return out, new_caches
-
-
-def append_tokens(cache: DeltaRuleCache, token: tuple[torch.Tensor, ...]):
-    """The [C, H, *] buffers of a cache's chunk inputs with `token` (k, v, g, beta of one token) written at
-    row `pending`: in place where no other cache wrote there first, else into a copy."""
-    rows, n = cache.rows, cache.pending
-    if rows is not None and rows.tokens is not None and rows.token_frontier[0] == n:
-        tokens, frontier = rows.tokens, rows.token_frontier
-    else:
-        tokens = {}
-        for name, x in zip(TOKEN_FIELDS, token, strict=True):
-            buf = x.new_zeros(CHUNK, *x.shape)
-            buf[:n] = getattr(cache, name)
-            tokens[name] = buf
-        frontier = [n]
-    for name, x in zip(TOKEN_FIELDS, token, strict=True):
-        tokens[name][n] = x
-    frontier[0] = n + 1
-    return tokens, frontier
 
 
 def _chunked(xs, seq_lens, caches: list[DeltaRuleCache], keep_caches: bool, rows: bool):
@@ -435,7 +415,7 @@ def _keep_rows(caches: list[DeltaRuleCache], steps: dict, pending_rows: list[sli
         slot = keep.start // CHUNK
         pairs = slice(slot * h, (slot + 1) * h)
         sources.append(chunk_parts(steps, pairs, cache.state) if cache.pending else {"state": cache.state})
-    store = new_store(h, shape, sources, [c.pending for c in caches])
+    store = new_store(h, shape, sources, [tuple(getattr(c, n) for n in TOKEN_FIELDS) for c in caches])
     for s, cache in enumerate(caches):
         cache.rows = ChunkRows(store, s, 0, cache.pending, cache.state, cache.k)
 

@@ -32,6 +32,7 @@ store are first copied into a fresh store (`build_store`).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -56,24 +57,32 @@ class RowStore:
     L[r, :i bs] T[:i bs, :i bs]); powers [., C, levels, bs] (row r's rows of L_i^(2^l), l = 1..levels, of
     its diagonal block i); state [., dk, dv], the state entering the chunk. Rows at and after a slot's
     frontier are zeros.
+
+    `tokens`: the chunk's inputs token-major per slot, k, v, g, beta [slots, C, H, ...]: the caches' own
+    k, v, g, beta are views of them (their first `count` rows). `holders[slot]`: the caches holding such
+    views; when the slot starts a new chunk (`restart_slot`) those still alive get copies instead.
     """
 
     heads: int
     t: dict[str, torch.Tensor]
+    tokens: dict[str, torch.Tensor]
     frontier: list[int]
     generation: list[int]
+    holders: list[list[weakref.ref]]
 
     def pairs(self, slot: int) -> slice:
         return slice(slot * self.heads, (slot + 1) * self.heads)
+
+    def inputs(self, slot: int, count: int) -> tuple[torch.Tensor, ...]:
+        """A slot's first `count` tokens' k, v, g, beta ([count, H, ...] views)."""
+        return tuple(self.tokens[n][slot, :count] for n in TOKEN_FIELDS)
 
 
 @dataclass
 class ChunkRows:
     """One sequence's view of its chunk's rows: `count` rows of `slot` in `store`, valid while the slot's
-    generation is `generation`; `tokens` ([C, H, *] k, v, g, beta, the cache's fields are their first
-    `count` rows; None: not made yet) with `token_frontier` (a one-element list shared by the caches that
-    view the same buffers). `entering` and `keys` are the state and k tensors of the cache the rows belong
-    to (a cache whose state or inputs were replaced does not use them)."""
+    generation is `generation`. `entering` and `keys` are the state and k tensors of the cache the rows
+    belong to (a cache whose state or inputs were replaced does not use them)."""
 
     store: RowStore
     slot: int
@@ -81,8 +90,6 @@ class ChunkRows:
     count: int
     entering: torch.Tensor
     keys: torch.Tensor
-    tokens: dict[str, torch.Tensor] | None = None
-    token_frontier: list[int] | None = None
 
     def valid(self) -> bool:
         return self.store.generation[self.slot] == self.generation
@@ -92,12 +99,19 @@ class ChunkRows:
         return self.valid() and self.store.frontier[self.slot] == self.count
 
 
-def new_store(heads: int, shape: tuple, sources: list[dict[str, torch.Tensor]], counts: list[int]):
+def new_store(heads: int, shape: tuple, sources: list[dict[str, torch.Tensor]], inputs: list[tuple]):
     """A store with a slot per source, in order: each slot's tensors copied from its source ([H, C, ...] per
-    name, `RowStore.t`'s names; a name it lacks: zero rows; "state" required), its rows from `counts[s]` on
-    zeroed. `shape`: (C, dk, dv, per-channel decay, solve block, device)."""
+    name, `RowStore.t`'s names; a name it lacks: zero rows; "state" required) and its tokens from `inputs`
+    (k, v, g, beta [count, H, ...]), its rows from `count` on zeroed. `shape`: (C, dk, dv, per-channel
+    decay, solve block, device)."""
     slots = len(sources)
+    c, dk, dv, channel, _, device = shape
     t = empty_parts(slots * heads, *shape)
+    widths = ((dk,), (dv,), (dk,) if channel else (), ())
+    tokens = {
+        n: torch.zeros(slots, c, heads, *w, device=device) for n, w in zip(TOKEN_FIELDS, widths, strict=True)
+    }
+    counts = [len(x[0]) for x in inputs]
     for s, src in enumerate(sources):
         pairs = slice(s * heads, (s + 1) * heads)
         for name, x in t.items():
@@ -105,7 +119,9 @@ def new_store(heads: int, shape: tuple, sources: list[dict[str, torch.Tensor]], 
                 x[pairs] = src[name]
                 if name != "state":
                     x[pairs, counts[s] :] = 0.0
-    return RowStore(heads, t, list(counts), [0] * slots)
+        for name, x in zip(TOKEN_FIELDS, inputs[s], strict=True):
+            tokens[name][s, : counts[s]] = x
+    return RowStore(heads, t, tokens, counts, [0] * slots, [[] for _ in range(slots)])
 
 
 def empty_parts(
@@ -123,15 +139,16 @@ def empty_parts(
     }  # fmt: skip
 
 
-def build_store(rows: list[ChunkRows | None], states: list[torch.Tensor], counts: list[int], shape):
+def build_store(rows: list[ChunkRows | None], states: list[torch.Tensor], inputs: list[tuple], shape):
     """A fresh store for a step's sequences, in order: each one's valid rows copied (None: it starts a
-    chunk, zero rows), its entering state `states[s]`. `shape` as `new_store`'s."""
+    chunk, zero rows), its entering state `states[s]` and chunk inputs `inputs[s]`. `shape` as
+    `new_store`'s."""
     heads = states[0].shape[0]
     sources = []
     for r, state in zip(rows, states, strict=True):
         src = {} if r is None else {n: x[r.store.pairs(r.slot)] for n, x in r.store.t.items()}
         sources.append({**src, "state": state})
-    return new_store(heads, shape, sources, counts)
+    return new_store(heads, shape, sources, inputs)
 
 
 def in_place_store(rows: list[ChunkRows | None]) -> RowStore | None:
@@ -342,8 +359,29 @@ def advance(store: RowStore, done: torch.Tensor) -> torch.Tensor:
     return new
 
 
+def append_tokens(store: RowStore, counts: list[int], inputs: tuple[torch.Tensor, ...]) -> None:
+    """Write each slot's token (k, v, g, beta [slots, H, ...]) at its row `counts[s]` of `store.tokens`."""
+    c = store.tokens["k"].shape[1]
+    at = torch.tensor([s * c + n for s, n in enumerate(counts)], device=inputs[0].device)
+    for name, x in zip(TOKEN_FIELDS, inputs, strict=True):
+        buf = store.tokens[name]
+        buf.view(-1, *buf.shape[2:]).index_copy_(0, at, x)
+
+
+def hold(store: RowStore, slot: int, cache) -> None:
+    """Note that `cache`'s chunk inputs are views of the slot's token rows (see `restart_slot`)."""
+    store.holders[slot].append(weakref.ref(cache))
+
+
 def restart_slot(store: RowStore, slot: int) -> None:
-    """Empty a slot whose chunk completed, for the sequence's next chunk (earlier views of it expire)."""
+    """Empty a slot whose chunk completed, for the sequence's next chunk: earlier views of its rows expire,
+    and the caches still alive that view its token rows get copies of them."""
+    for ref in store.holders[slot]:
+        cache = ref()
+        if cache is not None:
+            for name in TOKEN_FIELDS:
+                setattr(cache, name, getattr(cache, name).clone())
+    store.holders[slot] = []
     pairs = store.pairs(slot)
     for name, x in store.t.items():
         if name != "state":

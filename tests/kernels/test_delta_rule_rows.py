@@ -185,3 +185,26 @@ def test_mixed_call_decode_tokens_beside_a_prefill_chunk():
     assert torch.equal(out[0], fulls[0][-1]) and torch.equal(out[51], fulls[2][-1])
     assert torch.equal(out[1:51], fulls[1][5:55])
     assert [c.pending for c in new] == [(n + m) % CHUNK for n, m in zip(lens, [1, 50, 1], strict=True)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_cache_kept_across_its_chunk_end_keeps_its_inputs_and_its_bits(kind, chunk_calls):
+    t = CHUNK + 6
+    xs, ys = _inputs(70, t, kind), _inputs(71, t, kind)
+    full_x = gated_delta_rule(*xs, [t])[0]
+    full_y = gated_delta_rule(*_cat(_cut(xs, 0, 60), _cut(ys, 60, t)), [t])[0]
+    chunk_calls.clear()
+    cache = None
+    for i in range(60):
+        _, (cache,) = gated_delta_rule(*_cut(xs, i, i + 1), [1], [cache], keep_caches=True)
+    kept, inputs = cache, [getattr(cache, n).clone() for n in ("k", "v", "g", "beta")]
+    for i in range(60, t):  # past the chunk's end: its slot starts chunk 1 in place
+        out, (cache,) = gated_delta_rule(*_cut(xs, i, i + 1), [1], [cache], keep_caches=True)
+        assert torch.equal(out, full_x[i : i + 1]), i
+    assert all(torch.equal(getattr(kept, n), x) for n, x in zip(("k", "v", "g", "beta"), inputs, strict=True))
+    assert chunk_calls == []
+    branch = kept
+    for i in range(60, t):  # the kept cache still continues exactly (another branch)
+        out, (branch,) = gated_delta_rule(*_cut(ys, i, i + 1), [1], [branch], keep_caches=True)
+        assert torch.equal(out, full_y[i : i + 1]), i
+    assert chunk_calls == [1]  # its rows expired with the slot's chunk: one recompute, then rows again
