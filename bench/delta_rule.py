@@ -5,21 +5,24 @@ Shapes: one linear-attention layer of Qwen3.5-0.8B (16 value heads, key/value he
 - prefill: --batch sequences of --prefill tokens from position 0 in one call (aligned: packed; transformers:
   a [B, T] batch, chunked from the call's first token; recurrent: the token loop).
 - decode: --batch sequences with --context tokens cached, --steps one-token steps (64 steps visit every
-  offset within a chunk once). Aligned: each step recomputes the sequence's current chunk on the fixed grid
-  (so a token's bits are the packed forward's); transformers' chunked path pads each one-token call to a
-  chunk of its own; the recurrent form (what transformers' model runs for decode) is one state update.
+  offset within a chunk once). Aligned: each step computes only the token's row of its chunk on the fixed
+  grid (the row path, rz_kernels/delta_rule_rows.py: a token's bits are the packed forward's); with
+  --before also "aligned_before", the form before the row path (each step recomputes the sequence's current
+  chunk: the same bits); transformers' chunked path pads each one-token call to a chunk of its own; the
+  recurrent form (what transformers' model runs for decode) is one state update.
 
 Each figure is CPU seconds of this process over --repeats interleaved rounds (all forms back to back in
 each round); ratios are medians over rounds of that round's ratio (aligned time / other time: > 1 means
 aligned is slower).
 
-  python bench/delta_rule.py --json
+  python bench/delta_rule.py --json --before
   python bench/delta_rule.py --json --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -30,6 +33,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
     torch_recurrent_gated_delta_rule,
 )
 
+from rz_kernels import delta_rule
 from rz_kernels.delta_rule import gated_delta_rule, l2_normalize
 
 
@@ -65,6 +69,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--before", action="store_true", help="also time decode as before the row path")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     b, h, d = args.batch, args.heads, args.head_dim
@@ -100,6 +105,12 @@ def main() -> None:
                 *(x[:, i : i + 1] for x in steps), initial_state=s, output_final_state=True
             )
 
+    def decode_before():
+        cs = [dataclasses.replace(c, rows=None) for c in caches]
+        for i in range(args.steps):
+            step = (x[:, i] for x in steps)
+            _, cs = gated_delta_rule(*step, [1] * b, cs, keep_caches=True, row_decode=False)
+
     def decode_recurrent():
         s = state
         for i in range(args.steps):
@@ -109,6 +120,8 @@ def main() -> None:
         "prefill": {"aligned": prefill_aligned, "chunk": prefill_chunk, "recurrent": prefill_recurrent},
         "decode": {"aligned": decode_aligned, "chunk": decode_chunk, "recurrent": decode_recurrent},
     }
+    if args.before:
+        forms["decode"]["aligned_before"] = decode_before
     tokens = {"prefill": b * args.prefill, "decode": b * args.steps}
     for phase in forms.values():  # warm-up (first-call costs, the allocator)
         for fn in phase.values():
@@ -120,14 +133,19 @@ def main() -> None:
                 times[p][f].append(cpu_time(fn))
     result = {
         "shape": {"heads": h, "head_dim": d, "batch": b, "prefill": args.prefill, "context": args.context,
-                  "decode_steps": args.steps, "threads": args.threads, "dtype": "float32"},
+                  "decode_steps": args.steps, "threads": args.threads, "repeats": args.repeats,
+                  "dtype": "float32"},
     }  # fmt: skip
     for p in forms:
         med = {f: statistics.median(ts) for f, ts in times[p].items()}
         result[p] = {f"{f}_tokens_per_s": round(tokens[p] / med[f], 1) for f in med}
-        for other in ("chunk", "recurrent"):
+        for other in ("chunk", "recurrent", "aligned_before"):
+            if other not in times[p]:
+                continue
             ratios = [a / o for a, o in zip(times[p]["aligned"], times[p][other], strict=True)]
             result[p][f"aligned_time_over_{other}"] = round(statistics.median(ratios), 3)
+    # which row-path form decoded (the check's verdict per shape; None: decoded by chunks)
+    result["decode"]["row_form"] = {str(k): f for k, f in delta_rule._row_verdicts.items()}
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -7,19 +7,22 @@ the shared CPU machine. fp32 inputs.
 - prefill: --batch sequences of --prefill tokens from position 0 in one call (aligned: packed; transformers:
   a [B, T] batch chunked from the call's first token; recurrent: the token loop).
 - decode: --batch sequences with --context tokens cached, --steps one-token steps. Aligned: each step
-  recomputes the sequence's current chunk on the fixed grid (so a token's bits are the packed forward's);
-  transformers' chunked path pads each one-token call to a chunk of its own; the recurrent form (what
-  transformers' model runs for decode) is one state update.
+  computes only the token's row of its chunk on the fixed grid (the row path, rz_kernels/delta_rule_rows.py:
+  a token's bits are the packed forward's); with --before also "aligned_before", the form before the row
+  path (each step recomputes the sequence's current chunk: the same bits); transformers' chunked path pads
+  each one-token call to a chunk of its own; the recurrent form (what transformers' model runs for decode)
+  is one state update.
 
 Each figure is CPU seconds of this process over --repeats interleaved rounds; ratios are medians over rounds
 of that round's ratio (aligned time / other time: > 1 means aligned is slower).
 
-  python bench/kda.py --json
+  python bench/kda.py --json --before
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -30,6 +33,7 @@ from transformers.models.kimi_linear.modeling_kimi_linear import (
     recurrent_kimi_delta_attention,
 )
 
+from rz_kernels import delta_rule
 from rz_kernels.delta_rule import gated_delta_rule, l2_normalize
 
 
@@ -74,6 +78,12 @@ def forms(args) -> tuple[dict, dict]:
             part = (x[:, i : i + 1] for x in steps)
             _, s = chunk_kimi_delta_attention(*part, initial_state=s, output_final_state=True)
 
+    def decode_before():
+        cs = [dataclasses.replace(c, rows=None) for c in caches]
+        for i in range(args.steps):
+            step = (x[:, i] for x in steps)
+            _, cs = gated_delta_rule(*step, [1] * b, cs, keep_caches=True, row_decode=False)
+
     def decode_recurrent():
         s = state
         for i in range(args.steps):
@@ -87,6 +97,8 @@ def forms(args) -> tuple[dict, dict]:
         },
         "decode": {"aligned": decode_aligned, "chunk": decode_chunk, "recurrent": decode_recurrent},
     }
+    if args.before:
+        timed["decode"]["aligned_before"] = decode_before
     return timed, {"prefill": b * args.prefill, "decode": b * args.steps}
 
 
@@ -96,6 +108,7 @@ def main() -> None:
                           ("context", 100), ("steps", 32), ("repeats", 3), ("threads", 1)):  # fmt: skip
         ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--before", action="store_true", help="also time decode as before the row path")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     timed, tokens = forms(args)
@@ -112,9 +125,13 @@ def main() -> None:
     for p in timed:
         med = {f: statistics.median(ts) for f, ts in times[p].items()}
         result[p] = {f"{f}_tokens_per_s": round(tokens[p] / med[f], 1) for f in med}
-        for other in ("chunk", "recurrent"):
+        for other in ("chunk", "recurrent", "aligned_before"):
+            if other not in times[p]:
+                continue
             ratios = [a / o for a, o in zip(times[p]["aligned"], times[p][other], strict=True)]
             result[p][f"aligned_time_over_{other}"] = round(statistics.median(ratios), 3)
+    # which row-path form decoded (the check's verdict per shape; None: decoded by chunks)
+    result["decode"]["row_form"] = {str(k): f for k, f in delta_rule._row_verdicts.items()}
     print(json.dumps(result, indent=2) if args.json else result)
 
 

@@ -36,13 +36,30 @@ rows only, so the row argument above holds unchanged).
 
 from __future__ import annotations
 
+import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from rz_kernels.delta_rule_rows import (
+    TOKEN_FIELDS,
+    ChunkRows,
+    advance,
+    append_tokens,
+    build_store,
+    chunk_parts,
+    decode_step,
+    hold,
+    in_place_store,
+    new_store,
+    restart_slot,
+)
 from rz_kernels.elementwise import aligned_unary
+
+log = logging.getLogger(__name__)
 
 CHUNK = 64
 SOLVE_BLOCK = 16  # rows per diagonal block of the triangular solve (CHUNK is a multiple)
@@ -66,6 +83,7 @@ class DeltaRuleCache:
     g: torch.Tensor
     beta: torch.Tensor
     completed: list[torch.Tensor] = field(default_factory=list)
+    rows: ChunkRows | None = None
 
     @property
     def pending(self) -> int:
@@ -94,37 +112,50 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * inv
 
 
-def _doubling_inverse(low: torch.Tensor) -> torch.Tensor:
-    """(I - L)^-1 of strictly lower [N, B, B] matrices as (I + L)(I + L^2)(I + L^4)... (L^B = 0)."""
+def _doubling_inverse(low: torch.Tensor, powers: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """(I - L)^-1 of strictly lower [N, B, B] matrices as (I + L)(I + L^2)(I + L^4)... (L^B = 0); `powers`,
+    when given, receives L^2, L^4, ... (the row path continues from them)."""
     b = low.shape[-1]
     inv = low + torch.eye(b, dtype=low.dtype, device=low.device)
     power = low
     for _ in range((b - 1).bit_length() - 1):
         power = torch.bmm(power, power)
         inv = inv + torch.bmm(inv, power)  # inv @ (I + power)
+        if powers is not None:
+            powers.append(power)
     return inv
 
 
-def _unit_lower_inverse(low: torch.Tensor) -> torch.Tensor:
+def _unit_lower_inverse(low: torch.Tensor, steps: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """(I - L)^-1 of strictly lower [N, C, C] matrices, by blocks of SOLVE_BLOCK rows: each diagonal block
     by doubling, then block row i = D_i (L[i, :i] T[:i, :i]) (block forward substitution). Every product
     is a fixed-shape GEMM of lower-triangular factors, so row r of the result depends on rows <= r of L
-    only, through exact zeros elsewhere; and it costs a fraction of the doubling over the whole chunk."""
+    only, through exact zeros elsewhere; and it costs a fraction of the doubling over the whole chunk.
+    `steps`, when given, receives the intermediates the row path (delta_rule_rows) continues from:
+    "powers" (the diagonal blocks' L^2, L^4, ..., each [N * C / bs, bs, bs]) and "subst" (the block rows
+    L[i, :i] T[:i, :i], [N, bs, i * bs] for i = 1, 2, ...)."""
     n, c, _ = low.shape
     bs = SOLVE_BLOCK
     nb = c // bs
     diag = torch.stack([low[:, i * bs : (i + 1) * bs, i * bs : (i + 1) * bs] for i in range(nb)], 1)
-    d = _doubling_inverse(diag.reshape(n * nb, bs, bs)).view(n, nb, bs, bs)
+    powers: list[torch.Tensor] | None = [] if steps is not None else None
+    d = _doubling_inverse(diag.reshape(n * nb, bs, bs), powers).view(n, nb, bs, bs)
     rows = [d[:, 0]]  # block rows of T, each [N, bs, (i + 1) * bs]
+    inner = []
     for i in range(1, nb):
         done = torch.cat([F.pad(r, (0, i * bs - r.shape[-1])) for r in rows], 1)  # T[:i*bs, :i*bs]
-        left = torch.bmm(d[:, i], torch.bmm(low[:, i * bs : (i + 1) * bs, : i * bs], done))
+        subst = torch.bmm(low[:, i * bs : (i + 1) * bs, : i * bs], done)
+        left = torch.bmm(d[:, i], subst)
         rows.append(torch.cat([left, d[:, i]], -1))
+        inner.append(subst.detach())
+    if steps is not None:
+        steps["powers"], steps["subst"] = [p.detach() for p in powers], inner
     return torch.cat([F.pad(r, (0, c - r.shape[-1])) for r in rows], 1)
 
 
-def _prepare(q, k, v, g, beta):
-    """Everything of a chunk that does not need the incoming state: [N, C, *] -> the phase-2 operands."""
+def _prepare(q, k, v, g, beta, steps=None):
+    """Everything of a chunk that does not need the incoming state: [N, C, *] -> the phase-2 operands
+    (`steps`, when given, also receives L as "low", (I - L)^-1 as "inv" and the solve's intermediates)."""
     c = q.shape[1]
     lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
     gc = g.cumsum(-1)  # [N, C]
@@ -135,7 +166,8 @@ def _prepare(q, k, v, g, beta):
     vb = v * beta.unsqueeze(-1)
     strict = lower & ~torch.eye(c, dtype=torch.bool, device=q.device)
     neg = -(torch.bmm(kb, k.transpose(1, 2)) * decay).masked_fill(~strict, 0.0)  # L, strictly lower
-    inv = _unit_lower_inverse(neg)  # (I - L)^-1
+    inv = _unit_lower_inverse(neg, steps)  # (I - L)^-1
+    _keep_solve(steps, neg, inv)
     u = torch.bmm(inv, vb)  # [N, C, dv]
     w = torch.bmm(inv, kb * egc.unsqueeze(-1))  # [N, C, dk]
     intra = (torch.bmm(q, k.transpose(1, 2)) * decay).masked_fill(~lower, 0.0)
@@ -143,6 +175,11 @@ def _prepare(q, k, v, g, beta):
     last = gc[:, -1:]
     k_tail = k * aligned_unary(torch.exp, last - gc).unsqueeze(-1)  # k_j exp(gc_last - gc_j)
     return u, w, intra, qg, k_tail, aligned_unary(torch.exp, last).unsqueeze(-1)
+
+
+def _keep_solve(steps: dict[str, torch.Tensor] | None, low: torch.Tensor, inv: torch.Tensor) -> None:
+    if steps is not None:
+        steps["low"], steps["inv"] = low.detach(), inv.detach()
 
 
 CHANNEL_SLICE = 64  # (chunk, head) pairs per slice of the per-channel [C, C, dk] products (bounds memory)
@@ -154,7 +191,7 @@ def _channel_pairs(a: torch.Tensor, b: torch.Tensor, decay: torch.Tensor) -> tor
     return (a.unsqueeze(2) * b.unsqueeze(1) * decay).sum(-1)
 
 
-def _prepare_channel_decay(q, k, v, g, beta):
+def _prepare_channel_decay(q, k, v, g, beta, steps=None):
     """`_prepare` with a per-channel log decay g [N, C, dk] (KDA): the same phase-2 operands, the state's
     decay per key channel. The [N, C, C, dk] decay factors are built CHANNEL_SLICE chunks at a time."""
     n, c, _ = q.shape
@@ -170,7 +207,9 @@ def _prepare_channel_decay(q, k, v, g, beta):
         decay = aligned_unary(torch.exp, diff).masked_fill(~lower.unsqueeze(-1), 0.0)  # exp(gc_i - gc_j)
         neg_parts.append(-_channel_pairs(kb[s], k[s], decay).masked_fill(~strict, 0.0))
         intra_parts.append(_channel_pairs(q[s], k[s], decay).masked_fill(~lower, 0.0))
-    inv = _unit_lower_inverse(torch.cat(neg_parts))  # (I - L)^-1
+    neg = torch.cat(neg_parts)
+    inv = _unit_lower_inverse(neg, steps)  # (I - L)^-1
+    _keep_solve(steps, neg, inv)
     egc = aligned_unary(torch.exp, gc)
     u = torch.bmm(inv, vb)
     w = torch.bmm(inv, kb * egc)
@@ -190,6 +229,8 @@ def gated_delta_rule(
     caches: Sequence[DeltaRuleCache | None] | None = None,
     scale: float | None = None,
     keep_caches: bool = False,
+    keep_rows: bool = True,
+    row_decode: bool = True,
 ) -> tuple[torch.Tensor, list[DeltaRuleCache] | None]:
     """The gated delta rule over packed sequences on the fixed chunk grid (see the module docstring).
 
@@ -198,7 +239,22 @@ def gated_delta_rule(
     tokens of sequence 0, then sequence 1's, and so on. `caches[i]` holds sequence i's earlier tokens
     (None: it starts here). Returns the outputs [T, H, dv] in q's dtype and, with `keep_caches`, each
     sequence's cache after these tokens.
+
+    A sequence that brings one token and a cache with its chunk's rows (`DeltaRuleCache.rows`: what
+    `keep_caches` returns, or none needed at a chunk's first token) is decoded by computing only that
+    token's row of the chunk (delta_rule_rows): the same bits as recomputing the chunk, once the row path
+    is verified for the shape on this machine (`verify_rows`). `keep_rows=False` returns caches without
+    rows after a chunk-path call (a caller that rebuilds its caches each call, as the engine's paged cache
+    does, would throw them away); `row_decode=False` recomputes every chunk and keeps no rows (the form
+    before the row path).
     """
+    mode = "verified" if row_decode else "off"
+    return _gated_delta_rule(q, k, v, g, beta, seq_lens, caches, scale, keep_caches, mode, keep_rows)
+
+
+def _gated_delta_rule(q, k, v, g, beta, seq_lens, caches, scale, keep_caches, mode: str, keep_rows=True):
+    """`gated_delta_rule` with the row path's mode: "verified" (in the form `_row_form` verified for the
+    shape, if any), one of ROW_FORMS (that form without the check: the check itself, tests) or "off"."""
     t, h, dk = q.shape
     dv = v.shape[-1]
     if sum(seq_lens) != t:
@@ -210,15 +266,105 @@ def gated_delta_rule(
     f = torch.float32
     q, k, v, g, beta = (x.to(f) for x in (q, k, v, g, beta))
     q = q * scale
-    dev = q.device
-
-    caches = list(caches) if caches is not None else [None] * len(seq_lens)
+    xs = (q, k, v, g, beta)
     channel = g.dim() == 3
-    caches = [c if c is not None else DeltaRuleCache.empty(h, dk, dv, dev, channel) for c in caches]
+    caches = list(caches) if caches is not None else [None] * len(seq_lens)
+    caches = [c if c is not None else DeltaRuleCache.empty(h, dk, dv, q.device, channel) for c in caches]
+    by_row = [_row_ready(n, c) for n, c in zip(seq_lens, caches, strict=True)]
+    form = mode if mode in ROW_FORMS else None
+    rows = mode != "off" and (any(by_row) or (keep_caches and keep_rows))
+    if rows and mode == "verified":
+        form = _row_form(xs)
+        rows = form is not None
+    if not rows or (torch.is_grad_enabled() and any(x.requires_grad for x in xs)):
+        by_row = [False] * len(seq_lens)  # (decode runs without autograd; a backward goes through chunks)
+    if not any(by_row):
+        out, new = _chunked(xs, seq_lens, caches, keep_caches, rows and keep_rows)
+        return out.to(out_dtype), new
+    if all(by_row):  # a decode step: one token per sequence, in order
+        out, new = _decoded(xs, caches, keep_caches, form == "truncated")
+        return out.to(out_dtype), new
+    starts = list(itertools.accumulate(seq_lens, initial=0))
+    fast = [s for s, ok in enumerate(by_row) if ok]
+    rest = [s for s, ok in enumerate(by_row) if not ok]
+    out = q.new_empty(t, h, dv)
+    new_caches: list[DeltaRuleCache | None] = [None] * len(seq_lens)
+    at = torch.tensor([starts[s] for s in fast], device=q.device)
+    part = tuple(x[at] for x in xs)
+    out[at], done = _decoded(part, [caches[s] for s in fast], keep_caches, form == "truncated")
+    for s, c in zip(fast, done or [], strict=False):
+        new_caches[s] = c
+    if rest:
+        at = torch.cat([torch.arange(starts[s], starts[s] + seq_lens[s]) for s in rest]).to(q.device)
+        lens, sub = [seq_lens[s] for s in rest], [caches[s] for s in rest]
+        out[at], done = _chunked(tuple(x[at] for x in xs), lens, sub, keep_caches, keep_rows)
+        for s, c in zip(rest, done or [], strict=False):
+            new_caches[s] = c
+    return out.to(out_dtype), new_caches if keep_caches else None
+
+
+def _row_ready(n: int, cache: DeltaRuleCache) -> bool:
+    """Whether a sequence's next `n` tokens can take the row path: one token, and its chunk's rows kept
+    for exactly this cache (or none needed: the token starts a chunk)."""
+    if n != 1:
+        return False
+    rows = cache.rows
+    if rows is None:
+        return cache.pending == 0
+    return (
+        rows.valid() and rows.count == cache.pending and rows.entering is cache.state and rows.keys is cache.k
+    )
+
+
+def _decoded(xs, caches: list[DeltaRuleCache], keep: bool, truncate: bool):
+    """One token per sequence (xs [B, H, *] fp32) by the row path (`truncate`: its "truncated" form):
+    outputs [B, H, dv] and, with `keep`, the caches after it. A batch that continues its store writes the
+    new rows in place; otherwise (or without `keep`) the rows are first copied into a fresh store."""
+    q, k, v, g, beta = xs
+    b, h, dk = q.shape
+    dv = v.shape[-1]
+    counts = [c.pending for c in caches]
+    store = in_place_store([c.rows for c in caches]) if keep else None
+    if store is None:
+        shape = (CHUNK, dk, dv, g.dim() == 3, SOLVE_BLOCK, q.device)
+        inputs = [tuple(getattr(c, n) for n in TOKEN_FIELDS) for c in caches]
+        store = build_store([c.rows for c in caches], [c.state for c in caches], inputs, shape)
+    out = decode_step(*(x.flatten(0, 1) for x in xs), store, counts, truncate).view(b, h, dv)
+    if not keep:
+        return out, None
+    append_tokens(store, counts, xs[1:])
+    ended = [s for s, n in enumerate(counts) if n + 1 == CHUNK]
+    advanced = None
+    if ended:
+        done = torch.tensor([n + 1 == CHUNK for n in counts for _ in range(h)], device=q.device)
+        advanced = advance(store, done).view(len(ended), h, dk, dv)
+    new_caches = []
+    for s, (c, count) in enumerate(zip(caches, counts, strict=True)):
+        store.frontier[s] = count + 1
+        if s in ended:  # the chunk is complete: the state moves on, the slot starts the next chunk
+            restart_slot(store, s)
+            state = advanced[ended.index(s)]
+            new = DeltaRuleCache(state, *store.inputs(s, 0), [state])
+            new.rows = ChunkRows(store, s, store.generation[s], 0, state, new.k)
+        else:
+            new = DeltaRuleCache(c.state, *store.inputs(s, count + 1))
+            new.rows = ChunkRows(store, s, store.generation[s], count + 1, c.state, new.k)
+            hold(store, s, new)
+        new_caches.append(new)
+    return out, new_caches
+
+
+def _chunked(xs, seq_lens, caches: list[DeltaRuleCache], keep_caches: bool, rows: bool):
+    """The chunk path: every chunk a call touches, recomputed from its start on the grid (fp32 outputs
+    [T, H, dv]); with `keep_caches` and `rows`, the caches keep their incomplete chunk's rows."""
+    q, k, v, g, beta = xs
+    t, h, dk = q.shape
+    dv = v.shape[-1]
+    dev = q.device
     plan = _GridPlan.build(seq_lens, [c.pending for c in caches], t)
     nc = len(plan.chunks)
     if nc == 0:
-        return q.new_zeros(0, h, dv).to(out_dtype), caches if keep_caches else None
+        return q.new_zeros(0, h, dv), caches if keep_caches else None
 
     def on_grid(x: torch.Tensor, old: list[torch.Tensor] | None, rows: torch.Tensor) -> torch.Tensor:
         src = torch.cat([x, *(old or []), x.new_zeros(1, *x.shape[1:])])
@@ -236,25 +382,97 @@ def gated_delta_rule(
         x = x.view(nc, CHUNK, h, *x.shape[2:]).transpose(1, 2)
         return x.reshape(nc * h, CHUNK, *x.shape[3:])
 
-    cq, ck, cv = (heads_first(grid[n]) for n in ("q", "k", "v"))
-    cg, cb = (heads_first(grid[n]) for n in ("g", "beta"))
-    prepare = _prepare_channel_decay if channel else _prepare
-    operands = prepare(cq, ck, cv, cg, cb)
+    chunks = {n: heads_first(grid[n]) for n in grid}
+    prepare = _prepare_channel_decay if g.dim() == 3 else _prepare
+    steps: dict[str, torch.Tensor] | None = {} if keep_caches and rows else None
+    operands = prepare(*(chunks[n] for n in ("q", "k", "v", "g", "beta")), steps)
     states = [c.state for c in caches]
     completed: list[list[torch.Tensor]] = [[] for _ in caches]
-    out = _walk_chunks(plan, operands, states, completed, h)
+    v_news: list[torch.Tensor] | None = [] if steps is not None else None
+    out = _walk_chunks(plan, operands, states, completed, h, v_news)
     flat = out.view(nc, h, CHUNK, dv).transpose(1, 2).reshape(nc * CHUNK, h, dv)
-    result = flat[plan.out_rows.to(dev)].to(out_dtype)
+    result = flat[plan.out_rows.to(dev)]
     if not keep_caches:
         return result, None
+    if steps is not None:
+        steps.update({n: chunks[n].detach() for n in TOKEN_FIELDS}, v_new=v_news)
     new_caches = []
     for s, keep in enumerate(plan.pending_rows):
-        new_caches.append(
-            DeltaRuleCache(
-                states[s].detach(), *(grid[n][keep].detach() for n in ("k", "v", "g", "beta")), completed[s]
-            )
-        )
+        fields = (grid[n][keep].detach() for n in ("k", "v", "g", "beta"))
+        new_caches.append(DeltaRuleCache(states[s].detach(), *fields, completed[s]))
+    if steps is not None:
+        _keep_rows(new_caches, steps, plan.pending_rows, h)
     return result, new_caches
+
+
+def _keep_rows(caches: list[DeltaRuleCache], steps: dict, pending_rows: list[slice], h: int) -> None:
+    """Give each returned cache its chunk's rows for the row path: one store, a slot per sequence in call
+    order, from the chunk path's tensors of the sequences' incomplete chunks (zero rows for the others)."""
+    c0 = caches[0]
+    shape = (CHUNK, c0.k.shape[-1], c0.v.shape[-1], c0.g.dim() == 3, SOLVE_BLOCK, c0.state.device)
+    sources = []
+    for cache, keep in zip(caches, pending_rows, strict=True):
+        slot = keep.start // CHUNK
+        pairs = slice(slot * h, (slot + 1) * h)
+        sources.append(chunk_parts(steps, pairs, cache.state) if cache.pending else {"state": cache.state})
+    store = new_store(h, shape, sources, [tuple(getattr(c, n) for n in TOKEN_FIELDS) for c in caches])
+    for s, cache in enumerate(caches):
+        cache.rows = ChunkRows(store, s, 0, cache.pending, cache.state, cache.k)
+
+
+# The row path's forms, in the order the check tries them: "truncated" runs the products over a chunk's rows
+# on the rows written so far alone, "full" over all CHUNK rows (see delta_rule_rows.row_product).
+ROW_FORMS = ("truncated", "full")
+_row_verdicts: dict[tuple, str | None] = {}
+
+
+def _row_form(xs: tuple[torch.Tensor, ...]) -> str | None:
+    """The row path's form that gives the chunk path's bits for this shape (dk, dv, decay kind) at this
+    thread count and device, or None: checked once (`verify_rows`), remembered for the process."""
+    q, _, v, g, _ = xs
+    key = (q.shape[-1], v.shape[-1], g.dim() == 3, torch.get_num_threads(), q.device.type)
+    if key not in _row_verdicts:
+        form = next((f for f in ROW_FORMS if verify_rows(*key[:3], device=q.device, form=f)), None)
+        _row_verdicts[key] = form
+        if form is None:
+            log.warning("delta rule row path differs from the chunk path for %s: decoding by chunks", key)
+    return _row_verdicts[key]
+
+
+def verify_rows(
+    dk: int, dv: int, channel: bool, device: torch.device | str = "cpu", form: str = ROW_FORMS[0]
+) -> bool:
+    """Run the row path (in `form`) against the chunk path on random inputs, bit for bit: one sequence
+    decoded token by token through a whole chunk (every offset and solve block; the products over 1..CHUNK
+    rows), then beside a second one whose rows a 23-token prefill kept (copied into a new store; two
+    offsets, so two solve blocks, in each step) until that one completes its chunk too."""
+    h, cut = 2, 23
+    steps_a = 2 * CHUNK - cut  # a: all of chunk 0, then chunk 1 beside b until b's chunk 0 ends
+    gen = torch.Generator().manual_seed(0)
+
+    def draw(n: int):
+        q = l2_normalize(torch.randn(n, h, dk, generator=gen))
+        k = l2_normalize(torch.randn(n, h, dk, generator=gen))
+        v = torch.randn(n, h, dv, generator=gen)
+        g = -0.3 * torch.rand(n, h, *((dk,) if channel else ()), generator=gen)
+        return tuple(x.to(device) for x in (q, k, v, g, torch.rand(n, h, generator=gen)))
+
+    a, b = draw(steps_a), draw(CHUNK)
+    refs = [_gated_delta_rule(*x, [len(x[0])], None, None, False, "off")[0] for x in (a, b)]
+    _, (cache_b,) = _gated_delta_rule(*(x[:cut] for x in b), [cut], None, None, True, form)
+    cache_a = None
+    for i in range(steps_a):
+        j = cut + i - CHUNK  # b's token beside a's (from a's second chunk on)
+        both = i >= CHUNK
+        xs = [
+            torch.cat([x[i : i + 1], y[j : j + 1]]) if both else x[i : i + 1]
+            for x, y in zip(a, b, strict=True)
+        ]
+        out, new = _gated_delta_rule(*xs, [1] * (1 + both), [cache_a, cache_b][: 1 + both], None, True, form)
+        if not torch.equal(out[0], refs[0][i]) or (both and not torch.equal(out[1], refs[1][j])):
+            return False
+        cache_a, cache_b = new[0], new[-1] if both else cache_b
+    return True
 
 
 @dataclass
@@ -315,10 +533,12 @@ def _walk_chunks(
     states: list[torch.Tensor],
     completed: list[list[torch.Tensor]],
     h: int,
+    v_news: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Phase 2: walk the chunks in order, all sequences' chunk j together, carrying each sequence's state
     (``states`` [H, dk, dv] per sequence, replaced in place; each completed chunk's state appended to its
-    sequence's ``completed``). Returns the outputs [nc * H, C, dv] in grid order."""
+    sequence's ``completed``; `v_news`, when given, receives each group's v'). Returns the outputs
+    [nc * H, C, dv] in grid order."""
     by_pos: dict[int, list[tuple[bool, int]]] = {}
     for j, incomplete, s in plan.chunks:
         by_pos.setdefault(j, []).append((incomplete, s))
@@ -330,6 +550,8 @@ def _walk_chunks(
         st = torch.stack([states[s] for _, s in group])
         st = st.reshape(len(group) * h, *st.shape[2:])
         v_new = u[gi] - torch.bmm(w[gi], st)
+        if v_news is not None:
+            v_news.append(v_new.detach())
         outs.append(torch.bmm(qg[gi], st) + torch.bmm(intra[gi], v_new))
         done = sum(not incomplete for incomplete, _ in group) * h  # complete chunks come first
         if done:

@@ -36,7 +36,8 @@ class OpSet:
     # Gated DeltaNet (Qwen3.5's linear attention): the fixed-chunk-grid delta rule, the short causal conv and
     # the gated norm. The torch forms (exact by construction on any device) on the CPU op sets; the Triton op
     # set has kernels on the same grid (rz_kernels.triton_ops.delta_rule, causal_conv, gated_norm).
-    delta_rule: Callable = delta_rule.gated_delta_rule  # (q, k, v, g, beta, seq_lens, caches, ...)
+    # (q, k, v, g, beta, seq_lens, caches, scale, keep_caches, keep_rows: the row path's rows, if it has one)
+    delta_rule: Callable = delta_rule.gated_delta_rule
     causal_conv1d: Callable = causal_conv.causal_conv1d  # (x, weight, seq_lens, windows, ...)
     gated_rms_norm: Callable = gated_norm.gated_rms_norm  # (x, gate, weight, eps)
     # (sizes, k, dtype) -> whether `linear` over weights stacked row-wise gives each part's columns

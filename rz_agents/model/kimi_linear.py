@@ -163,7 +163,10 @@ class KimiDeltaAttention(nn.Module):
         q, k, v = self._heads(mixed)
         g = self._decay(x, ops)
         beta = aligned_unary(torch.sigmoid, ops.linear(x, self.b_proj.weight))
-        core, caches = ops.delta_rule(q, k, v, g, beta, batch.seq_lens, entering, keep_caches=keep)
+        # (the paged cache rebuilds its DeltaRuleCaches from pages every call: no rows kept for the row path)
+        core, caches = ops.delta_rule(
+            q, k, v, g, beta, batch.seq_lens, entering, keep_caches=keep, keep_rows=batch.view is None
+        )
         if batch.view is not None:
             batch.write_recurrent(self.index, proj, (g, beta), caches)
         elif keep:

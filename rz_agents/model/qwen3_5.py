@@ -334,7 +334,10 @@ class GatedDeltaNet(nn.Module):
         a = ops.linear(x, self.in_proj_a.weight).float() + self.dt_bias
         # g = -exp(A_log) * softplus(a + dt_bias): the per-token log decay, in fp32 as the reference
         g = -aligned_unary(torch.exp, self.A_log.float()) * aligned_unary(F.softplus, a)
-        core, caches = ops.delta_rule(q, k, v, g, beta, batch.seq_lens, entering, keep_caches=keep)
+        # (the paged cache rebuilds its DeltaRuleCaches from pages every call: no rows kept for the row path)
+        core, caches = ops.delta_rule(
+            q, k, v, g, beta, batch.seq_lens, entering, keep_caches=keep, keep_rows=batch.view is None
+        )
         if batch.view is not None:
             batch.write_recurrent(self.index, proj, (g, beta), caches)
         elif keep:

@@ -168,7 +168,7 @@ def test_negative_control_transformers_chunked_kda_in_the_learner_differs(monkey
     learner: close to the engine's tokens, not bit-identical."""
     hf = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
 
-    def reference_delta_rule(q, k, v, g, beta, seq_lens, caches=None, keep_caches=False, scale=None):
+    def reference_delta_rule(q, k, v, g, beta, seq_lens, caches=None, keep_caches=False, scale=None, **_):
         outs, start = [], 0
         for n in seq_lens:
             part = [x[start : start + n].unsqueeze(0) for x in (q, k, v, g, beta)]

@@ -139,7 +139,7 @@ def test_negative_control_transformers_chunked_delta_rule_in_the_learner_differs
     learner: close to the engine's tokens, not bit-identical."""
     hf = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
 
-    def reference_delta_rule(q, k, v, g, beta, seq_lens, caches=None, keep_caches=False, scale=None):
+    def reference_delta_rule(q, k, v, g, beta, seq_lens, caches=None, keep_caches=False, scale=None, **_):
         outs, start = [], 0
         for n in seq_lens:
             part = [x[start : start + n].unsqueeze(0) for x in (q, k, v, g, beta)]

@@ -181,10 +181,12 @@ def gated_delta_rule(
     caches: Sequence[DeltaRuleCache | None] | None = None,
     scale: float | None = None,
     keep_caches: bool = False,
+    keep_rows: bool = False,
 ) -> tuple[torch.Tensor, list[DeltaRuleCache] | None]:
     """The gated delta rule over packed sequences on the fixed chunk grid; the interface of
     rz_kernels.delta_rule.gated_delta_rule (q, k [T, H, dk], v [T, H, dv], g [T, H] or, KDA's per-channel
-    decay, [T, H, dk], beta [T, H])."""
+    decay, [T, H, dk], beta [T, H]). A decode recomputes its chunk here (no row path: `keep_rows` is
+    accepted and ignored, the caches keep no rows)."""
     t, h, dk = q.shape
     if sum(seq_lens) != t:
         raise ValueError(f"seq_lens add up to {sum(seq_lens)} tokens, the inputs have {t}")
