@@ -96,13 +96,12 @@ def train_lora(conversations: list[dict[str, Any]], args: argparse.Namespace) ->
 
     def on_step(step: int, total: int, loss: float) -> None:
         print(f"step {step}/{total} loss {loss:.4f} {time.perf_counter() - t0:.0f}s", flush=True)
-        if step % args.save_every == 0 and step < total:
+        if step % args.save_every == 0 or step == total:
             save_adapter(model, args.out, args.base)
             saved = {"saved_step": step, "steps": total, "loss": loss, "wall_s": time.perf_counter() - t0}
             args.out.joinpath("progress.json").write_text(json.dumps(saved) + "\n")
 
     stats = supervised_warm_start(model, demos, cfg, on_step=on_step)
-    save_adapter(model, args.out, args.base)
     tokens = [len(d.tokens) for d in demos]
     return model, {**stats, "mean_tokens": sum(tokens) / len(tokens), "targets": targets}
 
