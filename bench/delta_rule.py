@@ -2,8 +2,10 @@
 path vs the recurrent form, prefill and decode tokens/s on CPU, measured in one run.
 
 Shapes: one linear-attention layer of Qwen3.5-0.8B (16 value heads, key/value head dim 128), fp32 inputs.
-- prefill: --batch sequences of --prefill tokens from position 0 in one call (aligned: packed; transformers:
-  a [B, T] batch, chunked from the call's first token; recurrent: the token loop).
+- prefill: --batch sequences of --prefill tokens from position 0 in one call (aligned: packed, and with
+  --before "aligned_before", the same code (a prefill that keeps no caches never takes the row path): their
+  spread is the noise; transformers: a [B, T] batch, chunked from the call's first token; recurrent: the
+  token loop).
 - decode: --batch sequences with --context tokens cached, --steps one-token steps (64 steps visit every
   offset within a chunk once). Aligned: each step computes only the token's row of its chunk on the fixed
   grid (the row path, rz_kernels/delta_rule_rows.py: a token's bits are the packed forward's); with
@@ -12,8 +14,8 @@ Shapes: one linear-attention layer of Qwen3.5-0.8B (16 value heads, key/value he
   recurrent form (what transformers' model runs for decode) is one state update.
 
 Each figure is CPU seconds of this process over --repeats interleaved rounds (all forms back to back in
-each round); ratios are medians over rounds of that round's ratio (aligned time / other time: > 1 means
-aligned is slower).
+each round, each round starting with another form); ratios are medians over rounds of that round's ratio
+(aligned time / other time: > 1 means aligned is slower).
 
   python bench/delta_rule.py --json --before
   python bench/delta_rule.py --json --threads 2
@@ -120,16 +122,20 @@ def main() -> None:
         "prefill": {"aligned": prefill_aligned, "chunk": prefill_chunk, "recurrent": prefill_recurrent},
         "decode": {"aligned": decode_aligned, "chunk": decode_chunk, "recurrent": decode_recurrent},
     }
-    if args.before:
+    if args.before:  # (prefill keeps no caches: the same code before and after, a check of the noise)
+        forms["prefill"]["aligned_before"] = lambda: gated_delta_rule(*flat, lens, row_decode=False)
         forms["decode"]["aligned_before"] = decode_before
     tokens = {"prefill": b * args.prefill, "decode": b * args.steps}
     for phase in forms.values():  # warm-up (first-call costs, the allocator)
         for fn in phase.values():
             fn()
     times = {p: {f: [] for f in forms[p]} for p in forms}
-    for _ in range(args.repeats):
+    for rnd in range(args.repeats):
         for p, phase in forms.items():
-            for f, fn in phase.items():
+            order = list(phase.items())
+            # each round starts with another form: the first after a phase change pays for the memory the
+            # others freed (on this VM freed pages go back to the host), so no form always goes first
+            for f, fn in order[rnd % len(order) :] + order[: rnd % len(order)]:
                 times[p][f].append(cpu_time(fn))
     result = {
         "shape": {"heads": h, "head_dim": d, "batch": b, "prefill": args.prefill, "context": args.context,

@@ -4,8 +4,10 @@ chunked KDA vs its recurrent form, prefill and decode tokens/s on CPU, measured 
 
 Shapes: one KDA layer of Kimi-Linear-48B-A3B has 32 heads x 128; the defaults take 16 heads (--heads) to fit
 the shared CPU machine. fp32 inputs.
-- prefill: --batch sequences of --prefill tokens from position 0 in one call (aligned: packed; transformers:
-  a [B, T] batch chunked from the call's first token; recurrent: the token loop).
+- prefill: --batch sequences of --prefill tokens from position 0 in one call (aligned: packed, and with
+  --before "aligned_before", the same code (a prefill that keeps no caches never takes the row path): their
+  spread is the noise; transformers: a [B, T] batch chunked from the call's first token; recurrent: the
+  token loop).
 - decode: --batch sequences with --context tokens cached, --steps one-token steps. Aligned: each step
   computes only the token's row of its chunk on the fixed grid (the row path, rz_kernels/delta_rule_rows.py:
   a token's bits are the packed forward's); with --before also "aligned_before", the form before the row
@@ -13,8 +15,9 @@ the shared CPU machine. fp32 inputs.
   each one-token call to a chunk of its own; the recurrent form (what transformers' model runs for decode)
   is one state update.
 
-Each figure is CPU seconds of this process over --repeats interleaved rounds; ratios are medians over rounds
-of that round's ratio (aligned time / other time: > 1 means aligned is slower).
+Each figure is CPU seconds of this process over --repeats interleaved rounds (each round starting with
+another form); ratios are medians over rounds of that round's ratio (aligned time / other time: > 1 means
+aligned is slower).
 
   python bench/kda.py --json --before
 """
@@ -97,7 +100,9 @@ def forms(args) -> tuple[dict, dict]:
         },
         "decode": {"aligned": decode_aligned, "chunk": decode_chunk, "recurrent": decode_recurrent},
     }
-    if args.before:
+    if args.before:  # (prefill keeps no caches: the same code before and after, a check of the noise)
+        lens = [args.prefill] * b
+        timed["prefill"]["aligned_before"] = lambda: gated_delta_rule(*flat, lens, row_decode=False)
         timed["decode"]["aligned_before"] = decode_before
     return timed, {"prefill": b * args.prefill, "decode": b * args.steps}
 
@@ -116,9 +121,12 @@ def main() -> None:
         for fn in phase.values():
             fn()
     times = {p: {f: [] for f in timed[p]} for p in timed}
-    for _ in range(args.repeats):
+    for rnd in range(args.repeats):
         for p, phase in timed.items():
-            for f, fn in phase.items():
+            order = list(phase.items())
+            # each round starts with another form: the first after a phase change pays for the memory the
+            # others freed (on this VM freed pages go back to the host), so no form always goes first
+            for f, fn in order[rnd % len(order) :] + order[: rnd % len(order)]:
                 times[p][f].append(cpu_time(fn))
     result = {"shape": {**vars(args), "dtype": "float32"}}
     result["shape"].pop("json")

@@ -254,7 +254,7 @@ def _pair_terms(rows: _Rows, q, kb, decay, not_lower, not_strict, channel: bool)
     keys, used = rows.t["k"], decay.shape[1]
     both = torch.stack([kb, q], 1)  # [N, 2, dk]: one pass over k for both
     if channel:  # (a_r * k_j) * decay_rj summed over the last dim, as `_channel_pairs`
-        pairs = (both.unsqueeze(2) * keys[:, :used].unsqueeze(1) * decay.unsqueeze(1)).sum(-1)
+        pairs = (both.unsqueeze(2) * keys[:, :used].unsqueeze(1)).mul_(decay.unsqueeze(1)).sum(-1)
     else:  # (the product keeps all C columns: BLAS computes narrower outputs another way)
         pairs = row_product(both, keys.transpose(1, 2), rows.c)[..., :used] * decay.unsqueeze(1)
     if used < rows.c:
@@ -326,8 +326,8 @@ def decode_step(q, k, v, g, beta, store: RowStore, counts: list[int], truncate: 
     not_lower, not_strict = cols > rows.r[:, None], cols >= rows.r[:, None]
     mask = not_lower[:, :used]
     mask = mask.unsqueeze(-1) if channel else mask
-    diff = (gr.unsqueeze(1) - t["gc"][:, :used]).masked_fill(mask, 0.0)  # gc_r - gc_j, j <= r
-    decay = aligned_unary(torch.exp, diff).masked_fill(mask, 0.0)
+    diff = (gr.unsqueeze(1) - t["gc"][:, :used]).masked_fill_(mask, 0.0)  # gc_r - gc_j, j <= r
+    decay = aligned_unary(torch.exp, diff).masked_fill_(mask, 0.0)
     egc = aligned_unary(torch.exp, gr)
     egc = egc if channel else egc.unsqueeze(-1)
     kb = k * beta.unsqueeze(-1)
