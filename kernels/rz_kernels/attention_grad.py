@@ -42,6 +42,9 @@ class SpanGroup:
     span: int  # keys (and grid rows) per sequence: a multiple of KEY_BLOCK
     tokens: torch.Tensor  # [n] indices into the call's query tokens
     slots: torch.Tensor  # [n] row of each of those tokens in the flat [g * span] grid
+    pad: torch.Tensor  # grid rows that hold no query (zeros in every grid)
+    all_tokens: bool  # tokens is arange(T): every query of the call, in call order
+    first_seqs: bool  # seqs is arange(g): the buffer's first g sequences (K/V read as views)
 
 
 def span_groups(q_seq: torch.Tensor, q_pos: torch.Tensor) -> list[SpanGroup] | None:
@@ -63,15 +66,35 @@ def span_groups(q_seq: torch.Tensor, q_pos: torch.Tensor) -> list[SpanGroup] | N
         rank[seqs] = torch.arange(seqs.numel())
         tokens = (rank[q_seq] >= 0).nonzero().squeeze(1)
         slots = rank[q_seq[tokens]] * span + q_pos[tokens]
-        groups.append(SpanGroup(seqs, int(span), tokens, slots))
+        empty = torch.ones(seqs.numel() * span, dtype=torch.bool)
+        empty[slots] = False
+        groups.append(
+            SpanGroup(
+                seqs,
+                int(span),
+                tokens,
+                slots,
+                pad=empty.nonzero().squeeze(1),
+                all_tokens=tokens.numel() == t,  # (tokens ascend: all of them is arange(t))
+                first_seqs=bool(torch.equal(seqs, torch.arange(seqs.numel()))),
+            )
+        )
     return groups
 
 
 def _grid(x: torch.Tensor, g: SpanGroup) -> torch.Tensor:
-    """x [n, H, *rest] (the group's tokens' rows) placed at their slots of a zero [g, H, span, *rest] grid."""
-    rest = x.shape[1:]
-    grid = x.new_zeros(g.seqs.numel() * g.span, *rest).index_copy_(0, g.slots, x)
-    return grid.view(g.seqs.numel(), g.span, *rest).transpose(1, 2)
+    """x [T, *rest] (the call's rows; the group's tokens are placed) at their slots of a zero fp32
+    [g * span, *rest] grid, in that memory layout: row p of sequence i is grid row i * span + p."""
+    rows = x if g.all_tokens else x.index_select(0, g.tokens)
+    grid = torch.empty(g.seqs.numel() * g.span, *x.shape[1:], dtype=torch.float32, device=x.device)
+    return grid.index_fill_(0, g.pad, 0.0).index_copy_(0, g.slots, rows.float())
+
+
+def _group_keys(x: torch.Tensor, g: SpanGroup) -> torch.Tensor:
+    """K or V [S, Hkv, L, D] of the group's sequences and its span, fp32 [g, Hkv, span, D] (a view where it
+    can be one: fp32 buffer, the first sequences)."""
+    x = x[: g.seqs.numel()] if g.first_seqs else x.index_select(0, g.seqs)
+    return x[:, :, : g.span].float()
 
 
 def flash_backward(
@@ -85,25 +108,58 @@ def flash_backward(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """fp32 (dq [T, H, D], dk, dv [S, Hkv, L, D]) of causal attention whose forward gave ``out`` [T, H, D]
-    and ``lse`` [T, H] (per-row log-sum-exp of the scaled scores), keys/values in k, v [S, Hkv, L, D]."""
-    _, h, d = q.shape
+    and ``lse`` [T, H] (per-row log-sum-exp of the scaled scores), keys/values in k, v [S, Hkv, L, D].
+
+    The kernel has no grouped-query form that sums a kv head's gradient over its query heads in this order,
+    so it runs once per query head *within* a group (index i of every kv head's `group` query heads): each
+    call's heads are [Hkv] strided views of the query grids and read their kv heads' K/V in place (no
+    repeated copy of K/V per query head). Per (sequence, head) the kernel's arithmetic is the same as in one
+    call over all heads with K/V repeated, and the per-kv-head sums run over the group index in the same
+    order (one slice after another, as a sum over that dim adds them), so the gradients are those bits.
+    """
+    t, h, d = q.shape
     hkv = k.shape[1]
     group = h // hkv
-    dq = torch.zeros(q.shape, dtype=torch.float32)
+    dq = torch.zeros(q.shape, dtype=torch.float32) if not _covers_all(groups, t) else None
     dk = torch.zeros(k.shape, dtype=torch.float32)
     dv = torch.zeros(v.shape, dtype=torch.float32)
     for g in groups:
-        n = g.seqs.numel()
-        rows = [_grid(x[g.tokens].float(), g) for x in (q, grad_out, out)]
-        lse_grid = _grid(lse[g.tokens].float(), g).contiguous()
-        # every query head reads its kv head's keys: the kernel has no grouped-query form
-        kv = [
-            x.index_select(0, g.seqs)[:, :, : g.span].float().repeat_interleave(group, dim=1) for x in (k, v)
-        ]
-        gq, gk, gv = FLASH_BACKWARD(
-            rows[1], rows[0], kv[0], kv[1], rows[2], lse_grid, 0.0, True, attn_mask=None, scale=scale
-        )
-        dq[g.tokens] = gq.transpose(1, 2).reshape(n * g.span, h, d)[g.slots]
-        dk[g.seqs, :, : g.span] = gk.reshape(n, hkv, group, g.span, d).sum(2)
-        dv[g.seqs, :, : g.span] = gv.reshape(n, hkv, group, g.span, d).sum(2)
+        n, span = g.seqs.numel(), g.span
+        # grids [n * span, H, D] seen as [n, span, Hkv, group, D]: query head j = kv head j // group, index
+        # j % group
+        grids = [_grid(x, g).view(n, span, hkv, group, d) for x in (q, grad_out, out)]
+        lse_grid = _grid(lse, g).view(n, span, hkv, group)
+        keys, values = _group_keys(k, g), _group_keys(v, g)
+        dq_grid = torch.empty(n, span, hkv, group, d)
+        dks, dvs = [], []
+        for i in range(group):
+            qi, gi, oi = (x[:, :, :, i].transpose(1, 2) for x in grids)  # [n, Hkv, span, D] views
+            gq, gk, gv = FLASH_BACKWARD(
+                gi, qi, keys, values, oi, lse_grid[:, :, :, i].transpose(1, 2).contiguous(), 0.0, True,
+                attn_mask=None, scale=scale,
+            )  # fmt: skip
+            dq_grid[:, :, :, i] = gq.transpose(1, 2)
+            dks.append(gk)
+            dvs.append(gv)
+        rows = dq_grid.view(n * span, h, d).index_select(0, g.slots)
+        if dq is None:
+            dq = rows
+        else:
+            dq.index_copy_(0, g.tokens, rows)
+        dk[g.seqs, :, :span] = _sum_in_order(dks)
+        dv[g.seqs, :, :span] = _sum_in_order(dvs)
     return dq, dk, dv
+
+
+def _sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
+    """((parts[0] + parts[1]) + parts[2]) + ...: the order in which a sum over a small dim adds its slices"""
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    return total
+
+
+def _covers_all(groups: list[SpanGroup], t: int) -> bool:
+    """Whether one group holds every query of the call (the packed training forward of equal-span
+    sequences): its rows are dq itself, in order."""
+    return len(groups) == 1 and groups[0].all_tokens and t > 0

@@ -276,6 +276,8 @@ def _apply(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ver
         out = _forward(x2, weight, verdict)
     if bias is not None:
         out = out + bias
+    if x.dim() == 2:  # (a same-shape reshape would return a view, which callers may then have to copy)
+        return out
     return out.reshape(*lead, weight.shape[0])
 
 
