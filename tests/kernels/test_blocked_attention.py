@@ -254,35 +254,48 @@ def test_the_tile_masks_are_built_once_per_plan_and_shared_by_the_layers():
     )
 
 
-def _one_call_flash_backward(q, k, v, out, lse, grad_out, groups, scale):
-    """The reference: every query head in one kernel call with its kv head's K/V repeated, then each kv head's
-    gradient summed over its query heads (what the backward computed before it read K/V in place)."""
+def _one_call_flash_backward(q, k, v, out, lse, grad_out, seq, pos, groups, scale):
+    """The reference: every query head in one kernel call over grids of the whole span, K/V repeated per query
+    head, then each kv head's gradient summed over its query heads (the backward before it read K/V in place
+    and trimmed the grids' query rows)."""
     op = attn.attention_grad.FLASH_BACKWARD
     t, h, d = q.shape
     hkv = k.shape[1]
     group = h // hkv
     dq, dk, dv = torch.zeros(q.shape), torch.zeros(k.shape), torch.zeros(v.shape)
-
-    def grid(x, g):
-        n = g.seqs.numel()
-        z = torch.zeros(n * g.span, *x.shape[1:]).index_copy_(0, g.slots, x[g.tokens].float())
-        return z.view(n, g.span, *x.shape[1:]).transpose(1, 2)
-
     for g in groups:
         n = g.seqs.numel()
+        rank = torch.full((int(seq.max()) + 1,), -1)
+        rank[g.seqs] = torch.arange(n)
+        slots = rank[seq[g.tokens]] * g.span + pos[g.tokens]
+
+        def grid(x, g=g, n=n, slots=slots):
+            z = torch.zeros(n * g.span, *x.shape[1:]).index_copy_(0, slots, x[g.tokens].float())
+            return z.view(n, g.span, *x.shape[1:]).transpose(1, 2)
+
         kv = [x[g.seqs][:, :, : g.span].float().repeat_interleave(group, dim=1) for x in (k, v)]
-        gq, gk, gv = op(grid(grad_out, g), grid(q, g), *kv, grid(out, g), grid(lse, g).contiguous(), 0.0,
-                        True, attn_mask=None, scale=scale)  # fmt: skip
-        dq[g.tokens] = gq.transpose(1, 2).reshape(n * g.span, h, d)[g.slots]
+        gq, gk, gv = op(grid(grad_out), grid(q), *kv, grid(out), grid(lse).contiguous(), 0.0, True,
+                        attn_mask=None, scale=scale)  # fmt: skip
+        dq[g.tokens] = gq.transpose(1, 2).reshape(n * g.span, h, d)[slots]
         dk[g.seqs, :, : g.span] = gk.reshape(n, hkv, group, g.span, d).sum(2)
         dv[g.seqs, :, : g.span] = gv.reshape(n, hkv, group, g.span, d).sum(2)
     return dq, dk, dv
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 2), (9, 3)])
+@pytest.fixture
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (16, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_flash_backward_reads_kv_in_place_with_the_one_call_bits(heads, kv_heads, dtype):
-    # span groups of 64 and 192 keys, a sequence without queries, a chunk starting past position 0, and the
+def test_the_flash_backward_reads_kv_in_place_with_the_one_call_bits(heads, kv_heads, dtype, threads):
+    # span groups of 64 to 832 keys (grids trimmed to their highest query in each query-block class, spans
+    # over the kernel's 512-key block), a sequence without queries, a chunk starting past position 0, and the
     # packed case (every token in one group, the first sequences): gradients bit for bit the one-call ones
     gen = torch.Generator().manual_seed(11)
     cases = [
@@ -291,14 +304,19 @@ def test_the_flash_backward_reads_kv_in_place_with_the_one_call_bits(heads, kv_h
             torch.cat([torch.arange(40), torch.arange(30, 120), torch.arange(20)]),
         ),
         (torch.arange(3).repeat_interleave(150), torch.arange(150).repeat(3)),
+        (torch.arange(3).repeat_interleave(340), torch.arange(340).repeat(3)),
+        (
+            torch.tensor([0] * 800 + [1] * 600 + [3] * 300),
+            torch.cat([torch.arange(n) for n in (800, 600, 300)]),
+        ),
     ]
     for seq, pos in cases:
         t = seq.numel()
         q, out, g = (torch.randn(t, heads, 16, generator=gen).to(dtype) for _ in range(3))
-        k, v = (torch.randn(4, kv_heads, 192, 16, generator=gen).to(dtype) for _ in range(2))
+        k, v = (torch.randn(4, kv_heads, 832, 16, generator=gen).to(dtype) for _ in range(2))
         lse = torch.randn(t, heads, generator=gen)
         groups = attn.plan_blocked(seq, pos, heads, kv_heads).span_groups()
         got = attn.attention_grad.flash_backward(q, k, v, out, lse, g, groups, 0.25)
-        ref = _one_call_flash_backward(q, k, v, out, lse, g, groups, 0.25)
+        ref = _one_call_flash_backward(q, k, v, out, lse, g, seq, pos, groups, 0.25)
         for a, b in zip(got, ref, strict=True):
             assert torch.equal(a, b)
